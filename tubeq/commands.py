@@ -1,0 +1,192 @@
+"""The commands a client can send, as frozen dataclasses: the parser's output, the server's input.
+
+Each class carries ``stat``: the name of the beanstalkd ``cmd-*`` counter the command increments
+(``None`` for commands beanstalkd does not count: reserve-job, kick-job, quit). A command is counted
+once it has parsed, whatever its outcome (NOT_FOUND, TIMED_OUT ... included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    stat: ClassVar[str | None] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Put(Command):
+    """A complete put: the body arrived with its CRLF. ``ttr`` is as sent (0 is raised to 1 later)."""
+
+    stat: ClassVar[str | None] = "put"
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PutExpectedCrlf(Command):
+    """A put whose ``bytes+2`` bytes did not end in CRLF: they were consumed; an id is used up."""
+
+    stat: ClassVar[str | None] = "put"
+
+
+@dataclass(frozen=True, slots=True)
+class PutTooBig(Command):
+    """A put larger than max-job-size: its ``bytes+2`` bytes were swallowed; no id is used."""
+
+    stat: ClassVar[str | None] = "put"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected(Command):
+    """A line the parser refused: ``reply`` is BAD_FORMAT or UNKNOWN_COMMAND.
+
+    ``counted_as`` names a counter the line still increments (beanstalkd 1.12 counts
+    ``cmd-pause-tube`` before it validates the tube name), else ``None``.
+    """
+
+    reply: bytes
+    counted_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Use(Command):
+    stat: ClassVar[str | None] = "use"
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve(Command):
+    stat: ClassVar[str | None] = "reserve"
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveWithTimeout(Command):
+    """``seconds`` < 0 waits forever (beanstalkd 1.12's strtol-and-truncate semantics)."""
+
+    stat: ClassVar[str | None] = "reserve-with-timeout"
+    seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveJob(Command):
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delete(Command):
+    stat: ClassVar[str | None] = "delete"
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Command):
+    stat: ClassVar[str | None] = "release"
+    id: int
+    pri: int
+    delay: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bury(Command):
+    stat: ClassVar[str | None] = "bury"
+    id: int
+    pri: int
+
+
+@dataclass(frozen=True, slots=True)
+class Touch(Command):
+    stat: ClassVar[str | None] = "touch"
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Watch(Command):
+    stat: ClassVar[str | None] = "watch"
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ignore(Command):
+    stat: ClassVar[str | None] = "ignore"
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class Peek(Command):
+    stat: ClassVar[str | None] = "peek"
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeekReady(Command):
+    stat: ClassVar[str | None] = "peek-ready"
+
+
+@dataclass(frozen=True, slots=True)
+class PeekDelayed(Command):
+    stat: ClassVar[str | None] = "peek-delayed"
+
+
+@dataclass(frozen=True, slots=True)
+class PeekBuried(Command):
+    stat: ClassVar[str | None] = "peek-buried"
+
+
+@dataclass(frozen=True, slots=True)
+class Kick(Command):
+    stat: ClassVar[str | None] = "kick"
+    bound: int
+
+
+@dataclass(frozen=True, slots=True)
+class KickJob(Command):
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsJob(Command):
+    stat: ClassVar[str | None] = "stats-job"
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsTube(Command):
+    stat: ClassVar[str | None] = "stats-tube"
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(Command):
+    stat: ClassVar[str | None] = "stats"
+
+
+@dataclass(frozen=True, slots=True)
+class ListTubes(Command):
+    stat: ClassVar[str | None] = "list-tubes"
+
+
+@dataclass(frozen=True, slots=True)
+class ListTubeUsed(Command):
+    stat: ClassVar[str | None] = "list-tube-used"
+
+
+@dataclass(frozen=True, slots=True)
+class ListTubesWatched(Command):
+    stat: ClassVar[str | None] = "list-tubes-watched"
+
+
+@dataclass(frozen=True, slots=True)
+class PauseTube(Command):
+    stat: ClassVar[str | None] = "pause-tube"
+    tube: str
+    delay: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quit(Command):
+    """Any line starting with ``quit``: no reply, the connection closes."""

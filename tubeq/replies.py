@@ -1,0 +1,50 @@
+"""The server's reply vocabulary: every reply word once, and pure functions that build reply bytes."""
+
+from __future__ import annotations
+
+BAD_FORMAT = b"BAD_FORMAT\r\n"
+UNKNOWN_COMMAND = b"UNKNOWN_COMMAND\r\n"
+EXPECTED_CRLF = b"EXPECTED_CRLF\r\n"
+JOB_TOO_BIG = b"JOB_TOO_BIG\r\n"
+DRAINING = b"DRAINING\r\n"
+OUT_OF_MEMORY = b"OUT_OF_MEMORY\r\n"
+INTERNAL_ERROR = b"INTERNAL_ERROR\r\n"
+NOT_FOUND = b"NOT_FOUND\r\n"
+NOT_IGNORED = b"NOT_IGNORED\r\n"
+DEADLINE_SOON = b"DEADLINE_SOON\r\n"
+TIMED_OUT = b"TIMED_OUT\r\n"
+DELETED = b"DELETED\r\n"
+RELEASED = b"RELEASED\r\n"
+BURIED = b"BURIED\r\n"
+TOUCHED = b"TOUCHED\r\n"
+KICKED = b"KICKED\r\n"
+PAUSED = b"PAUSED\r\n"
+
+
+def inserted(job_id: int) -> bytes:
+    return b"INSERTED %d\r\n" % job_id
+
+
+def reserved(job_id: int, body: bytes) -> bytes:
+    return b"RESERVED %d %d\r\n%s\r\n" % (job_id, len(body), body)
+
+
+def found(job_id: int, body: bytes) -> bytes:
+    return b"FOUND %d %d\r\n%s\r\n" % (job_id, len(body), body)
+
+
+def using(tube: str) -> bytes:
+    return b"USING %s\r\n" % tube.encode("ascii")
+
+
+def watching(count: int) -> bytes:
+    return b"WATCHING %d\r\n" % count
+
+
+def kicked(count: int) -> bytes:
+    return b"KICKED %d\r\n" % count
+
+
+def ok(data: bytes) -> bytes:
+    """An ``OK <bytes>`` reply; ``data`` is the YAML document, without the trailing CRLF."""
+    return b"OK %d\r\n%s\r\n" % (len(data), data)
