@@ -1,0 +1,124 @@
+"""Command line: ``tubeq -l ADDR -p PORT [-z MAX_JOB_SIZE] [--redis URL] [--prefix NAME]``.
+
+The flags are beanstalkd's, so tools that launch a beanstalkd binary can launch tubeq. Without
+``--redis`` tubeq starts and supervises a private redis-server keeping its data (an append-only
+file) under ``--data-dir``. SIGTERM/SIGINT shut down cleanly; SIGUSR1 enters drain mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from tubeq.redis_process import RedisNotInstalled, RedisProcess
+from tubeq.server import DEFAULT_MAX_JOB_SIZE, Config, Server
+
+log = structlog.get_logger("tubeq")
+
+# How often the supervisor checks that the private redis-server is still running.
+SUPERVISE_PERIOD_S = 1.0
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "tubeq"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tubeq", description=__doc__.splitlines()[0])
+    p.add_argument("-l", dest="host", default="127.0.0.1", help="listen address (127.0.0.1)")
+    p.add_argument("-p", dest="port", type=int, default=11300, help="listen port (11300)")
+    p.add_argument("-z", dest="max_job_size", type=int, default=DEFAULT_MAX_JOB_SIZE,
+                   help=f"maximum job size in bytes ({DEFAULT_MAX_JOB_SIZE})")
+    p.add_argument("--redis", dest="redis_url", default=None,
+                   help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: a private "
+                        "redis-server started by tubeq)")
+    p.add_argument("--prefix", default="tubeq",
+                   help="key namespace: processes with the same Redis and prefix share tubes")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="where the private redis-server keeps its data "
+                        "(default: $XDG_DATA_HOME/tubeq)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    if not 0 < args.max_job_size <= 1 << 30:
+        p.error("-z must be between 1 and 1073741824")
+    return args
+
+
+def configure_logging(level: str) -> None:
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+    )
+
+
+async def supervise(redis: RedisProcess) -> None:
+    """Restart the private redis-server if it dies; its AOF keeps the jobs."""
+    while True:
+        await asyncio.sleep(SUPERVISE_PERIOD_S)
+        if not redis.alive():
+            log.warning("private redis-server died, restarting", port=redis.port)
+            await asyncio.to_thread(redis.start)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    redis: RedisProcess | None = None
+    url = args.redis_url
+    if url is None:
+        redis = RedisProcess(args.data_dir or default_data_dir(), persistent=True)
+        await asyncio.to_thread(redis.start)
+        url = redis.url
+        log.info("private redis-server started", url=url, data_dir=str(redis.data_dir))
+    server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
+                           max_job_size=args.max_job_size))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, server.drain)
+    supervisor = asyncio.create_task(supervise(redis)) if redis is not None else None
+    try:
+        await server.start()
+        await stop.wait()
+        log.info("shutting down")
+        await server.stop()
+    finally:
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        if redis is not None:
+            await asyncio.to_thread(redis.stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(serve(args))
+    except RedisNotInstalled as exc:
+        print(f"tubeq: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:
+        print(f"tubeq: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

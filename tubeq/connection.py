@@ -1,0 +1,516 @@
+"""One client connection: the thin asyncio adapter between the parser and the store.
+
+Bytes go to the sans-IO parser; each command it yields is dispatched at once to a handler that
+returns its reply, either as bytes or as a future of bytes (a store call in flight). Replies
+leave strictly in command order, coalesced into one write per loop tick. Pipelined commands
+therefore reach Redis without waiting for each other, except behind a reserve: a reserve may
+block, so the commands after it wait until it has answered (beanstalkd does the same).
+
+The connection owns its reservations (beanstalkd semantics): only it may delete, release, bury
+or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
+It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import structlog
+
+from tubeq import commands as c
+from tubeq import replies
+from tubeq.protocol import Parser
+from tubeq.scheduler import Scheduler
+from tubeq.stats import (CommandCounters, ServerIdentity, job_yaml, server_yaml, tube_yaml,
+                         yaml_list)
+from tubeq.store import NoJob, Reservation, Store, _consume, _map
+from tubeq.waiters import Waiter, WaiterRegistry
+
+log = structlog.get_logger(__name__)
+
+# beanstalkd's safety margin: a reserved job whose TTR ends within this many ms makes a reserve
+# answer DEADLINE_SOON (the worker should finish or touch it instead of taking more work).
+SAFETY_MARGIN_MS = 1000
+# A blocked reserve re-runs the reserve script at least this often even with no wake-up hint:
+# hints are best effort (pub/sub), the script is the truth.
+WAKE_RECHECK_S = 10.0
+
+Reply = bytes | asyncio.Future[bytes]
+
+
+@dataclass
+class ServerContext:
+    """What every connection of one tubeq process shares."""
+
+    store: Store
+    registry: WaiterRegistry
+    scheduler: Scheduler
+    counters: CommandCounters
+    identity: ServerIdentity
+    max_job_size: int
+    draining: bool = False
+    connections: set[Connection] = field(default_factory=set)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def next_token(self) -> str:
+        return f"{self.store.instance_id}:{next(self._seq)}"
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.token = ctx.next_token()
+        self.parser = Parser(ctx.max_job_size)
+        self.used = "default"
+        self.watched = ["default"]
+        self.reserved: dict[int, int] = {}  # job id -> TTR deadline (ms)
+        self.producer = False
+        self.worker = False
+        self.transport: asyncio.Transport | None = None
+        self._replies: deque[Reply] = deque()
+        self._flush_scheduled = False
+        self._blocking: asyncio.Task[bytes] | None = None
+        self._waiter: Waiter | None = None
+        self._quit = False
+        self._eof = False
+        self._lost = False
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.ctx.connections.add(self)
+        self.store.connect(self.token).add_done_callback(_consume)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        self._pump()
+
+    def eof_received(self) -> bool:
+        # Half-close: answer what was sent, a blocked reserve gets TIMED_OUT, then close.
+        self._eof = True
+        if self._waiter is not None:
+            self._waiter.wake()
+        self._maybe_close()
+        return True
+
+    def pause_writing(self) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self.transport is not None
+        if not self._lost:
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self.ctx.connections.discard(self)
+        task = self._blocking
+        if task is not None and not task.done():
+            # Its `finally` takes the connection out of the waiters first (same Redis pipe).
+            task.cancel()
+            task.add_done_callback(lambda _: self._disconnect())
+        else:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        done = self.store.disconnect(self.token, self.used, self.producer, self.worker,
+                                     list(self.reserved))
+        done.add_done_callback(self._disconnected)
+
+    def _disconnected(self, f: asyncio.Future[Any]) -> None:
+        if not f.cancelled() and f.exception() is not None:
+            log.warning("disconnect cleanup failed", token=self.token, error=repr(f.exception()))
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        if self.transport is not None and not self._lost:
+            self.transport.close()
+
+    # -- command flow -------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        while self._blocking is None and not self._quit and not self._lost:
+            command = self.parser.next_command()
+            if command is None:
+                break
+            self._dispatch(command)
+        self._maybe_close()
+
+    def _dispatch(self, command: c.Command) -> None:
+        if command.stat is not None:
+            self.ctx.counters.incr(command.stat)
+        handler = HANDLERS[type(command)]
+        try:
+            reply = handler(self, command)
+        except Exception:
+            log.exception("handler failed", command=type(command).__name__)
+            reply = replies.INTERNAL_ERROR
+        if reply is None:
+            return
+        self._replies.append(reply)
+        if isinstance(reply, bytes):
+            self._schedule_flush()
+        else:
+            reply.add_done_callback(lambda _: self._schedule_flush())
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out: list[bytes] = []
+        while self._replies:
+            head = self._replies[0]
+            if isinstance(head, bytes):
+                out.append(head)
+            elif head.done():
+                out.append(_reply_bytes(head))
+            else:
+                break
+            self._replies.popleft()
+        if out and self.transport is not None and not self._lost:
+            self.transport.write(b"".join(out))
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if self._lost or self.transport is None or self._replies or self._blocking is not None:
+            return
+        # After EOF whatever is left in the parser is an incomplete command that cannot finish.
+        if self._quit or self._eof:
+            self.transport.close()
+
+    # -- reserve ------------------------------------------------------------------------------
+
+    def _start_reserve(self, timeout_s: int | None) -> Reply:
+        if not self.worker:
+            self.worker = True
+            self.store.bump_gauge("workers", 1)
+        task = asyncio.get_running_loop().create_task(self._reserve(timeout_s))
+        self._blocking = task
+        task.add_done_callback(self._reserve_done)
+        return task
+
+    def _reserve_done(self, _: asyncio.Future[bytes]) -> None:
+        self._blocking = None
+        if not self._lost:
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _in_margin(self, now: int) -> bool:
+        return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
+
+    def _next_margin_s(self, now: int) -> float | None:
+        starts = [d - SAFETY_MARGIN_MS for d in self.reserved.values() if d - SAFETY_MARGIN_MS > now]
+        return (min(starts) - now) / 1000 if starts else None
+
+    async def _reserve(self, timeout_s: int | None) -> bytes:
+        """register, try, wait with a bound, try again (see tubeq.waiters for the timeline)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        registry = self.ctx.registry
+        waiter: Waiter | None = None
+        counted = consumed = False
+        try:
+            while True:
+                if waiter is not None:
+                    if self._eof:
+                        return replies.TIMED_OUT
+                    waiter.rearm()
+                now = self.store.clock()
+                in_margin = self._in_margin(now)
+                result = await self.store.reserve(self.token, in_margin)
+                if isinstance(result, Reservation):
+                    consumed = True
+                    return self._granted(result)
+                if in_margin and not result.any_ready:
+                    return replies.DEADLINE_SOON
+                remaining = None if deadline is None else deadline - loop.time()
+                if self._eof or (remaining is not None and remaining <= 0):
+                    return replies.TIMED_OUT
+                if waiter is None:
+                    waiter = Waiter(self.watched)
+                    self._waiter = waiter
+                    registry.register(waiter)
+                    counted = True
+                    await self.store.set_waiting(self.token, 1)
+                    continue  # try once more now that a put would wake us
+                bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(self.store.clock())]
+                timeout = max(0.0, min(b for b in bounds if b is not None))
+                try:
+                    await asyncio.wait_for(waiter.event.wait(), timeout)
+                except TimeoutError:
+                    pass
+        finally:
+            if waiter is not None:
+                self._waiter = None
+                registry.unregister(waiter, consumed=consumed)
+            if counted:
+                self.store.set_waiting(self.token, -1).add_done_callback(_consume)
+
+    def _granted(self, r: Reservation) -> bytes:
+        self.reserved[r.id] = r.deadline_ms
+        self.ctx.scheduler.note_due(r.deadline_ms)
+        return replies.reserved(r.id, r.body)
+
+
+def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
+    if f.cancelled():
+        return replies.INTERNAL_ERROR
+    exc = f.exception()
+    if exc is not None:
+        log.warning("store call failed", error=repr(exc))
+        return replies.INTERNAL_ERROR
+    return f.result()
+
+
+# -- handlers: one per command, each returns its reply (bytes or a future of bytes) ------------
+
+def _put(conn: Connection, cmd: c.Put) -> Reply:
+    conn_became_producer(conn)
+    store = conn.store
+    if conn.ctx.draining:
+        return _map(store.burn_id(), lambda _: replies.DRAINING)
+    reply = _map(store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body),
+                 replies.inserted)
+    if cmd.delay > 0:
+        due = store.clock() + cmd.delay * 1000
+        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+    return reply
+
+
+def conn_became_producer(conn: Connection) -> None:
+    if not conn.producer:
+        conn.producer = True
+        conn.store.bump_gauge("producers", 1)
+
+
+def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
+    conn_became_producer(conn)
+    return _map(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
+
+
+def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
+    return replies.JOB_TOO_BIG
+
+
+def _rejected(conn: Connection, cmd: c.Rejected) -> Reply:
+    if cmd.counted_as is not None:
+        conn.ctx.counters.incr(cmd.counted_as)
+    return cmd.reply
+
+
+def _use(conn: Connection, cmd: c.Use) -> Reply:
+    if cmd.tube == conn.used:
+        return replies.using(cmd.tube)
+    old, conn.used = conn.used, cmd.tube
+    done = conn.store.change_refs(conn.token, [("+u", cmd.tube), ("-u", old)])
+    return _map(done, lambda _: replies.using(cmd.tube))
+
+
+def _watch(conn: Connection, cmd: c.Watch) -> Reply:
+    if cmd.tube in conn.watched:
+        return replies.watching(len(conn.watched))
+    conn.watched.append(cmd.tube)
+    count = len(conn.watched)
+    return _map(conn.store.change_refs(conn.token, [("+w", cmd.tube)]),
+                lambda _: replies.watching(count))
+
+
+def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
+    watched = conn.watched
+    if cmd.tube not in watched:
+        return replies.watching(len(watched))
+    if len(watched) == 1:
+        return replies.NOT_IGNORED
+    # beanstalkd keeps the watch list as an array and fills a hole with the last entry.
+    i = watched.index(cmd.tube)
+    watched[i] = watched[-1]
+    watched.pop()
+    count = len(watched)
+    return _map(conn.store.change_refs(conn.token, [("-w", cmd.tube)]),
+                lambda _: replies.watching(count))
+
+
+def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:
+    return conn._start_reserve(None)
+
+
+def _reserve_with_timeout(conn: Connection, cmd: c.ReserveWithTimeout) -> Reply:
+    return conn._start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
+
+
+def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
+    def answer(r: Reservation | NoJob) -> bytes:
+        if isinstance(r, NoJob):
+            return replies.NOT_FOUND
+        if not conn.worker:
+            conn.worker = True
+            conn.store.bump_gauge("workers", 1)
+        return conn._granted(r)
+
+    return _map(conn.store.reserve_job(conn.token, cmd.id), answer)
+
+
+def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+    def answer(done: bool) -> bytes:
+        if not done:
+            return replies.NOT_FOUND
+        conn.reserved.pop(job_id, None)
+        return ok
+
+    return answer
+
+
+def _delete(conn: Connection, cmd: c.Delete) -> Reply:
+    return _map(conn.store.delete(conn.token, cmd.id), _forget_on(conn, cmd.id, replies.DELETED))
+
+
+def _release(conn: Connection, cmd: c.Release) -> Reply:
+    reply = _map(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
+                 _forget_on(conn, cmd.id, replies.RELEASED))
+    if cmd.delay > 0:
+        due = conn.store.clock() + cmd.delay * 1000
+        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+    return reply
+
+
+def _bury(conn: Connection, cmd: c.Bury) -> Reply:
+    return _map(conn.store.bury(conn.token, cmd.id, cmd.pri),
+                _forget_on(conn, cmd.id, replies.BURIED))
+
+
+def _touch(conn: Connection, cmd: c.Touch) -> Reply:
+    def answer(deadline: int) -> bytes:
+        if not deadline:
+            return replies.NOT_FOUND
+        conn.reserved[cmd.id] = deadline
+        conn.ctx.scheduler.note_due(deadline)
+        return replies.TOUCHED
+
+    return _map(conn.store.touch(conn.token, cmd.id), answer)
+
+
+def _found(job: tuple[int, bytes] | None) -> bytes:
+    return replies.NOT_FOUND if job is None else replies.found(*job)
+
+
+def _peek(conn: Connection, cmd: c.Peek) -> Reply:
+    return _map(conn.store.peek(cmd.id),
+                lambda body: replies.NOT_FOUND if body is None else replies.found(cmd.id, body))
+
+
+def _peek_ready(conn: Connection, cmd: c.PeekReady) -> Reply:
+    return _map(conn.store.peek_state("ready", conn.used), _found)
+
+
+def _peek_delayed(conn: Connection, cmd: c.PeekDelayed) -> Reply:
+    return _map(conn.store.peek_state("delayed", conn.used), _found)
+
+
+def _peek_buried(conn: Connection, cmd: c.PeekBuried) -> Reply:
+    return _map(conn.store.peek_state("buried", conn.used), _found)
+
+
+def _kick(conn: Connection, cmd: c.Kick) -> Reply:
+    return _map(conn.store.kick(conn.used, cmd.bound), replies.kicked)
+
+
+def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
+    return _map(conn.store.kick_job(cmd.id),
+                lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
+
+
+def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
+    now = conn.store.clock()
+    return _map(conn.store.job_info(cmd.id),
+                lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
+
+
+def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
+    def answer(counts: list[int] | None) -> bytes:
+        if counts is None:
+            return replies.NOT_FOUND
+        return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
+
+    return _map(conn.store.tube_counts(cmd.tube), answer)
+
+
+def _stats(conn: Connection, cmd: c.Stats) -> Reply:
+    ctx = conn.ctx
+    ctx.counters.flush()  # this process's counts reach Redis before the read below
+    return _map(conn.store.server_counts(),
+                lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
+
+
+def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
+    return _map(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
+
+
+def _list_tube_used(conn: Connection, cmd: c.ListTubeUsed) -> Reply:
+    return replies.using(conn.used)
+
+
+def _list_tubes_watched(conn: Connection, cmd: c.ListTubesWatched) -> Reply:
+    return replies.ok(yaml_list(conn.watched))
+
+
+def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
+    def answer(until_ms: int) -> bytes:
+        if until_ms == 0:
+            return replies.NOT_FOUND
+        if until_ms > 0:
+            conn.ctx.scheduler.note_due(until_ms)
+        return replies.PAUSED
+
+    return _map(conn.store.pause(cmd.tube, cmd.delay), answer)
+
+
+def _quit(conn: Connection, cmd: c.Quit) -> None:
+    conn._quit = True
+
+
+HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+    c.Put: _put,
+    c.PutExpectedCrlf: _put_expected_crlf,
+    c.PutTooBig: _put_too_big,
+    c.Rejected: _rejected,
+    c.Use: _use,
+    c.Reserve: _reserve,
+    c.ReserveWithTimeout: _reserve_with_timeout,
+    c.ReserveJob: _reserve_job,
+    c.Delete: _delete,
+    c.Release: _release,
+    c.Bury: _bury,
+    c.Touch: _touch,
+    c.Watch: _watch,
+    c.Ignore: _ignore,
+    c.Peek: _peek,
+    c.PeekReady: _peek_ready,
+    c.PeekDelayed: _peek_delayed,
+    c.PeekBuried: _peek_buried,
+    c.Kick: _kick,
+    c.KickJob: _kick_job,
+    c.StatsJob: _stats_job,
+    c.StatsTube: _stats_tube,
+    c.Stats: _stats,
+    c.ListTubes: _list_tubes,
+    c.ListTubeUsed: _list_tube_used,
+    c.ListTubesWatched: _list_tubes_watched,
+    c.PauseTube: _pause_tube,
+    c.Quit: _quit,
+}

@@ -1,0 +1,99 @@
+"""The Redis key schema: the only Python module that builds a key name.
+
+Every key of a tubeq namespace starts with ``{<prefix>}:``. The braces are a Redis Cluster hash
+tag, so every key of a namespace lives in one slot and every script touches one slot: a reserve
+that picks across several watched tubes needs that (beanstalkd orders by (pri, id) across all of
+them). Scripts build the same names from the namespace root they receive as ``KEYS[1]``; their
+copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_keys.py`` keeps the two equal.
+
+Tube names cannot contain ``{``, ``}`` or ``:`` (beanstalkd's alphabet is ``A-Za-z0-9-+/;.$_()``),
+so a tube name can never break out of its place in a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one namespace (``prefix``); several namespaces can share one Redis."""
+
+    prefix: str = "tubeq"
+
+    @property
+    def root(self) -> str:
+        """The namespace root, passed to every script as ``KEYS[1]``."""
+        return "{%s}:" % self.prefix
+
+    @property
+    def job_ids(self) -> str:
+        return self.root + "id"
+
+    def job(self, job_id: int) -> str:
+        return f"{self.root}j:{job_id}"
+
+    def tube(self, tube: str) -> str:
+        return f"{self.root}t:{tube}"
+
+    def ready(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:r"
+
+    def delayed(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:d"
+
+    def buried(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:b"
+
+    @property
+    def tubes(self) -> str:
+        return self.root + "tubes"
+
+    @property
+    def ready_tubes(self) -> str:
+        return self.root + "ready_tubes"
+
+    @property
+    def timers(self) -> str:
+        return self.root + "timers"
+
+    @property
+    def reserved(self) -> str:
+        return self.root + "reserved"
+
+    @property
+    def stats(self) -> str:
+        return self.root + "stats"
+
+    @property
+    def seqs(self) -> str:
+        """Sequence counters: tube creation order and bury order."""
+        return self.root + "seq"
+
+    @property
+    def refs(self) -> str:
+        return self.root + "refs"
+
+    @property
+    def instances(self) -> str:
+        return self.root + "instances"
+
+    def instance(self, instance_id: str) -> str:
+        return f"{self.root}i:{instance_id}"
+
+    def instance_conns(self, instance_id: str) -> str:
+        return f"{self.root}i:{instance_id}:conns"
+
+    def watch(self, token: str) -> str:
+        return f"{self.root}c:{token}:w"
+
+    def wake_channel(self, tube: str) -> str:
+        return f"{self.root}wake:{tube}"
+
+    @property
+    def wake_pattern(self) -> str:
+        return self.root + "wake:*"
+
+    def tube_of_wake_channel(self, channel: str) -> str:
+        """The tube a wake-up channel name belongs to (inverse of :meth:`wake_channel`)."""
+        return channel[len(self.root) + len("wake:"):]

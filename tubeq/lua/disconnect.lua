@@ -1,0 +1,37 @@
+--[[ disconnect: a connection closed (quit, EOF, reset): its reserved jobs go back to ready at
+once (no timeouts/releases counted), and its tube references and gauges are dropped.
+KEYS[1]  namespace root
+ARGV     instance id, token, used tube, was producer (0|1), was worker (0|1), now (ms),
+         then the ids of the jobs it reserved
+Returns  the number of jobs released
+Events   wakes reserves blocked on each tube that got a job back
+]]
+--- @include "keys"
+--- @include "jobs"
+--- @include "refs"
+local inst, token, used, producer, worker, now =
+  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ik = k_instance(inst)
+local released, woken = 0, {}
+for i = 7, #ARGV do
+  local id = ARGV[i]
+  local f = rcall('HMGET', k_job(id), 's', 't', 'o')
+  if f[1] == 'reserved' and f[3] == token then
+    requeue(id, f[2], now)
+    released = released + 1
+    woken[f[2]] = true
+  end
+end
+local dropped = {used}
+apply_ref('-u', used, token, ik, now)
+for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
+  apply_ref('-w', t, token, ik, now)
+  dropped[#dropped + 1] = t
+end
+rcall('SREM', k_instance_conns(inst), token)
+bump(ik, 'conns', -1)
+if producer > 0 then bump(ik, 'producers', -1) end
+if worker > 0 then bump(ik, 'workers', -1) end
+for _, t in ipairs(dropped) do gc_tube(t) end
+for t in pairs(woken) do wake(t) end
+return released

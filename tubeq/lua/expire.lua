@@ -1,0 +1,28 @@
+--[[ expire: reservations past their TTR go back to ready (timeouts + 1), whoever held them,
+even when the holding connection is idle.
+KEYS[1]  namespace root
+ARGV     now (ms), limit (jobs per call)
+Returns  {next deadline (ms) or -1, tube woken, ...}; a next deadline <= now means call again
+Events   wakes reserves blocked on each tube
+]]
+--- @include "keys"
+--- @include "jobs"
+local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local result = {-1}
+local woken = {}
+for _, m in ipairs(rcall('ZRANGEBYSCORE', K_RESERVED, '-inf', now, 'LIMIT', 0, limit)) do
+  local id = id_of(m)
+  local jk = k_job(id)
+  local t = rcall('HGET', jk, 't')
+  requeue(id, t, now)
+  rcall('HINCRBY', jk, 'nt', 1)
+  rcall('HINCRBY', K_STATS, 'job-timeouts', 1)
+  if not woken[t] then
+    woken[t] = true
+    result[#result + 1] = t
+  end
+end
+for i = 2, #result do wake(result[i]) end
+local head = rcall('ZRANGE', K_RESERVED, 0, 0, 'WITHSCORES')
+if head[1] then result[1] = tonumber(head[2]) end
+return result

@@ -1,0 +1,132 @@
+-- Shared pieces of every transition: job members, tube bookkeeping, the ready-tube index,
+-- timers and wake-ups. A state change, its index update and its wake-up happen in one script.
+local rcall = redis.call
+
+-- Sorted-set member of a job id: its digit count as one letter, then the digits. Members of
+-- equal score then sort by numeric id ('A7' < 'B12' < 'B13'), which gives beanstalkd's
+-- (pri, id) order with score = pri, exact in a double.
+local function member(id)
+  local s = tostring(id)
+  return string.char(64 + #s) .. s
+end
+
+local function id_of(m)
+  return string.sub(m, 2)
+end
+
+-- Add delta to a counter field of a hash, removing the field when it reaches zero.
+local function bump(hash, field, delta)
+  if rcall('HINCRBY', hash, field, delta) == 0 then
+    rcall('HDEL', hash, field)
+  end
+end
+
+-- A tube exists from its first reference (use, watch, put) until gc_tube removes it.
+local function ensure_tube(t, now)
+  local tk = k_tube(t)
+  if rcall('EXISTS', tk) == 0 then
+    rcall('HSET', tk, 'c', now)
+    rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
+  end
+end
+
+local function is_paused(t, now)
+  local until_ms = rcall('HGET', k_tube(t), 'pause_until')
+  return until_ms ~= false and tonumber(until_ms) > now
+end
+
+-- ready_tubes holds every non-paused tube that has ready jobs, scored by its best priority:
+-- reserve reads it instead of scanning the watch list.
+local function index_tube(t, now)
+  local head = rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
+  if head[1] and not is_paused(t, now) then
+    rcall('ZADD', K_READY_TUBES, head[2], t)
+  else
+    rcall('ZREM', K_READY_TUBES, t)
+  end
+end
+
+-- timers holds 'd:<tube>' scored by the tube's earliest delayed due time.
+local function arm_delay_timer(t)
+  local head = rcall('ZRANGE', k_delayed(t), 0, 0, 'WITHSCORES')
+  if head[1] then
+    rcall('ZADD', K_TIMERS, head[2], 'd:' .. t)
+  else
+    rcall('ZREM', K_TIMERS, 'd:' .. t)
+  end
+end
+
+-- Wake-up hint for processes with reserves blocked on this tube; no PUBLISH when nobody waits.
+local function wake(t)
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  if waiting and tonumber(waiting) > 0 then
+    rcall('PUBLISH', k_wake(t), '')
+  end
+end
+
+-- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
+local function enqueue_ready(id, t, pri, now)
+  rcall('ZADD', k_ready(t), pri, member(id))
+  if not is_paused(t, now) then
+    rcall('ZADD', K_READY_TUBES, 'LT', pri, t)
+  end
+end
+
+local function enqueue_delayed(id, t, due)
+  rcall('ZADD', k_delayed(t), due, member(id))
+  rcall('ZADD', K_TIMERS, 'LT', due, 'd:' .. t)
+end
+
+-- Take a job out of the structure that holds it in its current state.
+local function unlink(id, t, state, now)
+  local m = member(id)
+  if state == 'ready' then
+    rcall('ZREM', k_ready(t), m)
+    index_tube(t, now)
+  elseif state == 'delayed' then
+    rcall('ZREM', k_delayed(t), m)
+    arm_delay_timer(t)
+  elseif state == 'buried' then
+    rcall('ZREM', k_buried(t), m)
+  elseif state == 'reserved' then
+    rcall('ZREM', K_RESERVED, m)
+    bump(k_tube(t), 'nres', -1)
+  end
+end
+
+-- Reserve a job (already unlinked) for the connection `token`; returns {id, ttr, body}.
+local function grant(id, t, token, now)
+  local jk = k_job(id)
+  local f = rcall('HMGET', jk, 'r', 'b')
+  local due = now + tonumber(f[1]) * 1000
+  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due)
+  rcall('HINCRBY', jk, 'nr', 1)
+  rcall('ZADD', K_RESERVED, due, member(id))
+  rcall('HINCRBY', k_tube(t), 'nres', 1)
+  return {tonumber(id), tonumber(f[1]), f[2]}
+end
+
+-- Back to ready without touching its counters (TTR expiry and disconnect differ only there).
+local function requeue(id, t, now)
+  local jk = k_job(id)
+  unlink(id, t, 'reserved', now)
+  rcall('HSET', jk, 's', 'ready')
+  rcall('HDEL', jk, 'o', 'u')
+  enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+end
+
+-- A tube disappears once nothing references it: no job in any state, nobody using or
+-- watching it (across all processes). 'default' never disappears. Its counters and pause go
+-- with it, as in beanstalkd.
+local function gc_tube(t)
+  if t == 'default' then return end
+  local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
+  if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
+  if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
+  if tonumber(rcall('HGET', k_tube(t), 'nres') or 0) > 0 then return end
+  rcall('DEL', k_tube(t))
+  rcall('ZREM', K_TUBES, t)
+  rcall('ZREM', K_READY_TUBES, t)
+  rcall('ZREM', K_TIMERS, 'd:' .. t, 'p:' .. t)
+  rcall('HDEL', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)
+end

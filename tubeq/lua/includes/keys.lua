@@ -1,0 +1,22 @@
+-- Key schema: the Lua mirror of tubeq/keys.py (tests/test_keys.py keeps the two equal).
+-- KEYS[1] is the namespace root "{prefix}:"; every key below starts with it, so a script
+-- touches one Redis Cluster slot whatever tubes it works on.
+local NS = KEYS[1]
+local K_JOB_IDS = NS .. 'id'
+local K_TUBES = NS .. 'tubes'
+local K_READY_TUBES = NS .. 'ready_tubes'
+local K_TIMERS = NS .. 'timers'
+local K_RESERVED = NS .. 'reserved'
+local K_STATS = NS .. 'stats'
+local K_REFS = NS .. 'refs'
+local K_SEQS = NS .. 'seq'
+local K_INSTANCES = NS .. 'instances'
+local function k_job(id) return NS .. 'j:' .. id end
+local function k_tube(t) return NS .. 't:' .. t end
+local function k_ready(t) return NS .. 't:' .. t .. ':r' end
+local function k_delayed(t) return NS .. 't:' .. t .. ':d' end
+local function k_buried(t) return NS .. 't:' .. t .. ':b' end
+local function k_instance(i) return NS .. 'i:' .. i end
+local function k_instance_conns(i) return NS .. 'i:' .. i .. ':conns' end
+local function k_watch(token) return NS .. 'c:' .. token .. ':w' end
+local function k_wake(t) return NS .. 'wake:' .. t end

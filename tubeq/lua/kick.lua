@@ -1,0 +1,30 @@
+--[[ kick: move up to `bound` jobs of a tube to ready: buried ones in bury order if the tube has
+any, otherwise delayed ones by due time; never both in one call.
+KEYS[1]  namespace root
+ARGV     tube, bound, now (ms)
+Returns  the number of jobs kicked
+Events   wakes reserves blocked on the tube
+]]
+--- @include "keys"
+--- @include "jobs"
+local t, bound, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if bound <= 0 then return 0 end
+local from, from_delayed = k_buried(t), false
+if rcall('EXISTS', from) == 0 then
+  from, from_delayed = k_delayed(t), true
+end
+local members = rcall('ZRANGE', from, 0, bound - 1)
+for _, m in ipairs(members) do
+  local id = id_of(m)
+  local jk = k_job(id)
+  rcall('ZREM', from, m)
+  rcall('HSET', jk, 's', 'ready')
+  rcall('HDEL', jk, 'u')
+  rcall('HINCRBY', jk, 'nk', 1)
+  enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+end
+if #members > 0 then
+  if from_delayed then arm_delay_timer(t) end
+  wake(t)
+end
+return #members

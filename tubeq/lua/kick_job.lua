@@ -1,0 +1,20 @@
+--[[ kick_job: move one buried or delayed job, in any tube, to ready.
+KEYS[1]  namespace root
+ARGV     id, now (ms)
+Returns  1 kicked | 0 not found or not buried/delayed
+Events   wakes reserves blocked on the tube
+]]
+--- @include "keys"
+--- @include "jobs"
+local id, now = ARGV[1], tonumber(ARGV[2])
+local jk = k_job(id)
+local f = rcall('HMGET', jk, 's', 't', 'p')
+local state, t = f[1], f[2]
+if state ~= 'buried' and state ~= 'delayed' then return 0 end
+unlink(id, t, state, now)
+rcall('HSET', jk, 's', 'ready')
+rcall('HDEL', jk, 'u')
+rcall('HINCRBY', jk, 'nk', 1)
+enqueue_ready(id, t, tonumber(f[3]), now)
+wake(t)
+return 1

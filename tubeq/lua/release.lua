@@ -1,0 +1,27 @@
+--[[ release: give a reserved job back, ready or delayed, with a new priority.
+KEYS[1]  namespace root
+ARGV     token, id, pri, delay (s), now (ms)
+Returns  1 released | 0 not reserved by this connection
+Events   wakes reserves blocked on the tube when the job is ready
+]]
+--- @include "keys"
+--- @include "jobs"
+local token, id, pri, delay, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local jk = k_job(id)
+local f = rcall('HMGET', jk, 's', 't', 'o')
+if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
+local t = f[2]
+unlink(id, t, 'reserved', now)
+rcall('HINCRBY', jk, 'nl', 1)
+rcall('HDEL', jk, 'o')
+if tonumber(delay) > 0 then
+  local due = now + tonumber(delay) * 1000
+  rcall('HSET', jk, 's', 'delayed', 'p', pri, 'd', delay, 'u', due)
+  enqueue_delayed(id, t, due)
+else
+  rcall('HSET', jk, 's', 'ready', 'p', pri, 'd', delay)
+  rcall('HDEL', jk, 'u')
+  enqueue_ready(id, t, tonumber(pri), now)
+  wake(t)
+end
+return 1

@@ -1,0 +1,54 @@
+--[[ reserve: take the ready job with the smallest (pri, id) across the connection's watched,
+non-paused tubes.
+KEYS[1]  namespace root
+ARGV     token (the connection), now (ms), hint ("1": when nothing is reservable, also say
+         whether any watched tube, paused or not, has a ready job: DEADLINE_SOON needs it)
+Returns  {id, ttr, body} | {0, any_ready (0|1)}
+Cost     O(watched tubes that have ready jobs) via the ready_tubes index, never a scan of
+         every watched tube's queue.
+]]
+--- @include "keys"
+--- @include "jobs"
+local token, now, hint = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local wk = k_watch(token)
+local best_tube, best_pri, best_member
+
+local function consider(t, pri)
+  local head = rcall('ZRANGE', k_ready(t), 0, 0)[1]
+  if head and (best_pri == nil or pri < best_pri or (pri == best_pri and head < best_member)) then
+    best_tube, best_pri, best_member = t, pri, head
+  end
+end
+
+if rcall('SCARD', wk) <= rcall('ZCARD', K_READY_TUBES) then
+  -- few watched tubes: look each one up in the index
+  for _, t in ipairs(rcall('SMEMBERS', wk)) do
+    local score = rcall('ZSCORE', K_READY_TUBES, t)
+    if score then consider(t, tonumber(score)) end
+  end
+else
+  -- few ready tubes: walk the index best-first, stop past the best priority found
+  local start, done = 0, false
+  while not done do
+    local page = rcall('ZRANGE', K_READY_TUBES, start, start + 31, 'WITHSCORES')
+    if #page == 0 then break end
+    for i = 1, #page, 2 do
+      local pri = tonumber(page[i + 1])
+      if best_pri and pri > best_pri then done = true break end
+      if rcall('SISMEMBER', wk, page[i]) == 1 then consider(page[i], pri) end
+    end
+    start = start + 32
+  end
+end
+
+if best_tube then
+  rcall('ZREM', k_ready(best_tube), best_member)
+  index_tube(best_tube, now)
+  return grant(id_of(best_member), best_tube, token, now)
+end
+if hint == '1' then
+  for _, t in ipairs(rcall('SMEMBERS', wk)) do
+    if rcall('EXISTS', k_ready(t)) == 1 then return {0, 1} end
+  end
+end
+return {0, 0}

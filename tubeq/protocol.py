@@ -1,0 +1,469 @@
+"""The beanstalkd wire protocol, sans-IO: bytes in, commands out.
+
+Owns framing (CRLF-terminated lines, the line limit and the recovery from overlong lines), command
+recognition, the argument grammar, and the ``put`` body phase, including swallowing oversize bodies
+in step as they arrive (beanstalkd's bit bucket).
+
+Rules:
+
+* No I/O and no clock: this module imports neither asyncio nor redis. The connection feeds it bytes
+  and takes :mod:`tubeq.commands` dataclasses out; replies are built in :mod:`tubeq.replies`.
+* Client input never raises. Every bad line becomes a ``Rejected`` (or ``PutTooBig`` /
+  ``PutExpectedCrlf``) and parsing resumes with the next line.
+* Memory is bounded. Once ``next_command`` has returned ``None`` the parser holds less than one line
+  (``LINE_MAX``) or less than one body (``max_job_size + 2``); an overlong line and a too-big body
+  are discarded as they arrive, never buffered whole.
+* Outcomes follow beanstalkd 1.12 (``prot.c``: ``which_cmd``, ``dispatch_cmd``, ``read_u32``,
+  ``read_tube_name``), checked against a real 1.12 over loopback, including its quirks: the
+  prefix matching of command words, ``quit`` and ``pause-tube`` matched without a space, ``strtol``
+  for reserve-with-timeout, ``strtoul`` for kick, the put check order, and which rejected lines
+  still count in a ``cmd-*`` stat.
+"""
+
+# Two beanstalkd 1.12 accidents tubeq deliberately does NOT copy (both only touch malformed input):
+#
+# (a) 1.12 examines only the first CR in its read buffer (scan_line_end: one memchr). A stray CR
+#     before the real CRLF hides the line end: the server keeps reading until 224 bytes have piled
+#     up, then discards up to a CRLF and answers one BAD_FORMAT, losing the commands in between.
+#     tubeq ends a line at the first CRLF wherever it is; a stray CR is an ordinary line byte.
+#
+# (b) In 1.12 a line of exactly 225 bytes (223 + CRLF) gets no reply: its CR is the last byte of
+#     the full 224-byte buffer, which memchr never scans, so the line end is missed and the *next*
+#     line is swallowed and answered with BAD_FORMAT (so is any length = 223 mod 224, plus CRLF).
+#     tubeq treats every line longer than LINE_MAX the same way: discard up to the CRLF, answer one
+#     BAD_FORMAT, parse the next line normally.
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from tubeq import replies
+from tubeq.commands import (
+    Bury,
+    Command,
+    Delete,
+    Ignore,
+    Kick,
+    KickJob,
+    ListTubes,
+    ListTubesWatched,
+    ListTubeUsed,
+    PauseTube,
+    Peek,
+    PeekBuried,
+    PeekDelayed,
+    PeekReady,
+    Put,
+    PutExpectedCrlf,
+    PutTooBig,
+    Quit,
+    Rejected,
+    Release,
+    Reserve,
+    ReserveJob,
+    ReserveWithTimeout,
+    Stats,
+    StatsJob,
+    StatsTube,
+    Touch,
+    Use,
+    Watch,
+)
+
+__all__ = [
+    "COMMAND_WORDS",
+    "CRLF",
+    "C_LONG_MAX",
+    "C_LONG_MIN",
+    "C_ULONG_MAX",
+    "DEFAULT_MAX_JOB_SIZE",
+    "LINE_MAX",
+    "MAX_TUBE_NAME",
+    "TUBE_NAME_CHARS",
+    "U32_MAX",
+    "U64_MAX",
+    "Parser",
+]
+
+# ---------------------------------------------------------------------------------------------
+# The wire vocabulary
+# ---------------------------------------------------------------------------------------------
+
+# A line ends at exactly CR LF; a lone CR or LF is an ordinary byte of the line.
+CRLF: Final = b"\r\n"
+
+# The longest tube name: beanstalkd's MAX_TUBE_NAME_LEN is 201 including the C string's NUL.
+MAX_TUBE_NAME: Final = 200
+
+# The longest command line, CRLF included. It is beanstalkd's LINE_BUF_SIZE (11 + 201 + 12), just
+# enough for the longest legal line: len(b"pause-tube " + b"x" * 200 + b" 4294967295\r\n") == 224.
+LINE_MAX: Final = 224
+
+# The bytes a tube name is made of (beanstalkd's NAME_CHARS); a name may not start with "-".
+TUBE_NAME_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
+
+# Priorities, delays, ttrs, body sizes and kick bounds are C uint32 in beanstalkd.
+U32_MAX: Final = 2**32 - 1
+
+# Job ids are C uint64 in beanstalkd: the largest id a client may name.
+U64_MAX: Final = 2**64 - 1
+
+# beanstalkd's default max-job-size (JOB_DATA_SIZE_LIMIT_DEFAULT, the `-z` flag): 2**16 - 1.
+DEFAULT_MAX_JOB_SIZE: Final = 65535
+
+# reserve-with-timeout is read with strtol and kick with strtoul; on the reference build (Debian,
+# x86-64, LP64) `long` is 64 bits, so these are the ranges past which they fail with ERANGE.
+C_LONG_MIN: Final = -(2**63)
+C_LONG_MAX: Final = 2**63 - 1
+C_ULONG_MAX: Final = 2**64 - 1
+
+# C isspace() in the "C" locale: what strtol/strtoul skip before the number.
+_C_SPACE: Final = b" \t\n\v\f\r"
+
+_BAD_FORMAT: Final = Rejected(reply=replies.BAD_FORMAT)
+_UNKNOWN_COMMAND: Final = Rejected(reply=replies.UNKNOWN_COMMAND)
+
+# ---------------------------------------------------------------------------------------------
+# The argument grammar
+# ---------------------------------------------------------------------------------------------
+
+
+class _BadFormat(Exception):
+    """An argument failed to parse; ``counted_as`` is the stat beanstalkd still counted for it."""
+
+    def __init__(self, counted_as: str | None = None) -> None:
+        super().__init__(counted_as)
+        self.counted_as = counted_as
+
+
+_NAME_RUN: Final = b"[" + re.escape(TUBE_NAME_CHARS) + b"]"
+# A valid tube name, matched against the whole of its text.
+_TUBE_NAME: Final = re.compile(b"(?!-)" + _NAME_RUN + b"{1,%d}" % MAX_TUBE_NAME)
+# read_u32 / read_u64: skip spaces (only spaces), then at least one decimal digit; no sign.
+_UNSIGNED: Final = re.compile(rb" *+([0-9]++)")
+# read_tube_name (pause-tube only): skip spaces, then the longest run of name bytes.
+_NAME_TOKEN: Final = re.compile(rb" *+(" + _NAME_RUN + rb"++)")
+# strtol / strtoul in base 10: C whitespace, an optional sign, then digits (maybe none).
+_C_INTEGER: Final = re.compile(b"[" + re.escape(_C_SPACE) + rb"]*+([+-]?)([0-9]*+)")
+
+
+def _read_unsigned(text: bytes, pos: int, maximum: int) -> tuple[int, int]:
+    """Read a u32/u64 at ``pos`` as beanstalkd's read_u32 does; return it and where it ended."""
+    match = _UNSIGNED.match(text, pos)
+    if match is None:
+        raise _BadFormat
+    value = int(match[1])
+    if value > maximum:
+        raise _BadFormat
+    return value, match.end()
+
+
+def _expect_end(text: bytes, pos: int) -> None:
+    """The last argument must end the line: no trailing space or garbage."""
+    if pos != len(text):
+        raise _BadFormat
+
+
+def _read_last_unsigned(text: bytes, pos: int, maximum: int) -> int:
+    value, end = _read_unsigned(text, pos, maximum)
+    _expect_end(text, end)
+    return value
+
+
+def _tube_name(text: bytes) -> str:
+    """The whole of ``text`` as a tube name: 1-200 name bytes, not starting with '-'."""
+    if _TUBE_NAME.fullmatch(text) is None:
+        raise _BadFormat
+    return text.decode("ascii")
+
+
+def _c_integer(text: bytes) -> tuple[bool, int | None]:
+    """strtol/strtoul's view of ``text``: (negative sign?, magnitude or None if no digits)."""
+    match = _C_INTEGER.match(text)
+    assert match is not None  # every part of the pattern may match empty
+    sign, digits = match.groups()
+    return sign == b"-", int(digits) if digits else None
+
+
+# ---------------------------------------------------------------------------------------------
+# One parser per command word. Each takes the rest of the line after the word.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PutHeader:
+    """A parsed ``put`` line; what happens next depends on the parser's max job size."""
+
+    pri: int
+    delay: int
+    ttr: int
+    size: int
+    trailing_garbage: bool
+
+
+_Parsed: TypeAlias = Command | _PutHeader
+_ArgParser: TypeAlias = Callable[[bytes], _Parsed]
+
+
+def _put(args: bytes) -> _PutHeader:
+    pri, pos = _read_unsigned(args, 0, U32_MAX)
+    delay, pos = _read_unsigned(args, pos, U32_MAX)
+    ttr, pos = _read_unsigned(args, pos, U32_MAX)
+    size, pos = _read_unsigned(args, pos, U32_MAX)
+    # Trailing garbage is judged later: 1.12 checks the size limit first (see Parser._begin_body).
+    return _PutHeader(pri, delay, ttr, size, trailing_garbage=pos != len(args))
+
+
+def _no_args(command: Callable[[], Command]) -> _ArgParser:
+    """A command word that must end the line, e.g. ``stats`` (``stats `` is BAD_FORMAT)."""
+
+    def parse(args: bytes) -> Command:
+        _expect_end(args, 0)
+        return command()
+
+    return parse
+
+
+def _job_id(command: Callable[[int], Command]) -> _ArgParser:
+    """A command whose one argument is a job id (u64) that ends the line."""
+
+    def parse(args: bytes) -> Command:
+        return command(_read_last_unsigned(args, 0, U64_MAX))
+
+    return parse
+
+
+def _tube(command: Callable[[str], Command]) -> _ArgParser:
+    """A command whose argument is the whole rest of the line, a tube name."""
+
+    def parse(args: bytes) -> Command:
+        return command(_tube_name(args))
+
+    return parse
+
+
+def _release(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    pri, pos = _read_unsigned(args, pos, U32_MAX)
+    return Release(job_id, pri, _read_last_unsigned(args, pos, U32_MAX))
+
+
+def _bury(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    return Bury(job_id, _read_last_unsigned(args, pos, U32_MAX))
+
+
+def _reserve_with_timeout(args: bytes) -> Command:
+    # 1.12 reads the timeout with strtol into an int: no digits is 0, trailing text is ignored,
+    # only overflowing `long` fails; the cast keeps the low 32 bits, so 4294967296 is 0 and a
+    # negative result means wait forever.
+    negative, magnitude = _c_integer(args)
+    value = 0 if magnitude is None else -magnitude if negative else magnitude
+    if not C_LONG_MIN <= value <= C_LONG_MAX:
+        raise _BadFormat
+    return ReserveWithTimeout((value + 2**31) % 2**32 - 2**31)
+
+
+def _kick(args: bytes) -> Command:
+    # kick reads its bound with strtoul, cast to unsigned int: no digits fails, trailing text is
+    # ignored, a magnitude past unsigned long fails, a '-' negates modulo 2**64 (so -1 kicks all),
+    # and the cast keeps the low 32 bits (4294967297 kicks 1).
+    negative, magnitude = _c_integer(args)
+    if magnitude is None or magnitude > C_ULONG_MAX:
+        raise _BadFormat
+    return Kick((-magnitude if negative else magnitude) % 2**32)
+
+
+def _pause_tube(args: bytes) -> Command:
+    # pause-tube tokenizes with read_tube_name: optional spaces, the longest run of name bytes,
+    # then a u32 delay that ends the line. 1.12 increments cmd-pause-tube after that and only
+    # then validates the name (length, leading '-'), so those failures still count.
+    token = _NAME_TOKEN.match(args)
+    if token is None:
+        raise _BadFormat
+    delay = _read_last_unsigned(args, token.end(), U32_MAX)
+    try:
+        tube = _tube_name(token[1])
+    except _BadFormat:
+        raise _BadFormat(counted_as=PauseTube.stat) from None
+    return PauseTube(tube, delay)
+
+
+def _quit(args: bytes) -> Command:
+    return Quit()  # 1.12 closes on any line that starts with "quit"
+
+
+# Every command word with its argument parser. Recognition rule (reproduces beanstalkd 1.12's
+# which_cmd, an ordered case-sensitive prefix match): a line belongs to the LONGEST word it starts
+# with, and the rest of the line goes to that word's parser; no word at all is UNKNOWN_COMMAND.
+# Longest-first is 1.12's order wherever two words are prefixes of each other (reserve-job,
+# reserve-with-timeout before reserve; stats-job, stats-tube before stats; list-tubes-watched
+# before list-tubes). So a word spelled with its space ("put ") needs the space, a word without
+# ("stats", "reserve", "pause-tube", "quit") also claims longer lines, which its parser rejects with
+# BAD_FORMAT (or, for quit and pause-tube, accepts: "quitnow" quits, "pause-tubefoo 0" pauses foo).
+COMMAND_WORDS: Final[dict[bytes, _ArgParser]] = {
+    b"put ": _put,
+    b"peek ": _job_id(Peek),
+    b"peek-ready": _no_args(PeekReady),
+    b"peek-delayed": _no_args(PeekDelayed),
+    b"peek-buried": _no_args(PeekBuried),
+    b"reserve-with-timeout ": _reserve_with_timeout,
+    b"reserve-job ": _job_id(ReserveJob),
+    b"reserve": _no_args(Reserve),
+    b"delete ": _job_id(Delete),
+    b"release ": _release,
+    b"bury ": _bury,
+    b"kick ": _kick,
+    b"kick-job ": _job_id(KickJob),
+    b"touch ": _job_id(Touch),
+    b"stats-job ": _job_id(StatsJob),
+    b"stats-tube ": _tube(StatsTube),
+    b"stats": _no_args(Stats),
+    b"use ": _tube(Use),
+    b"watch ": _tube(Watch),
+    b"ignore ": _tube(Ignore),
+    b"list-tubes-watched": _no_args(ListTubesWatched),
+    b"list-tube-used": _no_args(ListTubeUsed),
+    b"list-tubes": _no_args(ListTubes),
+    b"quit": _quit,
+    b"pause-tube": _pause_tube,
+}
+
+# The rule above as one regex: alternatives are tried in order, so longest first wins.
+_COMMAND_WORD: Final = re.compile(
+    b"|".join(re.escape(word) for word in sorted(COMMAND_WORDS, key=len, reverse=True))
+)
+
+
+def _parse_line(line: bytes) -> _Parsed:
+    """One command line (CRLF removed) to a command, a rejection, or a put header."""
+    if b"\0" in line:
+        return _BAD_FORMAT  # 1.12 checks strlen() against the line length before anything else
+    word = _COMMAND_WORD.match(line)
+    if word is None:
+        return _UNKNOWN_COMMAND
+    try:
+        return COMMAND_WORDS[word[0]](line[word.end() :])
+    except _BadFormat as error:
+        if error.counted_as is None:
+            return _BAD_FORMAT
+        return Rejected(reply=replies.BAD_FORMAT, counted_as=error.counted_as)
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser: framing and the put body phase
+# ---------------------------------------------------------------------------------------------
+
+
+class _Phase(enum.Enum):
+    LINE = "line"  # expecting a command line
+    OVERLONG = "overlong"  # discarding a line longer than LINE_MAX up to its CRLF
+    BODY = "body"  # expecting a put body plus its CRLF
+    SKIP_BODY = "skip-body"  # swallowing the size+2 bytes of a too-big put
+
+
+class Parser:
+    """Turns the bytes of one client connection into commands, in order."""
+
+    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
+        """Create a parser that refuses put bodies longer than ``max_job_size`` bytes."""
+        if not 0 <= max_job_size <= U32_MAX:
+            raise ValueError(f"max_job_size must be within 0..{U32_MAX}, not {max_job_size}")
+        self._max_job_size = max_job_size
+        self._buffer = bytearray()
+        self._phase = _Phase.LINE
+        self._put: _PutHeader | None = None  # the header whose body is awaited (phase BODY)
+        self._skip_left = 0  # bytes still to swallow (phase SKIP_BODY)
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes; call ``next_command`` until it returns None to consume them."""
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """The number of received bytes held and not yet turned into a command."""
+        return len(self._buffer)
+
+    def next_command(self) -> Command | None:
+        """Return the next complete command, or None when more bytes are needed."""
+        while True:
+            phase = self._phase
+            if phase is _Phase.LINE:
+                command = self._read_line()
+            elif phase is _Phase.BODY:
+                command = self._read_body()
+            elif phase is _Phase.SKIP_BODY:
+                command = self._skip_body()
+            else:
+                command = self._discard_overlong()
+            # A phase change without a command (a put header, an overlong line) may be followed
+            # by input the new phase can already use; otherwise this is the answer.
+            if command is not None or self._phase is phase:
+                return command
+
+    def _read_line(self) -> Command | None:
+        buffer = self._buffer
+        end = buffer.find(CRLF, 0, LINE_MAX)
+        if end < 0:
+            if len(buffer) >= LINE_MAX:  # LINE_MAX bytes and no CRLF: the line is too long
+                self._phase = _Phase.OVERLONG
+            return None
+        line = bytes(buffer[:end])
+        del buffer[: end + len(CRLF)]
+        parsed = _parse_line(line)
+        if isinstance(parsed, _PutHeader):
+            return self._begin_body(parsed)
+        return parsed
+
+    def _begin_body(self, header: _PutHeader) -> Command | None:
+        # 1.12's order: the size limit first (its body is swallowed even if the line also has
+        # trailing garbage), then trailing garbage (BAD_FORMAT, the body is then read as commands;
+        # cmd-put was already counted), then the body itself.
+        if header.size > self._max_job_size:
+            self._skip_left = header.size + len(CRLF)
+            self._phase = _Phase.SKIP_BODY
+            return None
+        if header.trailing_garbage:
+            return Rejected(reply=replies.BAD_FORMAT, counted_as=Put.stat)
+        self._put = header
+        self._phase = _Phase.BODY
+        return None
+
+    def _read_body(self) -> Command | None:
+        header = self._put
+        assert header is not None
+        size = header.size
+        if len(self._buffer) < size + len(CRLF):
+            return None
+        body = bytes(self._buffer[:size])
+        terminated = self._buffer[size : size + len(CRLF)] == CRLF
+        del self._buffer[: size + len(CRLF)]  # exactly size+2 bytes, whatever they are
+        self._put = None
+        self._phase = _Phase.LINE
+        if not terminated:
+            return PutExpectedCrlf()
+        return Put(pri=header.pri, delay=header.delay, ttr=header.ttr, body=body)
+
+    def _skip_body(self) -> Command | None:
+        taken = min(self._skip_left, len(self._buffer))
+        del self._buffer[:taken]
+        self._skip_left -= taken
+        if self._skip_left:
+            return None
+        self._phase = _Phase.LINE
+        return PutTooBig()
+
+    def _discard_overlong(self) -> Command | None:
+        buffer = self._buffer
+        end = buffer.find(CRLF)
+        if end < 0:
+            # Keep a final CR: its LF may be the first byte of the next feed.
+            del buffer[: len(buffer) - 1 if buffer.endswith(b"\r") else len(buffer)]
+            return None
+        del buffer[: end + len(CRLF)]
+        self._phase = _Phase.LINE
+        return _BAD_FORMAT

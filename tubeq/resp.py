@@ -1,0 +1,341 @@
+"""The hot-path Redis client: one connection, auto-pipelined calls, replies resolved in order.
+
+Owns: RESP command encoding, Redis URL parsing, and the connection life cycle shared with the
+pub/sub subscriber (:class:`ReconnectingProtocol`: open, handshake, lose, reconnect with backoff).
+
+Rules:
+* ``call()`` never awaits. It encodes into a buffer and returns a future. The buffer goes out in
+  one ``transport.write`` at the end of the loop tick, or as soon as ``flush_at`` calls are
+  buffered. The cap avoids the lock-step convoy where Redis idles while Python handles a whole
+  tick's replies (research/perf-baseline.md 3c: tick-only 54k/s, tick-or-16 76k/s).
+* Replies resolve futures strictly in FIFO order. A cancelled future still owns its slot: its reply
+  is read and dropped, so the stream never desynchronises.
+* A lost connection fails every pending future with :class:`RedisConnectionLost`. Calls made
+  while disconnected fail at once and never wait. Reconnection runs in the background until
+  ``close()``, with backoff from 50 ms doubling to 1 s. Nothing is retried automatically: a call
+  that was in flight may or may not have run, and only its caller can know whether a retry is
+  safe.
+* Blocking commands (BLPOP...) hold the connection for every call behind them. Keep them off
+  this client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeAlias, cast
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import hiredis
+import structlog
+
+Reply: TypeAlias = bytes | int | list["Reply"] | None
+Arg: TypeAlias = bytes | str | int | float
+
+log = structlog.get_logger(__name__)
+
+# Backoff between reconnect attempts. 50 ms is short enough for a Redis restart or a killed
+# connection to go unnoticed, and 1 s keeps a long outage down to one attempt and one log
+# line per second.
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 1.0
+# Bound on the TCP connect plus handshake. Without it a black-holed host hangs for the kernel's
+# SYN retry time (about 2 minutes).
+CONNECT_TIMEOUT = 5.0
+
+
+class RedisReplyError(Exception):
+    """An error reply. ``code`` is its first word ("ERR", "NOSCRIPT", "BUSY", ...)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = message.split(" ", 1)[0]
+
+
+class RedisConnectionLost(ConnectionError):
+    """The connection was lost (or closed) before the reply arrived, or is down right now."""
+
+
+def encode_command(args: tuple[Arg, ...]) -> bytes:
+    """Encode one command as a RESP array of bulk strings. Floats go as ``repr()``."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, int):
+            data = b"%d" % arg
+        elif isinstance(arg, float):
+            data = repr(arg).encode()
+        else:
+            raise TypeError(f"cannot send {type(arg).__name__} to redis: {arg!r}")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect and what to send first: ``redis://[[user]:pass@]host[:port][/db]``
+    or ``unix:///path/to/socket[?db=N]``."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password is not None else None
+        if parts.scheme == "redis":
+            db = parts.path.strip("/")
+            return cls(host=parts.hostname or "127.0.0.1", port=parts.port or 6379,
+                       db=int(db) if db else 0, username=username, password=password)
+        if parts.scheme == "unix" and parts.path:
+            db = parse_qs(parts.query).get("db", ["0"])[0]
+            return cls(path=parts.path, db=int(db), username=username, password=password)
+        raise ValueError(f"unsupported redis url {url!r}: use redis://host:port/db "
+                         "or unix:///path?db=N")
+
+    def __str__(self) -> str:
+        where = f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
+        return f"{where}/{self.db}"
+
+    def handshake(self) -> list[tuple[Arg, ...]]:
+        """The commands that prepare a fresh connection (AUTH, SELECT), in order."""
+        commands: list[tuple[Arg, ...]] = []
+        if self.password is not None:
+            user: tuple[Arg, ...] = (self.username,) if self.username else ()
+            commands.append((b"AUTH", *user, self.password))
+        if self.db:
+            commands.append((b"SELECT", self.db))
+        return commands
+
+    async def open(self, protocol: asyncio.Protocol) -> None:
+        loop = asyncio.get_running_loop()
+        if self.path is not None:
+            await loop.create_unix_connection(lambda: protocol, self.path)
+        else:
+            await loop.create_connection(lambda: protocol, self.host, self.port)
+
+
+class ReconnectingProtocol(asyncio.Protocol):
+    """One Redis connection at a time, re-opened with backoff after a loss until shut down.
+
+    Subclasses get each parsed reply (an error reply as a :class:`RedisReplyError` instance) in
+    ``_on_reply``. They prepare a fresh connection in ``_on_open`` and are told of a loss in
+    ``_on_lost`` and of a completed reconnect in ``_on_reconnected``. ``connected`` turns true
+    only once ``_on_open`` has finished, so nothing is used half-prepared.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._endpoint = Endpoint.parse(url)
+        self._transport: asyncio.Transport | None = None
+        self._reader = hiredis.Reader(replyError=RedisReplyError)
+        self._connected = False
+        self._closing = False
+        self._lost = asyncio.Event()
+        self._reconnect_task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def _on_reply(self, reply: Reply | RedisReplyError) -> None:
+        raise NotImplementedError
+
+    async def _on_open(self) -> None:
+        """Prepare the fresh connection; raise to reject it."""
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        """The connection is gone (``_transport`` is already None)."""
+
+    def _on_reconnected(self) -> None:
+        """A reconnect (not the first connect) completed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A cast, not an isinstance check: uvloop's transports do not subclass asyncio.Transport.
+        self._transport = cast(asyncio.Transport, transport)
+        self._reader = hiredis.Reader(replyError=RedisReplyError)
+        self._lost.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        try:
+            while (reply := self._reader.gets()) is not False:
+                self._on_reply(reply)
+        except hiredis.ProtocolError as exc:
+            log.error("redis protocol error, dropping the connection",
+                      endpoint=str(self._endpoint), error=str(exc))
+            if self._transport is not None:
+                self._transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        was_connected = self._connected
+        self._transport = None
+        self._connected = False
+        self._lost.set()
+        self._on_lost(exc)
+        # A loss during _open() (first connect or a reconnect attempt) is reported by _open()
+        # raising; only the loss of an established connection starts a reconnect loop.
+        if was_connected and not self._closing:
+            log.warning("redis connection lost", endpoint=str(self._endpoint),
+                        error=repr(exc) if exc else None)
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _open(self) -> None:
+        """Connect and run ``_on_open``; raises OSError (incl. RedisConnectionLost,
+        TimeoutError) or RedisReplyError if either fails."""
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await self._endpoint.open(self)
+                self._check_open()
+                await self._on_open()
+            self._check_open()
+        except BaseException:
+            if self._transport is not None:
+                self._transport.abort()
+            raise
+        self._connected = True
+
+    def _check_open(self) -> None:
+        # connection_lost may run between any two awaits of _open(), e.g. on an immediate EOF.
+        if self._transport is None:
+            raise RedisConnectionLost(f"connection to {self._endpoint} lost while opening")
+
+    async def _reconnect(self) -> None:
+        delay = BACKOFF_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._open()
+            except (OSError, RedisReplyError) as exc:
+                delay = min(delay * 2, BACKOFF_MAX)
+                log.warning("redis reconnect failed", endpoint=str(self._endpoint),
+                            error=repr(exc), retry_in=delay)
+                continue
+            log.info("redis reconnected", endpoint=str(self._endpoint))
+            self._on_reconnected()
+            return
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def _shutdown(self) -> None:
+        """Stop reconnecting and close the connection; returns once it is gone."""
+        self._closing = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            await asyncio.wait([self._reconnect_task])
+        if self._transport is not None:
+            self._transport.close()
+            await self._lost.wait()
+
+
+class RedisClient(ReconnectingProtocol):
+    """Auto-pipelining client on one connection. Create it with :meth:`connect`."""
+
+    def __init__(self, url: str, *, flush_at: int = 16) -> None:
+        if flush_at < 1:
+            raise ValueError("flush_at must be at least 1")
+        super().__init__(url)
+        self._loop = asyncio.get_running_loop()
+        self._flush_at = flush_at
+        self._pending: deque[asyncio.Future[Reply]] = deque()
+        self._unsent: list[bytes] = []
+        self._flush_scheduled = False
+        self._reconnect_callbacks: list[Callable[[], None]] = []
+
+    @classmethod
+    async def connect(cls, url: str, *, flush_at: int = 16) -> RedisClient:
+        """Connect (and AUTH/SELECT) once; raises OSError or RedisReplyError if that fails."""
+        client = cls(url, flush_at=flush_at)
+        await client._open()
+        return client
+
+    def call(self, *args: Arg) -> asyncio.Future[Reply]:
+        """Send one command; the future resolves to its reply or fails with RedisReplyError or
+        RedisConnectionLost."""
+        if not self._connected:
+            future: asyncio.Future[Reply] = self._loop.create_future()
+            future.set_exception(RedisConnectionLost(f"not connected to {self._endpoint}"))
+            return future
+        return self._send(args)
+
+    async def execute(self, *args: Arg) -> Reply:
+        """``await call(*args)``."""
+        return await self.call(*args)
+
+    def add_reconnect_callback(self, cb: Callable[[], None]) -> None:
+        """Call ``cb()`` after every successful reconnect (not after the first connect)."""
+        self._reconnect_callbacks.append(cb)
+
+    async def close(self) -> None:
+        """Close for good: pending and later calls fail with RedisConnectionLost."""
+        await self._shutdown()
+
+    def _send(self, args: tuple[Arg, ...]) -> asyncio.Future[Reply]:
+        # Encode before taking a reply slot: a TypeError must not leave a slot without a command.
+        self._unsent.append(encode_command(args))
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        self._pending.append(future)
+        if len(self._unsent) >= self._flush_at:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_at_tick_end)
+        return future
+
+    def _flush_at_tick_end(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._unsent:
+            self._write(b"".join(self._unsent))
+            self._unsent.clear()
+
+    async def _on_open(self) -> None:
+        # The PING makes "connected" mean "Redis answered": a peer that accepts and then drops
+        # connections (a dying proxy) fails here and backs off, instead of counting as a
+        # reconnect every 50 ms.
+        replies = [self._send(command) for command in [*self._endpoint.handshake(), (b"PING",)]]
+        for reply in replies:
+            await reply
+
+    def _on_reply(self, reply: Reply | RedisReplyError) -> None:
+        if not self._pending:
+            log.error("redis reply with no pending call, dropping the connection",
+                      endpoint=str(self._endpoint))
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        future = self._pending.popleft()
+        if future.done():  # cancelled: the reply was only read to keep the stream in step
+            return
+        if isinstance(reply, RedisReplyError):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        reason = f"connection to {self._endpoint} lost" + (f": {exc}" if exc else "")
+        self._unsent.clear()
+        pending, self._pending = self._pending, deque()
+        for future in pending:
+            if not future.done():
+                future.set_exception(RedisConnectionLost(reason))
+
+    def _on_reconnected(self) -> None:
+        for callback in list(self._reconnect_callbacks):
+            try:
+                callback()
+            except Exception:
+                log.exception("redis reconnect callback failed", callback=repr(callback))

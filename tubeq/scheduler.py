@@ -1,0 +1,67 @@
+"""The scheduler: time-driven transitions, run when they are due, never on a fixed period.
+
+It sleeps until the earliest of: the next delayed job or pause end (``timers``), the next TTR
+deadline (``reserved``), and this process's next heartbeat. Anything in this process that
+creates an earlier due instant (a delayed put, a reserve, a pause) calls :meth:`note_due`,
+which cuts the sleep short. Due instants created by other tubeq processes are theirs to serve;
+this process only learns them at its next wake-up, which bounds how late a job can be when the
+process that scheduled it dies (the heartbeat period). The scripts are atomic, so several
+processes sweeping the same due jobs never promote or expire one twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from tubeq.store import Store
+
+log = structlog.get_logger(__name__)
+
+# A process heart-beats this often; one silent for REAP_AFTER_MS is taken for dead and its tube
+# references and gauges are reaped. Three missed beats: long enough for a stalled loop or a GC
+# pause, short enough that stats stop counting a dead process's connections within seconds.
+HEARTBEAT_MS = 1000
+REAP_AFTER_MS = 3 * HEARTBEAT_MS
+# On a Redis error the sweep is retried after this pause instead of spinning.
+ERROR_BACKOFF_S = 0.5
+
+
+class Scheduler:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._target_ms: int | None = None
+        self._nudge = asyncio.Event()
+
+    def note_due(self, due_ms: int) -> None:
+        """Something falls due at ``due_ms``: wake up in time for it."""
+        if self._target_ms is None or due_ms < self._target_ms:
+            self._nudge.set()
+
+    async def run(self) -> None:
+        next_heartbeat = 0
+        while True:
+            try:
+                now = self.store.clock()
+                if now >= next_heartbeat:
+                    await self.store.heartbeat()
+                    await self.store.reap(now - REAP_AFTER_MS)
+                    next_heartbeat = now + HEARTBEAT_MS
+                self._nudge.clear()
+                (next_timer, _), (next_deadline, _) = await asyncio.gather(
+                    self.store.promote(), self.store.expire())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("scheduler sweep failed", error=repr(exc))
+                await asyncio.sleep(ERROR_BACKOFF_S)
+                continue
+            target = min(t for t in (next_timer, next_deadline, next_heartbeat) if t >= 0)
+            self._target_ms = target
+            delay = (target - self.store.clock()) / 1000
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudge.wait(), delay)
+            self._target_ms = None

@@ -1,0 +1,116 @@
+"""The tubeq process: listener, shared context, scheduler, subscriber, drain and shutdown.
+
+Shutdown goes in phases: stop accepting, close every client connection (each one's reserved
+jobs go back to ready through disconnect.lua), wait for that with a bound, stop the scheduler and
+the subscriber, leave the namespace, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
+every later put answer DRAINING; it cannot be left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from dataclasses import dataclass
+
+import structlog
+
+from tubeq.connection import Connection, ServerContext
+from tubeq.keys import Keys
+from tubeq.resp import RedisClient
+from tubeq.scheduler import Scheduler
+from tubeq.stats import CommandCounters, ServerIdentity
+from tubeq.store import Store
+from tubeq.subscriber import Subscriber
+from tubeq.waiters import WaiterRegistry
+
+log = structlog.get_logger(__name__)
+
+# beanstalkd's -z default: the largest job body, in bytes.
+DEFAULT_MAX_JOB_SIZE = 65535
+# How long shutdown waits for connections to hand their jobs back before it stops waiting.
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 11300
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "tubeq"
+    max_job_size: int = DEFAULT_MAX_JOB_SIZE
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.keys = Keys(config.prefix)
+        self.instance_id = secrets.token_hex(6)
+        self._listener: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ctx: ServerContext | None = None
+        self._client: RedisClient | None = None
+        self._subscriber: Subscriber | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when configured as 0)."""
+        assert self._listener is not None
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        config = self.config
+        self._client = client = await RedisClient.connect(config.redis_url)
+        store = Store(client, self.keys, self.instance_id)
+        await store.load_scripts()
+        await store.heartbeat()
+        registry = WaiterRegistry()
+        scheduler = Scheduler(store)
+        self.ctx = ServerContext(
+            store=store, registry=registry, scheduler=scheduler,
+            counters=CommandCounters(store.add_counters),
+            identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size)
+
+        def on_message(channel: bytes, _: bytes) -> None:
+            registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
+
+        self._subscriber = Subscriber(config.redis_url, on_message, registry.wake_all)
+        self._subscriber.psubscribe(self.keys.wake_pattern.encode())
+        await self._subscriber.start()
+        self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
+        ctx = self.ctx
+        self._listener = await asyncio.get_running_loop().create_server(
+            lambda: Connection(ctx), config.host, config.port, reuse_address=True)
+        log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
+                 prefix=config.prefix, instance=self.instance_id)
+
+    def drain(self) -> None:
+        """Enter drain mode: every later put answers DRAINING."""
+        if self.ctx is not None and not self.ctx.draining:
+            self.ctx.draining = True
+            log.info("drain mode")
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self.ctx is not None:
+            connections = list(self.ctx.connections)
+            for conn in connections:
+                conn.close()
+            if connections:
+                await asyncio.wait([asyncio.ensure_future(conn.wait_closed())
+                                    for conn in connections], timeout=SHUTDOWN_GRACE_S)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._subscriber is not None:
+            await self._subscriber.stop()
+        if self.ctx is not None:
+            self.ctx.counters.flush()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ctx.store.leave(), SHUTDOWN_GRACE_S)
+        if self._client is not None:
+            await self._client.close()
+        log.info("stopped")

@@ -1,0 +1,154 @@
+"""Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
+
+Command counters (``cmd-*``) are counted in process memory and added to the shared Redis hash
+once per loop tick, so ``stats`` from any process sees every process's commands (to within one
+tick for other processes; exactly for its own, since it flushes before it reads). Field names and
+their order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
+``version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import resource
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from tubeq import __version__
+from tubeq.store import JobInfo
+
+COMMAND_COUNTERS = (
+    "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
+    "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury", "kick",
+    "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
+    "list-tubes-watched", "pause-tube",
+)
+
+# beanstalkd's default binlog size; reported for compatibility (tubeq has no binlog: Redis's
+# AOF is its durability).
+BINLOG_MAX_SIZE = 10485760
+
+
+class CommandCounters:
+    """Per-process ``cmd-*`` counts, flushed to Redis with ``flush`` once per loop tick."""
+
+    def __init__(self, flush: Callable[[dict[str, int]], None]) -> None:
+        self._flush = flush
+        self._pending: Counter[str] = Counter()
+        self._scheduled = False
+
+    def incr(self, name: str) -> None:
+        self._pending["cmd-" + name] += 1
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._pending:
+            pending, self._pending = dict(self._pending), Counter()
+            self._flush(pending)
+
+
+def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:
+    lines = ["---"]
+    for key, value in pairs:
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        lines.append(f"{key}: {value}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def yaml_list(items: Sequence[str]) -> bytes:
+    return ("---\n" + "".join(f"- {item}\n" for item in items)).encode()
+
+
+def _seconds(ms: int) -> int:
+    """Whole seconds, truncated toward zero, as beanstalkd prints durations."""
+    return int(ms / 1000)
+
+
+def _seconds_left(ms: int) -> int:
+    """Whole seconds left until a deadline ``ms`` away, never negative.
+
+    beanstalkd truncates nanoseconds, so a full ``ttr`` just granted already shows ``ttr - 1``;
+    with millisecond timestamps the same reading needs the deadline's own millisecond excluded.
+    """
+    return max(0, (ms - 1) // 1000)
+
+
+def job_yaml(job: JobInfo, now_ms: int) -> bytes:
+    time_left = 0
+    if job.state in ("reserved", "delayed"):
+        time_left = _seconds_left(job.due_ms - now_ms)
+    return _yaml([
+        ("id", job.id), ("tube", job.tube), ("state", job.state), ("pri", job.pri),
+        ("age", _seconds(now_ms - job.created_ms)), ("delay", job.delay), ("ttr", job.ttr),
+        ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
+        ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
+        ("kicks", job.kicks),
+    ])
+
+
+def tube_yaml(name: str, counts: Sequence[int], now_ms: int) -> bytes:
+    (urgent, ready, reserved, delayed, buried, total, using, watching, waiting, deletes,
+     pauses, pause, pause_until) = counts
+    paused = pause_until > now_ms
+    return _yaml([
+        ("name", name), ("current-jobs-urgent", urgent), ("current-jobs-ready", ready),
+        ("current-jobs-reserved", reserved), ("current-jobs-delayed", delayed),
+        ("current-jobs-buried", buried), ("total-jobs", total), ("current-using", using),
+        ("current-watching", watching), ("current-waiting", waiting), ("cmd-delete", deletes),
+        ("cmd-pause-tube", pauses), ("pause", pause if paused else 0),
+        ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
+    ])
+
+
+class ServerIdentity:
+    """The process-specific part of ``stats``."""
+
+    def __init__(self, max_job_size: int) -> None:
+        self.max_job_size = max_job_size
+        self.id = secrets.token_hex(8)
+        self.started = time.monotonic()
+        self.hostname = socket.gethostname()
+        uname = os.uname()
+        self.os = uname.version
+        self.platform = uname.machine or platform.machine()
+
+
+def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str, int],
+                draining: bool) -> bytes:
+    urgent, ready, reserved, delayed, buried, tubes, conns, producers, workers, waiting = gauges
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    pairs: list[tuple[str, object]] = [
+        ("current-jobs-urgent", urgent), ("current-jobs-ready", ready),
+        ("current-jobs-reserved", reserved), ("current-jobs-delayed", delayed),
+        ("current-jobs-buried", buried),
+    ]
+    pairs += [(f"cmd-{name}", named.get(f"cmd-{name}", 0)) for name in COMMAND_COUNTERS]
+    pairs += [
+        ("job-timeouts", named.get("job-timeouts", 0)), ("total-jobs", named.get("total-jobs", 0)),
+        ("max-job-size", identity.max_job_size), ("current-tubes", tubes),
+        ("current-connections", conns), ("current-producers", producers),
+        ("current-workers", workers), ("current-waiting", waiting),
+        ("total-connections", named.get("total-connections", 0)), ("pid", os.getpid()),
+        ("version", f'"{__version__}-tubeq"'),
+        ("rusage-utime", _rusage(usage.ru_utime)), ("rusage-stime", _rusage(usage.ru_stime)),
+        ("uptime", int(time.monotonic() - identity.started)),
+        ("binlog-oldest-index", 0), ("binlog-current-index", 0),
+        ("binlog-records-migrated", 0), ("binlog-records-written", 0),
+        ("binlog-max-size", BINLOG_MAX_SIZE), ("draining", draining), ("id", identity.id),
+        ("hostname", identity.hostname), ("os", identity.os), ("platform", identity.platform),
+    ]
+    return _yaml(pairs)
+
+
+def _rusage(seconds: float) -> str:
+    whole = int(seconds)
+    return "%d.%06d" % (whole, int((seconds - whole) * 1_000_000))

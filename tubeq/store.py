@@ -1,0 +1,287 @@
+"""The job store: one typed method per Lua script, over the process's one Redis connection.
+
+Methods do not await: each returns a future of its decoded result, so a connection can send the
+commands a client pipelined without waiting for each other (the Redis client batches them per
+loop tick). Calls keep their order on the one connection, which is what keeps a client's replies
+in order. ``now`` (ms) comes from an injectable clock and is passed to every script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tubeq.keys import Keys
+from tubeq.resp import RedisClient, RedisReplyError, Reply
+from tubeq.scripts import Script, load_all
+
+T = TypeVar("T")
+Clock = Callable[[], int]
+
+# Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
+# holds Redis's single thread for long; a sweep that hits the limit is called again at once.
+SWEEP_LIMIT = 1000
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: int
+    ttr: int
+    body: bytes
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoJob:
+    """Nothing reservable; ``any_ready`` says whether a watched tube (even paused) has ready jobs."""
+
+    any_ready: bool
+
+
+JOB_FIELDS = ("t", "s", "p", "c", "d", "r", "u", "nr", "nt", "nl", "nb", "nk")
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The raw fields behind stats-job."""
+
+    id: int
+    tube: str
+    state: str
+    pri: int
+    created_ms: int
+    delay: int
+    ttr: int
+    due_ms: int
+    reserves: int
+    timeouts: int
+    releases: int
+    buries: int
+    kicks: int
+
+
+def _map(source: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[T]:
+    """A future of ``fn(result)``; exceptions pass through."""
+    out: asyncio.Future[T] = source.get_loop().create_future()
+
+    def done(f: asyncio.Future[Any]) -> None:
+        if out.cancelled():
+            if not f.cancelled():
+                f.exception()
+            return
+        if f.cancelled():
+            out.cancel()
+        elif (exc := f.exception()) is not None:
+            out.set_exception(exc)
+        else:
+            try:
+                out.set_result(fn(f.result()))
+            except Exception as exc2:  # a reply of an unexpected shape
+                out.set_exception(exc2)
+
+    source.add_done_callback(done)
+    return out
+
+
+def _as_int(v: Any) -> int:
+    return int(v) if v is not None else 0
+
+
+class Store:
+    """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
+
+    def __init__(self, client: RedisClient, keys: Keys, instance_id: str,
+                 clock: Clock = wall_clock_ms) -> None:
+        self.client = client
+        self.keys = keys
+        self.instance_id = instance_id
+        self.clock = clock
+        self._scripts: dict[str, Script] = load_all()
+        client.add_reconnect_callback(self._on_reconnect)
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script, so calls by SHA succeed."""
+        await asyncio.gather(*(self.client.call("SCRIPT", "LOAD", s.source)
+                               for s in self._scripts.values()))
+
+    def _on_reconnect(self) -> None:
+        # Issued before any later call on the fresh connection, so those find their SHAs.
+        for s in self._scripts.values():
+            self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(_consume)
+
+    def _eval(self, name: str, *args: bytes | str | int) -> asyncio.Future[Reply]:
+        """Run a script by SHA, falling back to EVAL if Redis lost its script cache."""
+        script = self._scripts[name]
+        first = self.client.call("EVALSHA", script.sha, 1, self.keys.root, *args)
+        out: asyncio.Future[Reply] = first.get_loop().create_future()
+
+        def done(f: asyncio.Future[Reply]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if isinstance(exc, RedisReplyError) and exc.code == "NOSCRIPT":
+                retry = self.client.call("EVAL", script.source, 1, self.keys.root, *args)
+                retry.add_done_callback(lambda r: _settle(out, r))
+            else:
+                _settle(out, f)
+
+        first.add_done_callback(done)
+        return out
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes) -> asyncio.Future[int]:
+        return _map(self._eval("put", tube, pri, delay, ttr, body, self.clock()), int)
+
+    def burn_id(self) -> asyncio.Future[int]:
+        """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
+        return _map(self.client.call("INCR", self.keys.job_ids), int)
+
+    def reserve(self, token: str, want_hint: bool) -> asyncio.Future[Reservation | NoJob]:
+        now = self.clock()
+        return _map(self._eval("reserve", token, now, "1" if want_hint else "0"),
+                    lambda r: _reservation(r, now))
+
+    def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
+        now = self.clock()
+        return _map(self._eval("reserve_job", token, job_id, now), lambda r: _reservation(r, now))
+
+    def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
+        return _map(self._eval("delete", token, job_id, self.clock()), bool)
+
+    def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
+        return _map(self._eval("release", token, job_id, pri, delay, self.clock()), bool)
+
+    def bury(self, token: str, job_id: int, pri: int) -> asyncio.Future[bool]:
+        return _map(self._eval("bury", token, job_id, pri, self.clock()), bool)
+
+    def touch(self, token: str, job_id: int) -> asyncio.Future[int]:
+        """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
+        return _map(self._eval("touch", token, job_id, self.clock()), int)
+
+    def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
+        return _map(self._eval("kick", tube, bound, self.clock()), int)
+
+    def kick_job(self, job_id: int) -> asyncio.Future[bool]:
+        return _map(self._eval("kick_job", job_id, self.clock()), bool)
+
+    def peek(self, job_id: int) -> asyncio.Future[bytes | None]:
+        return _map(self.client.call("HGET", self.keys.job(job_id), "b"), _bytes_or_none)
+
+    def peek_state(self, state: str, tube: str) -> asyncio.Future[tuple[int, bytes] | None]:
+        def decode(r: Any) -> tuple[int, bytes] | None:
+            return (int(r[0]), bytes(r[1])) if r else None
+
+        return _map(self._eval("peek", state, tube), decode)
+
+    def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
+        def decode(r: Any) -> JobInfo | None:
+            if r[0] is None:
+                return None
+            f = [v if v is None else v.decode() for v in r]
+            return JobInfo(job_id, f[0], f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]),
+                           *(_as_int(v) for v in f[6:]))
+
+        return _map(self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS), decode)
+
+    # -- tubes --------------------------------------------------------------------------------
+
+    def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
+        return _map(self._eval("stats_tube", tube), lambda r: [int(v) for v in r] or None)
+
+    def list_tubes(self) -> asyncio.Future[list[str]]:
+        return _map(self.client.call("ZRANGE", self.keys.tubes, 0, -1),
+                    lambda r: [v.decode() for v in r])
+
+    def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
+        """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
+        return _map(self._eval("pause", tube, delay, self.clock()), int)
+
+    def server_counts(self) -> asyncio.Future[tuple[list[int], dict[str, int]]]:
+        def decode(r: Any) -> tuple[list[int], dict[str, int]]:
+            pairs = r[10:]
+            named = {pairs[i].decode(): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+            return [int(v) for v in r[:10]], named
+
+        return _map(self._eval("stats"), decode)
+
+    def add_counters(self, deltas: dict[str, int]) -> None:
+        """Add per-process command counts to the shared stats hash (fire and forget)."""
+        for name, delta in deltas.items():
+            self.client.call("HINCRBY", self.keys.stats, name, delta).add_done_callback(_consume)
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connect(self, token: str) -> asyncio.Future[Reply]:
+        return self._eval("connect", self.instance_id, token, self.clock())
+
+    def change_refs(self, token: str, ops: Sequence[tuple[str, str]]) -> asyncio.Future[Reply]:
+        flat = [x for op in ops for x in op]
+        return self._eval("tubes", self.instance_id, token, self.clock(), *flat)
+
+    def set_waiting(self, token: str, delta: int) -> asyncio.Future[Reply]:
+        return self._eval("wait", self.instance_id, token, delta)
+
+    def bump_gauge(self, field: str, delta: int) -> None:
+        call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
+        call.add_done_callback(_consume)
+
+    def disconnect(self, token: str, used: str, producer: bool, worker: bool,
+                   reserved: Sequence[int]) -> asyncio.Future[Reply]:
+        return self._eval("disconnect", self.instance_id, token, used, int(producer), int(worker),
+                          self.clock(), *reserved)
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def heartbeat(self) -> asyncio.Future[Reply]:
+        return self._eval("heartbeat", self.instance_id, self.clock())
+
+    def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
+        return _map(self._eval("reap", stale_before_ms), int)
+
+    def leave(self) -> asyncio.Future[int]:
+        """Take this process out of the namespace (clean shutdown)."""
+        return _map(self._eval("reap", 0, self.instance_id), int)
+
+    def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
+        return _map(self._eval("promote", self.clock(), SWEEP_LIMIT), _sweep)
+
+    def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
+        return _map(self._eval("expire", self.clock(), SWEEP_LIMIT), _sweep)
+
+
+def _reservation(r: Any, now: int) -> Reservation | NoJob:
+    if int(r[0]) == 0:
+        return NoJob(len(r) > 1 and int(r[1]) == 1)
+    ttr = int(r[1])
+    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000)
+
+
+def _sweep(r: Any) -> tuple[int, list[str]]:
+    return int(r[0]), [v.decode() for v in r[1:]]
+
+
+def _bytes_or_none(v: Any) -> bytes | None:
+    return None if v is None else bytes(v)
+
+
+def _settle(out: asyncio.Future[Reply], f: asyncio.Future[Reply]) -> None:
+    if out.cancelled():
+        _consume(f)
+    elif f.cancelled():
+        out.cancel()
+    elif (exc := f.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(f.result())
+
+
+def _consume(f: asyncio.Future[Any]) -> None:
+    """Retrieve a fire-and-forget call's exception so asyncio does not log it as unhandled."""
+    if not f.cancelled():
+        f.exception()
