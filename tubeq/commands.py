@@ -18,7 +18,7 @@ class Command:
 
 @dataclass(frozen=True, slots=True)
 class Put(Command):
-    """A complete put: the body arrived with its CRLF. ``ttr`` is as sent (0 is raised to 1 later)."""
+    """A complete put (body and CRLF arrived); ``ttr`` as sent: the server raises 0 to 1."""
 
     stat: ClassVar[str | None] = "put"
     pri: int

@@ -14,6 +14,7 @@ It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -26,8 +27,7 @@ from tubeq import commands as c
 from tubeq import replies
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
-from tubeq.stats import (CommandCounters, ServerIdentity, job_yaml, server_yaml, tube_yaml,
-                         yaml_list)
+from tubeq.stats import CommandCounters, ServerIdentity, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store import NoJob, Reservation, Store, _consume, _map
 from tubeq.waiters import Waiter, WaiterRegistry
 
@@ -215,7 +215,8 @@ class Connection(asyncio.Protocol):
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
 
     def _next_margin_s(self, now: int) -> float | None:
-        starts = [d - SAFETY_MARGIN_MS for d in self.reserved.values() if d - SAFETY_MARGIN_MS > now]
+        starts = [d - SAFETY_MARGIN_MS for d in self.reserved.values()
+                  if d - SAFETY_MARGIN_MS > now]
         return (min(starts) - now) / 1000 if starts else None
 
     async def _reserve(self, timeout_s: int | None) -> bytes:
@@ -251,10 +252,8 @@ class Connection(asyncio.Protocol):
                     continue  # try once more now that a put would wake us
                 bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(self.store.clock())]
                 timeout = max(0.0, min(b for b in bounds if b is not None))
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.event.wait(), timeout)
-                except TimeoutError:
-                    pass
         finally:
             if waiter is not None:
                 self._waiter = None

@@ -24,7 +24,7 @@ class Keys:
     @property
     def root(self) -> str:
         """The namespace root, passed to every script as ``KEYS[1]``."""
-        return "{%s}:" % self.prefix
+        return "{" + self.prefix + "}:"
 
     @property
     def job_ids(self) -> str:

@@ -1,4 +1,4 @@
-"""The server's reply vocabulary: every reply word once, and pure functions that build reply bytes."""
+"""The server's reply vocabulary: every reply word once, and pure functions building reply bytes."""
 
 from __future__ import annotations
 

@@ -151,4 +151,4 @@ def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str
 
 def _rusage(seconds: float) -> str:
     whole = int(seconds)
-    return "%d.%06d" % (whole, int((seconds - whole) * 1_000_000))
+    return f"{whole}.{int((seconds - whole) * 1_000_000):06d}"

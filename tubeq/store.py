@@ -40,7 +40,7 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class NoJob:
-    """Nothing reservable; ``any_ready`` says whether a watched tube (even paused) has ready jobs."""
+    """Nothing reservable; ``any_ready``: some watched tube (even paused) has ready jobs."""
 
     any_ready: bool
 
@@ -183,9 +183,9 @@ class Store:
         def decode(r: Any) -> JobInfo | None:
             if r[0] is None:
                 return None
-            f = [v if v is None else v.decode() for v in r]
-            return JobInfo(job_id, f[0], f[1], int(f[2]), int(f[3]), int(f[4]), int(f[5]),
-                           *(_as_int(v) for v in f[6:]))
+            tube, state = r[0].decode(), r[1].decode()
+            n = [_as_int(v) for v in r[2:]]
+            return JobInfo(job_id, tube, state, *n)
 
         return _map(self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS), decode)
 

@@ -84,7 +84,7 @@ class Subscriber(ReconnectingProtocol):
         self._confirmed = asyncio.get_running_loop().create_future()
         try:
             self._write(b"".join(encode_command(command) for command in commands))
-            pass
+            await self._confirmed
         finally:
             self._confirmed = None
 

@@ -1,0 +1,399 @@
+"""Layer (c): every Lua script against a real Redis, with a clock the test moves.
+
+Walks ``tubeq.states.TRANSITIONS``: for each row, a job is brought into the "before" state, the
+operation's script runs, and the job's state in Redis must be the "after" state. Then the
+finer points of each script: ordering, ownership, counters, tube lifetime, timers, wake-ups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
+
+import pytest
+import redis.asyncio
+
+from tubeq.keys import Keys
+from tubeq.resp import RedisClient
+from tubeq.states import TRANSITIONS, JobState
+from tubeq.store import NoJob, Reservation, Store
+
+ALICE = "inst:1"
+BOB = "inst:2"
+
+
+@dataclass
+class FakeClock:
+    now_ms: int = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+
+
+@dataclass
+class Env:
+    store: Store
+    clock: FakeClock
+    raw: redis.asyncio.Redis
+    keys: Keys
+
+    async def state(self, job_id: int) -> JobState | None:
+        info = await self.store.job_info(job_id)
+        return None if info is None else JobState(info.state)
+
+    async def put(self, tube: str = "default", pri: int = 0, delay: int = 0, ttr: int = 60,
+                  body: bytes = b"x") -> int:
+        return await self.store.put(tube, pri, delay, ttr, body)
+
+    async def reserve(self, token: str = ALICE) -> Reservation:
+        r = await self.store.reserve(token, False)
+        assert isinstance(r, Reservation), r
+        return r
+
+
+@pytest.fixture
+async def env(redis_url: str) -> AsyncIterator[Env]:
+    clock = FakeClock()
+    client = await RedisClient.connect(redis_url)
+    keys = Keys("test")
+    store = Store(client, keys, "inst", clock)
+    await store.load_scripts()
+    await store.heartbeat()
+    for token in (ALICE, BOB):
+        await store.connect(token)
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    yield Env(store, clock, raw, keys)
+    await raw.aclose()
+    await client.close()
+
+
+async def bring_to(env: Env, state: JobState | None) -> int:
+    """A job in ``state`` (reserved by ALICE when reserved)."""
+    if state is JobState.DELAYED:
+        return await env.put(delay=10)
+    job_id = await env.put()
+    if state is JobState.READY:
+        return job_id
+    r = await env.reserve()
+    assert r.id == job_id
+    if state is JobState.BURIED:
+        assert await env.store.bury(ALICE, job_id, 0)
+    return job_id
+
+
+async def perform(env: Env, op: str, job_id: int) -> None:
+    s = env.store
+    if op == "promote":
+        env.clock.advance(11)
+        await s.promote()
+    elif op == "expire":
+        env.clock.advance(61)
+        await s.expire()
+    elif op == "reserve":
+        assert (await env.reserve()).id == job_id
+    elif op == "reserve_job":
+        assert isinstance(await s.reserve_job(BOB, job_id), Reservation)
+    elif op == "release":
+        assert await s.release(ALICE, job_id, 5, 0)
+    elif op == "release delay>0":
+        assert await s.release(ALICE, job_id, 5, 3)
+    elif op == "bury":
+        assert await s.bury(ALICE, job_id, 5)
+    elif op == "touch":
+        assert await s.touch(ALICE, job_id)
+    elif op == "kick":
+        assert await s.kick("default", 10) == 1
+    elif op == "kick_job":
+        assert await s.kick_job(job_id)
+    elif op == "disconnect":
+        assert await s.disconnect(ALICE, "default", False, False, [job_id]) == 1
+    elif op == "delete":
+        assert await s.delete(ALICE, job_id)
+    else:
+        raise AssertionError(op)
+
+
+@pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])
+async def test_transition_table(env: Env, before: JobState, op: str) -> None:
+    job_id = await bring_to(env, before)
+    assert await env.state(job_id) is before
+    await perform(env, op, job_id)
+    assert await env.state(job_id) is TRANSITIONS[(before, op)]
+
+
+async def test_put_states(env: Env) -> None:
+    assert await env.state(await env.put()) is TRANSITIONS[(None, "put")]
+    assert await env.state(await env.put(delay=1)) is TRANSITIONS[(None, "put delay>0")]
+
+
+async def test_ids_are_sequential_and_burned_ids_are_skipped(env: Env) -> None:
+    assert await env.put() == 1
+    assert await env.store.burn_id() == 2
+    assert await env.put() == 3
+
+
+async def test_reserve_orders_by_priority_then_id_across_tubes(env: Env) -> None:
+    await env.store.change_refs(ALICE, [("+w", "a"), ("+w", "b")])
+    ids = [await env.put("a", 5), await env.put("b", 1), await env.put("a", 1),
+           await env.put("default", 3)]
+    order = [(await env.reserve()).id for _ in ids]
+    assert order == [ids[1], ids[2], ids[3], ids[0]]
+    assert isinstance(await env.store.reserve(ALICE, False), NoJob)
+
+
+async def test_reserve_only_from_watched_tubes(env: Env) -> None:
+    await env.put("other")
+    assert await env.store.reserve(ALICE, True) == NoJob(any_ready=False)
+
+
+async def test_reserve_walks_index_when_watching_many_tubes(env: Env) -> None:
+    # More watched tubes than ready tubes: reserve walks the ready-tube index instead.
+    await env.store.change_refs(ALICE, [("+w", f"t{i}") for i in range(40)])
+    await env.put("t7", 9)
+    await env.put("t30", 4)
+    await env.put("unwatched", 0)
+    assert (await env.reserve()).body == b"x"
+    info = await env.store.job_info(2)
+    assert info is not None and info.state == "reserved"
+
+
+async def test_ids_compare_numerically_not_as_strings(env: Env) -> None:
+    for _ in range(9):
+        await env.put(pri=7)
+    ten = await env.put(pri=7)
+    assert ten == 10
+    assert [(await env.reserve()).id for _ in range(10)] == list(range(1, 11))
+
+
+async def test_paused_tube_is_skipped_then_resumes_on_time(env: Env) -> None:
+    job_id = await env.put()
+    until = await env.store.pause("default", 2)
+    assert until == env.clock.now_ms + 2000
+    assert await env.store.reserve(ALICE, True) == NoJob(any_ready=True)
+    env.clock.advance(2)
+    next_due, woken = await env.store.promote()
+    assert woken == ["default"] and next_due == -1
+    assert (await env.reserve()).id == job_id
+
+
+async def test_pause_of_missing_tube_is_not_found_and_creates_nothing(env: Env) -> None:
+    assert await env.store.pause("nosuch", 5) == 0
+    assert "nosuch" not in await env.store.list_tubes()
+
+
+async def test_delayed_jobs_become_ready_in_due_order_then_id(env: Env) -> None:
+    late = await env.put(delay=5)
+    early_b = await env.put(delay=2, pri=9)
+    early_a = await env.put(delay=2, pri=1)
+    assert (await env.store.peek_state("delayed", "default")) == (early_b, b"x")
+    env.clock.advance(2)
+    next_due, woken = await env.store.promote()
+    assert woken == ["default"]
+    assert next_due == env.clock.now_ms + 3000
+    assert (await env.reserve()).id == early_a
+    assert (await env.reserve()).id == early_b
+    assert await env.state(late) is JobState.DELAYED
+
+
+async def test_expire_counts_a_timeout_and_the_owner_loses_the_job(env: Env) -> None:
+    job_id = await env.put(ttr=1)
+    await env.reserve()
+    env.clock.advance(1)
+    next_due, woken = await env.store.expire()
+    assert woken == ["default"] and next_due == -1
+    info = await env.store.job_info(job_id)
+    assert info is not None and (info.state, info.timeouts, info.reserves) == ("ready", 1, 1)
+    assert not await env.store.release(ALICE, job_id, 0, 0)
+    _, named = await env.store.server_counts()
+    assert named["job-timeouts"] == 1
+
+
+async def test_only_the_owner_may_touch_release_bury_or_delete(env: Env) -> None:
+    job_id = await env.put()
+    await env.reserve(ALICE)
+    s = env.store
+    assert not await s.release(BOB, job_id, 0, 0)
+    assert not await s.bury(BOB, job_id, 0)
+    assert await s.touch(BOB, job_id) == 0
+    assert not await s.delete(BOB, job_id)
+    assert isinstance(await s.reserve_job(BOB, job_id), NoJob)
+    assert await s.delete(ALICE, job_id)
+
+
+async def test_touch_gives_a_full_ttr_from_now(env: Env) -> None:
+    job_id = await env.put(ttr=10)
+    await env.reserve()
+    env.clock.advance(8)
+    assert await env.store.touch(ALICE, job_id) == env.clock.now_ms + 10_000
+    env.clock.advance(8)
+    await env.store.expire()
+    assert await env.state(job_id) is JobState.RESERVED
+
+
+async def test_release_and_bury_count_and_set_priority(env: Env) -> None:
+    job_id = await env.put(pri=1)
+    await env.reserve()
+    assert await env.store.release(ALICE, job_id, 7, 0)
+    await env.reserve()
+    assert await env.store.bury(ALICE, job_id, 9)
+    info = await env.store.job_info(job_id)
+    assert info is not None
+    assert (info.pri, info.releases, info.buries, info.reserves) == (9, 1, 1, 2)
+
+
+async def test_kick_takes_buried_before_delayed_and_never_both(env: Env) -> None:
+    buried = []
+    for _ in range(2):
+        await env.put()
+        r = await env.reserve()
+        await env.store.bury(ALICE, r.id, 0)
+        buried.append(r.id)
+    delayed = await env.put(delay=100)
+    assert await env.store.peek_state("buried", "default") == (buried[0], b"x")
+    assert await env.store.kick("default", 1) == 1
+    assert await env.state(buried[0]) is JobState.READY
+    assert await env.store.kick("default", 10) == 1
+    assert await env.state(delayed) is JobState.DELAYED
+    assert await env.store.kick("default", 10) == 1
+    assert await env.state(delayed) is JobState.READY
+    assert await env.store.kick("default", 10) == 0
+
+
+async def test_kick_job_only_buried_or_delayed(env: Env) -> None:
+    ready = await env.put()
+    assert not await env.store.kick_job(ready)
+    assert not await env.store.kick_job(999)
+
+
+async def test_disconnect_releases_without_counting(env: Env) -> None:
+    job_id = await env.put()
+    await env.reserve()
+    assert await env.store.disconnect(ALICE, "default", False, False, [job_id]) == 1
+    info = await env.store.job_info(job_id)
+    assert info is not None and (info.state, info.timeouts, info.releases) == ("ready", 0, 0)
+
+
+async def test_tube_lives_while_referenced_and_forgets_its_counters(env: Env) -> None:
+    s = env.store
+    await s.change_refs(ALICE, [("+u", "t"), ("-u", "default")])
+    job_id = await env.put("t")
+    await s.pause("t", 100)
+    await s.change_refs(ALICE, [("+u", "default"), ("-u", "t")])
+    assert "t" in await s.list_tubes()  # it still has a job
+    assert await s.delete(ALICE, job_id)
+    assert "t" not in await s.list_tubes()
+    await s.change_refs(ALICE, [("+w", "t")])
+    counts = await s.tube_counts("t")
+    assert counts is not None
+    assert counts[5] == 0 and counts[11] == 0 and counts[12] == 0  # total-jobs, pause, pause end
+
+
+async def test_default_tube_is_never_collected(env: Env) -> None:
+    await env.store.change_refs(ALICE, [("+u", "x"), ("-u", "default"), ("+w", "x"),
+                                        ("-w", "default")])
+    await env.store.change_refs(BOB, [("+u", "x"), ("-u", "default"), ("+w", "x"),
+                                      ("-w", "default")])
+    assert "default" in await env.store.list_tubes()
+
+
+async def test_wake_is_published_only_when_someone_waits(env: Env) -> None:
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    await env.put()
+    assert await pubsub.get_message(timeout=0.2) is None
+    await env.store.set_waiting(ALICE, 1)
+    await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["channel"] == env.keys.wake_channel("default").encode()
+    await env.store.set_waiting(ALICE, -1)
+    counts = await env.store.tube_counts("default")
+    assert counts is not None and counts[8] == 0  # current-waiting back to 0
+    await pubsub.aclose()
+
+
+@pytest.mark.parametrize("path", ["release", "kick", "kick_job", "promote", "expire",
+                                  "disconnect", "pause0"])
+async def test_every_path_to_ready_wakes_waiters(env: Env, path: str) -> None:
+    s = env.store
+    if path in ("kick", "kick_job"):
+        job_id = await bring_to(env, JobState.BURIED)
+    elif path == "promote":
+        job_id = await env.put(delay=1)
+    elif path == "pause0":
+        job_id = await env.put()
+        await s.pause("default", 100)
+    else:
+        job_id = await bring_to(env, JobState.RESERVED)
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)
+    await s.set_waiting(BOB, 1)
+    if path == "release":
+        await s.release(ALICE, job_id, 0, 0)
+    elif path == "kick":
+        await s.kick("default", 1)
+    elif path == "kick_job":
+        await s.kick_job(job_id)
+    elif path == "promote":
+        env.clock.advance(1)
+        await s.promote()
+    elif path == "expire":
+        env.clock.advance(61)
+        await s.expire()
+    elif path == "disconnect":
+        await s.disconnect(ALICE, "default", False, False, [job_id])
+    else:
+        assert await s.pause("default", 0) == -1
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["type"] == "pmessage"
+    await pubsub.aclose()
+
+
+async def test_reap_takes_back_a_dead_instance_share(env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.change_refs("ghost:1", [("+w", "haunted")])
+    await ghost.set_waiting("ghost:1", 1)
+    assert "haunted" in await env.store.list_tubes()
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert "haunted" not in await env.store.list_tubes()
+    gauges, _ = await env.store.server_counts()
+    assert gauges[6] == 2  # current-connections: ALICE and BOB only
+    assert gauges[9] == 0  # current-waiting
+
+
+async def test_urgent_counts_ready_jobs_below_1024_only(env: Env) -> None:
+    await env.put(pri=1023)
+    await env.put(pri=1024)
+    await env.put(pri=0, delay=5)
+    counts = await env.store.tube_counts("default")
+    assert counts is not None and counts[0] == 1
+
+
+async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
+    await env.raw.script_flush()
+    assert await env.put() == 1  # NOSCRIPT, then EVAL of the full source
+
+
+async def test_lua_key_schema_matches_python(env: Env) -> None:
+    keys_lua = resources.files("tubeq").joinpath("lua", "includes", "keys.lua").read_text()
+    probe = keys_lua + """
+return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
+        K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
+        k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
+        k_wake(ARGV[2])}"""
+    k = env.keys
+    names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
+    assert [n.decode() for n in names] == [
+        k.job_ids, k.tubes, k.ready_tubes, k.timers, k.reserved, k.stats, k.refs, k.seqs,
+        k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
+        k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
+        k.wake_channel("a-tube")]
