@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench system-deps clean
+.PHONY: run test lint bench system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,35 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-run: $(STAMP) system-deps
-	$(BIN)/tubeq $(ARGS)
+# The foreign beanstalkd clients tests/test_clients_foreign.py runs for real: PHP pheanstalk and Ruby
+# beaneater from Debian (their packages pull in no interpreter, hence php-cli and ruby), and the Node
+# clients from the committed lock file. A client that cannot be installed fails here, loudly.
+CLIENT_APT_PACKAGES := php-cli php-pda-pheanstalk ruby ruby-beaneater
+NODE_CLIENTS := tests/clients/node
+NODE_STAMP := $(NODE_CLIENTS)/node_modules/.installed
 
-test: $(STAMP) system-deps
+client-deps: client-apt-deps $(NODE_STAMP)
+
+client-apt-deps:
+	@missing=""; \
+	for pkg in $(CLIENT_APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'ok installed' \
+			|| missing="$$missing $$pkg"; \
+	done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(NODE_STAMP): $(NODE_CLIENTS)/package.json $(NODE_CLIENTS)/package-lock.json | client-apt-deps
+	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: $(STAMP) system-deps
+	$(BIN)/tubeq --data-dir data $(ARGS)
+
+test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 	$(BIN)/pytest -q
