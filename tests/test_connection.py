@@ -1,0 +1,209 @@
+"""Layer (b): the connection adapter driven byte by byte through a fake transport.
+
+The store is real (a private Redis): what is under test is the connection's own logic: reply
+order, pipelined dispatch, the reserve barrier, quit, half-close, disconnect cleanup, drain
+mode, and a failing store turning into INTERNAL_ERROR without losing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tubeq.connection import Connection, ServerContext
+from tubeq.server import Config, Server
+
+REPLY_WAIT_S = 5.0
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.out = bytearray()
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.closed, "write after close"
+        self.out += data
+
+    def close(self) -> None:
+        # Like asyncio's transports: connection_lost follows on a later loop iteration.
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+class Client:
+    """One fake client: feeds bytes, waits for reply bytes."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.conn = Connection(ctx)
+        self.transport = FakeTransport(self.conn)
+        self.conn.connection_made(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    async def until(self, predicate: Callable[[bytes], bool]) -> bytes:
+        async def poll() -> None:
+            while not predicate(bytes(self.transport.out)):
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(poll(), REPLY_WAIT_S)
+        return bytes(self.transport.out)
+
+    async def expect(self, reply: bytes) -> None:
+        got = await self.until(lambda out: len(out) >= len(reply))
+        assert got == reply
+        self.transport.out.clear()
+
+    async def gone(self) -> None:
+        self.transport.close()
+        await asyncio.wait_for(self.conn.wait_closed(), REPLY_WAIT_S)
+
+
+@pytest.fixture
+async def ctx(redis_url: str) -> AsyncIterator[ServerContext]:
+    """The shared context of a real tubeq process (scheduler, subscriber) on port 0."""
+    server = Server(Config(port=0, redis_url=redis_url, prefix="conn"))
+    await server.start()
+    assert server.ctx is not None
+    yield server.ctx
+    await server.stop()
+
+
+NewClient = Callable[[], Client]
+
+
+@pytest.fixture
+def new_client(ctx: ServerContext) -> NewClient:
+    return lambda: Client(ctx)
+
+
+async def test_pipelined_replies_come_back_in_order(new_client: NewClient) -> None:
+    a = new_client()
+    a.send(b"put 0 0 10 1\r\na\r\nuse t\r\nput 0 0 10 1\r\nb\r\nlist-tube-used\r\n"
+           b"peek 1\r\nstats-job 99\r\n")
+    await a.expect(b"INSERTED 1\r\nUSING t\r\nINSERTED 2\r\nUSING t\r\nFOUND 1 1\r\na\r\n"
+                   b"NOT_FOUND\r\n")
+
+
+async def test_byte_at_a_time_gives_the_same_replies(new_client: NewClient) -> None:
+    a = new_client()
+    for byte in b"put 1 0 10 3\r\nabc\r\nreserve\r\n":
+        a.send(bytes([byte]))
+    await a.expect(b"INSERTED 1\r\nRESERVED 1 3\r\nabc\r\n")
+
+
+async def test_commands_behind_a_blocked_reserve_wait_for_it(new_client: NewClient) -> None:
+    a, b = new_client(), new_client()
+    a.send(b"reserve\r\nlist-tube-used\r\n")
+    await asyncio.sleep(0.1)
+    assert a.transport.out == b""
+    b.send(b"put 0 0 10 2\r\nhi\r\n")
+    await b.expect(b"INSERTED 1\r\n")
+    await a.expect(b"RESERVED 1 2\r\nhi\r\nUSING default\r\n")
+
+
+async def test_quit_drops_what_follows_and_closes(new_client: NewClient) -> None:
+    a = new_client()
+    a.send(b"list-tube-used\r\nquit\r\nput 0 0 10 1\r\nx\r\n")
+    await a.expect(b"USING default\r\n")
+    await a.until(lambda _: a.transport.closed)
+    b = new_client()
+    b.send(b"peek-ready\r\n")
+    await b.expect(b"NOT_FOUND\r\n")
+
+
+async def test_half_close_while_blocked_times_out_then_closes(new_client: NewClient) -> None:
+    a = new_client()
+    a.send(b"reserve\r\n")
+    await asyncio.sleep(0.05)
+    assert a.conn.eof_received() is True
+    await a.expect(b"TIMED_OUT\r\n")
+    await a.until(lambda _: a.transport.closed)
+
+
+async def test_disconnect_returns_reserved_jobs_at_once(new_client: NewClient) -> None:
+    a, b = new_client(), new_client()
+    a.send(b"put 0 0 100 1\r\nx\r\nreserve\r\n")
+    await a.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    b.send(b"reserve-with-timeout 5\r\n")
+    await a.gone()
+    await b.expect(b"RESERVED 1 1\r\nx\r\n")
+    b.send(b"stats-job 1\r\n")
+    out = await b.until(lambda o: o.endswith(b"kicks: 0\n\r\n"))
+    assert b"reserves: 2\n" in out and b"timeouts: 0\n" in out and b"releases: 0\n" in out
+
+
+async def test_deadline_soon_when_holding_a_job_in_its_margin(new_client: NewClient) -> None:
+    a = new_client()
+    a.send(b"put 0 0 1 1\r\nx\r\nreserve\r\nreserve-with-timeout 0\r\n")
+    await a.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nDEADLINE_SOON\r\n")
+
+
+async def test_failed_store_call_answers_internal_error_and_keeps_serving(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    a = new_client()
+    a.send(b"list-tube-used\r\n")
+    await a.expect(b"USING default\r\n")
+    real_put = ctx.store.put
+
+    def failing_put(*args: Any) -> asyncio.Future[int]:
+        f: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        f.set_exception(ConnectionError("redis is gone"))
+        return f
+
+    ctx.store.put = failing_put  # type: ignore[method-assign]
+    a.send(b"put 0 0 10 1\r\nx\r\nlist-tube-used\r\n")
+    await a.expect(b"INTERNAL_ERROR\r\nUSING default\r\n")
+    ctx.store.put = real_put  # type: ignore[method-assign]
+    a.send(b"put 0 0 10 1\r\nx\r\n")
+    await a.expect(b"INSERTED 1\r\n")
+
+
+async def test_drain_mode_refuses_puts_but_uses_their_ids(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    a = new_client()
+    ctx.draining = True
+    a.send(b"put 0 0 10 1\r\nx\r\n")
+    await a.expect(b"DRAINING\r\n")
+    ctx.draining = False
+    a.send(b"put 0 0 10 1\r\nx\r\n")
+    await a.expect(b"INSERTED 2\r\n")
+
+
+async def test_ttr_expiry_returns_the_job_while_its_owner_is_idle(new_client: NewClient) -> None:
+    a, b = new_client(), new_client()
+    a.send(b"put 0 0 1 1\r\nx\r\nreserve\r\n")
+    await a.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    # a stays silent: the scheduler alone must bring the job back
+    b.send(b"reserve-with-timeout 5\r\n")
+    await b.expect(b"RESERVED 1 1\r\nx\r\n")
+    a.send(b"delete 1\r\n")
+    await a.expect(b"NOT_FOUND\r\n")
+
+
+async def test_a_bad_line_does_not_stop_the_next(new_client: NewClient) -> None:
+    a = new_client()
+    a.send(b"bogus\r\n" + b"x" * 300 + b"\r\nput 0 0 10 70000\r\n" + b"z" * 70002 +
+           b"list-tube-used\r\n")
+    await a.expect(b"UNKNOWN_COMMAND\r\nBAD_FORMAT\r\nJOB_TOO_BIG\r\nUSING default\r\n")
+
