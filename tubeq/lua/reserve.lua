@@ -20,22 +20,37 @@ local function consider(t, pri)
   end
 end
 
-if rcall('SCARD', wk) <= rcall('ZCARD', K_READY_TUBES) then
-  -- few watched tubes: look each one up in the index
+-- Few watched tubes: look each one up in the index. Many: walk the index best-first and stop
+-- past the best priority found; a walk that has seen as many unwatched entries as there are
+-- watched tubes stops and falls back to the lookups, so the cost stays O(min(watched, ready)).
+local function lookup_each()
   for _, t in ipairs(rcall('SMEMBERS', wk)) do
     local score = rcall('ZSCORE', K_READY_TUBES, t)
     if score then consider(t, tonumber(score)) end
   end
+end
+
+local watched = rcall('SCARD', wk)
+if watched <= 8 then
+  lookup_each()
 else
-  -- few ready tubes: walk the index best-first, stop past the best priority found
-  local start, done = 0, false
+  local start, budget, done = 0, watched, false
   while not done do
     local page = rcall('ZRANGE', K_READY_TUBES, start, start + 31, 'WITHSCORES')
     if #page == 0 then break end
     for i = 1, #page, 2 do
       local pri = tonumber(page[i + 1])
       if best_pri and pri > best_pri then done = true break end
-      if rcall('SISMEMBER', wk, page[i]) == 1 then consider(page[i], pri) end
+      if rcall('SISMEMBER', wk, page[i]) == 1 then
+        consider(page[i], pri)
+      else
+        budget = budget - 1
+        if budget == 0 and not best_pri then
+          lookup_each()
+          done = true
+          break
+        end
+      end
     end
     start = start + 32
   end
