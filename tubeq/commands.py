@@ -188,5 +188,12 @@ class PauseTube(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Push(Command):
+    """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding."""
+
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
 class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""

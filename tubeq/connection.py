@@ -9,6 +9,11 @@ block, so the commands after it wait until it has answered (beanstalkd does the 
 The connection owns its reservations (beanstalkd semantics): only it may delete, release, bury
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
 It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
+
+Push extension (``push <credits>``, tubeq only): the connection then receives RESERVED frames
+for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
+taken several per script call; each delete/release/bury of a pushed job (or its TTR running
+out) frees a credit. The frames join the reply stream between whole replies.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._blocking: asyncio.Task[bytes] | None = None
         self._waiter: Waiter | None = None
+        self._push_credits = 0
+        self._pushed: set[int] = set()
+        self._push_task: asyncio.Task[None] | None = None
+        self._push_waiter: Waiter | None = None
         self._quit = False
         self._eof = False
         self._lost = False
@@ -99,6 +108,8 @@ class Connection(asyncio.Protocol):
         self._eof = True
         if self._waiter is not None:
             self._waiter.wake()
+        if self._push_task is not None:
+            self._push_task.cancel()
         self._maybe_close()
         return True
 
@@ -114,11 +125,13 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.ctx.connections.discard(self)
-        task = self._blocking
-        if task is not None and not task.done():
-            # Its `finally` takes the connection out of the waiters first (same Redis pipe).
+        running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
+        for task in running:
             task.cancel()
-            task.add_done_callback(lambda _: self._disconnect())
+        if running:
+            # Their `finally` takes the connection out of the waiters first (same Redis pipe).
+            gathered = asyncio.gather(*running, return_exceptions=True)
+            gathered.add_done_callback(lambda _: self._disconnect())
         else:
             self._disconnect()
 
@@ -266,6 +279,69 @@ class Connection(asyncio.Protocol):
         self.ctx.scheduler.note_due(r.deadline_ms)
         return replies.reserved(r.id, r.body)
 
+    # -- push extension -----------------------------------------------------------------------
+
+    def _start_push(self, credits: int) -> bytes:
+        self._push_credits = credits
+        if self._push_task is None:
+            self._push_task = asyncio.get_running_loop().create_task(self._push())
+        elif self._push_waiter is not None:
+            self._push_waiter.event.set()
+        return replies.pushing(credits)
+
+    def _settled(self, job_id: int) -> None:
+        """A job this connection held is no longer its own: free its push credit, if any."""
+        self.reserved.pop(job_id, None)
+        if job_id in self._pushed:
+            self._pushed.discard(job_id)
+            if self._push_waiter is not None:
+                self._push_waiter.event.set()
+
+    async def _push(self) -> None:
+        """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
+        registry = self.ctx.registry
+        waiter = Waiter(self.watched)
+        self._push_waiter = waiter
+        registry.register(waiter)
+        counted = False
+        try:
+            while True:
+                now = self.store.clock()
+                for job_id in [j for j in self._pushed if self.reserved.get(j, 0) <= now]:
+                    self._settled(job_id)  # its TTR ran out: the job is back in the queue
+                free = self._push_credits - len(self._pushed)
+                if free > 0:
+                    waiter.rearm()
+                    jobs = await self.store.reserve_many(self.token, free)
+                    if jobs:
+                        for job in jobs:
+                            self._pushed.add(job.id)
+                            self._push_frame(self._granted(job))
+                        if counted:
+                            counted = False
+                            self.store.set_waiting(self.token, -1).add_done_callback(_consume)
+                        continue
+                    if not counted:
+                        counted = True
+                        await self.store.set_waiting(self.token, 1)
+                        continue  # try once more now that a put would wake us
+                timeout = WAKE_RECHECK_S
+                deadlines = [self.reserved[j] for j in self._pushed if j in self.reserved]
+                if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
+                    timeout = min(timeout, (min(deadlines) - now) / 1000)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.event.wait(), max(0.0, timeout))
+                waiter.event.clear()
+        finally:
+            self._push_waiter = None
+            registry.unregister(waiter, consumed=True)
+            if counted:
+                self.store.set_waiting(self.token, -1).add_done_callback(_consume)
+
+    def _push_frame(self, frame: bytes) -> None:
+        self._replies.append(frame)
+        self._schedule_flush()
+
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
     if f.cancelled():
@@ -369,7 +445,7 @@ def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], byt
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn.reserved.pop(job_id, None)
+        conn._settled(job_id)
         return ok
 
     return answer
@@ -479,6 +555,10 @@ def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
     return _map(conn.store.pause(cmd.tube, cmd.delay), answer)
 
 
+def _push(conn: Connection, cmd: c.Push) -> Reply:
+    return conn._start_push(cmd.credits)
+
+
 def _quit(conn: Connection, cmd: c.Quit) -> None:
     conn._quit = True
 
@@ -511,5 +591,6 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.ListTubeUsed: _list_tube_used,
     c.ListTubesWatched: _list_tubes_watched,
     c.PauseTube: _pause_tube,
+    c.Push: _push,
     c.Quit: _quit,
 }

@@ -41,6 +41,10 @@ def watching(count: int) -> bytes:
     return b"WATCHING %d\r\n" % count
 
 
+def pushing(credits: int) -> bytes:
+    return b"PUSHING %d\r\n" % credits
+
+
 def kicked(count: int) -> bytes:
     return b"KICKED %d\r\n" % count
 

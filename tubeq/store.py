@@ -147,6 +147,18 @@ class Store:
         return _map(self._eval("reserve", token, now, "1" if want_hint else "0"),
                     lambda r: _reservation(r, now))
 
+    def reserve_many(self, token: str, count: int) -> asyncio.Future[list[Reservation]]:
+        """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
+        now = self.clock()
+
+        def decode(r: Any) -> list[Reservation]:
+            if int(r[0]) == 0:
+                return []
+            return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
+                                now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
+
+        return _map(self._eval("reserve", token, now, "0", count), decode)
+
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
         return _map(self._eval("reserve_job", token, job_id, now), lambda r: _reservation(r, now))

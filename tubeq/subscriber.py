@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 
@@ -90,8 +91,7 @@ class Subscriber(ReconnectingProtocol):
 
     def _on_reply(self, reply: Reply | RedisReplyError) -> None:
         if isinstance(reply, list) and reply[0] in _DELIVERED:
-            channel, data = reply[-2], reply[-1]
-            assert isinstance(channel, bytes) and isinstance(data, bytes)
+            channel, data = cast(bytes, reply[-2]), cast(bytes, reply[-1])
             try:
                 self._on_message(channel, data)
             except Exception:

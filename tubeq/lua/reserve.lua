@@ -1,15 +1,16 @@
 --[[ reserve: take the ready job with the smallest (pri, id) across the connection's watched,
-non-paused tubes.
+non-paused tubes; with a count, up to that many jobs in that order (the push extension).
 KEYS[1]  namespace root
 ARGV     token (the connection), now (ms), hint ("1": when nothing is reservable, also say
-         whether any watched tube, paused or not, has a ready job: DEADLINE_SOON needs it)
-Returns  {id, ttr, body} | {0, any_ready (0|1)}
+         whether any watched tube, paused or not, has a ready job: DEADLINE_SOON needs it),
+         count (optional, default 1)
+Returns  {id, ttr, body, id, ttr, body, ...} | {0, any_ready (0|1)}
 Cost     O(watched tubes that have ready jobs) via the ready_tubes index, never a scan of
          every watched tube's queue.
 ]]
 --- @include "keys"
 --- @include "jobs"
-local token, now, hint = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local token, now, hint, count = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4] or 1)
 local wk = k_watch(token)
 local best_tube, best_pri, best_member
 
@@ -31,36 +32,47 @@ local function lookup_each()
 end
 
 local watched = rcall('SCARD', wk)
-if watched <= 8 then
-  lookup_each()
-else
-  local start, budget, done = 0, watched, false
-  while not done do
-    local page = rcall('ZRANGE', K_READY_TUBES, start, start + 31, 'WITHSCORES')
-    if #page == 0 then break end
-    for i = 1, #page, 2 do
-      local pri = tonumber(page[i + 1])
-      if best_pri and pri > best_pri then done = true break end
-      if rcall('SISMEMBER', wk, page[i]) == 1 then
-        consider(page[i], pri)
-      else
-        budget = budget - 1
-        if budget == 0 and not best_pri then
-          lookup_each()
-          done = true
-          break
+
+local function pick()
+  best_tube, best_pri, best_member = nil, nil, nil
+  if watched <= 8 then
+    lookup_each()
+  else
+    local start, budget, done = 0, watched, false
+    while not done do
+      local page = rcall('ZRANGE', K_READY_TUBES, start, start + 31, 'WITHSCORES')
+      if #page == 0 then break end
+      for i = 1, #page, 2 do
+        local pri = tonumber(page[i + 1])
+        if best_pri and pri > best_pri then done = true break end
+        if rcall('SISMEMBER', wk, page[i]) == 1 then
+          consider(page[i], pri)
+        else
+          budget = budget - 1
+          if budget == 0 and not best_pri then
+            lookup_each()
+            done = true
+            break
+          end
         end
       end
+      start = start + 32
     end
-    start = start + 32
   end
 end
 
-if best_tube then
+local granted = {}
+for _ = 1, count do
+  pick()
+  if not best_tube then break end
   rcall('ZREM', k_ready(best_tube), best_member)
   index_tube(best_tube, now)
-  return grant(id_of(best_member), best_tube, token, now)
+  local job = grant(id_of(best_member), best_tube, token, now)
+  granted[#granted + 1] = job[1]
+  granted[#granted + 1] = job[2]
+  granted[#granted + 1] = job[3]
 end
+if #granted > 0 then return granted end
 if hint == '1' then
   for _, t in ipairs(rcall('SMEMBERS', wk)) do
     if rcall('EXISTS', k_ready(t)) == 1 then return {0, 1} end
