@@ -45,6 +45,10 @@ SAFETY_MARGIN_MS = 1000
 # hints are best effort (pub/sub), the script is the truth.
 WAKE_RECHECK_S = 10.0
 
+# The push extension takes at most this many jobs per script call, however many credits a
+# client grants: one call must not hold Redis's single thread for long.
+PUSH_BATCH_MAX = 64
+
 Reply = bytes | asyncio.Future[bytes]
 
 
@@ -247,9 +251,10 @@ class Connection(asyncio.Protocol):
                     waiter.rearm()
                 now = self.store.clock()
                 in_margin = self._in_margin(now)
-                result = await self.store.reserve(self.token, in_margin)
+                result = await self.store.reserve(self.token, in_margin, counted_waiting=counted)
                 if isinstance(result, Reservation):
                     consumed = True
+                    counted = False  # the script counted us out of the waiters with the grant
                     return self._granted(result)
                 if in_margin and not result.any_ready:
                     return replies.DEADLINE_SOON
@@ -312,14 +317,13 @@ class Connection(asyncio.Protocol):
                 free = self._push_credits - len(self._pushed)
                 if free > 0:
                     waiter.rearm()
-                    jobs = await self.store.reserve_many(self.token, free)
+                    jobs = await self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
+                                                         counted_waiting=counted)
                     if jobs:
+                        counted = False  # the script counted us out of the waiters
                         for job in jobs:
                             self._pushed.add(job.id)
                             self._push_frame(self._granted(job))
-                        if counted:
-                            counted = False
-                            self.store.set_waiting(self.token, -1).add_done_callback(_consume)
                         continue
                     if not counted:
                         counted = True

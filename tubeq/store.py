@@ -142,14 +142,19 @@ class Store:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
         return _map(self.client.call("INCR", self.keys.job_ids), int)
 
-    def reserve(self, token: str, want_hint: bool) -> asyncio.Future[Reservation | NoJob]:
+    def reserve(self, token: str, want_hint: bool, *,
+                counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
+        """The next job for ``token``; ``counted_waiting``: a grant also counts it out of waiting."""
         now = self.clock()
-        return _map(self._eval("reserve", token, now, "1" if want_hint else "0"),
+        waiter = self.instance_id if counted_waiting else ""
+        return _map(self._eval("reserve", token, now, "1" if want_hint else "0", 1, waiter),
                     lambda r: _reservation(r, now))
 
-    def reserve_many(self, token: str, count: int) -> asyncio.Future[list[Reservation]]:
+    def reserve_many(self, token: str, count: int, *,
+                     counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
         """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
         now = self.clock()
+        waiter = self.instance_id if counted_waiting else ""
 
         def decode(r: Any) -> list[Reservation]:
             if int(r[0]) == 0:
@@ -157,7 +162,7 @@ class Store:
             return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
                                 now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
 
-        return _map(self._eval("reserve", token, now, "0", count), decode)
+        return _map(self._eval("reserve", token, now, "0", count, waiter), decode)
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
