@@ -6,12 +6,15 @@ free loopback port in a temp directory (so flushing it is ours to do).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio
 
+from tests.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
 from tubeq.redis_process import RedisProcess
 
 
@@ -30,3 +33,140 @@ async def redis_url(redis_process: RedisProcess) -> AsyncIterator[str]:
     await client.flushall()
     await client.aclose()
     yield redis_process.url
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire-level servers: beanstalkd (the reference) and the server under test.
+#
+# The target is tubeq unless ``--wire-target=beanstalkd`` (or TUBEQ_WIRE_TARGET=beanstalkd) asks
+# for a second private beanstalkd instead: beanstalkd against beanstalkd must pass every scenario,
+# which is how the harness and its normalisation prove themselves.
+# ---------------------------------------------------------------------------------------------
+
+WIRE_TARGETS: tuple[ServerKind, ...] = ("tubeq", "beanstalkd")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--wire-target", choices=WIRE_TARGETS,
+        default=os.environ.get("TUBEQ_WIRE_TARGET", "tubeq"),
+        help="server the wire tests compare with beanstalkd: tubeq (default) or beanstalkd "
+             "(a second private instance: a self-check of the harness)",
+    )
+    parser.addoption(
+        "--wire-dump", default=None, metavar="PATH",
+        help="write every differential scenario's reference and target transcripts to PATH",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "quirk: a beanstalkd 1.12 accident tubeq deliberately does not copy; the "
+        "scenario checks tubeq's documented reply instead (see DOCUMENTED_DIFFERENCES)")
+    config.addinivalue_line(
+        "markers", "pristine: the scenario runs on a fresh beanstalkd/target pair of its own")
+
+
+@pytest.fixture(scope="session")
+def wire_target_kind(pytestconfig: pytest.Config) -> ServerKind:
+    kind: ServerKind = pytestconfig.getoption("--wire-target")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def beanstalkd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The session's reference beanstalkd 1.12, shared by every independent scenario."""
+    server = start_beanstalkd(tmp_path_factory.mktemp("beanstalkd"), "beanstalkd-reference")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tubeq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TubeqCluster]:
+    """A private redis-server for tubeq processes; every process on it is stopped at the end."""
+    cluster = TubeqCluster(tmp_path_factory.mktemp("tubeq"))
+    cluster.start_redis()
+    yield cluster
+    for server in cluster.servers:
+        if not server.alive() and server.proc.returncode not in (0, -signal.SIGTERM):
+            print(f"\n{server.describe()} exited with {server.proc.returncode}; its output:\n"
+                  f"{server.log_tail()}")
+    cluster.stop_all()
+
+
+@pytest.fixture(scope="session")
+def tubeq(tubeq_cluster: TubeqCluster) -> ServerProcess:
+    """The session's tubeq process (own Redis, unique prefix), shared by independent scenarios."""
+    return tubeq_cluster.start(label="tubeq-target")
+
+
+@pytest.fixture
+def tubeq_factory(tubeq_cluster: TubeqCluster) -> Iterator[Callable[[str], ServerProcess]]:
+    """Start extra tubeq processes on the session's tubeq Redis with a given prefix.
+
+    Two calls with the same prefix give two processes serving one queue. They are stopped by PID
+    when the test ends.
+    """
+    started: list[ServerProcess] = []
+
+    def start(prefix: str) -> ServerProcess:
+        server = tubeq_cluster.start(prefix, label=f"tubeq-{len(started) + 1}")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def wire_target(request: pytest.FixtureRequest, wire_target_kind: ServerKind,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The server compared with the reference: the session's tubeq, or a second beanstalkd."""
+    if wire_target_kind == "tubeq":
+        server: ServerProcess = request.getfixturevalue("tubeq")
+        yield server
+        return
+    server = start_beanstalkd(tmp_path_factory.mktemp("beanstalkd-target"), "beanstalkd-target")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pristine_pair_factory(
+    request: pytest.FixtureRequest, wire_target_kind: ServerKind,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[], tuple[ServerProcess, ServerProcess]]]:
+    """Start a fresh (reference, target) pair for one scenario that needs pristine servers.
+
+    Pristine means: ids start at 1, global counters at 0, no other client, and state that cannot
+    be undone (drain mode) stays private. A tubeq target gets a fresh prefix on the session's
+    tubeq Redis. Everything started here is stopped by PID when the session ends, or earlier by
+    the caller.
+    """
+    started: list[ServerProcess] = []
+    log_dir = tmp_path_factory.mktemp("pristine")
+    cluster: TubeqCluster | None = (
+        request.getfixturevalue("tubeq_cluster") if wire_target_kind == "tubeq" else None
+    )
+
+    def start_pair() -> tuple[ServerProcess, ServerProcess]:
+        reference = start_beanstalkd(log_dir, "beanstalkd-pristine-reference")
+        started.append(reference)
+        if cluster is not None:
+            target = cluster.start(label="tubeq-pristine")
+        else:
+            target = start_beanstalkd(log_dir, "beanstalkd-pristine-target")
+        started.append(target)
+        return reference, target
+
+    yield start_pair
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def skip_unless_tubeq(wire_target_kind: ServerKind) -> None:
+    """Skip a test about tubeq itself when the run's wire target is beanstalkd."""
+    if wire_target_kind != "tubeq":
+        pytest.skip("this test exercises tubeq itself; the wire target is beanstalkd")

@@ -50,7 +50,7 @@ class Env:
         return await self.store.put(tube, pri, delay, ttr, body)
 
     async def reserve(self, token: str = ALICE) -> Reservation:
-        r = await self.store.reserve(token, False)
+        r = await self.store.reserve(token)
         assert isinstance(r, Reservation), r
         return r
 
@@ -142,12 +142,12 @@ async def test_reserve_orders_by_priority_then_id_across_tubes(env: Env) -> None
            await env.put("default", 3)]
     order = [(await env.reserve()).id for _ in ids]
     assert order == [ids[1], ids[2], ids[3], ids[0]]
-    assert isinstance(await env.store.reserve(ALICE, False), NoJob)
+    assert isinstance(await env.store.reserve(ALICE), NoJob)
 
 
 async def test_reserve_only_from_watched_tubes(env: Env) -> None:
     await env.put("other")
-    assert await env.store.reserve(ALICE, True) == NoJob(any_ready=False)
+    assert await env.store.reserve(ALICE) == NoJob()
 
 
 @pytest.mark.parametrize("unwatched_ready", [0, 60])
@@ -161,7 +161,7 @@ async def test_reserve_across_many_watched_tubes(env: Env, unwatched_ready: int)
     best = await env.put("t30", 4)
     tie = await env.put("t2", 4)
     assert [(await env.reserve()).id for _ in range(3)] == [best, tie, low]
-    assert isinstance(await env.store.reserve(ALICE, False), NoJob)
+    assert isinstance(await env.store.reserve(ALICE), NoJob)
 
 
 async def test_ids_compare_numerically_not_as_strings(env: Env) -> None:
@@ -176,7 +176,7 @@ async def test_paused_tube_is_skipped_then_resumes_on_time(env: Env) -> None:
     job_id = await env.put()
     until = await env.store.pause("default", 2)
     assert until == env.clock.now_ms + 2000
-    assert await env.store.reserve(ALICE, True) == NoJob(any_ready=True)
+    assert await env.store.reserve(ALICE) == NoJob()
     env.clock.advance(2)
     next_due, woken = await env.store.promote()
     assert woken == ["default"] and next_due == -1

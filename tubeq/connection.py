@@ -249,14 +249,15 @@ class Connection(asyncio.Protocol):
                     if self._eof:
                         return replies.TIMED_OUT
                     waiter.rearm()
-                now = self.store.clock()
-                in_margin = self._in_margin(now)
-                result = await self.store.reserve(self.token, in_margin, counted_waiting=counted)
+                result = await self.store.reserve(self.token, counted_waiting=counted)
                 if isinstance(result, Reservation):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
                     return self._granted(result)
-                if in_margin and not result.any_ready:
+                # One clock reading after the try decides both "in the margin now" and "when
+                # the margin starts", so no instant falls between the two checks.
+                now = self.store.clock()
+                if self._in_margin(now):  # and nothing reservable (paused tubes count as empty)
                     return replies.DEADLINE_SOON
                 remaining = None if deadline is None else deadline - loop.time()
                 if self._eof or (remaining is not None and remaining <= 0):
@@ -268,7 +269,7 @@ class Connection(asyncio.Protocol):
                     counted = True
                     await self.store.set_waiting(self.token, 1)
                     continue  # try once more now that a put would wake us
-                bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(self.store.clock())]
+                bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(now)]
                 timeout = max(0.0, min(b for b in bounds if b is not None))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.event.wait(), timeout)

@@ -40,9 +40,7 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class NoJob:
-    """Nothing reservable; ``any_ready``: some watched tube (even paused) has ready jobs."""
-
-    any_ready: bool
+    """Nothing reservable."""
 
 
 JOB_FIELDS = ("t", "s", "p", "c", "d", "r", "u", "nr", "nt", "nl", "nb", "nk")
@@ -142,13 +140,12 @@ class Store:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
         return _map(self.client.call("INCR", self.keys.job_ids), int)
 
-    def reserve(self, token: str, want_hint: bool, *,
+    def reserve(self, token: str, *,
                 counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
         """The next job for ``token``; ``counted_waiting``: a grant also counts it out of waiting."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return _map(self._eval("reserve", token, now, "1" if want_hint else "0", 1, waiter),
-                    lambda r: _reservation(r, now))
+        return _map(self._eval("reserve", token, now, 1, waiter), lambda r: _reservation(r, now))
 
     def reserve_many(self, token: str, count: int, *,
                      counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
@@ -157,12 +154,10 @@ class Store:
         waiter = self.instance_id if counted_waiting else ""
 
         def decode(r: Any) -> list[Reservation]:
-            if int(r[0]) == 0:
-                return []
             return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
                                 now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
 
-        return _map(self._eval("reserve", token, now, "0", count, waiter), decode)
+        return _map(self._eval("reserve", token, now, count, waiter), decode)
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
@@ -273,8 +268,8 @@ class Store:
 
 
 def _reservation(r: Any, now: int) -> Reservation | NoJob:
-    if int(r[0]) == 0:
-        return NoJob(len(r) > 1 and int(r[1]) == 1)
+    if not r:
+        return NoJob()
     ttr = int(r[1])
     return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000)
 

@@ -1,19 +1,16 @@
 --[[ reserve: take the ready job with the smallest (pri, id) across the connection's watched,
 non-paused tubes; with a count, up to that many jobs in that order (the push extension).
 KEYS[1]  namespace root
-ARGV     token (the connection), now (ms), hint ("1": when nothing is reservable, also say
-         whether any watched tube, paused or not, has a ready job: DEADLINE_SOON needs it),
-         count, waiter instance ('' unless the connection is counted as waiting: then a
+ARGV     token (the connection), now (ms), count, waiter instance ('' unless the connection is counted as waiting: then a
          grant also counts it out, in the same step)
-Returns  {id, ttr, body, id, ttr, body, ...} | {0, any_ready (0|1)}
+Returns  {id, ttr, body, id, ttr, body, ...} | {} when nothing is reservable
 Cost     O(watched tubes that have ready jobs) via the ready_tubes index, never a scan of
          every watched tube's queue.
 ]]
 --- @include "keys"
 --- @include "jobs"
 --- @include "waiting"
-local token, now, hint, count, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
-  ARGV[5]
+local token, now, count, waiter = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local wk = k_watch(token)
 local best_tube, best_pri, best_member
 
@@ -75,13 +72,5 @@ for _ = 1, count do
   granted[#granted + 1] = job[2]
   granted[#granted + 1] = job[3]
 end
-if #granted > 0 then
-  if waiter ~= '' then count_waiting(waiter, token, -1) end
-  return granted
-end
-if hint == '1' then
-  for _, t in ipairs(rcall('SMEMBERS', wk)) do
-    if rcall('EXISTS', k_ready(t)) == 1 then return {0, 1} end
-  end
-end
-return {0, 0}
+if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
+return granted

@@ -1,13 +1,13 @@
 --[[ reserve_job: reserve one job by id, from ready, delayed or buried, in any tube.
 KEYS[1]  namespace root
 ARGV     token, id, now (ms)
-Returns  {id, ttr, body} | {0} when the job is missing or already reserved
+Returns  {id, ttr, body} | {} when the job is missing or already reserved
 ]]
 --- @include "keys"
 --- @include "jobs"
 local token, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local f = rcall('HMGET', k_job(id), 's', 't')
 local state, t = f[1], f[2]
-if not state or state == 'reserved' then return {0} end
+if not state or state == 'reserved' then return {} end
 unlink(id, t, state, now)
 return grant(id, t, token, now)

@@ -1,0 +1,133 @@
+"""Two tubeq processes on one Redis and one prefix serve one queue.
+
+A reserve blocked on process A must be woken by a put made through process B (the wake-up crosses
+processes through Redis), and what A stores must be what B reports. Waits are bounded, never
+asserted as durations.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.servers import ServerProcess, unique_prefix
+from tests.wire.grammar import Reply, split_reply
+
+# The bound on every reply; the cross-process wake-up normally takes milliseconds.
+REPLY_TIMEOUT_S = 8.0
+
+pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
+
+
+class LineClient:
+    """A blocking raw-protocol client: send a command, read one reply (by the reply grammar)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.sock = socket.create_connection(server.address, timeout=REPLY_TIMEOUT_S)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def reply(self) -> Reply:
+        while True:
+            parsed = split_reply(self.buffer)
+            if parsed is not None:
+                outcome, used = parsed
+                self.buffer = self.buffer[used:]
+                assert isinstance(outcome, Reply), outcome
+                return outcome
+            chunk = self.sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            self.buffer += chunk
+
+    def nothing_within(self, seconds: float) -> bool:
+        self.sock.settimeout(seconds)
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK)
+        except TimeoutError:
+            return True
+        finally:
+            self.sock.settimeout(REPLY_TIMEOUT_S)
+
+    def call(self, line: str) -> Reply:
+        self.send(line.encode() + b"\r\n")
+        return self.reply()
+
+    def put(self, body: bytes) -> int:
+        self.send(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))
+        reply = self.reply()
+        assert reply.words[0] == b"INSERTED", reply
+        return int(reply.words[1])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def two_processes(
+    tubeq_factory: Callable[[str], ServerProcess],
+) -> tuple[ServerProcess, ServerProcess]:
+    prefix = unique_prefix("tq-shared")
+    return tubeq_factory(prefix), tubeq_factory(prefix)
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[[ServerProcess], LineClient]]:
+    opened: list[LineClient] = []
+
+    def connect(server: ServerProcess) -> LineClient:
+        opened.append(LineClient(server))
+        return opened[-1]
+
+    yield connect
+    for client in opened:
+        client.close()
+
+
+def _tube() -> str:
+    return f"mp-{secrets.token_hex(4)}"
+
+
+def test_put_on_one_process_wakes_reserve_blocked_on_the_other(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    process_a, process_b = two_processes
+    tube = _tube()
+    worker = clients(process_a)
+    assert worker.call(f"watch {tube}").head == b"WATCHING 2"
+    assert worker.call("ignore default").head == b"WATCHING 1"
+    worker.send(b"reserve-with-timeout 30\r\n")
+    assert worker.nothing_within(0.5), "the reserve should be blocked: nothing is ready"
+
+    producer = clients(process_b)
+    assert producer.call(f"use {tube}").head == f"USING {tube}".encode()
+    job_id = producer.put(b"across processes")
+
+    reserved = worker.reply()
+    assert reserved.words[:2] == [b"RESERVED", str(job_id).encode()], reserved
+    assert reserved.data == b"across processes"
+
+
+def test_put_on_one_process_is_visible_from_the_other(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    process_a, process_b = two_processes
+    tube = _tube()
+    producer = clients(process_a)
+    producer.call(f"use {tube}")
+    job_id = producer.put(b"seen from B")
+
+    observer = clients(process_b)
+    listing = observer.call("list-tubes")
+    assert f"- {tube}\n".encode() in (listing.data or b""), listing
+    tube_stats = observer.call(f"stats-tube {tube}").data or b""
+    assert b"\ncurrent-jobs-ready: 1\n" in tube_stats, tube_stats
+    assert b"\ntotal-jobs: 1\n" in tube_stats, tube_stats
+    peeked = observer.call(f"peek {job_id}")
+    assert (peeked.words[0], peeked.data) == (b"FOUND", b"seen from B"), peeked

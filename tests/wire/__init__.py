@@ -1,0 +1,1 @@
+"""Differential wire tests: scripted raw-TCP conversations run against beanstalkd and tubeq."""
