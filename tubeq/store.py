@@ -142,7 +142,7 @@ class Store:
 
     def reserve(self, token: str, *,
                 counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
-        """The next job for ``token``; ``counted_waiting``: a grant also counts it out of waiting."""
+        """The next job for ``token``; if ``counted_waiting``, a grant also counts it out."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
         return _map(self._eval("reserve", token, now, 1, waiter), lambda r: _reservation(r, now))
