@@ -131,3 +131,35 @@ def test_put_on_one_process_is_visible_from_the_other(
     assert b"\ntotal-jobs: 1\n" in tube_stats, tube_stats
     peeked = observer.call(f"peek {job_id}")
     assert (peeked.words[0], peeked.data) == (b"FOUND", b"seen from B"), peeked
+
+
+def test_every_job_is_delivered_exactly_once_across_processes(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    """Delayed jobs fall due while both processes sweep, and workers on both take them: each
+    job is promoted once and delivered once (the scripts are atomic)."""
+    tube = _tube()
+    producer = clients(two_processes[0])
+    producer.call(f"use {tube}")
+    expected = [str(i).encode() for i in range(120)]
+    for body in expected:
+        producer.send(b"put 0 1 60 %d\r\n%s\r\n" % (len(body), body))
+    for _ in expected:
+        assert producer.reply().words[0] == b"INSERTED"
+    workers = [clients(server) for server in two_processes for _ in range(2)]
+    for worker in workers:
+        assert worker.call(f"watch {tube}").head == b"WATCHING 2"
+    delivered: list[bytes] = []
+    idle_rounds = 0
+    while len(delivered) < len(expected) and idle_rounds < 3:  # bounded: 3 rounds of 2 s
+        idle_rounds += 1
+        for worker in workers:
+            got = worker.call("reserve-with-timeout 2")
+            if got.words[0] == b"RESERVED":
+                idle_rounds = 0
+                delivered.append(got.data or b"")
+                assert worker.call(f"delete {got.words[1].decode()}").head == b"DELETED"
+    assert sorted(delivered) == sorted(expected)
+    for worker in workers:
+        assert worker.call("reserve-with-timeout 0").head == b"TIMED_OUT"
