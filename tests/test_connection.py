@@ -207,3 +207,40 @@ async def test_a_bad_line_does_not_stop_the_next(new_client: NewClient) -> None:
            b"list-tube-used\r\n")
     await a.expect(b"UNKNOWN_COMMAND\r\nBAD_FORMAT\r\nJOB_TOO_BIG\r\nUSING default\r\n")
 
+
+
+async def test_push_delivers_up_to_its_credits_and_a_delete_frees_one(
+        new_client: NewClient) -> None:
+    producer, worker = new_client(), new_client()
+    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(3)))
+    await producer.expect(b"INSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\n")
+    worker.send(b"push 2\r\n")
+    await worker.expect(b"PUSHING 2\r\nRESERVED 1 1\r\n0\r\nRESERVED 2 1\r\n1\r\n")
+    await asyncio.sleep(0.1)
+    assert worker.transport.out == b"", "a third job went out beyond the two credits"
+    worker.send(b"delete 1\r\n")
+    await worker.expect(b"DELETED\r\nRESERVED 3 1\r\n2\r\n")
+
+
+async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
+        new_client: NewClient) -> None:
+    producer, worker, other = new_client(), new_client(), new_client()
+    worker.send(b"push 8\r\n")
+    await worker.expect(b"PUSHING 8\r\n")
+    producer.send(b"put 0 0 60 2\r\nhi\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
+    await worker.expect(b"RESERVED 1 2\r\nhi\r\n")
+    await worker.gone()
+    other.send(b"reserve-with-timeout 5\r\n")
+    await other.expect(b"RESERVED 1 2\r\nhi\r\n")
+
+
+async def test_push_credit_comes_back_when_a_pushed_job_times_out(new_client: NewClient) -> None:
+    producer, worker = new_client(), new_client()
+    producer.send(b"put 0 0 1 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
+    await producer.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    worker.send(b"push 1\r\n")
+    await worker.expect(b"PUSHING 1\r\nRESERVED 1 1\r\na\r\n")
+    # Job 1's TTR (1 s) runs out: it is ready again and its credit is back, so the best ready
+    # job, job 1 itself by (pri, id), is pushed again.
+    await worker.expect(b"RESERVED 1 1\r\na\r\n")

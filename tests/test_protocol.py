@@ -1,10 +1,10 @@
 """Parser unit tests: bytes in, commands out, no event loop, no server.
 
-Every expected outcome here was checked against a real beanstalkd 1.12 over loopback, except the
-two accidents tubeq deliberately does not copy (stray CR, 225-byte lines; see tubeq/protocol.py),
-whose tests say so. Each input goes through ``check``: fed whole, fed one byte at a time, followed by
-a command (which must still parse), and followed by garbage without a line end (which must stay
-buffered, not be misread).
+Every input here was replayed against a real beanstalkd 1.12 over loopback (reply class and the
+cmd-put / cmd-pause-tube deltas), and agrees except for the two accidents tubeq deliberately does
+not copy (stray CR, 225-byte lines; see tubeq/protocol.py), whose cases say so. Each input goes
+through ``check``: fed whole, fed one byte at a time, followed by a command (which must still
+parse), and followed by garbage without a line end (which must stay buffered, not be misread).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tubeq.commands import (
     PeekBuried,
     PeekDelayed,
     PeekReady,
+    Push,
     Put,
     PutExpectedCrlf,
     PutTooBig,
@@ -128,10 +129,13 @@ def cases(*rows: tuple[bytes, Sequence[Command]]) -> pytest.MarkDecorator:
     # A lone LF or CR is part of the line, not a terminator.
     (b"list-tube-used\n" + line(b"list-tube-used"), [BAD]),
     (line(b"stats\n"), [BAD]),
+    (line(b"\n"), [UNKNOWN]),
+    (b"list-tube-used\r" + b"\n", [ListTubeUsed()]),
+    # tubeq departure (a): a stray CR does not hide the line end (1.12 waits for 224 bytes, then
+    # discards through the next CRLF and answers one BAD_FORMAT for all of it).
     (line(b"stats\r"), [BAD]),
     (line(b"sta\rts"), [UNKNOWN]),
-    (line(b"\n"), [UNKNOWN]),
-    # tubeq departure (a): a stray CR does not hide the line end (1.12 loses these lines).
+    (line(b"quit\r"), [Quit()]),
     (line(b"use a\rb") + line(b"stats"), [BAD, Stats()]),
     (line(b"kick \r7"), [Kick(7)]),
     # NUL anywhere in a command line is BAD_FORMAT, checked before the command word.
@@ -191,6 +195,16 @@ def test_overlong_line_is_discarded_as_it_arrives() -> None:
     assert parser.buffered == 1  # the CR is kept: its LF may come next
     parser.feed(b"\n" + line(b"stats"))
     assert drain(parser) == [BAD, Stats()]
+
+
+def test_a_line_is_abandoned_as_soon_as_it_cannot_fit() -> None:
+    parser = Parser()
+    parser.feed(b"x" * (LINE_MAX - 1))
+    assert parser.next_command() is None
+    assert parser.buffered == LINE_MAX - 1  # a CRLF could still make it a 224-byte line
+    parser.feed(b"x")
+    assert parser.next_command() is None
+    assert parser.buffered == 0
 
 
 def test_nothing_is_answered_before_an_overlong_line_ends() -> None:
@@ -287,7 +301,6 @@ def test_known_word_with_bad_arguments(data: bytes, expected: list[Command]) -> 
     # Words matched without their space, 1.12 quirks kept on purpose.
     (line(b"quitnow"), [Quit()]),
     (line(b"quit 1 2 3"), [Quit()]),
-    (line(b"quit\r"), [Quit()]),
     (line(b"pause-tubefoo 0"), [PauseTube("foo", 0)]),
 )
 def test_every_command(data: bytes, expected: list[Command]) -> None:
@@ -631,3 +644,18 @@ def test_max_job_size_must_be_a_u32() -> None:
         Parser(-1)
     with pytest.raises(ValueError, match="max_job_size"):
         Parser(U32_MAX + 1)
+
+
+@cases(
+    (line(b"push 32"), [Push(32)]),
+    (line(b"push 0"), [Push(0)]),
+    (line(b"push 4294967295"), [Push(4294967295)]),
+    (line(b"push"), [UNKNOWN]),
+    (line(b"push "), [BAD]),
+    (line(b"push 4294967296"), [BAD]),
+    (line(b"push 3 "), [BAD]),
+    (line(b"push -1"), [BAD]),
+)  # fmt: skip
+def test_push_extension(data: bytes, expected: list[Command]) -> None:
+    """tubeq's push verb (protocol.md, Extensions): a u32 credit count that ends the line."""
+    check(data, expected)

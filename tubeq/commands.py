@@ -45,8 +45,9 @@ class PutTooBig(Command):
 class Rejected(Command):
     """A line the parser refused: ``reply`` is BAD_FORMAT or UNKNOWN_COMMAND.
 
-    ``counted_as`` names a counter the line still increments (beanstalkd 1.12 counts
-    ``cmd-pause-tube`` before it validates the tube name), else ``None``.
+    ``counted_as`` names a counter the line still increments, else ``None``: beanstalkd 1.12
+    counts ``cmd-pause-tube`` before it validates the tube name, and ``cmd-put`` before it
+    rejects trailing text after the four numbers.
     """
 
     reply: bytes

@@ -57,6 +57,7 @@ from tubeq.commands import (
     PeekBuried,
     PeekDelayed,
     PeekReady,
+    Push,
     Put,
     PutExpectedCrlf,
     PutTooBig,
@@ -96,7 +97,8 @@ __all__ = [
 # A line ends at exactly CR LF; a lone CR or LF is an ordinary byte of the line.
 CRLF: Final = b"\r\n"
 
-# The longest tube name: beanstalkd's MAX_TUBE_NAME_LEN is 201 including the C string's NUL.
+# The longest tube name: beanstalkd's MAX_TUBE_NAME_LEN is 201 including the C string's NUL, so
+# 200 is what 1.12 accepts (201 is BAD_FORMAT), and LINE_MAX below is sized to carry it.
 MAX_TUBE_NAME: Final = 200
 
 # The longest command line, CRLF included. It is beanstalkd's LINE_BUF_SIZE (11 + 201 + 12), just
@@ -106,13 +108,15 @@ LINE_MAX: Final = 224
 # The bytes a tube name is made of (beanstalkd's NAME_CHARS); a name may not start with "-".
 TUBE_NAME_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
 
-# Priorities, delays, ttrs, body sizes and kick bounds are C uint32 in beanstalkd.
+# pri, delay, ttr, body size and pause delay are C uint32 in beanstalkd: 1.12 answers BAD_FORMAT
+# above this, so tubeq does too, and the server can rely on every value fitting 32 bits.
 U32_MAX: Final = 2**32 - 1
 
-# Job ids are C uint64 in beanstalkd: the largest id a client may name.
+# Job ids are C uint64 in beanstalkd: the largest id a client may name (one more is BAD_FORMAT).
 U64_MAX: Final = 2**64 - 1
 
-# beanstalkd's default max-job-size (JOB_DATA_SIZE_LIMIT_DEFAULT, the `-z` flag): 2**16 - 1.
+# beanstalkd's default max-job-size (JOB_DATA_SIZE_LIMIT_DEFAULT, its `-z` flag), so clients see
+# JOB_TOO_BIG at the same size: a body of exactly this many bytes is accepted, one more is not.
 DEFAULT_MAX_JOB_SIZE: Final = 65535
 
 # reserve-with-timeout is read with strtol and kick with strtoul; on the reference build (Debian,
@@ -333,9 +337,22 @@ COMMAND_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"pause-tube": _pause_tube,
 }
 
+
+
+def _push(args: bytes) -> Command:
+    return Push(_read_last_unsigned(args, 0, U32_MAX))
+
+
+# tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
+# a client that never sends them sees beanstalkd 1.12 exactly.
+EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
+    b"push ": _push,
+}
+_ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
+
 # The rule above as one regex: alternatives are tried in order, so longest first wins.
 _COMMAND_WORD: Final = re.compile(
-    b"|".join(re.escape(word) for word in sorted(COMMAND_WORDS, key=len, reverse=True))
+    b"|".join(re.escape(word) for word in sorted(_ALL_WORDS, key=len, reverse=True))
 )
 
 
@@ -347,7 +364,7 @@ def _parse_line(line: bytes) -> _Parsed:
     if word is None:
         return _UNKNOWN_COMMAND
     try:
-        return COMMAND_WORDS[word[0]](line[word.end() :])
+        return _ALL_WORDS[word[0]](line[word.end() :])
     except _BadFormat as error:
         if error.counted_as is None:
             return _BAD_FORMAT
