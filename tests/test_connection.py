@@ -237,10 +237,13 @@ async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
 
 async def test_push_credit_comes_back_when_a_pushed_job_times_out(new_client: NewClient) -> None:
     producer, worker = new_client(), new_client()
-    producer.send(b"put 0 0 1 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
-    await producer.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    producer.send(b"put 0 0 1 1\r\na\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
     worker.send(b"push 1\r\n")
     await worker.expect(b"PUSHING 1\r\nRESERVED 1 1\r\na\r\n")
-    # Job 1's TTR (1 s) runs out: it is ready again and its credit is back, so the best ready
-    # job, job 1 itself by (pri, id), is pushed again.
+    # The job's TTR (1 s) runs out: it is ready again and its credit is back, so it is pushed
+    # again (with a second reserve counted).
     await worker.expect(b"RESERVED 1 1\r\na\r\n")
+    producer.send(b"stats-job 1\r\n")
+    out = await producer.until(lambda o: o.endswith(b"kicks: 0\n\r\n"))
+    assert b"\nreserves: 2\ntimeouts: 1\n" in out
