@@ -45,7 +45,8 @@ class RedisProcess:
 
     def __init__(self, data_dir: Path, *, port: int | None = None, persistent: bool = False,
                  host: str = "127.0.0.1") -> None:
-        self.data_dir = Path(data_dir)
+        # Absolute: redis-server changes into --dir before it opens --logfile.
+        self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.persistent = persistent
