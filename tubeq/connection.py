@@ -30,10 +30,11 @@ import structlog
 
 from tubeq import commands as c
 from tubeq import replies
+from tubeq.futures import discard, then
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity, job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store import NoJob, Reservation, Store, _consume, _map
+from tubeq.store import NoJob, Reservation, Store
 from tubeq.waiters import Waiter, WaiterRegistry
 
 log = structlog.get_logger(__name__)
@@ -101,7 +102,7 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.ctx.connections.add(self)
-        self.store.connect(self.token).add_done_callback(_consume)
+        self.store.connect(self.token).add_done_callback(discard)
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -156,6 +157,10 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self._lost:
             self.transport.close()
+
+    def quit(self) -> None:
+        """Stop reading commands; close once the replies before the quit are written."""
+        self._quit = True
 
     # -- command flow -------------------------------------------------------------------------
 
@@ -214,7 +219,7 @@ class Connection(asyncio.Protocol):
 
     # -- reserve ------------------------------------------------------------------------------
 
-    def _start_reserve(self, timeout_s: int | None) -> Reply:
+    def start_reserve(self, timeout_s: int | None) -> Reply:
         if not self.worker:
             self.worker = True
             self.store.bump_gauge("workers", 1)
@@ -253,7 +258,7 @@ class Connection(asyncio.Protocol):
                 if isinstance(result, Reservation):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
-                    return self._granted(result)
+                    return self.granted(result)
                 # One clock reading after the try decides both "in the margin now" and "when
                 # the margin starts", so no instant falls between the two checks.
                 now = self.store.clock()
@@ -278,16 +283,16 @@ class Connection(asyncio.Protocol):
                 self._waiter = None
                 registry.unregister(waiter, consumed=consumed)
             if counted:
-                self.store.set_waiting(self.token, -1).add_done_callback(_consume)
+                self.store.set_waiting(self.token, -1).add_done_callback(discard)
 
-    def _granted(self, r: Reservation) -> bytes:
+    def granted(self, r: Reservation) -> bytes:
         self.reserved[r.id] = r.deadline_ms
         self.ctx.scheduler.note_due(r.deadline_ms)
         return replies.reserved(r.id, r.body)
 
     # -- push extension -----------------------------------------------------------------------
 
-    def _start_push(self, credits: int) -> bytes:
+    def start_push(self, credits: int) -> bytes:
         self._push_credits = credits
         if self._push_task is None:
             self._push_task = asyncio.get_running_loop().create_task(self._push())
@@ -295,7 +300,7 @@ class Connection(asyncio.Protocol):
             self._push_waiter.event.set()
         return replies.pushing(credits)
 
-    def _settled(self, job_id: int) -> None:
+    def settled(self, job_id: int) -> None:
         """A job this connection held is no longer its own: free its push credit, if any."""
         self.reserved.pop(job_id, None)
         if job_id in self._pushed:
@@ -314,7 +319,7 @@ class Connection(asyncio.Protocol):
             while True:
                 now = self.store.clock()
                 for job_id in [j for j in self._pushed if self.reserved.get(j, 0) <= now]:
-                    self._settled(job_id)  # its TTR ran out: the job is back in the queue
+                    self.settled(job_id)  # its TTR ran out: the job is back in the queue
                 free = self._push_credits - len(self._pushed)
                 if free > 0:
                     waiter.rearm()
@@ -324,7 +329,7 @@ class Connection(asyncio.Protocol):
                         counted = False  # the script counted us out of the waiters
                         for job in jobs:
                             self._pushed.add(job.id)
-                            self._push_frame(self._granted(job))
+                            self._push_frame(self.granted(job))
                         continue
                     if not counted:
                         counted = True
@@ -341,7 +346,7 @@ class Connection(asyncio.Protocol):
             self._push_waiter = None
             registry.unregister(waiter, consumed=True)
             if counted:
-                self.store.set_waiting(self.token, -1).add_done_callback(_consume)
+                self.store.set_waiting(self.token, -1).add_done_callback(discard)
 
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)
@@ -364,8 +369,8 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     conn_became_producer(conn)
     store = conn.store
     if conn.ctx.draining:
-        return _map(store.burn_id(), lambda _: replies.DRAINING)
-    reply = _map(store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body),
+        return then(store.burn_id(), lambda _: replies.DRAINING)
+    reply = then(store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body),
                  replies.inserted)
     if cmd.delay > 0:
         due = store.clock() + cmd.delay * 1000
@@ -381,7 +386,7 @@ def conn_became_producer(conn: Connection) -> None:
 
 def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
     conn_became_producer(conn)
-    return _map(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
+    return then(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
 
 
 def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
@@ -399,7 +404,7 @@ def _use(conn: Connection, cmd: c.Use) -> Reply:
         return replies.using(cmd.tube)
     old, conn.used = conn.used, cmd.tube
     done = conn.store.change_refs(conn.token, [("+u", cmd.tube), ("-u", old)])
-    return _map(done, lambda _: replies.using(cmd.tube))
+    return then(done, lambda _: replies.using(cmd.tube))
 
 
 def _watch(conn: Connection, cmd: c.Watch) -> Reply:
@@ -407,7 +412,7 @@ def _watch(conn: Connection, cmd: c.Watch) -> Reply:
         return replies.watching(len(conn.watched))
     conn.watched.append(cmd.tube)
     count = len(conn.watched)
-    return _map(conn.store.change_refs(conn.token, [("+w", cmd.tube)]),
+    return then(conn.store.change_refs(conn.token, [("+w", cmd.tube)]),
                 lambda _: replies.watching(count))
 
 
@@ -422,16 +427,16 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     watched[i] = watched[-1]
     watched.pop()
     count = len(watched)
-    return _map(conn.store.change_refs(conn.token, [("-w", cmd.tube)]),
+    return then(conn.store.change_refs(conn.token, [("-w", cmd.tube)]),
                 lambda _: replies.watching(count))
 
 
 def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:
-    return conn._start_reserve(None)
+    return conn.start_reserve(None)
 
 
 def _reserve_with_timeout(conn: Connection, cmd: c.ReserveWithTimeout) -> Reply:
-    return conn._start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
+    return conn.start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
 
 
 def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
@@ -441,27 +446,27 @@ def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
         if not conn.worker:
             conn.worker = True
             conn.store.bump_gauge("workers", 1)
-        return conn._granted(r)
+        return conn.granted(r)
 
-    return _map(conn.store.reserve_job(conn.token, cmd.id), answer)
+    return then(conn.store.reserve_job(conn.token, cmd.id), answer)
 
 
 def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn._settled(job_id)
+        conn.settled(job_id)
         return ok
 
     return answer
 
 
 def _delete(conn: Connection, cmd: c.Delete) -> Reply:
-    return _map(conn.store.delete(conn.token, cmd.id), _forget_on(conn, cmd.id, replies.DELETED))
+    return then(conn.store.delete(conn.token, cmd.id), _forget_on(conn, cmd.id, replies.DELETED))
 
 
 def _release(conn: Connection, cmd: c.Release) -> Reply:
-    reply = _map(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
+    reply = then(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
                  _forget_on(conn, cmd.id, replies.RELEASED))
     if cmd.delay > 0:
         due = conn.store.clock() + cmd.delay * 1000
@@ -470,7 +475,7 @@ def _release(conn: Connection, cmd: c.Release) -> Reply:
 
 
 def _bury(conn: Connection, cmd: c.Bury) -> Reply:
-    return _map(conn.store.bury(conn.token, cmd.id, cmd.pri),
+    return then(conn.store.bury(conn.token, cmd.id, cmd.pri),
                 _forget_on(conn, cmd.id, replies.BURIED))
 
 
@@ -482,7 +487,7 @@ def _touch(conn: Connection, cmd: c.Touch) -> Reply:
         conn.ctx.scheduler.note_due(deadline)
         return replies.TOUCHED
 
-    return _map(conn.store.touch(conn.token, cmd.id), answer)
+    return then(conn.store.touch(conn.token, cmd.id), answer)
 
 
 def _found(job: tuple[int, bytes] | None) -> bytes:
@@ -490,34 +495,34 @@ def _found(job: tuple[int, bytes] | None) -> bytes:
 
 
 def _peek(conn: Connection, cmd: c.Peek) -> Reply:
-    return _map(conn.store.peek(cmd.id),
+    return then(conn.store.peek(cmd.id),
                 lambda body: replies.NOT_FOUND if body is None else replies.found(cmd.id, body))
 
 
 def _peek_ready(conn: Connection, cmd: c.PeekReady) -> Reply:
-    return _map(conn.store.peek_state("ready", conn.used), _found)
+    return then(conn.store.peek_state("ready", conn.used), _found)
 
 
 def _peek_delayed(conn: Connection, cmd: c.PeekDelayed) -> Reply:
-    return _map(conn.store.peek_state("delayed", conn.used), _found)
+    return then(conn.store.peek_state("delayed", conn.used), _found)
 
 
 def _peek_buried(conn: Connection, cmd: c.PeekBuried) -> Reply:
-    return _map(conn.store.peek_state("buried", conn.used), _found)
+    return then(conn.store.peek_state("buried", conn.used), _found)
 
 
 def _kick(conn: Connection, cmd: c.Kick) -> Reply:
-    return _map(conn.store.kick(conn.used, cmd.bound), replies.kicked)
+    return then(conn.store.kick(conn.used, cmd.bound), replies.kicked)
 
 
 def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
-    return _map(conn.store.kick_job(cmd.id),
+    return then(conn.store.kick_job(cmd.id),
                 lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
 
 
 def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
     now = conn.store.clock()
-    return _map(conn.store.job_info(cmd.id),
+    return then(conn.store.job_info(cmd.id),
                 lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
 
 
@@ -527,18 +532,18 @@ def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
             return replies.NOT_FOUND
         return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
 
-    return _map(conn.store.tube_counts(cmd.tube), answer)
+    return then(conn.store.tube_counts(cmd.tube), answer)
 
 
 def _stats(conn: Connection, cmd: c.Stats) -> Reply:
     ctx = conn.ctx
     ctx.counters.flush()  # this process's counts reach Redis before the read below
-    return _map(conn.store.server_counts(),
+    return then(conn.store.server_counts(),
                 lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
 
 
 def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
-    return _map(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
+    return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
 
 
 def _list_tube_used(conn: Connection, cmd: c.ListTubeUsed) -> Reply:
@@ -557,15 +562,15 @@ def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
             conn.ctx.scheduler.note_due(until_ms)
         return replies.PAUSED
 
-    return _map(conn.store.pause(cmd.tube, cmd.delay), answer)
+    return then(conn.store.pause(cmd.tube, cmd.delay), answer)
 
 
 def _push(conn: Connection, cmd: c.Push) -> Reply:
-    return conn._start_push(cmd.credits)
+    return conn.start_push(cmd.credits)
 
 
 def _quit(conn: Connection, cmd: c.Quit) -> None:
-    conn._quit = True
+    conn.quit()
 
 
 HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {

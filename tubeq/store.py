@@ -12,13 +12,13 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+from tubeq.futures import discard, relay, then
 from tubeq.keys import Keys
 from tubeq.resp import RedisClient, RedisReplyError, Reply
 from tubeq.scripts import Script, load_all
 
-T = TypeVar("T")
 Clock = Callable[[], int]
 
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
@@ -65,29 +65,6 @@ class JobInfo:
     kicks: int
 
 
-def _map(source: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[T]:
-    """A future of ``fn(result)``; exceptions pass through."""
-    out: asyncio.Future[T] = source.get_loop().create_future()
-
-    def done(f: asyncio.Future[Any]) -> None:
-        if out.cancelled():
-            if not f.cancelled():
-                f.exception()
-            return
-        if f.cancelled():
-            out.cancel()
-        elif (exc := f.exception()) is not None:
-            out.set_exception(exc)
-        else:
-            try:
-                out.set_result(fn(f.result()))
-            except Exception as exc2:  # a reply of an unexpected shape
-                out.set_exception(exc2)
-
-    source.add_done_callback(done)
-    return out
-
-
 def _as_int(v: Any) -> int:
     return int(v) if v is not None else 0
 
@@ -112,7 +89,7 @@ class Store:
     def _on_reconnect(self) -> None:
         # Issued before any later call on the fresh connection, so those find their SHAs.
         for s in self._scripts.values():
-            self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(_consume)
+            self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(discard)
 
     def _eval(self, name: str, *args: bytes | str | int) -> asyncio.Future[Reply]:
         """Run a script by SHA, falling back to EVAL if Redis lost its script cache."""
@@ -124,9 +101,9 @@ class Store:
             exc = None if f.cancelled() else f.exception()
             if isinstance(exc, RedisReplyError) and exc.code == "NOSCRIPT":
                 retry = self.client.call("EVAL", script.source, 1, self.keys.root, *args)
-                retry.add_done_callback(lambda r: _settle(out, r))
+                retry.add_done_callback(lambda r: relay(out, r))
             else:
-                _settle(out, f)
+                relay(out, f)
 
         first.add_done_callback(done)
         return out
@@ -134,18 +111,18 @@ class Store:
     # -- jobs ---------------------------------------------------------------------------------
 
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes) -> asyncio.Future[int]:
-        return _map(self._eval("put", tube, pri, delay, ttr, body, self.clock()), int)
+        return then(self._eval("put", tube, pri, delay, ttr, body, self.clock()), int)
 
     def burn_id(self) -> asyncio.Future[int]:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
-        return _map(self.client.call("INCR", self.keys.job_ids), int)
+        return then(self.client.call("INCR", self.keys.job_ids), int)
 
     def reserve(self, token: str, *,
                 counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
         """The next job for ``token``; if ``counted_waiting``, a grant also counts it out."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return _map(self._eval("reserve", token, now, 1, waiter), lambda r: _reservation(r, now))
+        return then(self._eval("reserve", token, now, 1, waiter), lambda r: _reservation(r, now))
 
     def reserve_many(self, token: str, count: int, *,
                      counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
@@ -157,39 +134,39 @@ class Store:
             return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
                                 now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
 
-        return _map(self._eval("reserve", token, now, count, waiter), decode)
+        return then(self._eval("reserve", token, now, count, waiter), decode)
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
-        return _map(self._eval("reserve_job", token, job_id, now), lambda r: _reservation(r, now))
+        return then(self._eval("reserve_job", token, job_id, now), lambda r: _reservation(r, now))
 
     def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
-        return _map(self._eval("delete", token, job_id, self.clock()), bool)
+        return then(self._eval("delete", token, job_id, self.clock()), bool)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
-        return _map(self._eval("release", token, job_id, pri, delay, self.clock()), bool)
+        return then(self._eval("release", token, job_id, pri, delay, self.clock()), bool)
 
     def bury(self, token: str, job_id: int, pri: int) -> asyncio.Future[bool]:
-        return _map(self._eval("bury", token, job_id, pri, self.clock()), bool)
+        return then(self._eval("bury", token, job_id, pri, self.clock()), bool)
 
     def touch(self, token: str, job_id: int) -> asyncio.Future[int]:
         """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
-        return _map(self._eval("touch", token, job_id, self.clock()), int)
+        return then(self._eval("touch", token, job_id, self.clock()), int)
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
-        return _map(self._eval("kick", tube, bound, self.clock()), int)
+        return then(self._eval("kick", tube, bound, self.clock()), int)
 
     def kick_job(self, job_id: int) -> asyncio.Future[bool]:
-        return _map(self._eval("kick_job", job_id, self.clock()), bool)
+        return then(self._eval("kick_job", job_id, self.clock()), bool)
 
     def peek(self, job_id: int) -> asyncio.Future[bytes | None]:
-        return _map(self.client.call("HGET", self.keys.job(job_id), "b"), _bytes_or_none)
+        return then(self.client.call("HGET", self.keys.job(job_id), "b"), _bytes_or_none)
 
     def peek_state(self, state: str, tube: str) -> asyncio.Future[tuple[int, bytes] | None]:
         def decode(r: Any) -> tuple[int, bytes] | None:
             return (int(r[0]), bytes(r[1])) if r else None
 
-        return _map(self._eval("peek", state, tube), decode)
+        return then(self._eval("peek", state, tube), decode)
 
     def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
         def decode(r: Any) -> JobInfo | None:
@@ -199,20 +176,20 @@ class Store:
             n = [_as_int(v) for v in r[2:]]
             return JobInfo(job_id, tube, state, *n)
 
-        return _map(self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS), decode)
+        return then(self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS), decode)
 
     # -- tubes --------------------------------------------------------------------------------
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
-        return _map(self._eval("stats_tube", tube), lambda r: [int(v) for v in r] or None)
+        return then(self._eval("stats_tube", tube), lambda r: [int(v) for v in r] or None)
 
     def list_tubes(self) -> asyncio.Future[list[str]]:
-        return _map(self.client.call("ZRANGE", self.keys.tubes, 0, -1),
+        return then(self.client.call("ZRANGE", self.keys.tubes, 0, -1),
                     lambda r: [v.decode() for v in r])
 
     def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
         """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
-        return _map(self._eval("pause", tube, delay, self.clock()), int)
+        return then(self._eval("pause", tube, delay, self.clock()), int)
 
     def server_counts(self) -> asyncio.Future[tuple[list[int], dict[str, int]]]:
         def decode(r: Any) -> tuple[list[int], dict[str, int]]:
@@ -220,12 +197,12 @@ class Store:
             named = {pairs[i].decode(): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             return [int(v) for v in r[:10]], named
 
-        return _map(self._eval("stats"), decode)
+        return then(self._eval("stats"), decode)
 
     def add_counters(self, deltas: dict[str, int]) -> None:
         """Add per-process command counts to the shared stats hash (fire and forget)."""
         for name, delta in deltas.items():
-            self.client.call("HINCRBY", self.keys.stats, name, delta).add_done_callback(_consume)
+            self.client.call("HINCRBY", self.keys.stats, name, delta).add_done_callback(discard)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -241,7 +218,7 @@ class Store:
 
     def bump_gauge(self, field: str, delta: int) -> None:
         call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
-        call.add_done_callback(_consume)
+        call.add_done_callback(discard)
 
     def disconnect(self, token: str, used: str, producer: bool, worker: bool,
                    reserved: Sequence[int]) -> asyncio.Future[Reply]:
@@ -254,17 +231,17 @@ class Store:
         return self._eval("heartbeat", self.instance_id, self.clock())
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
-        return _map(self._eval("reap", stale_before_ms), int)
+        return then(self._eval("reap", stale_before_ms), int)
 
     def leave(self) -> asyncio.Future[int]:
         """Take this process out of the namespace (clean shutdown)."""
-        return _map(self._eval("reap", 0, self.instance_id), int)
+        return then(self._eval("reap", 0, self.instance_id), int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return _map(self._eval("promote", self.clock(), SWEEP_LIMIT), _sweep)
+        return then(self._eval("promote", self.clock(), SWEEP_LIMIT), _sweep)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return _map(self._eval("expire", self.clock(), SWEEP_LIMIT), _sweep)
+        return then(self._eval("expire", self.clock(), SWEEP_LIMIT), _sweep)
 
 
 def _reservation(r: Any, now: int) -> Reservation | NoJob:
@@ -280,20 +257,3 @@ def _sweep(r: Any) -> tuple[int, list[str]]:
 
 def _bytes_or_none(v: Any) -> bytes | None:
     return None if v is None else bytes(v)
-
-
-def _settle(out: asyncio.Future[Reply], f: asyncio.Future[Reply]) -> None:
-    if out.cancelled():
-        _consume(f)
-    elif f.cancelled():
-        out.cancel()
-    elif (exc := f.exception()) is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(f.result())
-
-
-def _consume(f: asyncio.Future[Any]) -> None:
-    """Retrieve a fire-and-forget call's exception so asyncio does not log it as unhandled."""
-    if not f.cancelled():
-        f.exception()

@@ -70,6 +70,3 @@ class WaiterRegistry:
         for queue in self._by_tube.values():
             for waiter in queue:
                 waiter.wake()
-
-    def count(self, tube: str) -> int:
-        return len(self._by_tube.get(tube, ()))
