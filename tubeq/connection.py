@@ -46,6 +46,9 @@ SAFETY_MARGIN_MS = 1000
 # hints are best effort (pub/sub), the script is the truth.
 WAKE_RECHECK_S = 10.0
 
+# Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
+# worker that lets jobs time out does not grow the map forever.
+PRUNE_RESERVED_AT = 64
 # The push extension takes at most this many jobs per script call, however many credits a
 # client grants: one call must not hold Redis's single thread for long.
 PUSH_BATCH_MAX = 64
@@ -286,6 +289,10 @@ class Connection(asyncio.Protocol):
                 self.store.set_waiting(self.token, -1).add_done_callback(discard)
 
     def granted(self, r: Reservation) -> bytes:
+        if len(self.reserved) >= PRUNE_RESERVED_AT:
+            # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
+            now = self.store.clock()
+            self.reserved = {j: d for j, d in self.reserved.items() if d > now}
         self.reserved[r.id] = r.deadline_ms
         self.ctx.scheduler.note_due(r.deadline_ms)
         return replies.reserved(r.id, r.body)

@@ -32,12 +32,21 @@ ERROR_BACKOFF_S = 0.5
 class Scheduler:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._target_ms: int | None = None
+        self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
+        self._noted_ms: int | None = None  # earliest due noted during the current sweep
         self._nudge = asyncio.Event()
 
     def note_due(self, due_ms: int) -> None:
-        """Something falls due at ``due_ms``: wake up in time for it."""
-        if self._target_ms is None or due_ms < self._target_ms:
+        """Something falls due at ``due_ms``: wake up in time for it.
+
+        While a sweep is in flight the note only lowers the next sleep's target (the sweep may
+        have run before the change that created it); re-sweeping at once for every note would
+        spin under load, where every reserve notes its TTR deadline.
+        """
+        if self._target_ms is None:
+            if self._noted_ms is None or due_ms < self._noted_ms:
+                self._noted_ms = due_ms
+        elif due_ms < self._target_ms:
             self._nudge.set()
 
     async def run(self) -> None:
@@ -50,6 +59,7 @@ class Scheduler:
                     await self.store.reap(now - REAP_AFTER_MS)
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
+                self._noted_ms = None
                 (next_timer, _), (next_deadline, _) = await asyncio.gather(
                     self.store.promote(), self.store.expire())
             except asyncio.CancelledError:
@@ -58,7 +68,8 @@ class Scheduler:
                 log.warning("scheduler sweep failed", error=repr(exc))
                 await asyncio.sleep(ERROR_BACKOFF_S)
                 continue
-            target = min(t for t in (next_timer, next_deadline, next_heartbeat) if t >= 0)
+            dues = (next_timer, next_deadline, next_heartbeat, self._noted_ms)
+            target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
             delay = (target - self.store.clock()) / 1000
             if delay > 0:
