@@ -247,3 +247,50 @@ async def test_push_credit_comes_back_when_a_pushed_job_times_out(new_client: Ne
     producer.send(b"stats-job 1\r\n")
     out = await producer.until(lambda o: o.endswith(b"kicks: 0\n\r\n"))
     assert b"\nreserves: 2\ntimeouts: 1\n" in out
+
+
+async def test_pipelined_reserves_are_answered_in_order_from_one_batch(
+        new_client: NewClient) -> None:
+    producer, worker = new_client(), new_client()
+    producer.send(b"put 5 0 60 1\r\na\r\nput 1 0 60 1\r\nb\r\nput 3 0 60 1\r\nc\r\n")
+    await producer.expect(b"INSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\n")
+    worker.send(b"reserve\r\nreserve-with-timeout 0\r\nreserve\r\nreserve-with-timeout 0\r\n"
+                b"list-tube-used\r\n")
+    await worker.expect(b"RESERVED 2 1\r\nb\r\nRESERVED 3 1\r\nc\r\nRESERVED 1 1\r\na\r\n"
+                        b"TIMED_OUT\r\nUSING default\r\n")
+
+
+async def test_a_reserve_that_waits_holds_the_reserves_behind_it(new_client: NewClient) -> None:
+    producer, worker = new_client(), new_client()
+    worker.send(b"reserve\r\nreserve-with-timeout 0\r\n")
+    await asyncio.sleep(0.1)
+    assert worker.transport.out == b""
+    producer.send(b"put 0 0 60 1\r\nx\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
+    # the first reserve gets the job; only then does the second run, and find nothing
+    await worker.expect(b"RESERVED 1 1\r\nx\r\nTIMED_OUT\r\n")
+
+
+async def test_delete_of_a_held_job_may_pass_a_waiting_reserve(new_client: NewClient) -> None:
+    """Documented difference (protocol.md): it takes effect at once, its reply comes after."""
+    worker, observer = new_client(), new_client()
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    worker.send(b"reserve\r\ndelete 1\r\nuse other\r\n")
+    observer.send(b"peek 1\r\n")
+    await observer.expect(b"NOT_FOUND\r\n")
+    assert worker.transport.out == b""
+    observer.send(b"put 0 0 60 1\r\ny\r\n")
+    await observer.expect(b"INSERTED 2\r\n")
+    await worker.expect(b"RESERVED 2 1\r\ny\r\nDELETED\r\nUSING other\r\n")
+
+
+async def test_jobs_granted_while_the_client_leaves_go_back(new_client: NewClient) -> None:
+    producer, worker = new_client(), new_client()
+    producer.send(b"".join(b"put 0 0 600 1\r\n%d\r\n" % i for i in range(5)))
+    await producer.until(lambda o: o.count(b"INSERTED") == 5)
+    worker.send(b"reserve\r\n" * 5)
+    await worker.gone()  # the reserve calls may still be in flight: their jobs must come back
+    producer.send(b"stats-tube default\r\n")
+    out = await producer.until(lambda o: o.endswith(b"pause-time-left: 0\n\r\n"))
+    assert b"current-jobs-ready: 5\n" in out and b"current-jobs-reserved: 0\n" in out

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import structlog
 
@@ -54,6 +55,17 @@ PRUNE_RESERVED_AT = 64
 PUSH_BATCH_MAX = 64
 
 Reply = bytes | asyncio.Future[bytes]
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class PendingReserve:
+    """A reserve sent to Redis and not yet answered."""
+
+    timeout_s: int | None  # None waits forever
+    reply: asyncio.Future[bytes]
+    tried: bool = False  # its first try has come back
+    failed: bool = False  # ... with a store error
 
 
 @dataclass
@@ -88,7 +100,11 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._replies: deque[Reply] = deque()
         self._flush_scheduled = False
-        self._blocking: asyncio.Task[bytes] | None = None
+        self._reserves: deque[PendingReserve] = deque()  # unanswered reserves, in order
+        self._pool: deque[Reservation] = deque()  # granted, not yet handed to a reserve
+        self._held: c.Command | None = None  # parsed, waiting for the reserves before it
+        self._grants: set[asyncio.Future[Any]] = set()  # store calls that may grant jobs
+        self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
         self._waiter: Waiter | None = None
         self._push_credits = 0
         self._pushed: set[int] = set()
@@ -136,9 +152,12 @@ class Connection(asyncio.Protocol):
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
-        if running:
-            # Their `finally` takes the connection out of the waiters first (same Redis pipe).
-            gathered = asyncio.gather(*running, return_exceptions=True)
+        # Wait for the tasks' `finally` (it takes the connection out of the waiters) and for
+        # reserve calls still in flight, whose grants must be in `reserved` before
+        # disconnect.lua hands every job back.
+        pending = [*running, *self._grants]
+        if pending:
+            gathered = asyncio.gather(*pending, return_exceptions=True)
             gathered.add_done_callback(lambda _: self._disconnect())
         else:
             self._disconnect()
@@ -168,12 +187,36 @@ class Connection(asyncio.Protocol):
     # -- command flow -------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        while self._blocking is None and not self._quit and not self._lost:
-            command = self.parser.next_command()
-            if command is None:
-                break
+        while not self._quit and not self._lost:
+            if self._held is not None:
+                if self._reserves:
+                    break
+                command, self._held = self._held, None
+            else:
+                parsed = self.parser.next_command()
+                if parsed is None:
+                    break
+                command = parsed
+                if self._reserves and not self._may_pass_a_reserve(command):
+                    self._held = command
+                    break
             self._dispatch(command)
         self._maybe_close()
+
+    def _may_pass_a_reserve(self, command: c.Command) -> bool:
+        """Whether ``command`` may go to Redis while a reserve before it is unanswered.
+
+        beanstalkd runs a connection's commands one at a time, so a reserve that blocks holds
+        what follows. tubeq sends a reserve's first try at once and lets through only commands
+        that cannot change what that reserve gets: further reserves, and delete, bury or touch
+        of a job this connection already holds (none of them makes a job ready). The rest wait
+        until every reserve before them has answered. Replies keep their order either way.
+        """
+        if isinstance(command, c.Reserve | c.ReserveWithTimeout):
+            return True
+        if isinstance(command, c.Delete | c.Bury | c.Touch):
+            return command.id in self.reserved
+        return False
 
     def _dispatch(self, command: c.Command) -> None:
         if command.stat is not None:
@@ -214,7 +257,7 @@ class Connection(asyncio.Protocol):
         self._maybe_close()
 
     def _maybe_close(self) -> None:
-        if self._lost or self.transport is None or self._replies or self._blocking is not None:
+        if self._lost or self.transport is None or self._replies or self._reserves:
             return
         # After EOF whatever is left in the parser is an incomplete command that cannot finish.
         if self._quit or self._eof:
@@ -223,18 +266,79 @@ class Connection(asyncio.Protocol):
     # -- reserve ------------------------------------------------------------------------------
 
     def start_reserve(self, timeout_s: int | None) -> Reply:
+        """Send this reserve's first try now; it answers in order (see :meth:`_advance`)."""
         if not self.worker:
             self.worker = True
             self.store.bump_gauge("workers", 1)
-        task = asyncio.get_running_loop().create_task(self._reserve(timeout_s))
-        self._blocking = task
-        task.add_done_callback(self._reserve_done)
-        return task
+        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future())
+        self._reserves.append(pending)
+        attempt = self.track_grants(self.store.reserve(self.token))
+        attempt.add_done_callback(lambda f: self._tried(pending, f))
+        return pending.reply
 
-    def _reserve_done(self, _: asyncio.Future[bytes]) -> None:
+    def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
+        """Record the jobs a store call grants as this connection's, whatever becomes of the
+        command that asked (a disconnect must hand them back)."""
+        self._grants.add(call)
+
+        def done(f: asyncio.Future[T]) -> None:
+            self._grants.discard(f)
+            if f.cancelled() or f.exception() is not None:
+                return
+            result = f.result()
+            for job in result if isinstance(result, list) else [result]:
+                if isinstance(job, Reservation):
+                    self._hold(job)
+
+        call.add_done_callback(done)
+        return call
+
+    def _hold(self, job: Reservation) -> None:
+        if len(self.reserved) >= PRUNE_RESERVED_AT:
+            # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
+            now = self.store.clock()
+            self.reserved = {j: d for j, d in self.reserved.items() if d > now}
+        self.reserved[job.id] = job.deadline_ms
+        self.ctx.scheduler.note_due(job.deadline_ms)
+
+    def _tried(self, pending: PendingReserve, f: asyncio.Future[Reservation | NoJob]) -> None:
+        pending.tried = True
+        if f.cancelled() or f.exception() is not None:
+            pending.failed = True
+        elif isinstance(job := f.result(), Reservation):
+            self._pool.append(job)
+            if self._waiter is not None:
+                self._waiter.wake()  # the blocked head takes it
+        self._advance()
+
+    def _advance(self) -> None:
+        """Answer reserves in order with the jobs granted so far; the first reserve that finds
+        none waits (``_wait_for_job``) and holds the rest. The job order among one
+        connection's reserves is the grant order, as if they had run one by one."""
+        while self._reserves and self._blocking is None:
+            head = self._reserves[0]
+            if not head.tried:
+                return
+            if head.failed:
+                head.reply.set_result(replies.INTERNAL_ERROR)
+            elif self._pool:
+                head.reply.set_result(_reserved(self._pool.popleft()))
+            else:
+                task = asyncio.get_running_loop().create_task(self._wait_for_job(head.timeout_s))
+                self._blocking = task
+                task.add_done_callback(functools.partial(self._waited, head))
+                return
+            self._reserves.popleft()
+        if not self._reserves and not self._lost:
+            asyncio.get_running_loop().call_soon(self._pump)  # commands held behind them
+
+    def _waited(self, head: PendingReserve, task: asyncio.Task[bytes]) -> None:
         self._blocking = None
-        if not self._lost:
-            asyncio.get_running_loop().call_soon(self._pump)
+        if task.cancelled():
+            return  # the connection is gone
+        head.reply.set_result(_reply_bytes(task))
+        self._reserves.popleft()
+        self._advance()
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
@@ -244,8 +348,9 @@ class Connection(asyncio.Protocol):
                   if d - SAFETY_MARGIN_MS > now]
         return (min(starts) - now) / 1000 if starts else None
 
-    async def _reserve(self, timeout_s: int | None) -> bytes:
-        """register, try, wait with a bound, try again (see tubeq.waiters for the timeline)."""
+    async def _wait_for_job(self, timeout_s: int | None) -> bytes:
+        """A reserve whose first try found nothing: register, try, wait with a bound, try
+        again (see tubeq.waiters for the timeline)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         registry = self.ctx.registry
@@ -253,17 +358,11 @@ class Connection(asyncio.Protocol):
         counted = consumed = False
         try:
             while True:
-                if waiter is not None:
-                    if self._eof:
-                        return replies.TIMED_OUT
-                    waiter.rearm()
-                result = await self.store.reserve(self.token, counted_waiting=counted)
-                if isinstance(result, Reservation):
+                if self._pool:  # a later reserve's try was granted a job: it is ours
                     consumed = True
-                    counted = False  # the script counted us out of the waiters with the grant
-                    return self.granted(result)
-                # One clock reading after the try decides both "in the margin now" and "when
-                # the margin starts", so no instant falls between the two checks.
+                    return _reserved(self._pool.popleft())
+                # One clock reading decides both "in the margin now" and "when the margin
+                # starts", so no instant falls between the two checks.
                 now = self.store.clock()
                 if self._in_margin(now):  # and nothing reservable (paused tubes count as empty)
                     return replies.DEADLINE_SOON
@@ -276,26 +375,28 @@ class Connection(asyncio.Protocol):
                     registry.register(waiter)
                     counted = True
                     await self.store.set_waiting(self.token, 1)
-                    continue  # try once more now that a put would wake us
-                bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(now)]
-                timeout = max(0.0, min(b for b in bounds if b is not None))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.event.wait(), timeout)
+                else:
+                    bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(now)]
+                    timeout = max(0.0, min(b for b in bounds if b is not None))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.event.wait(), timeout)
+                    if self._eof:
+                        return replies.TIMED_OUT
+                    if self._pool:
+                        continue
+                waiter.rearm()
+                call = self.track_grants(self.store.reserve(self.token, counted_waiting=counted))
+                result = await asyncio.shield(call)
+                if isinstance(result, Reservation):
+                    consumed = True
+                    counted = False  # the script counted us out of the waiters with the grant
+                    return _reserved(result)
         finally:
             if waiter is not None:
                 self._waiter = None
                 registry.unregister(waiter, consumed=consumed)
             if counted:
                 self.store.set_waiting(self.token, -1).add_done_callback(discard)
-
-    def granted(self, r: Reservation) -> bytes:
-        if len(self.reserved) >= PRUNE_RESERVED_AT:
-            # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
-            now = self.store.clock()
-            self.reserved = {j: d for j, d in self.reserved.items() if d > now}
-        self.reserved[r.id] = r.deadline_ms
-        self.ctx.scheduler.note_due(r.deadline_ms)
-        return replies.reserved(r.id, r.body)
 
     # -- push extension -----------------------------------------------------------------------
 
@@ -330,13 +431,14 @@ class Connection(asyncio.Protocol):
                 free = self._push_credits - len(self._pushed)
                 if free > 0:
                     waiter.rearm()
-                    jobs = await self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
-                                                         counted_waiting=counted)
+                    call = self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
+                                                   counted_waiting=counted)
+                    jobs = await asyncio.shield(self.track_grants(call))
                     if jobs:
                         counted = False  # the script counted us out of the waiters
                         for job in jobs:
                             self._pushed.add(job.id)
-                            self._push_frame(self.granted(job))
+                            self._push_frame(_reserved(job))
                         continue
                     if not counted:
                         counted = True
@@ -358,6 +460,10 @@ class Connection(asyncio.Protocol):
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)
         self._schedule_flush()
+
+
+def _reserved(job: Reservation) -> bytes:
+    return replies.reserved(job.id, job.body)
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
@@ -453,9 +559,9 @@ def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
         if not conn.worker:
             conn.worker = True
             conn.store.bump_gauge("workers", 1)
-        return conn.granted(r)
+        return _reserved(r)
 
-    return then(conn.store.reserve_job(conn.token, cmd.id), answer)
+    return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
 
 
 def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
