@@ -34,18 +34,6 @@ def then(source: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[
     return out
 
 
-def relay(out: asyncio.Future[T], f: asyncio.Future[T]) -> None:
-    """Settle ``out`` as ``f`` settled."""
-    if out.cancelled():
-        discard(f)
-    elif f.cancelled():
-        out.cancel()
-    elif (exc := f.exception()) is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(f.result())
-
-
 def discard(f: asyncio.Future[Any]) -> None:
     """Done-callback of a fire-and-forget call: retrieve its exception so asyncio does not log
     it as never retrieved (the caller chose not to care)."""

@@ -5,9 +5,15 @@ pub/sub subscriber (:class:`ReconnectingProtocol`: open, handshake, lose, reconn
 
 Rules:
 * ``call()`` never awaits. It encodes into a buffer and returns a future. The buffer goes out in
-  one ``transport.write`` at the end of the loop tick, or as soon as ``flush_at`` calls are
-  buffered. The cap avoids the lock-step convoy where Redis idles while Python handles a whole
-  tick's replies (research/perf-baseline.md 3c: tick-only 54k/s, tick-or-16 76k/s).
+  one ``transport.write`` as soon as ``flush_at`` calls are buffered, or at the end of the loop
+  tick when no earlier call is still waiting for its reply; while replies are outstanding a
+  short buffer waits for them (at most one round trip), which turns a busy server's many small
+  per-tick writes into fewer, larger ones. The ``flush_at`` cap avoids the lock-step convoy
+  where Redis idles while Python handles a whole batch of replies (research/perf-baseline.md 3c:
+  tick-only 54k/s, tick-or-16 76k/s).
+* ``call(..., decode=f)`` resolves to ``f(reply)``: one future per call, no chained futures.
+  ``call_script`` sends EVALSHA and, should Redis have lost the script (NOSCRIPT), sends the
+  EVAL itself and resolves the same future.
 * Replies resolve futures strictly in FIFO order. A cancelled future still owns its slot: its reply
   is read and dropped, so the stream never desynchronises.
 * A lost connection fails every pending future with :class:`RedisConnectionLost`. Calls made
@@ -25,7 +31,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeAlias, cast
+from typing import Any, NamedTuple, TypeAlias, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
@@ -44,6 +50,17 @@ BACKOFF_MAX = 1.0
 # Bound on the TCP connect plus handshake. Without it a black-holed host hangs for the kernel's
 # SYN retry time (about 2 minutes).
 CONNECT_TIMEOUT = 5.0
+
+
+Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
+
+
+class _Call(NamedTuple):
+    """A command sent and not yet answered."""
+
+    future: asyncio.Future[Any]
+    decode: Decoder | None
+    fallback: tuple[bytes, tuple[Arg, ...]] | None  # EVAL source and args, for NOSCRIPT
 
 
 class RedisReplyError(Exception):
@@ -248,7 +265,7 @@ class RedisClient(ReconnectingProtocol):
         super().__init__(url)
         self._loop = asyncio.get_running_loop()
         self._flush_at = flush_at
-        self._pending: deque[asyncio.Future[Reply]] = deque()
+        self._pending: deque[_Call] = deque()
         self._unsent: list[bytes] = []
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
@@ -260,18 +277,28 @@ class RedisClient(ReconnectingProtocol):
         await client._open()
         return client
 
-    def call(self, *args: Arg) -> asyncio.Future[Reply]:
-        """Send one command; the future resolves to its reply or fails with RedisReplyError or
-        RedisConnectionLost."""
+    def call(self, *args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]:
+        """Send one command; the future resolves to its reply (``decode(reply)`` if given) or
+        fails with RedisReplyError or RedisConnectionLost."""
         if not self._connected:
-            future: asyncio.Future[Reply] = self._loop.create_future()
+            future: asyncio.Future[Any] = self._loop.create_future()
             future.set_exception(RedisConnectionLost(f"not connected to {self._endpoint}"))
             return future
-        return self._send(args)
+        return self._send(args, decode)
+
+    def call_script(self, sha: str, source: bytes, *args: Arg,
+                    decode: Decoder | None = None) -> asyncio.Future[Any]:
+        """EVALSHA ``sha`` with ``args`` (numkeys first); on NOSCRIPT, EVAL ``source`` instead,
+        into the same future."""
+        future = self.call("EVALSHA", sha, *args, decode=decode)
+        if not future.done():
+            self._pending[-1] = _Call(future, decode, (source, args))
+        return future
 
     async def execute(self, *args: Arg) -> Reply:
         """``await call(*args)``."""
-        return await self.call(*args)
+        reply: Reply = await self.call(*args)
+        return reply
 
     def add_reconnect_callback(self, cb: Callable[[], None]) -> None:
         """Call ``cb()`` after every successful reconnect (not after the first connect)."""
@@ -281,21 +308,29 @@ class RedisClient(ReconnectingProtocol):
         """Close for good: pending and later calls fail with RedisConnectionLost."""
         await self._shutdown()
 
-    def _send(self, args: tuple[Arg, ...]) -> asyncio.Future[Reply]:
+    def _send(self, args: tuple[Arg, ...], decode: Decoder | None = None,
+              future: asyncio.Future[Any] | None = None) -> asyncio.Future[Any]:
         # Encode before taking a reply slot: a TypeError must not leave a slot without a command.
         self._unsent.append(encode_command(args))
-        future: asyncio.Future[Reply] = self._loop.create_future()
-        self._pending.append(future)
+        if future is None:
+            future = self._loop.create_future()
+        self._pending.append(_Call(future, decode, None))
         if len(self._unsent) >= self._flush_at:
             self._flush()
-        elif not self._flush_scheduled:
+        else:
+            self._schedule_flush()
+        return future
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_at_tick_end)
-        return future
 
     def _flush_at_tick_end(self) -> None:
         self._flush_scheduled = False
-        self._flush()
+        if len(self._pending) == len(self._unsent):  # nothing else in flight: send now
+            self._flush()
+        # else the buffer leaves when the replies in flight have come back (see _on_reply)
 
     def _flush(self) -> None:
         if self._unsent:
@@ -316,19 +351,30 @@ class RedisClient(ReconnectingProtocol):
                           endpoint=str(self._endpoint))
                 self._transport.abort()
             return
-        future = self._pending.popleft()
+        future, decode, fallback = self._pending.popleft()
+        if self._unsent and len(self._pending) == len(self._unsent):
+            self._schedule_flush()  # the last reply in flight is in: send what waited for it
         if future.done():  # cancelled: the reply was only read to keep the stream in step
             return
         if isinstance(reply, RedisReplyError):
-            future.set_exception(reply)
-        else:
+            if fallback is not None and reply.code == "NOSCRIPT":
+                source, args = fallback
+                self._send(("EVAL", source, *args), decode, future)
+            else:
+                future.set_exception(reply)
+        elif decode is None:
             future.set_result(reply)
+        else:
+            try:
+                future.set_result(decode(reply))
+            except Exception as error:  # a reply of an unexpected shape
+                future.set_exception(error)
 
     def _on_lost(self, exc: Exception | None) -> None:
         reason = f"connection to {self._endpoint} lost" + (f": {exc}" if exc else "")
         self._unsent.clear()
         pending, self._pending = self._pending, deque()
-        for future in pending:
+        for future, _, _ in pending:
             if not future.done():
                 future.set_exception(RedisConnectionLost(reason))
 

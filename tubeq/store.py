@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tubeq.futures import discard, relay, then
+from tubeq.futures import discard
 from tubeq.keys import Keys
-from tubeq.resp import RedisClient, RedisReplyError, Reply
+from tubeq.resp import Decoder, RedisClient, Reply
 from tubeq.scripts import Script, load_all
 
 Clock = Callable[[], int]
@@ -91,38 +91,29 @@ class Store:
         for s in self._scripts.values():
             self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(discard)
 
-    def _eval(self, name: str, *args: bytes | str | int) -> asyncio.Future[Reply]:
-        """Run a script by SHA, falling back to EVAL if Redis lost its script cache."""
+    def _eval(self, name: str, *args: bytes | str | int,
+              decode: Decoder | None = None) -> asyncio.Future[Any]:
+        """Run a script by SHA (the client falls back to EVAL if Redis lost it)."""
         script = self._scripts[name]
-        first = self.client.call("EVALSHA", script.sha, 1, self.keys.root, *args)
-        out: asyncio.Future[Reply] = first.get_loop().create_future()
-
-        def done(f: asyncio.Future[Reply]) -> None:
-            exc = None if f.cancelled() else f.exception()
-            if isinstance(exc, RedisReplyError) and exc.code == "NOSCRIPT":
-                retry = self.client.call("EVAL", script.source, 1, self.keys.root, *args)
-                retry.add_done_callback(lambda r: relay(out, r))
-            else:
-                relay(out, f)
-
-        first.add_done_callback(done)
-        return out
+        return self.client.call_script(script.sha, script.source, 1, self.keys.root, *args,
+                                       decode=decode)
 
     # -- jobs ---------------------------------------------------------------------------------
 
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes) -> asyncio.Future[int]:
-        return then(self._eval("put", tube, pri, delay, ttr, body, self.clock()), int)
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=int)
 
     def burn_id(self) -> asyncio.Future[int]:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
-        return then(self.client.call("INCR", self.keys.job_ids), int)
+        return self.client.call("INCR", self.keys.job_ids, decode=int)
 
     def reserve(self, token: str, *,
                 counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
         """The next job for ``token``; if ``counted_waiting``, a grant also counts it out."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return then(self._eval("reserve", token, now, 1, waiter), lambda r: _reservation(r, now))
+        return self._eval("reserve", token, now, 1, waiter,
+                          decode=lambda r: _reservation(r, now))
 
     def reserve_many(self, token: str, count: int, *,
                      counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
@@ -134,39 +125,40 @@ class Store:
             return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
                                 now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
 
-        return then(self._eval("reserve", token, now, count, waiter), decode)
+        return self._eval("reserve", token, now, count, waiter, decode=decode)
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
-        return then(self._eval("reserve_job", token, job_id, now), lambda r: _reservation(r, now))
+        return self._eval("reserve_job", token, job_id, now,
+                          decode=lambda r: _reservation(r, now))
 
     def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
-        return then(self._eval("delete", token, job_id, self.clock()), bool)
+        return self._eval("delete", token, job_id, self.clock(), decode=bool)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
-        return then(self._eval("release", token, job_id, pri, delay, self.clock()), bool)
+        return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
 
     def bury(self, token: str, job_id: int, pri: int) -> asyncio.Future[bool]:
-        return then(self._eval("bury", token, job_id, pri, self.clock()), bool)
+        return self._eval("bury", token, job_id, pri, self.clock(), decode=bool)
 
     def touch(self, token: str, job_id: int) -> asyncio.Future[int]:
         """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
-        return then(self._eval("touch", token, job_id, self.clock()), int)
+        return self._eval("touch", token, job_id, self.clock(), decode=int)
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
-        return then(self._eval("kick", tube, bound, self.clock()), int)
+        return self._eval("kick", tube, bound, self.clock(), decode=int)
 
     def kick_job(self, job_id: int) -> asyncio.Future[bool]:
-        return then(self._eval("kick_job", job_id, self.clock()), bool)
+        return self._eval("kick_job", job_id, self.clock(), decode=bool)
 
     def peek(self, job_id: int) -> asyncio.Future[bytes | None]:
-        return then(self.client.call("HGET", self.keys.job(job_id), "b"), _bytes_or_none)
+        return self.client.call("HGET", self.keys.job(job_id), "b", decode=_bytes_or_none)
 
     def peek_state(self, state: str, tube: str) -> asyncio.Future[tuple[int, bytes] | None]:
         def decode(r: Any) -> tuple[int, bytes] | None:
             return (int(r[0]), bytes(r[1])) if r else None
 
-        return then(self._eval("peek", state, tube), decode)
+        return self._eval("peek", state, tube, decode=decode)
 
     def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
         def decode(r: Any) -> JobInfo | None:
@@ -176,20 +168,20 @@ class Store:
             n = [_as_int(v) for v in r[2:]]
             return JobInfo(job_id, tube, state, *n)
 
-        return then(self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS), decode)
+        return self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS, decode=decode)
 
     # -- tubes --------------------------------------------------------------------------------
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
-        return then(self._eval("stats_tube", tube), lambda r: [int(v) for v in r] or None)
+        return self._eval("stats_tube", tube, decode=lambda r: [int(v) for v in r] or None)
 
     def list_tubes(self) -> asyncio.Future[list[str]]:
-        return then(self.client.call("ZRANGE", self.keys.tubes, 0, -1),
-                    lambda r: [v.decode() for v in r])
+        return self.client.call("ZRANGE", self.keys.tubes, 0, -1,
+                                decode=lambda r: [v.decode() for v in r])
 
     def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
         """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
-        return then(self._eval("pause", tube, delay, self.clock()), int)
+        return self._eval("pause", tube, delay, self.clock(), decode=int)
 
     def server_counts(self) -> asyncio.Future[tuple[list[int], dict[str, int]]]:
         def decode(r: Any) -> tuple[list[int], dict[str, int]]:
@@ -197,7 +189,7 @@ class Store:
             named = {pairs[i].decode(): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             return [int(v) for v in r[:10]], named
 
-        return then(self._eval("stats"), decode)
+        return self._eval("stats", decode=decode)
 
     def add_counters(self, deltas: dict[str, int]) -> None:
         """Add per-process command counts to the shared stats hash (fire and forget)."""
@@ -231,17 +223,17 @@ class Store:
         return self._eval("heartbeat", self.instance_id, self.clock())
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
-        return then(self._eval("reap", stale_before_ms), int)
+        return self._eval("reap", stale_before_ms, decode=int)
 
     def leave(self) -> asyncio.Future[int]:
         """Take this process out of the namespace (clean shutdown)."""
-        return then(self._eval("reap", 0, self.instance_id), int)
+        return self._eval("reap", 0, self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return then(self._eval("promote", self.clock(), SWEEP_LIMIT), _sweep)
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return then(self._eval("expire", self.clock(), SWEEP_LIMIT), _sweep)
+        return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
 
 def _reservation(r: Any, now: int) -> Reservation | NoJob:
