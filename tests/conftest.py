@@ -7,6 +7,7 @@ free loopback port in a temp directory (so flushing it is ours to do).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -170,3 +171,39 @@ def skip_unless_tubeq(wire_target_kind: ServerKind) -> None:
     """Skip a test about tubeq itself when the run's wire target is beanstalkd."""
     if wire_target_kind != "tubeq":
         pytest.skip("this test exercises tubeq itself; the wire target is beanstalkd")
+
+
+# ---------------------------------------------------------------------------------------------
+# The bundled client and tubeq-cli (tests/test_client.py, test_consume.py, test_cli.py): a
+# private beanstalkd and a private tubeq (fresh prefix on the session's tubeq Redis) of their
+# own, so their jobs, tubes and counters never meet the differential suite's shared servers.
+# ---------------------------------------------------------------------------------------------
+
+CLIENT_SERVER_KINDS: tuple[ServerKind, ...] = ("beanstalkd", "tubeq")
+
+
+@pytest.fixture(scope="session")
+def client_beanstalkd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A beanstalkd 1.12 for the client tests only."""
+    server = start_beanstalkd(tmp_path_factory.mktemp("client-beanstalkd"), "beanstalkd-clients")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def client_tubeq(tubeq_cluster: TubeqCluster) -> ServerProcess:
+    """A tubeq for the client tests only (stopped with the cluster)."""
+    return tubeq_cluster.start(label="tubeq-clients")
+
+
+@pytest.fixture(params=CLIENT_SERVER_KINDS)
+def any_server(request: pytest.FixtureRequest) -> ServerProcess:
+    """Each of the client tests' beanstalkd and tubeq in turn."""
+    server: ServerProcess = request.getfixturevalue(f"client_{request.param}")
+    return server
+
+
+@pytest.fixture
+def tube_name() -> str:
+    """A tube name no other test uses."""
+    return f"t-{secrets.token_hex(6)}"

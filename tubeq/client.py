@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -388,6 +389,10 @@ _INT = re.compile(r"-?[0-9]+")
 _FLOAT = re.compile(r"-?[0-9]+\.[0-9]+")
 
 
+def _unquote(text: str) -> str:
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+
+
 def _scalar(text: str) -> StatValue:
     if _INT.fullmatch(text):
         return int(text)
@@ -395,9 +400,7 @@ def _scalar(text: str) -> StatValue:
         return float(text)
     if text in ("true", "false"):
         return text == "true"
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return text[1:-1]
-    return text
+    return _unquote(text)
 
 
 def _yaml_lines(data: bytes) -> list[str]:
@@ -410,9 +413,10 @@ def _yaml_lines(data: bytes) -> list[str]:
 def parse_yaml_mapping(data: bytes, text_keys: Iterable[str] = ()) -> Stats:
     """beanstalkd's flat YAML mapping (``---`` then ``key: value`` lines) as a dict.
 
-    Values are ints, floats (``rusage-*``), booleans, or text; keys in ``text_keys`` stay text
-    whatever they look like (a tube named ``42``). Nothing else of YAML is understood: a ``#``
-    is part of the value (``os: #1 SMP ...``).
+    Values are ints, floats (``rusage-*``), booleans, or text (double quotes removed: 1.12
+    quotes ``version``); keys in ``text_keys`` stay text whatever they look like (a tube named
+    ``42``). Nothing else of YAML is understood: a ``#`` is part of the value
+    (``os: #1 SMP ...``).
     """
     keep_text = frozenset(text_keys)
     result: Stats = {}
@@ -422,7 +426,7 @@ def parse_yaml_mapping(data: bytes, text_keys: Iterable[str] = ()) -> Stats:
             key, sep, value = line.partition(":")
             if not sep or value:
                 raise ProtocolError(f"not a 'key: value' line: {line[:60]!r}")
-        result[key] = value if key in keep_text else _scalar(value)
+        result[key] = _unquote(value) if key in keep_text else _scalar(value)
     return result
 
 
@@ -666,8 +670,11 @@ class Job:
 
     A job from a reserve (or pushed by the server) is *reserved*: it is bound to the connection
     that holds the reservation, and :meth:`delete`, :meth:`release`, :meth:`bury` and
-    :meth:`touch` go on that connection. A job from put or peek is not reserved; its
+    :meth:`touch` go on that connection. A job from peek is not reserved; its
     :meth:`delete` goes on the client's current connection.
+
+    ``tube`` is known for a job from peek-ready/-delayed/-buried, for a reserved job when one
+    tube is watched, and after :meth:`stats` (auto_touch calls it); otherwise it is None.
 
     A job handed out by :meth:`Client.consume` is settled with ``async with job:``: a block
     that ends normally deletes it; one that raises releases it with backoff, or buries it once
@@ -677,13 +684,13 @@ class Job:
     __slots__ = ("_client", "_hold", "_link", "_pri", "_ttr", "body", "id", "reserved_at", "tube")
 
     def __init__(self, client: Client, job_id: int, body: bytes, *, tube: str | None = None,
-                 link: _Link | None = None, pri: int | None = None) -> None:
+                 link: _Link | None = None) -> None:
         self._client = client
         self.id = job_id
         self.body = body
         self.tube = tube
         self._link = link
-        self._pri = pri
+        self._pri: int | None = None
         self._ttr: int | None = None
         self._hold: _Hold | None = None
         self.reserved_at = asyncio.get_running_loop().time()
@@ -699,9 +706,15 @@ class Job:
         return self._link is not None
 
     async def stats(self) -> Stats:
-        """The job's ``stats-job`` document (also refreshes the cached priority and TTR)."""
+        """The job's ``stats-job`` document (also fills in ``tube`` and the cached priority
+        and TTR)."""
         stats = await self._call(*_stats_job_command(self.id))
-        self._pri, self._ttr = int(stats["pri"]), int(stats["ttr"])
+        if "pri" in stats:
+            self._pri = int(stats["pri"])
+        if "ttr" in stats:
+            self._ttr = int(stats["ttr"])
+        if "tube" in stats:
+            self.tube = str(stats["tube"])
         return stats
 
     async def _priority(self, pri: int | None) -> int:
@@ -709,7 +722,8 @@ class Job:
             return pri
         if self._pri is None:
             await self.stats()
-        assert self._pri is not None
+        if self._pri is None:
+            raise ProtocolError(f"stats-job {self.id} has no pri")
         return self._pri
 
     async def _settle(self, data: bytes, convert: Convert[None]) -> None:
@@ -905,7 +919,8 @@ class Client:
                 f"cannot connect to {self.address}: no answer within "
                 f"{self.connect_timeout:g} s") from error
         except OSError as error:
-            reason = error.strerror or str(error)
+            # asyncio words a refused connection "Connect call failed (...)"; say it plainly.
+            reason = os.strerror(error.errno) if error.errno else str(error)
             raise ClientConnectionError(f"cannot connect to {self.address}: {reason}") from error
         # Replay the state the server confirmed on the previous connection, pipelined, before
         # any other call can write: watches first, so ignoring default never leaves none.
@@ -1192,7 +1207,8 @@ class Client:
         """Ask the server to push ready jobs of the watched tubes, ``credits`` at most held.
 
         After ``PUSHING <credits>`` the server sends jobs unsolicited; take them with
-        :meth:`next_pushed`. Deleting, releasing or burying a pushed job frees a credit. The
+        :meth:`next_pushed`. Deleting, releasing or burying a pushed job frees a credit; sending
+        push again changes the credit count (``push(0)``: no new deliveries). The
         connection must not send reserve commands any more (RuntimeError). A server without the
         extension (beanstalkd) raises :class:`UnknownCommand` and the connection is unchanged.
         Push mode ends with the connection: a reconnect does not restore it.
@@ -1351,13 +1367,13 @@ class Consumer:
     extension (UnknownCommand is raised from the iteration otherwise); ``push=False`` never asks.
     A lost connection is reopened with backoff; the jobs it held went back to the server.
 
-    Stopping: :meth:`stop` (e.g. from a signal handler) stops taking jobs, lets the jobs handed
-    out finish for up to ``grace`` seconds, then closes the connections, which makes the server
-    put back everything still reserved (jobs waiting unhanded, jobs pushed or granted after the
-    stop). The iteration ends. Cancelling the task that iterates (or runs :meth:`run`) closes at
-    once: the jobs in flight are put back without counting as failures. Use ``async with
-    client.consume(...) as jobs:`` when the loop may be left by ``break`` or an exception: the
-    connections are then closed when the block ends.
+    Stopping: :meth:`stop` (e.g. from a signal handler) stops taking jobs (push connections are
+    sent ``push 0``), lets the jobs handed out finish for up to ``grace`` seconds, then closes
+    the connections, which makes the server put back everything still reserved (jobs waiting
+    unhanded, jobs pushed or granted after the stop). The iteration ends. Cancelling the task
+    that iterates (or runs :meth:`run`) closes at once: the jobs in flight are put back without
+    counting as failures. Use ``async with client.consume(...) as jobs:`` when the loop may be
+    left by ``break`` or an exception: the connections are then closed when the block ends.
     """
 
     def __init__(self, client: Client, tubes: str | Iterable[str], *, concurrency: int = 32,
@@ -1425,6 +1441,9 @@ class Consumer:
         self._stopping = True
         for driver in self._drivers:
             driver.cancel()
+        for lane in self._lanes:
+            if lane.mode == "push" and lane.client.connected:
+                self._spawn(self._stop_pushing(lane))
         self._ready.clear()  # never handed out: closing the connections puts them back
         self._wake_readers()
         self._closer = self._spawn(self._close_when_idle())
@@ -1433,11 +1452,12 @@ class Consumer:
         """Wait until the consumer has closed its connections."""
         if self._started or self._stopping:
             await self._done.wait()
+            await asyncio.gather(*(lane.client.aclose() for lane in self._lanes))
 
     async def aclose(self) -> None:
         """Close now: every job still held goes back to the server."""
         self._close_now()
-        await self._done.wait()
+        await self.wait_closed()
 
     async def __aenter__(self) -> Consumer:
         self._start()
@@ -1610,6 +1630,11 @@ class Consumer:
         lane.mode = "push"
         return True
 
+    async def _stop_pushing(self, lane: _Lane) -> None:
+        """``push 0``: no new deliveries while the jobs handed out finish."""
+        with contextlib.suppress(ClientError):
+            await lane.client.push(0)
+
     async def _take_pushed(self, lane: _Lane) -> None:
         while True:
             job = await lane.client.next_pushed()
@@ -1708,8 +1733,7 @@ class Consumer:
         try:
             if job._ttr is None:
                 await job.stats()
-            assert job._ttr is not None
-            interval = touch_interval(job._ttr)
+            interval = touch_interval(job._ttr if job._ttr is not None else DEFAULT_TTR)
             due = job.reserved_at + interval
             while True:
                 await asyncio.sleep(max(0.0, due - loop.time()))

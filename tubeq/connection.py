@@ -401,6 +401,9 @@ class Connection(asyncio.Protocol):
     # -- push extension -----------------------------------------------------------------------
 
     def start_push(self, credits: int) -> bytes:
+        if not self.worker:  # a push consumer is a worker, as a reserving one is
+            self.worker = True
+            self.store.bump_gauge("workers", 1)
         self._push_credits = credits
         if self._push_task is None:
             self._push_task = asyncio.get_running_loop().create_task(self._push())
