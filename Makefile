@@ -60,5 +60,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 
+# The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~14 min; writes
+# bench/RESULTS.md. `make bench ARGS=--quick` is a 2-minute development run (bench/out/).
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.run $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,963 @@
+"""A beanstalkd-protocol load generator: asyncio + uvloop, one Protocol per connection.
+
+    python -m bench.loadgen MODE --port PORT [options]      (from the repository root)
+
+Modes (research/perf-baseline.md section 1 has the method they follow):
+  put         N connections keep P puts in flight each; latency = the put round trip.
+  cycle       N producer + N consumer connections; a consumer keeps P reserve-with-timeout in
+              flight and sends each delete in the same write as its next reserve; a job counts
+              when DELETED arrives; latency = put sent -> RESERVED received (body timestamp).
+  delayed     one producer puts at --rate jobs/s with a random delay of 0..--max-delay s (whole
+              seconds: the protocol's unit); N consumers; latency = lateness, RESERVED received
+              minus (put sent + delay).
+  wake        N consumers already blocked in reserve; one producer puts one job at a time, 1-3 ms
+              after the previous one was delivered; latency = put sent -> RESERVED received.
+              --producer-port sends the puts to another server process (tubeq on the same Redis
+              and prefix) than the consumers' --port.
+  many-tubes  cycle where producers `use` --tubes tubes round robin (a new tube every
+              --puts-per-use puts) and every consumer watches all of them.
+  backlog     put --backlog jobs first (no latency), report memory per queued job (VmRSS of every
+              --server-pid, Redis used_memory with --redis-url), then, unless --jobs 0, a cycle
+              on the same tubes at the same priority (consumers drain the oldest jobs first).
+
+Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
+and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
+accepted. With --procs K the load is split over K generator processes, each on its own tubes
+(`<tube>-<index>`); each reports its own CPU, so a generator at ~100 % of a core shows that the
+generator, not the server, was the bottleneck. --server-pid label=PID (repeatable) adds those
+processes' CPU over the same window, and ``other_cores`` is what the rest of the machine used.
+
+Output: a human summary on stderr and, with --json, one JSON object on stdout (bench/run.py
+reads it).
+
+Every job body starts with a 19-digit CLOCK_MONOTONIC timestamp in ns and one delay digit, so any
+process on this machine can compute a job's latency from its body alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import uvloop
+
+from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
+from bench.redisinfo import redis_info
+
+MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog")
+
+# Body layout: monotonic_ns as 19 ASCII digits (enough for 300 years of uptime), then the job's
+# delay in whole seconds as one digit, then padding up to --body-size.
+TIMESTAMP_DIGITS = 19
+BODY_HEADER = TIMESTAMP_DIGITS + 1
+MIN_BODY_SIZE = BODY_HEADER
+PRIORITY = 1024
+# TTR long enough that no job of a run ever times out and comes back.
+TTR_S = 120
+# reserve-with-timeout's timeout: short, so idle consumers notice the end of a run, long enough
+# not to add a noticeable stream of TIMED_OUT round trips.
+RESERVE_TIMEOUT_S = 1
+# Each process keeps at most this many latency samples (reservoir sampling beyond that).
+LATENCY_SAMPLES_PER_PROC = 200_000
+# Connections are opened in groups of this size: tubeq's listen backlog is asyncio's 100.
+CONNECT_GROUP = 32
+# Bound on connecting and preparing (use/watch) all connections of one process.
+SETUP_TIMEOUT_S = 60.0
+# A generator process above this share of one core was (close to) the bottleneck itself.
+GENERATOR_BOUND_PCT = 90.0
+# The wake mode's pause between a delivery and the next put, drawn uniformly: long enough that
+# every consumer is parked in the server again, short enough to keep runs brief.
+WAKE_GAP_S = (0.001, 0.003)
+# How long the wake producer waits for one delivery before counting the job as lost.
+WAKE_DELIVERY_TIMEOUT_S = 2.0
+# The paced producer (delayed mode) sends what is due every tick of this length.
+PACE_TICK_S = 0.001
+# Backlog fill: connections and puts in flight per connection (beanstalkd and Redis saturate
+# well below this).
+FILL_CONNECTIONS = 8
+FILL_IN_FLIGHT = 64
+LOOPBACK_PREFIX = "127."
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load, as given on the command line (totals over all generator processes)."""
+
+    mode: str
+    port: int
+    host: str = "127.0.0.1"
+    producer_port: int | None = None
+    connections: int = 8
+    in_flight: int = 1
+    body_size: int = 100
+    jobs: int = 100_000
+    seconds: float | None = None
+    warmup: float = 0.0
+    time_limit: float = 60.0
+    procs: int = 1
+    tube: str = "bench"
+    tubes: int = 1
+    puts_per_use: int = 1
+    rate: float = 1000.0
+    max_delay: int = 2
+    backlog: int = 0
+    seed: int = 1
+
+    def share(self, total: int, index: int) -> int:
+        """Process ``index``'s part of ``total`` (the first ones take the remainder)."""
+        base, extra = divmod(total, self.procs)
+        return base + (1 if index < extra else 0)
+
+    def tube_of(self, index: int) -> str:
+        return f"{self.tube}-{index}"
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile of an ascending sequence (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[rank]
+
+
+def latency_summary(samples: list[float]) -> dict[str, float | int | None]:
+    """p50/p90/p99/max in milliseconds of latency samples given in seconds."""
+    values = sorted(samples)
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 4)
+
+    return {"n": len(values), "p50_ms": ms(percentile(values, 0.50)),
+            "p90_ms": ms(percentile(values, 0.90)), "p99_ms": ms(percentile(values, 0.99)),
+            "max_ms": ms(values[-1] if values else None)}
+
+
+# -- one generator process's run state --------------------------------------------------------
+
+class RunState:
+    """Counters shared by the connections of one generator process.
+
+    ``window_start``/``window_end`` bound the measurement: a completion counts, and a latency is
+    kept, only inside it. ``budget`` is how many jobs may still be sent.
+    """
+
+    def __init__(self, spec: LoadSpec, index: int, jobs: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.jobs = jobs
+        self.budget = jobs
+        self.completed = 0
+        self.counted = 0
+        self.puts_counted = 0  # INSERTED inside the window (the producers' side of a cycle)
+        self.window_start = float("inf")
+        self.window_end = float("inf")
+        self.first_completion: float | None = None
+        self.last_completion: float | None = None
+        self.latencies: list[float] = []
+        self.latencies_seen = 0
+        self.later_latencies: list[float] = []  # delayed mode: jobs with a delay >= 1 s
+        self.later_seen = 0
+        self.errors = 0
+        self.error_samples: list[str] = []
+        self.lost = 0
+        self.stopped = False
+        self.stop_reason = ""
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rng = random.Random(spec.seed * 1000 + index)
+
+    def take(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` jobs of the budget; returns how many may be sent."""
+        if self.stopped:
+            return 0
+        granted = min(wanted, self.budget)
+        self.budget -= granted
+        return granted
+
+    def complete(self, now: float) -> None:
+        self.completed += 1
+        if self.window_start <= now <= self.window_end:
+            self.counted += 1
+            if self.first_completion is None:
+                self.first_completion = now
+            self.last_completion = now
+        if self.completed >= self.jobs:
+            self.stop("jobs done")
+
+    def in_window(self, now: float) -> bool:
+        return self.window_start <= now <= self.window_end
+
+    def record_latency(self, seconds: float, delayed: bool = False) -> None:
+        self.latencies_seen = self._keep(self.latencies, self.latencies_seen, seconds)
+        if delayed:
+            self.later_seen = self._keep(self.later_latencies, self.later_seen, seconds)
+
+    def _keep(self, samples: list[float], seen: int, value: float) -> int:
+        if seen < LATENCY_SAMPLES_PER_PROC:
+            samples.append(value)
+        else:
+            slot = self._rng.randrange(seen + 1)
+            if slot < LATENCY_SAMPLES_PER_PROC:
+                samples[slot] = value
+        return seen + 1
+
+    def error(self, what: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(what)
+
+    def stop(self, reason: str) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.stop_reason = reason
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    def rng(self) -> random.Random:
+        return self._rng
+
+
+# -- connections ----------------------------------------------------------------------------
+
+def put_command(body_size: int, delay: int = 0, priority: int = PRIORITY) -> Callable[[], bytes]:
+    """A function returning one timestamped put command (header + body + CRLF)."""
+    header = b"put %d %d %d %d\r\n" % (priority, delay, TTR_S, body_size)
+    tail = b"%d" % delay + b"x" * (body_size - BODY_HEADER) + b"\r\n"
+
+    def make() -> bytes:
+        return header + b"%019d" % time.monotonic_ns() + tail
+
+    return make
+
+
+class BeanstalkConnection(asyncio.Protocol):
+    """Reply parsing and batching shared by every role.
+
+    Replies are parsed in a loop over the bytes of one read; whatever the role sends in answer
+    is collected and written once per read. Before the load starts, ``request`` sends setup
+    commands (use, watch, ignore) and waits for their reply lines.
+    """
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
+        self._setup_replies: list[bytes] | None = None
+        self._setup_expected = 0
+        self._setup_done: asyncio.Future[list[bytes]] | None = None
+        self._closing = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self._closing and not self.state.stopped:
+            self.state.error(f"connection lost: {exc!r}")
+            self.state.stop("connection lost")
+        if self._setup_done is not None and not self._setup_done.done():
+            self._setup_done.set_exception(ConnectionError("connection lost during setup"))
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        now = time.monotonic()
+        out = self._out
+        pos, size = 0, len(buffer)
+        while pos < size:
+            eol = buffer.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if buffer.startswith(b"RESERVED ", pos):
+                _, job_id, length = bytes(buffer[pos:eol]).split()
+                body_end = eol + 2 + int(length)
+                if body_end + 2 > size:
+                    break
+                self.on_reserved(job_id, bytes(buffer[eol + 2:body_end]), now, out)
+                pos = body_end + 2
+            else:
+                line = bytes(buffer[pos:eol])
+                pos = eol + 2
+                if self._setup_replies is not None:
+                    self._on_setup_reply(line)
+                else:
+                    self.on_line(line, now, out)
+        if pos:
+            del buffer[:pos]
+        self.flush()
+
+    def flush(self) -> None:
+        out = self._out
+        if out:
+            if self.transport is not None and not self.state.stopped:
+                self.transport.write(b"".join(out))
+            out.clear()
+
+    # setup phase
+    async def request(self, commands: Sequence[bytes]) -> list[bytes]:
+        """Send ``commands`` in one write and return their reply lines."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self._setup_replies, self._setup_expected = [], len(commands)
+        self._setup_done = loop.create_future()
+        self.transport.write(b"".join(commands))
+        try:
+            return await self._setup_done
+        finally:
+            self._setup_replies, self._setup_done = None, None
+
+    def _on_setup_reply(self, line: bytes) -> None:
+        assert self._setup_replies is not None and self._setup_done is not None
+        self._setup_replies.append(line)
+        if len(self._setup_replies) == self._setup_expected and not self._setup_done.done():
+            self._setup_done.set_result(self._setup_replies)
+
+    async def prepare(self) -> None:
+        """Setup commands before the load (use/watch); none by default."""
+
+    def begin(self) -> None:
+        """Start sending load (the measurement clock is already running)."""
+
+    def close(self) -> None:
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # role hooks
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        self.state.error(f"unexpected reply {line[:60]!r}")
+
+    def on_reserved(self, job_id: bytes, body: bytes, now: float, out: list[bytes]) -> None:
+        self.state.error("unexpected RESERVED")
+
+
+def _check_setup(replies: list[bytes], expected_prefixes: tuple[bytes, ...]) -> None:
+    for line in replies:
+        if not line.startswith(expected_prefixes):
+            raise RuntimeError(f"setup command answered {line[:80]!r}")
+
+
+class Producer(BeanstalkConnection):
+    """Keeps ``in_flight`` puts outstanding; one new put per INSERTED.
+
+    ``tubes``: the tubes it puts to, a new one every ``puts_per_use`` puts (round robin from
+    ``first_tube``). ``completes``: a job is done at INSERTED (put mode). ``rtt``: keep the put
+    round trip as the latency.
+    """
+
+    def __init__(self, state: RunState, tubes: Sequence[str], in_flight: int, body_size: int,
+                 *, completes: bool, rtt: bool, puts_per_use: int = 1, first_tube: int = 0,
+                 priority: int = PRIORITY) -> None:
+        super().__init__(state)
+        self.tubes = [t.encode() for t in tubes]
+        self.in_flight = in_flight
+        self.completes = completes
+        self.rtt = rtt
+        self.puts_per_use = puts_per_use
+        self._tube_index = first_tube % len(self.tubes)
+        self._puts_on_tube = 0
+        self._make_put = put_command(body_size, priority=priority)
+        self._sent_at: deque[float] = deque()
+
+    async def prepare(self) -> None:
+        replies = await self.request([b"use %s\r\n" % self.tubes[self._tube_index]])
+        _check_setup(replies, (b"USING",))
+
+    def begin(self) -> None:
+        self._send(self.in_flight, time.monotonic(), self._out)
+        self.flush()
+
+    def _send(self, count: int, now: float, out: list[bytes]) -> None:
+        for _ in range(self.state.take(count)):
+            if len(self.tubes) > 1:
+                if self._puts_on_tube == self.puts_per_use:
+                    self._tube_index = (self._tube_index + 1) % len(self.tubes)
+                    self._puts_on_tube = 0
+                    out.append(b"use %s\r\n" % self.tubes[self._tube_index])
+                self._puts_on_tube += 1
+            out.append(self._make_put())
+            if self.rtt:
+                self._sent_at.append(now)
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if line.startswith(b"USING"):
+            return
+        state = self.state
+        sent = self._sent_at.popleft() if self.rtt else now
+        if line.startswith(b"INSERTED"):
+            if state.in_window(now):
+                state.puts_counted += 1
+                if self.rtt:
+                    state.record_latency(now - sent)
+            if self.completes:
+                state.complete(now)
+        else:
+            state.error(f"put answered {line[:60]!r}")
+        self._send(1, now, out)
+
+
+class Consumer(BeanstalkConnection):
+    """Keeps ``in_flight`` reserve-with-timeout outstanding; each RESERVED is answered with its
+    delete and the next reserve in one write.
+
+    ``completes_on``: b"DELETED" (cycle) or b"RESERVED" (delayed, wake). The latency kept is
+    RESERVED received minus (timestamp in the body + the body's delay).
+    """
+
+    def __init__(self, state: RunState, watch: Sequence[str], in_flight: int,
+                 *, completes_on: bytes, on_delivery: Callable[[], None] | None = None) -> None:
+        super().__init__(state)
+        self.watch = [t.encode() for t in watch]
+        self.in_flight = in_flight
+        self.completes_on_reserve = completes_on == b"RESERVED"
+        self.on_delivery = on_delivery
+        self._reserve = b"reserve-with-timeout %d\r\n" % RESERVE_TIMEOUT_S
+
+    async def prepare(self) -> None:
+        commands = [b"watch %s\r\n" % t for t in self.watch]
+        if b"default" not in self.watch:
+            commands.append(b"ignore default\r\n")
+        _check_setup(await self.request(commands), (b"WATCHING",))
+
+    def begin(self) -> None:
+        self._out.extend([self._reserve] * self.in_flight)
+        self.flush()
+
+    def on_reserved(self, job_id: bytes, body: bytes, now: float, out: list[bytes]) -> None:
+        state = self.state
+        delay = body[TIMESTAMP_DIGITS] - 0x30
+        if state.in_window(now):
+            sent = int(body[:TIMESTAMP_DIGITS]) / 1e9
+            state.record_latency(now - sent - delay, delayed=delay > 0)
+        out.append(b"delete %s\r\n" % job_id)
+        if not state.stopped:
+            out.append(self._reserve)
+        if self.completes_on_reserve:
+            state.complete(now)
+        if self.on_delivery is not None:
+            self.on_delivery()
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if line == b"DELETED":
+            if not self.completes_on_reserve:
+                self.state.complete(now)
+        elif line in (b"TIMED_OUT", b"DEADLINE_SOON"):
+            if not self.state.stopped:
+                out.append(self._reserve)
+        else:
+            self.state.error(f"reserve/delete answered {line[:60]!r}")
+
+
+class PacedProducer(BeanstalkConnection):
+    """delayed mode: puts at ``rate`` jobs/s, each with a random delay of 0..``max_delay`` s."""
+
+    def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
+                 body_size: int) -> None:
+        super().__init__(state)
+        self.tube = tube.encode()
+        self.rate = rate
+        self._makers = [put_command(body_size, delay) for delay in range(max_delay + 1)]
+        self._task: asyncio.Task[None] | None = None
+
+    async def prepare(self) -> None:
+        _check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
+
+    def begin(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        state, rng = self.state, self.state.rng()
+        start, sent = time.monotonic(), 0
+        while not state.stopped and state.budget > 0:
+            due = int((time.monotonic() - start) * self.rate) - sent
+            for _ in range(state.take(due)):
+                self._out.append(rng.choice(self._makers)())
+                sent += 1
+            self.flush()
+            await asyncio.sleep(PACE_TICK_S)
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if not line.startswith(b"INSERTED"):
+            self.state.error(f"put answered {line[:60]!r}")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
+
+
+class StepProducer(BeanstalkConnection):
+    """wake mode: one put at a time, the next 1-3 ms after the previous one was delivered."""
+
+    def __init__(self, state: RunState, tube: str, body_size: int) -> None:
+        super().__init__(state)
+        self.tube = tube.encode()
+        self._make_put = put_command(body_size)
+        self._delivered = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def prepare(self) -> None:
+        _check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
+
+    def delivered(self) -> None:
+        self._delivered.set()
+
+    def begin(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        state, rng = self.state, self.state.rng()
+        while not state.stopped and state.take(1):
+            await asyncio.sleep(rng.uniform(*WAKE_GAP_S))
+            self._delivered.clear()
+            self._out.append(self._make_put())
+            self.flush()
+            try:
+                await asyncio.wait_for(self._delivered.wait(), WAKE_DELIVERY_TIMEOUT_S)
+            except TimeoutError:
+                state.lost += 1
+                state.error("a put was not delivered within "
+                            f"{WAKE_DELIVERY_TIMEOUT_S} s to a blocked consumer")
+                state.complete(time.monotonic())
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if not line.startswith(b"INSERTED"):
+            self.state.error(f"put answered {line[:60]!r}")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
+
+
+# -- roles per mode ---------------------------------------------------------------------------
+
+Role = tuple[BeanstalkConnection, int]  # a connection and the port it connects to
+
+
+def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
+    """The connections of generator process ``index`` for ``spec.mode``."""
+    conns = spec.share(spec.connections, index)
+    tube = spec.tube_of(index)
+    port, producer_port = spec.port, spec.producer_port or spec.port
+    if spec.mode == "put":
+        return [(Producer(state, [tube], spec.in_flight, spec.body_size, completes=True,
+                          rtt=True), port) for _ in range(conns)]
+    if spec.mode == "cycle":
+        roles: list[Role] = [(Producer(state, [tube], spec.in_flight, spec.body_size,
+                                       completes=False, rtt=False), port) for _ in range(conns)]
+        roles += [(Consumer(state, [tube], spec.in_flight, completes_on=b"DELETED"), port)
+                  for _ in range(conns)]
+        return roles
+    if spec.mode == "many-tubes":
+        tubes = [f"{tube}.{k}" for k in range(spec.tubes)]
+        roles = [(Producer(state, tubes, spec.in_flight, spec.body_size, completes=False,
+                           rtt=False, puts_per_use=spec.puts_per_use,
+                           first_tube=i * spec.tubes // max(conns, 1)), port)
+                 for i in range(conns)]
+        roles += [(Consumer(state, tubes, spec.in_flight, completes_on=b"DELETED"), port)
+                  for _ in range(conns)]
+        return roles
+    if spec.mode == "delayed":
+        roles = [(PacedProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
+                                spec.body_size), producer_port)]
+        roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
+                  for _ in range(conns)]
+        return roles
+    if spec.mode == "wake":
+        producer = StepProducer(state, tube, spec.body_size)
+        roles = [(Consumer(state, [tube], 1, completes_on=b"RESERVED",
+                           on_delivery=producer.delivered), port) for _ in range(conns)]
+        return [*roles, (producer, producer_port)]
+    raise ValueError(f"mode {spec.mode!r} has no roles of its own")
+
+
+# -- one generator process --------------------------------------------------------------------
+
+@dataclass
+class ProcessResult:
+    index: int
+    pid: int
+    jobs: int
+    sent: int
+    completed: int
+    counted: int
+    puts_counted: int
+    first_completion: float | None
+    last_completion: float | None
+    latencies: list[float]
+    later_latencies: list[float]
+    errors: int
+    error_samples: list[str]
+    lost: int
+    stop_reason: str
+    cpu_seconds: float
+
+
+def _factory(conn: BeanstalkConnection) -> Callable[[], BeanstalkConnection]:
+    return lambda: conn
+
+
+async def _generator(spec: LoadSpec, index: int,
+                     pipe: multiprocessing.connection.Connection) -> ProcessResult:
+    loop = asyncio.get_running_loop()
+    jobs = spec.share(spec.jobs, index)
+    state = RunState(spec, index, jobs)
+    roles = build_roles(spec, index, state)
+    async with asyncio.timeout(SETUP_TIMEOUT_S):
+        for start in range(0, len(roles), CONNECT_GROUP):
+            group = roles[start:start + CONNECT_GROUP]
+            await asyncio.gather(*(loop.create_connection(_factory(conn), spec.host, port)
+                                   for conn, port in group))
+        await asyncio.gather(*(conn.prepare() for conn, _ in roles))
+    if spec.mode == "wake":
+        # Let every consumer's reserve reach the server and park before the first put.
+        for conn, _ in roles:
+            if isinstance(conn, Consumer):
+                conn.begin()
+        await asyncio.sleep(0.2)
+    pipe.send(("ready", os.getpid()))
+    message = pipe.recv()  # blocking on purpose: nothing runs before the go
+    if message[0] != "go":
+        raise RuntimeError("aborted by the coordinator")
+    go_at: float = message[1]
+    state.window_start = go_at + spec.warmup
+    if spec.seconds is not None:
+        state.window_end = state.window_start + spec.seconds
+    cpu_start = time.process_time()
+    await asyncio.sleep(max(0.0, go_at - time.monotonic()))
+    for conn, _ in roles:
+        if not (spec.mode == "wake" and isinstance(conn, Consumer)):
+            conn.begin()
+    if spec.seconds is not None:
+        loop.call_later(state.window_end - time.monotonic(), state.stop, "window over")
+    try:
+        await asyncio.wait_for(asyncio.shield(state.finished),
+                               go_at + spec.time_limit - time.monotonic())
+    except TimeoutError:
+        state.error(f"time limit of {spec.time_limit} s reached")
+        state.stop("time limit")
+    cpu_seconds = time.process_time() - cpu_start
+    for conn, _ in roles:
+        conn.close()
+    await asyncio.sleep(0)
+    return ProcessResult(
+        index=index, pid=os.getpid(), jobs=jobs, sent=jobs - state.budget,
+        completed=state.completed, counted=state.counted, puts_counted=state.puts_counted,
+        first_completion=state.first_completion, last_completion=state.last_completion,
+        latencies=state.latencies, later_latencies=state.later_latencies, errors=state.errors,
+        error_samples=state.error_samples, lost=state.lost, stop_reason=state.stop_reason,
+        cpu_seconds=cpu_seconds)
+
+
+def _generator_main(spec: LoadSpec, index: int,
+                    pipe: multiprocessing.connection.Connection) -> None:
+    try:
+        result = uvloop.run(_generator(spec, index, pipe))
+        pipe.send(("result", result))
+    except BaseException as exc:
+        pipe.send(("error", f"generator {index}: {exc!r}"))
+    finally:
+        pipe.close()
+
+
+# -- the coordinator ------------------------------------------------------------------------
+
+@dataclass
+class LoadResult:
+    """A run's merged figures; ``ok`` is false on errors, a lost job or the time limit."""
+
+    mode: str
+    spec: dict[str, Any]
+    ok: bool
+    jobs_per_s: float
+    puts_per_s: float  # INSERTED per second in the window (in cycles: what producers got)
+    counted: int
+    completed: int
+    sent: int
+    window_s: float
+    latency: dict[str, float | int | None]
+    later_latency: dict[str, float | int | None] | None
+    cpu_pct: dict[str, float | None]
+    generator_cpu_pct: list[float]
+    generator_bound: bool
+    other_cores: float
+    errors: int
+    error_samples: list[str]
+    lost: int
+    stop_reasons: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_load(spec: LoadSpec, server_pids: dict[str, int]) -> LoadResult:
+    """Run ``spec`` in ``spec.procs`` generator processes; CPU of ``server_pids`` (label -> PID)
+    and of the generators is taken over the measurement window."""
+    context = multiprocessing.get_context("fork")
+    pipes: list[multiprocessing.connection.Connection] = []
+    processes: list[multiprocessing.process.BaseProcess] = []
+    for index in range(spec.procs):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=_generator_main, args=(spec, index, theirs), daemon=True)
+        process.start()
+        theirs.close()
+        pipes.append(ours)
+        processes.append(process)
+    try:
+        return _coordinate(spec, server_pids, pipes, processes)
+    finally:
+        for child in processes:
+            child.join(5.0)
+            if child.is_alive():
+                child.kill()  # our own child, by its PID
+                child.join(5.0)
+
+
+def _receive(pipe: multiprocessing.connection.Connection, timeout: float) -> tuple[str, Any]:
+    if not pipe.poll(max(0.0, timeout)):
+        raise TimeoutError("a generator process did not answer in time")
+    kind, payload = pipe.recv()
+    if kind == "error":
+        raise RuntimeError(payload)
+    return kind, payload
+
+
+def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
+                pipes: list[multiprocessing.connection.Connection],
+                processes: list[multiprocessing.process.BaseProcess]) -> LoadResult:
+    setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + 5
+    for pipe in pipes:
+        _receive(pipe, setup_deadline - time.monotonic())
+    watched = dict(server_pids)
+    for index, process in enumerate(processes):
+        assert process.pid is not None
+        watched[f"generator{index}"] = process.pid
+    watched["coordinator"] = os.getpid()
+    go_at = time.monotonic() + 0.02
+    for pipe in pipes:
+        pipe.send(("go", go_at))
+    window_start = go_at + spec.warmup
+    time.sleep(max(0.0, window_start - time.monotonic()))
+    cpu_start = CpuSnapshot.take(watched)
+    hard_deadline = go_at + spec.time_limit + 10
+    window_end = window_start + spec.seconds if spec.seconds is not None else hard_deadline
+    results: dict[int, ProcessResult] = {}
+    cpu_end: CpuSnapshot | None = None
+    while len(results) < len(pipes):
+        now = time.monotonic()
+        if cpu_end is None and now >= window_end:
+            cpu_end = CpuSnapshot.take(watched)
+        if now >= hard_deadline:
+            raise TimeoutError("generator processes did not report before the hard deadline")
+        waiting = [p for i, p in enumerate(pipes) if i not in results]
+        limit = (window_end if cpu_end is None else hard_deadline) - now
+        ready = multiprocessing.connection.wait(waiting, timeout=max(0.0, min(limit, 0.5)))
+        for ready_pipe in ready:
+            assert isinstance(ready_pipe, multiprocessing.connection.Connection)
+            _, result = _receive(ready_pipe, 1.0)
+            results[pipes.index(ready_pipe)] = result
+    if cpu_end is None:
+        cpu_end = CpuSnapshot.take(watched)
+    return _merge(spec, [results[i] for i in range(len(pipes))],
+                  CpuWindow.between(cpu_start, cpu_end), window_start)
+
+
+def _merge(spec: LoadSpec, parts: list[ProcessResult], cpu: CpuWindow,
+           window_start: float) -> LoadResult:
+    counted = sum(p.counted for p in parts)
+    lasts = [p.last_completion for p in parts if p.last_completion is not None]
+    exhausted = all(p.stop_reason == "jobs done" for p in parts)
+    if spec.seconds is not None and not exhausted:
+        window = spec.seconds
+    else:
+        window = (max(lasts) - window_start) if lasts else 0.0
+    latencies = [v for p in parts for v in p.latencies]
+    later = [v for p in parts for v in p.later_latencies]
+    generator_pct = [cpu.percent_by_label.get(f"generator{p.index}") or 0.0 for p in parts]
+    errors = sum(p.errors for p in parts)
+    lost = sum(p.lost for p in parts)
+    servers = {label: pct for label, pct in cpu.percent_by_label.items()
+               if not label.startswith("generator") and label != "coordinator"}
+    return LoadResult(
+        mode=spec.mode, spec=asdict(spec), ok=errors == 0 and lost == 0,
+        jobs_per_s=counted / window if window > 0 else 0.0,
+        puts_per_s=sum(p.puts_counted for p in parts) / window if window > 0 else 0.0,
+        counted=counted,
+        completed=sum(p.completed for p in parts), sent=sum(p.sent for p in parts),
+        window_s=round(window, 4), latency=latency_summary(latencies),
+        later_latency=latency_summary(later) if spec.mode == "delayed" else None,
+        cpu_pct={k: None if v is None else round(v, 1) for k, v in servers.items()},
+        generator_cpu_pct=[round(v, 1) for v in generator_pct],
+        generator_bound=any(v >= GENERATOR_BOUND_PCT for v in generator_pct),
+        other_cores=round(cpu.other_cores, 3), errors=errors,
+        error_samples=[s for p in parts for s in p.error_samples][:5], lost=lost,
+        stop_reasons=sorted({p.stop_reason for p in parts}))
+
+
+# -- backlog: fill, memory, then a cycle on the same tubes ------------------------------------
+
+def redis_memory(url: str) -> dict[str, int]:
+    """used_memory and used_memory_rss from INFO memory of the Redis at ``url``."""
+    info = redis_info(url, "memory")
+    return {"used_memory": int(info["used_memory"]),
+            "used_memory_rss": int(info["used_memory_rss"])}
+
+
+def memory_snapshot(server_pids: dict[str, int], redis_url: str | None) -> dict[str, int]:
+    snapshot = {f"rss:{label}": rss_bytes(pid) or 0 for label, pid in server_pids.items()}
+    if redis_url is not None:
+        snapshot.update({f"redis:{k}": v for k, v in redis_memory(redis_url).items()})
+    return snapshot
+
+
+def run_backlog(spec: LoadSpec, server_pids: dict[str, int],
+                redis_url: str | None) -> LoadResult:
+    """Queue ``spec.backlog`` jobs, report memory per job, then cycle on the same tubes."""
+    before = memory_snapshot(server_pids, redis_url)
+    fill_spec = replace(spec, mode="put", jobs=spec.backlog, seconds=None, warmup=0.0,
+                        connections=max(FILL_CONNECTIONS, spec.procs), in_flight=FILL_IN_FLIGHT)
+    fill = run_load(fill_spec, server_pids) if spec.backlog > 0 else None
+    time.sleep(0.5)  # let allocator statistics settle after the burst
+    after = memory_snapshot(server_pids, redis_url)
+    per_job = {k: (after[k] - before[k]) / spec.backlog if spec.backlog else None for k in after}
+    memory = {"before": before, "after": after, "bytes_per_job": per_job,
+              "fill_jobs_per_s": fill.jobs_per_s if fill else None,
+              "fill_ok": fill.ok if fill else True}
+    if spec.jobs > 0:
+        result = run_load(replace(spec, mode="cycle"), server_pids)
+        result.mode = "backlog"
+    else:
+        result = LoadResult(
+            mode="backlog", spec=asdict(spec), ok=fill.ok if fill else True, jobs_per_s=0.0,
+            puts_per_s=0.0,
+            counted=0, completed=0, sent=0, window_s=0.0, latency=latency_summary([]),
+            later_latency=None, cpu_pct=fill.cpu_pct if fill else {},
+            generator_cpu_pct=fill.generator_cpu_pct if fill else [],
+            generator_bound=fill.generator_bound if fill else False,
+            other_cores=fill.other_cores if fill else 0.0, errors=fill.errors if fill else 0,
+            error_samples=fill.error_samples if fill else [], lost=0,
+            stop_reasons=fill.stop_reasons if fill else [])
+    result.extra["memory"] = memory
+    return result
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def _require_loopback(host: str) -> None:
+    if not (host.startswith(LOOPBACK_PREFIX) or host in ("localhost", "::1")):
+        raise SystemExit(f"refusing {host!r}: this load generator only targets loopback")
+
+
+def _pid_label(text: str) -> tuple[str, int]:
+    label, _, pid = text.partition("=")
+    if not pid.isdigit():
+        raise argparse.ArgumentTypeError(f"expected label=PID, got {text!r}")
+    return label, int(pid)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.loadgen",
+                                description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--producer-port", type=int, default=None,
+                   help="wake/delayed: send the puts to this port (default --port)")
+    p.add_argument("-c", "--connections", type=int, default=8,
+                   help="connections (cycle, many-tubes: producers, and as many consumers)")
+    p.add_argument("-P", "--in-flight", type=int, default=1,
+                   help="commands in flight per connection")
+    p.add_argument("-b", "--body-size", type=int, default=100)
+    p.add_argument("-n", "--jobs", type=int, default=100_000, help="at most this many jobs")
+    p.add_argument("-s", "--seconds", type=float, default=None,
+                   help="measurement window; default: until --jobs are done")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds before the window")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="hard bound on the load; reaching it fails the run")
+    p.add_argument("--procs", type=int, default=1, help="generator processes")
+    p.add_argument("--tube", default="bench", help="tube name prefix")
+    p.add_argument("--tubes", type=int, default=1, help="many-tubes: tubes per process")
+    p.add_argument("--puts-per-use", type=int, default=1,
+                   help="many-tubes: puts to one tube before the producer uses the next")
+    p.add_argument("--rate", type=float, default=1000.0, help="delayed: puts per second")
+    p.add_argument("--max-delay", type=int, default=2, help="delayed: largest delay, seconds")
+    p.add_argument("--backlog", type=int, default=0, help="backlog: jobs to queue first")
+    p.add_argument("--server-pid", type=_pid_label, action="append", default=[],
+                   metavar="LABEL=PID", help="also report this process's CPU (and RSS)")
+    p.add_argument("--redis-url", default=None, help="backlog: report this Redis's memory")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    args = p.parse_args(argv)
+    _require_loopback(args.host)
+    if args.body_size < MIN_BODY_SIZE:
+        p.error(f"--body-size must be at least {MIN_BODY_SIZE} (timestamp + delay digit)")
+    if not 0 <= args.max_delay <= 9:
+        p.error("--max-delay must be 0..9 (one digit in the body)")
+    if min(args.connections, args.in_flight, args.procs, args.tubes, args.puts_per_use) < 1:
+        p.error("counts must be at least 1")
+    if args.connections < args.procs:
+        p.error("--connections must be at least --procs")
+    return args
+
+
+def spec_from_args(args: argparse.Namespace) -> LoadSpec:
+    return LoadSpec(
+        mode=args.mode, host=args.host, port=args.port, producer_port=args.producer_port,
+        connections=args.connections, in_flight=args.in_flight, body_size=args.body_size,
+        jobs=args.jobs, seconds=args.seconds, warmup=args.warmup, time_limit=args.time_limit,
+        procs=args.procs, tube=args.tube, tubes=args.tubes, puts_per_use=args.puts_per_use,
+        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed)
+
+
+def describe(result: LoadResult) -> str:
+    lat = result.latency
+    lines = [
+        f"{result.mode}: {result.jobs_per_s:,.0f} jobs/s ({result.counted} jobs in "
+        f"{result.window_s} s; puts acknowledged {result.puts_per_s:,.0f}/s), ok={result.ok}",
+        f"  latency p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms "
+        f"(n={lat['n']})",
+    ]
+    if result.later_latency is not None:
+        later = result.later_latency
+        lines.append(f"  delay >= 1 s only: p50 {later['p50_ms']} ms, p99 {later['p99_ms']} ms,"
+                     f" max {later['max_ms']} ms (n={later['n']})")
+    lines.append(f"  CPU %: servers {result.cpu_pct}, generators {result.generator_cpu_pct}"
+                 f"{' (GENERATOR-BOUND)' if result.generator_bound else ''}, "
+                 f"other cores {result.other_cores}")
+    if result.errors or result.lost:
+        lines.append(f"  errors {result.errors} lost {result.lost}: {result.error_samples}")
+    if "memory" in result.extra:
+        per_job = result.extra["memory"]["bytes_per_job"]
+        lines.append("  bytes per queued job: " + ", ".join(
+            f"{k} {v:,.0f}" for k, v in per_job.items() if v is not None))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    spec = spec_from_args(args)
+    server_pids = dict(args.server_pid)
+    if spec.mode == "backlog":
+        result = run_backlog(spec, server_pids, args.redis_url)
+    else:
+        result = run_load(spec, server_pids)
+    print(describe(result), file=sys.stderr)
+    if args.json:
+        print(json.dumps(asdict(result)))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

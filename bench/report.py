@@ -1,0 +1,483 @@
+"""RESULTS.md from a results file of bench/run.py: tables, ratios, targets met or missed.
+
+Owns: how figures are summarised (median and min-max over repetitions, ratio = tubeq median /
+beanstalkd median from the same run), which figure each target of issue 4 is judged on, and the
+layout of the report. It computes nothing that is not in the results file, and it never fills a
+missing figure: an absent or failed row shows as "n/a" with the reason in the notes.
+
+The section "What the profile points to" is bench/PROFILE_NOTES.md, written by hand from a run's
+profile; the report prints the date of the run it was written for next to this run's date, so a
+stale reading is visible.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
+# A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
+SHARED_BOX_CORES = 0.5
+
+Results = dict[str, Any]
+Run = dict[str, Any]
+
+
+# -- small formatting helpers -----------------------------------------------------------------
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _rate(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:,.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+# -- selecting and summarising runs -----------------------------------------------------------
+
+class Runs:
+    """The runs of one results file, looked up by (row, server)."""
+
+    def __init__(self, results: Results) -> None:
+        self.all: list[Run] = results["runs"]
+
+    def of(self, row: str, server: str) -> list[Run]:
+        return [r for r in self.all if r["row"] == row and r["server"] == server]
+
+    def ok(self, row: str, server: str) -> list[dict[str, Any]]:
+        return [r["result"] for r in self.of(row, server) if r["result"]["ok"]]
+
+    def rate(self, row: str, server: str) -> float | None:
+        return _median(r["jobs_per_s"] for r in self.ok(row, server))
+
+    def rate_cell(self, row: str, server: str) -> str:
+        runs = self.of(row, server)
+        ok = self.ok(row, server)
+        if not ok:
+            return f"n/a ({len(runs)} runs, none ok)" if runs else "n/a"
+        rates = [r["jobs_per_s"] for r in ok]
+        cell = _rate(statistics.median(rates))
+        if len(rates) > 1:
+            cell += f" ({_rate(min(rates))}-{_rate(max(rates))})"
+        if len(ok) < len(runs):
+            cell += f", {len(runs) - len(ok)} of {len(runs)} runs failed"
+        return cell
+
+    def latency(self, row: str, server: str, key: str = "latency") -> dict[str, float | None]:
+        ok = [r[key] for r in self.ok(row, server) if r.get(key)]
+        return {q: _median(lat.get(q) for lat in ok)
+                for q in ("p50_ms", "p90_ms", "p99_ms", "max_ms")}
+
+    def cpu(self, row: str, server: str, label: str) -> float | None:
+        return _median(r["cpu_pct"].get(label) for r in self.ok(row, server))
+
+    def server_cpu_total(self, result: dict[str, Any]) -> float | None:
+        values = [v for v in result["cpu_pct"].values() if v is not None]
+        return sum(values) if values else None
+
+    def us_per_job(self, row: str, server: str) -> float | None:
+        per_run = []
+        for r in self.ok(row, server):
+            total = self.server_cpu_total(r)
+            if total is not None and r["jobs_per_s"] > 0:
+                per_run.append(total / 100.0 / r["jobs_per_s"] * 1e6)
+        return _median(per_run)
+
+    def generator_cpu(self, row: str, server: str) -> str:
+        ok = self.ok(row, server)
+        if not ok:
+            return "n/a"
+        procs = len(ok[0]["generator_cpu_pct"])
+        medians = [_median(r["generator_cpu_pct"][i] for r in ok
+                           if len(r["generator_cpu_pct"]) > i) for i in range(procs)]
+        bound = any(r["generator_bound"] for r in ok)
+        return "+".join(_pct(m) for m in medians) + (" (bound)" if bound else "")
+
+    def other_cores(self, row: str, server: str) -> float | None:
+        return _median(r["result"]["other_cores"] for r in self.of(row, server))
+
+    def server_cpu_cell(self, row: str, server: str) -> str:
+        if server == "beanstalkd":
+            return _pct(self.cpu(row, server, "beanstalkd"))
+        tubeq = [self.cpu(row, server, label) for label in ("tubeq", "tubeq2")]
+        parts = "+".join(_pct(v) for v in tubeq if v is not None) or "n/a"
+        return f"{parts} / {_pct(self.cpu(row, server, 'redis'))}"
+
+
+def _noise(runs: Runs, row: str, servers: Sequence[str]) -> str:
+    values = [runs.other_cores(row, s) for s in servers]
+    cell = " / ".join("n/a" if v is None else f"{v:.2f}" for v in values)
+    if any(v is not None and v >= SHARED_BOX_CORES for v in values):
+        cell += " (shared)"
+    return cell
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+def _header(results: Results) -> list[str]:
+    meta = results["meta"]
+    scale = meta["scale"]
+    minutes, seconds = divmod(int(meta["elapsed_s"]), 60)
+    lines = [
+        "# tubeq vs beanstalkd 1.12: benchmark results",
+        "",
+        f"Written by `{'make bench' if scale['name'] == 'full' else 'python -m bench.run --quick'}`"
+        f" (bench/run.py) on {meta['started']} (UTC); the run took {minutes} min {seconds} s. "
+        f"Scale: **{scale['name']}**, {scale['repetitions']} interleaved repetition(s) per row, "
+        f"{scale['window_s']} s measurement window after {scale['warmup_s']} s of warm-up.",
+        "",
+        "## Machine and versions",
+        "",
+    ]
+    lines += _table(["what", "value"], [[k, str(v)] for k, v in meta["machine"].items()])
+    lines += [
+        "## Method",
+        "",
+        "* Every run starts a fresh server on a free 127.0.0.1 port and stops it by PID: "
+        "`beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq (`python -m tubeq ... --redis "
+        "URL --prefix NAME`) on its own private redis-server (no persistence, "
+        "`hash-max-listpack-value 8192`, as `tubeq.redis_process` configures it). Both keep "
+        "jobs in memory only.",
+        "* The load generator is `bench/loadgen.py` (asyncio + uvloop, one Protocol per "
+        "connection, one write per connection per read). Rows with 64 connections use 2 "
+        "generator processes, each on its own tube.",
+        "* Throughput = jobs completed inside the measurement window / window. A put counts at "
+        "INSERTED, a cycle job at DELETED. put latency is the put round trip; cycle latency is "
+        "put sent -> RESERVED received (from a timestamp in the body); in saturated cycle runs "
+        "producers outrun consumers, so it measures queue depth, not service time.",
+        "* Each cell is the **median over repetitions, with min-max**; the ratio is tubeq's "
+        "median / beanstalkd's median, measured in the same run. Repetitions are interleaved "
+        "(each repetition walks every row, alternating which server goes first).",
+        "* CPU is % of one core over the window, from /proc/PID/stat: beanstalkd; tubeq "
+        "process / its redis-server. `us/job` = server CPU (tubeq + redis summed) per job. "
+        "`gen` is each generator process's CPU: a generator near 100 % (marked `bound`) was "
+        "itself the bottleneck. `other` is the CPU, in cores, of everything else on the "
+        "machine (other tenants); each run first waits up to "
+        f"{scale['quiet_wait_s']} s for the machine to use < 0.3 cores, and rows whose median "
+        f"`other` is >= {SHARED_BOX_CORES} are marked `shared`: their figures are depressed.",
+        "",
+    ]
+    return lines
+
+
+def _throughput(results: Results, runs: Runs) -> list[str]:
+    lines = ["## 1. put, and put+reserve+delete cycles", "",
+             "Rows are `mode connections x in-flight body`. Latency p50 / p99 in ms. CPU % "
+             "beanstalkd | tubeq / redis.", ""]
+    rows = []
+    keys = [r["row"] for r in results["runs"] if r["scenario"] == "throughput"]
+    for key in dict.fromkeys(keys):
+        lat_b, lat_t = runs.latency(key, "beanstalkd"), runs.latency(key, "tubeq")
+        ratio = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
+        rows.append([
+            key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
+            f"**{_x(ratio)}**",
+            f"{_ms(lat_b['p50_ms'])} / {_ms(lat_b['p99_ms'])}",
+            f"{_ms(lat_t['p50_ms'])} / {_ms(lat_t['p99_ms'])}",
+            f"{runs.server_cpu_cell(key, 'beanstalkd')} | {runs.server_cpu_cell(key, 'tubeq')}",
+            f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / {_rate(runs.us_per_job(key, 'tubeq'))}",
+            f"{runs.generator_cpu(key, 'beanstalkd')} / {runs.generator_cpu(key, 'tubeq')}",
+            _noise(runs, key, ("beanstalkd", "tubeq")),
+        ])
+    lines += _table(["row", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                     "latency beanstalkd", "latency tubeq", "CPU %", "us/job b / t",
+                     "gen CPU % b / t", "other cores b / t"], rows)
+    cycle_keys = [k for k in dict.fromkeys(keys) if k.startswith("cycle")]
+    lines += ["Who got served in the cycle rows: puts acknowledged per second (producers) next "
+              "to completed cycles per second (consumers), medians. A server that is fair "
+              "between connections keeps the two close; a gap means consumers were starved "
+              "while producers filled the queue.", ""]
+    fairness = []
+    for key in cycle_keys:
+        cells = [key]
+        for server in ("beanstalkd", "tubeq"):
+            puts = _median(r["puts_per_s"] for r in runs.ok(key, server))
+            cells += [_rate(puts), _rate(runs.rate(key, server))]
+        fairness.append(cells)
+    lines += _table(["row", "beanstalkd puts/s", "beanstalkd cycles/s", "tubeq puts/s",
+                     "tubeq cycles/s"], fairness)
+    return lines
+
+
+def _delayed(runs: Runs) -> list[str]:
+    key = "delayed 0-2 s, 1000/s"
+    lines = ["## 2. Delayed jobs: lateness against the due time", "",
+             "One producer puts 1000 jobs/s with a random delay of 0, 1 or 2 s (the protocol's "
+             "unit is the second); 8 consumers wait in reserve-with-timeout. Lateness = RESERVED "
+             "received - (put sent + delay), ms, median over repetitions (p99 min-max).", ""]
+    rows = []
+    for server in ("beanstalkd", "tubeq"):
+        all_jobs = runs.latency(key, server)
+        later = runs.latency(key, server, "later_latency")
+        p99s = [r["latency"]["p99_ms"] for r in runs.ok(key, server)]
+        spread = f" ({_ms(min(p99s))}-{_ms(max(p99s))})" if len(p99s) > 1 else ""
+        delivered = _median(r["completed"] for r in runs.ok(key, server))
+        rows.append([server, _ms(all_jobs["p50_ms"]), _ms(all_jobs["p99_ms"]) + spread,
+                     _ms(all_jobs["max_ms"]),
+                     f"{_ms(later['p50_ms'])} / {_ms(later['p99_ms'])} / {_ms(later['max_ms'])}",
+                     _rate(delivered), runs.server_cpu_cell(key, server),
+                     _noise(runs, key, (server,))])
+    return lines + _table(["server", "p50", "p99", "max", "delay >= 1 s: p50 / p99 / max",
+                           "jobs delivered", "CPU %", "other cores"], rows)
+
+
+def _wake(runs: Runs) -> list[str]:
+    key = "wake, 4 blocked consumers"
+    lines = ["## 3. Wake latency: put -> RESERVED for a consumer already blocked in reserve", "",
+             "4 consumers wait in reserve; one producer puts one job 1-3 ms after the previous "
+             "one was delivered. `tubeq x2`: the consumers are on one tubeq process, the "
+             "producer on another (same Redis, same prefix), so the wake-up crosses processes "
+             "through Redis pub/sub. beanstalkd is one process: its figure is the reference for "
+             "both tubeq rows. ms, median over repetitions.", ""]
+    rows = []
+    for server in ("beanstalkd", "tubeq", "tubeq x2"):
+        lat = runs.latency(key, server)
+        rows.append([server, _ms(lat["p50_ms"]), _ms(lat["p99_ms"]), _ms(lat["max_ms"]),
+                     runs.server_cpu_cell(key, server), _noise(runs, key, (server,))])
+    return lines + _table(["server", "p50", "p99", "max", "CPU %", "other cores"], rows)
+
+
+def _many_tubes(results: Results, runs: Runs) -> list[str]:
+    lines = ["## 4. Reserve across many watched tubes", "",
+             "8 producer connections put round robin over T tubes (a `use` before every put, as "
+             "in perf-baseline.md section 5, unless the row says otherwise); 8 consumer "
+             "connections each watch all T tubes; 16 commands in flight per connection. "
+             "\"vs 1 tube\" compares each server with itself.", ""]
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"]
+                              if r["scenario"] == "many-tubes"))
+    base_b, base_t = runs.rate("1 tube", "beanstalkd"), runs.rate("1 tube", "tubeq")
+    rows = []
+    for key in keys:
+        rate_b, rate_t = runs.rate(key, "beanstalkd"), runs.rate(key, "tubeq")
+        lat_t = runs.latency(key, "tubeq")
+        rows.append([key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
+                     f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),
+                     f"**{_x(_ratio(rate_t, base_t))}**",
+                     f"{_ms(lat_t['p50_ms'])} / {_ms(lat_t['p99_ms'])}",
+                     f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
+                     f"{runs.server_cpu_cell(key, 'tubeq')}",
+                     f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / "
+                     f"{_rate(runs.us_per_job(key, 'tubeq'))}",
+                     _noise(runs, key, ("beanstalkd", "tubeq"))])
+    return lines + _table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                           "beanstalkd vs 1 tube", "tubeq vs 1 tube", "tubeq latency p50/p99",
+                           "CPU %", "us/job b / t", "other cores b / t"], rows)
+
+
+def _bytes(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+def _backlog(results: Results, runs: Runs) -> list[str]:
+    section = results.get("backlog") or {}
+    cycle = section.get("cycle", {})
+    lines = ["## 5. Backlog: throughput with jobs already queued, and memory per queued job", "",
+             f"Both servers are filled with N jobs of 100 B (same priority) in one tube, then "
+             f"a cycle load of {cycle.get('connections', '?')} producer + "
+             f"{cycle.get('connections', '?')} consumer connections x "
+             f"{cycle.get('in_flight', '?')} in flight runs on that tube, so consumers take the "
+             "oldest queued jobs first. Repetitions are interleaved on the same filled pair.", ""]
+    big, reason = section.get("big"), section.get("big_reason", "")
+    if section.get("requested_big") and big != section.get("requested_big"):
+        ran = f"run with {big:,} jobs, " if big else ""
+        lines += [f"**The issue's 10M row:** {ran}{reason}. No figure for 10M is extrapolated.",
+                  ""]
+    sizes = section.get("sizes", [])
+    base_b, base_t = runs.rate("backlog 0", "beanstalkd"), runs.rate("backlog 0", "tubeq")
+    rows = []
+    for size in sizes:
+        key = f"backlog {size:,}"
+        rate_b, rate_t = runs.rate(key, "beanstalkd"), runs.rate(key, "tubeq")
+        rows.append([f"{size:,}", runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
+                     f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),
+                     f"**{_x(_ratio(rate_t, base_t))}**",
+                     f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
+                     f"{runs.server_cpu_cell(key, 'tubeq')}",
+                     _noise(runs, key, ("beanstalkd", "tubeq"))])
+    lines += _table(["queued jobs", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                     "beanstalkd vs empty", "tubeq vs empty", "CPU %", "other cores b / t"], rows)
+    lines += ["Memory per queued job = (after filling - before) / N: beanstalkd's VmRSS; for "
+              "tubeq, Redis `used_memory` (what the target is judged on), Redis's RSS and the "
+              "tubeq process's RSS (which should not grow: jobs live in Redis). Fill rate = "
+              "puts/s while filling (8 connections x 64 in flight).", ""]
+    mem_rows = []
+    fills = [*section.get("fills", []), *[dict(f, body=4096) for f in results.get("memory_4k", [])]]
+    for size in sorted({(f.get("body", 100), f["size"]) for f in fills if f["size"]}):
+        body, n = size
+        bs = next((f for f in fills if f.get("body", 100) == body and f["size"] == n
+                   and f["server"] == "beanstalkd"), None)
+        tq = next((f for f in fills if f.get("body", 100) == body and f["size"] == n
+                   and f["server"] == "tubeq"), None)
+        rss_b = bs["bytes_per_job"].get("rss:beanstalkd") if bs else None
+        used = tq["bytes_per_job"].get("redis:used_memory") if tq else None
+        mem_rows.append([f"{body} B", f"{n:,}", _bytes(rss_b), _bytes(used),
+                         _bytes(tq["bytes_per_job"].get("redis:used_memory_rss") if tq else None),
+                         _bytes(tq["bytes_per_job"].get("rss:tubeq") if tq else None),
+                         f"**{_x(_ratio(used, rss_b))}**",
+                         f"{_rate(bs['fill_jobs_per_s'] if bs else None)} / "
+                         f"{_rate(tq['fill_jobs_per_s'] if tq else None)}"])
+    return lines + _table(["body", "jobs", "beanstalkd RSS B/job", "Redis used_memory B/job",
+                           "Redis RSS B/job", "tubeq RSS B/job", "used_memory / beanstalkd",
+                           "fill jobs/s b / t"], mem_rows)
+
+
+def _profiles(results: Results) -> list[str]:
+    lines = ["## 6. Profile: where tubeq's CPU goes", "",
+             "Each main row was run once more against tubeq only, with py-spy sampling the tubeq "
+             "process (250 Hz, non-blocking, busy samples only) and Redis's INFO commandstats "
+             "reset before the load. Throughput here is with py-spy attached (it takes some "
+             "CPU on the same 2 cores). Redis time per job is Redis's own accounting of "
+             "command execution (Lua included), per completed job. A function's own time "
+             "includes the C code it calls (future creation, callbacks, `transport.write`); "
+             "time inside uvloop's own C loop shows as the event loop.", ""]
+    for profile in results.get("profiles", []):
+        result, spy, redis = profile["result"], profile["py_spy"], profile["redis"]
+        cpu = result["cpu_pct"]
+        lines += [f"### {profile['row']}", "",
+                  f"{result['jobs_per_s']:,.0f} jobs/s; CPU: tubeq process "
+                  f"{_pct(cpu.get('tubeq'))} %, redis-server {_pct(cpu.get('redis'))} %, "
+                  f"generators {'+'.join(_pct(v) for v in result['generator_cpu_pct'])} %, "
+                  f"other {result['other_cores']:.2f} cores.", ""]
+        if redis:
+            by_command = redis["by_command"][:6]
+            lines += [f"Redis: {redis['total_usec_per_job']} us and "
+                      f"{redis['total_calls_per_job']} calls per job: "
+                      + "; ".join(f"`{name}` {calls} calls, {usec} us" for name, calls, usec
+                                  in by_command) + ".", ""]
+        if "problem" in spy:
+            lines += [f"py-spy: {spy['problem']}", ""]
+            continue
+        lines += [f"py-spy ({spy['samples']} busy samples) by source area: "
+                  + ", ".join(f"{area} {share} %" for area, share in spy["areas"]) + ".", ""]
+        own = spy["own"][:8]
+        inclusive = spy["inclusive_tubeq"][:8]
+        width = max(len(own), len(inclusive))
+        rows = []
+        for i in range(width):
+            a = own[i] if i < len(own) else ("", "")
+            b = inclusive[i] if i < len(inclusive) else ("", "")
+            rows.append([f"`{a[0]}`" if a[0] else "", f"{a[1]}" if a[0] else "",
+                         f"`{b[0]}`" if b[0] else "", f"{b[1]}" if b[0] else ""])
+        lines += _table(["top own time", "%", "top tubeq functions incl. callees", "%"], rows)
+    return lines
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+Target = tuple[str, str, bool | None, str]
+
+
+def targets(results: Results, runs: Runs) -> list[Target]:
+    """(target, measured, met?, basis) for every target of issue 4."""
+    out: list[Target] = []
+
+    def ratio_target(label: str, key: str, floor: float) -> None:
+        ratio = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
+        out.append((f"{label} >= {floor}x", _x(ratio), None if ratio is None else ratio >= floor,
+                    key))
+
+    ratio_target("64 x 16 cycles, 100 B", "cycle 64x16 100B", 0.85)
+    ratio_target("64 x 16 puts, 100 B", "put 64x16 100B", 0.75)
+    ratio_target("64 x 1 cycles, 100 B", "cycle 64x1 100B", 0.45)
+    ratio_target("64 x 1 puts, 100 B", "put 64x1 100B", 0.45)
+
+    def latency_target(label: str, key: str, server: str, ceiling: float) -> None:
+        p99 = runs.latency(key, server)["p99_ms"]
+        out.append((f"{label} p99 <= {ceiling:g} ms", "n/a" if p99 is None else f"{_ms(p99)} ms",
+                    None if p99 is None else p99 <= ceiling, f"{key}, {server}"))
+
+    latency_target("delayed-job lateness", "delayed 0-2 s, 1000/s", "tubeq", 2.0)
+    latency_target("wake latency, one process", "wake, 4 blocked consumers", "tubeq", 2.0)
+    latency_target("wake latency, across processes", "wake, 4 blocked consumers", "tubeq x2", 5.0)
+    tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
+    out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
+                None if tubes is None else tubes >= 0.8, "many-tubes, tubeq"))
+    section = results.get("backlog") or {}
+    sizes = [s for s in section.get("sizes", []) if s]
+    if sizes:
+        largest = max(sizes)
+        kept = _ratio(runs.rate(f"backlog {largest:,}", "tubeq"), runs.rate("backlog 0", "tubeq"))
+        note = "" if largest >= 10_000_000 else f" (measured at {largest:,}, not 10M)"
+        out.append((f"throughput with 10M queued >= 0.9x empty{note}", _x(kept),
+                    None if kept is None else kept >= 0.9, f"backlog {largest:,}, tubeq"))
+    step = [f for f in section.get("fills", []) if f["size"] == min(sizes, default=0)]
+    rss_b = next((f["bytes_per_job"].get("rss:beanstalkd") for f in step
+                  if f["server"] == "beanstalkd"), None)
+    used = next((f["bytes_per_job"].get("redis:used_memory") for f in step
+                 if f["server"] == "tubeq"), None)
+    mem = _ratio(used, rss_b)
+    out.append(("Redis memory per queued 100 B job <= 1.3x beanstalkd RSS per job",
+                f"{_x(mem)} ({_bytes(used)} vs {_bytes(rss_b)} B)",
+                None if mem is None else mem <= 1.3,
+                f"backlog {min(sizes, default=0):,} fill"))
+    return out
+
+
+def _targets(results: Results, runs: Runs) -> list[str]:
+    rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
+             basis] for label, measured, met, basis in targets(results, runs)]
+    return ["## Targets of issue 4 (ratios measured in this run)", "",
+            *_table(["target", "measured", "", "row"], rows)]
+
+
+def _notes_section(results: Results) -> list[str]:
+    lines = ["## 7. What the profile points to", ""]
+    if PROFILE_NOTES.exists():
+        lines += [PROFILE_NOTES.read_text().strip(), ""]
+    else:
+        lines += ["(bench/PROFILE_NOTES.md is missing: no hand-written reading of the profile.)",
+                  ""]
+    notes = results.get("notes") or []
+    failed = [r for r in results["runs"] if not r["result"]["ok"]]
+    if notes or failed:
+        lines += ["## Notes and failed runs", ""]
+        lines += [f"* {note}" for note in notes]
+        lines += [f"* {r['row']}, {r['server']}, repetition {r['rep']}: "
+                  f"{r['result']['error_samples'][:2]} (stop: {r['result']['stop_reasons']})"
+                  for r in failed]
+        lines.append("")
+    return lines
+
+
+def render(results: Results) -> str:
+    """The whole RESULTS.md."""
+    runs = Runs(results)
+    sections: list[Callable[[], list[str]]] = [
+        lambda: _header(results),
+        lambda: _targets(results, runs),
+        lambda: _throughput(results, runs),
+        lambda: _delayed(runs),
+        lambda: _wake(runs),
+        lambda: _many_tubes(results, runs),
+        lambda: _backlog(results, runs),
+        lambda: _profiles(results),
+        lambda: _notes_section(results),
+    ]
+    return "\n".join(line for section in sections for line in section()).rstrip() + "\n"

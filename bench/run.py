@@ -1,0 +1,491 @@
+"""The benchmark of issue 4: beanstalkd and tubeq under the same loads in one run -> RESULTS.md.
+
+    make bench                                   the full run (~14 min on the 2-core machine)
+    .venv/bin/python -m bench.run --quick        1 repetition, small counts (~2 min)
+    .venv/bin/python -m bench.run --render bench/out/results-<stamp>.json   re-render only
+
+Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
+server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
+briefly for the machine to be quiet, drives it with bench.loadgen, and stops it by PID.
+Repetitions are interleaved: each repetition walks every row, alternating which server goes
+first, so a noisy minute hurts one repetition of many rows rather than every repetition of one.
+
+Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
+process and two), 4 many watched tubes, then a py-spy profile of the main rows, and last
+5 backlog and memory per queued job. The backlog row the issue asks for (10M jobs) is sized to
+what the remaining time budget can fill at the fill rates measured on the 1M row; RESULTS.md
+says when it was reduced and why.
+
+Raw results go to bench/out/results-<stamp>.json (ignored by git); bench/report.py renders them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
+from bench.procstat import wait_until_quiet
+from bench.profiling import Recording, redis_per_job
+from bench.redisinfo import command_stats
+from bench.servers import REPO_ROOT, Beanstalkd, Server, Tubeq
+
+BENCH_DIR = Path(__file__).resolve().parent
+OUT_DIR = BENCH_DIR / "out"
+# The machine counts as quiet below this many busy cores (research/perf-baseline.md: 0.3).
+QUIET_CORES = 0.3
+# After this many runs in a row found the machine busy (another tenant holding a core for
+# minutes), stop waiting for quiet until a quiet sample comes back: waiting would only eat the
+# time budget, and every run records its `other_cores` anyway.
+BUSY_STREAK_GIVE_UP = 5
+# Hard bound on one load beyond its own planned length (setup, tails, a slow machine).
+RUN_SLACK_S = 30.0
+# Upper bound on jobs in a time-window run; never reached at these servers' speeds.
+WINDOW_JOB_CAP = 2_000_000
+BACKLOG_REQUESTED = 10_000_000
+# A backlog row smaller than this multiple of the 1M row would say little: skip it instead.
+BACKLOG_MIN_FACTOR = 1.5
+# Memory a queued 100-byte job takes in both servers together, with headroom (beanstalkd ~300 B,
+# Redis ~400 B): the big backlog row never asks for more than 60 % of MemAvailable.
+BACKLOG_BYTES_PER_JOB_BOTH = 900
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Counts and durations of one kind of run (full or quick)."""
+
+    name: str
+    repetitions: int
+    window_s: float
+    warmup_s: float
+    quiet_wait_s: float
+    delayed_jobs: int
+    wake_jobs: int
+    backlog_step: int  # the "1M" row
+    backlog_cap: int  # the "10M" row, at most
+    memory_4k_jobs: int
+    profile_s: float
+    budget_s: float  # the whole run should end within this
+
+
+FULL = Scale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.5,
+             delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
+             backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, profile_s=4.0,
+             budget_s=13 * 60)
+QUICK = Scale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
+              delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
+              memory_4k_jobs=5_000, profile_s=2.0, budget_s=4 * 60)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One scenario row: a load, and the servers it runs against."""
+
+    scenario: str
+    key: str
+    spec: LoadSpec  # port 0: filled in per run
+    servers: tuple[str, ...] = ("beanstalkd", "tubeq")
+
+
+def make_server(kind: str, log_dir: Path) -> Server:
+    if kind == "beanstalkd":
+        return Beanstalkd(log_dir)
+    if kind == "tubeq":
+        return Tubeq(log_dir)
+    if kind == "tubeq x2":
+        return Tubeq(log_dir, processes=2)
+    raise ValueError(kind)
+
+
+# -- the rows ---------------------------------------------------------------------------------
+
+def throughput_rows(scale: Scale) -> list[Row]:
+    rows = []
+    for mode in ("put", "cycle"):
+        for conns in (1, 8, 64):
+            for in_flight in (1, 16):
+                for body in (100, 4096):
+                    spec = LoadSpec(mode=mode, port=0, connections=conns, in_flight=in_flight,
+                                    body_size=body, jobs=WINDOW_JOB_CAP, seconds=scale.window_s,
+                                    warmup=scale.warmup_s, procs=2 if conns == 64 else 1,
+                                    time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+                    rows.append(Row("throughput", f"{mode} {conns}x{in_flight} {body}B", spec))
+    return rows
+
+
+def delayed_row(scale: Scale) -> Row:
+    spec = LoadSpec(mode="delayed", port=0, connections=8, jobs=scale.delayed_jobs, rate=1000.0,
+                    max_delay=2, time_limit=scale.delayed_jobs / 1000.0 + 2 + RUN_SLACK_S)
+    return Row("delayed", "delayed 0-2 s, 1000/s", spec)
+
+
+def wake_row(scale: Scale) -> Row:
+    spec = LoadSpec(mode="wake", port=0, connections=4, jobs=scale.wake_jobs,
+                    time_limit=scale.wake_jobs * 0.01 + RUN_SLACK_S)
+    return Row("wake", "wake, 4 blocked consumers", spec, ("beanstalkd", "tubeq", "tubeq x2"))
+
+
+def many_tube_rows(scale: Scale) -> list[Row]:
+    rows = []
+    for tubes, puts_per_use in ((1, 1), (10, 1), (100, 1), (1000, 1), (100, 16)):
+        spec = LoadSpec(mode="many-tubes", port=0, connections=8, in_flight=16, tubes=tubes,
+                        puts_per_use=puts_per_use, jobs=WINDOW_JOB_CAP, seconds=scale.window_s,
+                        warmup=scale.warmup_s,
+                        time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+        suffix = "" if puts_per_use == 1 else f", use every {puts_per_use} puts"
+        rows.append(Row("many-tubes", f"{tubes} tube{'s' if tubes > 1 else ''}{suffix}", spec))
+    return rows
+
+
+PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
+                 "100 tubes")
+
+
+def backlog_cycle_spec(scale: Scale) -> LoadSpec:
+    """The load measured on top of a backlog: ordinary clients (1 in flight), one tube."""
+    return LoadSpec(mode="cycle", port=0, connections=8, in_flight=1, body_size=100,
+                    jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
+                    tube="backlog", time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+
+
+# -- running ----------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, scale: Scale, log: Callable[[str], None]) -> None:
+        self.scale = scale
+        self.log = log
+        self.started = time.monotonic()
+        self.stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        self.log_dir = OUT_DIR / f"logs-{self.stamp}"
+        self.runs: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.busy_streak = 0
+        self.busy_starts = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def quiet(self) -> float:
+        """Wait (bounded) for the machine to be quiet; returns the load seen last, in cores."""
+        patience = 0.0 if self.busy_streak >= BUSY_STREAK_GIVE_UP else self.scale.quiet_wait_s
+        load = wait_until_quiet(QUIET_CORES, patience)
+        if load >= QUIET_CORES:
+            self.busy_streak += 1
+            self.busy_starts += 1
+        else:
+            self.busy_streak = 0
+        return load
+
+    def record(self, row: Row, server: str, rep: int, quiet: float, result: LoadResult,
+               **extra: Any) -> None:
+        entry = {"scenario": row.scenario, "row": row.key, "server": server, "rep": rep,
+                 "quiet_cores": round(quiet, 3), "result": asdict(result), **extra}
+        self.runs.append(entry)
+        status = "" if result.ok else f"  FAILED {result.error_samples[:2]}"
+        lat = result.latency
+        self.log(f"[{self.elapsed():6.0f}s] {row.key:<28} {server:<10} rep {rep}: "
+                 f"{result.jobs_per_s:>9,.0f} jobs/s p50 {lat['p50_ms']} p99 {lat['p99_ms']} ms "
+                 f"cpu {result.cpu_pct} gen {result.generator_cpu_pct} "
+                 f"other {result.other_cores}{status}")
+
+    def fresh_run(self, row: Row, kind: str, rep: int) -> None:
+        server = make_server(kind, self.log_dir)
+        try:
+            server.start()
+            quiet = self.quiet()
+            spec = replace(row.spec, port=server.port, producer_port=server.producer_port)
+            result = run_load(spec, server.pids)
+        except Exception as exc:  # one broken run must not lose the others
+            self.log(f"{row.key} {kind} rep {rep}: ERROR {exc!r}")
+            self.notes.append(f"{row.key}, {kind}, repetition {rep}: the run failed: {exc!r}")
+            return
+        finally:
+            server.stop()
+        self.record(row, kind, rep, quiet, result)
+
+    def interleaved(self, rows: list[Row]) -> None:
+        for rep in range(self.scale.repetitions):
+            for row in rows:
+                servers = row.servers if rep % 2 == 0 else tuple(reversed(row.servers))
+                for kind in servers:
+                    self.fresh_run(row, kind, rep)
+
+    # -- profile ----------------------------------------------------------------------------
+
+    def profile(self, rows: list[Row]) -> list[dict[str, Any]]:
+        profiles = []
+        for row in rows:
+            server = Tubeq(self.log_dir)
+            try:
+                server.start()
+                self.quiet()
+                server.reset_redis_stats()
+                output = self.log_dir / f"pyspy-{row.key.replace(' ', '_')}.txt"
+                spec = replace(row.spec, port=server.port, producer_port=server.producer_port,
+                               seconds=self.scale.profile_s, warmup=0.5)
+                recording = Recording.start(server.pids["tubeq"],
+                                            spec.warmup + self.scale.profile_s + 0.5, output)
+                result = run_load(spec, server.pids)
+                spy = recording.finish(timeout=30.0)
+                assert server.redis_url is not None
+                redis = redis_per_job(command_stats(server.redis_url), result.completed)
+            except Exception as exc:
+                self.notes.append(f"profile of {row.key} failed: {exc!r}")
+                continue
+            finally:
+                server.stop()
+            self.log(f"[{self.elapsed():6.0f}s] profile {row.key}: {result.jobs_per_s:,.0f} "
+                     f"jobs/s, cpu {result.cpu_pct}, samples {spy.get('samples')}")
+            profiles.append({"row": row.key, "result": asdict(result), "py_spy": spy,
+                             "redis": redis})
+        return profiles
+
+    # -- backlog ----------------------------------------------------------------------------
+
+    def backlog(self, reserve_s: float) -> dict[str, Any]:
+        """Rows 0, the step (1M) and the big one (10M or what the budget allows)."""
+        scale = self.scale
+        fills: list[dict[str, Any]] = []
+        section: dict[str, Any] = {"requested_big": BACKLOG_REQUESTED, "fills": fills,
+                                   "cycle": asdict(backlog_cycle_spec(scale))}
+        self._backlog_size(0, fills)
+        self._backlog_size(scale.backlog_step, fills)
+        big, reason = self._big_backlog_size(fills, reserve_s)
+        section["big"], section["big_reason"] = big, reason
+        self.log(f"[{self.elapsed():6.0f}s] big backlog row: {big:,} jobs ({reason})")
+        if big:
+            self._backlog_size(big, fills)
+        section["sizes"] = sorted({f["size"] for f in fills})
+        return section
+
+    def _big_backlog_size(self, fills: list[dict[str, Any]], reserve_s: float) -> tuple[int, str]:
+        scale = self.scale
+        step = [f for f in fills if f["size"] == scale.backlog_step and f["fill_jobs_per_s"]]
+        if len(step) < 2:
+            return 0, "the step row's fill failed, so no fill rate to size it by"
+        seconds_per_job = sum(1.0 / f["fill_jobs_per_s"] for f in step)
+        measure_s = scale.repetitions * 2 * (scale.window_s + scale.warmup_s + 2.0) + 10
+        fill_budget = scale.budget_s - self.elapsed() - reserve_s - measure_s
+        by_time = int(max(0.0, fill_budget) / seconds_per_job)
+        by_memory = int(_mem_available() * 0.6 / BACKLOG_BYTES_PER_JOB_BOTH)
+        size = min(scale.backlog_cap, by_time, by_memory)
+        size -= size % max(1, scale.backlog_step // 2)
+        rates = " and ".join(f"{f['server']} {f['fill_jobs_per_s']:,.0f}/s" for f in step)
+        if size < BACKLOG_MIN_FACTOR * scale.backlog_step:
+            return 0, (f"skipped: filling at the measured rates ({rates}) leaves time for only "
+                       f"{by_time:,} jobs within the {scale.budget_s / 60:.0f}-minute budget")
+        if size >= scale.backlog_cap:
+            return size, "as requested" if size == BACKLOG_REQUESTED else "the quick cap"
+        limit = "time" if by_time <= by_memory else "memory"
+        return size, (f"reduced from {scale.backlog_cap:,} by the {limit} budget: the 1M row "
+                      f"filled at {rates} ({seconds_per_job * 1e6:.1f} us per job for both), "
+                      f"{max(0.0, fill_budget):.0f} s were left for filling within the "
+                      f"{scale.budget_s / 60:.0f}-minute budget of `make bench`")
+
+    def _backlog_size(self, size: int, fills: list[dict[str, Any]]) -> None:
+        """Fill both servers with ``size`` jobs, then interleave the measured cycles."""
+        scale = self.scale
+        spec = backlog_cycle_spec(scale)
+        servers: dict[str, Server] = {"beanstalkd": Beanstalkd(self.log_dir),
+                                      "tubeq": Tubeq(self.log_dir)}
+        row = Row("backlog", f"backlog {size:,}", spec)
+        try:
+            for kind, server in servers.items():
+                server.start()
+                fill_spec = replace(spec, mode="backlog", port=server.port, jobs=0,
+                                    backlog=size, time_limit=size / 5000 + RUN_SLACK_S)
+                started = time.monotonic()
+                filled = run_backlog(fill_spec, server.memory_pids, server.redis_url)
+                memory = filled.extra["memory"]
+                fills.append({"size": size, "server": kind, "ok": filled.ok,
+                              "fill_jobs_per_s": memory["fill_jobs_per_s"],
+                              "fill_s": round(time.monotonic() - started, 1),
+                              "bytes_per_job": memory["bytes_per_job"],
+                              "before": memory["before"], "after": memory["after"]})
+                self.log(f"[{self.elapsed():6.0f}s] backlog {size:,} {kind}: filled at "
+                         f"{memory['fill_jobs_per_s'] or 0:,.0f}/s, bytes/job "
+                         f"{_short(memory['bytes_per_job'])}")
+            for rep in range(scale.repetitions):
+                order = list(servers) if rep % 2 == 0 else list(reversed(servers))
+                for kind in order:
+                    server = servers[kind]
+                    quiet = self.quiet()
+                    result = run_load(replace(spec, port=server.port), server.pids)
+                    self.record(row, kind, rep, quiet, result, backlog=size)
+        except Exception as exc:
+            self.notes.append(f"backlog {size:,} failed: {exc!r}")
+            self.log(f"backlog {size:,}: ERROR {exc!r}")
+        finally:
+            for server in servers.values():
+                server.stop()
+
+    def memory_4k(self) -> list[dict[str, Any]]:
+        """Memory per queued 4 KiB job (no load on top)."""
+        out = []
+        for kind in ("beanstalkd", "tubeq"):
+            server = make_server(kind, self.log_dir)
+            try:
+                server.start()
+                spec = LoadSpec(mode="backlog", port=server.port, jobs=0, body_size=4096,
+                                backlog=self.scale.memory_4k_jobs, tube="memory",
+                                time_limit=self.scale.memory_4k_jobs / 2000 + RUN_SLACK_S)
+                filled = run_backlog(spec, server.memory_pids, server.redis_url)
+                memory = filled.extra["memory"]
+                out.append({"size": self.scale.memory_4k_jobs, "server": kind, "ok": filled.ok,
+                            "fill_jobs_per_s": memory["fill_jobs_per_s"],
+                            "bytes_per_job": memory["bytes_per_job"]})
+                self.log(f"[{self.elapsed():6.0f}s] memory 4 KiB {kind}: "
+                         f"{_short(memory['bytes_per_job'])}")
+            except Exception as exc:
+                self.notes.append(f"4 KiB memory row on {kind} failed: {exc!r}")
+            finally:
+                server.stop()
+        return out
+
+
+def _short(per_job: dict[str, float | None]) -> str:
+    return ", ".join(f"{k} {v:,.0f}" for k, v in per_job.items() if v is not None)
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# -- machine and versions ---------------------------------------------------------------------
+
+def _first_line(command: list[str]) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except OSError:
+        return "not found"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) \
+        else "unknown"
+
+
+def _cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _package(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_and_versions() -> dict[str, str]:
+    commit = _first_line(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
+    status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "tubeq"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    os_release = "unknown"
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("PRETTY_NAME="):
+            os_release = line.split("=", 1)[1].strip('"')
+    return {
+        "cpu": f"{_cpu_model()}, {_cores()} cores",
+        "memory": f"{_mem_total_gib():.0f} GiB",
+        "os": f"{os_release}, kernel {platform.release()}",
+        "python": platform.python_version(),
+        "uvloop": _package("uvloop"), "hiredis": _package("hiredis"),
+        "redis-py": _package("redis"), "py-spy": _package("py-spy"),
+        "redis-server": _first_line(["redis-server", "--version"]),
+        "beanstalkd": _first_line(["beanstalkd", "-v"]),
+        "tubeq": f"{_package_version()} at commit {commit}"
+                 + (" with uncommitted changes under tubeq/" if status else ""),
+    }
+
+
+def _cores() -> int:
+    return os.cpu_count() or 0
+
+
+def _mem_total_gib() -> float:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) / (1 << 20)
+
+
+def _package_version() -> str:
+    from tubeq import __version__
+    return __version__
+
+
+# -- main -------------------------------------------------------------------------------------
+
+def run(scale: Scale, output: Path) -> Path:
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    bench = Bench(scale, log)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    started_at = datetime.now(UTC)
+    log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
+    bench.interleaved(throughput_rows(scale))
+    bench.interleaved([delayed_row(scale), wake_row(scale)])
+    tube_rows = many_tube_rows(scale)
+    bench.interleaved(tube_rows)
+    by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
+    profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
+    memory_4k = bench.memory_4k()
+    backlog = bench.backlog(reserve_s=15.0)
+    if bench.busy_starts:
+        bench.notes.append(
+            f"{bench.busy_starts} runs started while other processes used >= {QUIET_CORES} "
+            f"cores; after {BUSY_STREAK_GIVE_UP} such runs in a row the harness stops waiting "
+            "for quiet until the machine is quiet again (see `other cores` per row).")
+    results = {
+        "meta": {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
+                 "elapsed_s": round(bench.elapsed(), 1), "machine": machine_and_versions()},
+        "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
+        "notes": bench.notes,
+    }
+    raw = OUT_DIR / f"results-{bench.stamp}.json"
+    raw.write_text(json.dumps(results, indent=1))
+    output.write_text(report.render(results))
+    log(f"bench: done in {bench.elapsed() / 60:.1f} min; raw results {raw.relative_to(REPO_ROOT)}"
+        f", report {output.relative_to(REPO_ROOT) if output.is_relative_to(REPO_ROOT) else output}")
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run",
+                                description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("--quick", action="store_true",
+                   help="1 repetition, small counts (development); writes bench/out/")
+    p.add_argument("--output", type=Path, default=None,
+                   help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
+    p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
+                   help="only re-render a saved results file")
+    args = p.parse_args(argv)
+    quick_default = OUT_DIR / "RESULTS-quick.md"
+    output = args.output or (quick_default if args.quick else BENCH_DIR / "RESULTS.md")
+    if args.render is not None:
+        results = json.loads(args.render.read_text())
+        output.write_text(report.render(results))
+        return 0
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    run(QUICK if args.quick else FULL, output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The servers a benchmark run measures: fresh beanstalkd, and tubeq on a private redis-server.
+
+Owns: starting each server on a free loopback port, knowing its PIDs (for CPU and memory), and
+stopping it by those PIDs: SIGTERM, then SIGKILL after a bound. Never by name, and never a Redis
+this module did not start (the private one comes from ``tubeq.redis_process.RedisProcess``).
+
+tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
+--prefix NAME``, from the repository root. Several tubeq processes can share one Redis and
+prefix (the wake scenario across processes). The private Redis runs without persistence, as
+beanstalkd runs without its binlog: both keep jobs in memory only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.redisinfo import redis_command
+from tubeq.redis_process import RedisProcess, free_port
+
+LOOPBACK = "127.0.0.1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# tubeq imports its package and connects to Redis before it listens; on two busy cores that can
+# take a few seconds.
+STARTUP_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 5.0
+# free_port() can lose a race with another process; a server that fails to bind is retried.
+PORT_ATTEMPTS = 3
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or never accepted a connection; the message has its log's tail."""
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=0.5):
+        return True
+    return False
+
+
+def _stop_pid(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _spawn(command: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` and wait until ``port`` accepts; raises ServerStartError."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=env, cwd=cwd)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if _accepts(port):
+            return proc
+        time.sleep(0.02)
+    _stop_pid(proc)
+    tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+    raise ServerStartError(f"{command[0]} on port {port} did not start: {tail}")
+
+
+@dataclass
+class Beanstalkd:
+    """beanstalkd -l 127.0.0.1 -p PORT, no binlog."""
+
+    log_dir: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    name: str = "beanstalkd"
+
+    def start(self) -> None:
+        binary = shutil.which("beanstalkd")
+        if binary is None:
+            raise ServerStartError("no beanstalkd on PATH (make system-deps installs it)")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(PORT_ATTEMPTS):
+            self.port = free_port(LOOPBACK)
+            try:
+                self.proc = _spawn([binary, "-l", LOOPBACK, "-p", str(self.port)], self.port,
+                                   self.log_dir / "beanstalkd.log")
+                return
+            except ServerStartError:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+
+    @property
+    def pids(self) -> dict[str, int]:
+        assert self.proc is not None
+        return {"beanstalkd": self.proc.pid}
+
+    @property
+    def memory_pids(self) -> dict[str, int]:
+        return self.pids
+
+    @property
+    def redis_url(self) -> str | None:
+        return None
+
+    @property
+    def producer_port(self) -> int:
+        return self.port
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_pid(self.proc)
+            self.proc = None
+
+
+@dataclass
+class Tubeq:
+    """A private redis-server and ``processes`` tubeq processes on it, one prefix.
+
+    ``port`` is the first process's; ``producer_port`` the last one's (the same with one
+    process), so a producer and its consumers are on different processes when there are two.
+    """
+
+    log_dir: Path
+    processes: int = 1
+    port: int = 0
+    producer_port: int = 0
+    redis: RedisProcess | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(3))
+    name: str = "tubeq"
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisProcess(self.log_dir / f"redis-{self.prefix}")
+        self.redis.start()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        try:
+            for index in range(self.processes):
+                self.procs.append(self._start_one(index, env))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_one(self, index: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        assert self.redis is not None
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port(LOOPBACK)
+            command = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
+                       "--redis", self.redis.url, "--prefix", self.prefix,
+                       "--log-level", "warning"]
+            try:
+                proc = _spawn(command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
+                              env=env, cwd=REPO_ROOT)
+            except ServerStartError:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                continue
+            if index == 0:
+                self.port = port
+            self.producer_port = port
+            return proc
+        raise AssertionError("unreachable")
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """CPU labels: ``tubeq`` (and ``tubeq2``...) and ``redis``."""
+        assert self.redis is not None and self.redis.proc is not None
+        labels = {("tubeq" if i == 0 else f"tubeq{i + 1}"): p.pid for i, p in enumerate(self.procs)}
+        return {**labels, "redis": self.redis.proc.pid}
+
+    @property
+    def memory_pids(self) -> dict[str, int]:
+        return self.pids
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.redis.url if self.redis is not None else None
+
+    def reset_redis_stats(self) -> None:
+        assert self.redis is not None
+        redis_command(self.redis.url, "CONFIG", "RESETSTAT")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            _stop_pid(proc)
+        self.procs.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            shutil.rmtree(self.redis.data_dir, ignore_errors=True)
+            self.redis = None
+
+
+Server = Beanstalkd | Tubeq
