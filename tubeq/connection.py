@@ -23,7 +23,6 @@ import contextlib
 import functools
 import itertools
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -31,10 +30,11 @@ import structlog
 
 from tubeq import commands as c
 from tubeq import replies
-from tubeq.futures import discard, then
+from tubeq.futures import discard
+from tubeq.handlers import HANDLERS, Reply
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
-from tubeq.stats import CommandCounters, ServerIdentity, job_yaml, server_yaml, tube_yaml, yaml_list
+from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import NoJob, Reservation, Store
 from tubeq.waiters import Waiter, WaiterRegistry
 
@@ -54,7 +54,6 @@ PRUNE_RESERVED_AT = 64
 # client grants: one call must not hold Redis's single thread for long.
 PUSH_BATCH_MAX = 64
 
-Reply = bytes | asyncio.Future[bytes]
 T = TypeVar("T")
 
 
@@ -477,246 +476,3 @@ def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
         log.warning("store call failed", error=repr(exc))
         return replies.INTERNAL_ERROR
     return f.result()
-
-
-# -- handlers: one per command, each returns its reply (bytes or a future of bytes) ------------
-
-def _put(conn: Connection, cmd: c.Put) -> Reply:
-    conn_became_producer(conn)
-    store = conn.store
-    if conn.ctx.draining:
-        return then(store.burn_id(), lambda _: replies.DRAINING)
-    reply = then(store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body),
-                 replies.inserted)
-    if cmd.delay > 0:
-        due = store.clock() + cmd.delay * 1000
-        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
-    return reply
-
-
-def conn_became_producer(conn: Connection) -> None:
-    if not conn.producer:
-        conn.producer = True
-        conn.store.bump_gauge("producers", 1)
-
-
-def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
-    conn_became_producer(conn)
-    return then(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
-
-
-def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
-    return replies.JOB_TOO_BIG
-
-
-def _rejected(conn: Connection, cmd: c.Rejected) -> Reply:
-    if cmd.counted_as is not None:
-        conn.ctx.counters.incr(cmd.counted_as)
-    return cmd.reply
-
-
-def _use(conn: Connection, cmd: c.Use) -> Reply:
-    if cmd.tube == conn.used:
-        return replies.using(cmd.tube)
-    old, conn.used = conn.used, cmd.tube
-    done = conn.store.change_refs(conn.token, [("+u", cmd.tube), ("-u", old)])
-    return then(done, lambda _: replies.using(cmd.tube))
-
-
-def _watch(conn: Connection, cmd: c.Watch) -> Reply:
-    if cmd.tube in conn.watched:
-        return replies.watching(len(conn.watched))
-    conn.watched.append(cmd.tube)
-    count = len(conn.watched)
-    return then(conn.store.change_refs(conn.token, [("+w", cmd.tube)]),
-                lambda _: replies.watching(count))
-
-
-def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
-    watched = conn.watched
-    if cmd.tube not in watched:
-        return replies.watching(len(watched))
-    if len(watched) == 1:
-        return replies.NOT_IGNORED
-    # beanstalkd keeps the watch list as an array and fills a hole with the last entry.
-    i = watched.index(cmd.tube)
-    watched[i] = watched[-1]
-    watched.pop()
-    count = len(watched)
-    return then(conn.store.change_refs(conn.token, [("-w", cmd.tube)]),
-                lambda _: replies.watching(count))
-
-
-def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:
-    return conn.start_reserve(None)
-
-
-def _reserve_with_timeout(conn: Connection, cmd: c.ReserveWithTimeout) -> Reply:
-    return conn.start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
-
-
-def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
-    def answer(r: Reservation | NoJob) -> bytes:
-        if isinstance(r, NoJob):
-            return replies.NOT_FOUND
-        if not conn.worker:
-            conn.worker = True
-            conn.store.bump_gauge("workers", 1)
-        return _reserved(r)
-
-    return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
-
-
-def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
-    def answer(done: bool) -> bytes:
-        if not done:
-            return replies.NOT_FOUND
-        conn.settled(job_id)
-        return ok
-
-    return answer
-
-
-def _delete(conn: Connection, cmd: c.Delete) -> Reply:
-    return then(conn.store.delete(conn.token, cmd.id), _forget_on(conn, cmd.id, replies.DELETED))
-
-
-def _release(conn: Connection, cmd: c.Release) -> Reply:
-    reply = then(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
-                 _forget_on(conn, cmd.id, replies.RELEASED))
-    if cmd.delay > 0:
-        due = conn.store.clock() + cmd.delay * 1000
-        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
-    return reply
-
-
-def _bury(conn: Connection, cmd: c.Bury) -> Reply:
-    return then(conn.store.bury(conn.token, cmd.id, cmd.pri),
-                _forget_on(conn, cmd.id, replies.BURIED))
-
-
-def _touch(conn: Connection, cmd: c.Touch) -> Reply:
-    def answer(deadline: int) -> bytes:
-        if not deadline:
-            return replies.NOT_FOUND
-        conn.reserved[cmd.id] = deadline
-        conn.ctx.scheduler.note_due(deadline)
-        return replies.TOUCHED
-
-    return then(conn.store.touch(conn.token, cmd.id), answer)
-
-
-def _found(job: tuple[int, bytes] | None) -> bytes:
-    return replies.NOT_FOUND if job is None else replies.found(*job)
-
-
-def _peek(conn: Connection, cmd: c.Peek) -> Reply:
-    return then(conn.store.peek(cmd.id),
-                lambda body: replies.NOT_FOUND if body is None else replies.found(cmd.id, body))
-
-
-def _peek_ready(conn: Connection, cmd: c.PeekReady) -> Reply:
-    return then(conn.store.peek_state("ready", conn.used), _found)
-
-
-def _peek_delayed(conn: Connection, cmd: c.PeekDelayed) -> Reply:
-    return then(conn.store.peek_state("delayed", conn.used), _found)
-
-
-def _peek_buried(conn: Connection, cmd: c.PeekBuried) -> Reply:
-    return then(conn.store.peek_state("buried", conn.used), _found)
-
-
-def _kick(conn: Connection, cmd: c.Kick) -> Reply:
-    return then(conn.store.kick(conn.used, cmd.bound), replies.kicked)
-
-
-def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
-    return then(conn.store.kick_job(cmd.id),
-                lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
-
-
-def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
-    now = conn.store.clock()
-    return then(conn.store.job_info(cmd.id),
-                lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
-
-
-def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
-    def answer(counts: list[int] | None) -> bytes:
-        if counts is None:
-            return replies.NOT_FOUND
-        return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
-
-    return then(conn.store.tube_counts(cmd.tube), answer)
-
-
-def _stats(conn: Connection, cmd: c.Stats) -> Reply:
-    ctx = conn.ctx
-    ctx.counters.flush()  # this process's counts reach Redis before the read below
-    return then(conn.store.server_counts(),
-                lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
-
-
-def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
-    return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
-
-
-def _list_tube_used(conn: Connection, cmd: c.ListTubeUsed) -> Reply:
-    return replies.using(conn.used)
-
-
-def _list_tubes_watched(conn: Connection, cmd: c.ListTubesWatched) -> Reply:
-    return replies.ok(yaml_list(conn.watched))
-
-
-def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
-    def answer(until_ms: int) -> bytes:
-        if until_ms == 0:
-            return replies.NOT_FOUND
-        if until_ms > 0:
-            conn.ctx.scheduler.note_due(until_ms)
-        return replies.PAUSED
-
-    return then(conn.store.pause(cmd.tube, cmd.delay), answer)
-
-
-def _push(conn: Connection, cmd: c.Push) -> Reply:
-    return conn.start_push(cmd.credits)
-
-
-def _quit(conn: Connection, cmd: c.Quit) -> None:
-    conn.quit()
-
-
-HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
-    c.Put: _put,
-    c.PutExpectedCrlf: _put_expected_crlf,
-    c.PutTooBig: _put_too_big,
-    c.Rejected: _rejected,
-    c.Use: _use,
-    c.Reserve: _reserve,
-    c.ReserveWithTimeout: _reserve_with_timeout,
-    c.ReserveJob: _reserve_job,
-    c.Delete: _delete,
-    c.Release: _release,
-    c.Bury: _bury,
-    c.Touch: _touch,
-    c.Watch: _watch,
-    c.Ignore: _ignore,
-    c.Peek: _peek,
-    c.PeekReady: _peek_ready,
-    c.PeekDelayed: _peek_delayed,
-    c.PeekBuried: _peek_buried,
-    c.Kick: _kick,
-    c.KickJob: _kick_job,
-    c.StatsJob: _stats_job,
-    c.StatsTube: _stats_tube,
-    c.Stats: _stats,
-    c.ListTubes: _list_tubes,
-    c.ListTubeUsed: _list_tube_used,
-    c.ListTubesWatched: _list_tubes_watched,
-    c.PauseTube: _pause_tube,
-    c.Push: _push,
-    c.Quit: _quit,
-}
