@@ -3,8 +3,9 @@
 Bytes go to the sans-IO parser; each command it yields is dispatched at once to a handler that
 returns its reply, either as bytes or as a future of bytes (a store call in flight). Replies
 leave strictly in command order, coalesced into one write per loop tick. Pipelined commands
-therefore reach Redis without waiting for each other, except behind a reserve: a reserve may
-block, so the commands after it wait until it has answered (beanstalkd does the same).
+therefore reach Redis without waiting for each other. A reserve's first try goes out at once
+too; as a reserve may have to wait, only commands that cannot change what it gets pass it
+(see ``_may_pass_a_reserve``), and the first reserve that finds nothing waits for a job.
 
 The connection owns its reservations (beanstalkd semantics): only it may delete, release, bury
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
