@@ -400,3 +400,16 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube")]
+
+
+async def test_index_follows_the_head_of_each_tube(env: Env) -> None:
+    """ready_tubes holds exactly one entry per non-paused tube with ready jobs, naming its head."""
+    await env.put("a", 3)
+    await env.put("a", 1)
+    await env.put("b", 1)
+    await env.store.pause("b", 60)
+    entries = await env.raw.zrange(env.keys.ready_tubes, 0, -1, withscores=True)
+    assert entries == [(b"A2:a", 1.0)]
+    await env.store.pause("b", 0)
+    entries = await env.raw.zrange(env.keys.ready_tubes, 0, -1, withscores=True)
+    assert entries == [(b"A2:a", 1.0), (b"A3:b", 1.0)]

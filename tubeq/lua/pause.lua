@@ -20,5 +20,5 @@ end
 local until_ms = now + delay * 1000
 rcall('HSET', tk, 'pause', ARGV[2], 'pause_until', until_ms)
 rcall('ZADD', K_TIMERS, until_ms, 'p:' .. t)
-rcall('ZREM', K_READY_TUBES, t)
+index_tube(t, now)
 return until_ms

@@ -30,20 +30,33 @@ local function ensure_tube(t, now)
   end
 end
 
-local function is_paused(t, now)
-  local until_ms = rcall('HGET', k_tube(t), 'pause_until')
-  return until_ms ~= false and tonumber(until_ms) > now
+-- ready_tubes holds one entry per non-paused tube that has ready jobs: score = the priority of
+-- its best job, member = that job's member, ':', the tube. Equal scores sort by member, that is
+-- by job id, so the index is in beanstalkd's (pri, id) order across tubes and the first entry a
+-- connection watches is the job it reserves. The tube's current entry is kept in its meta
+-- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
+local function index_tube(t, now)
+  local tk = k_tube(t)
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until')
+  local old = meta[1]
+  local entry = false
+  local head = rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
+  if head[1] and not (meta[2] and tonumber(meta[2]) > now) then
+    entry = head[1] .. ':' .. t
+  end
+  if old == entry then return end
+  if old then rcall('ZREM', K_READY_TUBES, old) end
+  if entry then
+    rcall('ZADD', K_READY_TUBES, head[2], entry)
+    rcall('HSET', tk, 'ix', entry)
+  else
+    rcall('HDEL', tk, 'ix')
+  end
 end
 
--- ready_tubes holds every non-paused tube that has ready jobs, scored by its best priority:
--- reserve reads it instead of scanning the watch list.
-local function index_tube(t, now)
-  local head = rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
-  if head[1] and not is_paused(t, now) then
-    rcall('ZADD', K_READY_TUBES, head[2], t)
-  else
-    rcall('ZREM', K_READY_TUBES, t)
-  end
+-- The tube and the job member of a ready_tubes entry.
+local function split_entry(entry)
+  return string.match(entry, '^([^:]*):(.*)$')
 end
 
 -- timers holds 'd:<tube>' scored by the tube's earliest delayed due time.
@@ -67,9 +80,7 @@ end
 -- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
 local function enqueue_ready(id, t, pri, now)
   rcall('ZADD', k_ready(t), pri, member(id))
-  if not is_paused(t, now) then
-    rcall('ZADD', K_READY_TUBES, 'LT', pri, t)
-  end
+  index_tube(t, now)
 end
 
 local function enqueue_delayed(id, t, due)
@@ -123,10 +134,11 @@ local function gc_tube(t)
   local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
   if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
   if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
-  if tonumber(rcall('HGET', k_tube(t), 'nres') or 0) > 0 then return end
+  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix')
+  if tonumber(meta[1] or 0) > 0 then return end
+  if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
   rcall('DEL', k_tube(t))
   rcall('ZREM', K_TUBES, t)
-  rcall('ZREM', K_READY_TUBES, t)
   rcall('ZREM', K_TIMERS, 'd:' .. t, 'p:' .. t)
   rcall('HDEL', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)
 end
