@@ -294,3 +294,14 @@ async def test_jobs_granted_while_the_client_leaves_go_back(new_client: NewClien
     producer.send(b"stats-tube default\r\n")
     out = await producer.until(lambda o: o.endswith(b"pause-time-left: 0\n\r\n"))
     assert b"current-jobs-ready: 5\n" in out and b"current-jobs-reserved: 0\n" in out
+
+
+async def test_a_client_gone_with_reserves_in_flight_leaves_no_waiter(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    worker, observer = new_client(), new_client()
+    worker.send(b"reserve\r\n" * 3)  # nothing is ready: these would wait
+    await worker.gone()
+    observer.send(b"stats-tube default\r\n")
+    out = await observer.until(lambda o: o.endswith(b"pause-time-left: 0\n\r\n"))
+    assert b"current-waiting: 0\n" in out
+    assert all(not queue for queue in ctx.registry._by_tube.values())

@@ -315,7 +315,7 @@ class Connection(asyncio.Protocol):
         """Answer reserves in order with the jobs granted so far; the first reserve that finds
         none waits (``_wait_for_job``) and holds the rest. The job order among one
         connection's reserves is the grant order, as if they had run one by one."""
-        while self._reserves and self._blocking is None:
+        while self._reserves and self._blocking is None and not self._lost:
             head = self._reserves[0]
             if not head.tried:
                 return
@@ -329,7 +329,7 @@ class Connection(asyncio.Protocol):
                 task.add_done_callback(functools.partial(self._waited, head))
                 return
             self._reserves.popleft()
-        if not self._reserves and not self._lost:
+        if not self._reserves and self._held is not None and not self._lost:
             asyncio.get_running_loop().call_soon(self._pump)  # commands held behind them
 
     def _waited(self, head: PendingReserve, task: asyncio.Task[bytes]) -> None:
