@@ -15,7 +15,8 @@ if tonumber(delay) > 0 then
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
   enqueue_delayed(id, t, due)
 else
-  rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'b', body)
+  -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
+  rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
   enqueue_ready(id, t, tonumber(pri), now)
   wake(t)
 end

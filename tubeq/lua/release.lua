@@ -19,8 +19,8 @@ if tonumber(delay) > 0 then
   rcall('HSET', jk, 's', 'delayed', 'p', pri, 'd', delay, 'u', due)
   enqueue_delayed(id, t, due)
 else
-  rcall('HSET', jk, 's', 'ready', 'p', pri, 'd', delay)
-  rcall('HDEL', jk, 'u')
+  rcall('HSET', jk, 's', 'ready', 'p', pri)
+  rcall('HDEL', jk, 'u', 'd')  -- delay 0: the default
   enqueue_ready(id, t, tonumber(pri), now)
   wake(t)
 end
