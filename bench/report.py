@@ -156,7 +156,14 @@ def _header(results: Results) -> list[str]:
         "## Machine and versions",
         "",
     ]
-    lines += _table(["what", "value"], [[k, str(v)] for k, v in meta["machine"].items()])
+    machine_rows = [[k, str(v)] for k, v in meta["machine"].items()]
+    if meta.get("tubeq_source_sha256"):
+        machine_rows.append(["tubeq source (sha256 of tubeq/, first 12)",
+                             meta["tubeq_source_sha256"]])
+    lines += _table(["what", "value"], machine_rows)
+    for note in results.get("notes", []):
+        if "tubeq/" in note:
+            lines += [f"> {note}", ""]
     lines += [
         "## Method",
         "",
@@ -303,7 +310,10 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
              f"a cycle load of {cycle.get('connections', '?')} producer + "
              f"{cycle.get('connections', '?')} consumer connections x "
              f"{cycle.get('in_flight', '?')} in flight runs on that tube, so consumers take the "
-             "oldest queued jobs first. Repetitions are interleaved on the same filled pair.", ""]
+             "oldest queued jobs first. Repetitions are interleaved on the same filled pair. "
+             "`Redis us/job / per script`: Redis's own command time (INFO commandstats) per "
+             "completed cycle, and per EVALSHA call: what a larger backlog costs inside Redis.",
+             ""]
     big, reason = section.get("big"), section.get("big_reason", "")
     if section.get("requested_big") and big != section.get("requested_big"):
         ran = f"run with {big:,} jobs, " if big else ""
@@ -315,14 +325,24 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
     for size in sizes:
         key = f"backlog {size:,}"
         rate_b, rate_t = runs.rate(key, "beanstalkd"), runs.rate(key, "tubeq")
+        redis = [r["redis"] for r in runs.of(key, "tubeq") if r.get("redis")]
+        redis_cell = "n/a"
+        if redis:
+            usec = _median(r["total_usec_per_job"] for r in redis)
+            evalsha = _median(next((u / c for n, c, u in r["by_command"] if n == "evalsha"
+                                    and c), None) for r in redis)
+            redis_cell = f"{usec:.1f} / {evalsha:.1f}" if usec and evalsha else "n/a"
         rows.append([f"{size:,}", runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
                      f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),
                      f"**{_x(_ratio(rate_t, base_t))}**",
                      f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
                      f"{runs.server_cpu_cell(key, 'tubeq')}",
+                     f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / "
+                     f"{_rate(runs.us_per_job(key, 'tubeq'))}", redis_cell,
                      _noise(runs, key, ("beanstalkd", "tubeq"))])
     lines += _table(["queued jobs", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
-                     "beanstalkd vs empty", "tubeq vs empty", "CPU %", "other cores b / t"], rows)
+                     "beanstalkd vs empty", "tubeq vs empty", "CPU %", "us/job b / t",
+                     "Redis us/job / per script", "other cores b / t"], rows)
     lines += ["Memory per queued job = (after filling - before) / N: beanstalkd's VmRSS; for "
               "tubeq, Redis `used_memory` (what the target is judged on), Redis's RSS and the "
               "tubeq process's RSS (which should not grow: jobs live in Redis). Fill rate = "
@@ -434,7 +454,7 @@ def targets(results: Results, runs: Runs) -> list[Target]:
                  if f["server"] == "tubeq"), None)
     mem = _ratio(used, rss_b)
     out.append(("Redis memory per queued 100 B job <= 1.3x beanstalkd RSS per job",
-                f"{_x(mem)} ({_bytes(used)} vs {_bytes(rss_b)} B)",
+                f"{'n/a' if mem is None else f'{mem:.3f}x'} ({_bytes(used)} vs {_bytes(rss_b)} B)",
                 None if mem is None else mem <= 1.3,
                 f"backlog {min(sizes, default=0):,} fill"))
     return out

@@ -22,6 +22,7 @@ Raw results go to bench/out/results-<stamp>.json (ignored by git); bench/report.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -40,7 +41,7 @@ from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
 from bench.procstat import wait_until_quiet
 from bench.profiling import Recording, redis_per_job
 from bench.redisinfo import command_stats
-from bench.servers import REPO_ROOT, Beanstalkd, Server, Tubeq
+from bench.servers import REPO_ROOT, Beanstalkd, Server, Tubeq, snapshot_tubeq
 
 BENCH_DIR = Path(__file__).resolve().parent
 OUT_DIR = BENCH_DIR / "out"
@@ -99,13 +100,13 @@ class Row:
     servers: tuple[str, ...] = ("beanstalkd", "tubeq")
 
 
-def make_server(kind: str, log_dir: Path) -> Server:
+def make_server(kind: str, log_dir: Path, code_dir: Path) -> Server:
     if kind == "beanstalkd":
         return Beanstalkd(log_dir)
     if kind == "tubeq":
-        return Tubeq(log_dir)
+        return Tubeq(log_dir, code_dir=code_dir)
     if kind == "tubeq x2":
-        return Tubeq(log_dir, processes=2)
+        return Tubeq(log_dir, processes=2, code_dir=code_dir)
     raise ValueError(kind)
 
 
@@ -173,6 +174,7 @@ class Bench:
         self.notes: list[str] = []
         self.busy_streak = 0
         self.busy_starts = 0
+        self.code_dir = REPO_ROOT  # run() points it at the snapshot of tubeq/
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -201,7 +203,7 @@ class Bench:
                  f"other {result.other_cores}{status}")
 
     def fresh_run(self, row: Row, kind: str, rep: int) -> None:
-        server = make_server(kind, self.log_dir)
+        server = make_server(kind, self.log_dir, self.code_dir)
         try:
             server.start()
             quiet = self.quiet()
@@ -227,7 +229,7 @@ class Bench:
     def profile(self, rows: list[Row]) -> list[dict[str, Any]]:
         profiles = []
         for row in rows:
-            server = Tubeq(self.log_dir)
+            server = Tubeq(self.log_dir, code_dir=self.code_dir)
             try:
                 server.start()
                 self.quiet()
@@ -299,7 +301,7 @@ class Bench:
         scale = self.scale
         spec = backlog_cycle_spec(scale)
         servers: dict[str, Server] = {"beanstalkd": Beanstalkd(self.log_dir),
-                                      "tubeq": Tubeq(self.log_dir)}
+                                      "tubeq": Tubeq(self.log_dir, code_dir=self.code_dir)}
         row = Row("backlog", f"backlog {size:,}", spec)
         try:
             for kind, server in servers.items():
@@ -322,8 +324,13 @@ class Bench:
                 for kind in order:
                     server = servers[kind]
                     quiet = self.quiet()
+                    if isinstance(server, Tubeq):
+                        server.reset_redis_stats()
                     result = run_load(replace(spec, port=server.port), server.pids)
-                    self.record(row, kind, rep, quiet, result, backlog=size)
+                    redis = None
+                    if isinstance(server, Tubeq) and server.redis_url is not None:
+                        redis = redis_per_job(command_stats(server.redis_url), result.completed)
+                    self.record(row, kind, rep, quiet, result, backlog=size, redis=redis)
         except Exception as exc:
             self.notes.append(f"backlog {size:,} failed: {exc!r}")
             self.log(f"backlog {size:,}: ERROR {exc!r}")
@@ -335,7 +342,7 @@ class Bench:
         """Memory per queued 4 KiB job (no load on top)."""
         out = []
         for kind in ("beanstalkd", "tubeq"):
-            server = make_server(kind, self.log_dir)
+            server = make_server(kind, self.log_dir, self.code_dir)
             try:
                 server.start()
                 spec = LoadSpec(mode="backlog", port=server.port, jobs=0, body_size=4096,
@@ -368,6 +375,17 @@ def _mem_available() -> int:
 
 
 # -- machine and versions ---------------------------------------------------------------------
+
+def source_fingerprint(root: Path) -> str:
+    """A hash of every file of the tubeq package under ``root``: the code tubeq runs."""
+    digest = hashlib.sha256()
+    package = root / "tubeq"
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(package)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
 
 def _first_line(command: list[str]) -> str:
     try:
@@ -438,6 +456,13 @@ def run(scale: Scale, output: Path) -> Path:
     bench = Bench(scale, log)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now(UTC)
+    # Every row runs this snapshot of tubeq/, so the run measures one version of the code even
+    # when the working tree changes under it.
+    machine = machine_and_versions()
+    fingerprint = source_fingerprint(REPO_ROOT)
+    bench.code_dir = snapshot_tubeq(bench.log_dir / "code")
+    if source_fingerprint(bench.code_dir) != fingerprint:
+        raise RuntimeError("tubeq/ changed while it was being copied; run again")
     log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
     bench.interleaved(throughput_rows(scale))
     bench.interleaved([delayed_row(scale), wake_row(scale)])
@@ -452,9 +477,15 @@ def run(scale: Scale, output: Path) -> Path:
             f"{bench.busy_starts} runs started while other processes used >= {QUIET_CORES} "
             f"cores; after {BUSY_STREAK_GIVE_UP} such runs in a row the harness stops waiting "
             "for quiet until the machine is quiet again (see `other cores` per row).")
+    if source_fingerprint(REPO_ROOT) != fingerprint:
+        bench.notes.append(
+            "tubeq/ in the working tree changed during this run; every row still measured the "
+            "copy taken at the start (the `tubeq` and `tubeq source` lines above), so the "
+            "figures describe that version, not the current tree.")
     results = {
         "meta": {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
-                 "elapsed_s": round(bench.elapsed(), 1), "machine": machine_and_versions()},
+                 "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
+                 "tubeq_source_sha256": fingerprint},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
         "notes": bench.notes,
     }

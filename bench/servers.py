@@ -5,8 +5,10 @@ stopping it by those PIDs: SIGTERM, then SIGKILL after a bound. Never by name, a
 this module did not start (the private one comes from ``tubeq.redis_process.RedisProcess``).
 
 tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
---prefix NAME``, from the repository root. Several tubeq processes can share one Redis and
-prefix (the wake scenario across processes). The private Redis runs without persistence, as
+--prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that
+bench/run.py takes when it starts, so a run measures one version of tubeq even while the
+working tree changes under it. Several tubeq processes can share one Redis and prefix (the wake
+scenario across processes). The private Redis runs without persistence, as
 beanstalkd runs without its binlog: both keep jobs in memory only.
 """
 
@@ -127,10 +129,12 @@ class Tubeq:
 
     ``port`` is the first process's; ``producer_port`` the last one's (the same with one
     process), so a producer and its consumers are on different processes when there are two.
+    ``code_dir`` holds the ``tubeq`` package that runs.
     """
 
     log_dir: Path
     processes: int = 1
+    code_dir: Path = REPO_ROOT
     port: int = 0
     producer_port: int = 0
     redis: RedisProcess | None = None
@@ -144,7 +148,7 @@ class Tubeq:
         self.redis.start()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+            p for p in (str(self.code_dir), env.get("PYTHONPATH", "")) if p)
         try:
             for index in range(self.processes):
                 self.procs.append(self._start_one(index, env))
@@ -161,7 +165,7 @@ class Tubeq:
                        "--log-level", "warning"]
             try:
                 proc = _spawn(command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
-                              env=env, cwd=REPO_ROOT)
+                              env=env, cwd=self.code_dir)
             except ServerStartError:
                 if attempt == PORT_ATTEMPTS - 1:
                     raise
@@ -202,3 +206,11 @@ class Tubeq:
 
 
 Server = Beanstalkd | Tubeq
+
+
+def snapshot_tubeq(destination: Path) -> Path:
+    """Copy the working tree's ``tubeq`` package under ``destination``; returns the directory
+    to run it from (``Tubeq.code_dir``)."""
+    shutil.copytree(REPO_ROOT / "tubeq", destination / "tubeq",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
