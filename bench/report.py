@@ -6,8 +6,8 @@ layout of the report. It computes nothing that is not in the results file, and i
 missing figure: an absent or failed row shows as "n/a" with the reason in the notes.
 
 The section "What the profile points to" is bench/PROFILE_NOTES.md, written by hand from a run's
-profile; the report prints the date of the run it was written for next to this run's date, so a
-stale reading is visible.
+profile. It names the tubeq source fingerprint it was read from; when this run measured other
+code, the report says so above it, so a stale reading is visible.
 """
 
 from __future__ import annotations
@@ -464,13 +464,21 @@ def _targets(results: Results, runs: Runs) -> list[str]:
     rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
              basis] for label, measured, met, basis in targets(results, runs)]
     return ["## Targets of issue 4 (ratios measured in this run)", "",
-            *_table(["target", "measured", "", "row"], rows)]
+            *_table(["target", "measured", "", "row"], rows),
+            "Why each missed target is missed, and the change its profile points to: section 7.",
+            ""]
 
 
 def _notes_section(results: Results) -> list[str]:
     lines = ["## 7. What the profile points to", ""]
     if PROFILE_NOTES.exists():
-        lines += [PROFILE_NOTES.read_text().strip(), ""]
+        text = PROFILE_NOTES.read_text().strip()
+        fingerprint = results["meta"].get("tubeq_source_sha256")
+        if fingerprint and fingerprint not in text:
+            lines += [f"> This reading (bench/PROFILE_NOTES.md) was written for another version "
+                      f"of tubeq than this run measured (source {fingerprint}): its figures and "
+                      "pointers may be stale; re-read it against the tables above.", ""]
+        lines += [text, ""]
     else:
         lines += ["(bench/PROFILE_NOTES.md is missing: no hand-written reading of the profile.)",
                   ""]
