@@ -17,6 +17,7 @@ import contextlib
 import structlog
 
 from tubeq.store import Store
+from tubeq.waiters import WaiterRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -30,8 +31,9 @@ ERROR_BACKOFF_S = 0.5
 
 
 class Scheduler:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, registry: WaiterRegistry) -> None:
         self.store = store
+        self.registry = registry
         self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
         self._noted_ms: int | None = None  # earliest due noted during the current sweep
         self._nudge = asyncio.Event()
@@ -60,8 +62,12 @@ class Scheduler:
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
                 self._noted_ms = None
-                (next_timer, _), (next_deadline, _) = await asyncio.gather(
+                (next_timer, promoted), (next_deadline, expired) = await asyncio.gather(
                     self.store.promote(), self.store.expire())
+                # This process's waiters on those tubes need not wait for the PUBLISH to come
+                # back through the subscriber (the scripts publish for other processes).
+                for tube in (*promoted, *expired):
+                    self.registry.wake_one(tube)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

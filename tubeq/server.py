@@ -70,7 +70,7 @@ class Server:
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
-        scheduler = Scheduler(store)
+        scheduler = Scheduler(store, registry)
         self.ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters),

@@ -79,8 +79,11 @@ end
 
 -- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
 local function enqueue_ready(id, t, pri, now)
-  rcall('ZADD', k_ready(t), pri, member(id))
-  index_tube(t, now)
+  local m = member(id)
+  rcall('ZADD', k_ready(t), pri, m)
+  if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
+    index_tube(t, now)
+  end
 end
 
 local function enqueue_delayed(id, t, due)
