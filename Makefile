@@ -71,5 +71,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.run $(ARGS)
 
+# Issue 3's benchmark: a consume() worker against tubeq (push and pipelined reserves) and
+# beanstalkd, in one run (~2 min); writes bench/RESULTS-consume.md.
+bench-consume: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.consume_bench $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
