@@ -69,7 +69,7 @@ from typing import Any
 import uvloop
 
 from bench.loadgen import LoadResult, LoadSpec, run_load
-from bench.procstat import CpuSnapshot, CpuWindow, wait_until_quiet
+from bench.procstat import CpuSnapshot, CpuWindow, QuietGate
 from bench.profiling import py_spy_binary, summarise_collapsed
 from bench.redisinfo import command_stats
 from bench.run import BUSY_STREAK_GIVE_UP, QUIET_CORES, machine_and_versions
@@ -442,23 +442,15 @@ class Bench:
         self.log_dir = OUT_DIR / f"consume-logs-{self.stamp}"
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
-        self.busy_streak = 0
-        self.busy_starts = 0
+        self.gate = QuietGate(QUIET_CORES, self.scale.quiet_wait_s, BUSY_STREAK_GIVE_UP)
         self.rep_seconds: list[float] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def quiet(self) -> float:
-        """Wait (bounded) for the machine to be quiet, as bench/run.py does."""
-        patience = 0.0 if self.busy_streak >= BUSY_STREAK_GIVE_UP else self.scale.quiet_wait_s
-        load = wait_until_quiet(QUIET_CORES, patience)
-        if load >= QUIET_CORES:
-            self.busy_streak += 1
-            self.busy_starts += 1
-        else:
-            self.busy_streak = 0
-        return load
+        """Wait (bounded) for the machine to be quiet; returns the load seen last, in cores."""
+        return self.gate.wait()
 
     # -- repetitions ---------------------------------------------------------------------------
 
@@ -1124,9 +1116,9 @@ def run(scale: Scale, output: Path) -> dict[str, Any]:
     log(f"consume bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
     bench.repetitions([*CYCLE_ROWS, *crows])
     profile = bench.profile(crows)
-    if bench.busy_starts:
+    if bench.gate.busy_starts:
         bench.notes.append(
-            f"{bench.busy_starts} runs started while other processes used >= {QUIET_CORES} "
+            f"{bench.gate.busy_starts} runs started while other processes used >= {QUIET_CORES} "
             f"cores (after {BUSY_STREAK_GIVE_UP} such runs in a row the harness stops waiting "
             "for quiet until a quiet sample comes back); see `other cores` per row.")
     results: dict[str, Any] = {

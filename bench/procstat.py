@@ -114,3 +114,28 @@ def wait_until_quiet(threshold_cores: float, max_wait_s: float, sample_s: float 
         load = CpuWindow.between(start, CpuSnapshot.take(pids)).other_cores
         if load < threshold_cores or time.monotonic() >= deadline:
             return load
+
+
+class QuietGate:
+    """Before each run, wait (bounded) for the machine to be quiet. After ``give_up`` runs in a
+    row found it busy (a neighbour holding a core for minutes), stop waiting until a quiet
+    sample comes back: waiting would only eat the time budget, and every run records its
+    ``other_cores`` anyway."""
+
+    def __init__(self, threshold_cores: float, patience_s: float, give_up: int) -> None:
+        self.threshold_cores = threshold_cores
+        self.patience_s = patience_s
+        self.give_up = give_up
+        self.busy_streak = 0
+        self.busy_starts = 0  # runs that started on a busy machine
+
+    def wait(self) -> float:
+        """Wait as above; return the load seen last, in cores."""
+        patience = 0.0 if self.busy_streak >= self.give_up else self.patience_s
+        load = wait_until_quiet(self.threshold_cores, patience)
+        if load >= self.threshold_cores:
+            self.busy_streak += 1
+            self.busy_starts += 1
+        else:
+            self.busy_streak = 0
+        return load

@@ -38,7 +38,7 @@ from typing import Any
 
 from bench import report
 from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
-from bench.procstat import wait_until_quiet
+from bench.procstat import QuietGate
 from bench.profiling import Recording, redis_per_job
 from bench.redisinfo import command_stats
 from bench.servers import REPO_ROOT, Beanstalkd, Server, Tubeq, snapshot_tubeq
@@ -47,9 +47,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 OUT_DIR = BENCH_DIR / "out"
 # The machine counts as quiet below this many busy cores (research/perf-baseline.md: 0.3).
 QUIET_CORES = 0.3
-# After this many runs in a row found the machine busy (another tenant holding a core for
-# minutes), stop waiting for quiet until a quiet sample comes back: waiting would only eat the
-# time budget, and every run records its `other_cores` anyway.
+# After this many runs in a row found the machine busy, stop waiting for quiet (QuietGate).
 BUSY_STREAK_GIVE_UP = 5
 # Hard bound on one load beyond its own planned length (setup, tails, a slow machine).
 RUN_SLACK_S = 30.0
@@ -172,8 +170,7 @@ class Bench:
         self.log_dir = OUT_DIR / f"logs-{self.stamp}"
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
-        self.busy_streak = 0
-        self.busy_starts = 0
+        self.gate = QuietGate(QUIET_CORES, self.scale.quiet_wait_s, BUSY_STREAK_GIVE_UP)
         self.code_dir = REPO_ROOT  # run() points it at the snapshot of tubeq/
 
     def elapsed(self) -> float:
@@ -181,14 +178,7 @@ class Bench:
 
     def quiet(self) -> float:
         """Wait (bounded) for the machine to be quiet; returns the load seen last, in cores."""
-        patience = 0.0 if self.busy_streak >= BUSY_STREAK_GIVE_UP else self.scale.quiet_wait_s
-        load = wait_until_quiet(QUIET_CORES, patience)
-        if load >= QUIET_CORES:
-            self.busy_streak += 1
-            self.busy_starts += 1
-        else:
-            self.busy_streak = 0
-        return load
+        return self.gate.wait()
 
     def record(self, row: Row, server: str, rep: int, quiet: float, result: LoadResult,
                **extra: Any) -> None:
@@ -472,9 +462,9 @@ def run(scale: Scale, output: Path) -> Path:
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
     backlog = bench.backlog(reserve_s=15.0)
-    if bench.busy_starts:
+    if bench.gate.busy_starts:
         bench.notes.append(
-            f"{bench.busy_starts} runs started while other processes used >= {QUIET_CORES} "
+            f"{bench.gate.busy_starts} runs started while other processes used >= {QUIET_CORES} "
             f"cores; after {BUSY_STREAK_GIVE_UP} such runs in a row the harness stops waiting "
             "for quiet until the machine is quiet again (see `other cores` per row).")
     if source_fingerprint(REPO_ROOT) != fingerprint:
