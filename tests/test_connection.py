@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from tubeq import commands as c
 from tubeq.connection import Connection, ServerContext
 from tubeq.server import Config, Server
+from tubeq.stats import COMMAND_COUNTERS
 
 REPLY_WAIT_S = 5.0
 
@@ -305,3 +307,12 @@ async def test_a_client_gone_with_reserves_in_flight_leaves_no_waiter(
     out = await observer.until(lambda o: o.endswith(b"pause-time-left: 0\n\r\n"))
     assert b"current-waiting: 0\n" in out
     assert all(not queue for queue in ctx.registry._by_tube.values())
+
+
+def test_every_counted_command_has_its_stats_line_and_back() -> None:
+    """The cmd-* names on the command classes and the stats YAML's list must be the same set."""
+    def subclasses(cls: type[c.Command]) -> list[type[c.Command]]:
+        return [s for sub in cls.__subclasses__() for s in (sub, *subclasses(sub))]
+
+    stats_names = {cls.stat for cls in subclasses(c.Command) if cls.stat is not None}
+    assert stats_names == set(COMMAND_COUNTERS)

@@ -180,6 +180,18 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self._lost:
             self.transport.close()
 
+    def mark_producer(self) -> None:
+        """This connection has put a job: it counts in current-producers from now on."""
+        if not self.producer:
+            self.producer = True
+            self.store.bump_gauge("producers", 1)
+
+    def mark_worker(self) -> None:
+        """This connection has reserved (or asked for pushed jobs): it counts in current-workers."""
+        if not self.worker:
+            self.worker = True
+            self.store.bump_gauge("workers", 1)
+
     def quit(self) -> None:
         """Stop reading commands; close once the replies before the quit are written."""
         self._quit = True
@@ -267,9 +279,7 @@ class Connection(asyncio.Protocol):
 
     def start_reserve(self, timeout_s: int | None) -> Reply:
         """Send this reserve's first try now; it answers in order (see :meth:`_advance`)."""
-        if not self.worker:
-            self.worker = True
-            self.store.bump_gauge("workers", 1)
+        self.mark_worker()
         pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future())
         self._reserves.append(pending)
         attempt = self.track_grants(self.store.reserve(self.token))
@@ -401,9 +411,7 @@ class Connection(asyncio.Protocol):
     # -- push extension -----------------------------------------------------------------------
 
     def start_push(self, credits: int) -> bytes:
-        if not self.worker:  # a push consumer is a worker, as a reserving one is
-            self.worker = True
-            self.store.bump_gauge("workers", 1)
+        self.mark_worker()  # a push consumer is a worker, as a reserving one is
         self._push_credits = credits
         if self._push_task is None:
             self._push_task = asyncio.get_running_loop().create_task(self._push())

@@ -25,7 +25,7 @@ Reply = bytes | asyncio.Future[bytes]
 
 
 def _put(conn: Connection, cmd: c.Put) -> Reply:
-    conn_became_producer(conn)
+    conn.mark_producer()
     store = conn.store
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
@@ -37,14 +37,8 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     return reply
 
 
-def conn_became_producer(conn: Connection) -> None:
-    if not conn.producer:
-        conn.producer = True
-        conn.store.bump_gauge("producers", 1)
-
-
 def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
-    conn_became_producer(conn)
+    conn.mark_producer()
     return then(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
 
 
@@ -102,9 +96,7 @@ def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
     def answer(r: Reservation | NoJob) -> bytes:
         if isinstance(r, NoJob):
             return replies.NOT_FOUND
-        if not conn.worker:
-            conn.worker = True
-            conn.store.bump_gauge("workers", 1)
+        conn.mark_worker()
         return replies.reserved(r.id, r.body)
 
     return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
