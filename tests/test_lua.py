@@ -413,3 +413,18 @@ async def test_index_follows_the_head_of_each_tube(env: Env) -> None:
     await env.store.pause("b", 0)
     entries = await env.raw.zrange(env.keys.ready_tubes, 0, -1, withscores=True)
     assert entries == [(b"A2:a", 1.0), (b"A3:b", 1.0)]
+
+
+async def test_exact_clock_follows_the_store_clock(env: Env, redis_url: str) -> None:
+    # The scheduler aims its timer with exact_ms: the injected clock as is, or the wall clock
+    # with its fraction of a millisecond (never behind the whole-ms clock the scripts get).
+    env.clock.advance(1.5)
+    assert env.store.exact_ms() == float(env.clock.now_ms)
+    client = await RedisClient.connect(redis_url)
+    try:
+        wall = Store(client, Keys("exact"), "inst")
+        before = wall.clock()
+        exact = wall.exact_ms()
+        assert before <= exact < wall.clock() + 1
+    finally:
+        await client.close()

@@ -77,7 +77,10 @@ class Scheduler:
             dues = (next_timer, next_deadline, next_heartbeat, self._noted_ms)
             target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
-            delay = (target - self.store.clock()) / 1000
+            # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
+            # made deliveries up to 1 ms later). uvloop rounds a timer to the nearest ms, so it
+            # can fire a fraction early: that sweep finds nothing due and sleeps again.
+            delay = (target - self.store.exact_ms()) / 1000
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._nudge.wait(), delay)

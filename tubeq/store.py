@@ -86,6 +86,12 @@ class Store:
         await asyncio.gather(*(self.client.call("SCRIPT", "LOAD", s.source)
                                for s in self._scripts.values()))
 
+    def exact_ms(self) -> float:
+        """The clock with its fraction of a millisecond (the scheduler aims its timer with it)."""
+        if self.clock is wall_clock_ms:
+            return time.time() * 1000
+        return float(self.clock())
+
     def _on_reconnect(self) -> None:
         # Issued before any later call on the fresh connection, so those find their SHAs.
         for s in self._scripts.values():
