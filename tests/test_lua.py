@@ -110,7 +110,7 @@ async def perform(env: Env, op: str, job_id: int) -> None:
     elif op == "kick_job":
         assert await s.kick_job(job_id)
     elif op == "disconnect":
-        assert await s.disconnect(ALICE, "default", False, False, [job_id]) == 1
+        assert await s.disconnect(ALICE, False, False, [job_id]) == 1
     elif op == "delete":
         assert await s.delete(ALICE, job_id)
     else:
@@ -137,7 +137,7 @@ async def test_ids_are_sequential_and_burned_ids_are_skipped(env: Env) -> None:
 
 
 async def test_reserve_orders_by_priority_then_id_across_tubes(env: Env) -> None:
-    await env.store.change_refs(ALICE, [("+w", "a"), ("+w", "b")])
+    await env.store.change_watches(ALICE, [("+w", "a"), ("+w", "b")])
     ids = [await env.put("a", 5), await env.put("b", 1), await env.put("a", 1),
            await env.put("default", 3)]
     order = [(await env.reserve()).id for _ in ids]
@@ -154,7 +154,7 @@ async def test_reserve_only_from_watched_tubes(env: Env) -> None:
 async def test_reserve_across_many_watched_tubes(env: Env, unwatched_ready: int) -> None:
     # 40 watched tubes: reserve walks the ready-tube index (falling back to per-tube lookups
     # when the index is crowded with tubes the connection does not watch).
-    await env.store.change_refs(ALICE, [("+w", f"t{i}") for i in range(40)])
+    await env.store.change_watches(ALICE, [("+w", f"t{i}") for i in range(40)])
     for i in range(unwatched_ready):
         await env.put(f"other{i}", 0)
     low = await env.put("t7", 9)
@@ -275,32 +275,58 @@ async def test_kick_job_only_buried_or_delayed(env: Env) -> None:
 async def test_disconnect_releases_without_counting(env: Env) -> None:
     job_id = await env.put()
     await env.reserve()
-    assert await env.store.disconnect(ALICE, "default", False, False, [job_id]) == 1
+    assert await env.store.disconnect(ALICE, False, False, [job_id]) == 1
     info = await env.store.job_info(job_id)
     assert info is not None and (info.state, info.timeouts, info.releases) == ("ready", 0, 0)
 
 
 async def test_tube_lives_while_referenced_and_forgets_its_counters(env: Env) -> None:
     s = env.store
-    await s.change_refs(ALICE, [("+u", "t"), ("-u", "default")])
+    await s.set_using([("t", 1)])
     job_id = await env.put("t")
     await s.pause("t", 100)
-    await s.change_refs(ALICE, [("+u", "default"), ("-u", "t")])
+    await s.set_using([("t", 0)])
     assert "t" in await s.list_tubes()  # it still has a job
     assert await s.delete(ALICE, job_id)
     assert "t" not in await s.list_tubes()
-    await s.change_refs(ALICE, [("+w", "t")])
+    await s.change_watches(ALICE, [("+w", "t")])
     counts = await s.tube_counts("t")
     assert counts is not None
     assert counts[5] == 0 and counts[11] == 0 and counts[12] == 0  # total-jobs, pause, pause end
 
 
 async def test_default_tube_is_never_collected(env: Env) -> None:
-    await env.store.change_refs(ALICE, [("+u", "x"), ("-u", "default"), ("+w", "x"),
-                                        ("-w", "default")])
-    await env.store.change_refs(BOB, [("+u", "x"), ("-u", "default"), ("+w", "x"),
-                                      ("-w", "default")])
+    await env.store.set_using([("default", 2)])
+    await env.store.set_using([("default", 0), ("x", 2)])
+    await env.store.change_watches(ALICE, [("+w", "x"), ("-w", "default")])
+    await env.store.change_watches(BOB, [("+w", "x"), ("-w", "default")])
     assert "default" in await env.store.list_tubes()
+
+
+async def test_using_counts_are_absolute_per_instance_and_summed(env: Env) -> None:
+    other = Store(env.store.client, env.keys, "other", env.clock)
+    await other.heartbeat()
+    await env.store.set_using([("u", 2)])
+    await env.store.set_using([("u", 2)])  # sent again (a retry): no double count
+    await other.set_using([("u", 3)])
+    counts = await env.store.tube_counts("u")
+    assert counts is not None and counts[6] == 5  # current-using
+    await env.store.set_using([("u", 0)])
+    counts = await env.store.tube_counts("u")
+    assert counts is not None and counts[6] == 3
+    await other.set_using([("u", 0)])
+    assert "u" not in await env.store.list_tubes()
+
+
+async def test_reap_takes_back_a_dead_instance_use_counts(env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.set_using([("spooky", 4)])
+    assert "spooky" in await env.store.list_tubes()
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert "spooky" not in await env.store.list_tubes()
 
 
 async def test_wake_is_published_only_when_someone_waits(env: Env) -> None:
@@ -349,7 +375,7 @@ async def test_every_path_to_ready_wakes_waiters(env: Env, path: str) -> None:
         env.clock.advance(61)
         await s.expire()
     elif path == "disconnect":
-        await s.disconnect(ALICE, "default", False, False, [job_id])
+        await s.disconnect(ALICE, False, False, [job_id])
     else:
         assert await s.pause("default", 0) == -1
     message = await pubsub.get_message(timeout=2)
@@ -361,7 +387,7 @@ async def test_reap_takes_back_a_dead_instance_share(env: Env) -> None:
     ghost = Store(env.store.client, env.keys, "ghost", env.clock)
     await ghost.heartbeat()
     await ghost.connect("ghost:1")
-    await ghost.change_refs("ghost:1", [("+w", "haunted")])
+    await ghost.change_watches("ghost:1", [("+w", "haunted")])
     await ghost.set_waiting("ghost:1", 1)
     assert "haunted" in await env.store.list_tubes()
     env.clock.advance(10)

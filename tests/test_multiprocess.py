@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -163,3 +164,42 @@ def test_every_job_is_delivered_exactly_once_across_processes(
     assert sorted(delivered) == sorted(expected)
     for worker in workers:
         assert worker.call("reserve-with-timeout 0").head == b"TIMED_OUT"
+
+
+def _eventually(check: Callable[[], bool]) -> bool:
+    """Poll ``check`` until it holds or REPLY_TIMEOUT_S passes (a bound, not a measurement)."""
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def test_use_counts_reach_the_other_process(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    """A process tells Redis its use counts in batches (tubeq.using): another process sees a
+    tube's users come and go, and a tube with no job disappears once its last user leaves."""
+    process_a, process_b = two_processes
+    tube = _tube()
+    first, second = clients(process_a), clients(process_a)
+    observer = clients(process_b)
+
+    def using_count() -> bytes:
+        reply = observer.call(f"stats-tube {tube}")
+        if reply.head == b"NOT_FOUND":
+            return b"gone"
+        data = reply.data or b""
+        return data.split(b"\ncurrent-using: ")[1].split(b"\n")[0]
+
+    assert first.call(f"use {tube}").head == f"USING {tube}".encode()
+    assert using_count() == b"1"  # the first user in a process is told at once
+    second.call(f"use {tube}")
+    assert _eventually(lambda: using_count() == b"2")
+    first.call("use default")
+    assert _eventually(lambda: using_count() == b"1")
+    second.close()
+    assert _eventually(lambda: using_count() == b"gone")
+    assert f"- {tube}\n".encode() not in (observer.call("list-tubes").data or b"")

@@ -37,6 +37,7 @@ from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import NoJob, Reservation, Store
+from tubeq.using import UseLedger
 from tubeq.waiters import Waiter, WaiterRegistry
 
 log = structlog.get_logger(__name__)
@@ -76,6 +77,7 @@ class ServerContext:
     registry: WaiterRegistry
     scheduler: Scheduler
     counters: CommandCounters
+    using: UseLedger
     identity: ServerIdentity
     max_job_size: int
     draining: bool = False
@@ -122,6 +124,9 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.ctx.connections.add(self)
         self.store.connect(self.token).add_done_callback(discard)
+        in_redis = self.ctx.using.acquire(self.used)
+        if in_redis is not None:
+            in_redis.add_done_callback(discard)
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -163,8 +168,8 @@ class Connection(asyncio.Protocol):
             self._disconnect()
 
     def _disconnect(self) -> None:
-        done = self.store.disconnect(self.token, self.used, self.producer, self.worker,
-                                     list(self.reserved))
+        self.ctx.using.release(self.used)
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
         done.add_done_callback(self._disconnected)
 
     def _disconnected(self, f: asyncio.Future[Any]) -> None:

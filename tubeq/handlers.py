@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tubeq import commands as c
 from tubeq import replies
-from tubeq.futures import then
+from tubeq.futures import discard, then
 from tubeq.stats import job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store import NoJob, Reservation
 
@@ -53,11 +53,22 @@ def _rejected(conn: Connection, cmd: c.Rejected) -> Reply:
 
 
 def _use(conn: Connection, cmd: c.Use) -> Reply:
+    reply = replies.using(cmd.tube)
     if cmd.tube == conn.used:
-        return replies.using(cmd.tube)
-    old, conn.used = conn.used, cmd.tube
-    done = conn.store.change_refs(conn.token, [("+u", cmd.tube), ("-u", old)])
-    return then(done, lambda _: replies.using(cmd.tube))
+        return reply
+    using = conn.ctx.using
+    using.release(conn.used)
+    conn.used = cmd.tube
+    in_redis = using.acquire(cmd.tube)  # None: this process already holds the tube
+    return reply if in_redis is None else then(in_redis, lambda _: reply)
+
+
+def _sync_using(conn: Connection) -> None:
+    """Before a read of tube references or existence: this process's use counts reach Redis
+    first (sent ahead of the read on the same Redis connection)."""
+    in_redis = conn.ctx.using.flush()
+    if in_redis is not None:
+        in_redis.add_done_callback(discard)
 
 
 def _watch(conn: Connection, cmd: c.Watch) -> Reply:
@@ -65,7 +76,7 @@ def _watch(conn: Connection, cmd: c.Watch) -> Reply:
         return replies.watching(len(conn.watched))
     conn.watched.append(cmd.tube)
     count = len(conn.watched)
-    return then(conn.store.change_refs(conn.token, [("+w", cmd.tube)]),
+    return then(conn.store.change_watches(conn.token, [("+w", cmd.tube)]),
                 lambda _: replies.watching(count))
 
 
@@ -80,7 +91,7 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     watched[i] = watched[-1]
     watched.pop()
     count = len(watched)
-    return then(conn.store.change_refs(conn.token, [("-w", cmd.tube)]),
+    return then(conn.store.change_watches(conn.token, [("-w", cmd.tube)]),
                 lambda _: replies.watching(count))
 
 
@@ -183,17 +194,20 @@ def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
             return replies.NOT_FOUND
         return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
 
+    _sync_using(conn)
     return then(conn.store.tube_counts(cmd.tube), answer)
 
 
 def _stats(conn: Connection, cmd: c.Stats) -> Reply:
     ctx = conn.ctx
     ctx.counters.flush()  # this process's counts reach Redis before the read below
+    _sync_using(conn)
     return then(conn.store.server_counts(),
                 lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
 
 
 def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
+    _sync_using(conn)
     return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
 
 
@@ -213,6 +227,7 @@ def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
             conn.ctx.scheduler.note_due(until_ms)
         return replies.PAUSED
 
+    _sync_using(conn)
     return then(conn.store.pause(cmd.tube, cmd.delay), answer)
 
 

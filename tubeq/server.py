@@ -22,6 +22,7 @@ from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
+from tubeq.using import UseLedger
 from tubeq.waiters import WaiterRegistry
 
 log = structlog.get_logger(__name__)
@@ -73,7 +74,7 @@ class Server:
         scheduler = Scheduler(store, registry)
         self.ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
-            counters=CommandCounters(store.add_counters),
+            counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size)
 
         def on_message(channel: bytes, _: bytes) -> None:
@@ -114,6 +115,7 @@ class Server:
             await self._subscriber.stop()
         if self.ctx is not None:
             self.ctx.counters.flush()
+            self.ctx.using.flush()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.ctx.store.leave(), SHUTDOWN_GRACE_S)
         if self._client is not None:

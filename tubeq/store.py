@@ -207,9 +207,15 @@ class Store:
     def connect(self, token: str) -> asyncio.Future[Reply]:
         return self._eval("connect", self.instance_id, token, self.clock())
 
-    def change_refs(self, token: str, ops: Sequence[tuple[str, str]]) -> asyncio.Future[Reply]:
+    def change_watches(self, token: str, ops: Sequence[tuple[str, str]]) -> asyncio.Future[Reply]:
+        """Apply ``(op, tube)`` pairs to a connection's watch list; op is ``+w`` or ``-w``."""
         flat = [x for op in ops for x in op]
         return self._eval("tubes", self.instance_id, token, self.clock(), *flat)
+
+    def set_using(self, counts: Sequence[tuple[str, int]]) -> asyncio.Future[Reply]:
+        """How many of this process's connections use each tube (absolute counts)."""
+        flat = [x for pair in counts for x in pair]
+        return self._eval("using", self.instance_id, self.clock(), *flat)
 
     def set_waiting(self, token: str, delta: int) -> asyncio.Future[Reply]:
         return self._eval("wait", self.instance_id, token, delta)
@@ -218,9 +224,9 @@ class Store:
         call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
         call.add_done_callback(discard)
 
-    def disconnect(self, token: str, used: str, producer: bool, worker: bool,
+    def disconnect(self, token: str, producer: bool, worker: bool,
                    reserved: Sequence[int]) -> asyncio.Future[Reply]:
-        return self._eval("disconnect", self.instance_id, token, used, int(producer), int(worker),
+        return self._eval("disconnect", self.instance_id, token, int(producer), int(worker),
                           self.clock(), *reserved)
 
     # -- time ---------------------------------------------------------------------------------

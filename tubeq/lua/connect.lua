@@ -1,4 +1,5 @@
---[[ connect: a new client connection: it uses and watches 'default'.
+--[[ connect: a new client connection: it watches 'default' (its use of 'default' is counted by
+its process, see using.lua).
 KEYS[1]  namespace root
 ARGV     instance id, token, now (ms)
 Returns  1
@@ -11,6 +12,5 @@ local ik = k_instance(inst)
 rcall('SADD', k_instance_conns(inst), token)
 bump(ik, 'conns', 1)
 rcall('HINCRBY', K_STATS, 'total-connections', 1)
-apply_ref('+u', 'default', token, ik, now)
-apply_ref('+w', 'default', token, ik, now)
+apply_watch('+w', 'default', token, ik, now)
 return 1

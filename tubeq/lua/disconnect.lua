@@ -1,7 +1,8 @@
 --[[ disconnect: a connection closed (quit, EOF, reset): its reserved jobs go back to ready at
-once (no timeouts/releases counted), and its tube references and gauges are dropped.
+once (no timeouts/releases counted), and its watches and gauges are dropped (its process
+counts its use of a tube, see using.lua).
 KEYS[1]  namespace root
-ARGV     instance id, token, used tube, was producer (0|1), was worker (0|1), now (ms),
+ARGV     instance id, token, was producer (0|1), was worker (0|1), now (ms),
          then the ids of the jobs it reserved
 Returns  the number of jobs released
 Events   wakes reserves blocked on each tube that got a job back
@@ -9,11 +10,11 @@ Events   wakes reserves blocked on each tube that got a job back
 --- @include "keys"
 --- @include "jobs"
 --- @include "refs"
-local inst, token, used, producer, worker, now =
-  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local inst, token, producer, worker, now =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local ik = k_instance(inst)
 local released, woken = 0, {}
-for i = 7, #ARGV do
+for i = 6, #ARGV do
   local id = ARGV[i]
   local f = rcall('HMGET', k_job(id), 's', 't', 'o')
   if f[1] == 'reserved' and f[3] == token then
@@ -22,10 +23,9 @@ for i = 7, #ARGV do
     woken[f[2]] = true
   end
 end
-local dropped = {used}
-apply_ref('-u', used, token, ik, now)
+local dropped = {}
 for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
-  apply_ref('-w', t, token, ik, now)
+  apply_watch('-w', t, token, ik, now)
   dropped[#dropped + 1] = t
 end
 rcall('SREM', k_instance_conns(inst), token)

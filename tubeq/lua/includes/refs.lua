@@ -1,16 +1,11 @@
--- Tube references of one connection (using / watching), counted per process instance and in
--- total, so a dead instance's share can be taken back by reap.lua.
--- Returns true when the reference was dropped (the caller then runs gc_tube after its loop).
-local function apply_ref(op, t, token, ik, now)
-  if op == '+u' then
-    ensure_tube(t, now)
-    bump(K_REFS, 'u:' .. t, 1)
-    bump(ik, 'u:' .. t, 1)
-  elseif op == '-u' then
-    bump(K_REFS, 'u:' .. t, -1)
-    bump(ik, 'u:' .. t, -1)
-    return true
-  elseif op == '+w' then
+-- Tube references, counted per process instance and in total, so a dead instance's share can
+-- be taken back by reap.lua. Watching is per connection (its watch set); using is per process:
+-- each process keeps its own count of connections using a tube and sends it in batches.
+
+-- A connection starts or stops watching a tube ('+w' | '-w'). Returns true when the reference
+-- was dropped (the caller then runs gc_tube after its loop).
+local function apply_watch(op, t, token, ik, now)
+  if op == '+w' then
     ensure_tube(t, now)
     if rcall('SADD', k_watch(token), t) == 1 then
       bump(K_REFS, 'w:' .. t, 1)
@@ -24,4 +19,16 @@ local function apply_ref(op, t, token, ik, now)
     end
   end
   return false
+end
+
+-- This instance now has n connections using tube t (an absolute count, so sending it twice is
+-- harmless). Returns true when the instance's reference was dropped (gc_tube after the loop).
+local function set_using(t, n, ik, now)
+  local field = 'u:' .. t
+  local delta = n - tonumber(rcall('HGET', ik, field) or 0)
+  if delta == 0 then return false end
+  if n > 0 then ensure_tube(t, now) end
+  bump(K_REFS, field, delta)
+  bump(ik, field, delta)
+  return n == 0
 end

@@ -1,0 +1,101 @@
+"""Which tubes this process's connections use: counted here, sent to Redis in batches.
+
+beanstalkd creates a tube on its first reference and removes it with its last, and stats-tube
+shows ``current-using``. tubeq keeps those counts in Redis per process, but a producer that
+switches tube before every put would otherwise pay one script per ``use``. So the process counts
+its connections per tube here and tells Redis (using.lua) the absolute counts:
+
+* at once when a tube gains its first user in this process, because the tube may not exist yet
+  and the commands that follow on the same Redis connection must find it;
+* otherwise at most USING_FLUSH_S later, in one call for every tube whose count changed. A tube
+  this process stopped using keeps its reference until then, so switching among a set of tubes
+  costs no Redis call at all;
+* and before any command of this process that reads tube references or existence (stats,
+  stats-tube, list-tubes, pause-tube), so a connection never sees its own process's stale view.
+
+What another tubeq process reads can lag by up to USING_FLUSH_S (protocol.md, "Several
+processes"). Counts are absolute, so a flush that failed is simply sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import structlog
+
+from tubeq.futures import discard
+from tubeq.store import Store
+
+log = structlog.get_logger(__name__)
+
+# How long a change in this process's use counts may wait before Redis hears of it.
+USING_FLUSH_S = 0.1
+
+
+class UseLedger:
+    """This process's count of connections per used tube, and what Redis was last told."""
+
+    def __init__(self, store: Store, flush_after_s: float = USING_FLUSH_S) -> None:
+        self._store = store
+        self._flush_after_s = flush_after_s
+        self._counts: Counter[str] = Counter()
+        self._told: dict[str, int] = {}  # the count Redis holds for this process, per tube
+        self._dirty: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def acquire(self, tube: str) -> asyncio.Future[Any] | None:
+        """A connection uses ``tube``: a future when Redis must hear of it first, else None."""
+        self._counts[tube] += 1
+        self._dirty.add(tube)
+        if not self._told.get(tube):
+            return self.flush()
+        self._schedule()
+        return None
+
+    def release(self, tube: str) -> None:
+        """A connection stopped using ``tube`` (use of another tube, or it went away)."""
+        self._counts[tube] -= 1
+        if self._counts[tube] <= 0:
+            del self._counts[tube]
+        self._dirty.add(tube)
+        self._schedule()
+
+    def flush(self) -> asyncio.Future[Any] | None:
+        """Send every changed count now; the returned future settles when Redis has them."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._dirty:
+            return None
+        counts = [(tube, self._counts[tube]) for tube in self._dirty]
+        self._dirty = set()
+        for tube, n in counts:
+            if n:
+                self._told[tube] = n
+            else:
+                self._told.pop(tube, None)
+        sent = self._store.set_using(counts)
+        sent.add_done_callback(lambda f: self._sent(f, counts))
+        return sent
+
+    def _sent(self, f: asyncio.Future[Any], counts: list[tuple[str, int]]) -> None:
+        if f.cancelled() or f.exception() is None:
+            return
+        log.warning("using counts not stored; sending them again", error=repr(f.exception()))
+        for tube, _ in counts:
+            self._told.pop(tube, None)  # unknown: the next acquire tells Redis at once
+            self._dirty.add(tube)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._flush_after_s,
+                                                                self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._timer = None
+        sent = self.flush()
+        if sent is not None:
+            sent.add_done_callback(discard)
