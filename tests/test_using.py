@@ -61,9 +61,13 @@ async def test_a_tube_left_by_its_last_user_is_held_until_the_flush() -> None:
     using.release("a")
     assert using.acquire("a") is None  # switching back costs no call
     using.release("a")
-    using.acquire("b")  # a first user elsewhere: one call carries every change
-    assert store.calls[-1] == [("a", 0), ("b", 1)]
-    assert using.acquire("a") is not None  # "a" was dropped by that call: told again
+    using.acquire("b")  # a tube new to the process is told alone: "a" stays held
+    assert store.calls[-1] == [("b", 1)]
+    assert using.acquire("a") is None
+    using.release("a")
+    using.flush()
+    assert store.calls[-1] == [("a", 0)]
+    assert using.acquire("a") is not None  # "a" was dropped by that flush: told again
 
 
 async def test_the_batch_goes_out_after_the_flush_delay() -> None:

@@ -48,9 +48,11 @@ class UseLedger:
     def acquire(self, tube: str) -> asyncio.Future[Any] | None:
         """A connection uses ``tube``: a future when Redis must hear of it first, else None."""
         self._counts[tube] += 1
-        self._dirty.add(tube)
         if not self._told.get(tube):
-            return self.flush()
+            # Only this tube: drops stay pending, so the tubes this process just left stay held.
+            self._dirty.discard(tube)
+            return self._send([tube])
+        self._dirty.add(tube)
         self._schedule()
         return None
 
@@ -69,8 +71,11 @@ class UseLedger:
             self._timer = None
         if not self._dirty:
             return None
-        counts = [(tube, self._counts[tube]) for tube in self._dirty]
-        self._dirty = set()
+        tubes, self._dirty = list(self._dirty), set()
+        return self._send(tubes)
+
+    def _send(self, tubes: list[str]) -> asyncio.Future[Any]:
+        counts = [(tube, self._counts[tube]) for tube in tubes]
         for tube, n in counts:
             if n:
                 self._told[tube] = n
