@@ -602,10 +602,12 @@ async def test_a_cancelled_reserve_that_is_granted_later_is_released(
                          "the reserve is waiting on the server")
         waiting.cancel()
         job_id = await producer.put(b"orphan", pri=77)
-        await eventually(lambda: _state(producer, job_id, "ready"),
-                         "the orphaned job was released")
+        # "ready" alone can be seen before the waiter takes the job (tubeq hands a put's job
+        # to a waiter one wake-up after INSERTED: protocol.md), so wait for the release.
+        await eventually(lambda: _released(producer, job_id), "the orphaned job was released")
         stats = await producer.stats_job(job_id)
-        assert (stats["reserves"], stats["releases"], stats["pri"]) == (1, 1, 77)
+        assert (stats["state"], stats["reserves"], stats["releases"], stats["pri"]) == (
+            "ready", 1, 1, 77)
         assert await client.list_tube_used() == tube_name  # the connection is fine
         await producer.delete(job_id)
 
@@ -634,6 +636,10 @@ async def _draining(client: Client) -> bool:
 
 async def _stat(client: Client, tube: str, key: str, value: int) -> bool:
     return (await client.stats_tube(tube))[key] == value
+
+
+async def _released(client: Client, job_id: int) -> bool:
+    return (await client.stats_job(job_id))["releases"] == 1
 
 
 async def _state(client: Client, job_id: int, state: str) -> bool:

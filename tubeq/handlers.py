@@ -29,8 +29,7 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     store = conn.store
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
-    reply = then(store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body),
-                 replies.inserted)
+    reply = store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, replies.inserted)
     if cmd.delay > 0:
         due = store.clock() + cmd.delay * 1000
         reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
@@ -124,7 +123,7 @@ def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], byt
 
 
 def _delete(conn: Connection, cmd: c.Delete) -> Reply:
-    return then(conn.store.delete(conn.token, cmd.id), _forget_on(conn, cmd.id, replies.DELETED))
+    return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED))
 
 
 def _release(conn: Connection, cmd: c.Release) -> Reply:

@@ -149,6 +149,8 @@ _NAME_RUN: Final = b"[" + re.escape(TUBE_NAME_CHARS) + b"]"
 _TUBE_NAME: Final = re.compile(b"(?!-)" + _NAME_RUN + b"{1,%d}" % MAX_TUBE_NAME)
 # read_u32 / read_u64: skip spaces (only spaces), then at least one decimal digit; no sign.
 _UNSIGNED: Final = re.compile(rb" *+([0-9]++)")
+# put's four read_u32 arguments at once.
+_PUT_ARGS: Final = re.compile(rb" *+([0-9]++) *+([0-9]++) *+([0-9]++) *+([0-9]++)")
 # read_tube_name (pause-tube only): skip spaces, then the longest run of name bytes.
 _NAME_TOKEN: Final = re.compile(rb" *+(" + _NAME_RUN + rb"++)")
 # strtol / strtoul in base 10: C whitespace, an optional sign, then digits (maybe none).
@@ -214,6 +216,13 @@ _ArgParser: TypeAlias = Callable[[bytes], _Parsed]
 
 
 def _put(args: bytes) -> _PutHeader:
+    # The usual line in one match; anything else goes the argument-by-argument way below,
+    # which finds the same values or the same error.
+    match = _PUT_ARGS.match(args)
+    if match is not None:
+        pri, delay, ttr, size = map(int, match.groups())
+        if max(pri, delay, ttr, size) <= U32_MAX:
+            return _PutHeader(pri, delay, ttr, size, trailing_garbage=match.end() != len(args))
     pri, pos = _read_unsigned(args, 0, U32_MAX)
     delay, pos = _read_unsigned(args, pos, U32_MAX)
     ttr, pos = _read_unsigned(args, pos, U32_MAX)

@@ -52,6 +52,10 @@ BACKOFF_MAX = 1.0
 CONNECT_TIMEOUT = 5.0
 
 
+# Encoded script-call heads kept (per script and key list); a caller with ever-new keys only
+# loses the cache, not memory.
+SCRIPT_HEADS_KEPT = 256
+
 Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
 
 
@@ -76,7 +80,12 @@ class RedisConnectionLost(ConnectionError):
 
 def encode_command(args: tuple[Arg, ...]) -> bytes:
     """Encode one command as a RESP array of bulk strings. Floats go as ``repr()``."""
-    parts = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n" % len(args) + encode_bulks(args)
+
+
+def encode_bulks(args: tuple[Arg, ...]) -> bytes:
+    """The bulk strings of a RESP array, without its ``*N`` header."""
+    parts = []
     for arg in args:
         if isinstance(arg, bytes):
             data = arg
@@ -266,6 +275,7 @@ class RedisClient(ReconnectingProtocol):
         self._flush_at = flush_at
         self._pending: deque[_Call] = deque()
         self._unsent: list[bytes] = []
+        self._script_heads: dict[tuple[str, tuple[Arg, ...]], bytes] = {}
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
 
@@ -289,10 +299,18 @@ class RedisClient(ReconnectingProtocol):
                     decode: Decoder | None = None) -> asyncio.Future[Any]:
         """EVALSHA ``sha`` with ``args`` (numkeys first); on NOSCRIPT, EVAL ``source`` instead,
         into the same future."""
-        future = self.call("EVALSHA", sha, *args, decode=decode)
-        if not future.done():
-            self._pending[-1] = (future, decode, (source, args))
-        return future
+        if not self._connected:
+            return self.call("EVALSHA", sha, *args)  # fails at once, as every call does
+        # The head (EVALSHA, sha, numkeys, keys) repeats call after call: encode it once.
+        numkeys = cast(int, args[0])
+        head_key = (sha, args[:numkeys + 1])
+        head = self._script_heads.get(head_key)
+        if head is None:
+            if len(self._script_heads) >= SCRIPT_HEADS_KEPT:
+                self._script_heads.clear()
+            head = self._script_heads[head_key] = encode_bulks(("EVALSHA", sha, *head_key[1]))
+        data = b"%s%s%s" % (b"*%d\r\n" % (len(args) + 2), head, encode_bulks(args[numkeys + 1:]))
+        return self._send_encoded(data, decode, (source, args))
 
     async def execute(self, *args: Arg) -> Reply:
         """``await call(*args)``."""
@@ -310,10 +328,15 @@ class RedisClient(ReconnectingProtocol):
     def _send(self, args: tuple[Arg, ...], decode: Decoder | None = None,
               future: asyncio.Future[Any] | None = None) -> asyncio.Future[Any]:
         # Encode before taking a reply slot: a TypeError must not leave a slot without a command.
-        self._unsent.append(encode_command(args))
+        return self._send_encoded(encode_command(args), decode, None, future)
+
+    def _send_encoded(self, data: bytes, decode: Decoder | None,
+                      fallback: tuple[bytes, tuple[Arg, ...]] | None,
+                      future: asyncio.Future[Any] | None = None) -> asyncio.Future[Any]:
+        self._unsent.append(data)
         if future is None:
             future = self._loop.create_future()
-        self._pending.append((future, decode, None))
+        self._pending.append((future, decode, fallback))
         if len(self._unsent) >= self._flush_at:
             self._flush()
         else:

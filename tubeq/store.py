@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from tubeq.futures import discard
 from tubeq.keys import Keys
@@ -20,6 +20,7 @@ from tubeq.resp import Decoder, RedisClient, Reply
 from tubeq.scripts import Script, load_all
 
 Clock = Callable[[], int]
+T = TypeVar("T")
 
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
@@ -106,8 +107,21 @@ class Store:
 
     # -- jobs ---------------------------------------------------------------------------------
 
+    # put and delete take an optional ``answer``: the future then resolves to ``answer(result)``
+    # (the handler's reply bytes) straight from the Redis reply, with no second future.
+    @overload
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes) -> asyncio.Future[int]:
-        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=int)
+        ...
+
+    @overload
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+            answer: Callable[[int], T]) -> asyncio.Future[T]:
+        ...
+
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+            answer: Callable[[int], Any] | None = None) -> asyncio.Future[Any]:
+        decode: Decoder = int if answer is None else (lambda r: answer(int(r)))
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=decode)
 
     def burn_id(self) -> asyncio.Future[int]:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
@@ -138,8 +152,19 @@ class Store:
         return self._eval("reserve_job", token, job_id, now,
                           decode=lambda r: _reservation(r, now))
 
+    @overload
     def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
-        return self._eval("delete", token, job_id, self.clock(), decode=bool)
+        ...
+
+    @overload
+    def delete(self, token: str, job_id: int,
+               answer: Callable[[bool], T]) -> asyncio.Future[T]:
+        ...
+
+    def delete(self, token: str, job_id: int,
+               answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
+        decode: Decoder = bool if answer is None else (lambda r: answer(bool(r)))
+        return self._eval("delete", token, job_id, self.clock(), decode=decode)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
         return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
