@@ -118,6 +118,19 @@ async def test_error_replies_carry_their_code(client: RedisClient) -> None:
     assert isinstance(results[1], RedisReplyError) and results[1].code == "ERR"
 
 
+async def test_bound_script_sends_its_keys_and_args_and_falls_back_to_eval(
+        client: RedisClient) -> None:
+    source = b"return {KEYS[1], ARGV[1], ARGV[2]}"
+    unknown = client.bind_script("0" * 40, source, ("key",))  # NOSCRIPT: EVAL of the source
+    assert await unknown(b"a", 7) == [b"key", b"a", b"7"]
+    sha = await client.execute("SCRIPT", "LOAD", source)
+    assert isinstance(sha, bytes)
+    bound = client.bind_script(sha.decode(), source, ("key",))
+    assert await bound("b", 8, decode=len) == 3
+    assert await asyncio.gather(bound("c", 1), bound("d", 2)) == [[b"key", b"c", b"1"],
+                                                                  [b"key", b"d", b"2"]]
+
+
 async def test_evalsha_of_unknown_script_is_noscript(client: RedisClient) -> None:
     with pytest.raises(RedisReplyError) as err:
         await client.execute("EVALSHA", "0" * 40, 0)
@@ -239,6 +252,8 @@ async def test_close_fails_pending_and_later_calls(client: RedisClient) -> None:
     assert not client.connected
     with pytest.raises(RedisConnectionLost):
         await client.execute("PING")
+    with pytest.raises(RedisConnectionLost):
+        await client.bind_script("0" * 40, b"return 1", ("k",))("arg")
 
 
 async def test_connect_to_nothing_fails_fast() -> None:

@@ -31,7 +31,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
@@ -52,11 +52,13 @@ BACKOFF_MAX = 1.0
 CONNECT_TIMEOUT = 5.0
 
 
-# Encoded script-call heads kept (per script and key list); a caller with ever-new keys only
-# loses the cache, not memory.
-SCRIPT_HEADS_KEPT = 256
-
 Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
+
+
+class ScriptCall(Protocol):
+    """A bound script (:meth:`RedisClient.bind_script`): call it with the script's ARGV."""
+
+    def __call__(self, *args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]: ...
 
 
 # A command sent and not yet answered: its future, its decoder, and for a script call the EVAL
@@ -275,7 +277,6 @@ class RedisClient(ReconnectingProtocol):
         self._flush_at = flush_at
         self._pending: deque[_Call] = deque()
         self._unsent: list[bytes] = []
-        self._script_heads: dict[tuple[str, tuple[Arg, ...]], bytes] = {}
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
 
@@ -299,18 +300,25 @@ class RedisClient(ReconnectingProtocol):
                     decode: Decoder | None = None) -> asyncio.Future[Any]:
         """EVALSHA ``sha`` with ``args`` (numkeys first); on NOSCRIPT, EVAL ``source`` instead,
         into the same future."""
-        if not self._connected:
-            return self.call("EVALSHA", sha, *args)  # fails at once, as every call does
-        # The head (EVALSHA, sha, numkeys, keys) repeats call after call: encode it once.
-        numkeys = cast(int, args[0])
-        head_key = (sha, args[:numkeys + 1])
-        head = self._script_heads.get(head_key)
-        if head is None:
-            if len(self._script_heads) >= SCRIPT_HEADS_KEPT:
-                self._script_heads.clear()
-            head = self._script_heads[head_key] = encode_bulks(("EVALSHA", sha, *head_key[1]))
-        data = b"%s%s%s" % (b"*%d\r\n" % (len(args) + 2), head, encode_bulks(args[numkeys + 1:]))
-        return self._send_encoded(data, decode, (source, args))
+        future = self.call("EVALSHA", sha, *args, decode=decode)
+        if not future.done():
+            self._pending[-1] = (future, decode, (source, args))
+        return future
+
+    def bind_script(self, sha: str, source: bytes, keys: tuple[Arg, ...]) -> ScriptCall:
+        """``call_script`` for one script and fixed keys, its EVALSHA head encoded once (the
+        same sha and keys go out call after call on the hot path)."""
+        eval_head: tuple[Arg, ...] = (len(keys), *keys)
+        head = encode_bulks(("EVALSHA", sha, *eval_head))
+        fixed = 2 + len(eval_head)
+
+        def call(*args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]:
+            if not self._connected:
+                return self.call("EVALSHA", sha, *eval_head, *args)  # fails at once
+            data = b"*%d\r\n%s%s" % (fixed + len(args), head, encode_bulks(args))
+            return self._send_encoded(data, decode, (source, eval_head + args))
+
+        return call
 
     async def execute(self, *args: Arg) -> Reply:
         """``await call(*args)``."""

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 from tubeq.futures import discard
 from tubeq.keys import Keys
-from tubeq.resp import Decoder, RedisClient, Reply
+from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
 from tubeq.scripts import Script, load_all
 
 Clock = Callable[[], int]
@@ -80,6 +80,9 @@ class Store:
         self.instance_id = instance_id
         self.clock = clock
         self._scripts: dict[str, Script] = load_all()
+        self._calls: dict[str, ScriptCall] = {
+            name: client.bind_script(s.sha, s.source, (keys.root,))
+            for name, s in self._scripts.items()}
         client.add_reconnect_callback(self._on_reconnect)
 
     async def load_scripts(self) -> None:
@@ -101,9 +104,7 @@ class Store:
     def _eval(self, name: str, *args: bytes | str | int,
               decode: Decoder | None = None) -> asyncio.Future[Any]:
         """Run a script by SHA (the client falls back to EVAL if Redis lost it)."""
-        script = self._scripts[name]
-        return self.client.call_script(script.sha, script.source, 1, self.keys.root, *args,
-                                       decode=decode)
+        return self._calls[name](*args, decode=decode)
 
     # -- jobs ---------------------------------------------------------------------------------
 
