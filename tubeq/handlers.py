@@ -30,6 +30,7 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
     reply = store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, replies.inserted)
+    conn.ctx.counters.job_created()
     if cmd.delay > 0:
         due = store.clock() + cmd.delay * 1000
         reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))

@@ -36,6 +36,7 @@ Rules:
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -270,6 +271,7 @@ def _bury(args: bytes) -> Command:
     return Bury(job_id, _read_last_unsigned(args, pos, U32_MAX))
 
 
+@functools.lru_cache(maxsize=256)  # workers repeat the same timeout line by line
 def _reserve_with_timeout(args: bytes) -> Command:
     # 1.12 reads the timeout with strtol into an int: no digits is 0, trailing text is ignored,
     # only overflowing `long` fails; the cast keeps the low 32 bits, so 4294967296 is 0 and a
@@ -359,6 +361,8 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
+_SPACED_WORDS: Final = {word: parse for word, parse in _ALL_WORDS.items() if word.endswith(b" ")}
+
 # The rule above as one regex: alternatives are tried in order, so longest first wins.
 _COMMAND_WORD: Final = re.compile(
     b"|".join(re.escape(word) for word in sorted(_ALL_WORDS, key=len, reverse=True))
@@ -369,11 +373,19 @@ def _parse_line(line: bytes) -> _Parsed:
     """One command line (CRLF removed) to a command, a rejection, or a put header."""
     if b"\0" in line:
         return _BAD_FORMAT  # 1.12 checks strlen() against the line length before anything else
-    word = _COMMAND_WORD.match(line)
-    if word is None:
-        return _UNKNOWN_COMMAND
+    space = line.find(b" ")
+    # No word contains a space inside, so a word that ends with one and matches up to the
+    # line's first space is the longest match, the one the regex would find.
+    parse = _SPACED_WORDS.get(line[: space + 1]) if space > 0 else None
+    if parse is not None:
+        args = line[space + 1 :]
+    else:
+        word = _COMMAND_WORD.match(line)
+        if word is None:
+            return _UNKNOWN_COMMAND
+        parse, args = _ALL_WORDS[word[0]], line[word.end() :]
     try:
-        return _ALL_WORDS[word[0]](line[word.end() :])
+        return parse(args)
     except _BadFormat as error:
         if error.counted_as is None:
             return _BAD_FORMAT

@@ -89,8 +89,15 @@ def encode_bulks(args: tuple[Arg, ...]) -> bytes:
     """The bulk strings of a RESP array, without its ``*N`` header."""
     parts = []
     for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
+        kind = type(arg)  # exact types first: this runs for every argument of every call
+        if kind is bytes:
+            data = cast(bytes, arg)
+        elif kind is str:
+            data = cast(str, arg).encode()
+        elif kind is int:
+            data = b"%d" % cast(int, arg)
+        elif isinstance(arg, (bytes, bytearray, memoryview)):
+            data = bytes(arg)
         elif isinstance(arg, str):
             data = arg.encode()
         elif isinstance(arg, int):

@@ -1,10 +1,10 @@
 """Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
 
-Command counters (``cmd-*``) are counted in process memory and added to the shared Redis hash
-once per loop tick, so ``stats`` from any process sees every process's commands (to within one
-tick for other processes; exactly for its own, since it flushes before it reads). Field names and
-their order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
-``version``.
+Command counters (``cmd-*``) and ``total-jobs`` are counted in process memory and added to the
+shared Redis hash once per loop tick, so ``stats`` from any process sees every process's
+commands (to within one tick for other processes; exactly for its own, since it flushes before
+it reads). Field names and their order are beanstalkd 1.12's, byte for byte; 1.12 leaves string
+values unquoted except ``version``.
 """
 
 from __future__ import annotations
@@ -35,24 +35,39 @@ BINLOG_MAX_SIZE = 10485760
 
 
 class CommandCounters:
-    """Per-process ``cmd-*`` counts, flushed to Redis with ``flush`` once per loop tick."""
+    """Per-process ``cmd-*`` and ``total-jobs`` counts, flushed to Redis with ``flush`` once
+    per loop tick."""
 
     def __init__(self, flush: Callable[[dict[str, int]], None]) -> None:
         self._flush = flush
-        self._pending: Counter[str] = Counter()
+        self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
+        self._jobs = 0
         self._scheduled = False
 
     def incr(self, name: str) -> None:
-        self._pending["cmd-" + name] += 1
+        """One more command counted as ``cmd-<name>``."""
+        self._pending[name] += 1
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._schedule()
+
+    def job_created(self) -> None:
+        """One more job put (``total-jobs``), counted when its put is sent to Redis."""
+        self._jobs += 1
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
-        if self._pending:
-            pending, self._pending = dict(self._pending), Counter()
-            self._flush(pending)
+        if self._pending or self._jobs:
+            fields = {"cmd-" + name: n for name, n in self._pending.items()}
+            if self._jobs:
+                fields["total-jobs"] = self._jobs
+            self._pending, self._jobs = Counter(), 0
+            self._flush(fields)
 
 
 def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:

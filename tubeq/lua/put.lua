@@ -1,7 +1,7 @@
 --[[ put: store a new job in a tube, ready or delayed.
 KEYS[1]  namespace root
 ARGV     tube, pri, delay (s), ttr (s), body, now (ms)
-Returns  the new job id
+Returns  the new job id (the server's total-jobs is counted by the process: tubeq/stats.py)
 Events   wakes reserves blocked on the tube when the job is ready
 ]]
 --- @include "keys"
@@ -21,5 +21,4 @@ else
   wake(t)
 end
 rcall('HINCRBY', k_tube(t), 'total', 1)
-rcall('HINCRBY', K_STATS, 'total-jobs', 1)
 return id

@@ -1,0 +1,31 @@
+"""Per-process stats counters (tubeq.stats.CommandCounters): what one flush sends."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tubeq.stats import CommandCounters
+
+
+async def test_counts_leave_once_per_tick_as_stats_fields() -> None:
+    sent: list[dict[str, int]] = []
+    counters = CommandCounters(sent.append)
+    counters.incr("put")
+    counters.incr("put")
+    counters.job_created()
+    counters.incr("delete")
+    assert sent == []  # nothing before the end of the tick
+    await asyncio.sleep(0)
+    assert sent == [{"cmd-put": 2, "cmd-delete": 1, "total-jobs": 1}]
+    counters.flush()
+    assert len(sent) == 1  # nothing new: no empty flush
+
+
+async def test_an_explicit_flush_sends_at_once_and_the_tick_adds_only_what_came_later() -> None:
+    sent: list[dict[str, int]] = []
+    counters = CommandCounters(sent.append)
+    counters.job_created()
+    counters.flush()  # stats does this before it reads
+    counters.incr("stats")
+    await asyncio.sleep(0)
+    assert sent == [{"total-jobs": 1}, {"cmd-stats": 1}]
