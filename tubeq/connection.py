@@ -250,7 +250,15 @@ class Connection(asyncio.Protocol):
         if isinstance(reply, bytes):
             self._schedule_flush()
         else:
-            reply.add_done_callback(lambda _: self._schedule_flush())
+            reply.add_done_callback(self._reply_done)
+
+    def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
+        # A lone reply (one command in flight: a round-trip-bound client) is written at once;
+        # several wait for the end of the tick and leave in one write.
+        if len(self._replies) == 1 and self._replies[0] is reply and not self._flush_scheduled:
+            self._flush()
+        else:
+            self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

@@ -250,8 +250,12 @@ def disconnect_while_waiting(s: Script) -> None:
     _blocked_worker(s, tube, "leaver")
     s.conn("leaver").close()
     stayer = _blocked_worker(s, tube, "stayer")
-    s.conn("producer").cmd(f"use {tube}").put(b"x").stats_tube(tube)
+    producer = s.conn("producer").cmd(f"use {tube}").put(b"x")
+    # The stayer gets the job and the counts show the leaver gone. stats-tube goes after the
+    # RESERVED: right after INSERTED it would race tubeq's put-to-waiter handoff (protocol.md,
+    # "Differences").
     stayer.expect()
+    producer.stats_tube(tube)
 
 
 # --- counters and time fields through a lifecycle -------------------------------------------------
