@@ -6,11 +6,11 @@ pub/sub subscriber (:class:`ReconnectingProtocol`: open, handshake, lose, reconn
 Rules:
 * ``call()`` never awaits. It encodes into a buffer and returns a future. The buffer goes out in
   one ``transport.write`` as soon as ``flush_at`` calls are buffered, or at the end of the loop
-  tick when no earlier call is still waiting for its reply; while replies are outstanding a
-  short buffer waits for them (at most one round trip), which turns a busy server's many small
-  per-tick writes into fewer, larger ones. The ``flush_at`` cap avoids the lock-step convoy
-  where Redis idles while Python handles a whole batch of replies (research/perf-baseline.md 3c:
-  tick-only 54k/s, tick-or-16 76k/s).
+  tick. The ``flush_at`` cap avoids the lock-step convoy where Redis idles while Python handles
+  a whole batch of replies (research/perf-baseline.md 3c: tick-only 54k/s, tick-or-16 76k/s).
+  Holding a short buffer back until the replies in flight came back (tried until 2026-11) made
+  fewer writes but cost round-trip-bound clients a Redis round trip per command (put 64x1:
+  39-40k/s held back, 45-49k/s sent at the tick's end; 64x16 rows unchanged).
 * ``call(..., decode=f)`` resolves to ``f(reply)``: one future per call, no chained futures.
   ``call_script`` sends EVALSHA and, should Redis have lost the script (NOSCRIPT), sends the
   EVAL itself and resolves the same future.
@@ -365,9 +365,7 @@ class RedisClient(ReconnectingProtocol):
 
     def _flush_at_tick_end(self) -> None:
         self._flush_scheduled = False
-        if len(self._pending) == len(self._unsent):  # nothing else in flight: send now
-            self._flush()
-        # else the buffer leaves when the replies in flight have come back (see _on_reply)
+        self._flush()
 
     def _flush(self) -> None:
         if self._unsent:
@@ -389,8 +387,6 @@ class RedisClient(ReconnectingProtocol):
                 self._transport.abort()
             return
         future, decode, fallback = self._pending.popleft()
-        if self._unsent and len(self._pending) == len(self._unsent):
-            self._schedule_flush()  # the last reply in flight is in: send what waited for it
         if future.done():  # cancelled: the reply was only read to keep the stream in step
             return
         if isinstance(reply, RedisReplyError):
