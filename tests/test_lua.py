@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -329,20 +330,114 @@ async def test_reap_takes_back_a_dead_instance_use_counts(env: Env) -> None:
     assert "spooky" not in await env.store.list_tubes()
 
 
-async def test_wake_is_published_only_when_someone_waits(env: Env) -> None:
+async def test_wake_is_published_only_when_someone_waits_and_nobody_took_the_job(
+        env: Env) -> None:
     pubsub = env.raw.pubsub()
     await pubsub.psubscribe(env.keys.wake_pattern)
     await pubsub.get_message(timeout=1)  # the subscribe confirmation
     await env.put()
     assert await pubsub.get_message(timeout=0.2) is None
+    await env.store.pause("default", 60)  # a waiter cannot take a job from a paused tube
     await env.store.set_waiting(ALICE, 1)
-    await env.put()
+    job_id = await env.put()
     message = await pubsub.get_message(timeout=2)
     assert message is not None and message["channel"] == env.keys.wake_channel("default").encode()
-    await env.store.set_waiting(ALICE, -1)
+    assert await env.state(job_id) is JobState.READY
+    assert await env.store.set_waiting(ALICE, -1, claim=True) == []
     counts = await env.store.tube_counts("default")
     assert counts is not None and counts[8] == 0  # current-waiting back to 0
     await pubsub.aclose()
+
+
+async def _grant_listener(env: Env) -> Any:
+    pubsub = env.raw.pubsub()
+    await pubsub.subscribe(env.keys.grant_channel("inst"))
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    return pubsub
+
+
+async def test_put_hands_the_job_to_the_first_waiting_connection(env: Env) -> None:
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.set_waiting(BOB, 1)
+    await s.set_waiting(ALICE, 1)
+    first = await env.put(body=b"first")
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    info = await s.job_info(first)
+    assert info is not None and (info.state, info.reserves) == ("reserved", 1)
+    counts = await s.tube_counts("default")
+    assert counts is not None and (counts[1], counts[2], counts[8]) == (0, 1, 1)
+    second = await env.put(body=b"second")  # the next waiter in line
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == ALICE.encode()
+    # Each claims its own with its next reserve; nothing else is taken with it.
+    third = await env.put(body=b"third")
+    bob = await env.reserve(BOB)
+    assert (bob.id, bob.body) == (first, b"first")
+    alice = await env.reserve(ALICE)
+    assert (alice.id, alice.body) == (second, b"second")
+    assert await env.state(third) is JobState.READY
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 0
+    await pubsub.aclose()
+
+
+async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None:
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    await s.set_waiting(ALICE, 1)
+    job_id = await env.put()
+    # BOB's reserve timed out at the same instant: counting out claims the job instead, and
+    # the put's counting out is not done twice.
+    claimed = await s.set_waiting(BOB, -1, claim=True)
+    assert [r.id for r in claimed] == [job_id]
+    assert await s.set_waiting(BOB, -1, claim=True) == []
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 1  # ALICE still waits
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 1  # current-waiting
+
+
+async def test_a_waiter_watching_several_tubes_gets_its_best_job(env: Env) -> None:
+    s = env.store
+    await s.change_watches(BOB, [("+w", "urgent")])
+    await s.pause("urgent", 60)
+    urgent = await env.put("urgent", pri=0)
+    await s.pause("urgent", 0)  # ready again; the hint for it may not have reached BOB yet
+    await s.set_waiting(BOB, 1)
+    await env.put("default", pri=10)
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [urgent]
+
+
+async def test_disconnect_gives_back_a_job_handed_and_never_claimed(env: Env) -> None:
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    job_id = await env.put()
+    assert await s.disconnect(BOB, False, False, []) == 1
+    info = await s.job_info(job_id)
+    assert info is not None and (info.state, info.reserves, info.releases) == ("ready", 1, 0)
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 0  # current-waiting
+
+
+async def test_waiters_of_a_silent_process_are_skipped_and_its_handed_jobs_reaped(
+        env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.set_waiting("ghost:1", 1)
+    handed = await env.put()  # the ghost is alive: it gets this one
+    assert await env.state(handed) is JobState.RESERVED
+    await ghost.set_waiting("ghost:1", 1)  # and waits again
+    env.clock.advance(2.5)  # ... then falls silent
+    await env.store.heartbeat()
+    await env.store.set_waiting(BOB, 1)
+    skipped = await env.put()
+    assert [r.id for r in await env.store.set_waiting(BOB, -1, claim=True)] == [skipped]
+    env.clock.advance(1)
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert await env.state(handed) is JobState.READY  # back at once, not after its TTR
 
 
 @pytest.mark.parametrize("path", ["release", "kick", "kick_job", "promote", "expire",
@@ -418,14 +513,15 @@ async def test_lua_key_schema_matches_python(env: Env) -> None:
 return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
         k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
-        k_wake(ARGV[2])}"""
+        k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3])}"""
     k = env.keys
     names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
     assert [n.decode() for n in names] == [
         k.job_ids, k.tubes, k.ready_tubes, k.timers, k.reserved, k.stats, k.refs, k.seqs,
         k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
-        k.wake_channel("a-tube")]
+        k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
+        k.grant_channel("inst9")]
 
 
 async def test_index_follows_the_head_of_each_tube(env: Env) -> None:

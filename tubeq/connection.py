@@ -81,7 +81,7 @@ class ServerContext:
     identity: ServerIdentity
     max_job_size: int
     draining: bool = False
-    connections: set[Connection] = field(default_factory=set)
+    connections: dict[str, Connection] = field(default_factory=dict)  # by token
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_token(self) -> str:
@@ -122,7 +122,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        self.ctx.connections.add(self)
+        self.ctx.connections[self.token] = self
         self.store.connect(self.token).add_done_callback(discard)
         in_redis = self.ctx.using.acquire(self.used)
         if in_redis is not None:
@@ -153,7 +153,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self.ctx.connections.discard(self)
+        self.ctx.connections.pop(self.token, None)
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
@@ -387,11 +387,21 @@ class Connection(asyncio.Protocol):
                 # One clock reading decides both "in the margin now" and "when the margin
                 # starts", so no instant falls between the two checks.
                 now = self.store.clock()
-                if self._in_margin(now):  # and nothing reservable (paused tubes count as empty)
-                    return replies.DEADLINE_SOON
                 remaining = None if deadline is None else deadline - loop.time()
-                if self._eof or (remaining is not None and remaining <= 0):
-                    return replies.TIMED_OUT
+                ending: bytes | None = None
+                if self._in_margin(now):  # and nothing reservable (paused tubes count as empty)
+                    ending = replies.DEADLINE_SOON
+                elif self._eof or (remaining is not None and remaining <= 0):
+                    ending = replies.TIMED_OUT
+                if ending is not None:
+                    if counted and not self._eof:
+                        # A put may have handed us a job an instant ago: then it is the answer.
+                        counted = False
+                        handed = await self._stop_waiting()
+                        if handed is not None:
+                            consumed = True
+                            return _reserved(handed)
+                    return ending
                 if waiter is None:
                     waiter = Waiter(self.watched)
                     self._waiter = waiter
@@ -419,7 +429,34 @@ class Connection(asyncio.Protocol):
                 self._waiter = None
                 registry.unregister(waiter, consumed=consumed)
             if counted:
-                self.store.set_waiting(self.token, -1).add_done_callback(discard)
+                stopped = self.track_grants(
+                    self.store.set_waiting(self.token, -1, claim=not self._lost))
+                stopped.add_done_callback(self._pool_handed)
+
+    async def _stop_waiting(self) -> Reservation | None:
+        """Count this connection out of the waiters and claim what a put handed it meanwhile
+        (at most one job per wait; any more go to the pool)."""
+        handed = await asyncio.shield(
+            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)))
+        if not handed:
+            return None
+        self._pool.extend(handed[1:])
+        return handed[0]
+
+    def _pool_handed(self, f: asyncio.Future[list[Reservation]]) -> None:
+        """Jobs claimed after the wait that should have had them ended: the next reserves'."""
+        if f.cancelled() or f.exception() is not None or not f.result() or self._lost:
+            return
+        self._pool.extend(f.result())
+        if self._waiter is not None:
+            self._waiter.wake()
+        self._advance()
+
+    def job_handed_over(self) -> None:
+        """put.lua handed this connection a job while it waited: the next try claims it."""
+        for waiter in (self._waiter, self._push_waiter):
+            if waiter is not None:
+                waiter.wake()
 
     # -- push extension -----------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
     reply = store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, replies.inserted)
-    conn.ctx.counters.job_created()
+    conn.ctx.counters.job_created(conn.used)
     if cmd.delay > 0:
         due = store.clock() + cmd.delay * 1000
         reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
@@ -194,6 +194,7 @@ def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
             return replies.NOT_FOUND
         return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
 
+    conn.ctx.counters.flush()  # this process's counts reach Redis before the read below
     _sync_using(conn)
     return then(conn.store.tube_counts(cmd.tube), answer)
 

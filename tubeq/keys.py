@@ -78,6 +78,23 @@ class Keys:
     def instances(self) -> str:
         return self.root + "instances"
 
+    @property
+    def waiting(self) -> str:
+        """token -> 1 for every connection counted as waiting (makes counting out idempotent)."""
+        return self.root + "waiting"
+
+    def waiters(self, tube: str) -> str:
+        """The tokens waiting on a tube, in the order they started waiting."""
+        return f"{self.root}t:{tube}:q"
+
+    def handed(self, token: str) -> str:
+        """Jobs a put handed to a waiting connection that its process has not claimed yet."""
+        return f"{self.root}c:{token}:g"
+
+    def grant_channel(self, instance_id: str) -> str:
+        """Where put.lua tells a process that one of its waiting connections got a job."""
+        return f"{self.root}grant:{instance_id}"
+
     def instance(self, instance_id: str) -> str:
         return f"{self.root}i:{instance_id}"
 

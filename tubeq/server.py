@@ -77,11 +77,20 @@ class Server:
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size)
 
-        def on_message(channel: bytes, _: bytes) -> None:
-            registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
+        grants = self.keys.grant_channel(self.instance_id).encode()
+        connections = self.ctx.connections
+
+        def on_message(channel: bytes, data: bytes) -> None:
+            if channel == grants:  # put.lua handed a job to one of our waiting connections
+                conn = connections.get(data.decode())
+                if conn is not None:
+                    conn.job_handed_over()
+            else:
+                registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
 
         self._subscriber = Subscriber(config.redis_url, on_message, registry.wake_all)
         self._subscriber.psubscribe(self.keys.wake_pattern.encode())
+        self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
         await self._subscriber.start()
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
         ctx = self.ctx
@@ -100,7 +109,7 @@ class Server:
         if self._listener is not None:
             self._listener.close()
         if self.ctx is not None:
-            connections = list(self.ctx.connections)
+            connections = list(self.ctx.connections.values())
             for conn in connections:
                 conn.close()
             if connections:

@@ -1,10 +1,11 @@
 """Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
 
-Command counters (``cmd-*``) and ``total-jobs`` are counted in process memory and added to the
-shared Redis hash once per loop tick, so ``stats`` from any process sees every process's
-commands (to within one tick for other processes; exactly for its own, since it flushes before
-it reads). Field names and their order are beanstalkd 1.12's, byte for byte; 1.12 leaves string
-values unquoted except ``version``.
+Command counters (``cmd-*``), ``total-jobs`` and each tube's ``total-jobs`` are counted in
+process memory and added to Redis once per loop tick (counters.lua), so ``stats`` and
+``stats-tube`` from any process see every process's counts (to within one tick for other
+processes; exactly for its own, since they flush before they read). Field names and their
+order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
+``version``.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ BINLOG_MAX_SIZE = 10485760
 
 
 class CommandCounters:
-    """Per-process ``cmd-*`` and ``total-jobs`` counts, flushed to Redis with ``flush`` once
-    per loop tick."""
+    """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), flushed with
+    ``flush(fields, tube_jobs)`` once per loop tick."""
 
-    def __init__(self, flush: Callable[[dict[str, int]], None]) -> None:
+    def __init__(self, flush: Callable[[dict[str, int], dict[str, int]], None]) -> None:
         self._flush = flush
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
-        self._jobs = 0
+        self._tube_jobs: Counter[str] = Counter()
         self._scheduled = False
 
     def incr(self, name: str) -> None:
@@ -50,9 +51,9 @@ class CommandCounters:
         if not self._scheduled:
             self._schedule()
 
-    def job_created(self) -> None:
-        """One more job put (``total-jobs``), counted when its put is sent to Redis."""
-        self._jobs += 1
+    def job_created(self, tube: str) -> None:
+        """One more job put to ``tube`` (``total-jobs``), counted when its put is sent."""
+        self._tube_jobs[tube] += 1
         if not self._scheduled:
             self._schedule()
 
@@ -62,12 +63,13 @@ class CommandCounters:
 
     def flush(self) -> None:
         self._scheduled = False
-        if self._pending or self._jobs:
+        if self._pending or self._tube_jobs:
             fields = {"cmd-" + name: n for name, n in self._pending.items()}
-            if self._jobs:
-                fields["total-jobs"] = self._jobs
-            self._pending, self._jobs = Counter(), 0
-            self._flush(fields)
+            tube_jobs = dict(self._tube_jobs)
+            if tube_jobs:
+                fields["total-jobs"] = sum(tube_jobs.values())
+            self._pending, self._tube_jobs = Counter(), Counter()
+            self._flush(fields, tube_jobs)
 
 
 def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:

@@ -141,12 +141,8 @@ class Store:
         """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-
-        def decode(r: Any) -> list[Reservation]:
-            return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]),
-                                now + int(r[i + 1]) * 1000) for i in range(0, len(r), 3)]
-
-        return self._eval("reserve", token, now, count, waiter, decode=decode)
+        return self._eval("reserve", token, now, count, waiter,
+                          decode=lambda r: _reservations(r, now))
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
@@ -223,10 +219,14 @@ class Store:
 
         return self._eval("stats", decode=decode)
 
-    def add_counters(self, deltas: dict[str, int]) -> None:
-        """Add per-process command counts to the shared stats hash (fire and forget)."""
-        for name, delta in deltas.items():
-            self.client.call("HINCRBY", self.keys.stats, name, delta).add_done_callback(discard)
+    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None:
+        """Add one process's counts to the shared counters (fire and forget): server stats
+        fields (cmd-*, total-jobs) and jobs put per tube."""
+        flat: list[str | int] = [len(fields)]
+        for pairs in (fields, tube_jobs):
+            for name, delta in pairs.items():
+                flat += (name, delta)
+        self._eval("counters", *flat).add_done_callback(discard)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -243,8 +243,13 @@ class Store:
         flat = [x for pair in counts for x in pair]
         return self._eval("using", self.instance_id, self.clock(), *flat)
 
-    def set_waiting(self, token: str, delta: int) -> asyncio.Future[Reply]:
-        return self._eval("wait", self.instance_id, token, delta)
+    def set_waiting(self, token: str, delta: int, *,
+                    claim: bool = False) -> asyncio.Future[list[Reservation]]:
+        """Count ``token`` in (1) or out (-1) of the waiters; with ``claim``, also take the jobs
+        a put handed to it while it waited (put.lua), which are its already."""
+        now = self.clock()
+        return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0",
+                          decode=lambda r: _reservations(r, now))
 
     def bump_gauge(self, field: str, delta: int) -> None:
         call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
@@ -261,17 +266,23 @@ class Store:
         return self._eval("heartbeat", self.instance_id, self.clock())
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
-        return self._eval("reap", stale_before_ms, decode=int)
+        return self._eval("reap", stale_before_ms, self.clock(), decode=int)
 
     def leave(self) -> asyncio.Future[int]:
         """Take this process out of the namespace (clean shutdown)."""
-        return self._eval("reap", 0, self.instance_id, decode=int)
+        return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
+
+
+def _reservations(r: Any, now: int) -> list[Reservation]:
+    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, ...}."""
+    return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]), now + int(r[i + 1]) * 1000)
+            for i in range(0, len(r), 3)]
 
 
 def _reservation(r: Any, now: int) -> Reservation | NoJob:

@@ -1,15 +1,17 @@
 """The per-tube waiter registry: reserves blocked in this process, woken by hints.
 
-A hint (a pub/sub message naming a tube) wakes the oldest waiter of that tube that is not
-already awake; the woken waiter then runs the reserve script, which is the truth. Timeline of
-the race this closes::
+A put hands its job to the first connection waiting in Redis and tells its process, which wakes
+that connection directly (Connection.job_handed_over). Every other path to ready (release,
+kick, promote, expire, pause end) sends a hint, a pub/sub message naming a tube, that wakes the
+oldest waiter of that tube that is not already awake; the woken waiter then runs the reserve
+script, which is the truth. Timeline of the race this closes::
 
     waiter: register here + count itself in Redis (wait.lua) ... try reserve.lua ... sleep
-    other:                        put.lua (sees the waiter count, PUBLISHes) ----^ wakes it
+    other:                    release.lua (sees the waiter count, PUBLISHes) ----^ wakes it
 
-A put that lands before the count is in Redis publishes nothing, but the try after registering
-sees its job. A waiter that was woken and leaves without trying (its client went away) passes
-the wake-up on, so a hint is never lost with it. A pub/sub reconnect wakes everyone once.
+A job that became ready before the count is in Redis publishes nothing, but the try after
+registering sees it. A waiter that was woken and leaves without trying (its client went away)
+passes the wake-up on, so a hint is never lost with it. A pub/sub reconnect wakes everyone once.
 """
 
 from __future__ import annotations

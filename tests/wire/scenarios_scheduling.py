@@ -250,12 +250,10 @@ def disconnect_while_waiting(s: Script) -> None:
     _blocked_worker(s, tube, "leaver")
     s.conn("leaver").close()
     stayer = _blocked_worker(s, tube, "stayer")
-    producer = s.conn("producer").cmd(f"use {tube}").put(b"x")
-    # The stayer gets the job and the counts show the leaver gone. stats-tube goes after the
-    # RESERVED: right after INSERTED it would race tubeq's put-to-waiter handoff (protocol.md,
-    # "Differences").
+    # beanstalkd hands the job over inside the put: the stats-tube right after INSERTED shows
+    # it reserved, the stayer no longer waiting and the leaver gone.
+    s.conn("producer").cmd(f"use {tube}").put(b"x").stats_tube(tube)
     stayer.expect()
-    producer.stats_tube(tube)
 
 
 # --- counters and time fields through a lifecycle -------------------------------------------------

@@ -1,5 +1,6 @@
 --[[ disconnect: a connection closed (quit, EOF, reset): its reserved jobs go back to ready at
-once (no timeouts/releases counted), and its watches and gauges are dropped (its process
+once (no timeouts/releases counted), those a put handed it and it never claimed too, and
+its waiting count, its watches and gauges are dropped (its process
 counts its use of a tube, see using.lua).
 KEYS[1]  namespace root
 ARGV     instance id, token, was producer (0|1), was worker (0|1), now (ms),
@@ -10,12 +11,12 @@ Events   wakes reserves blocked on each tube that got a job back
 --- @include "keys"
 --- @include "jobs"
 --- @include "refs"
+--- @include "waiting"
 local inst, token, producer, worker, now =
   ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local ik = k_instance(inst)
 local released, woken = 0, {}
-for i = 6, #ARGV do
-  local id = ARGV[i]
+local function give_back(id)
   local f = rcall('HMGET', k_job(id), 's', 't', 'o')
   if f[1] == 'reserved' and f[3] == token then
     requeue(id, f[2], now)
@@ -23,6 +24,10 @@ for i = 6, #ARGV do
     woken[f[2]] = true
   end
 end
+for i = 6, #ARGV do give_back(ARGV[i]) end
+for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id) end
+rcall('DEL', k_handed(token))
+count_waiting(inst, token, -1)  -- normally done already, when its reserve stopped waiting
 local dropped = {}
 for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
   apply_watch('-w', t, token, ik, now)

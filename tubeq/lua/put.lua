@@ -1,12 +1,45 @@
---[[ put: store a new job in a tube, ready or delayed.
+--[[ put: store a new job in a tube, ready or delayed; a ready job goes straight to the first
+connection waiting on the tube, as beanstalkd hands it over before it answers the put.
 KEYS[1]  namespace root
 ARGV     tube, pri, delay (s), ttr (s), body, now (ms)
-Returns  the new job id (the server's total-jobs is counted by the process: tubeq/stats.py)
-Events   wakes reserves blocked on the tube when the job is ready
+Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
+         and added by counters.lua)
+Events   a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
+         told on grant:<instance>; without one, reserves blocked on the tube are woken
 ]]
 --- @include "keys"
 --- @include "jobs"
+--- @include "waiting"
+--- @include "picking"
 local t, pri, delay, ttr, body, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+
+-- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
+-- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
+local ALIVE_WITHIN_MS = 2000
+
+-- The first connection waiting on tube t, in a live process, gets the job it would reserve now
+-- (normally this one; the best of its watched tubes if another became ready meanwhile).
+-- False when nobody can take it.
+local function hand_over()
+  local token
+  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), 0, 15)) do
+    local beat = rcall('ZSCORE', K_INSTANCES, instance_of(candidate))
+    if beat and now - tonumber(beat) <= ALIVE_WITHIN_MS then
+      token = candidate
+      break
+    end
+  end
+  if not token then return false end
+  local entry = best_entry(token)
+  if not entry then return false end  -- e.g. the tube is paused
+  local job = take_entry(entry, token, now)
+  local inst = instance_of(token)
+  count_waiting(inst, token, -1)
+  rcall('RPUSH', k_handed(token), job[1])
+  rcall('PUBLISH', k_grant(inst), token)
+  return true
+end
+
 ensure_tube(t, now)
 local id = rcall('INCR', K_JOB_IDS)
 local jk = k_job(id)
@@ -18,7 +51,9 @@ else
   -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
   enqueue_ready(id, t, tonumber(pri), now)
-  wake(t)
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  if waiting and tonumber(waiting) > 0 and not hand_over() then
+    rcall('PUBLISH', k_wake(t), '')
+  end
 end
-rcall('HINCRBY', k_tube(t), 'total', 1)
 return id

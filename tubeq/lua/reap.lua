@@ -1,13 +1,17 @@
 --[[ reap: take back what tubeq processes that stopped heart-beating still hold: their tube
-references, waiters and connection gauges. Their reserved jobs come back by TTR (expire.lua).
+references, waiters and connection gauges. Jobs a put handed to one of their waiting
+connections go back to ready; the jobs they had reserved come back by TTR (expire.lua).
 KEYS[1]  namespace root
-ARGV     stale before (ms): instances whose last heartbeat is older are dead;
+ARGV     stale before (ms): instances whose last heartbeat is older are dead; now (ms);
          optionally an instance id: reap that one (a process leaving cleanly)
 Returns  the number of instances reaped
+Events   wakes reserves blocked on each tube that got a job back
 ]]
 --- @include "keys"
 --- @include "jobs"
-local dead = ARGV[2] and {ARGV[2]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[1])
+local now = tonumber(ARGV[2])
+local dead = ARGV[3] and {ARGV[3]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[1])
+local woken = {}
 for _, inst in ipairs(dead) do
   local ik = k_instance(inst)
   local fields = rcall('HGETALL', ik)
@@ -20,10 +24,22 @@ for _, inst in ipairs(dead) do
     end
   end
   for _, token in ipairs(rcall('SMEMBERS', k_instance_conns(inst))) do
-    rcall('DEL', k_watch(token))
+    for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
+      rcall('ZREM', k_waiters(t), token)
+    end
+    rcall('HDEL', K_WAITING, token)
+    for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do
+      local f = rcall('HMGET', k_job(id), 's', 't', 'o')
+      if f[1] == 'reserved' and f[3] == token then
+        requeue(id, f[2], now)
+        woken[f[2]] = true
+      end
+    end
+    rcall('DEL', k_watch(token), k_handed(token))
   end
   rcall('DEL', ik, k_instance_conns(inst))
   rcall('ZREM', K_INSTANCES, inst)
   for _, t in ipairs(touched) do gc_tube(t) end
 end
+for t in pairs(woken) do wake(t) end
 return #dead

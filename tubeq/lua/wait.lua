@@ -1,11 +1,14 @@
 --[[ wait: count a connection in (delta 1) or out of (delta -1) the waiters of every tube it
-watches (see includes/waiting.lua).
+watches (see includes/waiting.lua). Counting out a connection a put has already counted out
+does nothing.
 KEYS[1]  namespace root
-ARGV     instance id, token, delta
-Returns  1
+ARGV     instance id, token, delta, claim ('1': also take the jobs puts handed to it)
+Returns  {id, ttr, body, ...}: the jobs claimed (none unless claim is '1')
 ]]
 --- @include "keys"
 --- @include "jobs"
 --- @include "waiting"
-count_waiting(ARGV[1], ARGV[2], tonumber(ARGV[3]))
-return 1
+local inst, token, delta = ARGV[1], ARGV[2], tonumber(ARGV[3])
+count_waiting(inst, token, delta)
+if ARGV[4] == '1' then return claim_handed(token, nil) end
+return {}

@@ -140,7 +140,7 @@ local function gc_tube(t)
   local meta = rcall('HMGET', k_tube(t), 'nres', 'ix')
   if tonumber(meta[1] or 0) > 0 then return end
   if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
-  rcall('DEL', k_tube(t))
+  rcall('DEL', k_tube(t), k_waiters(t))
   rcall('ZREM', K_TUBES, t)
   rcall('ZREM', K_TIMERS, 'd:' .. t, 'p:' .. t)
   rcall('HDEL', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)

@@ -11,6 +11,7 @@ local K_STATS = NS .. 'stats'
 local K_REFS = NS .. 'refs'
 local K_SEQS = NS .. 'seq'
 local K_INSTANCES = NS .. 'instances'
+local K_WAITING = NS .. 'waiting'
 local function k_job(id) return NS .. 'j:' .. id end
 local function k_tube(t) return NS .. 't:' .. t end
 local function k_ready(t) return NS .. 't:' .. t .. ':r' end
@@ -20,3 +21,6 @@ local function k_instance(i) return NS .. 'i:' .. i end
 local function k_instance_conns(i) return NS .. 'i:' .. i .. ':conns' end
 local function k_watch(token) return NS .. 'c:' .. token .. ':w' end
 local function k_wake(t) return NS .. 'wake:' .. t end
+local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
+local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
+local function k_grant(i) return NS .. 'grant:' .. i end

@@ -1,11 +1,51 @@
--- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches,
--- for its process `inst` and in total. put/release/kick/promote PUBLISH a wake-up only for
--- tubes with waiters; stats-tube's current-waiting reads the same counts.
+-- Waiting connections: a reserve blocked in some process. Each is counted for its process
+-- `inst` and in total (`q:<tube>` of refs: put/release/kick/promote PUBLISH a wake-up only for
+-- tubes with waiters, and stats-tube's current-waiting reads the counts), and listed per tube in
+-- the order it started waiting (put.lua hands a new job to the first of them).
+
+-- The process instance a connection token belongs to (tokens are "<instance>:<n>").
+local function instance_of(token)
+  return string.match(token, '^(.*):[^:]*$')
+end
+
+-- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches.
+-- Idempotent: counting in a connection already in, or out one already out (a put handed it a
+-- job meanwhile), does nothing. Returns true when it changed something.
 local function count_waiting(inst, token, delta)
+  if delta > 0 then
+    if rcall('HSETNX', K_WAITING, token, 1) == 0 then return false end
+  elseif rcall('HDEL', K_WAITING, token) == 0 then
+    return false
+  end
   local ik = k_instance(inst)
+  local seq = delta > 0 and rcall('HINCRBY', K_SEQS, 'wait', 1)
   for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
     bump(K_REFS, 'q:' .. t, delta)
     bump(ik, 'q:' .. t, delta)
+    if seq then
+      rcall('ZADD', k_waiters(t), seq, token)
+    else
+      rcall('ZREM', k_waiters(t), token)
+    end
   end
   bump(ik, 'waiting', delta)
+  return true
+end
+
+-- Take back the jobs put.lua handed to `token` that its process has not claimed yet: those
+-- still reserved by it, as {id, ttr, body, ...}, at most `limit` (nil: all).
+local function claim_handed(token, limit)
+  local out = {}
+  local hk = k_handed(token)
+  while limit == nil or #out < 3 * limit do
+    local id = rcall('LPOP', hk)
+    if not id then break end
+    local f = rcall('HMGET', k_job(id), 's', 'o', 'r', 'b')
+    if f[1] == 'reserved' and f[2] == token then
+      out[#out + 1] = tonumber(id)
+      out[#out + 1] = tonumber(f[3])
+      out[#out + 1] = f[4]
+    end
+  end
+  return out
 end
