@@ -120,7 +120,7 @@ PROFILE_MAX_JOBS = 300_000
 
 # Which source area a sampled innermost frame belongs to (first match wins).
 AREAS = (
-    ("tubeq/client.py", "tubeq client (worker side)"),
+    ("tubeq/client/", "tubeq client (worker side)"),
     ("tubeq/connection.py", "tubeq connection (flow, reserves, push)"),
     ("tubeq/handlers.py", "tubeq command handlers"),
     ("tubeq/protocol.py", "tubeq protocol parser"),

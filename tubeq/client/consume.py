@@ -1,0 +1,551 @@
+"""Consumption: :class:`Consumer` (``client.consume()``) keeps jobs in flight over long-lived
+connections of its own.
+
+Each connection (``_Lane``) gets jobs through the server's push extension when the server has
+one and through pipelined ``reserve-with-timeout`` otherwise. A held job carries the consumer's
+claim on it (``_Hold``) until it is settled: deleted, released with :func:`backoff_delay`, or
+buried. ``auto_touch`` touches held jobs every :func:`touch_interval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from tubeq.client.args import _tube, _uint
+from tubeq.client.errors import (
+    ClientConnectionError,
+    ClientError,
+    DeadlineSoon,
+    InternalError,
+    ProtocolError,
+    TimedOut,
+    UnknownCommand,
+)
+from tubeq.client.job import Job
+from tubeq.client.wire import DEFAULT_TTR, DEFAULT_TUBE
+
+if TYPE_CHECKING:
+    from tubeq.client.client import Client
+
+log = logging.getLogger("tubeq.client")
+
+# Touch a job this long before its TTR ends: the server's safety margin is 1 s (a reserve
+# behind which our touch may wait is answered DEADLINE_SOON when it starts), plus 0.5 s for the
+# touch to travel and be processed.
+TOUCH_AHEAD_S: Final = 1.5
+# ... but never less often than four times per TTR (TTRs of 1-2 s).
+TOUCH_MIN_FRACTION: Final = 0.25
+# After DEADLINE_SOON a connection asks again only after this pause: the job in its margin gets
+# touched, settled or expires within the margin (1 s), and asking at once would only bounce.
+DEADLINE_SOON_PAUSE_S: Final = 0.25
+# A lost consumer connection is reopened after this delay, doubled per failure up to the max.
+RECONNECT_MIN_S: Final = 0.1
+RECONNECT_MAX_S: Final = 5.0
+# Connections a consumer opens unless told: enough to spread pipelined reserves, few enough
+# that a server with many workers is not flooded with idle connections.
+DEFAULT_CONNECTIONS: Final = 4
+
+
+def backoff_delay(reserves: int, base: int, maximum: int) -> int:
+    """Seconds to delay a failed job that has been reserved ``reserves`` times:
+    ``min(base * 2 ** (reserves - 1), maximum)``."""
+    exponent = max(0, reserves - 1)
+    if exponent >= 63:
+        return maximum
+    return int(min(base * 2**exponent, maximum))
+
+
+def touch_interval(ttr: int) -> float:
+    """How often auto_touch touches a job whose TTR is ``ttr`` seconds."""
+    return max(ttr - TOUCH_AHEAD_S, ttr * TOUCH_MIN_FRACTION)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One long-lived consumer connection and the jobs reserved through it."""
+
+    index: int
+    client: Client
+    share: int  # reserves in flight (or push credits) this connection may hold
+    slots: asyncio.Semaphore
+    held: set[Job] = field(default_factory=set)
+    mode: Literal["push", "reserve"] | None = None
+    subscribed: bool = False
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A consumer's claim on a job it reserved, from the reservation until it is settled."""
+
+    consumer: Consumer
+    lane: _Lane
+    uses_slot: bool
+    handed: bool = False
+    keep_alive: asyncio.Task[None] | None = None
+
+
+class Consumer:
+    """Jobs of some tubes, as they become ready, over long-lived connections of its own.
+
+    Two forms; both settle every job the same way:
+
+    .. code-block:: python
+
+        async for job in client.consume(["emails", "sms"], concurrency=32):
+            async with job:                  # ends normally: deleted
+                await send(job.body)         # raises: released with backoff, or buried
+
+        await client.consume(["emails"], concurrency=32).run(handle)   # handle(job) concurrently
+
+    Why ``async with job``: the body of an ``async for`` cannot tell the iterator how it ended
+    (an exception leaves the loop before the iterator hears of it), while a context manager sees
+    exactly that, per job. It also lets the caller hand each job to a task of its own (``async
+    with`` inside the task), which is how jobs get processed concurrently; :meth:`run` does just
+    that with ``handler(job)``. A failure is logged and swallowed (the loop goes on);
+    cancellation is not swallowed. A job may also be settled explicitly instead
+    (``job.delete()``, ``job.release()``, ``job.bury()``).
+
+    Settling: success deletes the job. An exception asks the job's ``reserves`` count
+    (stats-job) and releases it at its own priority with ``delay = min(backoff_base *
+    2**(reserves-1), backoff_max)`` seconds, or buries it when ``reserves >= max_tries``
+    (``max_tries=None``: never bury).
+
+    ``concurrency`` bounds the jobs the consumer holds: reserved and not yet settled, whether
+    waiting to be handed out, handed out, or in a handler. The consumer asks for more only as
+    jobs are settled. With ``async for`` and no task per job only one job is processed at a time
+    and the others wait reserved, their TTR running; keep ``concurrency`` small then, or set
+    ``auto_touch``.
+
+    ``auto_touch=True``: every held job is touched every ``ttr - 1.5`` s (a quarter of the TTR
+    for TTRs under 2 s) from its reservation until it is settled. It costs one stats-job per job
+    to learn the TTR.
+
+    Delivery: each of ``connections`` connections watches ``tubes`` (and not ``default`` unless
+    asked). With ``push`` None (the default) each connection first sends ``push <credits>``; a
+    server with the push extension (tubeq) then sends ready jobs as they come, with no round
+    trip per job; one answering UNKNOWN_COMMAND (beanstalkd) gets pipelined reserves instead:
+    one ``reserve-with-timeout reserve_timeout`` that waits, plus ``reserve-with-timeout 0``
+    for the rest of the connection's share while jobs keep coming, so at most one reserve per
+    connection ever blocks the deletes and touches queued behind it. ``push=True`` requires the
+    extension (UnknownCommand is raised from the iteration otherwise); ``push=False`` never asks.
+    A lost connection is reopened with backoff; the jobs it held went back to the server.
+
+    Stopping: :meth:`stop` (e.g. from a signal handler) stops taking jobs (push connections are
+    sent ``push 0``), lets the jobs handed out finish for up to ``grace`` seconds, then closes
+    the connections, which makes the server put back everything still reserved (jobs waiting
+    unhanded, jobs pushed or granted after the stop). The iteration ends. Cancelling the task
+    that iterates (or runs :meth:`run`) closes at once: the jobs in flight are put back without
+    counting as failures. Use ``async with client.consume(...) as jobs:`` when the loop may be
+    left by ``break`` or an exception: the connections are then closed when the block ends.
+    """
+
+    def __init__(self, client: Client, tubes: str | Iterable[str], *, concurrency: int = 32,
+                 connections: int | None = None, auto_touch: bool = False,
+                 max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
+                 push: bool | None = None, reserve_timeout: int = 1,
+                 grace: float = 30.0) -> None:
+        self.tubes = [tubes] if isinstance(tubes, str) else list(tubes)
+        if not self.tubes:
+            raise ValueError("consume() needs at least one tube")
+        for tube in self.tubes:
+            _tube(tube)
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max_tries is not None and max_tries < 1:
+            raise ValueError("max_tries must be at least 1 (or None: never bury)")
+        count = min(concurrency, connections or DEFAULT_CONNECTIONS)
+        if count < 1:
+            raise ValueError("connections must be at least 1")
+        self.concurrency = concurrency
+        self.auto_touch = auto_touch
+        self.max_tries = max_tries
+        self.backoff_base = _uint(backoff_base, "backoff_base")
+        self.backoff_max = _uint(backoff_max, "backoff_max")
+        self.push = push
+        self.reserve_timeout = _uint(reserve_timeout, "reserve_timeout")
+        self.grace = grace
+        self._lanes: list[_Lane] = []
+        for index in range(count):
+            share = concurrency // count + (1 if index < concurrency % count else 0)
+            self._lanes.append(_Lane(index, client._sibling(), share, asyncio.Semaphore(share)))
+        self._ready: deque[Job] = deque()
+        self._readers: set[asyncio.Future[None]] = set()
+        self._handed: set[Job] = set()
+        self._drivers: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._stopping = False
+        self._closed = False
+        self._done = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._iterating: asyncio.Task[Any] | None = None
+        self._closer: asyncio.Task[None] | None = None
+
+    # -- public surface -----------------------------------------------------------------------
+
+    @property
+    def modes(self) -> list[str | None]:
+        """How each connection gets jobs: ``"push"``, ``"reserve"``, or None (not decided)."""
+        return [lane.mode for lane in self._lanes]
+
+    @property
+    def held(self) -> int:
+        """Jobs reserved through this consumer and not settled yet."""
+        return sum(len(lane.held) for lane in self._lanes)
+
+    def stop(self) -> None:
+        """Stop taking jobs; the jobs handed out get ``grace`` s to finish, then connections close.
+
+        Safe to call from a signal handler (``loop.add_signal_handler(SIGTERM, c.stop)``) and
+        more than once.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        for driver in self._drivers:
+            driver.cancel()
+        for lane in self._lanes:
+            if lane.mode == "push" and lane.client.connected:
+                self._spawn(self._stop_pushing(lane))
+        self._ready.clear()  # never handed out: closing the connections puts them back
+        self._wake_readers()
+        self._closer = self._spawn(self._close_when_idle())
+
+    async def wait_closed(self) -> None:
+        """Wait until the consumer has closed its connections."""
+        if self._started or self._stopping:
+            await self._done.wait()
+            await asyncio.gather(*(lane.client.aclose() for lane in self._lanes))
+
+    async def aclose(self) -> None:
+        """Close now: every job still held goes back to the server."""
+        self._close_now()
+        await self.wait_closed()
+
+    async def __aenter__(self) -> Consumer:
+        self._start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if exc is None:
+            self.stop()
+            await self.wait_closed()
+        else:
+            self._close_now()
+
+    def __aiter__(self) -> AsyncIterator[Job]:
+        return self
+
+    async def __anext__(self) -> Job:
+        self._start()
+        self._iterating = asyncio.current_task()
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._stopping:
+                raise StopAsyncIteration
+            while self._ready:
+                job = self._ready.popleft()
+                hold = job._hold
+                if hold is not None:  # else its connection was lost while it waited here
+                    hold.handed = True
+                    self._handed.add(job)
+                    return job
+            reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._readers.add(reader)
+            try:
+                await reader
+            except asyncio.CancelledError:
+                self._close_now()
+                raise
+            finally:
+                self._readers.discard(reader)
+
+    async def run(self, handler: Callable[[Job], Awaitable[object]]) -> None:
+        """Call ``handler(job)`` in a task per job, at most ``concurrency`` at once, until
+        :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation."""
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def handle(job: Job) -> None:
+            async with job:
+                await handler(job)
+
+        try:
+            async for job in self:
+                task = asyncio.get_running_loop().create_task(handle(job))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                _, late = await asyncio.wait(set(tasks), timeout=self.grace)
+                for task in late:
+                    task.cancel()
+            await self.wait_closed()
+        except BaseException:
+            self._close_now()
+            raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for lane in self._lanes:
+            self._drivers.append(self._spawn(self._drive(lane)))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _close_when_idle(self) -> None:
+        """After stop(): wait (bounded) until the handed-out jobs are settled, then close."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.grace):
+                while self._handed:
+                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._readers.add(waiter)
+                    try:
+                        await waiter
+                    finally:
+                        self._readers.discard(waiter)
+        self._close_now()
+
+    def _close_now(self) -> None:
+        """Close every connection at once; the server puts back whatever they still hold."""
+        if self._closed:
+            return
+        self._closed = self._stopping = True
+        current = asyncio.current_task()
+        for task in list(self._background):
+            if task is not current:
+                task.cancel()
+        for lane in self._lanes:
+            lane.client.close()
+            for job in list(lane.held):
+                self._forget(job)
+        self._ready.clear()
+        self._wake_readers()
+        self._done.set()
+
+    def _wake_readers(self) -> None:
+        for reader in self._readers:
+            if not reader.done():
+                reader.set_result(None)
+        self._readers.clear()
+
+    # -- one connection -----------------------------------------------------------------------
+
+    async def _drive(self, lane: _Lane) -> None:
+        delay = RECONNECT_MIN_S
+        while not self._stopping:
+            try:
+                await lane.client.connect()  # a reconnect replays the watch list
+                if not lane.subscribed:
+                    for tube in self.tubes:
+                        await lane.client.watch(tube)
+                    if DEFAULT_TUBE not in self.tubes:
+                        await lane.client.ignore(DEFAULT_TUBE)
+                    lane.subscribed = True
+                if await self._try_push(lane):
+                    delay = RECONNECT_MIN_S
+                    await self._take_pushed(lane)
+                else:
+                    delay = RECONNECT_MIN_S
+                    await self._reserve_pipelined(lane)
+            except (ClientConnectionError, ProtocolError, InternalError) as error:
+                # InternalError: the server lost its store (tubeq without Redis): start over.
+                log.warning("consumer connection %d to %s: %s; reconnecting in %.1f s",
+                            lane.index, lane.client.address, error, delay)
+                lane.client.close()
+                self._drop_unhanded(lane)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as error:  # e.g. push=True against beanstalkd
+                self._failure = error
+                self._close_now()
+                return
+
+    async def _try_push(self, lane: _Lane) -> bool:
+        if self.push is False:
+            lane.mode = "reserve"
+            return False
+        # Jobs still held from a lost connection count against this lane's share: wait until
+        # their handlers settle them, or the server's credits would exceed the bound.
+        while lane.held:
+            await asyncio.sleep(DEADLINE_SOON_PAUSE_S)
+        try:
+            await lane.client.push(lane.share)
+        except UnknownCommand:
+            if self.push:
+                raise
+            lane.mode = "reserve"
+            return False
+        lane.mode = "push"
+        return True
+
+    async def _stop_pushing(self, lane: _Lane) -> None:
+        """``push 0``: no new deliveries while the jobs handed out finish."""
+        with contextlib.suppress(ClientError):
+            await lane.client.push(0)
+
+    async def _take_pushed(self, lane: _Lane) -> None:
+        while True:
+            job = await lane.client.next_pushed()
+            self._take(job, lane, uses_slot=False)
+
+    async def _reserve_pipelined(self, lane: _Lane) -> None:
+        """``lane.share`` reservers on one connection; only the first one's reserve may block.
+
+        The first waits ``reserve_timeout`` s for a job and loops. When it gets one, jobs are
+        coming: the others ask with timeout 0 (answered at once) until one times out, then wait
+        for the first to see work again. Each reserver takes a slot before asking, so held jobs
+        plus reserves in flight never exceed the share.
+        """
+        busy = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._reserver(lane, busy, first=(i == 0)))
+                 for i in range(lane.share)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # raises the connection error that ended it
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _reserver(self, lane: _Lane, busy: asyncio.Event, *, first: bool) -> None:
+        client = lane.client
+        while True:
+            if not first:
+                await busy.wait()
+            await lane.slots.acquire()
+            try:
+                job = await client.reserve_with_timeout(self.reserve_timeout if first else 0)
+            except TimedOut:
+                lane.slots.release()
+                if not first:
+                    busy.clear()
+                continue
+            except DeadlineSoon:
+                lane.slots.release()
+                busy.clear()
+                await asyncio.sleep(DEADLINE_SOON_PAUSE_S)
+                continue
+            except InternalError as error:  # the server's store failed; this connection is fine
+                lane.slots.release()
+                busy.clear()
+                log.warning("reserve on consumer connection %d: %s", lane.index, error)
+                await asyncio.sleep(RECONNECT_MAX_S)
+                continue
+            except BaseException:
+                lane.slots.release()
+                raise
+            if first:
+                busy.set()
+            self._take(job, lane, uses_slot=True)
+
+    # -- held jobs ----------------------------------------------------------------------------
+
+    def _take(self, job: Job, lane: _Lane, *, uses_slot: bool) -> None:
+        if len(self.tubes) == 1:
+            job.tube = self.tubes[0]
+        job._hold = hold = _Hold(self, lane, uses_slot)
+        lane.held.add(job)
+        if self._stopping:
+            return  # held until the connections close, which puts it back
+        if self.auto_touch:
+            hold.keep_alive = self._spawn(self._keep_alive(job))
+        self._ready.append(job)
+        self._wake_readers()
+
+    def _forget(self, job: Job) -> None:
+        """The job is no longer held: settled, or its connection is gone."""
+        hold = job._hold
+        if hold is None:
+            return
+        job._hold = None
+        hold.lane.held.discard(job)
+        self._handed.discard(job)
+        if hold.keep_alive is not None and hold.keep_alive is not asyncio.current_task():
+            hold.keep_alive.cancel()
+        if hold.uses_slot:
+            hold.lane.slots.release()
+        if self._stopping:
+            self._wake_readers()  # _close_when_idle counts the handed-out jobs
+
+    def _drop_unhanded(self, lane: _Lane) -> None:
+        """A lane's connection is gone: the jobs it held that nobody got are gone with it."""
+        for job in list(lane.held):
+            hold = job._hold
+            if hold is not None and not hold.handed:
+                self._forget(job)
+
+    async def _keep_alive(self, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if job._ttr is None:
+                await job.stats()
+            interval = touch_interval(job._ttr if job._ttr is not None else DEFAULT_TTR)
+            due = job.reserved_at + interval
+            while True:
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                sent = loop.time()
+                await job.touch()
+                due = sent + interval
+        except ClientError as error:
+            log.warning("auto_touch of job %d stopped: %s", job.id, error)
+
+    async def _settle_block(self, job: Job, exc: BaseException | None) -> bool:
+        """The end of ``async with job``: delete, or release with backoff / bury, or put back."""
+        if exc is None:
+            try:
+                await job.delete()
+            except ClientError as error:
+                log.warning("job %d done but not deleted: %s", job.id, error)
+                self._forget(job)
+            return False
+        if not isinstance(exc, Exception):  # cancelled (or exiting): not the job's failure
+            if isinstance(exc, asyncio.CancelledError) and (
+                    asyncio.current_task() is self._iterating):
+                self._close_now()  # the loop itself is being cancelled
+            elif not self._closed:
+                self._spawn(self._put_back(job))
+            return False
+        log.warning("job %d failed", job.id, exc_info=exc)
+        try:
+            stats = await job.stats()
+            reserves, pri = int(stats["reserves"]), int(stats["pri"])
+            if self.max_tries is not None and reserves >= self.max_tries:
+                await job.bury(pri=pri)
+            else:
+                delay = backoff_delay(reserves, self.backoff_base, self.backoff_max)
+                await job.release(pri=pri, delay=delay)
+        except ClientError as error:
+            log.warning("failed job %d not released: %s", job.id, error)
+            self._forget(job)
+        return True
+
+    async def _put_back(self, job: Job) -> None:
+        try:
+            await job.release(delay=0)
+        except ClientError as error:
+            log.debug("job %d not put back: %s", job.id, error)
+            self._forget(job)

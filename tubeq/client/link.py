@@ -1,0 +1,197 @@
+"""One connection: ``_Link``, a thin :class:`asyncio.Protocol` between the socket and the calls.
+
+It writes commands, feeds the :class:`ReplyParser` and hands each reply, in wire order, to the
+command that asked for it (``_Pending``: its future and the converter of its reply). Replies are
+converted (state updated, :class:`Job` built, error raised) synchronously as they are routed,
+whether or not the caller is still waiting, so pipelined calls and cancelled calls cannot
+disturb the connection's state. On a link in push mode every RESERVED frame is a pushed job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
+from tubeq.client.job import Job
+from tubeq.client.parser import Reply, ReplyParser
+from tubeq.client.wire import RESERVED
+
+if TYPE_CHECKING:
+    from tubeq.client.client import Client
+
+T = TypeVar("T")
+
+Convert = Callable[[Reply, "_Link"], T]
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[Any]
+    convert: Callable[[Reply, _Link], Any]
+
+
+class _Link(asyncio.Protocol):
+    """One TCP connection: commands out, replies routed in wire order to the calls awaiting them.
+
+    On a link that sent ``push``, RESERVED frames are jobs the server pushes: the client sends no
+    reserve there, so no RESERVED can be the answer to a command, and every one goes to the push
+    queue, wherever it falls between replies.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._parser = ReplyParser(client.max_body)
+        self._transport: asyncio.Transport | None = None
+        self._pending: deque[_Pending] = deque()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.error: ClientError | None = None
+        self.push_requested = False
+        self.pushing = False
+        self._pushed: deque[Job] = deque()
+        self._push_waiters: set[asyncio.Future[None]] = set()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        for reply in self._parser.feed(data):
+            if self.error is not None:
+                return
+            self._route(reply)
+        if self._parser.error is not None and self.error is None:
+            self._fail(self._parser.error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None:
+            if self._parser.mid_reply:
+                what = "closed the connection in the middle of a reply"
+            elif self._pending:
+                what = f"closed the connection with {len(self._pending)} replies outstanding"
+            else:
+                what = "closed the connection"
+            reason = f" ({exc})" if exc is not None else ""
+            self.error = ClientConnectionError(f"{self._client.address}: server {what}{reason}")
+        self._fail_waiters()
+        self._writable.set()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def failure(self) -> ClientError:
+        """A fresh exception saying why this link is unusable (one instance per raise)."""
+        assert self.error is not None
+        return type(self.error)(*self.error.args)
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and self._transport is not None
+
+    def send(self, data: bytes, convert: Convert[T], *,
+             reserves: bool = False) -> asyncio.Future[T]:
+        """Write one command; the future gets ``convert(reply)`` or its exception."""
+        if self.error is not None:
+            raise self.failure()
+        if reserves and self.push_requested:
+            raise RuntimeError("a connection that sent push must not send reserve commands: "
+                               "their RESERVED replies could not be told from pushed jobs")
+        assert self._transport is not None
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(future, convert))
+        self._transport.write(data)
+        return future
+
+    def send_noreply(self, data: bytes) -> None:
+        if self.error is not None:
+            raise self.failure()
+        assert self._transport is not None
+        self._transport.write(data)
+
+    async def wait_writable(self) -> None:
+        await self._writable.wait()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _route(self, reply: Reply) -> None:
+        if reply.word == RESERVED and self.pushing:
+            self._pushed.append(self._client._job_from(reply, self, None))
+            self._wake_push_waiters()
+            return
+        if not self._pending:
+            self._fail(ProtocolError(f"unsolicited reply {reply.word.decode()} from "
+                                     f"{self._client.address}"))
+            return
+        pending = self._pending.popleft()
+        future = pending.future
+        try:
+            value = pending.convert(reply, self)
+        except ProtocolError as error:
+            if not future.done():
+                future.set_exception(error)
+            self._fail(ProtocolError(f"{self._client.address}: {error}"))
+            return
+        except Exception as error:
+            if not future.done():
+                future.set_exception(error)
+            return
+        if not future.cancelled():
+            future.set_result(value)
+        elif isinstance(value, Job) and value.reserved:
+            self._client._release_orphan(value)
+
+    def _fail(self, error: ClientError) -> None:
+        """Make the link unusable: every waiting call gets ``error``; the transport is aborted."""
+        if self.error is None:
+            self.error = error
+        self._fail_waiters()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _fail_waiters(self) -> None:
+        while self._pending:
+            future = self._pending.popleft().future
+            if not future.done():
+                future.set_exception(self.failure())
+        self._wake_push_waiters()
+
+    # -- pushed jobs --------------------------------------------------------------------------
+
+    def _wake_push_waiters(self) -> None:
+        for waiter in self._push_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._push_waiters.clear()
+
+    async def next_pushed(self) -> Job:
+        while not self._pushed:
+            if self.error is not None:
+                raise self.failure()
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._push_waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._push_waiters.discard(waiter)
+        return self._pushed.popleft()

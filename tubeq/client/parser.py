@@ -1,0 +1,185 @@
+"""Sans-IO: reply frames out of bytes, and the YAML documents of the stats and list commands.
+
+Owns :class:`Reply`, :class:`ReplyParser` (bytes in, complete frames out; it never returns part
+of a frame, so no half-read job can escape it) and the flat-YAML readers
+:func:`parse_yaml_mapping` and :func:`parse_yaml_list`, with the keys of each stats document that
+stay text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from tubeq.client.errors import ProtocolError
+from tubeq.client.wire import (
+    BODY_WORDS,
+    CRLF,
+    MAX_BODY,
+    MAX_REPLY_LINE,
+    REPLY_ARITY,
+    TEXT_ARG_WORDS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One complete reply frame: its word, its arguments, and its body for RESERVED/FOUND/OK."""
+
+    word: bytes
+    args: tuple[bytes, ...] = ()
+    body: bytes | None = None
+
+    def int_arg(self, index: int) -> int:
+        """Argument ``index`` as an int (the parser checked it is decimal)."""
+        if index >= len(self.args):
+            raise ProtocolError(f"{self.word.decode()} without its argument")
+        return int(self.args[index])
+
+
+class ReplyParser:
+    """Bytes in, complete reply frames out; no I/O.
+
+    ``feed`` returns every frame completed by the new bytes. Bytes outside the grammar stop the
+    parser: the frames before them are still returned and :attr:`error` is set; the caller
+    closes the connection. :attr:`mid_reply` tells whether a close now would cut a frame.
+    """
+
+    def __init__(self, max_body: int = MAX_BODY) -> None:
+        self.max_body = max_body
+        self.error: ProtocolError | None = None
+        self._buf = bytearray()
+        self._head: Reply | None = None  # a RESERVED/FOUND/OK line waiting for its body
+        self._size = 0
+
+    @property
+    def mid_reply(self) -> bool:
+        return self._head is not None or bool(self._buf)
+
+    def feed(self, data: bytes) -> list[Reply]:
+        if self.error is not None:
+            return []
+        buf = self._buf
+        buf += data
+        out: list[Reply] = []
+        pos = 0
+        try:
+            while True:
+                if self._head is not None:
+                    end = pos + self._size
+                    if len(buf) < end + 2:
+                        break
+                    if buf[end:end + 2] != CRLF:
+                        raise ProtocolError(
+                            f"{self._head.word.decode()} body of {self._size} bytes is not "
+                            f"followed by CRLF")
+                    out.append(replace(self._head, body=bytes(buf[pos:end])))
+                    self._head = None
+                    pos = end + 2
+                    continue
+                eol = buf.find(CRLF, pos, pos + MAX_REPLY_LINE)
+                if eol < 0:
+                    if len(buf) - pos >= MAX_REPLY_LINE:
+                        raise ProtocolError(
+                            f"reply line longer than {MAX_REPLY_LINE} bytes: "
+                            f"{bytes(buf[pos:pos + 40])!r}...")
+                    break
+                reply = self._parse_line(bytes(buf[pos:eol]))
+                pos = eol + 2
+                if reply.word in BODY_WORDS:
+                    self._head = reply
+                    self._size = reply.int_arg(len(reply.args) - 1)
+                else:
+                    out.append(reply)
+        except ProtocolError as error:
+            self.error = error
+            buf.clear()
+            return out
+        del buf[:pos]
+        return out
+
+    def _parse_line(self, line: bytes) -> Reply:
+        word, *args = line.split(b" ")
+        arity = REPLY_ARITY.get(word)
+        if arity is None:
+            raise ProtocolError(f"not a beanstalkd reply: {line[:60]!r}")
+        if len(args) not in arity:
+            raise ProtocolError(f"{word.decode()} with {len(args)} arguments: {line[:60]!r}")
+        if word not in TEXT_ARG_WORDS:
+            for arg in args:
+                # 20 digits hold any 64-bit id; isdigit() on bytes accepts ASCII digits only.
+                if not (arg.isdigit() and len(arg) <= 20):
+                    raise ProtocolError(f"{word.decode()} with a non-numeric argument: "
+                                        f"{line[:60]!r}")
+        elif not args[0]:
+            raise ProtocolError(f"{word.decode()} without a name")
+        if word in BODY_WORDS and int(args[-1]) > self.max_body:
+            raise ProtocolError(f"{word.decode()} announces {int(args[-1])} bytes, more than "
+                                f"{self.max_body}")
+        return Reply(word, tuple(args))
+
+
+StatValue = int | float | bool | str
+Stats = dict[str, StatValue]
+
+_INT = re.compile(r"-?[0-9]+")
+_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+")
+
+
+def _unquote(text: str) -> str:
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+
+
+def _scalar(text: str) -> StatValue:
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if text in ("true", "false"):
+        return text == "true"
+    return _unquote(text)
+
+
+def _yaml_lines(data: bytes) -> list[str]:
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    if not lines or lines[0] != "---":
+        raise ProtocolError(f"stats document does not start with '---': {data[:40]!r}")
+    return [line for line in lines[1:] if line]
+
+
+def parse_yaml_mapping(data: bytes, text_keys: Iterable[str] = ()) -> Stats:
+    """beanstalkd's flat YAML mapping (``---`` then ``key: value`` lines) as a dict.
+
+    Values are ints, floats (``rusage-*``), booleans, or text (double quotes removed: 1.12
+    quotes ``version``); keys in ``text_keys`` stay text whatever they look like (a tube named
+    ``42``). Nothing else of YAML is understood: a ``#`` is part of the value
+    (``os: #1 SMP ...``).
+    """
+    keep_text = frozenset(text_keys)
+    result: Stats = {}
+    for line in _yaml_lines(data):
+        key, sep, value = line.partition(": ")
+        if not sep:
+            key, sep, value = line.partition(":")
+            if not sep or value:
+                raise ProtocolError(f"not a 'key: value' line: {line[:60]!r}")
+        result[key] = _unquote(value) if key in keep_text else _scalar(value)
+    return result
+
+
+def parse_yaml_list(data: bytes) -> list[str]:
+    """beanstalkd's YAML list (``---`` then ``- item`` lines) as a list of strings."""
+    items: list[str] = []
+    for line in _yaml_lines(data):
+        if not line.startswith("- "):
+            raise ProtocolError(f"not a '- item' line: {line[:60]!r}")
+        items.append(line[2:])
+    return items
+
+
+# Which values of each stats document are text even when they look like numbers.
+JOB_TEXT_KEYS: Final = frozenset({"tube", "state"})
+TUBE_TEXT_KEYS: Final = frozenset({"name"})
+SERVER_TEXT_KEYS: Final = frozenset({"version", "id", "hostname", "os", "platform"})
