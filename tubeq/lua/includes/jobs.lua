@@ -35,12 +35,14 @@ end
 -- by job id, so the index is in beanstalkd's (pri, id) order across tubes and the first entry a
 -- connection watches is the job it reserves. The tube's current entry is kept in its meta
 -- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
-local function index_tube(t, now)
+-- A caller that knows the new head (member, pri) passes it and saves the lookup.
+local function index_tube(t, now, head_member, head_pri)
   local tk = k_tube(t)
   local meta = rcall('HMGET', tk, 'ix', 'pause_until')
   local old = meta[1]
   local entry = false
-  local head = rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
+  local head = head_member and {head_member, head_pri}
+    or rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
   if head[1] and not (meta[2] and tonumber(meta[2]) > now) then
     entry = head[1] .. ':' .. t
   end
@@ -82,7 +84,7 @@ local function enqueue_ready(id, t, pri, now)
   local m = member(id)
   rcall('ZADD', k_ready(t), pri, m)
   if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
-    index_tube(t, now)
+    index_tube(t, now, m, pri)
   end
 end
 
