@@ -89,13 +89,13 @@ def encode_bulks(args: tuple[Arg, ...]) -> bytes:
     """The bulk strings of a RESP array, without its ``*N`` header."""
     parts = []
     for arg in args:
-        kind = type(arg)  # exact types first: this runs for every argument of every call
-        if kind is bytes:
-            data = cast(bytes, arg)
-        elif kind is str:
-            data = cast(str, arg).encode()
-        elif kind is int:
-            data = b"%d" % cast(int, arg)
+        # Exact types first: this runs for every argument of every call.
+        if type(arg) is bytes:
+            data = arg
+        elif type(arg) is str:
+            data = arg.encode()
+        elif type(arg) is int:
+            data = b"%d" % arg
         elif isinstance(arg, (bytes, bytearray, memoryview)):
             data = bytes(arg)
         elif isinstance(arg, str):
