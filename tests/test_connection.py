@@ -8,7 +8,6 @@ mode, and a failing store turning into INTERNAL_ERROR without losing the connect
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -317,36 +316,3 @@ def test_every_counted_command_has_its_stats_line_and_back() -> None:
 
     stats_names = {cls.stat for cls in subclasses(c.Command) if cls.stat is not None}
     assert stats_names == set(COMMAND_COUNTERS)
-
-
-async def test_deletes_of_held_jobs_in_one_read_go_in_one_call_and_before_any_reader(
-        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    client = new_client()
-    tube = "batch-" + secrets.token_hex(3)
-    client.send(f"use {tube}\r\nwatch {tube}\r\nignore default\r\n".encode())
-    await client.expect(f"USING {tube}\r\nWATCHING 2\r\nWATCHING 1\r\n".encode())
-    ids = []
-    for body in (b"a", b"b", b"c"):
-        client.send(b"put 0 0 60 1\r\n" + body + b"\r\n")
-        reply = await client.until(lambda out: out.endswith(b"\r\n"))
-        ids.append(int(reply.split()[1]))
-        client.transport.out.clear()
-    client.send(b"reserve\r\nreserve\r\nreserve\r\n")
-    await client.until(lambda out: out.count(b"RESERVED") == 3 and out.endswith(b"\r\n"))
-    client.transport.out.clear()
-
-    batches: list[list[int]] = []
-    delete_many = ctx.store.delete_many
-
-    def recording(token: str, job_ids: list[int]) -> asyncio.Future[list[bool]]:
-        batches.append(list(job_ids))
-        return delete_many(token, job_ids)
-
-    monkeypatch.setattr(ctx.store, "delete_many", recording)
-    a, b, c = ids
-    # Two deletes, then a reader of one of them: the reader must see it gone; the third
-    # delete (again of a held job) and the repeated one make a second batch.
-    client.send(f"delete {a}\r\ndelete {b}\r\nstats-job {a}\r\ndelete {c}\r\n"
-                f"delete {c}\r\n".encode())
-    await client.expect(b"DELETED\r\nDELETED\r\nNOT_FOUND\r\nDELETED\r\nNOT_FOUND\r\n")
-    assert batches == [[a, b], [c, c]]

@@ -550,18 +550,3 @@ async def test_exact_clock_follows_the_store_clock(env: Env, redis_url: str) -> 
         assert before <= exact < wall.clock() + 1
     finally:
         await client.close()
-
-
-async def test_one_delete_call_takes_several_ids_each_judged_on_its_own(env: Env) -> None:
-    s = env.store
-    await env.put()
-    mine = await env.reserve()  # ALICE holds it
-    ready = await env.put("other-tube")
-    theirs = await env.put()
-    await env.reserve(BOB)
-    results = await s.delete_many(ALICE, [mine.id, ready, theirs, 999, mine.id])
-    assert results == [True, True, False, False, False]
-    assert await env.state(theirs) is JobState.RESERVED
-    counts = await s.tube_counts("default")
-    assert counts is not None and (counts[2], counts[9]) == (1, 1)  # reserved; cmd-delete
-    assert "other-tube" not in await s.list_tubes()  # emptied and unreferenced: collected

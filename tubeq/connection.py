@@ -106,7 +106,6 @@ class Connection(asyncio.Protocol):
         self._pool: deque[Reservation] = deque()  # granted, not yet handed to a reserve
         self._held: c.Command | None = None  # parsed, waiting for the reserves before it
         self._grants: set[asyncio.Future[Any]] = set()  # store calls that may grant jobs
-        self._deletes: list[tuple[int, asyncio.Future[bytes]]] = []  # see delete_held
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
         self._waiter: Waiter | None = None
         self._push_credits = 0
@@ -218,10 +217,7 @@ class Connection(asyncio.Protocol):
                 if self._reserves and not self._may_pass_a_reserve(command):
                     self._held = command
                     break
-            if self._deletes and not _may_join_deletes(command):
-                self._send_deletes()
             self._dispatch(command)
-        self._send_deletes()
         self._maybe_close()
 
     def _may_pass_a_reserve(self, command: c.Command) -> bool:
@@ -238,36 +234,6 @@ class Connection(asyncio.Protocol):
         if isinstance(command, c.Delete | c.Bury | c.Touch):
             return command.id in self.reserved
         return False
-
-    def delete_held(self, job_id: int) -> asyncio.Future[bytes]:
-        """Delete a job this connection holds, in one script call with the other deletes of
-        the same read (a worker sends one per job it finishes). The batch goes to Redis before
-        any command that could see the jobs (see _may_join_deletes), and at the end of the read.
-        """
-        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._deletes.append((job_id, reply))
-        return reply
-
-    def _send_deletes(self) -> None:
-        if not self._deletes:
-            return
-        batch, self._deletes = self._deletes, []
-        done = self.store.delete_many(self.token, [job_id for job_id, _ in batch])
-
-        def answer(f: asyncio.Future[list[bool]]) -> None:
-            failed = f.cancelled() or f.exception() is not None
-            for i, (job_id, reply) in enumerate(batch):
-                if reply.done():
-                    continue
-                if failed:
-                    reply.set_result(replies.INTERNAL_ERROR)
-                elif f.result()[i]:
-                    self.settled(job_id)
-                    reply.set_result(replies.DELETED)
-                else:
-                    reply.set_result(replies.NOT_FOUND)
-
-        done.add_done_callback(answer)
 
     def _dispatch(self, command: c.Command) -> None:
         if command.stat is not None:
@@ -555,13 +521,6 @@ class Connection(asyncio.Protocol):
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)
         self._schedule_flush()
-
-
-def _may_join_deletes(command: c.Command) -> bool:
-    """Whether ``command`` may go to Redis before the deletes batched ahead of it: reserves
-    (a deleted job was held, never reservable) and further deletes. Anything else, which could
-    look at those jobs (peek, stats-job, stats-tube, kick-job...), waits for them."""
-    return isinstance(command, c.Delete | c.Reserve | c.ReserveWithTimeout)
 
 
 def _reserved(job: Reservation) -> bytes:

@@ -124,8 +124,6 @@ def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], byt
 
 
 def _delete(conn: Connection, cmd: c.Delete) -> Reply:
-    if cmd.id in conn.reserved:
-        return conn.delete_held(cmd.id)
     return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED))
 
 

@@ -160,14 +160,8 @@ class Store:
 
     def delete(self, token: str, job_id: int,
                answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
-        decode: Decoder = ((lambda r: bool(r[0])) if answer is None
-                           else (lambda r: answer(bool(r[0]))))
-        return self._eval("delete", token, self.clock(), job_id, decode=decode)
-
-    def delete_many(self, token: str, job_ids: Sequence[int]) -> asyncio.Future[list[bool]]:
-        """Several deletes in one script call: per id, whether it was deleted."""
-        return self._eval("delete", token, self.clock(), *job_ids,
-                          decode=lambda r: [bool(x) for x in r])
+        decode: Decoder = bool if answer is None else (lambda r: answer(bool(r)))
+        return self._eval("delete", token, job_id, self.clock(), decode=decode)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
         return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
