@@ -106,7 +106,8 @@ local function unlink(id, t, state, now)
     rcall('ZREM', k_buried(t), m)
   elseif state == 'reserved' then
     rcall('ZREM', K_RESERVED, m)
-    bump(k_tube(t), 'nres', -1)
+    -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
+    rcall('HINCRBY', k_tube(t), 'nres', -1)
   end
 end
 
