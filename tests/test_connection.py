@@ -8,6 +8,7 @@ mode, and a failing store turning into INTERNAL_ERROR without losing the connect
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -316,3 +317,33 @@ def test_every_counted_command_has_its_stats_line_and_back() -> None:
 
     stats_names = {cls.stat for cls in subclasses(c.Command) if cls.stat is not None}
     assert stats_names == set(COMMAND_COUNTERS)
+
+
+async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_answer(
+        new_client: NewClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """put.lua reserves the job to the waiting connection; if the grant message never wakes
+    it, its try at the timeout (or the claim on its way out) answers RESERVED, not TIMED_OUT."""
+    tube = "handed-" + secrets.token_hex(3)
+    worker, producer = new_client(), new_client()
+    worker.send(f"watch {tube}\r\nignore default\r\n".encode())
+    await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\n")
+    # The grant message is lost: nothing wakes the worker before its timeout.
+    monkeypatch.setattr(worker.conn, "job_handed_over", lambda: None)
+    worker.send(b"reserve-with-timeout 2\r\n")
+    for _ in range(100):  # until the worker is counted as waiting in Redis
+        producer.send(f"stats-tube {tube}\r\n".encode())
+        stats = await producer.until(lambda out: out.endswith(b"\r\n") and b"---" in out
+                                     and out.count(b"\n") > 10)
+        producer.transport.out.clear()
+        if b"\ncurrent-waiting: 1\n" in stats:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the reserve never started waiting")
+    # Its try after counting itself in has found nothing by now (milliseconds on any box), so
+    # the put below hands the job over to a connection that sleeps.
+    await asyncio.sleep(0.5)
+    producer.send(f"use {tube}\r\nput 0 0 60 6\r\nhanded\r\n".encode())
+    await producer.until(lambda out: b"INSERTED" in out)
+    reply = await worker.until(lambda out: out.endswith(b"handed\r\n") or b"TIMED_OUT" in out)
+    assert reply.startswith(b"RESERVED ") and reply.endswith(b"\r\nhanded\r\n"), reply
