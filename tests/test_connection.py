@@ -347,3 +347,34 @@ async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_
     await producer.until(lambda out: b"INSERTED" in out)
     reply = await worker.until(lambda out: out.endswith(b"handed\r\n") or b"TIMED_OUT" in out)
     assert reply.startswith(b"RESERVED ") and reply.endswith(b"\r\nhanded\r\n"), reply
+
+
+async def _current_waiting(observer: Client, tube: str) -> bytes:
+    observer.send(f"stats-tube {tube}\r\n".encode())
+    stats = await observer.until(lambda out: out.endswith(b"\r\n") and out.count(b"\n") > 10)
+    observer.transport.out.clear()
+    return stats.split(b"\ncurrent-waiting: ")[1].split(b"\n")[0]
+
+
+async def test_push_0_stops_waiting_so_later_puts_stay_ready(new_client: NewClient) -> None:
+    producer, worker, observer = new_client(), new_client(), new_client()
+    worker.send(b"push 2\r\n")
+    await worker.expect(b"PUSHING 2\r\n")
+    for _ in range(100):
+        if await _current_waiting(observer, "default") == b"1":
+            break
+        await asyncio.sleep(0.01)
+    worker.send(b"push 0\r\n")
+    await worker.expect(b"PUSHING 0\r\n")
+    for _ in range(100):
+        if await _current_waiting(observer, "default") == b"0":
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("a push connection without credit still counts as waiting")
+    producer.send(b"put 0 0 60 2\r\nhi\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
+    observer.send(b"stats-job 1\r\n")
+    stats = await observer.until(lambda out: out.endswith(b"\r\n") and b"state:" in out)
+    assert b"\nstate: ready\n" in stats
+    assert worker.transport.out == b""

@@ -406,8 +406,31 @@ async def test_a_waiter_watching_several_tubes_gets_its_best_job(env: Env) -> No
     urgent = await env.put("urgent", pri=0)
     await s.pause("urgent", 0)  # ready again; the hint for it may not have reached BOB yet
     await s.set_waiting(BOB, 1)
-    await env.put("default", pri=10)
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)
+    own = await env.put("default", pri=10)
     assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [urgent]
+    # The put's own job is still ready: the other waiters of its tube get a wake-up.
+    assert await env.state(own) is JobState.READY
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["channel"] == env.keys.wake_channel("default").encode()
+    await pubsub.aclose()
+
+
+async def test_a_waiting_connection_that_changes_its_watch_list_waits_on_the_new_tubes(
+        env: Env) -> None:
+    s = env.store  # a push consumer can watch and ignore while it counts as waiting
+    await s.set_waiting(BOB, 1)
+    await s.change_watches(BOB, [("+w", "other"), ("-w", "default")])
+    default, other = await s.tube_counts("default"), await s.tube_counts("other")
+    assert default is not None and other is not None
+    assert (default[8], other[8]) == (0, 1)  # current-waiting
+    assert await env.raw.zrange(env.keys.waiters("default"), 0, -1) == []
+    job_id = await env.put("other")
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [job_id]
+    other = await s.tube_counts("other")
+    assert other is not None and other[8] == 0
 
 
 async def test_disconnect_gives_back_a_job_handed_and_never_claimed(env: Env) -> None:

@@ -505,6 +505,15 @@ class Connection(asyncio.Protocol):
                         counted = True
                         await self.store.set_waiting(self.token, 1)
                         continue  # try once more now that a put would wake us
+                elif counted:
+                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
+                    # handing jobs over; one a put handed over while credit was free is sent.
+                    counted = False
+                    handed = await asyncio.shield(self.track_grants(
+                        self.store.set_waiting(self.token, -1, claim=True)))
+                    for job in handed:
+                        self._pushed.add(job.id)
+                        self._push_frame(_reserved(job))
                 timeout = WAKE_RECHECK_S
                 deadlines = [self.reserved[j] for j in self._pushed if j in self.reserved]
                 if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back

@@ -19,7 +19,7 @@ local ALIVE_WITHIN_MS = 2000
 
 -- The first connection waiting on tube t, in a live process, gets the job it would reserve now
 -- (normally this one; the best of its watched tubes if another became ready meanwhile).
--- False when nobody can take it.
+-- Returns the id handed over, or false when nobody can take a job.
 local function hand_over()
   local token
   for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), 0, 15)) do
@@ -37,7 +37,7 @@ local function hand_over()
   count_waiting(inst, token, -1)
   rcall('RPUSH', k_handed(token), job[1])
   rcall('PUBLISH', k_grant(inst), token)
-  return true
+  return job[1]
 end
 
 ensure_tube(t, now)
@@ -52,7 +52,9 @@ else
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
   enqueue_ready(id, t, tonumber(pri), now)
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-  if waiting and tonumber(waiting) > 0 and not hand_over() then
+  -- This job still ready (nobody could take a job, or the first waiter got a better one from
+  -- another tube): the other waiters get a wake-up.
+  if waiting and tonumber(waiting) > 0 and hand_over() ~= id then
     rcall('PUBLISH', k_wake(t), '')
   end
 end
