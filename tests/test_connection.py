@@ -330,16 +330,7 @@ async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_
     # The grant message is lost: nothing wakes the worker before its timeout.
     monkeypatch.setattr(worker.conn, "job_handed_over", lambda: None)
     worker.send(b"reserve-with-timeout 2\r\n")
-    for _ in range(100):  # until the worker is counted as waiting in Redis
-        producer.send(f"stats-tube {tube}\r\n".encode())
-        stats = await producer.until(lambda out: out.endswith(b"\r\n") and b"---" in out
-                                     and out.count(b"\n") > 10)
-        producer.transport.out.clear()
-        if b"\ncurrent-waiting: 1\n" in stats:
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("the reserve never started waiting")
+    await _until_waiting(producer, tube, 1, "the reserve never started waiting")
     # Its try after counting itself in has found nothing by now (milliseconds on any box), so
     # the put below hands the job over to a connection that sleeps.
     await asyncio.sleep(0.5)
@@ -349,29 +340,28 @@ async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_
     assert reply.startswith(b"RESERVED ") and reply.endswith(b"\r\nhanded\r\n"), reply
 
 
-async def _current_waiting(observer: Client, tube: str) -> bytes:
-    observer.send(f"stats-tube {tube}\r\n".encode())
-    stats = await observer.until(lambda out: out.endswith(b"\r\n") and out.count(b"\n") > 10)
-    observer.transport.out.clear()
-    return stats.split(b"\ncurrent-waiting: ")[1].split(b"\n")[0]
+async def _until_waiting(observer: Client, tube: str, count: int, failure: str) -> None:
+    """Poll stats-tube (bounded) until ``tube`` shows ``count`` connections waiting."""
+    for _ in range(100):
+        observer.send(f"stats-tube {tube}\r\n".encode())
+        stats = await observer.until(lambda out: out.endswith(b"\r\n")
+                                     and out.count(b"\n") > 10)
+        observer.transport.out.clear()
+        if f"\ncurrent-waiting: {count}\n".encode() in stats:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(failure)
 
 
 async def test_push_0_stops_waiting_so_later_puts_stay_ready(new_client: NewClient) -> None:
     producer, worker, observer = new_client(), new_client(), new_client()
     worker.send(b"push 2\r\n")
     await worker.expect(b"PUSHING 2\r\n")
-    for _ in range(100):
-        if await _current_waiting(observer, "default") == b"1":
-            break
-        await asyncio.sleep(0.01)
+    await _until_waiting(observer, "default", 1, "the push connection never started waiting")
     worker.send(b"push 0\r\n")
     await worker.expect(b"PUSHING 0\r\n")
-    for _ in range(100):
-        if await _current_waiting(observer, "default") == b"0":
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("a push connection without credit still counts as waiting")
+    await _until_waiting(observer, "default", 0,
+                         "a push connection without credit still counts as waiting")
     producer.send(b"put 0 0 60 2\r\nhi\r\n")
     await producer.expect(b"INSERTED 1\r\n")
     observer.send(b"stats-job 1\r\n")
