@@ -20,6 +20,8 @@ from typing import Any
 PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
 # A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
 SHARED_BOX_CORES = 0.5
+# Issue 8: tubeq's memory per connection blocked in reserve, at most 4 kB.
+IDLE_TARGET_B = 4000
 
 Results = dict[str, Any]
 Run = dict[str, Any]
@@ -368,6 +370,25 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
                            "fill jobs/s b / t"], mem_rows)
 
 
+def _idle_connections(results: Results) -> list[str]:
+    measured = results.get("idle_connections") or []
+    if not measured:
+        return []
+    lines = ["## 5b. Idle connections: memory per connection blocked in reserve", "",
+             "N connections each send `reserve` on an empty tube and wait; 100 such connections "
+             "are opened first, so what a process makes once is in the baseline. Bytes per "
+             "connection = (server RSS after - before) / N; for tubeq also Redis `used_memory` "
+             "per connection (its connection record and waiter entry). Target (issue 8): tubeq "
+             "at most 4 kB (4,000 B) of RSS per connection.", ""]
+    rows = [[m["server"], f"{m['connections']:,}", f"{m['rss_before_kb'] / 1024:.1f}",
+             f"{m['rss_after_kb'] / 1024:.1f}", f"**{_bytes(m['bytes_per_connection'])}**",
+             _bytes(m.get("redis_bytes_per_connection")), f"{m['open_and_settle_s']}"]
+            for m in measured]
+    return lines + _table(["server", "connections", "RSS before MiB", "RSS after MiB",
+                           "B per connection", "Redis B per connection",
+                           "open + settle s"], rows)
+
+
 def _profiles(results: Results) -> list[str]:
     lines = ["## 6. Profile: where tubeq's CPU goes", "",
              "Each main row was run once more against tubeq only, with py-spy sampling the tubeq "
@@ -415,7 +436,7 @@ Target = tuple[str, str, bool | None, str]
 
 
 def targets(results: Results, runs: Runs) -> list[Target]:
-    """(target, measured, met?, basis) for every target of issue 4."""
+    """(target, measured, met?, basis) for every target of issues 4 and 8."""
     out: list[Target] = []
 
     def ratio_target(label: str, key: str, floor: float) -> None:
@@ -457,13 +478,20 @@ def targets(results: Results, runs: Runs) -> list[Target]:
                 f"{'n/a' if mem is None else f'{mem:.3f}x'} ({_bytes(used)} vs {_bytes(rss_b)} B)",
                 None if mem is None else mem <= 1.3,
                 f"backlog {min(sizes, default=0):,} fill"))
+    idle = next((m for m in results.get("idle_connections") or [] if m["server"] == "tubeq"),
+                None)
+    if idle is not None:  # issue 8's target
+        per = idle["bytes_per_connection"]
+        out.append((f"tubeq RSS per idle connection (blocked in reserve) <= {IDLE_TARGET_B:,} B",
+                    f"{_bytes(per)} B", per <= IDLE_TARGET_B,
+                    f"idle connections, {idle['connections']:,}"))
     return out
 
 
 def _targets(results: Results, runs: Runs) -> list[str]:
     rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
              basis] for label, measured, met, basis in targets(results, runs)]
-    return ["## Targets of issue 4 (ratios measured in this run)", "",
+    return ["## Targets of issues 4 and 8 (measured in this run)", "",
             *_table(["target", "measured", "", "row"], rows),
             "Why each missed target is missed, and the change its profile points to: section 7.",
             ""]
@@ -505,6 +533,7 @@ def render(results: Results) -> str:
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
         lambda: _backlog(results, runs),
+        lambda: _idle_connections(results),
         lambda: _profiles(results),
         lambda: _notes_section(results),
     ]

@@ -36,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench import idle_connections as idle
 from bench import report
 from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
 from bench.procstat import QuietGate
@@ -75,17 +76,19 @@ class Scale:
     backlog_step: int  # the "1M" row
     backlog_cap: int  # the "10M" row, at most
     memory_4k_jobs: int
+    idle_connections: int  # connections blocked in reserve, for memory per connection
     profile_s: float
     budget_s: float  # the whole run should end within this
 
 
 FULL = Scale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.5,
              delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
-             backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, profile_s=4.0,
+             backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
+             profile_s=4.0,
              budget_s=13 * 60)
 QUICK = Scale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
               delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
-              memory_4k_jobs=5_000, profile_s=2.0, budget_s=4 * 60)
+              memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,30 @@ class Bench:
         return out
 
 
+    def idle_connections(self) -> list[dict[str, Any]]:
+        """Memory per connection blocked in reserve (issue 8), each server fresh."""
+        out = []
+        count = self.scale.idle_connections
+        try:
+            idle.raise_fd_limit(count + idle.WARM_CONNECTIONS + 500)
+        except (RuntimeError, ValueError, OSError) as exc:
+            self.notes.append(f"idle connections row skipped: {exc}")
+            return out
+        for kind in ("beanstalkd", "tubeq"):
+            server = make_server(kind, self.log_dir, self.code_dir)
+            try:
+                server.start()
+                measured = idle.measure(server, count)
+                out.append(measured)
+                self.log(f"[{self.elapsed():6.0f}s] idle connections {kind}: "
+                         f"{measured['bytes_per_connection']:,.0f} B each ({count:,})")
+            except Exception as exc:
+                self.notes.append(f"idle connections row on {kind} failed: {exc!r}")
+            finally:
+                server.stop()
+        return out
+
+
 def _short(per_job: dict[str, float | None]) -> str:
     return ", ".join(f"{k} {v:,.0f}" for k, v in per_job.items() if v is not None)
 
@@ -461,6 +488,7 @@ def run(scale: Scale, output: Path) -> Path:
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
+    idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
     if bench.gate.busy_starts:
         bench.notes.append(
@@ -477,6 +505,7 @@ def run(scale: Scale, output: Path) -> Path:
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
                  "tubeq_source_sha256": fingerprint},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
+        "idle_connections": idle_connections,
         "notes": bench.notes,
     }
     raw = OUT_DIR / f"results-{bench.stamp}.json"

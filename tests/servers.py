@@ -162,15 +162,17 @@ def start_beanstalkd(log_dir: Path, label: str = "beanstalkd") -> ServerProcess:
                                     label)
 
 
-def _tubeq_argv(redis_url: str, prefix: str, *, port: int) -> list[str]:
+def _tubeq_argv(redis_url: str, prefix: str, flags: tuple[str, ...], *, port: int) -> list[str]:
     return [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
-            "--redis", redis_url, "--prefix", prefix]
+            "--redis", redis_url, "--prefix", prefix, *flags]
 
 
-def start_tubeq(redis_url: str, prefix: str, log_dir: Path, label: str = "tubeq") -> ServerProcess:
-    """A tubeq process on a free loopback port, storing its state under ``prefix`` in Redis."""
+def start_tubeq(redis_url: str, prefix: str, log_dir: Path, label: str = "tubeq",
+                flags: tuple[str, ...] = ()) -> ServerProcess:
+    """A tubeq process on a free loopback port, storing its state under ``prefix`` in Redis;
+    ``flags`` are added to its command line."""
     server = _start_with_port_retries(
-        "tubeq", functools.partial(_tubeq_argv, redis_url, prefix), log_dir, label
+        "tubeq", functools.partial(_tubeq_argv, redis_url, prefix, flags), log_dir, label
     )
     server.extra.update(redis_url=redis_url, prefix=prefix)
     return server
@@ -209,13 +211,14 @@ class TubeqCluster:
     def start_redis(self) -> None:
         self.redis.start()
 
-    def start(self, prefix: str | None = None, label: str = "tubeq") -> ServerProcess:
+    def start(self, prefix: str | None = None, label: str = "tubeq",
+              flags: tuple[str, ...] = ()) -> ServerProcess:
         launchable, output = tubeq_launchable()
         if not launchable:
             raise ServerStartError(f"`python -m tubeq --help` fails, tubeq is not runnable yet:\n"
                                    f"{output}")
         server = start_tubeq(self.redis.url, prefix or unique_prefix(), self.work_dir / "logs",
-                             label)
+                             label, flags)
         self.servers.append(server)
         return server
 

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tubeq.redis_process import free_port
 
 START_TIMEOUT_S = 15.0
@@ -64,10 +66,15 @@ def test_unreachable_redis_is_one_clear_line_and_a_nonzero_exit() -> None:
     assert b"tubeq:" in proc.stderr.splitlines()[-1]
 
 
-def test_bad_flags_are_refused() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tubeq", "-z", "0"], capture_output=True,
+@pytest.mark.parametrize(("flags", "message"), [
+    (["-z", "0"], b"-z must be between"),
+    (["--max-in-flight", "0"], b"--max-in-flight must be at least 1"),
+    (["--max-client-buffer", "1000"], b"--max-client-buffer must be at least 65536"),
+])
+def test_bad_flags_are_refused(flags: list[str], message: bytes) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tubeq", *flags], capture_output=True,
                           timeout=30)
-    assert proc.returncode == 2 and b"-z must be between" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_without_redis_server_it_says_what_to_install(tmp_path: Path) -> None:

@@ -40,8 +40,14 @@ class FakeTransport(asyncio.Transport):
             self.closed = True
             asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
 
+    def abort(self) -> None:
+        self.close()
+
     def is_closing(self) -> bool:
         return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # the fake client takes every byte at once
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -327,8 +333,9 @@ async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_
     worker, producer = new_client(), new_client()
     worker.send(f"watch {tube}\r\nignore default\r\n".encode())
     await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\n")
-    # The grant message is lost: nothing wakes the worker before its timeout.
-    monkeypatch.setattr(worker.conn, "job_handed_over", lambda: None)
+    # The grant message is lost: nothing wakes the worker before its timeout (patched on the
+    # class, as connections have slots; the producer never waits, so only the worker is hit).
+    monkeypatch.setattr(Connection, "job_handed_over", lambda self: None)
     worker.send(b"reserve-with-timeout 2\r\n")
     await _until_waiting(producer, tube, 1, "the reserve never started waiting")
     # Its try after counting itself in has found nothing by now (milliseconds on any box), so
@@ -368,3 +375,52 @@ async def test_push_0_stops_waiting_so_later_puts_stay_ready(new_client: NewClie
     stats = await observer.until(lambda out: out.endswith(b"\r\n") and b"state:" in out)
     assert b"\nstate: ready\n" in stats
     assert worker.transport.out == b""
+
+
+async def test_reading_stops_while_replies_are_not_taken_and_resumes_after(
+        new_client: NewClient) -> None:
+    """pause_writing (the client is not reading) stops reading; resume_writing restarts it
+    even when every command had already been dispatched before the pause."""
+    a = new_client()
+    a.send(b"list-tube-used\r\n")
+    await a.expect(b"USING default\r\n")
+    a.conn.pause_writing()
+    assert not a.transport.reading
+    a.conn.resume_writing()
+    await asyncio.wait_for(_until(lambda: a.transport.reading), REPLY_WAIT_S)
+    a.send(b"list-tube-used\r\n")
+    await a.expect(b"USING default\r\n")
+
+
+async def test_commands_past_the_in_flight_bound_wait_and_all_are_answered(
+        ctx: ServerContext, new_client: NewClient) -> None:
+    """More pipelined commands than max_in_flight: reading pauses, every reply still comes,
+    in order."""
+    count = ctx.max_in_flight * 3
+    a = new_client()
+    a.send(b"".join(f"peek {i}\r\n".encode() for i in range(1, count + 1)))
+    assert not a.transport.reading  # the bound was reached: no more input taken for now
+    out = await a.until(lambda out: out.count(b"\r\n") >= count)
+    assert out == b"NOT_FOUND\r\n" * count
+    await asyncio.wait_for(_until(lambda: a.transport.reading), REPLY_WAIT_S)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+async def test_one_command_in_flight_at_a_time_still_answers_a_pipeline(
+        ctx: ServerContext, new_client: NewClient) -> None:
+    """--max-in-flight 1 (beanstalkd's one command at a time): a pipeline still completes."""
+    ctx.max_in_flight = 1
+    tube = "one-" + secrets.token_hex(3)
+    a = new_client()
+    a.send(f"use {tube}\r\nwatch {tube}\r\nignore default\r\n".encode()
+           + b"put 0 0 10 1\r\nx\r\n" * 3 + b"reserve\r\nreserve\r\nlist-tube-used\r\n")
+    out = await a.until(lambda out: out.endswith(f"USING {tube}\r\n".encode())
+                        and out.count(b"RESERVED") == 2)
+    lines = out.split(b"\r\n")
+    assert lines[:3] == [f"USING {tube}".encode(), b"WATCHING 2", b"WATCHING 1"]
+    assert [line.split()[0] for line in lines[3:6]] == [b"INSERTED"] * 3
+    assert lines[6].startswith(b"RESERVED ") and lines[8].startswith(b"RESERVED ")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
 from tubeq.server import DEFAULT_MAX_JOB_SIZE, Config, Server
 
@@ -46,10 +47,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None,
                    help="where the private redis-server keeps its data "
                         "(default: $XDG_DATA_HOME/tubeq)")
+    p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, metavar="N",
+                   help="unanswered commands per connection before tubeq stops reading it "
+                        f"({DEFAULT_MAX_IN_FLIGHT})")
+    p.add_argument("--max-client-buffer", type=int, default=DEFAULT_MAX_CLIENT_BUFFER,
+                   metavar="BYTES",
+                   help="unsent replies plus unparsed input one connection may hold before it "
+                        f"is closed ({DEFAULT_MAX_CLIENT_BUFFER})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if not 0 < args.max_job_size <= 1 << 30:
         p.error("-z must be between 1 and 1073741824")
+    if args.max_in_flight < 1:
+        p.error("--max-in-flight must be at least 1")
+    if args.max_client_buffer < 64 * 1024:
+        p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     return args
 
 
@@ -80,7 +92,8 @@ async def serve(args: argparse.Namespace) -> None:
         url = redis.url
         log.info("private redis-server started", url=url, data_dir=str(redis.data_dir))
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
-                           max_job_size=args.max_job_size))
+                           max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
+                           max_client_buffer=args.max_client_buffer))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -11,6 +11,15 @@ The connection owns its reservations (beanstalkd semantics): only it may delete,
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
 It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
 
+Flow control (protocol.md "Limits"): a connection's unanswered commands are bounded by count
+(``max_in_flight``), the commands taken from it per event-loop turn by ``TURN_BUDGET`` (so one
+pipelined flood cannot starve the other connections), and its unsent replies by the transport's
+high-water mark: whenever any bound is reached, the connection stops reading (pause_reading) and
+the client's own socket fills, as with beanstalkd, which serves one command at a time. Reading
+resumes as replies leave. A connection that holds more than ``max_client_buffer`` bytes all the
+same (unsent replies plus unparsed input: only replies far larger than usual can get there) is
+aborted with a log line, and its reservations go back to ready as on any disconnect.
+
 Push extension (``push <credits>``, tubeq only): the connection then receives RESERVED frames
 for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
 taken several per script call; each delete/release/bury of a pushed job (or its TTR running
@@ -20,10 +29,8 @@ out) frees a credit. The frames join the reply stream between whole replies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -45,8 +52,8 @@ log = structlog.get_logger(__name__)
 # beanstalkd's safety margin: a reserved job whose TTR ends within this many ms makes a reserve
 # answer DEADLINE_SOON (the worker should finish or touch it instead of taking more work).
 SAFETY_MARGIN_MS = 1000
-# A blocked reserve re-runs the reserve script at least this often even with no wake-up hint:
-# hints are best effort (pub/sub), the script is the truth.
+# A blocked reserve re-runs the reserve script about this often (up to 1 s later: a coarse timer)
+# even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
 WAKE_RECHECK_S = 10.0
 
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
@@ -56,10 +63,29 @@ PRUNE_RESERVED_AT = 64
 # client grants: one call must not hold Redis's single thread for long.
 PUSH_BATCH_MAX = 64
 
+# Commands of one connection parsed and not yet answered (replies not yet written), past which
+# the connection stops reading. beanstalkd keeps one; 128 is twice the deepest pipeline any bench
+# or bundled-client load keeps (64), so pipelining clients keep their throughput, and it bounds
+# what one connection can queue in front of everyone else's commands on the shared Redis link.
+DEFAULT_MAX_IN_FLIGHT = 128
+# Commands dispatched from one connection per event-loop turn before the others get theirs. A
+# turn of 64 lets a client's whole pipeline (or one full Redis batch, REDIS_BATCH_CALLS) through
+# in one go while a flood of small commands yields every few hundred microseconds.
+TURN_BUDGET = 64
+# The hard cap on what one connection may hold in the server: unsent reply bytes plus received,
+# unparsed bytes. With the bounds above a client that does not read holds at most about
+# max_in_flight replies plus the transport's high-water mark (64 KiB): 128 peeks of 64 KiB jobs
+# are 8 MiB. Redis's own limit for pub/sub clients is 32 MiB; so is this one, by default.
+DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
+# A reserve that waits holds the commands sent after it; until this many bytes of them have
+# arrived the connection keeps reading (so a client that closes is noticed, as beanstalkd
+# notices a hang-up while a reserve waits), past it reading stops like any other backpressure.
+HELD_INPUT_MAX = 256 * 1024
+
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingReserve:
     """A reserve sent to Redis and not yet answered."""
 
@@ -80,6 +106,8 @@ class ServerContext:
     using: UseLedger
     identity: ServerIdentity
     max_job_size: int
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     draining: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -89,33 +117,52 @@ class ServerContext:
 
 
 class Connection(asyncio.Protocol):
+    # Slots: thousands of idle connections each save their instance dict (~700 B).
+    __slots__ = (
+        "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled", "_grants", "_held",
+        "_lost", "_pool", "_pump_scheduled", "_push_credits", "_push_task", "_push_waiter",
+        "_pushed", "_quit", "_reading", "_replies", "_reserves", "_throttled", "_waiter",
+        "_write_paused", "ctx", "parser", "producer", "reserved", "store", "token", "transport",
+        "used", "watched", "worker",
+    )
+
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.token = ctx.next_token()
         self.parser = Parser(ctx.max_job_size)
         self.used = "default"
-        self.watched = ["default"]
+        # A tuple, replaced on watch/ignore: every connection shares the default one, and a
+        # Waiter takes it as it is (tuple() of a tuple is the same object).
+        self.watched: tuple[str, ...] = _WATCH_DEFAULT
         self.reserved: dict[int, int] = {}  # job id -> TTR deadline (ms)
         self.producer = False
         self.worker = False
         self.transport: asyncio.Transport | None = None
-        self._replies: deque[Reply] = deque()
+        # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
+        # empty set ~200 B per connection (thousands of idle connections hold these).
+        self._replies: list[Reply] = []
         self._flush_scheduled = False
-        self._reserves: deque[PendingReserve] = deque()  # unanswered reserves, in order
-        self._pool: deque[Reservation] = deque()  # granted, not yet handed to a reserve
+        self._reserves: list[PendingReserve] = []  # unanswered reserves, in order
+        self._pool: list[Reservation] = []  # granted, not yet handed to a reserve
         self._held: c.Command | None = None  # parsed, waiting for the reserves before it
-        self._grants: set[asyncio.Future[Any]] = set()  # store calls that may grant jobs
+        # Store calls that may grant jobs; None while there are none (most of an idle life).
+        self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
         self._waiter: Waiter | None = None
         self._push_credits = 0
-        self._pushed: set[int] = set()
+        self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
         self._push_task: asyncio.Task[None] | None = None
         self._push_waiter: Waiter | None = None
+        self._reading = True  # not paused by flow control
+        self._write_paused = False  # the transport's buffer is past its high-water mark
+        self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
+        self._pump_scheduled = False
         self._quit = False
         self._eof = False
         self._lost = False
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closed: asyncio.Future[None] | None = None  # made when someone waits
+        self._cleaned_up = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -143,13 +190,17 @@ class Connection(asyncio.Protocol):
         return True
 
     def pause_writing(self) -> None:
-        assert self.transport is not None
-        self.transport.pause_reading()
+        # The client is not taking its replies: take no more commands from it (the pump stops
+        # at the next command) and stop reading, so its own socket buffer fills.
+        self._write_paused = True
+        self._set_reading(False)
 
     def resume_writing(self) -> None:
-        assert self.transport is not None
-        if not self._lost:
-            self.transport.resume_reading()
+        self._write_paused = False
+        if self._push_waiter is not None:
+            self._push_waiter.event.set()
+        # Whether or not the pump stopped for this, reading was paused: the pump decides anew.
+        self._schedule_pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -160,7 +211,7 @@ class Connection(asyncio.Protocol):
         # Wait for the tasks' `finally` (it takes the connection out of the waiters) and for
         # reserve calls still in flight, whose grants must be in `reserved` before
         # disconnect.lua hands every job back.
-        pending = [*running, *self._grants]
+        pending = [*running, *(self._grants or ())]
         if pending:
             gathered = asyncio.gather(*pending, return_exceptions=True)
             gathered.add_done_callback(lambda _: self._disconnect())
@@ -175,10 +226,16 @@ class Connection(asyncio.Protocol):
     def _disconnected(self, f: asyncio.Future[Any]) -> None:
         if not f.cancelled() and f.exception() is not None:
             log.warning("disconnect cleanup failed", token=self.token, error=repr(f.exception()))
-        if not self._closed.done():
+        self._cleaned_up = True
+        if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
     async def wait_closed(self) -> None:
+        """Return once the connection is gone and its jobs were handed back."""
+        if self._cleaned_up:
+            return
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._closed)
 
     def close(self) -> None:
@@ -204,21 +261,52 @@ class Connection(asyncio.Protocol):
     # -- command flow -------------------------------------------------------------------------
 
     def _pump(self) -> None:
+        """Dispatch parsed commands until the input runs dry or a bound is reached; read on
+        only when the input ran dry (or a reserve holds the rest and little has arrived)."""
+        self._pump_scheduled = False
+        budget = TURN_BUDGET
+        limit = self.ctx.max_in_flight
+        read_on = False
         while not self._quit and not self._lost:
+            if self._write_paused or len(self._replies) >= limit:
+                self._throttled = True  # _flush or resume_writing pumps again
+                break
+            if not budget:
+                self._schedule_pump()  # the other connections' turn first
+                break
             if self._held is not None:
                 if self._reserves:
+                    read_on = self.parser.buffered < HELD_INPUT_MAX
                     break
                 command, self._held = self._held, None
             else:
                 parsed = self.parser.next_command()
                 if parsed is None:
+                    read_on = True
                     break
                 command = parsed
                 if self._reserves and not self._may_pass_a_reserve(command):
                     self._held = command
+                    read_on = self.parser.buffered < HELD_INPUT_MAX
                     break
             self._dispatch(command)
+            budget -= 1
+        self._set_reading(read_on)
         self._maybe_close()
+
+    def _schedule_pump(self) -> None:
+        self._throttled = False
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _set_reading(self, on: bool) -> None:
+        if on is not self._reading and self.transport is not None and not self._lost:
+            self._reading = on
+            if on:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
 
     def _may_pass_a_reserve(self, command: c.Command) -> bool:
         """Whether ``command`` may go to Redis while a reserve before it is unanswered.
@@ -250,7 +338,7 @@ class Connection(asyncio.Protocol):
         self._replies.append(reply)
         if isinstance(reply, bytes):
             self._schedule_flush()
-        else:
+        elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
             reply.add_done_callback(self._reply_done)
 
     def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
@@ -269,18 +357,31 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         out: list[bytes] = []
-        while self._replies:
-            head = self._replies[0]
+        for head in self._replies:
             if isinstance(head, bytes):
                 out.append(head)
             elif head.done():
                 out.append(_reply_bytes(head))
             else:
                 break
-            self._replies.popleft()
-        if out and self.transport is not None and not self._lost:
-            self.transport.write(b"".join(out))
+        del self._replies[:len(out)]
+        transport = self.transport
+        if out and transport is not None and not self._lost:
+            transport.write(b"".join(out))
+            held = transport.get_write_buffer_size() + self.parser.buffered
+            if held > self.ctx.max_client_buffer:
+                self._over_limit(held)
+                return
+        if self._throttled and not self._write_paused:
+            self._schedule_pump()
         self._maybe_close()
+
+    def _over_limit(self, held: int) -> None:
+        """Close a connection holding more than the cap; disconnect gives its jobs back."""
+        log.warning("connection over its buffer limit, closed", token=self.token, bytes=held,
+                    limit=self.ctx.max_client_buffer)
+        assert self.transport is not None
+        self.transport.abort()  # the unsent replies go: the client was not taking them
 
     def _maybe_close(self) -> None:
         if self._lost or self.transport is None or self._replies or self._reserves:
@@ -303,12 +404,17 @@ class Connection(asyncio.Protocol):
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         """Record the jobs a store call grants as this connection's, whatever becomes of the
         command that asked (a disconnect must hand them back)."""
-        self._grants.add(call)
+        if self._grants is None:
+            self._grants = []
+        self._grants.append(call)
         call.add_done_callback(self._granted)
         return call
 
     def _granted(self, f: asyncio.Future[Any]) -> None:
-        self._grants.discard(f)
+        assert self._grants is not None
+        self._grants.remove(f)
+        if not self._grants:
+            self._grants = None
         if f.cancelled() or f.exception() is not None:
             return
         result = f.result()
@@ -343,25 +449,31 @@ class Connection(asyncio.Protocol):
             if not head.tried:
                 return
             if head.failed:
-                head.reply.set_result(replies.INTERNAL_ERROR)
+                answer = replies.INTERNAL_ERROR
             elif self._pool:
-                head.reply.set_result(_reserved(self._pool.popleft()))
+                answer = _reserved(self._pool.pop(0))
             else:
                 task = asyncio.get_running_loop().create_task(self._wait_for_job(head.timeout_s))
                 self._blocking = task
-                task.add_done_callback(functools.partial(self._waited, head))
+                task.add_done_callback(self._waited)  # for head, still _reserves[0] then
                 return
-            self._reserves.popleft()
+            self._reserves.pop(0)
+            self._answer(head, answer)
         if not self._reserves and self._held is not None and not self._lost:
-            asyncio.get_running_loop().call_soon(self._pump)  # commands held behind them
+            self._schedule_pump()  # commands held behind them
 
-    def _waited(self, head: PendingReserve, task: asyncio.Task[bytes]) -> None:
+    def _waited(self, task: asyncio.Task[bytes]) -> None:
         self._blocking = None
         if task.cancelled():
             return  # the connection is gone
-        head.reply.set_result(_reply_bytes(task))
-        self._reserves.popleft()
+        self._answer(self._reserves.pop(0), _reply_bytes(task))
         self._advance()
+
+    def _answer(self, reserve: PendingReserve, answer: bytes) -> None:
+        """Resolve a reserve taken off ``_reserves`` and write its reply like any other (a
+        reserve's reply future has no done-callback: one object less per waiting reserve)."""
+        reserve.reply.set_result(answer)
+        self._reply_done(reserve.reply)
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
@@ -383,7 +495,7 @@ class Connection(asyncio.Protocol):
             while True:
                 if self._pool:  # a later reserve's try was granted a job: it is ours
                     consumed = True
-                    return _reserved(self._pool.popleft())
+                    return _reserved(self._pool.pop(0))
                 # One clock reading decides both "in the margin now" and "when the margin
                 # starts", so no instant falls between the two checks.
                 now = self.store.clock()
@@ -409,10 +521,13 @@ class Connection(asyncio.Protocol):
                     counted = True
                     await self.store.set_waiting(self.token, 1)
                 else:
-                    bounds = [WAKE_RECHECK_S, remaining, self._next_margin_s(now)]
-                    timeout = max(0.0, min(b for b in bounds if b is not None))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.event.wait(), timeout)
+                    timeout = WAKE_RECHECK_S
+                    for bound in (remaining, self._next_margin_s(now)):
+                        if bound is not None and bound < timeout:
+                            timeout = max(0.0, bound)
+                    # The periodic re-check needs no precision: no loop timer of its own.
+                    coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
+                    await waiter.event.wait(timeout, coarse)
                     if self._eof:
                         return replies.TIMED_OUT
                     if self._pool:
@@ -424,6 +539,7 @@ class Connection(asyncio.Protocol):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
                     return _reserved(result)
+                del call, result  # not kept alive through the next (long) wait
         finally:
             if waiter is not None:
                 self._waiter = None
@@ -472,14 +588,17 @@ class Connection(asyncio.Protocol):
     def settled(self, job_id: int) -> None:
         """A job this connection held is no longer its own: free its push credit, if any."""
         self.reserved.pop(job_id, None)
-        if job_id in self._pushed:
-            self._pushed.discard(job_id)
+        if self._pushed is not None and job_id in self._pushed:
+            del self._pushed[job_id]
             if self._push_waiter is not None:
                 self._push_waiter.event.set()
 
     async def _push(self) -> None:
         """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
         registry = self.ctx.registry
+        if self._pushed is None:
+            self._pushed = {}
+        pushed = self._pushed
         waiter = Waiter(self.watched)
         self._push_waiter = waiter
         registry.register(waiter)
@@ -487,9 +606,11 @@ class Connection(asyncio.Protocol):
         try:
             while True:
                 now = self.store.clock()
-                for job_id in [j for j in self._pushed if self.reserved.get(j, 0) <= now]:
+                for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
                     self.settled(job_id)  # its TTR ran out: the job is back in the queue
-                free = self._push_credits - len(self._pushed)
+                free = self._push_credits - len(pushed)
+                if self._write_paused:
+                    free = 0  # the client is not taking frames: take no more jobs for it
                 if free > 0:
                     waiter.rearm()
                     call = self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
@@ -498,7 +619,7 @@ class Connection(asyncio.Protocol):
                     if jobs:
                         counted = False  # the script counted us out of the waiters
                         for job in jobs:
-                            self._pushed.add(job.id)
+                            pushed[job.id] = None
                             self._push_frame(_reserved(job))
                         continue
                     if not counted:
@@ -512,14 +633,14 @@ class Connection(asyncio.Protocol):
                     handed = await asyncio.shield(self.track_grants(
                         self.store.set_waiting(self.token, -1, claim=True)))
                     for job in handed:
-                        self._pushed.add(job.id)
+                        pushed[job.id] = None
                         self._push_frame(_reserved(job))
                 timeout = WAKE_RECHECK_S
-                deadlines = [self.reserved[j] for j in self._pushed if j in self.reserved]
+                deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
                 if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
                     timeout = min(timeout, (min(deadlines) - now) / 1000)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.event.wait(), max(0.0, timeout))
+                coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
+                await waiter.event.wait(max(0.0, timeout), coarse)
                 waiter.event.clear()
         finally:
             self._push_waiter = None
@@ -536,6 +657,9 @@ class Connection(asyncio.Protocol):
 # with a union on this path, which every command behind a reserve takes).
 _RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout})
 _ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
+
+
+_WATCH_DEFAULT: tuple[str, ...] = ("default",)
 
 
 def _reserved(job: Reservation) -> bytes:

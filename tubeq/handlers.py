@@ -74,7 +74,7 @@ def _sync_using(conn: Connection) -> None:
 def _watch(conn: Connection, cmd: c.Watch) -> Reply:
     if cmd.tube in conn.watched:
         return replies.watching(len(conn.watched))
-    conn.watched.append(cmd.tube)
+    conn.watched = (*conn.watched, cmd.tube)
     count = len(conn.watched)
     return then(conn.store.change_watches(conn.token, [("+w", cmd.tube)]),
                 lambda _: replies.watching(count))
@@ -87,10 +87,11 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     if len(watched) == 1:
         return replies.NOT_IGNORED
     # beanstalkd keeps the watch list as an array and fills a hole with the last entry.
-    i = watched.index(cmd.tube)
-    watched[i] = watched[-1]
-    watched.pop()
-    count = len(watched)
+    rest = list(watched)
+    rest[rest.index(cmd.tube)] = rest[-1]
+    rest.pop()
+    conn.watched = tuple(rest)
+    count = len(rest)
     return then(conn.store.change_watches(conn.token, [("-w", cmd.tube)]),
                 lambda _: replies.watching(count))
 

@@ -407,6 +407,8 @@ class _Phase(enum.Enum):
 class Parser:
     """Turns the bytes of one client connection into commands, in order."""
 
+    __slots__ = ("_buffer", "_max_job_size", "_phase", "_put", "_skip_left")  # one per connection
+
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         """Create a parser that refuses put bodies longer than ``max_job_size`` bytes."""
         if not 0 <= max_job_size <= U32_MAX:

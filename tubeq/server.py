@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from tubeq.connection import Connection, ServerContext
+from tubeq.connection import (
+    DEFAULT_MAX_CLIENT_BUFFER,
+    DEFAULT_MAX_IN_FLIGHT,
+    Connection,
+    ServerContext,
+)
 from tubeq.keys import Keys
 from tubeq.resp import RedisClient
 from tubeq.scheduler import Scheduler
@@ -33,6 +38,10 @@ DEFAULT_MAX_JOB_SIZE = 65535
 # the loop tick). Measured on the 2-core box with 64 connections x 16 in flight: 64 carried
 # 66k puts/s against 34-47k with 16, by cutting the write syscalls per call.
 REDIS_BATCH_CALLS = 64
+# The listen queue: connections the kernel completes before tubeq accepts them. asyncio's
+# default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
+# by the client after 1 s); 1024 is beanstalkd's.
+LISTEN_BACKLOG = 1024
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -44,6 +53,8 @@ class Config:
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "tubeq"
     max_job_size: int = DEFAULT_MAX_JOB_SIZE
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
 
 
 class Server:
@@ -75,7 +86,8 @@ class Server:
         self.ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
-            identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size)
+            identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
+            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
 
         grants = self.keys.grant_channel(self.instance_id).encode()
         connections = self.ctx.connections
@@ -95,7 +107,8 @@ class Server:
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
         ctx = self.ctx
         self._listener = await asyncio.get_running_loop().create_server(
-            lambda: Connection(ctx), config.host, config.port, reuse_address=True)
+            lambda: Connection(ctx), config.host, config.port, reuse_address=True,
+            backlog=LISTEN_BACKLOG)
         log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
                  prefix=config.prefix, instance=self.instance_id)
 

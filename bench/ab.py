@@ -1,0 +1,144 @@
+"""A/B: the tubeq of a base revision against the working tree's, on make bench's rows, interleaved.
+
+    .venv/bin/python -m bench.ab --base REV [--reps 3] [--only put,cycle] [--output FILE]
+
+A change that touches the hot path is judged by this (CONVENTIONS.md: A/B on the same CPU).
+Both versions run from snapshots of their ``tubeq/`` (the base one from ``git archive``), each
+run on a fresh private Redis, with make bench's load generator, rows and windows. Every
+repetition walks every row and runs both versions back to back, the order alternating, so a
+noisy minute hurts both sides of a row alike. The table gives medians with min-max and
+new / base; rows whose runs shared the machine (other processes >= 0.5 cores) are marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import subprocess
+import sys
+import tarfile
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import run_load
+from bench.run import (
+    FULL,
+    OUT_DIR,
+    Bench,
+    Row,
+    _cpu_model,
+    delayed_row,
+    make_server,
+    many_tube_rows,
+    throughput_rows,
+    wake_row,
+)
+from bench.servers import REPO_ROOT, snapshot_tubeq
+
+SHARED_CORES = 0.5
+
+
+def snapshot_revision(revision: str, destination: Path) -> Path:
+    """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],
+                             cwd=REPO_ROOT, check=True, capture_output=True).stdout
+    destination.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(destination, filter="data")
+    return destination
+
+
+def rows_for(only: list[str] | None) -> list[Row]:
+    rows = [*throughput_rows(FULL), *many_tube_rows(FULL), delayed_row(FULL), wake_row(FULL)]
+    if only:
+        rows = [r for r in rows if any(r.key.startswith(prefix) for prefix in only)]
+    return rows
+
+
+def measure(bench: Bench, row: Row, code_dir: Path) -> dict[str, Any]:
+    kind = "tubeq x2" if row.scenario == "wake" else "tubeq"
+    server = make_server(kind, bench.log_dir, code_dir)
+    try:
+        server.start()
+        quiet = bench.quiet()
+        spec = replace(row.spec, port=server.port, producer_port=server.producer_port)
+        result = run_load(spec, server.pids)
+    finally:
+        server.stop()
+    return {"rate": result.jobs_per_s, "p99": result.latency["p99_ms"], "ok": result.ok,
+            "other": max(quiet, result.other_cores or 0.0)}
+
+
+def _cell(values: list[float], unit: str = "") -> str:
+    if not values:
+        return "n/a"
+    fmt = ",.2f" if unit else ",.0f"
+    return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+            f"{unit}")
+
+
+def render(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict[str, str]) -> str:
+    lines = [f"# A/B: tubeq {meta['base']} (base) vs {meta['new']} (new)", "",
+             f"{meta['started']} UTC, CPU {meta['cpu']}, {meta['reps']} interleaved "
+             "repetitions per row, make bench's rows and windows (bench/ab.py). Cells: jobs/s "
+             "median (min-max); delayed and wake rows: p99 latency in ms.", "",
+             "| row | base | new | new / base | shared |", "|---|---|---|---|---|"]
+    for key, sides in results.items():
+        latency_row = key.startswith(("delayed", "wake"))
+        field = "p99" if latency_row else "rate"
+        base = [r[field] for r in sides["base"] if r["ok"] and r[field] is not None]
+        new = [r[field] for r in sides["new"] if r["ok"] and r[field] is not None]
+        ratio = (statistics.median(new) / statistics.median(base)
+                 if base and new and statistics.median(base) else None)
+        shared = any(r["other"] >= SHARED_CORES for side in sides.values() for r in side)
+        unit = " ms" if latency_row else ""
+        lines.append(f"| {key} | {_cell(base, unit)} | {_cell(new, unit)} | "
+                     f"{'n/a' if ratio is None else f'{ratio:.2f}x'} | "
+                     f"{'shared' if shared else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab",
+                                description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("--base", required=True, help="git revision of the base tubeq")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated row key prefixes")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    bench = Bench(FULL, lambda message: print(message, file=sys.stderr, flush=True))
+    stamp = bench.stamp
+    work = OUT_DIR / f"ab-{stamp}"
+    base_dir = snapshot_revision(args.base, work / "base")
+    new_dir = snapshot_tubeq(work / "new")
+    new_label = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    rows = rows_for([s for s in args.only.split(",") if s])
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        r.key: {"base": [], "new": []} for r in rows}
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    for rep in range(args.reps):
+        for i, row in enumerate(rows):
+            order = [("base", base_dir), ("new", new_dir)]
+            if (rep + i) % 2:
+                order.reverse()
+            for side, code_dir in order:
+                measured = measure(bench, row, code_dir)
+                results[row.key][side].append(measured)
+                bench.log(f"[{bench.elapsed():6.0f}s] rep {rep} {row.key:<28} {side:<4} "
+                          f"{measured['rate']:>9,.0f} jobs/s p99 {measured['p99']} ms "
+                          f"other {measured['other']:.2f}")
+    meta = {"base": args.base, "new": new_label, "started": started, "cpu": _cpu_model(),
+            "reps": str(args.reps)}
+    text = render(results, meta)
+    output = args.output or OUT_DIR / f"ab-{stamp}.md"
+    output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The waiters' light primitives: Signal (a flag waited on with a bound) and CoarseTimer (many
+imprecise timeouts on one loop timer). Bounds here are generous: they only tell "fired" from
+"never fired"; none asserts a duration."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tubeq.waiters import CoarseTimer, Signal
+
+# Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
+NEVER_S = 60.0
+BOUND_S = 5.0
+
+
+async def test_a_set_signal_answers_at_once() -> None:
+    signal = Signal()
+    signal.set()
+    assert signal.wait(NEVER_S).done()
+    assert signal.is_set()
+
+
+async def test_set_ends_a_wait_early_and_its_timeout_is_gone() -> None:
+    signal, coarse = Signal(), CoarseTimer(resolution_s=0.05)
+    waiting = signal.wait(NEVER_S, coarse)
+    assert len(coarse) == 1
+    asyncio.get_running_loop().call_soon(signal.set)
+    await asyncio.wait_for(waiting, BOUND_S)
+    assert signal.is_set() and len(coarse) == 0
+
+
+async def test_a_precise_timeout_ends_the_wait_with_the_flag_clear() -> None:
+    signal = Signal()
+    await asyncio.wait_for(signal.wait(0.01), BOUND_S)
+    assert not signal.is_set()
+
+
+async def test_a_coarse_timeout_fires_within_one_step_and_leaves_nothing_behind() -> None:
+    signal, coarse = Signal(), CoarseTimer(resolution_s=0.05)
+    await asyncio.wait_for(signal.wait(0.1, coarse), BOUND_S)
+    assert not signal.is_set() and len(coarse) == 0
+
+
+async def test_coarse_buckets_fire_in_order_and_rearm_for_the_later_ones() -> None:
+    coarse = CoarseTimer(resolution_s=0.05)
+    loop = asyncio.get_running_loop()
+    late: asyncio.Future[None] = loop.create_future()
+    early: asyncio.Future[None] = loop.create_future()
+    coarse.add(late, 0.3)
+    coarse.add(early, 0.05)  # earlier than the armed bucket: the timer is re-armed for it
+    await asyncio.wait_for(early, BOUND_S)
+    assert not late.done()
+    await asyncio.wait_for(late, BOUND_S)
+    assert len(coarse) == 0
+
+
+async def test_a_bucket_emptied_early_lets_its_timer_fire_harmlessly() -> None:
+    coarse = CoarseTimer(resolution_s=0.05)
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    kept: asyncio.Future[None] = loop.create_future()
+    coarse.remove(coarse.add(gone, 0.05), gone)
+    coarse.add(kept, 0.2)
+    await asyncio.wait_for(kept, BOUND_S)
+    assert not gone.done() and len(coarse) == 0
