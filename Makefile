@@ -10,14 +10,16 @@ ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,pipeline]'
 	touch $(STAMP)
 
-# Debian packages the suite runs against: beanstalkd (the reference) and redis-server.
+# Debian packages the suite runs against: beanstalkd (the reference), redis-server, and chromium
+# (headless, for the pipeline report's page: tests/pipeline/test_report.py).
 system-deps:
 	@missing=""; \
 	command -v beanstalkd >/dev/null 2>&1 || missing="$$missing beanstalkd"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -66,6 +66,11 @@ class Keys:
         return self.root + "stats"
 
     @property
+    def events(self) -> str:
+        """The lifecycle event stream (schema: tubeq.events)."""
+        return self.root + "events"
+
+    @property
     def seqs(self) -> str:
         """Sequence counters: tube creation order and bury order."""
         return self.root + "seq"

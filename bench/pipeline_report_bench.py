@@ -1,0 +1,234 @@
+"""Pipeline benchmark, report and writer side (issue 9 parts 3 and 5): two figures.
+
+    .venv/bin/python -m bench.pipeline_report_bench [--events 10000000] [--rows 200000]
+
+* **Report time on a generated archive**: ``--events`` lifecycle events (4 per job: 60 % put,
+  reserved, touched, deleted; 20 % delayed put, promoted, reserved, deleted; 10 % put, reserved,
+  timed-out, reserved; 10 % put, reserved, buried, kicked) over 50 tubes and 24 hours, written by
+  Spark as Parquet partitioned by date and tube, like the archive. Then
+  ``python -m tubeq.pipeline.report --master local[2]`` runs as its own process, and its wall
+  time (Spark start, reading, every table, report.html) is the figure; issue 9's target is under
+  60 s on this 2-core machine.
+* **Write rate of df.write.format("tubeq")**: ``--rows`` rows of 100-byte bodies in 2 partitions
+  into a fresh private tubeq (bench/servers.py: its own redis-server, free loopback port), and the
+  same into a fresh beanstalkd for reference; the clock covers the write only (the session is
+  warm). Each write's jobs are counted on the server afterwards.
+
+Appends a dated section to bench/RESULTS-pipeline.md (``--no-record`` prints it only). Rules:
+loopback only; every server started here is stopped by its PID; the report subprocess is bounded
+by a timeout and killed by its PID if it overruns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
+
+RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
+REPORT_TIMEOUT_S = 600
+DAY_MS = 86_400_000
+
+
+def spark_session(master: str = "local[2]") -> object:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master(master).appName("tubeq-bench-pipeline")
+            .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate())
+
+
+def generate_archive(spark: object, events: int, path: Path) -> float:
+    """Write ``events`` events (4 per job) as the archive's Parquet; returns seconds taken."""
+    from pyspark.sql import SparkSession
+
+    assert isinstance(spark, SparkSession)
+    jobs = events // 4
+    started = time.monotonic()
+    base = 1_795_900_000_000
+    spacing = DAY_MS / jobs
+    spark.range(1, jobs + 1).selectExpr(
+        "id", "concat('tube-', cast(id % 50 AS STRING)) AS tube",
+        f"{base} + cast(id * {spacing} AS BIGINT) AS t0", "id % 10 AS kind",
+        "cast(rand(9) * 5000 AS BIGINT) AS wait", "cast(rand(10) * 20000 AS BIGINT) AS work",
+        "cast(rand(11) * 300 AS BIGINT) AS late",
+    ).createOrReplaceTempView("jobs")
+    spark.sql("""
+        SELECT e.event, id, pos, tube, 100 AS pri, e.delay_ms, 60000 AS ttr_ms, e.due_ms,
+               e.tries, e.time_ms, 'bench-1' AS by, '' AS reason
+        FROM jobs LATERAL VIEW posexplode(
+          CASE
+            WHEN kind < 6 THEN array(
+              named_struct('event', 'put', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 0L,
+                           'time_ms', t0),
+              named_struct('event', 'reserved', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait),
+              named_struct('event', 'touched', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait + 100),
+              named_struct('event', 'deleted', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait + 100 + work))
+            WHEN kind < 8 THEN array(
+              named_struct('event', 'put', 'delay_ms', 60000L, 'due_ms', t0 + 60000,
+                           'tries', 0L, 'time_ms', t0),
+              named_struct('event', 'promoted', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 0L,
+                           'time_ms', t0 + 60000 + late),
+              named_struct('event', 'reserved', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + 60000 + late + wait),
+              named_struct('event', 'deleted', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + 60000 + late + wait + work))
+            WHEN kind = 8 THEN array(
+              named_struct('event', 'put', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 0L,
+                           'time_ms', t0),
+              named_struct('event', 'reserved', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait),
+              named_struct('event', 'timed-out', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait + 60000),
+              named_struct('event', 'reserved', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 2L,
+                           'time_ms', t0 + wait + 60000 + wait))
+            ELSE array(
+              named_struct('event', 'put', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 0L,
+                           'time_ms', t0),
+              named_struct('event', 'reserved', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait),
+              named_struct('event', 'buried', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait + work),
+              named_struct('event', 'kicked', 'delay_ms', 0L, 'due_ms', 0L, 'tries', 1L,
+                           'time_ms', t0 + wait + work + 600000))
+          END) x AS pos, e
+    """).selectExpr(
+        # A unique, ordered stream id per event: its time, and a sequence from the job id.
+        "concat(cast(time_ms AS STRING), '-', cast(id * 4 + pos AS STRING)) AS stream_id",
+        "event", "id", "tube", "pri", "delay_ms", "ttr_ms", "due_ms", "tries", "time_ms", "by",
+        "reason", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date",
+    ).write.mode("overwrite").partitionBy("date", "tube").parquet(str(path))
+    return time.monotonic() - started
+
+
+def run_report(archive: Path, out: Path) -> float:
+    """Wall seconds of the report command in its own process."""
+    command = [sys.executable, "-m", "tubeq.pipeline.report", "--master", "local[2]",
+               "--archive", str(archive), "--out", str(out)]
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        output, _ = proc.communicate(timeout=REPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    elapsed = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"report failed ({proc.returncode}):\n{output.decode()[-3000:]}")
+    return elapsed
+
+
+def current_jobs(host: str, port: int, tube: str) -> int:
+    import greenstalk
+
+    with greenstalk.Client((host, port)) as client:
+        return int(client.stats_tube(tube)["total-jobs"])
+
+
+def write_rate(spark: object, rows: int, log_dir: Path) -> list[tuple[str, float, int, str]]:
+    from pyspark.sql import SparkSession
+
+    from tubeq.pipeline.writer import schedule
+
+    assert isinstance(spark, SparkSession)
+    frame = spark.range(rows).selectExpr(
+        "concat('order-', cast(id AS STRING), repeat('x', 100 - 6 - length(cast(id AS STRING))))"
+        " AS body").repartition(2).cache()
+    frame.count()
+    out = []
+    # Warm-up: the first Python data source write of a session starts its Python workers
+    # (seconds); that is not the write rate.
+    warm = Beanstalkd(log_dir / "warm-up")
+    warm.start()
+    try:
+        schedule(frame.limit(1000), f"127.0.0.1:{warm.port}", tube="warm-up")
+    finally:
+        warm.stop()
+    for name, server in (("tubeq", Tubeq(log_dir)), ("beanstalkd", Beanstalkd(log_dir))):
+        server.start()
+        try:
+            tube = f"bench-write-{name}"
+            started = time.monotonic()
+            result = schedule(frame, f"127.0.0.1:{server.port}", tube=tube)
+            elapsed = time.monotonic() - started
+            held = current_jobs("127.0.0.1", server.port, tube)
+            out.append((name, elapsed, held, result.counts.summary()))
+        finally:
+            server.stop()
+    frame.unpersist()
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        done = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    for line in done.stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tubeq-pipeline-bench-"))
+    try:
+        spark = spark_session()
+        generated = generate_archive(spark, args.events, work / "archive")
+        writes = write_rate(spark, args.rows, work / "logs")
+        spark.stop()  # type: ignore[attr-defined]
+        size = sum(p.stat().st_size for p in (work / "archive").rglob("*.parquet"))
+        report_s = run_report(work / "archive", work / "out")
+        load = os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## Report and writer ({when})",
+        "",
+        f"`python -m bench.pipeline_report_bench --events {args.events} --rows {args.rows}`; "
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average after the run "
+        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}.",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        f"| archive generated (Spark, Parquet by date and tube) | {args.events:,} events, "
+        f"{size / 2**20:.0f} MiB, {generated:.1f} s |",
+        f"| report, wall, own process with Spark start (`local[2]`, exact percentiles) | "
+        f"**{report_s:.1f} s** (target < 60 s) |",
+    ]
+    for name, elapsed, held, summary in writes:
+        lines.append(f'| df.write.format("tubeq") into a fresh {name}, {args.rows:,} rows of '
+                     f"100 B, 2 tasks | **{args.rows / elapsed:,.0f} jobs/s** ({elapsed:.1f} s; "
+                     f"{held:,} jobs on the server; {summary}) |")
+    section = "\n".join(lines) + "\n"
+    print(section)
+    if not args.no_record:
+        header = "" if RESULTS.exists() else "# Pipeline benchmark results\n\n"
+        with RESULTS.open("a", encoding="utf-8") as out:
+            out.write(("\n" if RESULTS.exists() else header) + section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,405 @@
+"""The report against a workload whose every figure the test knows from its own record.
+
+The events come from ``tests.pipeline.workload`` (a seeded simulation that records what it did);
+every expected figure is computed here in plain Python from that record, never from the events.
+Then report.html is opened in a real headless chromium: its charts must be drawn and its tables
+filled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from tests.pipeline import workload
+from tubeq.events import SPARK_DDL
+from tubeq.pipeline import report
+
+MINUTE = 60_000
+HOUR = 3_600_000
+ALL = "*"
+COUNTED = {"put": "put", "promoted": "promoted", "reserved": "reserved",
+           "released": "released", "timed-out": "timed_out", "touched": "touched",
+           "buried": "buried", "kicked": "kicked", "deleted": "deleted"}
+STATES = ("ready", "delayed", "reserved", "buried")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-report")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def record() -> workload.Record:
+    return workload.simulate()
+
+
+@pytest.fixture(scope="module")
+def archive(spark: SparkSession, record: workload.Record,
+            tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workload's events as an archive: Parquet partitioned by date (UTC) and tube."""
+    path = tmp_path_factory.mktemp("archive")
+    frame = spark.createDataFrame(workload.events(record), SPARK_DDL)
+    (frame.selectExpr("*", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date")
+     .write.mode("overwrite").partitionBy("date", "tube").parquet(str(path)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def report_dir(spark: SparkSession, archive: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    tables = report.build_report(report.read_archive(spark, archive))
+    try:
+        report.write_report(tables, out)
+    finally:
+        report.release(tables)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Expected figures, from the record alone.
+# ---------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[int], fraction: float) -> float | None:
+    """Linear interpolation between the two nearest ranks (numpy's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def bucket_of(time_ms: int, size: int | None) -> tuple[int, ...]:
+    return () if size is None else (time_ms // size * size,)
+
+
+def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[Any, ...], dict]:
+    counts: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
+    for job in record.jobs:
+        for event, at, *_ in job.steps:
+            for tube in (job.tube, ALL):
+                counts[(tube, *bucket_of(at, size))][COUNTED[event]] += 1
+    samples: dict[tuple[Any, ...], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for name, measures in (("wait_ms", record.waits), ("processing_ms", record.processing),
+                           ("lateness_ms", record.lateness)):
+        for measure in measures:
+            for tube in (measure.tube, ALL):
+                samples[(tube, *bucket_of(measure.time_ms, size))][name].append(measure.value)
+    out: dict[tuple[Any, ...], dict] = {}
+    for key, counter in counts.items():
+        row: dict[str, Any] = {column: counter[column] for column in COUNTED.values()}
+        for name in ("wait_ms", "processing_ms", "lateness_ms"):
+            values = samples[key][name]
+            row[f"{name}_n"] = len(values)
+            for fraction, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+                row[f"{name}_{suffix}"] = percentile(values, fraction)
+        out[key] = row
+    assert set(samples) <= set(out)
+    return out
+
+
+def expected_backlog(record: workload.Record) -> dict[tuple[str, int], dict[str, int]]:
+    times = [at for job in record.jobs for _, at, *_ in job.steps]
+    first, last = min(times) // MINUTE, max(times) // MINUTE
+    tubes = {job.tube for job in record.jobs} | {ALL}
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    for minute in range(first, last + 1):
+        end = (minute + 1) * MINUTE  # the state after every event before this instant
+        per_tube: dict[str, Counter[str]] = {tube: Counter() for tube in tubes}
+        for job in record.jobs:
+            for state, since, until in job.states:
+                if since < end and (until is None or until >= end):
+                    per_tube[job.tube][state] += 1
+                    per_tube[ALL][state] += 1
+        for tube, counter in per_tube.items():
+            row = {state: counter[state] for state in STATES}
+            row["total"] = sum(row.values())
+            out[(tube, minute * MINUTE)] = row
+    return out
+
+
+def rows_of(out: Path, name: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(out / name).to_pylist()
+
+
+def assert_rows_equal(actual: dict[tuple[Any, ...], dict], expected: dict[tuple[Any, ...], dict],
+                      table: str) -> None:
+    assert set(actual) == set(expected), (
+        f"{table}: keys only in the report {sorted(set(actual) - set(expected))[:5]}, "
+        f"only expected {sorted(set(expected) - set(actual))[:5]}")
+    for key, want in expected.items():
+        got = actual[key]
+        for column, value in want.items():
+            if isinstance(value, float):
+                assert got[column] == pytest.approx(value, abs=1e-6), (table, key, column)
+            else:
+                assert got[column] == value, (table, key, column, got[column], value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_workload_covers_every_transition(record: workload.Record) -> None:
+    events = Counter(step[0] for job in record.jobs for step in job.steps)
+    assert set(events) == set(COUNTED)
+    final = Counter(job.states[-1][0] if job.states[-1][2] is None else "gone"
+                    for job in record.jobs)
+    assert all(final[state] > 0 for state in (*STATES, "gone")), final
+    assert len(record.waits) > 300
+    assert min(m.value for m in record.waits) == 0
+
+
+def test_report_writes_every_table(report_dir: Path) -> None:
+    for name in report.TABLES:
+        assert list((report_dir / name).glob("*.parquet")), name
+    assert (report_dir / "report.html").is_file()
+
+
+@pytest.mark.parametrize(("table", "size"), [("by_tube", None), ("by_minute", MINUTE),
+                                             ("by_hour", HOUR)])
+def test_counts_and_percentiles(report_dir: Path, record: workload.Record, table: str,
+                                size: int | None) -> None:
+    actual = {(row["tube"], *(() if size is None else (row["bucket_ms"],))): row
+              for row in rows_of(report_dir, table)}
+    assert_rows_equal(actual, expected_metrics(record, size), table)
+
+
+def test_hours_and_minutes_split_where_the_clock_does(report_dir: Path) -> None:
+    hours = {row["bucket_ms"] for row in rows_of(report_dir, "by_hour")}
+    minutes = {row["bucket_ms"] for row in rows_of(report_dir, "by_minute")}
+    assert len(hours) >= 3 and all(hour % HOUR == 0 for hour in hours)
+    assert len(minutes) > 100 and all(minute % MINUTE == 0 for minute in minutes)
+
+
+def test_tries_per_job(report_dir: Path, record: workload.Record) -> None:
+    expected: Counter[tuple[str, int]] = Counter()
+    for job in record.jobs:
+        expected[(job.tube, job.tries)] += 1
+        expected[(ALL, job.tries)] += 1
+    actual = {(row["tube"], row["tries"]): row["jobs"] for row in rows_of(report_dir, "tries")}
+    assert actual == dict(expected)
+    assert {tries for _, tries in actual} >= {0, 1, 2, 3}
+
+
+def test_backlog_every_minute(report_dir: Path, record: workload.Record) -> None:
+    actual = {(row["tube"], row["bucket_ms"]): row for row in rows_of(report_dir, "backlog")}
+    expected = expected_backlog(record)
+    assert_rows_equal(actual, expected, "backlog")  # type: ignore[arg-type]
+    final = max(minute for _, minute in expected)
+    assert all(actual[(ALL, final)][state] > 0 for state in STATES)
+
+
+def test_failing_tubes_and_hours(report_dir: Path, record: workload.Record) -> None:
+    for table, size in (("failing_tubes", None), ("failing_hours", HOUR)):
+        metrics = expected_metrics(record, size)
+        failing = sorted(
+            ((row["timed_out"] + row["buried"], key, row) for key, row in metrics.items()
+             if key[0] != ALL and row["timed_out"] + row["buried"] > 0),
+            key=lambda item: (-item[0], item[1]))
+        rows = sorted(rows_of(report_dir, table), key=lambda row: row["rank"])
+        assert [row["rank"] for row in rows] == list(range(1, len(failing) + 1))
+        for row, (failures, key, want) in zip(rows, failing, strict=True):
+            assert (row["tube"], *(() if size is None else (row["bucket_ms"],))) == key
+            assert (row["timed_out"], row["buried"], row["failures"]) == (
+                want["timed_out"], want["buried"], failures)
+
+
+def test_events_before_the_archive_began(spark: SparkSession) -> None:
+    """A job whose put was trimmed: its first event implies its state; nothing goes negative."""
+    rows = [
+        ("1000-0", "reserved", 7, "t", 0, 0, 1000, 0, 1, 1000, "p", ""),
+        ("2000-0", "deleted", 7, "t", 0, 0, 1000, 0, 1, 2000, "p", ""),
+        ("3000-0", "deleted", 8, "t", 0, 0, 1000, 0, 0, 3000, "p", ""),
+        ("4000-0", "promoted", 9, "t", 0, 0, 1000, 0, 0, 4000, "p", ""),
+    ]
+    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    try:
+        by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
+        backlog = [row.asDict() for row in tables["backlog"].where("tube = 't'").collect()]
+    finally:
+        report.release(tables)
+    assert by_tube["t"]["wait_ms_n"] == 0  # the ready time is unknown
+    assert by_tube["t"]["processing_ms_p50"] == 1000.0
+    assert by_tube["t"]["lateness_ms_n"] == 0  # the due time is unknown
+    # Job 7 counts as reserved from its reserve on, until its delete; job 8 never counts; job 9
+    # counts as ready from its promotion.
+    assert backlog == [{"tube": "t", "bucket_ms": 0, "ready": 1, "delayed": 0, "reserved": 0,
+                        "buried": 0, "total": 1}]
+
+
+def test_empty_archive(spark: SparkSession, tmp_path: Path) -> None:
+    empty: DataFrame = spark.createDataFrame([], SPARK_DDL)
+    tables = report.build_report(empty)
+    try:
+        page = report.write_report(tables, tmp_path)
+    finally:
+        report.release(tables)
+    assert "<body data-rendered" not in page.read_text()  # set by the script in a browser only
+    assert rows_of(tmp_path, "by_tube") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# report.html in a real browser.
+# ---------------------------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--virtual-time-budget=5000")
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("no chromium on PATH: `apt-get install -y chromium chromium-driver` "
+                    "(make system-deps does it)")
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=90, check=True)
+
+
+def test_report_html_renders_in_chromium(report_dir: Path, tmp_path: Path) -> None:
+    page = report_dir / "report.html"
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "no external resource"
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
+    assert 'data-rendered="3"' in dom, dom[-2000:]
+    for chart, series in (("chart-throughput", 3), ("chart-wait", 3), ("chart-backlog", 5)):
+        svg = re.search(rf'<svg[^>]*id="{chart}"[^>]*>(.*?)</svg>', dom, re.S)
+        assert svg is not None, chart
+        tags = [tag for tag in re.findall(r"<polyline[^>]*>", svg.group(1))
+                if 'class="series"' in tag]
+        lines = [re.search(r'points="([^"]*)"', tag).group(1) for tag in tags]  # type: ignore[union-attr]
+        assert len(lines) == series, chart
+        assert all(len(points.split()) > 100 for points in lines), chart
+    by_tube = re.search(r'<table id="table-by-tube">(.*?)</table>', dom, re.S)
+    assert by_tube is not None
+    assert by_tube.group(1).count("<tr>") == 1 + len(workload.TUBES) + 1  # header, tubes, *
+    for table in ("table-failing-tubes", "table-failing-hours", "table-tries"):
+        assert re.search(rf'<table id="{table}">.*?<td>', dom, re.S), table
+
+    shot = tmp_path / "report.png"
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1400", page.as_uri())
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    keep = os.environ.get("TUBEQ_REPORT_SCREENSHOT")
+    if keep:  # how docs/report.png is refreshed
+        shutil.copyfile(shot, keep)
+
+
+def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    args = argparse.Namespace(archive=str(archive), out=str(tmp_path / "out"))
+    assert report.run_report(args, spark) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"report: {len(report.TABLES)} tables and {tmp_path / 'out' / 'report.html'}")
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(
+        [*report.TABLES, "report.html"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A real tubeq: the events its Lua scripts write, reported. Skipped until they write any.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_factory: Any) -> None:
+    """Counts, tries and the final backlog exactly; waits and processing within what the test
+    itself slept and measured around each command."""
+    import time
+
+    import greenstalk
+    import redis
+
+    from tests.servers import unique_prefix
+    from tubeq.events import Event
+    from tubeq.keys import Keys
+
+    prefix = unique_prefix("report")
+    server = tubeq_factory(prefix)
+    tube = "live"
+    started = time.monotonic()
+    with greenstalk.Client(server.address, use=tube, watch=tube) as client, \
+            greenstalk.Client(server.address, use=tube, watch=tube) as holder:
+        for i in range(6):
+            client.put(f"now-{i}", ttr=30)
+        client.put("late-0", delay=1, ttr=30)
+        client.put("short-ttr", ttr=1, priority=0)
+        # A second connection holds short-ttr until its TTR runs out (on the first one, the
+        # next reserve would answer DEADLINE_SOON).
+        assert holder.reserve(timeout=5).body == "short-ttr"
+        first = client.reserve(timeout=5)
+        time.sleep(0.2)
+        client.delete(first)                     # processing >= 200 ms
+        second = client.reserve(timeout=5)
+        client.release(second, priority=10)      # released ready, now the most urgent
+        assert client.reserve(timeout=5).id == second.id
+        client.bury(second)
+        assert client.kick(1) == 1               # kicked back to ready
+        assert client.reserve(timeout=5).id == second.id
+        client.bury(second)                      # stays buried
+        time.sleep(1.6)                          # late-0 comes due; short-ttr times out
+        assert client.reserve(timeout=5).body == "short-ttr"   # pri 0, back after its TTR
+        assert client.reserve(timeout=5).body == "now-2"
+        stats = dict(client.stats_tube(tube))
+        elapsed_ms = (time.monotonic() - started) * 1000
+        keys = Keys(prefix)
+        with redis.Redis.from_url(server.extra["redis_url"]) as store:
+            entries = store.xrange(keys.events)
+    if not entries:
+        pytest.skip("this tubeq writes no lifecycle events yet (issue 9 part 1)")
+    rows = [Event.from_entry(sid, fields).as_row() for sid, fields in entries]
+    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    try:
+        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}[tube]
+        tries = {row["tries"]: row["jobs"] for row in tables["tries"].collect()
+                 if row["tube"] == tube}
+        backlog = max((row.asDict() for row in tables["backlog"].collect()
+                       if row["tube"] == tube), key=lambda row: row["bucket_ms"])
+    finally:
+        report.release(tables)
+    assert (by_tube["put"], by_tube["reserved"], by_tube["deleted"]) == (8, 7, 1)
+    assert (by_tube["released"], by_tube["buried"], by_tube["kicked"]) == (1, 2, 1)
+    assert (by_tube["timed_out"], by_tube["promoted"]) == (1, 1)
+    assert by_tube["processing_ms_n"] == 1
+    assert 200 <= by_tube["processing_ms_p50"] <= elapsed_ms
+    assert by_tube["wait_ms_n"] == 7
+    assert by_tube["wait_ms_p50"] >= 0 and by_tube["wait_ms_p99"] <= elapsed_ms
+    assert by_tube["lateness_ms_n"] == 1 and 0 <= by_tube["lateness_ms_p50"] < 1000
+    # short-ttr 2 tries, now-0 1, the released one 3, now-2 1; now-3..5 and late-0 none.
+    assert tries == {0: 4, 1: 2, 2: 1, 3: 1}
+    assert (backlog["ready"], backlog["delayed"], backlog["reserved"], backlog["buried"]) == (
+        stats["current-jobs-ready"], stats["current-jobs-delayed"],
+        stats["current-jobs-reserved"], stats["current-jobs-buried"]) == (4, 0, 2, 1)
