@@ -43,8 +43,6 @@ import argparse
 import html
 import json
 import math
-import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -53,6 +51,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.events import FIELDS, SPARK_DDL, EventName
+from tubeq.pipeline.session import spark_session
 
 PERCENTILES: Final = (0.5, 0.95, 0.99)
 ALL_TUBES: Final = "*"
@@ -95,8 +94,6 @@ TABLES: Final = (
 
 # Beyond this many points a chart uses hours instead of minutes (a page stays light).
 MAX_CHART_POINTS: Final = 3000
-# Shuffle partitions of a local session (see local_session).
-LOCAL_SHUFFLE_PARTITIONS: Final = 8
 # The rows of a ranking shown in report.html (the Parquet table has them all).
 MAX_RANKED_ROWS: Final = 20
 
@@ -494,32 +491,10 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="where the tables and report.html go")
 
 
-def local_session(master: str = "local[*]", remote: str | None = None,
-                  app_name: str = "tubeq-pipeline") -> SparkSession:
-    """A SparkSession for the pipeline commands: loopback only, workers on this Python.
-
-    Stands in until ``tubeq.pipeline.session`` provides the shared builder.
-    """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(app_name)
-    if remote:
-        return builder.remote(remote).getOrCreate()
-    builder = (builder.master(master).config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC"))
-    if master.startswith("local"):
-        # Spark's default of 200 shuffle partitions is sized for clusters: on 2 local cores the
-        # report of 400k events took 103 s with it and 17 s with 8 (bench/RESULTS-pipeline.md).
-        builder = builder.config("spark.sql.shuffle.partitions",
-                                 str(LOCAL_SHUFFLE_PARTITIONS))
-    return builder.getOrCreate()
-
-
 def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     """Run ``tubeq-pipeline report``: read the archive, write the tables and the page."""
     if spark is None:
-        spark = local_session(getattr(args, "master", None) or "local[*]",
-                              getattr(args, "remote", None))
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
     tables = build_report(read_archive(spark, args.archive))
     try:
         page = write_report(tables, args.out)

@@ -71,6 +71,7 @@ from pyspark.sql.types import StructType
 
 from tubeq.client.parser import Reply, ReplyParser
 from tubeq.client.wire import CRLF, DEFAULT_PRIORITY, DEFAULT_TTR, DEFAULT_TUBE, U32_MAX
+from tubeq.pipeline.session import spark_session
 from tubeq.protocol import DEFAULT_MAX_JOB_SIZE, MAX_TUBE_NAME, TUBE_NAME_CHARS
 
 NAME: Final = "tubeq"
@@ -524,10 +525,7 @@ def read_input(spark: SparkSession, path: str) -> DataFrame:
 def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     """Run ``tubeq-pipeline schedule``; prints the counts; exit status 1 if the write aborted."""
     if spark is None:
-        from tubeq.pipeline.report import local_session
-
-        spark = local_session(getattr(args, "master", None) or "local[*]",
-                              getattr(args, "remote", None))
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
     options = {name: getattr(args, name) for name in ("tube", "priority", "delay", "ttr")
                if getattr(args, name, None) is not None}
     try:

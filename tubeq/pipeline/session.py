@@ -1,0 +1,97 @@
+"""The one way tubeq's pipeline commands get a SparkSession, and the Java check before it.
+
+Owns: the environment a local session needs (workers on this interpreter, every listener on
+loopback), the settings that suit a laptop-sized local master, Spark Connect (``--remote``), and
+the one clear error when Java is missing or too old, instead of a JVM trace.
+
+Rules: nothing here starts Spark at import time; every pipeline command builds its session
+through :func:`spark_session`, so a fix to how sessions start is made once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+# PySpark 4 runs on Java 17 or newer (its jars are built for 17).
+MIN_JAVA: Final = 17
+# Spark's default of 200 shuffle partitions is sized for clusters: on 2 local cores the report of
+# 400k events took 103 s with it and 17 s with 8 (bench/RESULTS-pipeline.md).
+LOCAL_SHUFFLE_PARTITIONS: Final = 8
+DEFAULT_MASTER: Final = "local[*]"
+JAVA_VERSION_TIMEOUT_S: Final = 30.0
+
+
+class JavaUnavailable(RuntimeError):
+    """No usable Java for Spark; the message says what was found and what to do."""
+
+
+def java_executable() -> str | None:
+    """The java Spark will run: ``$JAVA_HOME/bin/java`` if JAVA_HOME is set, else ``java`` on
+    PATH (what pyspark's launcher does); None if there is none."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        return str(candidate) if candidate.is_file() else None
+    return shutil.which("java")
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in ``java -version`` output (``"17.0.15"`` -> 17, ``"1.8.0_402"`` ->
+    8); None if none is found."""
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    if major == 1 and found.group(2) is not None:  # the 1.x scheme of Java 8 and before
+        major = int(found.group(2))
+    return major
+
+
+def check_java() -> int:
+    """Return the Java major version Spark will use; raise :class:`JavaUnavailable` if there is
+    no java, it does not run, or it is older than :data:`MIN_JAVA`."""
+    java = java_executable()
+    where = "JAVA_HOME" if os.environ.get("JAVA_HOME") else "PATH"
+    advice = (f"the pipeline runs on Spark, which needs Java {MIN_JAVA} or newer: install it "
+              f"(Debian: apt-get install openjdk-{MIN_JAVA}-jre-headless) or point JAVA_HOME at it")
+    if java is None:
+        raise JavaUnavailable(f"no java found (looked in {where}); {advice}")
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True,
+                              timeout=JAVA_VERSION_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JavaUnavailable(f"{java} -version failed ({exc}); {advice}") from exc
+    major = java_major(proc.stderr + proc.stdout)
+    if proc.returncode != 0 or major is None:
+        raise JavaUnavailable(f"{java} -version did not say its version "
+                              f"(exit {proc.returncode}); {advice}")
+    if major < MIN_JAVA:
+        raise JavaUnavailable(f"{java} is Java {major}; {advice}")
+    return major
+
+
+def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None,
+                  app_name: str = "tubeq-pipeline") -> SparkSession:
+    """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
+    on ``master``, with Python workers on this interpreter and local listeners on loopback."""
+    builder = SparkSession.builder.appName(app_name)
+    if remote:
+        # The cluster runs the Python code: no local JVM, so no local Java check.
+        return builder.remote(remote).getOrCreate()
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    master = master or DEFAULT_MASTER
+    builder = (builder.master(master).config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC"))
+    if master.startswith("local"):
+        builder = builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
+    return builder.getOrCreate()
