@@ -8,6 +8,7 @@ finer points of each script: ordering, ownership, counters, tube lifetime, timer
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -56,20 +57,31 @@ class Env:
         return r
 
 
-@pytest.fixture
-async def env(redis_url: str) -> AsyncIterator[Env]:
+@asynccontextmanager
+async def open_env(redis_url: str, events_maxlen: int) -> AsyncIterator[Env]:
+    """A store of instance "inst" with connections ALICE and BOB, on a fake clock."""
     clock = FakeClock()
     client = await RedisClient.connect(redis_url)
     keys = Keys("test")
-    store = Store(client, keys, "inst", clock)
+    store = Store(client, keys, "inst", clock, events_maxlen=events_maxlen)
     await store.load_scripts()
     await store.heartbeat()
     for token in (ALICE, BOB):
         await store.connect(token)
     raw = redis.asyncio.Redis.from_url(redis_url)
-    yield Env(store, clock, raw, keys)
-    await raw.aclose()
-    await client.close()
+    try:
+        yield Env(store, clock, raw, keys)
+    finally:
+        await raw.aclose()
+        await client.close()
+
+
+# Every script test runs with lifecycle events on and off: writing them must change nothing
+# else (what they write is tests/test_events.py's business).
+@pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])
+async def env(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    async with open_env(redis_url, request.param) as opened:
+        yield opened
 
 
 async def bring_to(env: Env, state: JobState | None) -> int:
@@ -536,7 +548,8 @@ async def test_lua_key_schema_matches_python(env: Env) -> None:
 return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
         k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
-        k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3])}"""
+        k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3]),
+        K_EVENTS}"""
     k = env.keys
     names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
     assert [n.decode() for n in names] == [
@@ -544,7 +557,7 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
-        k.grant_channel("inst9")]
+        k.grant_channel("inst9"), k.events]
 
 
 async def test_index_follows_the_head_of_each_tube(env: Env) -> None:

@@ -36,3 +36,11 @@ def test_a_definition_comes_with_the_comment_above_it() -> None:
     assert "-- Sorted-set member of a job id" in source
     assert "-- Add delta to a counter field" in source
     assert source.index("local rcall") < source.index("local function bump(")
+
+
+def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
+    recording = {name for name, s in load_all().items() if s.records_events}
+    assert recording == {"put", "promote", "reserve", "reserve_job", "release", "bury", "touch",
+                         "expire", "disconnect", "reap", "kick", "kick_job", "delete"}
+    assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
+        load_all()["delete"].source

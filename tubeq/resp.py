@@ -312,10 +312,12 @@ class RedisClient(ReconnectingProtocol):
             self._pending[-1] = (future, decode, (source, args))
         return future
 
-    def bind_script(self, sha: str, source: bytes, keys: tuple[Arg, ...]) -> ScriptCall:
+    def bind_script(self, sha: str, source: bytes, keys: tuple[Arg, ...],
+                    bound: tuple[Arg, ...] = ()) -> ScriptCall:
         """``call_script`` for one script and fixed keys, its EVALSHA head encoded once (the
-        same sha and keys go out call after call on the hot path)."""
-        eval_head: tuple[Arg, ...] = (len(keys), *keys)
+        same sha and keys go out call after call on the hot path). ``bound`` arguments are
+        fixed too: every call's ARGV starts with them, at no cost per call."""
+        eval_head: tuple[Arg, ...] = (len(keys), *keys, *bound)
         head = encode_bulks(("EVALSHA", sha, *eval_head))
         fixed = 2 + len(eval_head)
 

@@ -3,6 +3,9 @@
 A script file starts with a header (KEYS, ARGV, Returns, Events) and may pull shared pieces with
 ``--- @include "name"`` lines (files under ``lua/includes/``); each include is expanded once per
 script. Every script receives exactly one key, the namespace root (see :mod:`tubeq.keys`).
+A script that includes ``events`` (it writes lifecycle events, ``lua/includes/events.lua``)
+also receives two bound arguments first, fixed per process: ARGV[1] the event stream's cap (0:
+events off) and ARGV[2] the calling process's instance id; its own arguments follow.
 
 Only the definitions a script uses are kept, with the ones they use in turn: Redis runs a
 script's whole text on every call, and each ``local function`` or key name it defines costs
@@ -30,6 +33,7 @@ class Script:
     name: str
     source: bytes
     sha: str
+    records_events: bool  # takes the two bound event arguments first (see the module header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,8 @@ def load_script(name: str) -> Script:
     """Read ``lua/<name>.lua`` with the included definitions it uses."""
     text = resources.files("tubeq").joinpath("lua", f"{name}.lua").read_text()
     source = expand(text).encode()
-    return Script(name, source, hashlib.sha1(source).hexdigest())
+    records_events = "events" in _INCLUDE.findall(text)
+    return Script(name, source, hashlib.sha1(source).hexdigest(), records_events)
 
 
 def script_names() -> list[str]:

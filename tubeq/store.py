@@ -4,6 +4,11 @@ Methods do not await: each returns a future of its decoded result, so a connecti
 commands a client pipelined without waiting for each other (the Redis client batches them per
 loop tick). Calls keep their order on the one connection, which is what keeps a client's replies
 in order. ``now`` (ms) comes from an injectable clock and is passed to every script.
+
+Lifecycle events (:mod:`tubeq.events`) are written by the scripts themselves. Whether they are,
+and the stream's cap, is fixed per Store: the scripts that write events get the cap and this
+process's instance id as bound arguments (encoded once, see ``RedisClient.bind_script``), so
+events cost no extra round trip and no per-call lookup.
 """
 
 from __future__ import annotations
@@ -74,14 +79,21 @@ class Store:
     """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
 
     def __init__(self, client: RedisClient, keys: Keys, instance_id: str,
-                 clock: Clock = wall_clock_ms) -> None:
+                 clock: Clock = wall_clock_ms, *, events_maxlen: int = 0) -> None:
+        """``events_maxlen``: write lifecycle events to ``keys.events``, capped at about that
+        many entries (XADD MAXLEN ~); 0 writes none."""
+        if events_maxlen < 0:
+            raise ValueError("events_maxlen must be 0 (off) or positive")
         self.client = client
         self.keys = keys
         self.instance_id = instance_id
         self.clock = clock
+        self.events_maxlen = events_maxlen
         self._scripts: dict[str, Script] = load_all()
+        event_args = (events_maxlen, instance_id)
         self._calls: dict[str, ScriptCall] = {
-            name: client.bind_script(s.sha, s.source, (keys.root,))
+            name: client.bind_script(s.sha, s.source, (keys.root,),
+                                     event_args if s.records_events else ())
             for name, s in self._scripts.items()}
         client.add_reconnect_callback(self._on_reconnect)
 
@@ -257,8 +269,8 @@ class Store:
 
     def disconnect(self, token: str, producer: bool, worker: bool,
                    reserved: Sequence[int]) -> asyncio.Future[Reply]:
-        return self._eval("disconnect", self.instance_id, token, int(producer), int(worker),
-                          self.clock(), *reserved)
+        return self._eval("disconnect", token, int(producer), int(worker), self.clock(),
+                          *reserved)
 
     # -- time ---------------------------------------------------------------------------------
 

@@ -1,17 +1,21 @@
 --[[ delete: remove a job in any state; a reserved job only by the connection holding it.
 KEYS[1]  namespace root
-ARGV     token, id, now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
+         now (ms)
 Returns  1 deleted | 0 not found (or reserved by another connection)
+Events   'deleted'
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local token, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o')
+local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr')
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
 unlink(id, t, state, now)
 rcall('DEL', jk)
 rcall('HINCRBY', k_tube(t), 'del', 1)
+add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
 gc_tube(t)
 return 1

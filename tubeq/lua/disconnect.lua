@@ -3,28 +3,30 @@ once (no timeouts/releases counted), those a put handed it and it never claimed 
 its waiting count, its watches and gauges are dropped (its process
 counts its use of a tube, see using.lua).
 KEYS[1]  namespace root
-ARGV     instance id, token, was producer (0|1), was worker (0|1), now (ms),
-         then the ids of the jobs it reserved
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, was
+         producer (0|1), was worker (0|1), now (ms), then the ids of the jobs it reserved
 Returns  the number of jobs released
-Events   wakes reserves blocked on each tube that got a job back
+Events   'timed-out' per job given back, reason 'disconnect'
+Wakes    reserves blocked on each tube that got a job back
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
 --- @include "refs"
 --- @include "waiting"
 local inst, token, producer, worker, now =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  EVENTS_BY, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local ik = k_instance(inst)
 local released, woken = 0, {}
 local function give_back(id)
   local f = rcall('HMGET', k_job(id), 's', 't', 'o')
   if f[1] == 'reserved' and f[3] == token then
-    requeue(id, f[2], now)
+    requeue(id, f[2], now, 'disconnect')
     released = released + 1
     woken[f[2]] = true
   end
 end
-for i = 6, #ARGV do give_back(ARGV[i]) end
+for i = 7, #ARGV do give_back(ARGV[i]) end
 for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id) end
 rcall('DEL', k_handed(token))
 count_waiting(inst, token, -1)  -- normally done already, when its reserve stopped waiting

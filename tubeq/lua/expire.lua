@@ -1,20 +1,23 @@
 --[[ expire: reservations past their TTR go back to ready (timeouts + 1), whoever held them,
 even when the holding connection is idle.
 KEYS[1]  namespace root
-ARGV     now (ms), limit (jobs per call)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then now (ms),
+         limit (jobs per call)
 Returns  {next deadline (ms) or -1, tube woken, ...}; a next deadline <= now means call again
-Events   wakes reserves blocked on each tube
+Events   'timed-out' per job (reason '')
+Wakes    reserves blocked on each tube
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 local result = {-1}
 local woken = {}
 for _, m in ipairs(rcall('ZRANGEBYSCORE', K_RESERVED, '-inf', now, 'LIMIT', 0, limit)) do
   local id = id_of(m)
   local jk = k_job(id)
   local t = rcall('HGET', jk, 't')
-  requeue(id, t, now)
+  requeue(id, t, now, '')
   rcall('HINCRBY', jk, 'nt', 1)
   rcall('HINCRBY', K_STATS, 'job-timeouts', 1)
   if not woken[t] then

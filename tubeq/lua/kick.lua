@@ -1,13 +1,16 @@
 --[[ kick: move up to `bound` jobs of a tube to ready: buried ones in bury order if the tube has
 any, otherwise delayed ones by due time; never both in one call.
 KEYS[1]  namespace root
-ARGV     tube, bound, now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, bound,
+         now (ms)
 Returns  the number of jobs kicked
-Events   wakes reserves blocked on the tube
+Events   'kicked' per job
+Wakes    reserves blocked on the tube
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local t, bound, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local t, bound, now = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 if bound <= 0 then return 0 end
 local from, from_delayed = k_buried(t), false
 if rcall('EXISTS', from) == 0 then
@@ -22,6 +25,7 @@ for _, m in ipairs(members) do
   rcall('HDEL', jk, 'u')
   rcall('HINCRBY', jk, 'nk', 1)
   enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+  job_event('kicked', id, now, 0, 0, '')
 end
 if #members > 0 then
   if from_delayed then arm_delay_timer(t) end

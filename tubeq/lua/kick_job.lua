@@ -1,12 +1,14 @@
 --[[ kick_job: move one buried or delayed job, in any tube, to ready.
 KEYS[1]  namespace root
-ARGV     id, now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then id, now (ms)
 Returns  1 kicked | 0 not found or not buried/delayed
-Events   wakes reserves blocked on the tube
+Events   'kicked'
+Wakes    reserves blocked on the tube
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local id, now = ARGV[1], tonumber(ARGV[2])
+local id, now = ARGV[3], tonumber(ARGV[4])
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 't', 'p')
 local state, t = f[1], f[2]
@@ -16,5 +18,6 @@ rcall('HSET', jk, 's', 'ready')
 rcall('HDEL', jk, 'u')
 rcall('HINCRBY', jk, 'nk', 1)
 enqueue_ready(id, t, tonumber(f[3]), now)
+job_event('kicked', id, now, 0, 0, '')
 wake(t)
 return 1

@@ -2,7 +2,7 @@
 KEYS[1]  namespace root
 ARGV     tube, delay (s), now (ms)
 Returns  the pause end (ms), or -1 when delay is 0 | 0 when the tube does not exist
-Events   delay 0 wakes reserves blocked on the tube
+Wakes    delay 0 wakes reserves blocked on the tube
 ]]
 --- @include "keys"
 --- @include "jobs"

@@ -1,13 +1,16 @@
 --[[ promote: fire due tube timers: delayed jobs whose time has come become ready, and pauses
 that have ended resume.
 KEYS[1]  namespace root
-ARGV     now (ms), limit (jobs and timers handled per call)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then now (ms),
+         limit (jobs and timers handled per call)
 Returns  {next due (ms) or -1, tube woken, ...}; a next due <= now means call again
-Events   wakes reserves blocked on each tube that got ready jobs
+Events   'promoted' per job (due_ms: the time it was due)
+Wakes    reserves blocked on each tube that got ready jobs
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 local result = {-1}
 for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, limit)) do
   local t = string.sub(name, 3)
@@ -16,10 +19,12 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     for _, m in ipairs(rcall('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, limit)) do
       local id = id_of(m)
       local jk = k_job(id)
+      local f = rcall('HMGET', jk, 'p', 'u')
       rcall('ZREM', dk, m)
       rcall('HSET', jk, 's', 'ready')
       rcall('HDEL', jk, 'u')
-      enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+      enqueue_ready(id, t, tonumber(f[1]), now)
+      job_event('promoted', id, now, 0, f[2], '')
     end
     arm_delay_timer(t)
   else

@@ -1,17 +1,20 @@
 --[[ put: store a new job in a tube, ready or delayed; a ready job goes straight to the first
 connection waiting on the tube, as beanstalkd hands it over before it answers the put.
 KEYS[1]  namespace root
-ARGV     tube, pri, delay (s), ttr (s), body, now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
+         delay (s), ttr (s), body, now (ms)
 Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
          and added by counters.lua)
-Events   a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
+Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection.
+Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; without one, reserves blocked on the tube are woken
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
 --- @include "waiting"
 --- @include "picking"
-local t, pri, delay, ttr, body, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 
 -- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
 -- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
@@ -47,10 +50,12 @@ if tonumber(delay) > 0 then
   local due = now + tonumber(delay) * 1000
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
   enqueue_delayed(id, t, due)
+  add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
 else
   -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
   enqueue_ready(id, t, tonumber(pri), now)
+  add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.

@@ -2,15 +2,18 @@
 references, waiters and connection gauges. Jobs a put handed to one of their waiting
 connections go back to ready; the jobs they had reserved come back by TTR (expire.lua).
 KEYS[1]  namespace root
-ARGV     stale before (ms): instances whose last heartbeat is older are dead; now (ms);
-         optionally an instance id: reap that one (a process leaving cleanly)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then stale
+         before (ms): instances whose last heartbeat is older are dead; now (ms); optionally
+         an instance id: reap that one (a process leaving cleanly)
 Returns  the number of instances reaped
-Events   wakes reserves blocked on each tube that got a job back
+Events   'timed-out' per job given back, reason 'reaped'
+Wakes    reserves blocked on each tube that got a job back
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local now = tonumber(ARGV[2])
-local dead = ARGV[3] and {ARGV[3]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[1])
+local now = tonumber(ARGV[4])
+local dead = ARGV[5] and {ARGV[5]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[3])
 local woken = {}
 for _, inst in ipairs(dead) do
   local ik = k_instance(inst)
@@ -31,7 +34,7 @@ for _, inst in ipairs(dead) do
     for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do
       local f = rcall('HMGET', k_job(id), 's', 't', 'o')
       if f[1] == 'reserved' and f[3] == token then
-        requeue(id, f[2], now)
+        requeue(id, f[2], now, 'reaped')
         woken[f[2]] = true
       end
     end

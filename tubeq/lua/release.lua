@@ -1,12 +1,15 @@
 --[[ release: give a reserved job back, ready or delayed, with a new priority.
 KEYS[1]  namespace root
-ARGV     token, id, pri, delay (s), now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
+         pri, delay (s), now (ms)
 Returns  1 released | 0 not reserved by this connection
-Events   wakes reserves blocked on the tube when the job is ready
+Events   'released' (delay_ms and due_ms set when delayed)
+Wakes    reserves blocked on the tube when the job is ready
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local token, id, pri, delay, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local token, id, pri, delay, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 't', 'o')
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
@@ -18,10 +21,12 @@ if tonumber(delay) > 0 then
   local due = now + tonumber(delay) * 1000
   rcall('HSET', jk, 's', 'delayed', 'p', pri, 'd', delay, 'u', due)
   enqueue_delayed(id, t, due)
+  job_event('released', id, now, tonumber(delay) * 1000, due, '')
 else
   rcall('HSET', jk, 's', 'ready', 'p', pri)
   rcall('HDEL', jk, 'u', 'd')  -- delay 0: the default
   enqueue_ready(id, t, tonumber(pri), now)
+  job_event('released', id, now, 0, 0, '')
   wake(t)
 end
 return 1

@@ -2,16 +2,19 @@
 non-paused tubes; with a count, up to that many jobs in that order (the push extension).
 Jobs a put already handed to this connection while it waited (put.lua) come first.
 KEYS[1]  namespace root
-ARGV     token (the connection), now (ms), count, waiter instance ('' unless the connection is
-         counted as waiting: then a grant also counts it out, in the same step)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token (the
+         connection), now (ms), count, waiter instance ('' unless the connection is counted as
+         waiting: then a grant also counts it out, in the same step)
 Returns  {id, ttr, body, id, ttr, body, ...} | {} when nothing is reservable
+Events   'reserved' per job taken here (a job a put handed over had its event then)
 Cost     see includes/picking.lua
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
 --- @include "waiting"
 --- @include "picking"
-local token, now, count, waiter = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local token, now, count, waiter = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local granted = claim_handed(token, count)
 while #granted < 3 * count do
   local entry = best_entry(token)

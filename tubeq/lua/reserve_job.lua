@@ -1,11 +1,14 @@
 --[[ reserve_job: reserve one job by id, from ready, delayed or buried, in any tube.
 KEYS[1]  namespace root
-ARGV     token, id, now (ms)
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
+         now (ms)
 Returns  {id, ttr, body} | {} when the job is missing or already reserved
+Events   'reserved'
 ]]
 --- @include "keys"
+--- @include "events"
 --- @include "jobs"
-local token, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local f = rcall('HMGET', k_job(id), 's', 't')
 local state, t = f[1], f[2]
 if not state or state == 'reserved' then return {} end

@@ -112,24 +112,29 @@ local function unlink(id, t, state, now)
 end
 
 -- Reserve a job (already unlinked) for the connection `token`; returns {id, ttr, body}.
+-- Writes the 'reserved' event.
 local function grant(id, t, token, now)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 'r', 'b')
+  local f = rcall('HMGET', jk, 'r', 'b', 'p')
   local due = now + tonumber(f[1]) * 1000
   rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due)
-  rcall('HINCRBY', jk, 'nr', 1)
+  local tries = rcall('HINCRBY', jk, 'nr', 1)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
+  add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
   return {tonumber(id), tonumber(f[1]), f[2]}
 end
 
 -- Back to ready without touching its counters (TTR expiry and disconnect differ only there).
-local function requeue(id, t, now)
+-- Writes the 'timed-out' event with `reason`: '' (TTR ran out), 'disconnect' or 'reaped'.
+local function requeue(id, t, now, reason)
   local jk = k_job(id)
   unlink(id, t, 'reserved', now)
   rcall('HSET', jk, 's', 'ready')
   rcall('HDEL', jk, 'o', 'u')
-  enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+  local f = rcall('HMGET', jk, 'p', 'r', 'nr')
+  enqueue_ready(id, t, tonumber(f[1]), now)
+  add_event('timed-out', id, t, f[1], 0, f[2], 0, f[3], now, reason)
 end
 
 -- A tube disappears once nothing references it: no job in any state, nobody using or

@@ -12,6 +12,7 @@ local K_REFS = NS .. 'refs'
 local K_SEQS = NS .. 'seq'
 local K_INSTANCES = NS .. 'instances'
 local K_WAITING = NS .. 'waiting'
+local K_EVENTS = NS .. 'events'
 local function k_job(id) return NS .. 'j:' .. id end
 local function k_tube(t) return NS .. 't:' .. t end
 local function k_ready(t) return NS .. 't:' .. t .. ':r' end
