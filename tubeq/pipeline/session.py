@@ -16,9 +16,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:
+    # Imported for real inside spark_session(): the CLI imports JavaUnavailable from here even
+    # when the pipeline extra (pyspark) is not installed, to say so in one line.
+    from pyspark.sql import SparkSession
 
 # PySpark 4 runs on Java 17 or newer (its jars are built for 17).
 MIN_JAVA: Final = 17
@@ -82,6 +85,8 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
                   app_name: str = "tubeq-pipeline") -> SparkSession:
     """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
     on ``master``, with Python workers on this interpreter and local listeners on loopback."""
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(app_name)
     if remote:
         # The cluster runs the Python code: no local JVM, so no local Java check.

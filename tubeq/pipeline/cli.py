@@ -1,0 +1,178 @@
+"""``tubeq-pipeline`` (and ``python -m tubeq.pipeline``): the pipeline's one command line.
+
+Owns the table of commands (archive, report, schedule, tail), the options every command shares
+(``--master``, a Spark master, default ``local[*]``; ``--remote``, a Spark Connect URL), and how
+a failure reaches the user.
+
+Rules:
+
+* The commands are data: :data:`COMMANDS` maps a name to its module, the function that adds its
+  arguments and the function that runs it. A command's module, and with it PySpark, is imported
+  only when that command is chosen, so ``tubeq-pipeline --help`` lists every command quickly and
+  without the extra installed.
+* ``--master``/``--remote`` go before or after the command's name
+  (``tubeq-pipeline --master spark://h:7077 report ...`` or ``tubeq-pipeline report --master ...``).
+* A failure the user can fix is exactly one line on stderr (``tubeq-pipeline: ...``) and exit
+  status 1: no Java or one older than 17, the pipeline extra (or Spark Connect's client, for
+  ``--remote``) not installed, an error Spark reports (a missing archive, an unreachable
+  ``--remote``). Bad arguments exit 2 (argparse). Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from tubeq.pipeline.session import DEFAULT_MASTER, JavaUnavailable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PROG: Final = "tubeq-pipeline"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: where it lives and what ``--help`` says of it."""
+
+    module: str
+    add_arguments: str  # (parser) -> None: the command's own arguments
+    run: str  # (args, spark=None) -> exit status
+    summary: str
+
+
+COMMANDS: Final[Mapping[str, Command]] = {
+    "archive": Command("tubeq.pipeline.archive", "add_archive_arguments", "run_archive",
+                       "copy the lifecycle event stream to Parquet, exactly once"),
+    "report": Command("tubeq.pipeline.report", "add_report_arguments", "run_report",
+                      "analyse an archive: Parquet tables and a self-contained report.html"),
+    "schedule": Command("tubeq.pipeline.writer", "add_schedule_arguments", "run_schedule",
+                        "turn a dataset's rows into jobs on a tubeq or beanstalkd"),
+    "tail": Command("tubeq.pipeline.tail", "add_tail_arguments", "run_tail",
+                    "follow the live event stream: per-tube rates as they happen"),
+}
+
+# Import names whose absence means the pipeline extra is not installed, and those of the gRPC
+# client Spark Connect (--remote) needs on top of it (pyspark names the pip package it misses).
+EXTRA_MODULES: Final = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "numpy"})
+CONNECT_MODULES: Final = frozenset({"grpc", "grpc_status", "google", "zstandard"})
+EXTRA_HINT: Final = "pip install 'tubeq[pipeline]'"
+CONNECT_HINT: Final = "pip install 'pyspark[connect]'"
+_VALUED_OPTIONS: Final = frozenset({"--master", "--remote"})
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[..., int]
+
+
+def load(name: str) -> tuple[AddArguments, Run]:
+    """Import command ``name``'s module; its add-arguments and run functions."""
+    command = COMMANDS[name]
+    module = importlib.import_module(command.module)
+    return (cast(AddArguments, getattr(module, command.add_arguments)),
+            cast(Run, getattr(module, command.run)))
+
+
+def _add_spark_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> None:
+    # After the command's name the options only override what was given before it.
+    unset: Any = argparse.SUPPRESS
+    group = parser.add_argument_group("where Spark runs")
+    group.add_argument("--master", default=DEFAULT_MASTER if with_defaults else unset,
+                       help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... "
+                            f"(default {DEFAULT_MASTER})")
+    group.add_argument("--remote", default=None if with_defaults else unset, metavar="URL",
+                       help="a Spark Connect server (sc://HOST:15002) instead of --master; "
+                            f"needs {CONNECT_HINT}")
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command named in ``argv`` (its first positional word), if it is one of ours."""
+    tokens = iter(argv)
+    for token in tokens:
+        if token in _VALUED_OPTIONS:
+            next(tokens, None)
+        elif not token.startswith("-"):
+            return token if token in COMMANDS else None
+    return None
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; only command ``chosen`` gets its own arguments (its module imported)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="tubeq's data pipeline on Spark (PySpark 4, Java 17+): archive the job "
+                    "lifecycle events, report on them, schedule jobs from datasets.",
+        epilog=f"'{PROG} COMMAND --help' gives a command's own options. Needs {EXTRA_HINT}.")
+    _add_spark_options(parser, with_defaults=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     title="commands")
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.summary, description=command.summary)
+        _add_spark_options(sub, with_defaults=False)
+        if name == chosen:
+            add_arguments, _ = load(name)
+            add_arguments(sub)
+    return parser
+
+
+def run(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run the parsed command, on ``spark`` if given (else the command builds its session)."""
+    _, run_command = load(args.command)
+    return run_command(args) if spark is None else run_command(args, spark)
+
+
+def missing_dependency(exc: ImportError) -> str | None:
+    """What to install when ``exc`` is a package of the extra (or of Spark Connect's client)
+    not being there; None if it is some other import failure."""
+    root = (exc.name or "").partition(".")[0]
+    # pyspark reports its own missing optional packages (grpcio for --remote) as a
+    # PySparkImportError with this condition and no module name.
+    get_condition = getattr(exc, "getCondition", None)
+    missing_package = callable(get_condition) and get_condition() == "PACKAGE_NOT_INSTALLED"
+    if root in CONNECT_MODULES or missing_package:
+        return f"--remote needs Spark Connect's client: {CONNECT_HINT} ({_first_line(exc)})"
+    if root in EXTRA_MODULES:
+        return (f"the pipeline needs its optional dependencies (PySpark, pyarrow, pandas<3): "
+                f"{EXTRA_HINT} ({_first_line(exc)})")
+    return None
+
+
+def explain(exc: Exception) -> str | None:
+    """The one line a user reads for a failure they can fix; None for a bug."""
+    if isinstance(exc, JavaUnavailable):
+        return str(exc)
+    if isinstance(exc, ImportError):
+        hint = missing_dependency(exc)
+        if hint is not None:
+            return hint
+    try:
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return None
+    if isinstance(exc, PySparkException):
+        return f"Spark: {_first_line(exc)}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
+    """The ``tubeq-pipeline`` command; returns its exit status (argparse exits 2 itself)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser(chosen_command(arguments)).parse_args(arguments)
+        return run(args, spark)
+    except Exception as exc:
+        message = explain(exc)
+        if message is None:
+            raise
+        print(f"{PROG}: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # tail and a long-running archive stop on ^C
+        return 130
