@@ -20,7 +20,7 @@ import structlog
 
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
-from tubeq.server import DEFAULT_MAX_JOB_SIZE, Config, Server
+from tubeq.server import DEFAULT_EVENTS_MAXLEN, DEFAULT_MAX_JOB_SIZE, Config, Server
 
 log = structlog.get_logger("tubeq")
 
@@ -54,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    metavar="BYTES",
                    help="unsent replies plus unparsed input one connection may hold before it "
                         f"is closed ({DEFAULT_MAX_CLIENT_BUFFER})")
+    p.add_argument("--events", choices=["on", "off"], default=None,
+                   help="write every job's lifecycle events to the Redis stream "
+                        "{prefix}:events (default: on with the private redis-server, off with "
+                        "--redis: a shared Redis's memory belongs to someone else)")
+    p.add_argument("--events-maxlen", type=int, default=DEFAULT_EVENTS_MAXLEN, metavar="N",
+                   help="keep about the last N events (XADD MAXLEN ~ N) "
+                        f"({DEFAULT_EVENTS_MAXLEN})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if not 0 < args.max_job_size <= 1 << 30:
@@ -62,7 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-in-flight must be at least 1")
     if args.max_client_buffer < 64 * 1024:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
+    if args.events_maxlen < 1:
+        p.error("--events-maxlen must be at least 1 (--events off writes no events)")
     return args
+
+
+def events_maxlen(args: argparse.Namespace) -> int:
+    """The stream cap the server gets: 0 (off) unless events are on, by flag or by default
+    (on with the private redis-server, off with --redis)."""
+    on = args.events == "on" if args.events is not None else args.redis_url is None
+    return args.events_maxlen if on else 0
 
 
 def configure_logging(level: str) -> None:
@@ -93,7 +109,8 @@ async def serve(args: argparse.Namespace) -> None:
         log.info("private redis-server started", url=url, data_dir=str(redis.data_dir))
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
-                           max_client_buffer=args.max_client_buffer))
+                           max_client_buffer=args.max_client_buffer,
+                           events_maxlen=events_maxlen(args)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -44,6 +44,10 @@ REDIS_BATCH_CALLS = 64
 LISTEN_BACKLOG = 1024
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
+# The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: about
+# a day of a 10 jobs/s queue's life (~5 events per job) or 100k jobs, at ~80-90 bytes of Redis
+# memory per 11-field event (measured, see protocol.md): under 100 MB at the cap.
+DEFAULT_EVENTS_MAXLEN = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class Config:
     max_job_size: int = DEFAULT_MAX_JOB_SIZE
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
+    # Lifecycle events (tubeq.events) go to the namespace's stream, capped at about this many
+    # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
+    # (the command line turns them on for its private redis-server).
+    events_maxlen: int = 0
 
 
 class Server:
@@ -78,7 +86,8 @@ class Server:
         config = self.config
         self._client = client = await RedisClient.connect(config.redis_url,
                                                           flush_at=REDIS_BATCH_CALLS)
-        store = Store(client, self.keys, self.instance_id)
+        store = Store(client, self.keys, self.instance_id,
+                      events_maxlen=config.events_maxlen)
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
@@ -110,7 +119,8 @@ class Server:
             lambda: Connection(ctx), config.host, config.port, reuse_address=True,
             backlog=LISTEN_BACKLOG)
         log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
-                 prefix=config.prefix, instance=self.instance_id)
+                 prefix=config.prefix, instance=self.instance_id,
+                 events=f"on, maxlen ~{config.events_maxlen}" if config.events_maxlen else "off")
 
     def drain(self) -> None:
         """Enter drain mode: every later put answers DRAINING."""

@@ -331,11 +331,11 @@ def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------------------------
-# A real tubeq: the events its Lua scripts write, reported. Skipped until they write any.
+# A real tubeq: the events its Lua scripts write, reported.
 # ---------------------------------------------------------------------------------------------
 
 
-def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_factory: Any) -> None:
+def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any) -> None:
     """Counts, tries and the final backlog exactly; waits and processing within what the test
     itself slept and measured around each command."""
     import time
@@ -348,38 +348,40 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_factory: Any) -> 
     from tubeq.keys import Keys
 
     prefix = unique_prefix("report")
-    server = tubeq_factory(prefix)
-    tube = "live"
-    started = time.monotonic()
-    with greenstalk.Client(server.address, use=tube, watch=tube) as client, \
-            greenstalk.Client(server.address, use=tube, watch=tube) as holder:
-        for i in range(6):
-            client.put(f"now-{i}", ttr=30)
-        client.put("late-0", delay=1, ttr=30)
-        client.put("short-ttr", ttr=1, priority=0)
-        # A second connection holds short-ttr until its TTR runs out (on the first one, the
-        # next reserve would answer DEADLINE_SOON).
-        assert holder.reserve(timeout=5).body == "short-ttr"
-        first = client.reserve(timeout=5)
-        time.sleep(0.2)
-        client.delete(first)                     # processing >= 200 ms
-        second = client.reserve(timeout=5)
-        client.release(second, priority=10)      # released ready, now the most urgent
-        assert client.reserve(timeout=5).id == second.id
-        client.bury(second)
-        assert client.kick(1) == 1               # kicked back to ready
-        assert client.reserve(timeout=5).id == second.id
-        client.bury(second)                      # stays buried
-        time.sleep(1.6)                          # late-0 comes due; short-ttr times out
-        assert client.reserve(timeout=5).body == "short-ttr"   # pri 0, back after its TTR
-        assert client.reserve(timeout=5).body == "now-2"
-        stats = dict(client.stats_tube(tube))
-        elapsed_ms = (time.monotonic() - started) * 1000
-        keys = Keys(prefix)
-        with redis.Redis.from_url(server.extra["redis_url"]) as store:
-            entries = store.xrange(keys.events)
-    if not entries:
-        pytest.skip("this tubeq writes no lifecycle events yet (issue 9 part 1)")
+    # A shared Redis (--redis) gets events only when asked for.
+    server = tubeq_cluster.start(prefix, label="tubeq-report", flags=("--events", "on"))
+    try:
+        tube = "live"
+        started = time.monotonic()
+        with greenstalk.Client(server.address, use=tube, watch=tube) as client, \
+                greenstalk.Client(server.address, use=tube, watch=tube) as holder:
+            for i in range(6):
+                client.put(f"now-{i}", ttr=30)
+            client.put("late-0", delay=1, ttr=30)
+            client.put("short-ttr", ttr=1, priority=0)
+            # A second connection holds short-ttr until its TTR runs out (on the first one, the
+            # next reserve would answer DEADLINE_SOON).
+            assert holder.reserve(timeout=5).body == "short-ttr"
+            first = client.reserve(timeout=5)
+            time.sleep(0.2)
+            client.delete(first)                     # processing >= 200 ms
+            second = client.reserve(timeout=5)
+            client.release(second, priority=10)      # released ready, now the most urgent
+            assert client.reserve(timeout=5).id == second.id
+            client.bury(second)
+            assert client.kick(1) == 1               # kicked back to ready
+            assert client.reserve(timeout=5).id == second.id
+            client.bury(second)                      # stays buried
+            time.sleep(1.6)                          # late-0 comes due; short-ttr times out
+            assert client.reserve(timeout=5).body == "short-ttr"   # pri 0, back after its TTR
+            assert client.reserve(timeout=5).body == "now-2"
+            stats = dict(client.stats_tube(tube))
+            elapsed_ms = (time.monotonic() - started) * 1000
+            keys = Keys(prefix)
+            with redis.Redis.from_url(server.extra["redis_url"]) as store:
+                entries = store.xrange(keys.events)
+    finally:
+        server.stop()
     rows = [Event.from_entry(sid, fields).as_row() for sid, fields in entries]
     tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
     try:
