@@ -304,8 +304,9 @@ class Gap:
 def find_gap(info: StreamInfo, after: StreamId, seen: int) -> Gap | None:
     """The gap after ``after`` given that ``seen`` entries up to it were ever added, or None.
 
-    A stream whose count or last id went backwards was deleted or replaced: everything the old
-    one had after ``after`` is gone, counted as unknown.
+    A stream whose count or last id went backwards, or that holds more entries after ``after``
+    than it ever received after it, was deleted or replaced: what the old one had after
+    ``after`` is gone, counted as unknown.
     """
     if info.entries_added < seen or info.last_generated < after:
         return Gap(after, info.first, None)
@@ -314,6 +315,8 @@ def find_gap(info: StreamInfo, after: StreamId, seen: int) -> Gap | None:
         return Gap(after, None, lost) if lost > 0 else None
     if info.first > after:
         lost = info.entries_added - seen - info.length
+        if lost < 0:  # holds more after `after` than it ever received after it: replaced
+            return Gap(after, info.first, None)
         return Gap(after, info.first, lost) if lost > 0 else None
     if info.max_deleted > after:
         return Gap(after, info.max_deleted, None)
