@@ -22,6 +22,8 @@ PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
 SHARED_BOX_CORES = 0.5
 # Issue 8: tubeq's memory per connection blocked in reserve, at most 4 kB.
 IDLE_TARGET_B = 4000
+# Issue 9: put and cycle throughput with lifecycle events on, at least this share of events off.
+EVENTS_TARGET = 0.85
 
 Results = dict[str, Any]
 Run = dict[str, Any]
@@ -171,9 +173,11 @@ def _header(results: Results) -> list[str]:
         "",
         "* Every run starts a fresh server on a free 127.0.0.1 port and stops it by PID: "
         "`beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq (`python -m tubeq ... --redis "
-        "URL --prefix NAME`) on its own private redis-server (no persistence, "
+        "URL --prefix NAME --events on`) on its own private redis-server (no persistence, "
         "`hash-max-listpack-value 8192`, as `tubeq.redis_process` configures it). Both keep "
-        "jobs in memory only.",
+        "jobs in memory only. tubeq writes its lifecycle events, as it does by default with "
+        "its private redis-server, except in the memory rows (backlog, 4 KiB, idle "
+        "connections): the event stream is capped by `--events-maxlen`, not a cost per job.",
         "* The load generator is `bench/loadgen.py` (asyncio + uvloop, one Protocol per "
         "connection, one write per connection per read). Rows with 64 connections use 2 "
         "generator processes, each on its own tube.",
@@ -298,6 +302,30 @@ def _many_tubes(results: Results, runs: Runs) -> list[str]:
     return lines + _table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
                            "beanstalkd vs 1 tube", "tubeq vs 1 tube", "tubeq latency p50/p99",
                            "CPU %", "us/job b / t", "other cores b / t"], rows)
+
+
+def _events(results: Results, runs: Runs) -> list[str]:
+    lines = ["## 4b. The cost of lifecycle events (issue 9)", "",
+             "The rows below run on tubeq only, once with lifecycle events on (one XADD inside "
+             "every transition's script, `--events on`) and once with `--events off`, "
+             "interleaved in their own pass. on / off = median with events on / median with "
+             f"events off; target >= {EVENTS_TARGET}x.", ""]
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"))
+    rows = []
+    for key in keys:
+        on, off = "tubeq", "tubeq events off"
+        lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
+        rows.append([key.removeprefix("events "), runs.rate_cell(key, on),
+                     runs.rate_cell(key, off),
+                     f"**{_x(_ratio(runs.rate(key, on), runs.rate(key, off)))}**",
+                     f"{_ms(lat_on['p50_ms'])} / {_ms(lat_on['p99_ms'])}",
+                     f"{_ms(lat_off['p50_ms'])} / {_ms(lat_off['p99_ms'])}",
+                     f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
+                     f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
+                     _noise(runs, key, (on, off))])
+    return lines + _table(["row", "events on jobs/s", "events off jobs/s", "on / off",
+                           "latency on", "latency off", "CPU % tubeq / redis, on vs off",
+                           "us/job on / off", "other cores on / off"], rows)
 
 
 def _bytes(v: float | None) -> str:
@@ -436,7 +464,7 @@ Target = tuple[str, str, bool | None, str]
 
 
 def targets(results: Results, runs: Runs) -> list[Target]:
-    """(target, measured, met?, basis) for every target of issues 4 and 8."""
+    """(target, measured, met?, basis) for every target of issues 4, 8 and 9."""
     out: list[Target] = []
 
     def ratio_target(label: str, key: str, floor: float) -> None:
@@ -457,6 +485,11 @@ def targets(results: Results, runs: Runs) -> list[Target]:
     latency_target("delayed-job lateness", "delayed 0-2 s, 1000/s", "tubeq", 2.0)
     latency_target("wake latency, one process", "wake, 4 blocked consumers", "tubeq", 2.0)
     latency_target("wake latency, across processes", "wake, 4 blocked consumers", "tubeq x2", 5.0)
+    for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"):
+        kept = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "tubeq events off"))
+        out.append((f"{key.removeprefix('events ')} with events on >= {EVENTS_TARGET}x events "
+                    "off", _x(kept), None if kept is None else kept >= EVENTS_TARGET,
+                    f"{key}, tubeq"))
     tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
     out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
                 None if tubes is None else tubes >= 0.8, "many-tubes, tubeq"))
@@ -491,7 +524,7 @@ def targets(results: Results, runs: Runs) -> list[Target]:
 def _targets(results: Results, runs: Runs) -> list[str]:
     rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
              basis] for label, measured, met, basis in targets(results, runs)]
-    return ["## Targets of issues 4 and 8 (measured in this run)", "",
+    return ["## Targets of issues 4, 8 and 9 (measured in this run)", "",
             *_table(["target", "measured", "", "row"], rows),
             "Why each missed target is missed, and the change its profile points to: section 7.",
             ""]
@@ -532,6 +565,7 @@ def render(results: Results) -> str:
         lambda: _delayed(runs),
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
+        lambda: _events(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),
         lambda: _profiles(results),

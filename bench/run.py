@@ -11,10 +11,16 @@ Repetitions are interleaved: each repetition walks every row, alternating which 
 first, so a noisy minute hurts one repetition of many rows rather than every repetition of one.
 
 Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
-process and two), 4 many watched tubes, then a py-spy profile of the main rows, and last
-5 backlog and memory per queued job. The backlog row the issue asks for (10M jobs) is sized to
-what the remaining time budget can fill at the fill rates measured on the 1M row; RESULTS.md
-says when it was reduced and why.
+process and two), 4 many watched tubes, then the cost of lifecycle events (issue 9: the 64x16
+put and cycle rows on tubeq with events on and off, interleaved), a py-spy profile of the main
+rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
+jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
+row; RESULTS.md says when it was reduced and why.
+
+tubeq runs as it does with its private redis-server: lifecycle events on (``--events on``; the
+harness starts tubeq with ``--redis``, where they default to off). The memory rows (backlog,
+4 KiB, idle connections) run with events off: the event stream's memory is bounded by
+``--events-maxlen``, not a cost per queued job, and would blur those figures.
 
 Raw results go to bench/out/results-<stamp>.json (ignored by git); bench/report.py renders them.
 """
@@ -60,6 +66,11 @@ BACKLOG_MIN_FACTOR = 1.5
 # Memory a queued 100-byte job takes in both servers together, with headroom (beanstalkd ~300 B,
 # Redis ~400 B): the big backlog row never asks for more than 60 % of MemAvailable.
 BACKLOG_BYTES_PER_JOB_BOTH = 900
+# tubeq's lifecycle events, as its private redis-server would have them, and off (issue 9).
+EVENTS_ON = ("--events", "on")
+EVENTS_OFF = ("--events", "off")
+# The rows run once more on tubeq alone, events on against off.
+EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
 
 
 @dataclass(frozen=True)
@@ -101,13 +112,17 @@ class Row:
     servers: tuple[str, ...] = ("beanstalkd", "tubeq")
 
 
-def make_server(kind: str, log_dir: Path, code_dir: Path) -> Server:
+def make_server(kind: str, log_dir: Path, code_dir: Path,
+                flags: tuple[str, ...] = ()) -> Server:
+    """A server of ``kind``; ``flags`` go to tubeq ("tubeq events off" sets its own)."""
     if kind == "beanstalkd":
         return Beanstalkd(log_dir)
     if kind == "tubeq":
-        return Tubeq(log_dir, code_dir=code_dir)
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags)
     if kind == "tubeq x2":
-        return Tubeq(log_dir, processes=2, code_dir=code_dir)
+        return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
+    if kind == "tubeq events off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
     raise ValueError(kind)
 
 
@@ -149,6 +164,14 @@ def many_tube_rows(scale: Scale) -> list[Row]:
         suffix = "" if puts_per_use == 1 else f", use every {puts_per_use} puts"
         rows.append(Row("many-tubes", f"{tubes} tube{'s' if tubes > 1 else ''}{suffix}", spec))
     return rows
+
+
+def events_rows(scale: Scale) -> list[Row]:
+    """The rows of EVENTS_COMPARED on tubeq with lifecycle events on (its "tubeq" runs) and
+    off, interleaved in their own pass so the ratio compares runs minutes apart at most."""
+    by_key = {r.key: r for r in throughput_rows(scale)}
+    return [Row("events", f"events {key}", by_key[key].spec, ("tubeq", "tubeq events off"))
+            for key in EVENTS_COMPARED]
 
 
 PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
@@ -196,7 +219,7 @@ class Bench:
                  f"other {result.other_cores}{status}")
 
     def fresh_run(self, row: Row, kind: str, rep: int) -> None:
-        server = make_server(kind, self.log_dir, self.code_dir)
+        server = make_server(kind, self.log_dir, self.code_dir, EVENTS_ON)
         try:
             server.start()
             quiet = self.quiet()
@@ -222,7 +245,7 @@ class Bench:
     def profile(self, rows: list[Row]) -> list[dict[str, Any]]:
         profiles = []
         for row in rows:
-            server = Tubeq(self.log_dir, code_dir=self.code_dir)
+            server = Tubeq(self.log_dir, code_dir=self.code_dir, flags=EVENTS_ON)
             try:
                 server.start()
                 self.quiet()
@@ -485,6 +508,7 @@ def run(scale: Scale, output: Path) -> Path:
     bench.interleaved([delayed_row(scale), wake_row(scale)])
     tube_rows = many_tube_rows(scale)
     bench.interleaved(tube_rows)
+    bench.interleaved(events_rows(scale))
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()

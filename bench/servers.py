@@ -129,7 +129,8 @@ class Tubeq:
 
     ``port`` is the first process's; ``producer_port`` the last one's (the same with one
     process), so a producer and its consumers are on different processes when there are two.
-    ``code_dir`` holds the ``tubeq`` package that runs.
+    ``code_dir`` holds the ``tubeq`` package that runs; ``flags`` are added to each process's
+    command line (none: tubeq's defaults with ``--redis``, lifecycle events off).
     """
 
     log_dir: Path
@@ -141,6 +142,7 @@ class Tubeq:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(3))
     name: str = "tubeq"
+    flags: tuple[str, ...] = ()
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,7 @@ class Tubeq:
             port = free_port(LOOPBACK)
             command = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
                        "--redis", self.redis.url, "--prefix", self.prefix,
-                       "--log-level", "warning"]
+                       "--log-level", "warning", *self.flags]
             try:
                 proc = _spawn(command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
                               env=env, cwd=self.code_dir)

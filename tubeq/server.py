@@ -44,9 +44,9 @@ REDIS_BATCH_CALLS = 64
 LISTEN_BACKLOG = 1024
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
-# The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: about
-# a day of a 10 jobs/s queue's life (~5 events per job) or 100k jobs, at ~80-90 bytes of Redis
-# memory per 11-field event (measured, see protocol.md): under 100 MB at the cap.
+# The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
+# life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
+# of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
 DEFAULT_EVENTS_MAXLEN = 1_000_000
 
 
