@@ -1,0 +1,202 @@
+"""The archive: tubeq's event stream written to Parquet exactly once, by Spark's own machinery.
+
+Owns ``tubeq-pipeline archive``: a Structured Streaming query from the ``tubeq`` source
+(``source.py``) to a Parquet sink partitioned by ``date`` (``YYYY-MM-DD`` of ``time_ms``, UTC)
+and ``tube``, with a checkpoint directory. Exactly once is Spark's: the source's offsets (stream
+ids) go to the checkpoint's offset log before a batch runs, the Parquet sink records each
+batch's files in ``<archive>/_spark_metadata`` when it commits, and a query restarted on the
+same checkpoint replays an uncommitted batch with the same offsets. A query killed halfway
+leaves at most the files of its unfinished batch, which the metadata log does not list; Spark
+(``report.read_archive``, ``spark.read.parquet``) reads only the listed files. Other Parquet
+readers should read the listed files too.
+
+Rules: the archive prints what it did (events, batches, gaps) from the query's own progress
+reports, so the numbers are Spark's. A gap the source reports fails the run with exit status 1
+and the source's message, unless ``--on-gap continue``, which archives on and prints each gap.
+``--trim`` passes ``trimCommitted=true``: the source trims the stream up to the last batch
+Spark committed (the final batch of a run is committed to the source, and trimmed, when the
+next run starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
+
+DAY_MS: Final = 86_400_000
+DEFAULT_INTERVAL_S: Final = 10.0
+POLL_S: Final = 1  # awaitTermination takes whole seconds
+
+
+@dataclass
+class ArchiveTally:
+    """What a run archived, from its progress reports."""
+
+    events: int = 0
+    batches: int = 0
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    seen_batches: set[int] = field(default_factory=set)
+
+    def add(self, progress: dict[str, Any]) -> list[str]:
+        """Count one progress report (once per batch id); returns lines worth printing."""
+        batch = int(progress["batchId"])
+        if batch in self.seen_batches:
+            return []
+        self.seen_batches.add(batch)
+        rows = int(progress.get("numInputRows", 0))
+        lines = []
+        sources = progress.get("sources") or []
+        end = sources[0].get("endOffset") if sources else None
+        offset = json.loads(end) if isinstance(end, str) else end
+        gapped = isinstance(offset, dict) and bool(offset.get("gap"))
+        if rows or gapped:
+            self.batches += 1
+            self.events += rows
+        if gapped:
+            assert isinstance(offset, dict)
+            gap = offset["gap"]
+            self.gaps.append(gap)
+            lost = "an unknown number of" if gap.get("lost") is None else gap["lost"]
+            lines.append(f"archive: GAP: {lost} events after {gap['after']} were deleted "
+                         f"before they were archived (batch {batch})")
+        return lines
+
+
+def archive_frame(spark: SparkSession, options: dict[str, str]) -> DataFrame:
+    """The event stream as a streaming DataFrame with the archive's ``date`` column."""
+    register(spark)
+    reader = spark.readStream.format(NAME)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    events = reader.load()
+    # The UTC day of time_ms without the session's time zone: days since the epoch, as a date.
+    day = F.date_from_unix_date(F.floor(F.col("time_ms") / DAY_MS).cast("int"))
+    return events.withColumn("date", F.date_format(day, "yyyy-MM-dd"))
+
+
+def start_archive(spark: SparkSession, options: dict[str, str], out: str, checkpoint: str,
+                  once: bool, interval_s: float = DEFAULT_INTERVAL_S) -> StreamingQuery:
+    """Start the archive query (AvailableNow when ``once``, else a processing-time trigger)."""
+    writer = (archive_frame(spark, options).writeStream.format("parquet")
+              .option("path", out).option("checkpointLocation", checkpoint)
+              .partitionBy("date", "tube").outputMode("append"))
+    if once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{interval_s} seconds")
+    return writer.queryName("tubeq-archive").start()
+
+
+def source_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {"redis": args.redis, "partitions": str(args.partitions),
+               "onGap": args.on_gap}
+    if args.key:
+        options["key"] = args.key
+    else:
+        options["prefix"] = args.prefix
+    if args.max_events_per_trigger:
+        options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
+    if args.trim:
+        options["trimCommitted"] = "true"
+    if args.skip_malformed:
+        options["skipMalformed"] = "true"
+    return options
+
+
+def source_error(text: str) -> str:
+    """The source's own message out of a Spark error (which wraps it in a Python traceback)."""
+    found = re.findall(r"(?:EventGap|SourceError): (.+)", text)
+    if found:
+        return str(found[-1]).strip()
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text
+
+
+def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``archive`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
+    parser.add_argument("--redis", default=DEFAULT_REDIS,
+                        help=f"Redis URL of the event stream (default {DEFAULT_REDIS})")
+    stream = parser.add_mutually_exclusive_group()
+    stream.add_argument("--prefix", default="tubeq", help="tubeq namespace (default tubeq)")
+    stream.add_argument("--key", help="the stream's key, instead of a namespace")
+    parser.add_argument("--out", required=True, help="the archive's Parquet directory")
+    parser.add_argument("--checkpoint", required=True,
+                        help="the query's checkpoint directory (keep it with the archive)")
+    parser.add_argument("--once", action="store_true",
+                        help="archive what is there now (Trigger.AvailableNow), then stop")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="without --once: stop after this many seconds (default: run on)")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S,
+                        help=f"without --once: seconds between batches "
+                             f"(default {DEFAULT_INTERVAL_S:g})")
+    parser.add_argument("--trim", action="store_true",
+                        help="trim the stream up to what the archive has committed")
+    parser.add_argument("--max-events-per-trigger", type=int, default=None, metavar="N",
+                        help="at most N events per batch")
+    parser.add_argument("--partitions", type=int, default=2,
+                        help="parallel reads per batch (default 2)")
+    parser.add_argument("--on-gap", choices=("fail", "continue"), default="fail",
+                        help="a gap (events trimmed before they were archived) stops the run "
+                             "(fail, default) or is printed and skipped (continue)")
+    parser.add_argument("--skip-malformed", action="store_true",
+                        help="leave out entries that are not events (default: stop on one)")
+
+
+def run_archive(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run ``tubeq-pipeline archive``; prints events, batches and gaps; 1 if the query failed."""
+    if spark is None:
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              "tubeq-archive")
+    query = start_archive(spark, source_options(args), args.out, args.checkpoint, args.once,
+                          args.interval)
+    tally = ArchiveTally()
+    started = time.monotonic()
+    try:
+        while query.isActive:
+            with contextlib.suppress(StreamingQueryException):  # read below, as exception()
+                query.awaitTermination(POLL_S)
+            for progress in query.recentProgress:
+                for line in tally.add(progress):
+                    print(line, flush=True)
+            if (not args.once and args.seconds is not None
+                    and time.monotonic() - started >= args.seconds):
+                query.stop()
+    except KeyboardInterrupt:
+        query.stop()
+    for progress in query.recentProgress:
+        for line in tally.add(progress):
+            print(line, flush=True)
+    elapsed = time.monotonic() - started
+    error = query.exception()
+    print(f"archive: {tally.events} events in {tally.batches} batches, {elapsed:.1f} s, "
+          f"to {args.out}" + (f"; {len(tally.gaps)} gap(s)" if tally.gaps else ""), flush=True)
+    if error is not None:
+        print(f"archive: failed: {source_error(str(error))}", flush=True)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tubeq.pipeline.archive``: the ``archive`` command on its own."""
+    parser = argparse.ArgumentParser(prog="tubeq-pipeline archive")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
+    add_archive_arguments(parser)
+    return run_archive(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Live per-tube rates: ``tubeq-pipeline tail``, a streaming query straight over the event stream.
+
+Owns the rates query: events per tube and per event name in short tumbling windows of event
+time (``time_ms``), read by the ``tubeq`` source from the live stream without archiving, and
+printed to the console as each micro-batch updates them (or kept in a memory table, for tests
+and notebooks). It stops by itself after ``--seconds`` or ``--batches``, or on ^C.
+
+Rules: the windows are of event time with a watermark of ``--late`` seconds, so the state a long
+tail keeps stays bounded (windows older than the watermark are final and dropped); output mode
+``update`` prints only the windows a batch changed. By default it starts at the stream's end
+(``latest``): a tail shows what happens from now on; ``--from-start`` reads the whole stream.
+Offsets are not kept (a temporary checkpoint): a tail is a view, the archive is the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from typing import Final
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from tubeq.pipeline.archive import source_error
+from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
+
+DEFAULT_WINDOW_S: Final = 10
+DEFAULT_LATE_S: Final = 60
+DEFAULT_INTERVAL_S: Final = 2.0
+POLL_S: Final = 1  # awaitTermination takes whole seconds
+
+
+def rates(events: DataFrame, window_s: int, late_s: int) -> DataFrame:
+    """Events per (window, tube, event) with each window's rate in events per second."""
+    at = F.timestamp_millis(F.col("time_ms"))
+    return (events.withColumn("at", at)
+            .withWatermark("at", f"{late_s} seconds")
+            .groupBy(F.window("at", f"{window_s} seconds"), "tube", "event")
+            .agg(F.count(F.lit(1)).alias("events"))
+            .select(F.col("window.start").alias("window_start"), "tube", "event", "events",
+                    (F.col("events") / F.lit(float(window_s))).alias("per_second")))
+
+
+def start_tail(spark: SparkSession, options: dict[str, str], window_s: int, late_s: int,
+               sink: str, query_name: str, interval_s: float) -> StreamingQuery:
+    """Start the rates query into ``sink`` (``console`` or ``memory``)."""
+    register(spark)
+    reader = spark.readStream.format(NAME)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (rates(reader.load(), window_s, late_s).writeStream.outputMode("update")
+              .format(sink).queryName(query_name)
+              .trigger(processingTime=f"{interval_s} seconds"))
+    if sink == "console":
+        writer = writer.option("truncate", "false").option("numRows", 1000)
+    return writer.start()
+
+
+def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``tail`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
+    parser.add_argument("--redis", default=DEFAULT_REDIS,
+                        help=f"Redis URL of the event stream (default {DEFAULT_REDIS})")
+    stream = parser.add_mutually_exclusive_group()
+    stream.add_argument("--prefix", default="tubeq", help="tubeq namespace (default tubeq)")
+    stream.add_argument("--key", help="the stream's key, instead of a namespace")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW_S,
+                        help=f"window length in seconds (default {DEFAULT_WINDOW_S})")
+    parser.add_argument("--late", type=int, default=DEFAULT_LATE_S,
+                        help=f"how late (s) an event may arrive and still count "
+                             f"(default {DEFAULT_LATE_S})")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S,
+                        help=f"seconds between updates (default {DEFAULT_INTERVAL_S:g})")
+    parser.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="stop after this many micro-batches that read events")
+    parser.add_argument("--from-start", action="store_true",
+                        help="read the whole stream (default: from its end)")
+    parser.add_argument("--max-events-per-trigger", type=int, default=None, metavar="N",
+                        help="at most N events per micro-batch")
+    parser.add_argument("--sink", choices=("console", "memory"), default="console",
+                        help="console (default) or a memory table named by --query-name")
+    parser.add_argument("--query-name", default="tubeq_tail",
+                        help="the query's name (the memory table's name)")
+
+
+def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run ``tubeq-pipeline tail`` until --seconds or --batches; 1 if the query failed."""
+    if spark is None:
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              "tubeq-tail")
+    options = {"redis": args.redis, "startingId": "earliest" if args.from_start else "latest",
+               "onGap": "continue"}  # a view goes on past a trim; the archive is the record
+    if args.key:
+        options["key"] = args.key
+    else:
+        options["prefix"] = args.prefix
+    if args.max_events_per_trigger:
+        options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
+    query = start_tail(spark, options, args.window, args.late, args.sink, args.query_name,
+                       args.interval)
+    started = time.monotonic()
+    try:
+        while query.isActive:
+            with contextlib.suppress(StreamingQueryException):  # read below, as exception()
+                query.awaitTermination(POLL_S)
+            read = sum(1 for p in query.recentProgress if p.get("numInputRows", 0) > 0)
+            if args.batches is not None and read >= args.batches:
+                break
+            if args.seconds is not None and time.monotonic() - started >= args.seconds:
+                break
+    except KeyboardInterrupt:
+        pass
+    error = query.exception() if not query.isActive else None
+    query.stop()
+    if error is not None:
+        print(f"tail: failed: {source_error(str(error))}", flush=True)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tubeq.pipeline.tail``: the ``tail`` command on its own."""
+    parser = argparse.ArgumentParser(prog="tubeq-pipeline tail")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
+    add_tail_arguments(parser)
+    return run_tail(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
