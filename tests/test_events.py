@@ -89,6 +89,15 @@ async def test_put_writes_one_event_ready_or_delayed(env: Env) -> None:
                  due_ms=env.clock.now_ms + 3000)]
 
 
+async def test_the_largest_values_are_written_exactly(env: Env) -> None:
+    top = 2**32 - 1  # beanstalkd's limits for pri, delay and ttr (s)
+    record = await Recorder.start(env)
+    job_id = await env.put(pri=top, delay=top, ttr=top)
+    assert [fields(e) for e in await record.new()] == [
+        expected(env, EventName.PUT, job_id, pri=top, delay_ms=top * 1000, ttr_ms=top * 1000,
+                 due_ms=env.clock.now_ms + top * 1000)]
+
+
 @pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])
 async def test_every_transition_writes_exactly_its_event(env: Env, before: JobState,
                                                          op: str) -> None:
