@@ -1,0 +1,346 @@
+"""``tubeq-pipeline``: the command table, the shared options, and every way it fails.
+
+The commands run end to end through the dispatcher in this process on the module's one
+SparkSession; one real ``python -m tubeq.pipeline report`` subprocess proves the entry point.
+The failure paths (no Java, an old Java, a Java that says no version, the extra not installed,
+Spark Connect's client missing, a Spark error, bad arguments) each run as a real process or
+through :func:`cli.main`, and each must leave exactly one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import greenstalk
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.pipeline import workload
+from tests.servers import ServerProcess
+from tubeq.events import SPARK_DDL
+from tubeq.pipeline import cli
+from tubeq.redis_process import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# A pipeline command that fails before Spark starts answers in about a second; one that starts
+# Spark needs its ~6 s start-up and the job, on two busy cores.
+FAST_TIMEOUT_S = 60
+SPARK_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-cli")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def record() -> workload.Record:
+    return workload.simulate(jobs=40)
+
+
+@pytest.fixture(scope="module")
+def archive(spark: SparkSession, record: workload.Record,
+            tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny archive: the workload's events as Parquet partitioned by date and tube."""
+    path = tmp_path_factory.mktemp("archive")
+    frame = spark.createDataFrame(workload.events(record), SPARK_DDL)
+    (frame.selectExpr("*", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date")
+     .write.mode("overwrite").partitionBy("date", "tube").parquet(str(path)))
+    return path
+
+
+def puts_in(record: workload.Record) -> int:
+    return sum(1 for job in record.jobs for step in job.steps if step[0] == "put")
+
+
+def all_tubes_row(out: Path, table: str = "by_tube") -> dict[str, object]:
+    rows = pq.read_table(out / table).to_pylist()
+    return next(row for row in rows if row["tube"] == "*")
+
+
+def pipeline(*args: str, env: dict[str, str] | None = None,
+             timeout: float = FAST_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``python -m tubeq.pipeline ARGS`` as its own process (bounded by ``timeout``)."""
+    return subprocess.run([sys.executable, "-m", "tubeq.pipeline", *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    return lines[0]
+
+
+def java_home(tmp_path: Path, script: str | None) -> dict[str, str]:
+    """The environment with JAVA_HOME at a temp dir: empty, or with ``bin/java`` = ``script``."""
+    if script is not None:
+        java = tmp_path / "bin" / "java"
+        java.parent.mkdir(parents=True)
+        java.write_text("#!/bin/sh\n" + script + "\n")
+        java.chmod(0o755)
+    return {**os.environ, "JAVA_HOME": str(tmp_path)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command table and the parser.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command_through_the_console_script() -> None:
+    script = Path(sys.executable).with_name("tubeq-pipeline")
+    assert script.is_file(), "the tubeq-pipeline console script is not installed (pip install -e .)"
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                          timeout=FAST_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0] for line in done.stdout.splitlines()
+              if line.startswith("    ") and line.split()}
+    assert set(cli.COMMANDS) == {"archive", "report", "schedule", "tail"}
+    assert set(cli.COMMANDS) <= listed
+    assert "--master" in done.stdout
+    assert "--remote" in done.stdout
+
+
+def test_help_imports_no_command_and_no_pyspark() -> None:
+    probe = textwrap.dedent("""
+        import contextlib, io, sys
+        from tubeq.pipeline import cli
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                cli.main(["--help"])
+            except SystemExit as exit:
+                assert exit.code == 0, exit.code
+        heavy = sorted(name for name in sys.modules
+                       if name.split(".")[0] in ("pyspark", "py4j", "pyarrow", "pandas")
+                       or name in [command.module for command in cli.COMMANDS.values()])
+        print(heavy)
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=FAST_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("argv", "chosen"), [
+    (["report", "--archive", "a"], "report"),
+    (["--master", "report", "schedule"], "schedule"),  # a --master value is not the command
+    (["--remote", "sc://h:15002", "tail"], "tail"),
+    (["--master=local[2]", "archive"], "archive"),
+    (["--help"], None),
+    (["bogus", "report"], None),
+    ([], None),
+])
+def test_chosen_command(argv: list[str], chosen: str | None) -> None:
+    assert cli.chosen_command(argv) == chosen
+
+
+def test_spark_options_go_before_or_after_the_command() -> None:
+    before = cli.build_parser("report").parse_args(
+        ["--master", "spark://h:7077", "report", "--archive", "a", "--out", "o"])
+    after = cli.build_parser("report").parse_args(
+        ["report", "--remote", "sc://h:15002", "--archive", "a", "--out", "o"])
+    neither = cli.build_parser("report").parse_args(["report", "--archive", "a", "--out", "o"])
+    assert (before.master, before.remote) == ("spark://h:7077", None)
+    assert (after.master, after.remote) == ("local[*]", "sc://h:15002")
+    assert (neither.master, neither.remote, neither.command) == ("local[*]", None, "report")
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                          # no command
+    ["bogus"],                                   # not a command
+    ["report", "--out", "o"],                    # --archive missing
+    ["schedule", "--input", "x.json"],           # --address missing
+    ["report", "--archive", "a", "--out", "o", "--nonsense"],
+    ["--master"],                                # an option without its value
+])
+def test_bad_arguments_exit_2(argv: list[str]) -> None:
+    done = pipeline(*argv)
+    assert done.returncode == 2, done.stderr
+    assert "usage: tubeq-pipeline" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures the user fixes: exactly one line on stderr, exit 1, before any JVM starts.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_no_java_is_one_line(tmp_path: Path) -> None:
+    done = pipeline("report", "--archive", str(tmp_path / "a"), "--out", str(tmp_path / "o"),
+                    env=java_home(tmp_path, None))
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith("tubeq-pipeline: no java found (looked in JAVA_HOME)")
+    assert "Java 17 or newer" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("version", "major"), [('"11.0.22" 2024-01-16', 11),
+                                                 ('"1.8.0_402"', 8)])
+def test_old_java_is_one_line(tmp_path: Path, version: str, major: int) -> None:
+    env = java_home(tmp_path, f"echo 'openjdk version {version}' >&2")
+    done = pipeline("schedule", "--input", str(tmp_path / "x.json"), "--address",
+                    "127.0.0.1:1", env=env)
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith(f"tubeq-pipeline: {tmp_path}/bin/java is Java {major};")
+    assert "Java 17 or newer" in line
+
+
+def test_java_that_does_not_say_its_version_is_one_line(tmp_path: Path) -> None:
+    env = java_home(tmp_path, "echo 'Error: could not create the Java VM' >&2; exit 1")
+    done = pipeline("report", "--archive", "a", "--out", "o", env=env)
+    assert done.returncode == 1
+    assert "-version did not say its version (exit 1)" in one_line(done.stderr)
+
+
+# Run as a process in which importing pyspark fails as it does where it is not installed.
+WITHOUT_PYSPARK = textwrap.dedent("""
+    import runpy, sys
+
+    class NoPyspark:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "pyspark":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoPyspark())
+    sys.argv = ["tubeq-pipeline", *sys.argv[1:]]
+    runpy.run_module("tubeq.pipeline", run_name="__main__", alter_sys=True)
+""")
+
+
+@pytest.mark.parametrize("argv", [["report", "--archive", "a", "--out", "o"],
+                                  ["schedule", "--help"]])
+def test_missing_extra_is_one_line(argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, *argv], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=FAST_TIMEOUT_S, check=False)
+    assert done.returncode == 1, done.stderr
+    line = one_line(done.stderr)
+    assert line.startswith("tubeq-pipeline: the pipeline needs its optional dependencies")
+    assert "pip install 'tubeq[pipeline]'" in line
+    assert "No module named 'pyspark" in line
+
+
+def test_help_works_without_the_extra() -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=FAST_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "schedule" in done.stdout
+
+
+@pytest.mark.parametrize(("error", "hint"), [
+    (ModuleNotFoundError("No module named 'pyspark'", name="pyspark"), "tubeq[pipeline]"),
+    (ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow"), "tubeq[pipeline]"),
+    (ModuleNotFoundError("No module named 'pandas.core'", name="pandas.core"), "tubeq[pipeline]"),
+    (ModuleNotFoundError("No module named 'grpc'", name="grpc"), "pyspark[connect]"),
+    (ModuleNotFoundError("No module named 'yaml'", name="yaml"), None),
+    (ImportError("cannot import name 'x' from 'tubeq.events'", name="tubeq.events"), None),
+])
+def test_missing_dependency_names_what_to_install(error: ImportError, hint: str | None) -> None:
+    message = cli.missing_dependency(error)
+    if hint is None:
+        assert message is None
+    else:
+        assert message is not None
+        assert f"pip install '{hint}'" in message
+
+
+def test_an_import_error_of_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(name: str) -> object:
+        raise ImportError("cannot import name 'nothing' from 'tubeq.events'", name="tubeq.events")
+
+    monkeypatch.setattr(cli.importlib, "import_module", broken)
+    with pytest.raises(ImportError, match="nothing"):
+        cli.main(["report", "--archive", "a", "--out", "o"])
+
+
+def test_unreachable_remote_is_one_line(tmp_path: Path) -> None:
+    # Nothing listens on the port. Without Spark Connect's client (grpcio: not in the extra) the
+    # command says what to install; with it, Spark's connection error. Either way one line.
+    done = pipeline("--remote", f"sc://127.0.0.1:{free_port()}", "report", "--archive",
+                    str(tmp_path / "a"), "--out", str(tmp_path / "o"))
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith("tubeq-pipeline: ")
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands, end to end through the dispatcher.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_report_through_the_dispatcher(spark: SparkSession, archive: Path, tmp_path: Path,
+                                       record: workload.Record,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert cli.main(["report", "--archive", str(archive), "--out", str(out)], spark=spark) == 0
+    assert "report.html" in capsys.readouterr().out
+    assert (out / "report.html").is_file()
+    assert all_tubes_row(out)["put"] == puts_in(record)
+
+
+def test_a_spark_error_is_one_line(spark: SparkSession, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-archive"
+    status = cli.main(["report", "--archive", str(missing), "--out", str(tmp_path / "o")],
+                      spark=spark)
+    assert status == 1
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("tubeq-pipeline: Spark: [PATH_NOT_FOUND]")
+    assert str(missing) in line
+
+
+def test_schedule_through_the_dispatcher(spark: SparkSession, tubeq: ServerProcess,
+                                         tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    tube = f"cli-{secrets.token_hex(3)}"
+    dataset = tmp_path / "orders.json"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"body": "order-1", "delay": 0},
+        {"body": "order-2", "delay": 600},
+        {"body": "order-3", "delay": 0, "priority": 7},
+        {"delay": 0},  # no body: counted as bad, not fatal
+    ]))
+    status = cli.main(["schedule", "--input", str(dataset), "--address",
+                       f"{tubeq.host}:{tubeq.port}", "--tube", tube, "--ttr", "30"], spark=spark)
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "put 3," in printed
+    assert "bad 1" in printed
+    with greenstalk.Client(tubeq.address) as client:
+        stats = client.stats_tube(tube)
+    assert (stats["total-jobs"], stats["current-jobs-ready"],
+            stats["current-jobs-delayed"]) == (3, 2, 1)
+
+
+def test_report_as_its_own_process(archive: Path, tmp_path: Path, record: workload.Record) -> None:
+    out = tmp_path / "report"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = pipeline("--master", "local[1]", "report", "--archive", str(archive), "--out",
+                    str(out), env=env, timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "report: 7 tables and" in done.stdout
+    assert all_tubes_row(out)["put"] == puts_in(record)
