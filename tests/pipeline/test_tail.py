@@ -1,0 +1,74 @@
+"""``tubeq-pipeline tail``: live per-tube rates over a stream the test feeds, into memory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+from pyspark.sql import SparkSession
+
+from tests.pipeline import eventstream as es
+from tubeq.pipeline import tail
+from tubeq.redis_process import RedisProcess, free_port
+
+WINDOW_S = 10
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-tail")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def tail_args(url: str, prefix: str, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    tail.add_tail_arguments(parser)
+    return parser.parse_args(["--redis", url, "--prefix", prefix, "--window", str(WINDOW_S),
+                              "--interval", "0.5", "--sink", "memory", *extra])
+
+
+def test_tail_counts_events_per_tube_and_name_per_window(
+        spark: SparkSession, redis_process: RedisProcess) -> None:
+    prefix = es.fresh_prefix()
+    client = redis.Redis.from_url(redis_process.url)
+    written = es.write_events(client, es.key_of(prefix), 600)
+    client.close()
+    args = tail_args(redis_process.url, prefix, "--from-start", "--batches", "2",
+                     "--max-events-per-trigger", "300", "--query-name", "tail_rates")
+    assert tail.run_tail(args, spark) == 0
+    expected = Counter()
+    for w in written:
+        start_ms = int(w.fields["time_ms"]) // (WINDOW_S * 1000) * WINDOW_S * 1000
+        expected[(start_ms, w.fields["tube"], w.fields["event"])] += 1
+    got: dict[tuple[object, ...], int] = {}
+    for row in spark.table("tail_rates").collect():
+        key = (int(row.window_start.timestamp() * 1000), row.tube, row.event)
+        got[key] = max(got.get(key, 0), row.events)  # update mode: a window's latest count
+        assert row.per_second == row.events / WINDOW_S
+    assert got == dict(expected)
+
+
+def test_tail_on_an_unreachable_redis_fails_clearly(
+        spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    args = tail_args(url, "tubeq", "--seconds", "60", "--query-name", "tail_down")
+    assert tail.run_tail(args, spark) == 1
+    assert f"tail: failed: cannot reach Redis at {url}" in capsys.readouterr().out
