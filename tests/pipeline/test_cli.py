@@ -21,13 +21,14 @@ from pathlib import Path
 import greenstalk
 import pyarrow.parquet as pq
 import pytest
+import redis
 from pyspark.sql import SparkSession
 
-from tests.pipeline import workload
+from tests.pipeline import eventstream, workload
 from tests.servers import ServerProcess
 from tubeq.events import SPARK_DDL
 from tubeq.pipeline import cli
-from tubeq.redis_process import free_port
+from tubeq.redis_process import RedisProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A pipeline command that fails before Spark starts answers in about a second; one that starts
@@ -334,6 +335,38 @@ def test_schedule_through_the_dispatcher(spark: SparkSession, tubeq: ServerProce
         stats = client.stats_tube(tube)
     assert (stats["total-jobs"], stats["current-jobs-ready"],
             stats["current-jobs-delayed"]) == (3, 2, 1)
+
+
+def test_archive_then_report_through_the_dispatcher(
+        spark: SparkSession, redis_process: RedisProcess, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = eventstream.fresh_prefix()
+    client = redis.Redis.from_url(redis_process.url)
+    written = eventstream.write_events(client, eventstream.key_of(prefix), 500)
+    client.close()
+    archived = tmp_path / "archive"
+    assert cli.main(["archive", "--redis", redis_process.url, "--prefix", prefix, "--out",
+                     str(archived), "--checkpoint", str(tmp_path / "checkpoint"), "--once"],
+                    spark=spark) == 0
+    assert "archive: 500 events in 1 batches" in capsys.readouterr().out
+    out = tmp_path / "report"
+    assert cli.main(["report", "--archive", str(archived), "--out", str(out)], spark=spark) == 0
+    assert all_tubes_row(out)["put"] == sum(1 for w in written if w.fields["event"] == "put")
+
+
+def test_tail_through_the_dispatcher(spark: SparkSession, redis_process: RedisProcess) -> None:
+    prefix = eventstream.fresh_prefix()
+    client = redis.Redis.from_url(redis_process.url)
+    written = eventstream.write_events(client, eventstream.key_of(prefix), 200)
+    client.close()
+    assert cli.main(["tail", "--redis", redis_process.url, "--prefix", prefix, "--from-start",
+                     "--batches", "1", "--interval", "0.5", "--sink", "memory",
+                     "--query-name", "cli_tail"], spark=spark) == 0
+    counted: dict[tuple[object, ...], int] = {}
+    for row in spark.table("cli_tail").collect():  # update mode: a window's latest count wins
+        key = (row.window_start, row.tube, row.event)
+        counted[key] = max(counted.get(key, 0), row.events)
+    assert sum(counted.values()) == len(written)
 
 
 def test_report_as_its_own_process(archive: Path, tmp_path: Path, record: workload.Record) -> None:
