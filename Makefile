@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-consume system-deps client-deps client-apt-deps clean
+.PHONY: run test lint bench bench-consume bench-pipeline system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~14 min; writes
-# bench/RESULTS.md. `make bench ARGS=--quick` is a 2-minute development run (bench/out/).
+# bench/RESULTS.md; then the pipeline section (bench-pipeline below). `make bench ARGS=--quick` is
+# a development run of both (bench/out/).
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -72,6 +73,13 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.run $(ARGS)
+	$(BIN)/python -m bench.pipeline_bench $(filter --quick,$(ARGS))
+
+# Issue 9's pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
+# archive (wall, with Spark start), df.write.format("tubeq") rate; ~10 min, appends to
+# bench/RESULTS-pipeline.md. ARGS=--quick: small sizes, a few minutes, bench/out/.
+bench-pipeline: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.pipeline_bench $(ARGS)
 
 # Issue 3's benchmark: a consume() worker against tubeq (push and pipelined reserves) and
 # beanstalkd, in one run (~2 min); writes bench/RESULTS-consume.md.

@@ -1,0 +1,256 @@
+"""``make bench``'s pipeline section (issue 9): archive rate, report time, write rate.
+
+    .venv/bin/python -m bench.pipeline_bench [--quick] [--output PATH]
+
+``make bench`` runs it after ``bench.run`` (which measures events on/off throughput: not here);
+``make bench-pipeline`` runs it alone. Three figures, each with the CPU model beside it:
+
+* **Archive rate**: ``--archive-events`` events in the ``tubeq.events`` schema, 4 per job, written
+  to a private Redis stream with pipelined XADD (the entries the Lua scripts write), then
+  ``tubeq-pipeline archive --once`` (``archive.run_archive``) on a warm ``local[2]`` session;
+  events per second over the run (planning, reading Redis, Parquet by date and tube, commit).
+  The archive is read back and counted, so a figure is never of a run that lost events.
+* **Report time** on a ``--report-events`` archive (10M by default) and **write rate** of
+  ``df.write.format("tubeq")`` into a fresh tubeq (and beanstalkd for reference): measured by
+  :mod:`bench.pipeline_report_bench`, whose archive generator, report run (its own process, wall
+  including Spark start) and write timing are called here, not copied.
+
+The full run appends a dated section to ``bench/RESULTS-pipeline.md`` (the hand-written sections
+above it stay); ``--quick`` (small sizes, a few minutes) writes ``bench/out/RESULTS-pipeline.md``
+instead, so a development run never lands in the results. Rules: loopback only; the Redis and the
+servers started here are stopped by their PIDs; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import io
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import pipeline_report_bench as report_bench
+from bench.servers import REPO_ROOT
+from tubeq.events import FIELDS
+from tubeq.keys import Keys
+from tubeq.redis_process import RedisProcess
+
+RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
+QUICK_RESULTS = REPO_ROOT / "bench" / "out" / "RESULTS-pipeline.md"
+XADD_BATCH = 10_000
+WARM_UP_EVENTS = 2_000
+TUBES = 50
+
+
+@dataclass(frozen=True)
+class Sizes:
+    archive_events: int
+    report_events: int
+    write_rows: int
+
+
+FULL = Sizes(archive_events=1_000_000, report_events=10_000_000, write_rows=200_000)
+QUICK = Sizes(archive_events=40_000, report_events=200_000, write_rows=20_000)
+
+
+def lifecycle(jobs: int, base_ms: int) -> Iterator[dict[str, Any]]:
+    """4 events per job (put, reserved, touched or released, deleted), fields in FIELDS order."""
+    for job in range(1, jobs + 1):
+        tube = f"tube-{job % TUBES}"
+        t0 = base_ms + job * 7
+        steps = (("put", 0, 0), ("reserved", 1, 40),
+                 ("released" if job % 10 == 0 else "touched", 1, 90), ("deleted", 1, 300))
+        for event, tries, offset in steps:
+            values = {"event": event, "id": job, "tube": tube, "pri": 1024, "delay_ms": 0,
+                      "ttr_ms": 60_000, "due_ms": 0, "tries": tries, "time_ms": t0 + offset,
+                      "by": "bench-1", "reason": ""}
+            yield {name: values[name] for name in FIELDS}
+
+
+def seed(url: str, prefix: str, events: int) -> float:
+    """XADD ``events`` events (pipelined, batches of XADD_BATCH) to ``prefix``'s stream; seconds."""
+    key = Keys(prefix).events
+    client = redis.Redis.from_url(url)
+    started = time.monotonic()
+    try:
+        pipe = client.pipeline(transaction=False)
+        pending = 0
+        for entry in lifecycle(events // 4, base_ms=1_795_900_000_000):
+            pipe.xadd(key, entry)
+            pending += 1
+            if pending == XADD_BATCH:
+                pipe.execute()
+                pending = 0
+        if pending:
+            pipe.execute()
+        held = int(client.xlen(key))
+    finally:
+        client.close()
+    if held != events // 4 * 4:
+        raise RuntimeError(f"seeded {held} events, expected {events // 4 * 4}")
+    return time.monotonic() - started
+
+
+def archive_once(spark: Any, url: str, prefix: str, work: Path) -> tuple[float, str]:
+    """``tubeq-pipeline archive --once`` through the dispatcher; (seconds, its summary line)."""
+    from tubeq.pipeline import cli
+
+    argv = ["archive", "--redis", url, "--prefix", prefix, "--out", str(work / "archive"),
+            "--checkpoint", str(work / "checkpoint"), "--once"]
+    printed = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(printed):
+        status = cli.main(argv, spark=spark)
+    elapsed = time.monotonic() - started
+    summary = next((line for line in printed.getvalue().splitlines()
+                    if line.startswith("archive: ")), "")
+    if status != 0:
+        raise RuntimeError(f"archive failed ({status}): {printed.getvalue()[-2000:]}")
+    return elapsed, summary
+
+
+def archive_rate(spark: Any, events: int, work: Path) -> dict[str, Any]:
+    """Seed a private Redis, archive a small stream (warm-up), then time the big one."""
+    redis_dir = work / "redis"
+    redis_dir.mkdir(parents=True)
+    server = RedisProcess(redis_dir)
+    server.start()
+    try:
+        warm = f"warm-{secrets.token_hex(3)}"
+        seed(server.url, warm, WARM_UP_EVENTS)
+        archive_once(spark, server.url, warm, work / "warm")
+        prefix = f"bench-{secrets.token_hex(3)}"
+        seeded_s = seed(server.url, prefix, events)
+        elapsed, summary = archive_once(spark, server.url, prefix, work / "big")
+    finally:
+        server.stop()
+    archived = spark.read.parquet(str(work / "big" / "archive")).count()
+    if archived != events // 4 * 4:
+        raise RuntimeError(f"archived {archived} events of {events // 4 * 4}: {summary}")
+    return {"events": archived, "seed_s": seeded_s, "archive_s": elapsed, "summary": summary}
+
+
+def java_version() -> str:
+    try:
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = (done.stderr or done.stdout).splitlines()
+    return lines[0].strip() if lines else "unknown"
+
+
+def commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "tubeq", "bench"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
+def render(sizes: Sizes, quick: bool, archive: dict[str, Any], report_s: float,
+           generated: tuple[int, float, float],
+           writes: list[tuple[str, float, int, str]]) -> str:
+    import pyspark
+
+    cpu = report_bench.cpu_model()
+    load = os.getloadavg()
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    events, size_bytes, generated_s = generated
+    # "archive: N events in B batches, S s, to DIR": the temp dir says nothing once it is gone.
+    run_summary = archive["summary"].removeprefix("archive: ").split(", to ")[0]
+    mode = ", --quick: sizes too small to judge by" if quick else ""
+    lines = [
+        f"## make bench: pipeline section ({when}{mode})",
+        "",
+        f"`python -m bench.pipeline_bench{' --quick' if quick else ''}` on {commit()}; "
+        f"{os.cpu_count()} cores, {java_version()}, PySpark {pyspark.__version__}, Python "
+        f"{platform.python_version()}, `local[2]`; load average after the run "
+        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}.",
+        "",
+        "| figure | value | CPU |",
+        "| --- | --- | --- |",
+        f"| archive rate: `tubeq-pipeline archive --once`, {archive['events']:,} events in a "
+        f"private Redis stream (seeded by pipelined XADD in {archive['seed_s']:.1f} s), warm "
+        f"session | **{archive['events'] / archive['archive_s']:,.0f} events/s** "
+        f"({archive['archive_s']:.1f} s; {run_summary}) "
+        f"| {cpu} |",
+        f"| report, wall, own process with Spark start, on a generated archive of {events:,} "
+        f"events ({size_bytes / 2**20:.0f} MiB, generated in {generated_s:.1f} s) | "
+        f"**{report_s:.1f} s**" + ("" if quick else
+                                   f" (target < 60 s: {'met' if report_s < 60 else 'missed'})")
+        + f" | {cpu} |",
+    ]
+    for name, elapsed, held, summary in writes:
+        lines.append(f'| df.write.format("tubeq") into a fresh {name}, {sizes.write_rows:,} '
+                     f"rows of 100 B, 2 tasks | **{sizes.write_rows / elapsed:,.0f} jobs/s** "
+                     f"({elapsed:.1f} s; {held:,} jobs on the server; {summary}) | {cpu} |")
+    lines += ["", "Events on/off throughput: bench/RESULTS.md (`bench.run`)."]
+    return "\n".join(lines) + "\n"
+
+
+def run(sizes: Sizes, quick: bool, output: Path) -> str:
+    from tubeq.pipeline.session import spark_session
+
+    work = Path(tempfile.mkdtemp(prefix="tubeq-pipeline-bench-"))
+    try:
+        spark = spark_session("local[2]", app_name="tubeq-bench-pipeline")
+        print(f"archive rate: {sizes.archive_events:,} events", flush=True)
+        archive = archive_rate(spark, sizes.archive_events, work / "archive-rate")
+        print(f"write rate: {sizes.write_rows:,} rows", flush=True)
+        writes = report_bench.write_rate(spark, sizes.write_rows, work / "logs")
+        print(f"report: generating {sizes.report_events:,} events", flush=True)
+        generated_s = report_bench.generate_archive(spark, sizes.report_events,
+                                                    work / "report-archive")
+        spark.stop()
+        size = sum(p.stat().st_size for p in (work / "report-archive").rglob("*.parquet"))
+        print("report: running", flush=True)
+        report_s = report_bench.run_report(work / "report-archive", work / "report-out")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    section = render(sizes, quick, archive, report_s, (sizes.report_events, size, generated_s),
+                     writes)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    existed = output.exists()
+    with output.open("a", encoding="utf-8") as out:
+        out.write(("\n" if existed else "# Pipeline benchmark results\n\n") + section)
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline_bench",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small sizes ({QUICK.archive_events:,} events archived, "
+                             f"{QUICK.report_events:,} reported, {QUICK.write_rows:,} rows "
+                             f"written); results to {QUICK_RESULTS.relative_to(REPO_ROOT)}")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="where the section is appended (default: bench/RESULTS-pipeline.md,"
+                             " or bench/out/ with --quick)")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    output = args.output or (QUICK_RESULTS if args.quick else RESULTS)
+    print(run(sizes, args.quick, output), end="")
+    print(f"appended to {output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
