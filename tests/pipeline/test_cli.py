@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from tests.pipeline import eventstream, workload
 from tests.servers import ServerProcess
 from tubeq.events import SPARK_DDL
-from tubeq.pipeline import cli
+from tubeq.pipeline import cli, session
 from tubeq.redis_process import RedisProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def test_help_lists_every_command_through_the_console_script() -> None:
 def test_help_imports_no_command_and_no_pyspark() -> None:
     probe = textwrap.dedent("""
         import contextlib, io, sys
-        from tubeq.pipeline import cli
+        from tubeq.pipeline import cli, session
         with contextlib.redirect_stdout(io.StringIO()):
             try:
                 cli.main(["--help"])
@@ -180,6 +180,45 @@ def test_bad_arguments_exit_2(argv: list[str]) -> None:
     assert done.returncode == 2, done.stderr
     assert "usage: tubeq-pipeline" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class RecordingBuilder:
+    """Stands in for ``SparkSession.builder``: records what a session would be built with."""
+
+    def __init__(self) -> None:
+        self.settings: dict[str, str] = {}
+
+    def appName(self, name: str) -> RecordingBuilder:
+        self.settings["app"] = name
+        return self
+
+    def master(self, master: str) -> RecordingBuilder:
+        self.settings["master"] = master
+        return self
+
+    def config(self, key: str, value: str) -> RecordingBuilder:
+        self.settings[key] = value
+        return self
+
+    def getOrCreate(self) -> dict[str, str]:
+        return self.settings
+
+
+@pytest.mark.parametrize(("master", "local"), [("local[2]", True), ("spark://10.0.0.5:7077", False),
+                                                ("yarn", False)])
+def test_only_a_local_master_is_pinned_to_loopback_and_this_interpreter(
+        monkeypatch: pytest.MonkeyPatch, master: str, local: bool) -> None:
+    builder = RecordingBuilder()
+    monkeypatch.setattr(SparkSession, "builder", builder)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    built: object = session.spark_session(master)
+    assert built == builder.settings
+    assert builder.settings["master"] == master
+    # A cluster's executors must reach the driver and run their own Python.
+    assert os.environ.get("SPARK_LOCAL_IP") == ("127.0.0.1" if local else None)
+    assert os.environ.get("PYSPARK_PYTHON") == (sys.executable if local else None)
+    assert ("spark.sql.shuffle.partitions" in builder.settings) == local
 
 
 # ---------------------------------------------------------------------------------------------

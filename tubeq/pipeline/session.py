@@ -1,8 +1,9 @@
 """The one way tubeq's pipeline commands get a SparkSession, and the Java check before it.
 
 Owns: the environment a local session needs (workers on this interpreter, every listener on
-loopback), the settings that suit a laptop-sized local master, Spark Connect (``--remote``), and
-the one clear error when Java is missing or too old, instead of a JVM trace.
+loopback; a cluster master gets neither), the settings that suit a laptop-sized local master,
+Spark Connect (``--remote``), and the one clear error when Java is missing or too old, instead
+of a JVM trace.
 
 Rules: nothing here starts Spark at import time; every pipeline command builds its session
 through :func:`spark_session`, so a fix to how sessions start is made once.
@@ -84,7 +85,8 @@ def check_java() -> int:
 def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None,
                   app_name: str = "tubeq-pipeline") -> SparkSession:
     """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
-    on ``master``, with Python workers on this interpreter and local listeners on loopback."""
+    on ``master``; a local master gets Python workers on this interpreter and listeners on
+    loopback."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -92,11 +94,13 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         # The cluster runs the Python code: no local JVM, so no local Java check.
         return builder.remote(remote).getOrCreate()
     check_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     master = master or DEFAULT_MASTER
     builder = (builder.master(master).config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC"))
     if master.startswith("local"):
+        # Only for a local master: a cluster's executors must reach the driver (not on its
+        # loopback) and run their own nodes' Python (this interpreter's path may not exist there).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
     return builder.getOrCreate()
