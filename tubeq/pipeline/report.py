@@ -148,32 +148,31 @@ def annotate(events: DataFrame) -> DataFrame:
     """
     event = F.col("event")
     time_ms = F.col("time_ms")
+    state_after = F.col("state_after")
     sid = F.split(F.col("stream_id"), "-")
     rows = (events
-            .withColumn("sid_ms", sid.getItem(0).cast("long"))
-            .withColumn("sid_seq", F.coalesce(sid.getItem(1).cast("long"), F.lit(0)))
-            .withColumn("state_after", _new_state(event, F.col("delay_ms")))
-            .where(F.col("state_after").isNotNull()))
+            .select("tube", "id", "event", "delay_ms", "due_ms", "tries", "time_ms",
+                    sid.getItem(0).cast("long").alias("sid_ms"),
+                    F.coalesce(sid.getItem(1).cast("long"), F.lit(0)).alias("sid_seq"),
+                    _new_state(event, F.col("delay_ms")).alias("state_after"))
+            .where(state_after.isNotNull()))
     job = Window.partitionBy("tube", "id").orderBy("sid_ms", "sid_seq")
     before = job.rowsBetween(Window.unboundedPreceding, -1)
-    previous = F.lag("state_after").over(job)
-    ready_since = F.last(F.when(F.col("state_after") == READY, time_ms),
-                         ignorenulls=True).over(before)
-    reserved_since = F.last(F.when(event == EventName.RESERVED.value, time_ms),
-                            ignorenulls=True).over(before)
-    delayed_until = F.last(
-        F.when((F.col("state_after") == DELAYED) & (F.col("due_ms") > 0), F.col("due_ms")),
-        ignorenulls=True).over(before)
-    own_due = F.when(F.col("due_ms") > 0, F.col("due_ms"))
-    rows = (rows
-            .withColumn("known_before", previous)
-            .withColumn("state_before", F.coalesce(previous, _implied_before(event)))
-            .withColumn("ready_since", ready_since)
-            .withColumn("reserved_since", reserved_since)
-            .withColumn("delayed_until", delayed_until))
+    # All in one select, so Spark evaluates them in one window operator over one sort.
+    rows = rows.select(
+        "*",
+        F.lag("state_after").over(job).alias("known_before"),
+        F.last(F.when(state_after == READY, time_ms), ignorenulls=True)
+        .over(before).alias("ready_since"),
+        F.last(F.when(event == EventName.RESERVED.value, time_ms), ignorenulls=True)
+        .over(before).alias("reserved_since"),
+        F.last(F.when((state_after == DELAYED) & (F.col("due_ms") > 0), F.col("due_ms")),
+               ignorenulls=True).over(before).alias("delayed_until"))
     known_before = F.col("known_before")
+    own_due = F.when(F.col("due_ms") > 0, F.col("due_ms"))
     return rows.select(
-        "tube", "id", "event", "time_ms", "tries", "known_before", "state_before",
+        "tube", "id", "event", "time_ms", "tries", "known_before",
+        F.coalesce(known_before, _implied_before(event)).alias("state_before"),
         "state_after",
         F.when((event == EventName.RESERVED.value) & (known_before == READY),
                time_ms - F.col("ready_since")).alias("wait_ms"),
@@ -184,63 +183,149 @@ def annotate(events: DataFrame) -> DataFrame:
     )
 
 
-def _with_all_tubes(frame: DataFrame) -> DataFrame:
-    """``frame`` twice over: as it is, and with every tube replaced by ``ALL_TUBES``."""
-    return frame.withColumn("tube", F.explode(F.array(F.col("tube"), F.lit(ALL_TUBES))))
-
-
 def _bucket(time_ms: Column, size_ms: int) -> Column:
     return F.floor(time_ms / F.lit(size_ms)).cast("long") * F.lit(size_ms)
 
 
-def _metrics(facts: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """Event counts and the measures' percentiles per ``keys``."""
+def _keys(grain_ms: int | None) -> list[str]:
+    """The grouping columns of a table per ``grain_ms`` (a bucket size; None: whole archive)."""
+    return ["tube"] if grain_ms is None else ["tube", "bucket_ms"]
+
+
+def _regrain(frame: DataFrame, grain_ms: int | None) -> DataFrame:
+    """``frame`` (keyed by per-minute ``bucket_ms``) with its buckets widened to ``grain_ms``,
+    or without them for None; rows are not yet summed."""
+    if grain_ms is None:
+        return frame.drop("bucket_ms")
+    if grain_ms == MINUTE_MS:
+        return frame
+    return frame.withColumn("bucket_ms", _bucket(F.col("bucket_ms"), grain_ms))
+
+
+def _sum_with_all_tubes(frame: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
+    """``frame`` summed per ``keys``, plus the same sums over every tube as tube ``ALL_TUBES``.
+
+    The all-tubes rows are summed from the per-tube sums (small), not from the events again.
+    Grouping them by the literal keeps the aggregate a grouped one: no rows from no rows.
+    """
+    per_tube = frame.groupBy(*keys).agg(*[F.sum(column).alias(column) for column in summed])
+    rest = [key for key in keys if key != "tube"]
+    all_tubes = (per_tube.groupBy(F.lit(ALL_TUBES).alias("tube"), *rest)
+                 .agg(*[F.sum(column).alias(column) for column in summed]))
+    return per_tube.unionByName(all_tubes)
+
+
+def _minute_flows(facts: DataFrame) -> DataFrame:
+    """Per tube and minute: each counted event's count, and each state's net change
+    ``d_<state>`` (jobs that entered it minus jobs that left it)."""
     event = F.col("event")
-    aggs: list[Column] = [F.count(F.when(event == name.value, 1)).alias(column)
-                          for name, column in COUNTED]
-    for measure in MEASURES:
-        aggs.append(F.percentile(measure, list(PERCENTILES)).alias(f"_{measure}"))
-        aggs.append(F.count(measure).alias(f"{measure}_n"))
-    out = facts.groupBy(*keys).agg(*aggs)
-    for measure in MEASURES:
-        for index, fraction in enumerate(PERCENTILES):
-            out = out.withColumn(f"{measure}_p{round(fraction * 100)}",
-                                 F.col(f"_{measure}").getItem(index))
-        out = out.drop(f"_{measure}")
-    return out.orderBy(*keys)
+    counts = [F.count(F.when(event == name.value, 1)).alias(column) for name, column in COUNTED]
+    # A job's first event in the archive only adds it: it was in no count before.
+    deltas = [(F.count(F.when(F.col("state_after") == state, 1))
+               - F.count(F.when(F.col("known_before") == state, 1))).alias(f"d_{state}")
+              for state in STATES]
+    return (facts.withColumn("bucket_ms", _bucket(F.col("time_ms"), MINUTE_MS))
+            .groupBy("tube", "bucket_ms").agg(*counts, *deltas))
+
+
+def _minute_histogram(facts: DataFrame) -> DataFrame:
+    """Each measure's samples per tube and minute as (value, n) pairs: columns tube, bucket_ms,
+    measure (its index in ``MEASURES``), value, n. Wider buckets sum these, so the events are
+    read once for every grain, and percentiles of a histogram are the samples' percentiles."""
+    bucket = _bucket(F.col("time_ms"), MINUTE_MS).alias("bucket_ms")
+    samples = [facts.where(F.col(measure).isNotNull())
+               .select("tube", bucket, F.lit(index).alias("measure"),
+                       F.col(measure).alias("value"))
+               for index, measure in enumerate(MEASURES)]
+    stacked = samples[0]
+    for more in samples[1:]:
+        stacked = stacked.unionByName(more)
+    return (stacked.groupBy("tube", "bucket_ms", "measure", "value")
+            .agg(F.count("*").alias("n")))
+
+
+def _percentiles(histogram: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """Exact percentiles from (value, n) histograms: per ``keys``, ``<measure>_n`` and
+    ``<measure>_p50`` ... for each measure that has samples there.
+
+    The sample at 0-based rank r is the least value whose running count exceeds r; between the
+    ranks around ``(n - 1) * fraction`` the result is interpolated linearly, as Spark's
+    ``percentile`` and ``numpy.percentile`` do.
+    """
+    group = [*keys, "measure"]
+    ordered = Window.partitionBy(*group).orderBy("value")
+    # Both frames share one partitioning and order: one window operator, one sort.
+    ranked = histogram.select(
+        *group, "value",
+        F.sum("n").over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        .alias("upto"),
+        F.sum("n").over(ordered.rowsBetween(Window.unboundedPreceding,
+                                            Window.unboundedFollowing)).alias("total"))
+    position = [(F.col("total") - 1) * F.lit(fraction) for fraction in PERCENTILES]
+    at_rank = [F.min(F.when(F.col("upto") > rank, F.col("value"))).alias(f"_{side}{index}")
+               for index, where in enumerate(position)
+               for side, rank in (("lo", F.floor(where)), ("hi", F.ceil(where)))]
+    per_measure = ranked.groupBy(*group).agg(F.max("total").alias("n"), *at_rank)
+    values: list[Column] = []
+    for index, fraction in enumerate(PERCENTILES):
+        where = (F.col("n") - 1) * F.lit(fraction)
+        low, high = F.col(f"_lo{index}"), F.col(f"_hi{index}")
+        values.append((low + (high - low) * (where - F.floor(where))).alias(f"_p{index}"))
+    per_measure = per_measure.select(*group, "n", *values)
+    columns: list[Column] = []
+    for index, measure in enumerate(MEASURES):
+        mine = F.col("measure") == index
+        columns.append(F.max(F.when(mine, F.col("n"))).alias(f"{measure}_n"))
+        columns += [F.max(F.when(mine, F.col(f"_p{position_index}")))
+                    .alias(f"{measure}_p{round(fraction * 100)}")
+                    for position_index, fraction in enumerate(PERCENTILES)]
+    return per_measure.groupBy(*keys).agg(*columns)
+
+
+def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
+    """Event counts per tube (and bucket of ``grain_ms``), all tubes included."""
+    counted = [column for _, column in COUNTED]
+    return _sum_with_all_tubes(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms),
+                               _keys(grain_ms), counted)
+
+
+def _metrics(flows: DataFrame, histogram: DataFrame, grain_ms: int | None) -> DataFrame:
+    """Event counts and the measures' sample counts and percentiles per tube (and bucket)."""
+    keys = _keys(grain_ms)
+    widened = _sum_with_all_tubes(_regrain(histogram, grain_ms), [*keys, "measure", "value"],
+                                  ["n"])
+    percentiles = _percentiles(widened, keys)
+    counts = _counts(flows, grain_ms)
+    samples = [F.coalesce(F.col(f"{measure}_n"), F.lit(0)).cast("long").alias(f"{measure}_n")
+               for measure in MEASURES]
+    shares = [f"{measure}_p{round(fraction * 100)}"
+              for measure in MEASURES for fraction in PERCENTILES]
+    return (counts.join(percentiles, keys, "left")
+            .select(*keys, *[column for _, column in COUNTED], *samples, *shares)
+            .orderBy(*keys))
 
 
 def _tries(facts: DataFrame) -> DataFrame:
     jobs = facts.groupBy("tube", "id").agg(F.max("tries").alias("tries"))
-    return (_with_all_tubes(jobs).groupBy("tube", "tries").agg(F.count("*").alias("jobs"))
-            .orderBy("tube", "tries"))
+    per_tube = jobs.groupBy("tube", "tries").agg(F.count("*").alias("jobs"))
+    return _sum_with_all_tubes(per_tube, ["tube", "tries"], ["jobs"]).orderBy("tube", "tries")
 
 
-def _backlog(facts: DataFrame) -> DataFrame:
+def _backlog(flows: DataFrame) -> DataFrame:
     """Jobs per state at the end of each minute, every minute from the first to the last."""
-    spark = facts.sparkSession
-    # A job's first event in the archive only adds it: it was in no count before.
-    changes = facts.where(~F.col("known_before").eqNullSafe(F.col("state_after")))
-    deltas = (changes
-              .withColumn("bucket_ms", _bucket(F.col("time_ms"), MINUTE_MS))
-              .withColumn("delta", F.explode(F.array(
-                  F.struct(F.col("known_before").alias("state"), F.lit(-1).alias("by")),
-                  F.struct(F.col("state_after").alias("state"), F.lit(1).alias("by")))))
-              .select("tube", "bucket_ms", "delta.state", "delta.by"))
-    per_minute = (_with_all_tubes(deltas).groupBy("tube", "bucket_ms")
-                  .agg(*[F.sum(F.when(F.col("state") == state, F.col("by")).otherwise(0))
-                         .alias(f"d_{state}") for state in STATES]))
-    bounds = facts.agg(F.min("time_ms").alias("lo"), F.max("time_ms").alias("hi")).first()
+    spark = flows.sparkSession
+    deltas = [f"d_{state}" for state in STATES]
+    per_minute = _sum_with_all_tubes(flows.select("tube", "bucket_ms", *deltas),
+                                     ["tube", "bucket_ms"], deltas)
+    bounds = flows.agg(F.min("bucket_ms").alias("lo"), F.max("bucket_ms").alias("hi")).first()
     if bounds is None or bounds["lo"] is None:
         return spark.createDataFrame(
             [], "tube STRING, bucket_ms BIGINT, "
             + ", ".join(f"{state} BIGINT" for state in STATES) + ", total BIGINT")
-    first = int(bounds["lo"]) // MINUTE_MS
-    last = int(bounds["hi"]) // MINUTE_MS
-    minutes = spark.range(first, last + 1).select(
-        (F.col("id") * F.lit(MINUTE_MS)).alias("bucket_ms"))
-    tubes = _with_all_tubes(facts.select("tube").distinct()).distinct()
-    grid = tubes.crossJoin(minutes).join(per_minute, ["tube", "bucket_ms"], "left").fillna(0)
+    minutes = spark.range(int(bounds["lo"]) // MINUTE_MS, int(bounds["hi"]) // MINUTE_MS + 1)
+    grid = (per_minute.select("tube").distinct()
+            .crossJoin(minutes.select((F.col("id") * F.lit(MINUTE_MS)).alias("bucket_ms")))
+            .join(per_minute, ["tube", "bucket_ms"], "left").fillna(0))
     running = Window.partitionBy("tube").orderBy("bucket_ms").rowsBetween(
         Window.unboundedPreceding, Window.currentRow)
     out = grid.select("tube", "bucket_ms", *[
@@ -251,8 +336,8 @@ def _backlog(facts: DataFrame) -> DataFrame:
     return out.withColumn("total", total).orderBy("tube", "bucket_ms")
 
 
-def _ranked(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
-    failing = (frame.where(F.col("tube") != ALL_TUBES)
+def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
+    failing = (counts.where(F.col("tube") != ALL_TUBES)
                .select(*keys, "timed_out", "buried",
                        (F.col("timed_out") + F.col("buried")).alias("failures"))
                .where(F.col("failures") > 0))
@@ -264,32 +349,32 @@ def _ranked(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
 def build_report(events: DataFrame) -> dict[str, DataFrame]:
     """Every result table of the report (``TABLES``) from a DataFrame of lifecycle events.
 
-    The annotated events are cached, so call :func:`release` on the result when done with it.
+    Three intermediates are cached (the annotated events, their per-minute flows and their
+    per-minute histograms; every table derives from these), so call :func:`release` on the
+    result when done with it.
     """
     facts = annotate(events).persist()
-    rolled = _with_all_tubes(facts)
-    by_tube = _metrics(rolled, ["tube"])
-    by_minute = _metrics(rolled.withColumn("bucket_ms", _bucket(F.col("time_ms"), MINUTE_MS)),
-                         ["tube", "bucket_ms"])
-    by_hour = _metrics(rolled.withColumn("bucket_ms", _bucket(F.col("time_ms"), HOUR_MS)),
-                       ["tube", "bucket_ms"])
+    flows = _minute_flows(facts).persist()
+    histogram = _minute_histogram(facts).persist()
     return {
-        "by_tube": by_tube,
-        "by_minute": by_minute,
-        "by_hour": by_hour,
+        "by_tube": _metrics(flows, histogram, None),
+        "by_minute": _metrics(flows, histogram, MINUTE_MS),
+        "by_hour": _metrics(flows, histogram, HOUR_MS),
         "tries": _tries(facts),
-        "backlog": _backlog(facts),
-        "failing_tubes": _ranked(by_tube, ["tube"]),
-        "failing_hours": _ranked(by_hour, ["tube", "bucket_ms"]),
+        "backlog": _backlog(flows),
+        "failing_tubes": _ranked(_counts(flows, None), ["tube"]),
+        "failing_hours": _ranked(_counts(flows, HOUR_MS), ["tube", "bucket_ms"]),
         "_facts": facts,
+        "_flows": flows,
+        "_histogram": histogram,
     }
 
 
 def release(tables: Mapping[str, DataFrame]) -> None:
-    """Drop what :func:`build_report` cached."""
-    facts = tables.get("_facts")
-    if facts is not None:
-        facts.unpersist()
+    """Drop what :func:`build_report` cached (its entries whose names start with ``_``)."""
+    for name, frame in tables.items():
+        if name.startswith("_"):
+            frame.unpersist()
 
 
 def write_report(tables: Mapping[str, DataFrame], out_dir: str | Path) -> Path:
