@@ -317,14 +317,31 @@ def test_an_import_error_of_a_bug_keeps_its_traceback(monkeypatch: pytest.Monkey
 
 
 def test_unreachable_remote_is_one_line(tmp_path: Path) -> None:
-    # Nothing listens on the port. Without Spark Connect's client (grpcio: not in the extra) the
-    # command says what to install; with it, Spark's connection error. Either way one line.
-    done = pipeline("--remote", f"sc://127.0.0.1:{free_port()}", "report", "--archive",
+    # Nothing listens on the port. Spark Connect's own client would retry for minutes; the
+    # command probes the port first and says so in one line.
+    port = free_port()
+    done = pipeline("--remote", f"sc://127.0.0.1:{port}", "report", "--archive",
                     str(tmp_path / "a"), "--out", str(tmp_path / "o"))
     assert done.returncode == 1
     line = one_line(done.stderr)
-    assert line.startswith("tubeq-pipeline: ")
-    assert "Traceback" not in done.stderr
+    assert line.startswith(f"tubeq-pipeline: no Spark Connect server answers at 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("url", ["sc://127.0.0.1:notaport", "sc://127.0.0.1:99999"])
+def test_a_bad_remote_port_is_one_line(url: str, tmp_path: Path) -> None:
+    done = pipeline("--remote", url, "report", "--archive", str(tmp_path / "a"), "--out",
+                    str(tmp_path / "o"))
+    assert done.returncode == 1
+    assert one_line(done.stderr).startswith("tubeq-pipeline: ")
+
+
+def test_schedule_input_of_an_unknown_kind_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "orders.xlsx").write_text("body\nx\n")
+    done = pipeline("schedule", "--input", str(tmp_path / "orders.xlsx"), "--address",
+                    "127.0.0.1:1", timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    assert one_line(done.stderr) == (f"tubeq-pipeline: --input {tmp_path / 'orders.xlsx'}: "
+                                     "expected a .parquet, .csv or .json file")
 
 
 # ---------------------------------------------------------------------------------------------

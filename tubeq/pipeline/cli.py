@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from tubeq.pipeline.session import DEFAULT_MASTER, JavaUnavailable
+from tubeq.pipeline.session import DEFAULT_MASTER, PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -84,8 +84,7 @@ def _add_spark_options(parser: argparse.ArgumentParser, *, with_defaults: bool) 
                        help="Spark master: local[N], spark://HOST:7077, yarn, k8s://... "
                             f"(default {DEFAULT_MASTER})")
     group.add_argument("--remote", default=None if with_defaults else unset, metavar="URL",
-                       help="a Spark Connect server (sc://HOST:15002) instead of --master; "
-                            f"needs {CONNECT_HINT}")
+                       help="a Spark Connect server (sc://HOST:15002) instead of --master")
 
 
 def chosen_command(argv: Sequence[str]) -> str | None:
@@ -142,7 +141,7 @@ def missing_dependency(exc: ImportError) -> str | None:
 
 def explain(exc: Exception) -> str | None:
     """The one line a user reads for a failure they can fix; None for a bug."""
-    if isinstance(exc, JavaUnavailable):
+    if isinstance(exc, PipelineError):
         return str(exc)
     if isinstance(exc, ImportError):
         hint = missing_dependency(exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,43 @@ MIN_JAVA: Final = 17
 LOCAL_SHUFFLE_PARTITIONS: Final = 8
 DEFAULT_MASTER: Final = "local[*]"
 JAVA_VERSION_TIMEOUT_S: Final = 30.0
+# Spark Connect's client retries an unreachable server with backoff for minutes (measured: still
+# waiting after 120 s); a plain TCP connect decides within this long that nobody is there.
+CONNECT_PROBE_TIMEOUT_S: Final = 5.0
+SPARK_CONNECT_PORT: Final = 15002
 
 
-class JavaUnavailable(RuntimeError):
+class PipelineError(RuntimeError):
+    """A failure the user can fix (a missing Java, an unreachable server, a bad input); the
+    command line prints its message as one line, without a traceback."""
+
+
+class JavaUnavailable(PipelineError):
     """No usable Java for Spark; the message says what was found and what to do."""
+
+
+class ConnectUnreachable(PipelineError):
+    """Nothing answers at the Spark Connect URL given with ``--remote``."""
+
+
+def check_reachable(remote: str) -> None:
+    """Raise :class:`ConnectUnreachable` unless a TCP connection to ``remote``'s host and port
+    (``sc://HOST[:PORT][/;params]``, default port 15002) opens within a few seconds."""
+    rest = remote.removeprefix("sc://").split("/", 1)[0]
+    host, _, port = rest.rpartition(":") if ":" in rest.lstrip("[") else (rest, "", "")
+    host = (host or rest).strip("[]")
+    try:
+        number = int(port) if port else SPARK_CONNECT_PORT
+    except ValueError:
+        number = -1
+    if not 0 < number < 65536:
+        raise ConnectUnreachable(f"--remote {remote}: bad port {port!r}")
+    try:
+        with socket.create_connection((host, number), timeout=CONNECT_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConnectUnreachable(f"no Spark Connect server answers at {host}:{number} "
+                                 f"(--remote {remote}): {exc}") from None
 
 
 def java_executable() -> str | None:
@@ -92,6 +126,7 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
     builder = SparkSession.builder.appName(app_name)
     if remote:
         # The cluster runs the Python code: no local JVM, so no local Java check.
+        check_reachable(remote)
         return builder.remote(remote).getOrCreate()
     check_java()
     master = master or DEFAULT_MASTER

@@ -71,7 +71,7 @@ from pyspark.sql.types import StructType
 
 from tubeq.client.parser import Reply, ReplyParser
 from tubeq.client.wire import CRLF, DEFAULT_PRIORITY, DEFAULT_TTR, DEFAULT_TUBE, U32_MAX
-from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.session import PipelineError, spark_session
 from tubeq.protocol import DEFAULT_MAX_JOB_SIZE, MAX_TUBE_NAME, TUBE_NAME_CHARS
 
 NAME: Final = "tubeq"
@@ -510,20 +510,30 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttr", type=int, help="ttr (s) of rows without one")
 
 
-def read_input(spark: SparkSession, path: str) -> DataFrame:
-    """A dataset by its extension: .parquet, .csv (header, types inferred) or .json (lines)."""
+def input_format(path: str) -> str:
+    """The Spark reader format for dataset ``path`` by its extension (parquet, csv or json);
+    raises :class:`PipelineError` for any other, before a session is started."""
     suffix = Path(path.rstrip("/")).suffix.lower()
     if suffix == ".parquet":
-        return spark.read.parquet(path)
+        return "parquet"
     if suffix == ".csv":
-        return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
+        return "csv"
     if suffix in (".json", ".jsonl", ".ndjson"):
-        return spark.read.json(path)
-    raise ValueError(f"--input {path}: expected a .parquet, .csv or .json file")
+        return "json"
+    raise PipelineError(f"--input {path}: expected a .parquet, .csv or .json file")
+
+
+def read_input(spark: SparkSession, path: str) -> DataFrame:
+    """A dataset by its extension: .parquet, .csv (header, types inferred) or .json (lines)."""
+    kind = input_format(path)
+    if kind == "csv":
+        return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
+    return spark.read.format(kind).load(path)
 
 
 def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     """Run ``tubeq-pipeline schedule``; prints the counts; exit status 1 if the write aborted."""
+    input_format(args.input)  # a bad --input is said before Spark starts
     if spark is None:
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
     options = {name: getattr(args, name) for name in ("tube", "priority", "delay", "ttr")
