@@ -143,7 +143,7 @@ def current_jobs(host: str, port: int, tube: str) -> int:
 def write_rate(spark: object, rows: int, log_dir: Path) -> list[tuple[str, float, int, str]]:
     from pyspark.sql import SparkSession
 
-    from tubeq.pipeline.writer import schedule
+    from tubeq.pipeline.schedule import schedule
 
     assert isinstance(spark, SparkSession)
     frame = spark.range(rows).selectExpr(

@@ -20,7 +20,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.servers import ServerProcess
-from tubeq.pipeline import writer
+from tubeq.events import FIELDS
+from tubeq.pipeline import schedule, source
 from tubeq.redis_process import free_port
 
 SCHEMA = "body STRING, tube STRING, priority BIGINT, delay BIGINT, ttr BIGINT"
@@ -36,7 +37,7 @@ def spark() -> Iterator[SparkSession]:
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.session.timeZone", "UTC")
                .getOrCreate())
-    session.dataSource.register(writer.TubeqWriteSource)
+    source.register(session)
     yield session
     session.stop()
     for key, value in saved.items():
@@ -81,7 +82,7 @@ def test_rows_become_jobs(spark: SparkSession, tubeq: ServerProcess) -> None:
     rows = [(f"job-{i}", a if i % 3 else b, i % 7, 3600 if i % 10 == 0 else 0, 30 + i % 5)
             for i in range(1000)]
     frame = spark.createDataFrame(rows, SCHEMA).repartition(4)
-    result = writer.schedule(frame, address(tubeq))
+    result = schedule.schedule(frame, address(tubeq))
     assert not result.aborted
     assert (result.counts.put, result.counts.failed, result.counts.bad) == (1000, 0, {})
     assert result.counts.retried_tasks == 0
@@ -110,7 +111,7 @@ def test_options_are_the_defaults_and_due_becomes_delay(spark: SparkSession,
           due if isinstance(due, int) else None) for body, due in rows],
         "body STRING, due_ts TIMESTAMP, due_ms BIGINT")
     frame = frame.selectExpr("body", "coalesce(unix_millis(due_ts), due_ms) AS due")
-    result = writer.schedule(frame, address(tubeq), tube=tube, priority=5, ttr=7)
+    result = schedule.schedule(frame, address(tubeq), tube=tube, priority=5, ttr=7)
     assert result.counts.put == 3
     with greenstalk.Client(tubeq.address, encoding=None, use=tube, watch=tube) as client:
         ready = client.peek_ready()
@@ -144,7 +145,7 @@ def test_bad_rows_are_counted_not_fatal(spark: SparkSession, tubeq: ServerProces
         ("t", tube, 1, 0, 2**32),                # ttr out of range
     ]
     frame = spark.createDataFrame(good + bad, SCHEMA).repartition(3)
-    result = writer.schedule(frame, address(tubeq))
+    result = schedule.schedule(frame, address(tubeq))
     assert result.counts.put == 20
     assert result.counts.failed == 0
     assert result.counts.bad == {"missing_body": 1, "bad_delay": 1, "body_too_big": 1,
@@ -160,7 +161,7 @@ def test_server_refusing_a_body_counts_it_too_big(spark: SparkSession,
     tube = fresh_tube("big")
     frame = spark.createDataFrame([("a" * 70_000, tube, 1, 0, 10), ("b", tube, 1, 0, 10)],
                                   SCHEMA).coalesce(1)
-    result = writer.schedule(frame, address(tubeq), max_job_size=1_000_000)
+    result = schedule.schedule(frame, address(tubeq), max_job_size=1_000_000)
     assert (result.counts.put, result.counts.bad) == (1, {"body_too_big": 1})
     assert [body for body, _ in drain(tubeq, tube)] == [b"b"]
 
@@ -171,7 +172,7 @@ def test_retried_task_puts_again(spark: SparkSession, tubeq: ServerProcess) -> N
     rows = [(f"order-{i}", tube, 1, 0, 10) for i in range(200)]
     frame = spark.createDataFrame(rows, SCHEMA).repartition(2)
     partition_sizes = frame.rdd.glom().map(len).collect()
-    result = writer.schedule(frame, address(tubeq), fail_once_after=50, fail_partition=0)
+    result = schedule.schedule(frame, address(tubeq), fail_once_after=50, fail_partition=0)
     # The counts come from the successful attempts: every row put once...
     assert (result.counts.put, result.counts.retried_tasks) == (200, 1)
     assert result.counts.retried_rows == partition_sizes[0]
@@ -185,7 +186,7 @@ def test_retried_task_puts_again(spark: SparkSession, tubeq: ServerProcess) -> N
 def test_writes_to_real_beanstalkd(spark: SparkSession, beanstalkd: ServerProcess) -> None:
     tube = fresh_tube("bs")
     frame = spark.createDataFrame([(f"b{i}", tube, 9, 0, 20) for i in range(300)], SCHEMA)
-    result = writer.schedule(frame.repartition(3), address(beanstalkd))
+    result = schedule.schedule(frame.repartition(3), address(beanstalkd))
     assert result.counts.put == 300
     jobs = drain(beanstalkd, tube)
     assert sorted(body for body, _ in jobs) == sorted(f"b{i}".encode() for i in range(300))
@@ -194,8 +195,8 @@ def test_writes_to_real_beanstalkd(spark: SparkSession, beanstalkd: ServerProces
 
 def test_unreachable_server_fails_the_write(spark: SparkSession) -> None:
     frame = spark.createDataFrame([("x", "t", 1, 0, 10)], SCHEMA)
-    with pytest.raises(writer.WriteFailed, match="ConnectionRefusedError") as failed:
-        writer.schedule(frame, f"127.0.0.1:{free_port('127.0.0.1')}", timeout=2)
+    with pytest.raises(schedule.WriteFailed, match="ConnectionRefusedError") as failed:
+        schedule.schedule(frame, f"127.0.0.1:{free_port('127.0.0.1')}", timeout=2)
     assert "\n" not in str(failed.value)
 
 
@@ -203,21 +204,21 @@ def test_dedupe_key_is_refused_until_issue_10(spark: SparkSession, tubeq: Server
     tube = fresh_tube("dedupe")
     frame = spark.createDataFrame([("x", tube, "order-1")], "body STRING, tube STRING, "
                                   "dedupe_key STRING")
-    with pytest.raises(writer.WriteFailed, match="issue 10"):
-        writer.schedule(frame, address(tubeq))
+    with pytest.raises(schedule.WriteFailed, match="issue 10"):
+        schedule.schedule(frame, address(tubeq))
     assert tube_stats(tubeq, tube)["total-jobs"] == 0
 
 
 def test_bad_options_fail_before_any_put(spark: SparkSession, tubeq: ServerProcess) -> None:
     frame = spark.createDataFrame([("x",)], "body STRING")
     for options, message in (({"tube": "-no"}, "tube"), ({"ttr": "0"}, "ttr")):
-        with pytest.raises(writer.WriteFailed, match=message):
-            writer.schedule(frame, address(tubeq), **options)
-    with pytest.raises(writer.WriteFailed, match="host:port"):
-        writer.schedule(frame, "nowhere")
+        with pytest.raises(schedule.WriteFailed, match=message):
+            schedule.schedule(frame, address(tubeq), **options)
+    with pytest.raises(schedule.WriteFailed, match="host:port"):
+        schedule.schedule(frame, "nowhere")
     no_body: DataFrame = spark.createDataFrame([("x",)], "payload STRING")
-    with pytest.raises(writer.WriteFailed, match="body"):
-        writer.schedule(no_body, address(tubeq))
+    with pytest.raises(schedule.WriteFailed, match="body"):
+        schedule.schedule(no_body, address(tubeq))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json", ".parquet"])
@@ -235,6 +236,16 @@ def test_schedule_command(spark: SparkSession, tubeq: ServerProcess, tmp_path: P
         frame.write.parquet(str(path))
     args = argparse.Namespace(input=str(path), address=address(tubeq), tube=tube,
                               priority=None, delay=None, ttr=None)
-    assert writer.run_schedule(args, spark) == 0
+    assert schedule.run_schedule(args, spark) == 0
     assert capsys.readouterr().out.strip() == "put 9, deduplicated 0, failed 0, bad 1 (bad_delay 1)"
     assert tube_stats(tubeq, tube)["total-jobs"] == 9
+
+
+def test_after_a_schedule_the_tubeq_format_still_reads_events(spark: SparkSession,
+                                                               tubeq: ServerProcess) -> None:
+    # One format reads events and writes jobs: schedule() registering it must not leave the
+    # session with a write-only "tubeq" (it once did, and spark.read.format("tubeq") failed).
+    frame = spark.createDataFrame([("one", fresh_tube("both"), 0, 0, 30)], SCHEMA)
+    assert schedule.schedule(frame, address(tubeq)).counts.put == 1
+    events = spark.read.format("tubeq").option("redis", tubeq.extra["redis_url"]).load()
+    assert events.columns == ["stream_id", *FIELDS]

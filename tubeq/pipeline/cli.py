@@ -50,7 +50,7 @@ COMMANDS: Final[Mapping[str, Command]] = {
                        "copy the lifecycle event stream to Parquet, exactly once"),
     "report": Command("tubeq.pipeline.report", "add_report_arguments", "run_report",
                       "analyse an archive: Parquet tables and a self-contained report.html"),
-    "schedule": Command("tubeq.pipeline.writer", "add_schedule_arguments", "run_schedule",
+    "schedule": Command("tubeq.pipeline.schedule", "add_schedule_arguments", "run_schedule",
                         "turn a dataset's rows into jobs on a tubeq or beanstalkd"),
     "tail": Command("tubeq.pipeline.tail", "add_tail_arguments", "run_tail",
                     "follow the live event stream: per-tube rates as they happen"),

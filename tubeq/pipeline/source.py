@@ -83,6 +83,7 @@ from pyspark.sql.types import StructType
 
 from tubeq.events import FIELDS, INT_FIELDS, SPARK_DDL, Event, MalformedEvent
 from tubeq.keys import Keys
+from tubeq.pipeline.writer import make_writer
 
 NAME: Final = "tubeq"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"
@@ -461,8 +462,6 @@ class TubeqEventSource(DataSource):
         return TubeqStreamReader(SourceOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from tubeq.pipeline.writer import make_writer
-
         return make_writer(self.options, schema)
 
 

@@ -1,8 +1,9 @@
 """Writing jobs from Spark: ``df.write.format("tubeq").option("address", "HOST:PORT").save()``.
 
 Owns the Python Data Source writer that turns each row of a DataFrame into one ``put`` on a
-tubeq (or any beanstalkd) server, the checks that decide a row is bad, the counts a write
-reports, and the ``tubeq-pipeline schedule`` command.
+tubeq (or any beanstalkd) server, the checks that decide a row is bad, and the counts a write
+reports. The ``tubeq`` format that reaches it is ``source.py``'s (one format reads events and
+writes jobs); the driver side and the command are ``schedule.py``'s.
 
 Columns (any other column is ignored; select or alias to these names):
 
@@ -49,15 +50,11 @@ the bundled client's sans-IO reply parser.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
 import math
-import os
-import re
 import socket
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -65,16 +62,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql import Row
+from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from tubeq.client.parser import Reply, ReplyParser
 from tubeq.client.wire import CRLF, DEFAULT_PRIORITY, DEFAULT_TTR, DEFAULT_TUBE, U32_MAX
-from tubeq.pipeline.session import PipelineError, spark_session
 from tubeq.protocol import DEFAULT_MAX_JOB_SIZE, MAX_TUBE_NAME, TUBE_NAME_CHARS
 
-NAME: Final = "tubeq"
 # Puts sent before their replies are read. tubeq stops reading a connection at 128 unanswered
 # commands (flow control) and beanstalkd at none; 128 keeps one round trip per 128 jobs without
 # ever leaning on that limit. A batch also closes at BATCH_BYTES, so big bodies do not pile up.
@@ -412,17 +407,6 @@ class TubeqDataSourceWriter(DataSourceWriter):
                 json.dumps({**asdict(total), "aborted": aborted}), encoding="utf-8")
 
 
-class TubeqWriteSource(DataSource):
-    """The ``tubeq`` format's writer side (the reader side lives in ``source.py``)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return make_writer(self.options, schema)
-
-
 def make_writer(options: Mapping[str, str], schema: StructType | None = None) -> DataSourceWriter:
     """The writer for a ``tubeq`` format DataSource's ``writer()``; checks options and columns."""
     parsed = WriteOptions.parse(options)
@@ -434,131 +418,3 @@ def make_writer(options: Mapping[str, str], schema: StructType | None = None) ->
                          "issue 10, which tubeq does not have yet; drop the column to write "
                          "at-least-once")
     return TubeqDataSourceWriter(parsed)
-
-
-@dataclass
-class WriteResult:
-    counts: WriteCounts
-    aborted: bool
-
-
-class WriteFailed(RuntimeError):
-    """The write failed (a task failed more often than Spark retries it); ``counts`` holds what
-    the successful tasks reported, when Spark got as far as aborting the write."""
-
-    def __init__(self, message: str, counts: WriteCounts | None) -> None:
-        super().__init__(message)
-        self.counts = counts
-
-
-def schedule(frame: DataFrame, address: str, **options: str | int) -> WriteResult:
-    """Write ``frame``'s rows as jobs to ``address`` and return the write's counts.
-
-    Registers the ``tubeq`` format's writer on the frame's session unless the session already
-    has a ``tubeq`` source. The counts come back through a temporary file that the write's
-    commit (which runs in a Spark Python worker, not in this process) fills in.
-    """
-    spark = frame.sparkSession
-    spark.dataSource.register(TubeqWriteSource)
-    with tempfile.TemporaryDirectory(prefix="tubeq-write-") as tmp:
-        report = os.path.join(tmp, "counts.json")
-        writer = frame.write.format(NAME).mode("append").option("address", address)
-        for key, value in options.items():
-            writer = writer.option(key, str(value))
-        try:
-            writer.option("report_file", report).save()
-        except Exception as exc:
-            counts = None
-            if os.path.exists(report):
-                data = json.loads(Path(report).read_text(encoding="utf-8"))
-                data.pop("aborted")
-                counts = WriteCounts(**data)
-            raise WriteFailed(f"the write to {address} failed: {_reason(exc)}", counts) from exc
-        data = json.loads(Path(report).read_text(encoding="utf-8"))
-    aborted = bool(data.pop("aborted"))
-    return WriteResult(WriteCounts(**data), aborted)
-
-
-def _reason(exc: BaseException) -> str:
-    """The Python error inside a Spark error (its last ``SomethingError: text`` line), else its
-    first line: Spark wraps a worker's traceback in a JVM one, and only that line is news."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    causes = [line for line in lines if _CAUSE.match(line)]
-    if causes:
-        return causes[-1]
-    return lines[0] if lines else repr(exc)
-
-
-_CAUSE: Final = re.compile(r"^[A-Za-z_.]*(Error|Exception|Failure): ")
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line: `tubeq-pipeline schedule --input FILE --address HOST:PORT [--tube T] ...`.
-# ---------------------------------------------------------------------------------------------
-
-
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``schedule`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
-    parser.add_argument("--input", required=True,
-                        help="a .parquet (file or directory), .csv (with a header) or .json "
-                             "(one object per line) dataset: columns body, and optionally "
-                             "tube, priority, delay or due, ttr")
-    parser.add_argument("--address", required=True, help="the tubeq or beanstalkd, HOST:PORT")
-    parser.add_argument("--tube", help="the tube of rows without a tube column")
-    parser.add_argument("--priority", type=int, help="priority of rows without one")
-    parser.add_argument("--delay", type=int, help="delay (s) of rows without delay or due")
-    parser.add_argument("--ttr", type=int, help="ttr (s) of rows without one")
-
-
-def input_format(path: str) -> str:
-    """The Spark reader format for dataset ``path`` by its extension (parquet, csv or json);
-    raises :class:`PipelineError` for any other, before a session is started."""
-    suffix = Path(path.rstrip("/")).suffix.lower()
-    if suffix == ".parquet":
-        return "parquet"
-    if suffix == ".csv":
-        return "csv"
-    if suffix in (".json", ".jsonl", ".ndjson"):
-        return "json"
-    raise PipelineError(f"--input {path}: expected a .parquet, .csv or .json file")
-
-
-def read_input(spark: SparkSession, path: str) -> DataFrame:
-    """A dataset by its extension: .parquet, .csv (header, types inferred) or .json (lines)."""
-    kind = input_format(path)
-    if kind == "csv":
-        return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
-    return spark.read.format(kind).load(path)
-
-
-def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run ``tubeq-pipeline schedule``; prints the counts; exit status 1 if the write aborted."""
-    input_format(args.input)  # a bad --input is said before Spark starts
-    if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
-    options = {name: getattr(args, name) for name in ("tube", "priority", "delay", "ttr")
-               if getattr(args, name, None) is not None}
-    try:
-        result = schedule(read_input(spark, args.input), args.address, **options)
-    except WriteFailed as failed:
-        print(f"error: {failed}")
-        if failed.counts is not None:
-            print(f"  before it failed: {failed.counts.summary()}")
-        return 1
-    print(("aborted: " if result.aborted else "") + result.counts.summary())
-    for error in result.counts.errors:
-        print(f"  refused: {error}")
-    return 1 if result.aborted else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tubeq.pipeline.writer``: the ``schedule`` command on its own."""
-    parser = argparse.ArgumentParser(prog="tubeq-pipeline schedule")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
-    add_schedule_arguments(parser)
-    return run_schedule(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
