@@ -156,7 +156,9 @@ def annotate(events: DataFrame) -> DataFrame:
                     F.coalesce(sid.getItem(1).cast("long"), F.lit(0)).alias("sid_seq"),
                     _new_state(event, F.col("delay_ms")).alias("state_after"))
             .where(state_after.isNotNull()))
-    job = Window.partitionBy("tube", "id").orderBy("sid_ms", "sid_seq")
+    # The job id first: the sort's prefix is then a long that settles nearly every comparison,
+    # where the tube (a string shared by a fiftieth of the events) settles none.
+    job = Window.partitionBy("id", "tube").orderBy("sid_ms", "sid_seq")
     before = job.rowsBetween(Window.unboundedPreceding, -1)
     # All in one select, so Spark evaluates them in one window operator over one sort.
     rows = rows.select(
@@ -202,13 +204,16 @@ def _regrain(frame: DataFrame, grain_ms: int | None) -> DataFrame:
     return frame.withColumn("bucket_ms", _bucket(F.col("bucket_ms"), grain_ms))
 
 
-def _sum_with_all_tubes(frame: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
-    """``frame`` summed per ``keys``, plus the same sums over every tube as tube ``ALL_TUBES``.
+def _summed(frame: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
+    return frame.groupBy(*keys).agg(*[F.sum(column).alias(column) for column in summed])
 
-    The all-tubes rows are summed from the per-tube sums (small), not from the events again.
-    Grouping them by the literal keeps the aggregate a grouped one: no rows from no rows.
+
+def _with_all_tubes(per_tube: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
+    """``per_tube`` (one row per ``keys``) and the sums of ``summed`` over every tube, as tube
+    ``ALL_TUBES``: summed from the per-tube rows, not from the events again.
+
+    Grouping by the literal keeps the aggregate a grouped one: no rows from no rows.
     """
-    per_tube = frame.groupBy(*keys).agg(*[F.sum(column).alias(column) for column in summed])
     rest = [key for key in keys if key != "tube"]
     all_tubes = (per_tube.groupBy(F.lit(ALL_TUBES).alias("tube"), *rest)
                  .agg(*[F.sum(column).alias(column) for column in summed]))
@@ -285,15 +290,20 @@ def _percentiles(histogram: DataFrame, keys: Sequence[str]) -> DataFrame:
 def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
     """Event counts per tube (and bucket of ``grain_ms``), all tubes included."""
     counted = [column for _, column in COUNTED]
-    return _sum_with_all_tubes(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms),
-                               _keys(grain_ms), counted)
+    keys = _keys(grain_ms)
+    per_tube = _summed(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms), keys,
+                       counted)
+    return _with_all_tubes(per_tube, keys, counted)
 
 
 def _metrics(flows: DataFrame, histogram: DataFrame, grain_ms: int | None) -> DataFrame:
     """Event counts and the measures' sample counts and percentiles per tube (and bucket)."""
     keys = _keys(grain_ms)
-    widened = _sum_with_all_tubes(_regrain(histogram, grain_ms), [*keys, "measure", "value"],
-                                  ["n"])
+    bins = [*keys, "measure", "value"]
+    # The minute histogram has one row per bin already; wider grains sum theirs.
+    per_tube = histogram if grain_ms == MINUTE_MS else _summed(_regrain(histogram, grain_ms),
+                                                               bins, ["n"])
+    widened = _with_all_tubes(per_tube, bins, ["n"])
     percentiles = _percentiles(widened, keys)
     counts = _counts(flows, grain_ms)
     samples = [F.coalesce(F.col(f"{measure}_n"), F.lit(0)).cast("long").alias(f"{measure}_n")
@@ -308,15 +318,15 @@ def _metrics(flows: DataFrame, histogram: DataFrame, grain_ms: int | None) -> Da
 def _tries(facts: DataFrame) -> DataFrame:
     jobs = facts.groupBy("tube", "id").agg(F.max("tries").alias("tries"))
     per_tube = jobs.groupBy("tube", "tries").agg(F.count("*").alias("jobs"))
-    return _sum_with_all_tubes(per_tube, ["tube", "tries"], ["jobs"]).orderBy("tube", "tries")
+    return _with_all_tubes(per_tube, ["tube", "tries"], ["jobs"]).orderBy("tube", "tries")
 
 
 def _backlog(flows: DataFrame) -> DataFrame:
     """Jobs per state at the end of each minute, every minute from the first to the last."""
     spark = flows.sparkSession
     deltas = [f"d_{state}" for state in STATES]
-    per_minute = _sum_with_all_tubes(flows.select("tube", "bucket_ms", *deltas),
-                                     ["tube", "bucket_ms"], deltas)
+    per_minute = _with_all_tubes(flows.select("tube", "bucket_ms", *deltas),
+                                 ["tube", "bucket_ms"], deltas)
     bounds = flows.agg(F.min("bucket_ms").alias("lo"), F.max("bucket_ms").alias("hi")).first()
     if bounds is None or bounds["lo"] is None:
         return spark.createDataFrame(
@@ -353,7 +363,7 @@ def build_report(events: DataFrame) -> dict[str, DataFrame]:
     per-minute histograms; every table derives from these), so call :func:`release` on the
     result when done with it.
     """
-    facts = annotate(events).persist()
+    facts = annotate(events).drop("state_before").persist()  # no table reads state_before
     flows = _minute_flows(facts).persist()
     histogram = _minute_histogram(facts).persist()
     return {
