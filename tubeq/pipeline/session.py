@@ -30,6 +30,10 @@ MIN_JAVA: Final = 17
 # Spark's default of 200 shuffle partitions is sized for clusters: on 2 local cores the report of
 # 400k events took 103 s with it and 17 s with 8 (bench/RESULTS-pipeline.md).
 LOCAL_SHUFFLE_PARTITIONS: Final = 8
+# A local master runs every task inside the driver's JVM, whose default 1 GiB heap makes the
+# report's sorts spill and its caches evict on a 10M-event archive. Only honoured when this call
+# starts the JVM (a session that already runs keeps its heap).
+LOCAL_DRIVER_MEMORY: Final = "4g"
 DEFAULT_MASTER: Final = "local[*]"
 JAVA_VERSION_TIMEOUT_S: Final = 30.0
 # Spark Connect's client retries an unreachable server with backoff for minutes (measured: still
@@ -137,5 +141,6 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         # loopback) and run their own nodes' Python (this interpreter's path may not exist there).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
+        builder = (builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
+                   .config("spark.driver.memory", LOCAL_DRIVER_MEMORY))
     return builder.getOrCreate()
