@@ -24,6 +24,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
+from tests.pipeline.sparks import local_spark
 from tests.servers import TubeqCluster
 from tubeq.client import Client
 from tubeq.pipeline import archive
@@ -39,21 +40,8 @@ KILL_WAIT_S = 240.0
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-archive")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-archive") as session:
+        yield session
 
 
 @pytest.fixture
@@ -120,7 +108,7 @@ def test_killed_mid_run_and_run_again_archives_every_event_exactly_once(
     key = es.key_of(prefix)
     written = es.write_events(client, key, KILL_EVENTS)
     flags = ["--once", "--trim", "--max-events-per-trigger", str(KILL_BATCH)]
-    argv = [sys.executable, "-m", "tubeq.pipeline.archive", "--master", "local[2]",
+    argv = [sys.executable, "-m", "tubeq.pipeline", "--master", "local[2]", "archive",
             "--redis", redis_process.url, "--prefix", prefix, "--out", str(tmp_path / "events"),
             "--checkpoint", str(tmp_path / "checkpoint"), *flags]
     log_path = tmp_path / "first-run.log"

@@ -25,6 +25,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream, workload
+from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
 from tubeq.events import SPARK_DDL
 from tubeq.pipeline import cli, session
@@ -39,21 +40,8 @@ SPARK_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-cli")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-cli") as session:
+        yield session
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline import workload
+from tests.pipeline.sparks import local_spark
 from tubeq.events import SPARK_DDL
 from tubeq.pipeline import report
 
@@ -37,21 +37,8 @@ STATES = ("ready", "delayed", "reserved", "buried")
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-report")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-report") as session:
+        yield session
 
 
 @pytest.fixture(scope="module")

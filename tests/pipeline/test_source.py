@@ -8,8 +8,6 @@ partitions, and each bad input (malformed entry, gap, unreachable Redis) as a cl
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,8 +16,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from tests.pipeline import eventstream as es
+from tests.pipeline.sparks import local_spark
 from tubeq.events import FIELDS
-from tubeq.pipeline import source
 from tubeq.pipeline.source import (
     EventGap,
     Gap,
@@ -36,22 +34,8 @@ from tubeq.redis_process import RedisProcess, free_port
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-source")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    source.register(session)
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-source") as session:
+        yield session
 
 
 @pytest.fixture

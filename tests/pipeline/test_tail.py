@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
@@ -13,6 +11,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
+from tests.pipeline.sparks import local_spark
 from tubeq.pipeline import tail
 from tubeq.redis_process import RedisProcess, free_port
 
@@ -21,21 +20,8 @@ WINDOW_S = 10
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tubeq-test-tail")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-tail") as session:
+        yield session
 
 
 def tail_args(url: str, prefix: str, *extra: str) -> argparse.Namespace:

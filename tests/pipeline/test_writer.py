@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import secrets
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +17,10 @@ import greenstalk
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
 from tubeq.events import FIELDS
-from tubeq.pipeline import schedule, source
+from tubeq.pipeline import schedule
 from tubeq.redis_process import free_port
 
 SCHEMA = "body STRING, tube STRING, priority BIGINT, delay BIGINT, ttr BIGINT"
@@ -29,22 +28,8 @@ SCHEMA = "body STRING, tube STRING, priority BIGINT, delay BIGINT, ttr BIGINT"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2,2]").appName("tubeq-test-writer")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    source.register(session)
-    yield session
-    session.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with local_spark("tubeq-test-writer", "local[2,2]") as session:
+        yield session
 
 
 def address(server: ServerProcess) -> str:

@@ -187,16 +187,3 @@ def run_archive(args: argparse.Namespace, spark: SparkSession | None = None) -> 
         print(f"archive: failed: {source_error(str(error))}", flush=True)
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tubeq.pipeline.archive``: the ``archive`` command on its own."""
-    parser = argparse.ArgumentParser(prog="tubeq-pipeline archive")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
-    add_archive_arguments(parser)
-    return run_archive(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

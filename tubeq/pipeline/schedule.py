@@ -140,16 +140,3 @@ def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) ->
     for error in result.counts.errors:
         print(f"  refused: {error}")
     return 1 if result.aborted else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tubeq.pipeline.schedule``: the ``schedule`` command on its own."""
-    parser = argparse.ArgumentParser(prog="tubeq-pipeline schedule")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
-    add_schedule_arguments(parser)
-    return run_schedule(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

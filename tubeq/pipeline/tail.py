@@ -120,16 +120,3 @@ def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int
         print(f"tail: failed: {source_error(str(error))}", flush=True)
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tubeq.pipeline.tail``: the ``tail`` command on its own."""
-    parser = argparse.ArgumentParser(prog="tubeq-pipeline tail")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--remote", help="a Spark Connect URL (sc://HOST:PORT) instead")
-    add_tail_arguments(parser)
-    return run_tail(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
