@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from tests.pipeline import workload
 from tests.pipeline.sparks import local_spark
 from tubeq.events import SPARK_DDL
-from tubeq.pipeline import report
+from tubeq.pipeline import cli, report
 
 MINUTE = 60_000
 HOUR = 3_600_000
@@ -322,16 +322,17 @@ def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
 # ---------------------------------------------------------------------------------------------
 
 
-def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any) -> None:
-    """Counts, tries and the final backlog exactly; waits and processing within what the test
-    itself slept and measured around each command."""
+def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
+                                    tmp_path: Path) -> None:
+    """A real tubeq's events, archived by `tubeq-pipeline archive`, then reported: counts, tries
+    and the final backlog exactly; waits and processing within what the test itself slept and
+    measured around each command."""
     import time
 
     import greenstalk
     import redis
 
     from tests.servers import unique_prefix
-    from tubeq.events import Event
     from tubeq.keys import Keys
 
     prefix = unique_prefix("report")
@@ -366,11 +367,22 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any) -> 
             elapsed_ms = (time.monotonic() - started) * 1000
             keys = Keys(prefix)
             with redis.Redis.from_url(server.extra["redis_url"]) as store:
-                entries = store.xrange(keys.events)
+                recorded = [sid.decode() for sid, _ in store.xrange(keys.events)]
     finally:
         server.stop()
-    rows = [Event.from_entry(sid, fields).as_row() for sid, fields in entries]
-    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    archived = tmp_path / "archive"
+    assert cli.main(["archive", "--redis", server.extra["redis_url"], "--prefix", prefix,
+                     "--out", str(archived), "--checkpoint", str(tmp_path / "checkpoint"),
+                     "--once"], spark=spark) == 0
+    events = report.read_archive(spark, archived)
+    # Stopping the server closed the two connections: the jobs they held came back, each with
+    # its own event, after the stats above were read.
+    after = events.where(~events.stream_id.isin(recorded)).collect()
+    assert sorted((row.event, row.reason, row.tube) for row in after) == [
+        ("timed-out", "disconnect", tube)] * 2
+    during = events.where(events.stream_id.isin(recorded))
+    assert during.count() == len(recorded) > 0
+    tables = report.build_report(during)
     try:
         by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}[tube]
         tries = {row["tries"]: row["jobs"] for row in tables["tries"].collect()
