@@ -44,13 +44,6 @@ def spark() -> Iterator[SparkSession]:
         yield session
 
 
-@pytest.fixture
-def client(redis_process: RedisProcess) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_process.url)
-    yield conn
-    conn.close()
-
-
 def archive_args(url: str, prefix: str, out: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     archive.add_archive_arguments(parser)

@@ -38,13 +38,6 @@ def spark() -> Iterator[SparkSession]:
         yield session
 
 
-@pytest.fixture
-def client(redis_process: RedisProcess) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(redis_process.url)
-    yield conn
-    conn.close()
-
-
 def expected_rows(written: list[es.Written]) -> set[tuple[object, ...]]:
     return {(w.stream_id, *(w.fields[name] for name in FIELDS)) for w in written}
 
