@@ -39,18 +39,17 @@ DAY_MS = 86_400_000
 
 
 def spark_session(master: str = "local[2]") -> object:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    """The pipeline's own local session builder (loopback, this interpreter's workers)."""
+    from tubeq.pipeline.session import spark_session as pipeline_session
 
-    return (SparkSession.builder.master(master).appName("tubeq-bench-pipeline")
-            .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate())
+    return pipeline_session(master, app_name="tubeq-bench-pipeline")
 
 
 def generate_archive(spark: object, events: int, path: Path) -> float:
     """Write ``events`` events (4 per job) as the archive's Parquet; returns seconds taken."""
     from pyspark.sql import SparkSession
+
+    from tubeq.pipeline.archive import write_archive
 
     assert isinstance(spark, SparkSession)
     jobs = events // 4
@@ -63,7 +62,7 @@ def generate_archive(spark: object, events: int, path: Path) -> float:
         "cast(rand(9) * 5000 AS BIGINT) AS wait", "cast(rand(10) * 20000 AS BIGINT) AS work",
         "cast(rand(11) * 300 AS BIGINT) AS late",
     ).createOrReplaceTempView("jobs")
-    spark.sql("""
+    events = spark.sql("""
         SELECT e.event, id, pos, tube, 100 AS pri, e.delay_ms, 60000 AS ttr_ms, e.due_ms,
                e.tries, e.time_ms, 'bench-1' AS by, '' AS reason
         FROM jobs LATERAL VIEW posexplode(
@@ -109,8 +108,9 @@ def generate_archive(spark: object, events: int, path: Path) -> float:
         # A unique, ordered stream id per event: its time, and a sequence from the job id.
         "concat(cast(time_ms AS STRING), '-', cast(id * 4 + pos AS STRING)) AS stream_id",
         "event", "id", "tube", "pri", "delay_ms", "ttr_ms", "due_ms", "tries", "time_ms", "by",
-        "reason", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date",
-    ).write.mode("overwrite").partitionBy("date", "tube").parquet(str(path))
+        "reason",
+    )
+    write_archive(events, str(path))
     return time.monotonic() - started
 
 

@@ -29,6 +29,7 @@ from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
 from tubeq.events import SPARK_DDL
 from tubeq.pipeline import cli, session
+from tubeq.pipeline.archive import write_archive
 from tubeq.redis_process import RedisProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +56,7 @@ def archive(spark: SparkSession, record: workload.Record,
     """A tiny archive: the workload's events as Parquet partitioned by date and tube."""
     path = tmp_path_factory.mktemp("archive")
     frame = spark.createDataFrame(workload.events(record), SPARK_DDL)
-    (frame.selectExpr("*", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date")
-     .write.mode("overwrite").partitionBy("date", "tube").parquet(str(path)))
+    write_archive(frame, str(path))
     return path
 
 

@@ -25,6 +25,7 @@ from tests.pipeline import workload
 from tests.pipeline.sparks import local_spark
 from tubeq.events import SPARK_DDL
 from tubeq.pipeline import cli, report
+from tubeq.pipeline.archive import write_archive
 
 MINUTE = 60_000
 HOUR = 3_600_000
@@ -52,8 +53,7 @@ def archive(spark: SparkSession, record: workload.Record,
     """The workload's events as an archive: Parquet partitioned by date (UTC) and tube."""
     path = tmp_path_factory.mktemp("archive")
     frame = spark.createDataFrame(workload.events(record), SPARK_DDL)
-    (frame.selectExpr("*", "date_format(timestamp_millis(time_ms), 'yyyy-MM-dd') AS date")
-     .write.mode("overwrite").partitionBy("date", "tube").parquet(str(path)))
+    write_archive(frame, str(path))
     return path
 
 

@@ -75,16 +75,31 @@ class ArchiveTally:
         return lines
 
 
+# The archive's directory layout: date=YYYY-MM-DD/tube=NAME/.
+ARCHIVE_PARTITIONS: Final = ("date", "tube")
+
+
 def archive_frame(spark: SparkSession, options: dict[str, str]) -> DataFrame:
     """The event stream as a streaming DataFrame with the archive's ``date`` column."""
     register(spark)
     reader = spark.readStream.format(NAME)
     for key, value in options.items():
         reader = reader.option(key, value)
-    events = reader.load()
-    # The UTC day of time_ms without the session's time zone: days since the epoch, as a date.
+    return with_archive_date(reader.load())
+
+
+def with_archive_date(events: DataFrame) -> DataFrame:
+    """``events`` with the archive's ``date`` partition column: the UTC day of ``time_ms``,
+    whatever the session's time zone (days since the epoch, as a date)."""
     day = F.date_from_unix_date(F.floor(F.col("time_ms") / DAY_MS).cast("int"))
     return events.withColumn("date", F.date_format(day, "yyyy-MM-dd"))
+
+
+def write_archive(events: DataFrame, out: str) -> None:
+    """Write a batch of events (``SPARK_DDL`` columns) in the archive's layout: what the archive
+    query writes, for events that come from elsewhere (generated, or read back and rewritten)."""
+    (with_archive_date(events).write.mode("overwrite").partitionBy(*ARCHIVE_PARTITIONS)
+     .parquet(out))
 
 
 def start_archive(spark: SparkSession, options: dict[str, str], out: str, checkpoint: str,
@@ -92,7 +107,7 @@ def start_archive(spark: SparkSession, options: dict[str, str], out: str, checkp
     """Start the archive query (AvailableNow when ``once``, else a processing-time trigger)."""
     writer = (archive_frame(spark, options).writeStream.format("parquet")
               .option("path", out).option("checkpointLocation", checkpoint)
-              .partitionBy("date", "tube").outputMode("append"))
+              .partitionBy(*ARCHIVE_PARTITIONS).outputMode("append"))
     if once:
         writer = writer.trigger(availableNow=True)
     else:
