@@ -48,6 +48,7 @@ from tubeq.commands import (
 )
 from tubeq.protocol import (
     DEFAULT_MAX_JOB_SIZE,
+    EXT_LINE_MAX,
     LINE_MAX,
     MAX_TUBE_NAME,
     TUBE_NAME_CHARS,
@@ -659,3 +660,33 @@ def test_max_job_size_must_be_a_u32() -> None:
 def test_push_extension(data: bytes, expected: list[Command]) -> None:
     """tubeq's push verb (protocol.md, Extensions): a u32 credit count that ends the line."""
     check(data, expected)
+
+
+def test_an_extension_line_may_pass_line_max() -> None:
+    """Lines that start with an extension word may run to EXT_LINE_MAX (protocol.md, Limits)."""
+    padded = b"push " + b"0" * (LINE_MAX + 100) + b"7"
+    check(line(padded), [Push(7)])
+
+
+def test_an_extension_line_trickled_byte_by_byte() -> None:
+    padded = line(b"push " + b"0" * (2 * LINE_MAX) + b"9") + line(b"stats")
+    parser = Parser()
+    commands: list[Command] = []
+    for i in range(len(padded)):
+        parser.feed(padded[i : i + 1])
+        commands += drain(parser)
+    assert commands == [Push(9), Stats()]
+
+
+def test_an_extension_line_past_its_limit_is_one_bad_format() -> None:
+    parser = Parser()
+    parser.feed(b"push " + b"0" * EXT_LINE_MAX)
+    assert drain(parser) == []
+    assert parser.buffered < EXT_LINE_MAX  # discarded as it arrives
+    parser.feed(b"1\r\n" + line(b"stats"))
+    assert drain(parser) == [BAD, Stats()]
+
+
+def test_a_beanstalkd_line_keeps_line_max() -> None:
+    """Only extension words get the long limit: a put line past 224 bytes is BAD_FORMAT."""
+    check(line(b"put " + b"0" * LINE_MAX + b" 0 1 1") + line(b"x"), [BAD, UNKNOWN])

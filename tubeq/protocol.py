@@ -11,8 +11,9 @@ Rules:
 * Client input never raises. Every bad line becomes a ``Rejected`` (or ``PutTooBig`` /
   ``PutExpectedCrlf``) and parsing resumes with the next line.
 * Memory is bounded. Once ``next_command`` has returned ``None`` the parser holds less than one line
-  (``LINE_MAX``) or less than one body (``max_job_size + 2``); an overlong line and a too-big body
-  are discarded as they arrive, never buffered whole.
+  (``LINE_MAX``; ``EXT_LINE_MAX`` for a line that starts with an extension word) or less than one
+  body (``max_job_size + 2``); an overlong line and a too-big body are discarded as they arrive,
+  never buffered whole.
 * Outcomes follow beanstalkd 1.12 (``prot.c``: ``which_cmd``, ``dispatch_cmd``, ``read_u32``,
   ``read_tube_name``), checked against a real 1.12 over loopback, including its quirks: the
   prefix matching of command words, ``quit`` and ``pause-tube`` matched without a space, ``strtol``
@@ -83,6 +84,7 @@ __all__ = [
     "C_LONG_MIN",
     "C_ULONG_MAX",
     "DEFAULT_MAX_JOB_SIZE",
+    "EXT_LINE_MAX",
     "LINE_MAX",
     "MAX_TUBE_NAME",
     "TUBE_NAME_CHARS",
@@ -105,6 +107,12 @@ MAX_TUBE_NAME: Final = 200
 # The longest command line, CRLF included. It is beanstalkd's LINE_BUF_SIZE (11 + 201 + 12), just
 # enough for the longest legal line: len(b"pause-tube " + b"x" * 200 + b" 4294967295\r\n") == 224.
 LINE_MAX: Final = 224
+
+# The longest line of a tubeq extension command (protocol.md, "Extensions"), CRLF included:
+# room for options (a dedupe key of up to 200 bytes, several key=value pairs) and for a batch
+# of job ids (about 780 ids of 20 digits). Only a line that starts with an extension word may
+# pass LINE_MAX, so every beanstalkd line keeps beanstalkd's limit and its BAD_FORMAT.
+EXT_LINE_MAX: Final = 16384
 
 # The bytes a tube name is made of (beanstalkd's NAME_CHARS); a name may not start with "-".
 TUBE_NAME_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
@@ -361,6 +369,9 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
+# Extension words whose lines may run past LINE_MAX, up to EXT_LINE_MAX.
+_LONG_LINE_WORDS: Final = tuple(EXTENSION_WORDS)
+
 _SPACED_WORDS: Final = {word: parse for word, parse in _ALL_WORDS.items() if word.endswith(b" ")}
 
 # The rule above as one regex: alternatives are tried in order, so longest first wins.
@@ -399,7 +410,8 @@ def _parse_line(line: bytes) -> _Parsed:
 
 class _Phase(enum.Enum):
     LINE = "line"  # expecting a command line
-    OVERLONG = "overlong"  # discarding a line longer than LINE_MAX up to its CRLF
+    LONG_LINE = "long-line"  # an extension line past LINE_MAX, expecting its CRLF
+    OVERLONG = "overlong"  # discarding a line longer than its limit up to its CRLF
     BODY = "body"  # expecting a put body plus its CRLF
     SKIP_BODY = "skip-body"  # swallowing the size+2 bytes of a too-big put
 
@@ -407,7 +419,8 @@ class _Phase(enum.Enum):
 class Parser:
     """Turns the bytes of one client connection into commands, in order."""
 
-    __slots__ = ("_buffer", "_max_job_size", "_phase", "_put", "_skip_left")  # one per connection
+    # one per connection
+    __slots__ = ("_buffer", "_max_job_size", "_phase", "_put", "_scanned", "_skip_left")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         """Create a parser that refuses put bodies longer than ``max_job_size`` bytes."""
@@ -418,6 +431,7 @@ class Parser:
         self._phase = _Phase.LINE
         self._put: _PutHeader | None = None  # the header whose body is awaited (phase BODY)
         self._skip_left = 0  # bytes still to swallow (phase SKIP_BODY)
+        self._scanned = 0  # bytes of a long line known to hold no CRLF (phase LONG_LINE)
 
     def feed(self, data: bytes) -> None:
         """Append received bytes; call ``next_command`` until it returns None to consume them."""
@@ -438,6 +452,8 @@ class Parser:
                 command = self._read_body()
             elif phase is _Phase.SKIP_BODY:
                 command = self._skip_body()
+            elif phase is _Phase.LONG_LINE:
+                command = self._read_long_line()
             else:
                 command = self._discard_overlong()
             # A phase change without a command (a put header, an overlong line) may be followed
@@ -449,9 +465,29 @@ class Parser:
         buffer = self._buffer
         end = buffer.find(CRLF, 0, LINE_MAX)
         if end < 0:
-            if len(buffer) >= LINE_MAX:  # LINE_MAX bytes and no CRLF: the line is too long
-                self._phase = _Phase.OVERLONG
+            if len(buffer) >= LINE_MAX:  # LINE_MAX bytes and no CRLF: too long, unless ...
+                if buffer.startswith(_LONG_LINE_WORDS):  # ... an extension line
+                    self._scanned = LINE_MAX - 1  # a CR there may still end the line
+                    self._phase = _Phase.LONG_LINE
+                else:
+                    self._phase = _Phase.OVERLONG
             return None
+        return self._take_line(end)
+
+    def _read_long_line(self) -> Command | None:
+        buffer = self._buffer
+        end = buffer.find(CRLF, self._scanned, EXT_LINE_MAX)
+        if end < 0:
+            if len(buffer) >= EXT_LINE_MAX:
+                self._phase = _Phase.OVERLONG
+            else:  # scanned once: a trickling client costs linear time, not quadratic
+                self._scanned = max(len(buffer) - 1, self._scanned)
+            return None
+        self._phase = _Phase.LINE
+        return self._take_line(end)
+
+    def _take_line(self, end: int) -> Command | None:
+        buffer = self._buffer
         line = bytes(buffer[:end])
         del buffer[: end + len(CRLF)]
         parsed = _parse_line(line)
