@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tubeq.options import Options
+
 
 @dataclass(frozen=True, slots=True)
 class Command:
@@ -193,6 +195,19 @@ class Push(Command):
     """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding."""
 
     credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Extensions(Command):
+    """tubeq's ``extensions``: list the extension words; the connection then sees extra keys."""
+
+
+@dataclass(frozen=True, slots=True)
+class TubeSet(Command):
+    """tubeq's ``tube-set``: change a tube's settings (tubeq.options.TUBE_SETTINGS)."""
+
+    tube: str
+    settings: Options
 
 
 @dataclass(frozen=True, slots=True)

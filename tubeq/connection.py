@@ -122,8 +122,8 @@ class Connection(asyncio.Protocol):
         "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled", "_grants", "_held",
         "_lost", "_pool", "_pump_scheduled", "_push_credits", "_push_task", "_push_waiter",
         "_pushed", "_quit", "_reading", "_replies", "_reserves", "_throttled", "_waiter",
-        "_write_paused", "ctx", "parser", "producer", "reserved", "store", "token", "transport",
-        "used", "watched", "worker",
+        "_write_paused", "ctx", "extended", "parser", "producer", "reserved", "store", "token",
+        "transport", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext) -> None:
@@ -138,6 +138,9 @@ class Connection(asyncio.Protocol):
         self.reserved: dict[int, int] = {}  # job id -> TTR deadline (ms)
         self.producer = False
         self.worker = False
+        # The client has sent a tubeq extension command: it knows tubeq, so stats documents
+        # carry tubeq's extra keys (a client that never does sees beanstalkd's documents).
+        self.extended = False
         self.transport: asyncio.Transport | None = None
         # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
         # empty set ~200 B per connection (thousands of idle connections hold these).

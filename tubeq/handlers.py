@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tubeq import commands as c
 from tubeq import replies
 from tubeq.futures import discard, then
+from tubeq.protocol import EXTENSION_NAMES
 from tubeq.stats import job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store import NoJob, Reservation
 
@@ -197,7 +198,24 @@ def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
 
     conn.ctx.counters.flush()  # this process's counts reach Redis before the read below
     _sync_using(conn)
+    if conn.extended:
+        return _stats_tube_extended(conn, cmd)
     return then(conn.store.tube_counts(cmd.tube), answer)
+
+
+def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
+    """stats-tube for a client that knows tubeq: beanstalkd's keys, then the tube's settings."""
+    store = conn.store
+
+    def answer(results: list[Any]) -> bytes:
+        counts, settings = results
+        if counts is None:
+            return replies.NOT_FOUND
+        extra = list(settings.items())
+        return replies.ok(tube_yaml(cmd.tube, counts, store.clock(), extra))
+
+    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube)),
+                answer)
 
 
 def _stats(conn: Connection, cmd: c.Stats) -> Reply:
@@ -237,6 +255,25 @@ def _push(conn: Connection, cmd: c.Push) -> Reply:
     return conn.start_push(cmd.credits)
 
 
+def _extensions(conn: Connection, cmd: c.Extensions) -> Reply:
+    return replies.ok(yaml_list(EXTENSION_NAMES))
+
+
+def _tube_set(conn: Connection, cmd: c.TubeSet) -> Reply:
+    return then(conn.store.set_tube(cmd.tube, cmd.settings), lambda _: replies.SET)
+
+
+def _extension(handler: Callable[[Connection, Any], Reply | None],
+               ) -> Callable[[Connection, Any], Reply | None]:
+    """An extension command's handler: the connection is marked as one that knows tubeq."""
+
+    def handle(conn: Connection, cmd: Any) -> Reply | None:
+        conn.extended = True
+        return handler(conn, cmd)
+
+    return handle
+
+
 def _quit(conn: Connection, cmd: c.Quit) -> None:
     conn.quit()
 
@@ -269,6 +306,8 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.ListTubeUsed: _list_tube_used,
     c.ListTubesWatched: _list_tubes_watched,
     c.PauseTube: _pause_tube,
-    c.Push: _push,
+    c.Push: _extension(_push),
+    c.Extensions: _extension(_extensions),
+    c.TubeSet: _extension(_tube_set),
     c.Quit: _quit,
 }

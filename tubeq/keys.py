@@ -36,6 +36,10 @@ class Keys:
     def tube(self, tube: str) -> str:
         return f"{self.root}t:{tube}"
 
+    def settings(self, tube: str) -> str:
+        """A tube's settings (tube-set): kept when the tube itself goes, so they apply again."""
+        return f"{self.root}s:{tube}"
+
     def ready(self, tube: str) -> str:
         return f"{self.root}t:{tube}:r"
 

@@ -39,15 +39,16 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from tubeq import replies
+from tubeq import options, replies
 from tubeq.commands import (
     Bury,
     Command,
     Delete,
+    Extensions,
     Ignore,
     Kick,
     KickJob,
@@ -73,6 +74,7 @@ from tubeq.commands import (
     StatsJob,
     StatsTube,
     Touch,
+    TubeSet,
     Use,
     Watch,
 )
@@ -84,6 +86,7 @@ __all__ = [
     "C_LONG_MIN",
     "C_ULONG_MAX",
     "DEFAULT_MAX_JOB_SIZE",
+    "EXTENSION_NAMES",
     "EXT_LINE_MAX",
     "LINE_MAX",
     "MAX_TUBE_NAME",
@@ -151,6 +154,24 @@ class _BadFormat(Exception):
     def __init__(self, counted_as: str | None = None) -> None:
         super().__init__(counted_as)
         self.counted_as = counted_as
+
+
+class _Refused(Exception):
+    """A line that parsed but is refused with its own reply (an extension's BAD_OPTION)."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__(reply)
+        self.reply = reply
+
+
+def _options(text: bytes, specs: Mapping[str, options.Spec]) -> options.Options:
+    """The ``name=value`` options ending an extension line (tubeq.options)."""
+    try:
+        return options.parse(text, specs)
+    except options.BadFormat:
+        raise _BadFormat from None
+    except options.BadOption as refused:
+        raise _Refused(replies.bad_option(refused.name)) from None
 
 
 _NAME_RUN: Final = b"[" + re.escape(TUBE_NAME_CHARS) + b"]"
@@ -362,12 +383,31 @@ def _push(args: bytes) -> Command:
     return Push(_read_last_unsigned(args, 0, U32_MAX))
 
 
+# A tube name token inside a line (then a space or the end): the longest run of name bytes.
+_TUBE_TOKEN: Final = re.compile(_NAME_RUN + b"++")
+
+
+def _tube_set(args: bytes) -> Command:
+    token = _TUBE_TOKEN.match(args)
+    if token is None:
+        raise _BadFormat
+    settings = _options(args[token.end():], options.TUBE_SETTINGS)
+    if not settings:
+        raise _BadFormat  # nothing to set
+    return TubeSet(_tube_name(token[0]), settings)
+
+
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
 # a client that never sends them sees beanstalkd 1.12 exactly.
 EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"push ": _push,
+    b"extensions": _no_args(Extensions),
+    b"tube-set ": _tube_set,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
+
+# The extension commands by name, as the ``extensions`` command lists them.
+EXTENSION_NAMES: Final = tuple(sorted(word.decode().strip() for word in EXTENSION_WORDS))
 
 # Extension words whose lines may run past LINE_MAX, up to EXT_LINE_MAX.
 _LONG_LINE_WORDS: Final = tuple(EXTENSION_WORDS)
@@ -401,6 +441,8 @@ def _parse_line(line: bytes) -> _Parsed:
         if error.counted_as is None:
             return _BAD_FORMAT
         return Rejected(reply=replies.BAD_FORMAT, counted_as=error.counted_as)
+    except _Refused as refused:
+        return Rejected(reply=refused.reply)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,12 @@ BURIED = b"BURIED\r\n"
 TOUCHED = b"TOUCHED\r\n"
 KICKED = b"KICKED\r\n"
 PAUSED = b"PAUSED\r\n"
+SET = b"SET\r\n"
+
+
+def bad_option(name: str) -> bytes:
+    """An option the command refuses (unknown, repeated, or its value out of range)."""
+    return b"BAD_OPTION %s\r\n" % name.encode("ascii")
 
 
 def inserted(job_id: int) -> bytes:

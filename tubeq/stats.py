@@ -112,7 +112,10 @@ def job_yaml(job: JobInfo, now_ms: int) -> bytes:
     ])
 
 
-def tube_yaml(name: str, counts: Sequence[int], now_ms: int) -> bytes:
+def tube_yaml(name: str, counts: Sequence[int], now_ms: int,
+              extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-tube's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
     (urgent, ready, reserved, delayed, buried, total, using, watching, waiting, deletes,
      pauses, pause, pause_until) = counts
     paused = pause_until > now_ms
@@ -123,6 +126,7 @@ def tube_yaml(name: str, counts: Sequence[int], now_ms: int) -> bytes:
         ("current-watching", watching), ("current-waiting", waiting), ("cmd-delete", deletes),
         ("cmd-pause-tube", pauses), ("pause", pause if paused else 0),
         ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
+        *extra,
     ])
 
 

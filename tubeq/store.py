@@ -21,6 +21,7 @@ from typing import Any, TypeVar, overload
 
 from tubeq.futures import discard
 from tubeq.keys import Keys
+from tubeq.options import DEFAULTS, Options, OptionValue
 from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
 from tubeq.scripts import Script, load_all
 
@@ -214,6 +215,22 @@ class Store:
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
         return self._eval("stats_tube", tube, decode=lambda r: [int(v) for v in r] or None)
+
+    def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]:
+        """Change a tube's settings (tubeq.options.TUBE_SETTINGS); defaults remove them."""
+        flat = [x for pair in settings for x in pair]
+        return self._eval("tube_set", tube, *flat)
+
+    def tube_settings(self, tube: str) -> asyncio.Future[dict[str, OptionValue]]:
+        """Every setting of ``tube``: its own value, else the default."""
+        def decode(r: Any) -> dict[str, OptionValue]:
+            values: dict[str, OptionValue] = dict(DEFAULTS)
+            for name, raw in zip(r[::2], r[1::2], strict=True):
+                text = raw.decode()
+                values[name.decode()] = text if not text.isdigit() else int(text)
+            return values
+
+        return self.client.call("HGETALL", self.keys.settings(tube), decode=decode)
 
     def list_tubes(self) -> asyncio.Future[list[str]]:
         return self.client.call("ZRANGE", self.keys.tubes, 0, -1,

@@ -15,6 +15,7 @@ local K_WAITING = NS .. 'waiting'
 local K_EVENTS = NS .. 'events'
 local function k_job(id) return NS .. 'j:' .. id end
 local function k_tube(t) return NS .. 't:' .. t end
+local function k_settings(t) return NS .. 's:' .. t end
 local function k_ready(t) return NS .. 't:' .. t .. ':r' end
 local function k_delayed(t) return NS .. 't:' .. t .. ':d' end
 local function k_buried(t) return NS .. 't:' .. t .. ':b' end
