@@ -57,6 +57,7 @@ async def test_first_user_of_a_tube_is_told_at_once_later_ones_wait() -> None:
 async def test_a_tube_left_by_its_last_user_is_held_until_the_flush() -> None:
     store = RecordingStore()
     using = ledger(store)
+    using.watch("a", 1)  # a worker of this process watches it, so it cannot vanish meanwhile
     using.acquire("a")
     using.release("a")
     assert using.acquire("a") is None  # switching back costs no call
@@ -96,3 +97,40 @@ async def test_a_failed_batch_is_sent_again_and_the_tube_told_anew() -> None:
     assert using.acquire("a") is not None
     assert store.calls[-1] == [("a", 2)]
 
+
+
+async def test_a_tube_used_again_after_its_last_user_left_goes_through_zero_at_once() -> None:
+    # beanstalkd would have destroyed it in between (issue 13's tube lifetime): Redis hears
+    # 0 then 1 before the `use` answers, and removes the tube if nothing else holds it.
+    store = RecordingStore()
+    using = ledger(store)
+    using.acquire("a")
+    using.acquire("b")
+    using.release("a")  # held until the flush ...
+    assert len(store.calls) == 2
+    assert using.acquire("a") is not None  # ... but used again: told at once, through zero
+    assert store.calls[-1] == [("a", 0), ("a", 1)]
+    assert using.flush() is None  # nothing else pending for "a"
+
+
+async def test_a_tube_watched_here_cannot_vanish_so_using_it_again_costs_nothing() -> None:
+    store = RecordingStore()
+    using = ledger(store)
+    using.watch("a", 1)
+    using.acquire("a")
+    using.release("a")
+    assert using.acquire("a") is None  # the watch holds the tube: no call
+    assert len(store.calls) == 1
+    using.release("a")
+    using.watch("a", -1)
+    assert using.acquire("a") is not None  # the watch went: through zero again
+    assert store.calls[-1] == [("a", 0), ("a", 1)]
+
+
+async def test_default_never_vanishes_so_it_never_goes_through_zero() -> None:
+    store = RecordingStore()
+    using = ledger(store)
+    using.acquire("default")
+    using.release("default")
+    assert using.acquire("default") is None
+    assert len(store.calls) == 1

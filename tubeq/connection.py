@@ -222,7 +222,10 @@ class Connection(asyncio.Protocol):
             self._disconnect()
 
     def _disconnect(self) -> None:
-        self.ctx.using.release(self.used)
+        using = self.ctx.using
+        using.release(self.used)
+        for tube in self.watched:
+            using.watch(tube, -1)
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
         done.add_done_callback(self._disconnected)
 

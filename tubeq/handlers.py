@@ -76,6 +76,7 @@ def _watch(conn: Connection, cmd: c.Watch) -> Reply:
     if cmd.tube in conn.watched:
         return replies.watching(len(conn.watched))
     conn.watched = (*conn.watched, cmd.tube)
+    conn.ctx.using.watch(cmd.tube, 1)
     count = len(conn.watched)
     return then(conn.store.change_watches(conn.token, [("+w", cmd.tube)]),
                 lambda _: replies.watching(count))
@@ -92,6 +93,7 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     rest[rest.index(cmd.tube)] = rest[-1]
     rest.pop()
     conn.watched = tuple(rest)
+    conn.ctx.using.watch(cmd.tube, -1)
     count = len(rest)
     return then(conn.store.change_watches(conn.token, [("-w", cmd.tube)]),
                 lambda _: replies.watching(count))

@@ -13,6 +13,15 @@ its connections per tube here and tells Redis (using.lua) the absolute counts:
 * and before any command of this process that reads tube references or existence (stats,
   stats-tube, list-tubes, pause-tube), so a connection never sees its own process's stale view.
 
+Holding a reference a little longer must not keep alive a tube beanstalkd would have destroyed:
+``use t``, ``pause-tube t 100``, ``use default``, ``use t`` gives a new tube in 1.12 (no pause,
+counters at zero), because t lost its last user in between. So when a tube this process had
+stopped using (its count here fell to 0, Redis still holds the reference) is used again, Redis is
+told at once that the count fell to 0 and rose again (using.lua then removes the tube if nothing
+else references it, and creates it anew). That call is skipped when a connection of this process
+watches the tube: a watched tube cannot vanish. So a producer switching among tubes its own
+process's workers watch (the many-tubes load) still pays no Redis call per ``use``.
+
 What another tubeq process reads can lag by up to USING_FLUSH_S (protocol.md, "Several
 processes"). Counts are absolute, so a flush that failed is simply sent again.
 """
@@ -44,17 +53,29 @@ class UseLedger:
         self._told: dict[str, int] = {}  # the count Redis holds for this process, per tube
         self._dirty: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._watching: Counter[str] = Counter()  # this process's connections watching a tube
 
     def acquire(self, tube: str) -> asyncio.Future[Any] | None:
         """A connection uses ``tube``: a future when Redis must hear of it first, else None."""
+        left = not self._counts[tube]  # every connection here had left it
         self._counts[tube] += 1
         if not self._told.get(tube):
             # Only this tube: drops stay pending, so the tubes this process just left stay held.
             self._dirty.discard(tube)
             return self._send([tube])
+        if left and tube != "default" and not self._watching[tube]:
+            # It may have vanished meanwhile in beanstalkd's eyes: 0, then the count now.
+            self._dirty.discard(tube)
+            return self._send([tube], through_zero=True)
         self._dirty.add(tube)
         self._schedule()
         return None
+
+    def watch(self, tube: str, delta: int) -> None:
+        """A connection of this process started (1) or stopped (-1) watching ``tube``."""
+        self._watching[tube] += delta
+        if self._watching[tube] <= 0:
+            del self._watching[tube]
 
     def release(self, tube: str) -> None:
         """A connection stopped using ``tube`` (use of another tube, or it went away)."""
@@ -74,14 +95,14 @@ class UseLedger:
         tubes, self._dirty = list(self._dirty), set()
         return self._send(tubes)
 
-    def _send(self, tubes: list[str]) -> asyncio.Future[Any]:
+    def _send(self, tubes: list[str], *, through_zero: bool = False) -> asyncio.Future[Any]:
         counts = [(tube, self._counts[tube]) for tube in tubes]
         for tube, n in counts:
             if n:
                 self._told[tube] = n
             else:
                 self._told.pop(tube, None)
-        sent = self._store.set_using(counts)
+        sent = self._store.set_using([(t, 0) for t in tubes] + counts if through_zero else counts)
         sent.add_done_callback(lambda f: self._sent(f, counts))
         return sent
 

@@ -352,6 +352,25 @@ def pause_allows_other_ops(s: Script) -> None:
 
 
 @scenario()
+def a_tube_left_by_its_last_user_is_new_when_used_again(s: Script) -> None:
+    # beanstalkd destroys a tube (with its pause and counters) when its last user leaves and it
+    # holds no job, even if a `use` brings it back a moment later (issue 13's tube lifetime).
+    tube = s.tube("t")
+    c = s.conn("c").cmd(f"use {tube}").cmd(f"pause-tube {tube} 100").cmd("use default")
+    c.cmd(f"use {tube}").stats_tube(tube)
+    c.put(b"x", capture="x").cmd("delete {x}").cmd("use default").cmd(f"use {tube}")
+    c.stats_tube(tube)
+
+
+@scenario()
+def a_watched_tube_left_by_its_users_keeps_its_history(s: Script) -> None:
+    tube = s.tube("t")
+    s.conn("watcher").cmd(f"watch {tube}")
+    c = s.conn("c").cmd(f"use {tube}").cmd(f"pause-tube {tube} 100").cmd("use default")
+    c.cmd(f"use {tube}").stats_tube(tube)
+
+
+@scenario()
 def pause_zero_wakes_waiters(s: Script) -> None:
     tube = s.tube("t")
     producer = s.conn("producer").cmd(f"use {tube}").put(b"x").cmd(f"pause-tube {tube} 60")

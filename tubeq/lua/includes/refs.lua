@@ -22,7 +22,7 @@ local function apply_watch(op, t, token, ik, now)
 end
 
 -- This instance now has n connections using tube t (an absolute count, so sending it twice is
--- harmless). Returns true when the instance's reference was dropped (gc_tube after the loop).
+-- harmless). Returns true when the instance's reference was dropped (the caller runs gc_tube).
 local function set_using(t, n, ik, now)
   local field = 'u:' .. t
   local delta = n - tonumber(rcall('HGET', ik, field) or 0)
