@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
+from tubeq.listeners import ListenError, TlsFiles
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
 from tubeq.server import DEFAULT_EVENTS_MAXLEN, DEFAULT_MAX_JOB_SIZE, Config, Server
 
@@ -35,7 +36,9 @@ def default_data_dir() -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tubeq", description=__doc__.splitlines()[0])
-    p.add_argument("-l", dest="host", default="127.0.0.1", help="listen address (127.0.0.1)")
+    p.add_argument("-l", dest="host", default="127.0.0.1",
+                   help="listen address (127.0.0.1), or unix:/path for a Unix socket; a socket "
+                        "passed by systemd (LISTEN_FDS) wins over both")
     p.add_argument("-p", dest="port", type=int, default=11300, help="listen port (11300)")
     p.add_argument("-z", dest="max_job_size", type=int, default=DEFAULT_MAX_JOB_SIZE,
                    help=f"maximum job size in bytes ({DEFAULT_MAX_JOB_SIZE})")
@@ -61,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events-maxlen", type=int, default=DEFAULT_EVENTS_MAXLEN, metavar="N",
                    help="keep about the last N events (XADD MAXLEN ~ N) "
                         f"({DEFAULT_EVENTS_MAXLEN})")
+    p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                   help="serve the protocol over TLS with this certificate (chain)")
+    p.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
+                   help="the private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
+                   help="require client certificates signed by this CA (with --tls-cert)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if not 0 < args.max_job_size <= 1 << 30:
@@ -71,7 +80,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     if args.events_maxlen < 1:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        p.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        p.error("--tls-client-ca needs --tls-cert and --tls-key")
     return args
+
+
+def tls_files(args: argparse.Namespace) -> TlsFiles | None:
+    if args.tls_cert is None:
+        return None
+    return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
 def events_maxlen(args: argparse.Namespace) -> int:
@@ -110,7 +129,7 @@ async def serve(args: argparse.Namespace) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
-                           events_maxlen=events_maxlen(args)))
+                           events_maxlen=events_maxlen(args), tls=tls_files(args)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -145,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     except RedisNotInstalled as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(2)
-    except OSError as exc:
+    except (OSError, ListenError) as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(1)
 

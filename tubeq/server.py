@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -22,6 +23,15 @@ from tubeq.connection import (
     ServerContext,
 )
 from tubeq.keys import Keys
+from tubeq.listeners import (
+    LISTEN_BACKLOG,
+    TlsFiles,
+    activated_socket,
+    describe,
+    tls_context,
+    unix_path,
+    unix_socket,
+)
 from tubeq.resp import RedisClient
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -38,10 +48,6 @@ DEFAULT_MAX_JOB_SIZE = 65535
 # the loop tick). Measured on the 2-core box with 64 connections x 16 in flight: 64 carried
 # 66k puts/s against 34-47k with 16, by cutting the write syscalls per call.
 REDIS_BATCH_CALLS = 64
-# The listen queue: connections the kernel completes before tubeq accepts them. asyncio's
-# default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
-# by the client after 1 s); 1024 is beanstalkd's.
-LISTEN_BACKLOG = 1024
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
 # The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
@@ -63,6 +69,8 @@ class Config:
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
     events_maxlen: int = 0
+    # TLS for the protocol listener (tubeq.listeners), None for plain text.
+    tls: TlsFiles | None = None
 
 
 class Server:
@@ -71,6 +79,7 @@ class Server:
         self.keys = Keys(config.prefix)
         self.instance_id = secrets.token_hex(6)
         self._listener: asyncio.Server | None = None
+        self._unix_path: Path | None = None  # the socket file this process created
         self._tasks: list[asyncio.Task[None]] = []
         self.ctx: ServerContext | None = None
         self._client: RedisClient | None = None
@@ -78,9 +87,24 @@ class Server:
 
     @property
     def port(self) -> int:
-        """The bound port (useful when configured as 0)."""
+        """The bound TCP port (useful when configured as 0)."""
         assert self._listener is not None
         return int(self._listener.sockets[0].getsockname()[1])
+
+    async def _listen(self, ctx: ServerContext) -> asyncio.Server:
+        """The protocol listener: a socket systemd passed, a Unix socket or TCP; maybe TLS."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        tls = tls_context(config.tls) if config.tls is not None else None
+        sock = activated_socket()
+        if sock is None and (path := unix_path(config.host)) is not None:
+            sock = unix_socket(path)
+            self._unix_path = path
+        if sock is not None:
+            return await loop.create_server(lambda: Connection(ctx), sock=sock, ssl=tls,
+                                            backlog=LISTEN_BACKLOG)
+        return await loop.create_server(lambda: Connection(ctx), config.host, config.port,
+                                        reuse_address=True, backlog=LISTEN_BACKLOG, ssl=tls)
 
     async def start(self) -> None:
         config = self.config
@@ -114,11 +138,9 @@ class Server:
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
         await self._subscriber.start()
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
-        ctx = self.ctx
-        self._listener = await asyncio.get_running_loop().create_server(
-            lambda: Connection(ctx), config.host, config.port, reuse_address=True,
-            backlog=LISTEN_BACKLOG)
-        log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
+        self._listener = await self._listen(self.ctx)
+        log.info("listening", address=describe(self._listener.sockets[0]),
+                 tls="on" if config.tls is not None else "off", redis=config.redis_url,
                  prefix=config.prefix, instance=self.instance_id,
                  events=f"on, maxlen ~{config.events_maxlen}" if config.events_maxlen else "off")
 
@@ -131,6 +153,9 @@ class Server:
     async def stop(self) -> None:
         if self._listener is not None:
             self._listener.close()
+        if self._unix_path is not None:
+            with contextlib.suppress(OSError):
+                self._unix_path.unlink()
         if self.ctx is not None:
             connections = list(self.ctx.connections.values())
             for conn in connections:

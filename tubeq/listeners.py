@@ -1,0 +1,122 @@
+"""Where the protocol listener listens: TCP, a Unix socket, or a socket systemd hands over; TLS.
+
+Owns turning the command line's listen settings into a bound, listening socket and an optional
+TLS context. The connection code never sees the difference: every kind gives it a stream
+transport. Rules:
+
+* ``-l unix:/path`` listens on a Unix socket, as beanstalkd 1.12 accepts (``-p`` is ignored).
+  A socket file left by a process that is gone is replaced; one a live server answers on is not.
+* Socket activation (systemd's protocol, ``sd_listen_fds``): when ``LISTEN_PID`` is this
+  process and ``LISTEN_FDS`` is at least 1, the first passed descriptor (3) is the listener and
+  ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support.
+* TLS (``--tls-cert``/``--tls-key``, optional ``--tls-client-ca`` to require client
+  certificates signed by that CA) wraps whichever listener it is. A handshake that fails closes
+  that connection only (asyncio logs it at debug level); the server goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import ssl
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+# The listen queue: connections the kernel completes before tubeq accepts them. asyncio's
+# default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
+# by the client after 1 s); 1024 is beanstalkd's.
+LISTEN_BACKLOG = 1024
+# sd_listen_fds: the first descriptor systemd passes.
+SD_LISTEN_FDS_START = 3
+UNIX_PREFIX = "unix:"
+
+
+class ListenError(Exception):
+    """The listener cannot be opened; the message says why, for one line on stderr."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # require client certificates signed by this CA
+
+
+def tls_context(files: TlsFiles) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2 or later) for ``files``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert, files.key)
+        if files.client_ca is not None:
+            context.load_verify_locations(files.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ListenError(f"cannot load TLS files: {exc}") from exc
+    return context
+
+
+def activated_socket(environ: dict[str, str] | None = None) -> socket.socket | None:
+    """The listening socket systemd passed to this process, if it passed one."""
+    env = os.environ if environ is None else environ
+    if env.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    try:
+        count = int(env.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return None
+    if count < 1:
+        return None
+    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    sock.setblocking(False)
+    return sock
+
+
+def unix_socket(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path``, replacing a stale socket file left there."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ListenError(f"{path} exists and is not a socket")
+        if _answers(path):
+            raise ListenError(f"{path}: another server is listening there")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on unix:{path}: {exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def unix_path(host: str) -> Path | None:
+    """The socket path of ``-l unix:/path``, or None for a TCP address."""
+    if not host.startswith(UNIX_PREFIX):
+        return None
+    path = host[len(UNIX_PREFIX):]
+    if not path:
+        raise ListenError("-l unix: needs a path, e.g. -l unix:/run/tubeq.sock")
+    return Path(path)
+
+
+def describe(sock: socket.socket) -> str:
+    """Where ``sock`` listens, for the log."""
+    name = sock.getsockname()
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{name}"
+    return f"{name[0]}:{name[1]}"
