@@ -18,6 +18,8 @@ from pathlib import Path
 
 import structlog
 
+from tubeq.access import AccessFileError
+from tubeq.access import load as load_access
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.listeners import ListenError, TlsFiles
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
@@ -70,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
                    help="require client certificates signed by this CA (with --tls-cert)")
+    p.add_argument("--auth", type=Path, default=None, metavar="FILE",
+                   help="require `auth <token>`: tokens, namespaces and namespace-bound "
+                        "listeners from this TOML file (README, Authentication)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if not 0 < args.max_job_size <= 1 << 30:
@@ -119,6 +124,7 @@ async def supervise(redis: RedisProcess) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    access = load_access(args.auth) if args.auth is not None else None  # before any start
     redis: RedisProcess | None = None
     url = args.redis_url
     if url is None:
@@ -129,7 +135,8 @@ async def serve(args: argparse.Namespace) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
-                           events_maxlen=events_maxlen(args), tls=tls_files(args)))
+                           events_maxlen=events_maxlen(args), tls=tls_files(args),
+                           access=access))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     except RedisNotInstalled as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(2)
-    except (OSError, ListenError) as exc:
+    except (OSError, ListenError, AccessFileError) as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(1)
 

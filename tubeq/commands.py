@@ -211,5 +211,12 @@ class TubeSet(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Auth(Command):
+    """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.access)."""
+
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
 class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""

@@ -38,8 +38,9 @@ import structlog
 
 from tubeq import commands as c
 from tubeq import replies
+from tubeq.access import AccessConfig
 from tubeq.futures import discard
-from tubeq.handlers import HANDLERS, Reply
+from tubeq.handlers import GATE_HANDLERS, HANDLERS, Reply
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -110,24 +111,59 @@ class ServerContext:
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     draining: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
+    # With an access file: the gate between the listener and the namespaces (tubeq.access).
+    gate: Gate | None = None
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
 
 
+@dataclass(eq=False)
+class Gate:
+    """Which namespace (its context) a token or a client certificate enters."""
+
+    config: AccessConfig
+    namespaces: dict[str, ServerContext]
+
+    def by_token(self, token: str) -> ServerContext | None:
+        name = self.config.namespace_of_token(token)
+        return None if name is None else self.namespaces[name]
+
+    def by_certificate(self, peercert: Any) -> ServerContext | None:
+        """The namespace of a verified client certificate's subject common name, if any."""
+        if not peercert:
+            return None
+        for rdn in peercert.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    name = self.config.namespace_of_certificate(value)
+                    if name is not None:
+                        return self.namespaces[name]
+        return None
+
+
+# A connection that sends this many bad tokens is closed: tokens are not to be guessed.
+MAX_AUTH_FAILURES = 3
+
+
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled", "_grants", "_held",
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled",
+        "_grants", "_handlers", "_held",
         "_lost", "_pool", "_pump_scheduled", "_push_credits", "_push_task", "_push_waiter",
         "_pushed", "_quit", "_reading", "_replies", "_reserves", "_throttled", "_waiter",
         "_write_paused", "ctx", "extended", "parser", "producer", "reserved", "store", "token",
         "transport", "used", "watched", "worker",
     )
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
+        """A connection in namespace ``ctx``; ``gated``: in none until ``auth`` (ctx is then the
+        listener's, for its limits only: nothing is stored or counted before auth)."""
         self.ctx = ctx
+        self._handlers = GATE_HANDLERS if gated else HANDLERS
+        self._auth_failures = 0
         self.store = ctx.store
         self.token = ctx.next_token()
         self.parser = Parser(ctx.max_job_size)
@@ -172,11 +208,42 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        self.ctx.connections[self.token] = self
+        self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
+        if self._handlers is HANDLERS:
+            self._register()
+        elif self.ctx.gate is not None:
+            ctx = self.ctx.gate.by_certificate(transport.get_extra_info("peercert"))
+            if ctx is not None:
+                self.enter(ctx)
+
+    def _register(self) -> None:
+        """Count this connection in its namespace: from here on it may store and reserve."""
         self.store.connect(self.token).add_done_callback(discard)
         in_redis = self.ctx.using.acquire(self.used)
         if in_redis is not None:
             in_redis.add_done_callback(discard)
+
+    @property
+    def authenticated(self) -> bool:
+        """In a namespace (always, without an access file)."""
+        return self._handlers is HANDLERS
+
+    def enter(self, ctx: ServerContext) -> None:
+        """Leave the gate for namespace ``ctx`` (a good token or client certificate)."""
+        self.ctx.connections.pop(self.token, None)
+        self.ctx = ctx
+        self.store = ctx.store
+        self.token = ctx.next_token()
+        self._handlers = HANDLERS
+        ctx.connections[self.token] = self
+        self._register()
+
+    def auth_failed(self) -> None:
+        """One more bad token; the last one allowed closes the connection after its reply."""
+        self._auth_failures += 1
+        if self._auth_failures >= MAX_AUTH_FAILURES:
+            log.warning("closing a connection after repeated bad tokens")
+            self.quit()
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -207,6 +274,12 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if self._handlers is not HANDLERS:  # never entered a namespace: nothing to clean up
+            self.ctx.connections.pop(self.token, None)
+            self._cleaned_up = True
+            if self._closed is not None and not self._closed.done():
+                self._closed.set_result(None)
+            return
         self.ctx.connections.pop(self.token, None)
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
@@ -331,9 +404,10 @@ class Connection(asyncio.Protocol):
         return False
 
     def _dispatch(self, command: c.Command) -> None:
-        if command.stat is not None:
+        handlers = self._handlers
+        if command.stat is not None and handlers is HANDLERS:  # nothing counted before auth
             self.ctx.counters.incr(command.stat)
-        handler = HANDLERS[type(command)]
+        handler = handlers[type(command)]
         try:
             reply = handler(self, command)
         except Exception:

@@ -265,6 +265,18 @@ def _tube_set(conn: Connection, cmd: c.TubeSet) -> Reply:
     return then(conn.store.set_tube(cmd.tube, cmd.settings), lambda _: replies.SET)
 
 
+def _auth(conn: Connection, cmd: c.Auth) -> Reply:
+    gate = conn.ctx.gate
+    target = gate.by_token(cmd.token) if gate is not None else None
+    if target is None:
+        conn.auth_failed()
+        return replies.UNAUTHORIZED
+    if conn.authenticated:  # once in, a connection stays in its namespace
+        return replies.AUTHENTICATED if target is conn.ctx else replies.UNAUTHORIZED
+    conn.enter(target)
+    return replies.AUTHENTICATED
+
+
 def _extension(handler: Callable[[Connection, Any], Reply | None],
                ) -> Callable[[Connection, Any], Reply | None]:
     """An extension command's handler: the connection is marked as one that knows tubeq."""
@@ -311,5 +323,25 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    c.Auth: _extension(_auth),
+    c.Quit: _quit,
+}
+
+
+def _auth_required(conn: Connection, cmd: c.Command) -> Reply:
+    return replies.AUTH_REQUIRED
+
+
+def _rejected_before_auth(conn: Connection, cmd: c.Rejected) -> Reply:
+    return cmd.reply  # BAD_FORMAT or UNKNOWN_COMMAND, counted nowhere
+
+
+# A connection that must `auth` first (an access file, a listener bound to no namespace): every
+# command but these answers AUTH_REQUIRED and stores nothing (a put's body is read and dropped).
+GATE_HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+    **{kind: _auth_required for kind in HANDLERS},
+    c.Rejected: _rejected_before_auth,
+    c.Extensions: HANDLERS[c.Extensions],
+    c.Auth: HANDLERS[c.Auth],
     c.Quit: _quit,
 }

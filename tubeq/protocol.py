@@ -45,6 +45,7 @@ from typing import Final, TypeAlias
 
 from tubeq import options, replies
 from tubeq.commands import (
+    Auth,
     Bury,
     Command,
     Delete,
@@ -387,6 +388,16 @@ def _push(args: bytes) -> Command:
 _TUBE_TOKEN: Final = re.compile(_NAME_RUN + b"++")
 
 
+# A token: printable ASCII without spaces, as long as a tube name may be.
+_TOKEN: Final = re.compile(rb"[!-~]{1,200}")
+
+
+def _auth(args: bytes) -> Command:
+    if _TOKEN.fullmatch(args) is None:
+        raise _BadFormat
+    return Auth(args.decode("ascii"))
+
+
 def _tube_set(args: bytes) -> Command:
     token = _TUBE_TOKEN.match(args)
     if token is None:
@@ -403,6 +414,7 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"push ": _push,
     b"extensions": _no_args(Extensions),
     b"tube-set ": _tube_set,
+    b"auth ": _auth,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 

@@ -20,6 +20,9 @@ TOUCHED = b"TOUCHED\r\n"
 KICKED = b"KICKED\r\n"
 PAUSED = b"PAUSED\r\n"
 SET = b"SET\r\n"
+AUTHENTICATED = b"AUTHENTICATED\r\n"
+UNAUTHORIZED = b"UNAUTHORIZED\r\n"
+AUTH_REQUIRED = b"AUTH_REQUIRED\r\n"
 
 
 def bad_option(name: str) -> bytes:

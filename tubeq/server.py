@@ -1,8 +1,14 @@
-"""The tubeq process: listener, shared context, scheduler, subscriber, drain and shutdown.
+"""The tubeq process: listeners, one context per namespace, subscriber, drain and shutdown.
+
+Without an access file there is one namespace, ``--prefix``. With one (``--auth``, tubeq.access)
+every namespace it names gets its own context (store, waiters, scheduler, counters), opened at
+start; all share this process's Redis connection and its one pub/sub connection, whose messages
+are routed by key root. The main listener then gates its connections until ``auth``; the
+file's bound listeners put theirs straight into a namespace.
 
 Shutdown goes in phases: stop accepting, close every client connection (each one's reserved
 jobs go back to ready through disconnect.lua), wait for that with a bound, stop the scheduler and
-the subscriber, leave the namespace, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
+the subscriber, leave the namespaces, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
 every later put answer DRAINING; it cannot be left.
 """
 
@@ -11,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from tubeq.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
 from tubeq.connection import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
     Connection,
+    Gate,
     ServerContext,
 )
 from tubeq.keys import Keys
@@ -71,17 +80,26 @@ class Config:
     events_maxlen: int = 0
     # TLS for the protocol listener (tubeq.listeners), None for plain text.
     tls: TlsFiles | None = None
+    # The access file (tubeq.access): tokens, namespaces, bound listeners; None: no auth.
+    access: AccessConfig | None = None
 
 
 class Server:
+    """One tubeq process: a context per namespace (just ``--prefix`` without an access file),
+    one Redis connection and one pub/sub connection for all of them, and the listeners."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         self.keys = Keys(config.prefix)
         self.instance_id = secrets.token_hex(6)
         self._listener: asyncio.Server | None = None
-        self._unix_path: Path | None = None  # the socket file this process created
+        self._bound: list[asyncio.Server] = []  # the access file's namespace-bound listeners
+        self._unix_paths: list[Path] = []  # socket files this process created
         self._tasks: list[asyncio.Task[None]] = []
-        self.ctx: ServerContext | None = None
+        self.ctx: ServerContext | None = None  # the default namespace (--prefix)
+        self.namespaces: dict[str, ServerContext] = {}
+        self._by_root: dict[bytes, ServerContext] = {}  # key root -> its namespace
+        self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
 
@@ -91,78 +109,124 @@ class Server:
         assert self._listener is not None
         return int(self._listener.sockets[0].getsockname()[1])
 
-    async def _listen(self, ctx: ServerContext) -> asyncio.Server:
+    async def _listen(self, ctx: ServerContext, *, gated: bool) -> asyncio.Server:
         """The protocol listener: a socket systemd passed, a Unix socket or TCP; maybe TLS."""
         config = self.config
-        loop = asyncio.get_running_loop()
-        tls = tls_context(config.tls) if config.tls is not None else None
         sock = activated_socket()
         if sock is None and (path := unix_path(config.host)) is not None:
-            sock = unix_socket(path)
-            self._unix_path = path
-        if sock is not None:
-            return await loop.create_server(lambda: Connection(ctx), sock=sock, ssl=tls,
-                                            backlog=LISTEN_BACKLOG)
-        return await loop.create_server(lambda: Connection(ctx), config.host, config.port,
-                                        reuse_address=True, backlog=LISTEN_BACKLOG, ssl=tls)
+            sock = self._unix_socket(path)
+        return await self._serve(ctx, gated, sock, config.host, config.port)
 
-    async def start(self) -> None:
+    def _unix_socket(self, path: Path) -> socket.socket:
+        sock = unix_socket(path)
+        self._unix_paths.append(path)
+        return sock
+
+    async def _serve(self, ctx: ServerContext, gated: bool, sock: socket.socket | None,
+                     host: str, port: int) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        tls = tls_context(self.config.tls) if self.config.tls is not None else None
+
+        def factory() -> Connection:
+            return Connection(ctx, gated=gated)
+
+        if sock is not None:
+            return await loop.create_server(factory, sock=sock, ssl=tls, backlog=LISTEN_BACKLOG)
+        return await loop.create_server(factory, host, port, reuse_address=True,
+                                        backlog=LISTEN_BACKLOG, ssl=tls)
+
+    async def _open_namespace(self, name: str) -> ServerContext:
+        """A namespace's context: its store, waiters, scheduler, counters and subscriptions."""
         config = self.config
-        self._client = client = await RedisClient.connect(config.redis_url,
-                                                          flush_at=REDIS_BATCH_CALLS)
-        store = Store(client, self.keys, self.instance_id,
-                      events_maxlen=config.events_maxlen)
+        assert self._client is not None and self._subscriber is not None
+        keys = Keys(namespace_prefix(config.prefix, name))
+        store = Store(self._client, keys, self.instance_id, events_maxlen=config.events_maxlen)
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
         scheduler = Scheduler(store, registry)
-        self.ctx = ServerContext(
+        ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
-
-        grants = self.keys.grant_channel(self.instance_id).encode()
-        connections = self.ctx.connections
-
-        def on_message(channel: bytes, data: bytes) -> None:
-            if channel == grants:  # put.lua handed a job to one of our waiting connections
-                conn = connections.get(data.decode())
-                if conn is not None:
-                    conn.job_handed_over()
-            else:
-                registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
-
-        self._subscriber = Subscriber(config.redis_url, on_message, registry.wake_all)
-        self._subscriber.psubscribe(self.keys.wake_pattern.encode())
+        grants = keys.grant_channel(self.instance_id).encode()
+        self._grants[grants] = ctx
+        self._by_root[keys.root.encode()] = ctx
+        self._subscriber.psubscribe(keys.wake_pattern.encode())
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
+        self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
+        return ctx
+
+    def _on_message(self, channel: bytes, data: bytes) -> None:
+        ctx = self._grants.get(channel)
+        if ctx is not None:  # put.lua handed a job to one of our waiting connections
+            conn = ctx.connections.get(data.decode())
+            if conn is not None:
+                conn.job_handed_over()
+            return
+        # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
+        root = channel[:channel.find(b"}:") + 2]
+        ctx = self._by_root.get(root)
+        if ctx is not None:
+            ctx.registry.wake_one(ctx.store.keys.tube_of_wake_channel(channel.decode()))
+
+    def _wake_all(self) -> None:
+        for ctx in self.namespaces.values():
+            ctx.registry.wake_all()
+
+    async def start(self) -> None:
+        config = self.config
+        self._client = await RedisClient.connect(config.redis_url, flush_at=REDIS_BATCH_CALLS)
+        self._subscriber = Subscriber(config.redis_url, self._on_message, self._wake_all)
+        access = config.access
+        names = {DEFAULT_NAMESPACE, *(access.namespaces if access is not None else ())}
+        for name in sorted(names):
+            self.namespaces[name] = await self._open_namespace(name)
+        self.ctx = self.namespaces[DEFAULT_NAMESPACE]
+        if access is not None:
+            gate = Gate(access, self.namespaces)
+            for ctx in self.namespaces.values():
+                ctx.gate = gate
         await self._subscriber.start()
-        self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
-        self._listener = await self._listen(self.ctx)
+        self._listener = await self._listen(self.ctx, gated=access is not None)
+        for bound in access.listeners if access is not None else ():
+            ctx = self.namespaces[bound.namespace]
+            if bound.unix is not None:
+                listener = await self._serve(ctx, False, self._unix_socket(bound.unix), "", 0)
+            else:
+                host = config.host if unix_path(config.host) is None else "127.0.0.1"
+                listener = await self._serve(ctx, False, None, host, bound.port or 0)
+            self._bound.append(listener)
+            log.info("listening for a namespace", namespace=bound.namespace,
+                     address=describe(listener.sockets[0]))
         log.info("listening", address=describe(self._listener.sockets[0]),
-                 tls="on" if config.tls is not None else "off", redis=config.redis_url,
+                 tls="on" if config.tls is not None else "off",
+                 auth="required" if access is not None else "off", redis=config.redis_url,
                  prefix=config.prefix, instance=self.instance_id,
                  events=f"on, maxlen ~{config.events_maxlen}" if config.events_maxlen else "off")
 
     def drain(self) -> None:
         """Enter drain mode: every later put answers DRAINING."""
         if self.ctx is not None and not self.ctx.draining:
-            self.ctx.draining = True
+            for ctx in self.namespaces.values():
+                ctx.draining = True
             log.info("drain mode")
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        if self._unix_path is not None:
+        for listener in (self._listener, *self._bound):
+            if listener is not None:
+                listener.close()
+        for path in self._unix_paths:
             with contextlib.suppress(OSError):
-                self._unix_path.unlink()
-        if self.ctx is not None:
-            connections = list(self.ctx.connections.values())
-            for conn in connections:
-                conn.close()
-            if connections:
-                await asyncio.wait([asyncio.ensure_future(conn.wait_closed())
-                                    for conn in connections], timeout=SHUTDOWN_GRACE_S)
+                path.unlink()
+        connections = [conn for ctx in self.namespaces.values()
+                       for conn in ctx.connections.values()]
+        for conn in connections:
+            conn.close()
+        if connections:
+            await asyncio.wait([asyncio.ensure_future(conn.wait_closed())
+                                for conn in connections], timeout=SHUTDOWN_GRACE_S)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -170,11 +234,11 @@ class Server:
                 await task
         if self._subscriber is not None:
             await self._subscriber.stop()
-        if self.ctx is not None:
-            self.ctx.counters.flush()
-            self.ctx.using.flush()
+        for ctx in self.namespaces.values():
+            ctx.counters.flush()
+            ctx.using.flush()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.ctx.store.leave(), SHUTDOWN_GRACE_S)
+                await asyncio.wait_for(ctx.store.leave(), SHUTDOWN_GRACE_S)
         if self._client is not None:
             await self._client.close()
         log.info("stopped")
