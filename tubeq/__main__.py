@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
                    help="require client certificates signed by this CA (with --tls-cert)")
+    p.add_argument("--max-connections", type=int, default=0, metavar="N",
+                   help="accept at most N connections at once; more get TOO_MANY_CONNECTIONS "
+                        "and are closed (0: no limit)")
     p.add_argument("--auth", type=Path, default=None, metavar="FILE",
                    help="require `auth <token>`: tokens, namespaces and namespace-bound "
                         "listeners from this TOML file (README, Authentication)")
@@ -85,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     if args.events_maxlen < 1:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
+    if args.max_connections < 0:
+        p.error("--max-connections must be 0 (no limit) or positive")
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -136,7 +141,7 @@ async def serve(args: argparse.Namespace) -> None:
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
-                           access=access))
+                           access=access, max_connections=args.max_connections))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -96,6 +96,21 @@ class PendingReserve:
     failed: bool = False  # ... with a store error
 
 
+@dataclass(eq=False)
+class Capacity:
+    """The process's connections across its namespaces, against ``--max-connections``."""
+
+    limit: int = 0  # 0: no limit
+    open: int = 0
+
+    def take(self) -> bool:
+        """Count one more connection, or False when the process is full."""
+        if self.limit and self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+
 @dataclass
 class ServerContext:
     """What every connection of one tubeq process shares."""
@@ -113,6 +128,7 @@ class ServerContext:
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None
+    capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_token(self) -> str:
@@ -142,6 +158,9 @@ class Gate:
                         return self.namespaces[name]
         return None
 
+
+# The handlers of a connection refused at once (over --max-connections): it gets none.
+_REFUSED: dict[type[c.Command], Any] = {}
 
 # A connection that sends this many bad tokens is closed: tokens are not to be guessed.
 MAX_AUTH_FAILURES = 3
@@ -208,6 +227,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        if not self.ctx.capacity.take():
+            # Over --max-connections: one clear line, then closed; nothing registered.
+            self._handlers = _REFUSED
+            self.transport.write(replies.TOO_MANY_CONNECTIONS)
+            self.transport.close()
+            return
         self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
         if self._handlers is HANDLERS:
             self._register()
@@ -274,6 +299,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if self._handlers is not _REFUSED:
+            self.ctx.capacity.open -= 1
         if self._handlers is not HANDLERS:  # never entered a namespace: nothing to clean up
             self.ctx.connections.pop(self.token, None)
             self._cleaned_up = True

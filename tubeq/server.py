@@ -27,6 +27,7 @@ from tubeq.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
 from tubeq.connection import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
+    Capacity,
     Connection,
     Gate,
     ServerContext,
@@ -82,6 +83,8 @@ class Config:
     tls: TlsFiles | None = None
     # The access file (tubeq.access): tokens, namespaces, bound listeners; None: no auth.
     access: AccessConfig | None = None
+    # Connections this process accepts at once (all listeners); 0: no limit, as beanstalkd.
+    max_connections: int = 0
 
 
 class Server:
@@ -102,6 +105,7 @@ class Server:
         self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
+        self._capacity = Capacity(config.max_connections)
 
     @property
     def port(self) -> int:
@@ -149,7 +153,8 @@ class Server:
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
-            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
+            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
+            capacity=self._capacity)
         grants = keys.grant_channel(self.instance_id).encode()
         self._grants[grants] = ctx
         self._by_root[keys.root.encode()] = ctx
