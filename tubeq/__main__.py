@@ -24,6 +24,7 @@ from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.listeners import ListenError, TlsFiles
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
 from tubeq.server import DEFAULT_EVENTS_MAXLEN, DEFAULT_MAX_JOB_SIZE, Config, Server
+from tubeq.workers import WorkerPool
 
 log = structlog.get_logger("tubeq")
 
@@ -75,11 +76,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-connections", type=int, default=0, metavar="N",
                    help="accept at most N connections at once; more get TOO_MANY_CONNECTIONS "
                         "and are closed (0: no limit)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N server processes on the port (SO_REUSEPORT), kept running by "
+                        "this one (1)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind the port with SO_REUSEPORT (what --workers gives each worker)")
     p.add_argument("--auth", type=Path, default=None, metavar="FILE",
                    help="require `auth <token>`: tokens, namespaces and namespace-bound "
                         "listeners from this TOML file (README, Authentication)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
         p.error("-z must be between 1 and 1073741824")
     if args.max_in_flight < 1:
@@ -88,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     if args.events_maxlen < 1:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
+    if args.workers > 1 and (args.port == 0 or args.host.startswith("unix:")):
+        p.error("--workers needs a TCP port (-p, not 0): the workers share it with SO_REUSEPORT")
     if args.max_connections < 0:
         p.error("--max-connections must be 0 (no limit) or positive")
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -137,11 +148,15 @@ async def serve(args: argparse.Namespace) -> None:
         await asyncio.to_thread(redis.start)
         url = redis.url
         log.info("private redis-server started", url=url, data_dir=str(redis.data_dir))
+    if args.workers > 1:
+        await run_workers(args, url, redis)
+        return
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
-                           access=access, max_connections=args.max_connections))
+                           access=access, max_connections=args.max_connections,
+                           reuse_port=args.reuse_port))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -153,6 +168,30 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
         log.info("shutting down")
         await server.stop()
+    finally:
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        if redis is not None:
+            await asyncio.to_thread(redis.stop)
+
+
+async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | None) -> None:
+    """--workers N: this process supervises N workers (and the private redis-server, if any);
+    each worker gets this command line plus the Redis URL and the events setting it resolved."""
+    events = "on" if events_maxlen(args) else "off"
+    pool = WorkerPool([*args.argv, "--redis", url, "--events", events, "--workers", "1",
+                       "--reuse-port"], args.workers)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: pool.signal_all(signal.SIGUSR1))
+    supervisor = asyncio.create_task(supervise(redis)) if redis is not None else None
+    log.info("starting workers", workers=args.workers, port=args.port, redis=url)
+    try:
+        await pool.run(stop)
     finally:
         if supervisor is not None:
             supervisor.cancel()

@@ -85,6 +85,8 @@ class Config:
     access: AccessConfig | None = None
     # Connections this process accepts at once (all listeners); 0: no limit, as beanstalkd.
     max_connections: int = 0
+    # Bind with SO_REUSEPORT, so several processes share the port (--workers).
+    reuse_port: bool = False
 
 
 class Server:
@@ -137,6 +139,7 @@ class Server:
         if sock is not None:
             return await loop.create_server(factory, sock=sock, ssl=tls, backlog=LISTEN_BACKLOG)
         return await loop.create_server(factory, host, port, reuse_address=True,
+                                        reuse_port=self.config.reuse_port or None,
                                         backlog=LISTEN_BACKLOG, ssl=tls)
 
     async def _open_namespace(self, name: str) -> ServerContext:
