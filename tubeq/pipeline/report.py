@@ -12,19 +12,22 @@ Rules:
   not by ``time_ms``; a job is ``(tube, id)``.
 * The state machine is data (``_NEW_STATE``): each event names the state the job is in after it.
   The state before an event is the previous event's state after; a job whose earlier events are
-  not in the archive (trimmed before it was archived, or put before recording began) gets the
-  state its first event implies (``_IMPLIED_BEFORE``), and an unknown one (a ``deleted`` first)
-  changes no count.
+  not in the archive (trimmed before it was archived, or put before recording began) has no
+  known state before its first archived event: that event only adds it to the state it leaves
+  it in (a ``deleted`` first changes no count), and measures nothing that needs an earlier time.
 * Queue wait is measured at ``reserved``: its time minus the time the job last became ready (its
   put for an immediate job, otherwise the promotion, kick, release or time-out that made it ready).
   Processing time is measured at ``deleted`` of a reserved job: its time minus the job's last
   ``reserved``. Delay lateness is measured at ``promoted``: its time minus the due time (the
   event's own ``due_ms`` if set, else the ``due_ms`` of the put or release that delayed the job).
   Each lands in the minute and hour of the event it is measured at.
-* Percentiles are **exact** (Spark's ``percentile``: linear interpolation between the two nearest
-  ranks, as ``numpy.percentile``'s default), not ``percentile_approx``: the report's figures
-  are the figures, and a test can recompute them to the last digit. It costs a sort of each
-  group's distinct values, which the 10M-event bench measures.
+* Percentiles are **exact** (linear interpolation between the two nearest ranks, as
+  ``numpy.percentile``'s default and Spark's ``percentile``), not ``percentile_approx``: the
+  report's figures are the figures, and a test can recompute them to the last digit. They are
+  read off sorted samples by numpy in Spark's Python workers, every grain from one pass: each
+  hour's samples give that hour's minutes and the hour itself, for every tube and for all tubes;
+  each tube's histogram of distinct values gives the whole archive. The per-job window (a sort
+  of every event) runs once; its narrowed output is cached for the tables that read it.
 * Every table also has rows for all tubes together, with ``tube`` = ``"*"`` (a character no tube
   name may contain).
 * Backlog is derived from the event flow only: per minute, the jobs in each state at the end of
@@ -47,6 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+from numpy.typing import NDArray
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -98,34 +103,39 @@ MAX_CHART_POINTS: Final = 3000
 MAX_RANKED_ROWS: Final = 20
 
 
+# The per-job window sorts every event of the archive, so its rows are kept narrow: events and
+# states travel through it as small integer codes (their index in these tuples), not as strings.
+_EVENT_CODES: Final = tuple(EventName)
+_STATE_CODES: Final = (*STATES, GONE)
+
+
+def _event(name: EventName) -> Column:
+    return F.lit(_EVENT_CODES.index(name))
+
+
+def _state(state: str) -> Column:
+    return F.lit(_STATE_CODES.index(state))
+
+
+def _event_code(event: Column) -> Column:
+    """The code of the event named by ``event``; null for a name this module does not know."""
+    return F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
+                          for part in (name.value, code)])[event]
+
+
 def _new_state(event: Column, delay_ms: Column) -> Column:
-    """The state a job is in after ``event``; null for an event that changes nothing."""
-    delayed_or_ready = F.when(delay_ms > 0, F.lit(DELAYED)).otherwise(F.lit(READY))
+    """The code of the state a job is in after ``event`` (a name); null for an event that changes
+    nothing."""
+    delayed_or_ready = F.when(delay_ms > 0, _state(DELAYED)).otherwise(_state(READY))
     return (
         F.when(event == EventName.PUT.value, delayed_or_ready)
         .when(event == EventName.RELEASED.value, delayed_or_ready)
         .when(event.isin(EventName.PROMOTED.value, EventName.KICKED.value,
-                         EventName.TIMED_OUT.value), F.lit(READY))
-        .when(event.isin(EventName.RESERVED.value, EventName.TOUCHED.value), F.lit(RESERVED))
-        .when(event == EventName.BURIED.value, F.lit(BURIED))
+                         EventName.TIMED_OUT.value), _state(READY))
+        .when(event.isin(EventName.RESERVED.value, EventName.TOUCHED.value), _state(RESERVED))
+        .when(event == EventName.BURIED.value, _state(BURIED))
         .when(event.isin(EventName.DELETED.value, EventName.EXPIRED.value,
-                         EventName.DEAD_LETTERED.value), F.lit(GONE))
-    )
-
-
-def _implied_before(event: Column) -> Column:
-    """The state a job must have been in before ``event`` when the archive holds nothing earlier.
-
-    A kick may also come from delayed; buried is the likelier guess. ``deleted`` can come from any
-    state: null, so it changes no backlog count.
-    """
-    return (
-        F.when(event == EventName.PUT.value, F.lit(GONE))
-        .when(event == EventName.PROMOTED.value, F.lit(DELAYED))
-        .when(event == EventName.RESERVED.value, F.lit(READY))
-        .when(event.isin(EventName.RELEASED.value, EventName.TIMED_OUT.value,
-                         EventName.TOUCHED.value, EventName.BURIED.value), F.lit(RESERVED))
-        .when(event == EventName.KICKED.value, F.lit(BURIED))
+                         EventName.DEAD_LETTERED.value), _state(GONE))
     )
 
 
@@ -139,50 +149,57 @@ def read_archive(spark: SparkSession, archive: str | Path) -> DataFrame:
 
 
 def annotate(events: DataFrame) -> DataFrame:
-    """Each lifecycle event with the job's state before and after it and what it measures.
+    """Each event that changes a job's state, reduced to what the tables need of the job's life.
 
-    Columns: tube, id, event, time_ms, tries, known_before (the state the previous event left,
-    null for the job's first event in the archive), state_before (known_before, or what the
-    event implies), state_after, wait_ms, processing_ms, lateness_ms (the last three null where
-    the event measures nothing).
+    Columns: tube; bucket_ms (the event's minute); event and state_after (codes: indexes in
+    ``_EVENT_CODES`` and ``_STATE_CODES``); known_before (the code of the state the job's previous
+    event left, null for its first event in the archive); job_tries (on the job's first event
+    only: the most reservations any of its events counts); measure (the index in ``MEASURES`` of
+    what the event measures, null if nothing) and value (that measure, ms).
     """
     event = F.col("event")
     time_ms = F.col("time_ms")
     state_after = F.col("state_after")
     sid = F.split(F.col("stream_id"), "-")
     rows = (events
-            .select("tube", "id", "event", "delay_ms", "due_ms", "tries", "time_ms",
+            .select("tube", "id", "due_ms", "tries", "time_ms",
                     sid.getItem(0).cast("long").alias("sid_ms"),
                     F.coalesce(sid.getItem(1).cast("long"), F.lit(0)).alias("sid_seq"),
+                    _event_code(event).alias("event"),
                     _new_state(event, F.col("delay_ms")).alias("state_after"))
             .where(state_after.isNotNull()))
     # The job id first: the sort's prefix is then a long that settles nearly every comparison,
     # where the tube (a string shared by a fiftieth of the events) settles none.
     job = Window.partitionBy("id", "tube").orderBy("sid_ms", "sid_seq")
     before = job.rowsBetween(Window.unboundedPreceding, -1)
+    whole = job.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     # All in one select, so Spark evaluates them in one window operator over one sort.
     rows = rows.select(
-        "*",
+        "tube", "event", "state_after", "time_ms", "due_ms",
         F.lag("state_after").over(job).alias("known_before"),
-        F.last(F.when(state_after == READY, time_ms), ignorenulls=True)
+        F.when(F.row_number().over(job) == 1, F.max("tries").over(whole)).alias("job_tries"),
+        F.last(F.when(state_after == _state(READY), time_ms), ignorenulls=True)
         .over(before).alias("ready_since"),
-        F.last(F.when(event == EventName.RESERVED.value, time_ms), ignorenulls=True)
+        F.last(F.when(event == _event(EventName.RESERVED), time_ms), ignorenulls=True)
         .over(before).alias("reserved_since"),
-        F.last(F.when((state_after == DELAYED) & (F.col("due_ms") > 0), F.col("due_ms")),
-               ignorenulls=True).over(before).alias("delayed_until"))
+        F.last(F.when((state_after == _state(DELAYED)) & (F.col("due_ms") > 0),
+                      F.col("due_ms")), ignorenulls=True).over(before).alias("delayed_until"))
     known_before = F.col("known_before")
     own_due = F.when(F.col("due_ms") > 0, F.col("due_ms"))
+    # An event measures one thing at most: the three conditions exclude each other by event.
+    wait = (event == _event(EventName.RESERVED)) & (known_before == _state(READY))
+    processing = (event == _event(EventName.DELETED)) & (known_before == _state(RESERVED))
+    lateness = event == _event(EventName.PROMOTED)
+    value = (F.when(wait, time_ms - F.col("ready_since"))
+             .when(processing, time_ms - F.col("reserved_since"))
+             .when(lateness, time_ms - F.coalesce(own_due, F.col("delayed_until"))))
+    measure = (F.when(wait, F.lit(MEASURES.index("wait_ms")))
+               .when(processing, F.lit(MEASURES.index("processing_ms")))
+               .when(lateness, F.lit(MEASURES.index("lateness_ms"))))
     return rows.select(
-        "tube", "id", "event", "time_ms", "tries", "known_before",
-        F.coalesce(known_before, _implied_before(event)).alias("state_before"),
-        "state_after",
-        F.when((event == EventName.RESERVED.value) & (known_before == READY),
-               time_ms - F.col("ready_since")).alias("wait_ms"),
-        F.when((event == EventName.DELETED.value) & (known_before == RESERVED),
-               time_ms - F.col("reserved_since")).alias("processing_ms"),
-        F.when(event == EventName.PROMOTED.value,
-               time_ms - F.coalesce(own_due, F.col("delayed_until"))).alias("lateness_ms"),
-    )
+        "tube", _bucket(time_ms, MINUTE_MS).alias("bucket_ms"), "event", "known_before",
+        "state_after", "job_tries",
+        F.when(value.isNotNull(), measure).alias("measure"), value.alias("value"))
 
 
 def _bucket(time_ms: Column, size_ms: int) -> Column:
@@ -224,67 +241,146 @@ def _minute_flows(facts: DataFrame) -> DataFrame:
     """Per tube and minute: each counted event's count, and each state's net change
     ``d_<state>`` (jobs that entered it minus jobs that left it)."""
     event = F.col("event")
-    counts = [F.count(F.when(event == name.value, 1)).alias(column) for name, column in COUNTED]
+    counts = [F.count(F.when(event == _event(name), 1)).alias(column) for name, column in COUNTED]
     # A job's first event in the archive only adds it: it was in no count before.
-    deltas = [(F.count(F.when(F.col("state_after") == state, 1))
-               - F.count(F.when(F.col("known_before") == state, 1))).alias(f"d_{state}")
+    deltas = [(F.count(F.when(F.col("state_after") == _state(state), 1))
+               - F.count(F.when(F.col("known_before") == _state(state), 1))).alias(f"d_{state}")
               for state in STATES]
-    return (facts.withColumn("bucket_ms", _bucket(F.col("time_ms"), MINUTE_MS))
-            .groupBy("tube", "bucket_ms").agg(*counts, *deltas))
+    return facts.groupBy("tube", "bucket_ms").agg(*counts, *deltas)
 
 
-def _minute_histogram(facts: DataFrame) -> DataFrame:
-    """Each measure's samples per tube and minute as (value, n) pairs: columns tube, bucket_ms,
-    measure (its index in ``MEASURES``), value, n. Wider buckets sum these, so the events are
-    read once for every grain, and percentiles of a histogram are the samples' percentiles."""
-    bucket = _bucket(F.col("time_ms"), MINUTE_MS).alias("bucket_ms")
-    samples = [facts.where(F.col(measure).isNotNull())
-               .select("tube", bucket, F.lit(index).alias("measure"),
-                       F.col(measure).alias("value"))
-               for index, measure in enumerate(MEASURES)]
-    stacked = samples[0]
-    for more in samples[1:]:
-        stacked = stacked.unionByName(more)
-    return (stacked.groupBy("tube", "bucket_ms", "measure", "value")
-            .agg(F.count("*").alias("n")))
+# ---------------------------------------------------------------------------------------------
+# Exact percentiles, every grain from one pass over the samples. Spark hands each group to a
+# Python worker as Arrow columns; numpy sorts it and reads the ranks off. The groups are bounded:
+# an hour of samples (every tube's minutes and hour, and the same for all tubes together), or one
+# tube's histogram of distinct values over the whole archive.
+# ---------------------------------------------------------------------------------------------
+
+# What the grouped functions return, one row per tube (or "*"), grain, bucket and measure: grain
+# is MINUTE_MS, HOUR_MS or 0 (the whole archive, bucket_ms 0); p<i> is PERCENTILES[i].
+_FIGURES: Final = ("tube STRING, grain BIGINT, bucket_ms BIGINT, measure INT, n BIGINT, "
+                   + ", ".join(f"p{index} DOUBLE" for index in range(len(PERCENTILES))))
+_WHOLE_ARCHIVE: Final = 0
+_MINUTES_PER_HOUR: Final = HOUR_MS // MINUTE_MS
 
 
-def _percentiles(histogram: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """Exact percentiles from (value, n) histograms: per ``keys``, ``<measure>_n`` and
-    ``<measure>_p50`` ... for each measure that has samples there.
+def exact_percentiles(key: NDArray[np.int64], value: NDArray[np.int64],
+                      weight: NDArray[np.int64]
+                      ) -> tuple[NDArray[np.int64], NDArray[np.int64], list[NDArray[np.float64]]]:
+    """Per distinct ``key`` (ascending): the samples' count and their ``PERCENTILES``, where each
+    ``value`` counts ``weight`` times.
 
-    The sample at 0-based rank r is the least value whose running count exceeds r; between the
-    ranks around ``(n - 1) * fraction`` the result is interpolated linearly, as Spark's
-    ``percentile`` and ``numpy.percentile`` do.
+    Linear interpolation between the two nearest ranks, as ``numpy.percentile``'s default: at
+    position ``(n - 1) * fraction`` between 0-based ranks ``lo`` and ``hi``,
+    ``v[lo] + (v[hi] - v[lo]) * (position - lo)``.
     """
-    group = [*keys, "measure"]
-    ordered = Window.partitionBy(*group).orderBy("value")
-    # Both frames share one partitioning and order: one window operator, one sort.
-    ranked = histogram.select(
-        *group, "value",
-        F.sum("n").over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-        .alias("upto"),
-        F.sum("n").over(ordered.rowsBetween(Window.unboundedPreceding,
-                                            Window.unboundedFollowing)).alias("total"))
-    position = [(F.col("total") - 1) * F.lit(fraction) for fraction in PERCENTILES]
-    at_rank = [F.min(F.when(F.col("upto") > rank, F.col("value"))).alias(f"_{side}{index}")
-               for index, where in enumerate(position)
-               for side, rank in (("lo", F.floor(where)), ("hi", F.ceil(where)))]
-    per_measure = ranked.groupBy(*group).agg(F.max("total").alias("n"), *at_rank)
-    values: list[Column] = []
-    for index, fraction in enumerate(PERCENTILES):
-        where = (F.col("n") - 1) * F.lit(fraction)
-        low, high = F.col(f"_lo{index}"), F.col(f"_hi{index}")
-        values.append((low + (high - low) * (where - F.floor(where))).alias(f"_p{index}"))
-    per_measure = per_measure.select(*group, "n", *values)
-    columns: list[Column] = []
+    if len(key) == 0:
+        return key, key, [np.zeros(0) for _ in PERCENTILES]
+    order = np.lexsort((value, key))
+    key, value, weight = key[order], value[order], weight[order]
+    running = np.cumsum(weight)
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    earlier = (running - weight)[first]  # the weight of the groups before each group
+    counts = np.add.reduceat(weight, first)
+    figures = []
+    for fraction in PERCENTILES:
+        position = (counts - 1) * fraction
+        low, high = np.floor(position), np.ceil(position)
+        # A group's sample at rank r is its first whose running weight passes r.
+        at_low = value[np.searchsorted(running, earlier + low, side="right")]
+        at_high = value[np.searchsorted(running, earlier + high, side="right")]
+        figures.append(at_low + (at_high - at_low) * (position - low))
+    return key[first], counts, figures
+
+
+def _figures_table(tubes: Any, grain: int, bucket_ms: NDArray[np.int64],
+                   measure: NDArray[np.int64], counts: NDArray[np.int64],
+                   figures: Sequence[NDArray[np.float64]]) -> Any:
+    """An Arrow table of ``_FIGURES`` rows (``tubes``: an Arrow string array)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    columns = {"tube": tubes, "grain": pa.array(np.full(len(counts), grain, np.int64)),
+               "bucket_ms": pa.array(bucket_ms, pa.int64()),
+               "measure": pa.array(measure, pa.int32()), "n": pa.array(counts, pa.int64())}
+    for index, figure in enumerate(figures):
+        columns[f"p{index}"] = pa.array(figure, pa.float64())
+    return pa.table(columns)
+
+
+def _minute_and_hour_figures(samples: Any) -> Any:
+    """The figures of one hour's samples (an Arrow table: tube, bucket_ms (a minute of that hour),
+    measure, value): per tube and minute, tube and hour, and the same for all tubes together."""
+    import pyarrow as pa
+
+    tube = samples.column("tube").combine_chunks().dictionary_encode()
+    names = pa.concat_arrays([tube.dictionary, pa.array([ALL_TUBES])])
+    own = tube.indices.to_numpy().astype(np.int64)
+    every = np.full_like(own, len(names) - 1)  # "*": the index after the last tube
+    minute_ms = samples.column("bucket_ms").to_numpy()
+    hour_ms = int(minute_ms[0]) // HOUR_MS * HOUR_MS
+    measure = samples.column("measure").to_numpy().astype(np.int64)
+    value = samples.column("value").to_numpy()
+    ones = np.ones_like(value)
+    tables = []
+    for grain, slot in ((MINUTE_MS, (minute_ms - hour_ms) // MINUTE_MS),
+                        (HOUR_MS, np.zeros_like(minute_ms))):
+        for who in (own, every):
+            # One integer key per (tube, minute of the hour, measure).
+            key = (who * _MINUTES_PER_HOUR + slot) * len(MEASURES) + measure
+            keys, counts, figures = exact_percentiles(key, value, ones)
+            bucket = hour_ms + keys // len(MEASURES) % _MINUTES_PER_HOUR * grain
+            tables.append(_figures_table(
+                names.take(pa.array(keys // len(MEASURES) // _MINUTES_PER_HOUR)), grain, bucket,
+                keys % len(MEASURES), counts, figures))
+    return pa.concat_tables(tables)
+
+
+def _whole_archive_figures(histogram: Any) -> Any:
+    """The figures of one tube (or "*") over the whole archive, from its histogram (an Arrow
+    table: tube, measure, value, n; one row per distinct value)."""
+    import pyarrow as pa
+
+    measure = histogram.column("measure").to_numpy().astype(np.int64)
+    keys, counts, figures = exact_percentiles(measure, histogram.column("value").to_numpy(),
+                                              histogram.column("n").to_numpy())
+    tubes = pa.array([histogram.column("tube")[0].as_py()] * len(keys), pa.string())
+    return _figures_table(tubes, _WHOLE_ARCHIVE, np.zeros_like(keys), keys, counts, figures)
+
+
+def _samples(facts: DataFrame) -> DataFrame:
+    return (facts.where(F.col("measure").isNotNull())
+            .select("tube", "bucket_ms", "measure", "value"))
+
+
+def _bucket_figures(facts: DataFrame) -> DataFrame:
+    """``_FIGURES`` per minute and per hour, every tube and all tubes: one pass, grouped by hour."""
+    return (_samples(facts).withColumn("hour_ms", _bucket(F.col("bucket_ms"), HOUR_MS))
+            .groupBy("hour_ms").applyInArrow(_minute_and_hour_figures, _FIGURES))
+
+
+def _archive_figures(facts: DataFrame) -> DataFrame:
+    """``_FIGURES`` over the whole archive, per tube and all tubes, from histograms (their size is
+    the number of distinct values, whatever the archive's length)."""
+    per_tube = _samples(facts).groupBy("tube", "measure", "value").agg(F.count("*").alias("n"))
+    every = (per_tube.groupBy(F.lit(ALL_TUBES).alias("tube"), "measure", "value")
+             .agg(F.sum("n").alias("n")))
+    return (per_tube.unionByName(every).groupBy("tube")
+            .applyInArrow(_whole_archive_figures, _FIGURES))
+
+
+def _percentiles(figures: DataFrame, grain_ms: int | None) -> DataFrame:
+    """``<measure>_n`` and ``<measure>_p50`` ... per tube (and bucket) of ``grain_ms``, from
+    ``_FIGURES`` rows; a measure with no samples there has no figures (null)."""
+    keys = _keys(grain_ms)
+    chosen = figures.where(F.col("grain") == F.lit(grain_ms or _WHOLE_ARCHIVE))
+    columns = []
     for index, measure in enumerate(MEASURES):
-        mine = F.col("measure") == index
+        mine = F.col("measure") == F.lit(index)
         columns.append(F.max(F.when(mine, F.col("n"))).alias(f"{measure}_n"))
-        columns += [F.max(F.when(mine, F.col(f"_p{position_index}")))
-                    .alias(f"{measure}_p{round(fraction * 100)}")
-                    for position_index, fraction in enumerate(PERCENTILES)]
-    return per_measure.groupBy(*keys).agg(*columns)
+        columns.extend(F.max(F.when(mine, F.col(f"p{position}")))
+                       .alias(f"{measure}_p{round(fraction * 100)}")
+                       for position, fraction in enumerate(PERCENTILES))
+    return chosen.groupBy(*keys).agg(*columns)
 
 
 def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
@@ -296,15 +392,10 @@ def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
     return _with_all_tubes(per_tube, keys, counted)
 
 
-def _metrics(flows: DataFrame, histogram: DataFrame, grain_ms: int | None) -> DataFrame:
+def _metrics(flows: DataFrame, figures: DataFrame, grain_ms: int | None) -> DataFrame:
     """Event counts and the measures' sample counts and percentiles per tube (and bucket)."""
     keys = _keys(grain_ms)
-    bins = [*keys, "measure", "value"]
-    # The minute histogram has one row per bin already; wider grains sum theirs.
-    per_tube = histogram if grain_ms == MINUTE_MS else _summed(_regrain(histogram, grain_ms),
-                                                               bins, ["n"])
-    widened = _with_all_tubes(per_tube, bins, ["n"])
-    percentiles = _percentiles(widened, keys)
+    percentiles = _percentiles(figures, grain_ms)
     counts = _counts(flows, grain_ms)
     samples = [F.coalesce(F.col(f"{measure}_n"), F.lit(0)).cast("long").alias(f"{measure}_n")
                for measure in MEASURES]
@@ -316,8 +407,9 @@ def _metrics(flows: DataFrame, histogram: DataFrame, grain_ms: int | None) -> Da
 
 
 def _tries(facts: DataFrame) -> DataFrame:
-    jobs = facts.groupBy("tube", "id").agg(F.max("tries").alias("tries"))
-    per_tube = jobs.groupBy("tube", "tries").agg(F.count("*").alias("jobs"))
+    per_tube = (facts.where(F.col("job_tries").isNotNull())
+                .groupBy("tube", F.col("job_tries").alias("tries"))
+                .agg(F.count("*").alias("jobs")))
     return _with_all_tubes(per_tube, ["tube", "tries"], ["jobs"]).orderBy("tube", "tries")
 
 
@@ -359,24 +451,24 @@ def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
 def build_report(events: DataFrame) -> dict[str, DataFrame]:
     """Every result table of the report (``TABLES``) from a DataFrame of lifecycle events.
 
-    Three intermediates are cached (the annotated events, their per-minute flows and their
-    per-minute histograms; every table derives from these), so call :func:`release` on the
-    result when done with it.
+    Three intermediates are cached (the annotated events, narrowed to what the tables read;
+    their per-minute flows; the per-minute and per-hour percentiles), so the per-job window runs
+    once whatever is written; call :func:`release` on the result when done with it.
     """
-    facts = annotate(events).drop("state_before").persist()  # no table reads state_before
+    facts = annotate(events).persist()
     flows = _minute_flows(facts).persist()
-    histogram = _minute_histogram(facts).persist()
+    figures = _bucket_figures(facts).persist()
     return {
-        "by_tube": _metrics(flows, histogram, None),
-        "by_minute": _metrics(flows, histogram, MINUTE_MS),
-        "by_hour": _metrics(flows, histogram, HOUR_MS),
+        "by_tube": _metrics(flows, _archive_figures(facts), None),
+        "by_minute": _metrics(flows, figures, MINUTE_MS),
+        "by_hour": _metrics(flows, figures, HOUR_MS),
         "tries": _tries(facts),
         "backlog": _backlog(flows),
         "failing_tubes": _ranked(_counts(flows, None), ["tube"]),
         "failing_hours": _ranked(_counts(flows, HOUR_MS), ["tube", "bucket_ms"]),
         "_facts": facts,
         "_flows": flows,
-        "_histogram": histogram,
+        "_figures": figures,
     }
 
 
