@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -40,6 +41,7 @@ from tubeq import commands as c
 from tubeq import replies
 from tubeq.futures import discard
 from tubeq.handlers import HANDLERS, Reply
+from tubeq.metrics import Metrics, command_label
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -110,6 +112,11 @@ class ServerContext:
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     draining: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
+    # Outcomes and slow commands (tubeq.metrics); None when neither is looked at.
+    observer: Metrics | None = None
+    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
+    # when put.lua hands one of them a job.
+    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_token(self) -> str:
@@ -170,6 +177,9 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.ctx.connections[self.token] = self
+        log.info("connection opened", conn=self.token, peer=_peer(transport))
+        if self.ctx.observer is not None:
+            self.ctx.observer.connections_opened += 1
         self.store.connect(self.token).add_done_callback(discard)
         in_redis = self.ctx.using.acquire(self.used)
         if in_redis is not None:
@@ -205,6 +215,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.ctx.connections.pop(self.token, None)
+        log.info("connection closed", conn=self.token, error=None if exc is None else repr(exc))
+        if self.ctx.observer is not None:
+            self.ctx.observer.connections_closed += 1
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
@@ -336,10 +349,15 @@ class Connection(asyncio.Protocol):
         if reply is None:
             return
         self._replies.append(reply)
+        observer = self.ctx.observer
         if isinstance(reply, bytes):
+            if observer is not None:
+                observer.answered(command_label(type(command)), reply)
             self._schedule_flush()
         elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
             reply.add_done_callback(self._reply_done)
+            if observer is not None:
+                observer.track(self.token, command_label(type(command)), reply)
 
     def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
         # A lone reply (one command in flight: a round-trip-bound client) is written at once;
@@ -474,6 +492,9 @@ class Connection(asyncio.Protocol):
         reserve's reply future has no done-callback: one object less per waiting reserve)."""
         reserve.reply.set_result(answer)
         self._reply_done(reserve.reply)
+        if self.ctx.observer is not None:  # a reserve that waited is not slow: not tracked
+            kind = "reserve" if reserve.timeout_s is None else "reserve-with-timeout"
+            self.ctx.observer.answered(kind, answer)
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
@@ -664,6 +685,13 @@ _WATCH_DEFAULT: tuple[str, ...] = ("default",)
 
 def _reserved(job: Reservation) -> bytes:
     return replies.reserved(job.id, job.body)
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return None if peer is None else str(peer)
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -22,6 +23,7 @@ from tubeq.connection import (
     ServerContext,
 )
 from tubeq.keys import Keys
+from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
 from tubeq.resp import RedisClient
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -29,6 +31,9 @@ from tubeq.store import Store
 from tubeq.subscriber import Subscriber
 from tubeq.using import UseLedger
 from tubeq.waiters import WaiterRegistry
+
+if TYPE_CHECKING:
+    from tubeq.http import HttpListener
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +68,14 @@ class Config:
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
     events_maxlen: int = 0
+    # The HTTP listener (/metrics, the HTTP API, the dashboard): off unless a host is given;
+    # port 0 picks a free one (Server.http_port tells which).
+    http_host: str | None = None
+    http_port: int = 0
+    # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
+    # (0: never).
+    metrics_max_tubes: int = DEFAULT_MAX_TUBES
+    slow_ms: int = DEFAULT_SLOW_MS
 
 
 class Server:
@@ -75,12 +88,20 @@ class Server:
         self.ctx: ServerContext | None = None
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
+        self.metrics: Metrics | None = None
+        self._http: HttpListener | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful when configured as 0)."""
         assert self._listener is not None
         return int(self._listener.sockets[0].getsockname()[1])
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP listener's bound port."""
+        assert self._http is not None
+        return self._http.port
 
     async def start(self) -> None:
         config = self.config
@@ -92,20 +113,32 @@ class Server:
         await store.heartbeat()
         registry = WaiterRegistry()
         scheduler = Scheduler(store, registry)
+        if config.http_host is not None:
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
+            store.metrics = self.metrics
+            client.on_round_trip = self.metrics.redis_round_trip
+            client.on_error = self.metrics.redis_error
+        elif config.slow_ms > 0:  # only the slow-command line
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
         self.ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
-            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
+            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
+            observer=self.metrics)
 
         grants = self.keys.grant_channel(self.instance_id).encode()
         connections = self.ctx.connections
+        grant_listeners = self.ctx.grant_listeners
 
         def on_message(channel: bytes, data: bytes) -> None:
             if channel == grants:  # put.lua handed a job to one of our waiting connections
-                conn = connections.get(data.decode())
+                token = data.decode()
+                conn = connections.get(token)
                 if conn is not None:
                     conn.job_handed_over()
+                elif (listener := grant_listeners.get(token)) is not None:
+                    listener()
             else:
                 registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
 
@@ -118,6 +151,15 @@ class Server:
         self._listener = await asyncio.get_running_loop().create_server(
             lambda: Connection(ctx), config.host, config.port, reuse_address=True,
             backlog=LISTEN_BACKLOG)
+        listening = {"addr": f"{config.host}:{self.port}"}
+        if config.http_host is not None:
+            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
+
+            self._http = HttpListener(self)
+            await self._http.start(config.http_host, config.http_port)
+            listening["http"] = f"{config.http_host}:{self.http_port}"
+            log.info("http listening", host=config.http_host, port=self.http_port)
+        await store.describe_instance(listening)
         log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
                  prefix=config.prefix, instance=self.instance_id,
                  events=f"on, maxlen ~{config.events_maxlen}" if config.events_maxlen else "off")
@@ -129,6 +171,8 @@ class Server:
             log.info("drain mode")
 
     async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()  # its long polls end and give their jobs back first
         if self._listener is not None:
             self._listener.close()
         if self.ctx is not None:
