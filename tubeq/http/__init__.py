@@ -47,14 +47,14 @@ class HttpListener:
 
     def __init__(self, server: Server) -> None:
         self._runner = web.AppRunner(make_app(server), access_log=None,
-                                     handler_cancellation=True)
+                                     handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_GRACE_S)
         self._site: web.TCPSite | None = None
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port, reuse_address=True,
-                                 shutdown_timeout=SHUTDOWN_GRACE_S)
+        self._site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await self._site.start()
         self.port = int(self._runner.addresses[0][1])
 
