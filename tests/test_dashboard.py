@@ -80,10 +80,8 @@ def browser() -> Iterator[WebDriver]:
 def wait_for(browser: WebDriver, css: str, text: str | None = None) -> None:
     """Until an element matching ``css`` exists (and contains ``text``)."""
     def seen(d: WebDriver) -> bool:
-        for el in d.find_elements(By.CSS_SELECTOR, css):
-            if text is None or text in el.text:
-                return True
-        return False
+        return any(text is None or text in el.text
+                   for el in d.find_elements(By.CSS_SELECTOR, css))
 
     WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1).until(
         seen, f"{css} {'containing ' + repr(text) if text else ''} never appeared")
