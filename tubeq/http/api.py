@@ -255,8 +255,9 @@ async def tubes(request: web.Request) -> web.Response:
     """Every tube with its counts (and this process's wait and run times, for the dashboard)."""
     server = server_of(request)
     ctx = _ctx(request)
+    # Not counted as list-tubes: the dashboard polls it every second, and cmd-list-tubes
+    # should keep counting what clients ask.
     ctx.counters.flush()  # this process's counts reach Redis before the read, as stats does
-    ctx.counters.incr("list-tubes")
     count, rows = await ctx.store.overview(server.config.metrics_max_tubes)
     now = ctx.store.clock()
     metrics = server.metrics
