@@ -33,6 +33,7 @@ import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, TypeVar, cast
 
 import structlog
@@ -355,9 +356,18 @@ class Connection(asyncio.Protocol):
                 observer.answered(command_label(type(command)), reply)
             self._schedule_flush()
         elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
-            reply.add_done_callback(self._reply_done)
-            if observer is not None:
-                observer.track(self.token, command_label(type(command)), reply)
+            if observer is None:
+                reply.add_done_callback(self._reply_done)
+            else:  # the same one callback, which also tells the observer (tubeq.metrics)
+                reply.add_done_callback(functools.partial(
+                    self._observed_reply_done, command_label(type(command)), perf_counter()))
+
+    def _observed_reply_done(self, label: str, started: float,
+                             reply: asyncio.Future[bytes]) -> None:
+        observer = self.ctx.observer
+        assert observer is not None
+        observer.finished(self.token, label, started, reply)
+        self._reply_done(reply)
 
     def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
         # A lone reply (one command in flight: a round-trip-bound client) is written at once;

@@ -23,11 +23,10 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
-import time
 from bisect import bisect_left
 from collections.abc import Sequence
+from time import perf_counter
 from typing import Any
 
 import structlog
@@ -177,18 +176,18 @@ class Metrics:
         if word == b"KICKED":  # "KICKED n" from kick, plain "KICKED" from kick-job
             self.jobs_kicked += int(reply[7:-2]) if len(reply) > 9 else 1
 
-    def track(self, token: str, command: str, reply: asyncio.Future[bytes]) -> None:
-        """Watch a reply still in flight: its outcome, and a log line if it is slow."""
-        reply.add_done_callback(
-            functools.partial(self._done, token, command, time.perf_counter()))
-
-    def _done(self, token: str, command: str, started: float, reply: asyncio.Future[bytes]) -> None:
-        took = time.perf_counter() - started
+    def finished(self, token: str, command: str, started: float,
+                 reply: asyncio.Future[bytes]) -> None:
+        """A reply that was in flight (a store call) since ``started`` (``perf_counter``) is
+        done: its outcome, and a log line if it was slow. The connection calls this from the
+        reply's one done-callback, so tracking adds no callback of its own."""
+        took = perf_counter() - started
         if reply.cancelled() or reply.exception() is not None:
             answer = b"INTERNAL_ERROR\r\n"
         else:
             answer = reply.result()
-        self.answered(command, answer)
+        if self.count_outcomes:
+            self.answered(command, answer)
         if self.slow_s and took >= self.slow_s:
             self.slow_commands += 1
             log.warning("slow command", command=command, ms=round(took * 1000, 1),
