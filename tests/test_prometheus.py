@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+import redis.asyncio
 
 from tests.client_support import eventually
 from tests.http_support import Beanstalk, Samples, running_server, sample, scrape
 from tubeq.metrics import OTHER_TUBE
+from tubeq.redis_process import RedisProcess
 from tubeq.server import Server
 
 
@@ -162,3 +165,36 @@ async def test_http_api_commands_count_too(server: Server,
     assert sample(samples, "tubeq_commands_total", command="delete") == 1
     assert sample(samples, "tubeq_job_wait_seconds_count", tube="h") == 1
     assert sample(samples, "tubeq_job_run_seconds_count", tube="h") == 1
+
+
+async def test_redis_errors_and_lost_connections_are_counted(
+        tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    own = RedisProcess(tmp_path / "redis")  # this test breaks its Redis: one of its own
+    own.start()
+    try:
+        async with running_server(own.url) as server:
+            admin = redis.asyncio.Redis.from_url(own.url)
+            bean = await Beanstalk.open(server.port)
+            try:
+                await admin.config_set("maxmemory", "1")  # noeviction: writes fail with OOM
+                assert await bean.ask(b"put 0 0 60 1", b"x") == b"INTERNAL_ERROR\r\n"
+                await admin.config_set("maxmemory", "0")
+                await admin.aclose()
+                own.stop()
+                own.start()  # same port: tubeq's client reconnects
+
+                async def scraped() -> bool:
+                    async with session.get(f"{base(server)}/metrics") as r:
+                        return r.status == 200
+
+                await eventually(scraped, "tubeq reconnected to its Redis")
+                samples = await scrape(session, base(server))
+            finally:
+                await bean.close()
+    finally:
+        own.stop()
+    # The put's script, and whatever else wrote meanwhile (counters, the heartbeat).
+    assert sample(samples, "tubeq_redis_errors_total", kind="OOM") >= 1
+    assert sample(samples, "tubeq_redis_errors_total", kind="connection_lost") >= 1
+    assert sample(samples, "tubeq_command_outcomes_total", command="put",
+                  outcome="INTERNAL_ERROR") == 1

@@ -2,7 +2,8 @@
 
 Rules: every failure a client can cause answers a 4xx with a JSON body ``{"error": "..."}``
 saying what was wrong (the middleware turns aiohttp's own 404/405/413 into the same shape); a
-5xx is a bug or a Redis failure, logged once. Numbers are checked against the protocol's own
+Redis that is down or refusing is a 503 with the same shape and one warning line; any other
+5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own
 limits (tubeq.protocol), so a value the text protocol refuses is refused here too.
 """
 
@@ -18,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from tubeq.protocol import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
+from tubeq.resp import RedisConnectionLost, RedisReplyError
 
 if TYPE_CHECKING:
     from tubeq.server import Server
@@ -60,6 +62,10 @@ async def json_errors(request: web.Request,
         if exc.status >= 400:
             return error_response(exc.status, exc.reason.lower())
         raise
+    except (RedisConnectionLost, RedisReplyError) as exc:  # Redis is down or refusing
+        log.warning("http request failed on redis", method=request.method, path=request.path,
+                    error=repr(exc))
+        return error_response(503, f"redis unavailable: {exc}")
     except Exception:
         log.exception("http handler failed", method=request.method, path=request.path)
         return error_response(500, "internal error")
