@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages the suite runs against: beanstalkd (the reference), redis-server, and chromium
-# (headless, for the pipeline report's page: tests/pipeline/test_report.py).
+# (headless, for the pipeline report's page: tests/pipeline/test_report.py) with its driver
+# (selenium drives the dashboard: tests/test_dashboard.py).
 system-deps:
 	@missing=""; \
 	command -v beanstalkd >/dev/null 2>&1 || missing="$$missing beanstalkd"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

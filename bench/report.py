@@ -24,6 +24,9 @@ SHARED_BOX_CORES = 0.5
 IDLE_TARGET_B = 4000
 # Issue 9: put and cycle throughput with lifecycle events on, at least this share of events off.
 EVENTS_TARGET = 0.85
+# Issue 12: "near-zero cost": throughput with every metrics hook on, at least this share of
+# none (within this machine's run-to-run noise, which is itself a few percent).
+METRICS_TARGET = 0.95
 
 Results = dict[str, Any]
 Run = dict[str, Any]
@@ -328,6 +331,33 @@ def _events(results: Results, runs: Runs) -> list[str]:
                            "us/job on / off", "other cores on / off"], rows)
 
 
+def _metrics(results: Results, runs: Runs) -> list[str]:
+    lines = ["## 4c. The cost of metrics (issue 12)", "",
+             "The rows below run on tubeq only (events on), once with `--metrics 127.0.0.1:0` "
+             "(the HTTP listener; every hook: outcomes per reply, slow-command timing, wait, "
+             "run and lateness histograms from the scripts' results, the Redis round-trip "
+             "probe) and once with `--slow-ms 0` (no hook at all), interleaved in their own "
+             "pass. Nobody scrapes during the runs: a scrape's cost is off the hot path. "
+             "on / off = median with metrics on / median off; target >= "
+             f"{METRICS_TARGET}x.", ""]
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"))
+    rows = []
+    for key in keys:
+        on, off = "tubeq metrics on", "tubeq metrics off"
+        lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
+        rows.append([key.removeprefix("metrics "), runs.rate_cell(key, on),
+                     runs.rate_cell(key, off),
+                     f"**{_x(_ratio(runs.rate(key, on), runs.rate(key, off)))}**",
+                     f"{_ms(lat_on['p50_ms'])} / {_ms(lat_on['p99_ms'])}",
+                     f"{_ms(lat_off['p50_ms'])} / {_ms(lat_off['p99_ms'])}",
+                     f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
+                     f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
+                     _noise(runs, key, (on, off))])
+    return lines + _table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
+                           "latency on", "latency off", "CPU % tubeq / redis, on vs off",
+                           "us/job on / off", "other cores on / off"], rows)
+
+
 def _bytes(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.0f}"
 
@@ -490,6 +520,11 @@ def targets(results: Results, runs: Runs) -> list[Target]:
         out.append((f"{key.removeprefix('events ')} with events on >= {EVENTS_TARGET}x events "
                     "off", _x(kept), None if kept is None else kept >= EVENTS_TARGET,
                     f"{key}, tubeq"))
+    for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"):
+        kept = _ratio(runs.rate(key, "tubeq metrics on"), runs.rate(key, "tubeq metrics off"))
+        out.append((f"{key.removeprefix('metrics ')} with metrics on >= {METRICS_TARGET}x "
+                    "metrics off", _x(kept), None if kept is None else kept >= METRICS_TARGET,
+                    f"{key}, tubeq"))
     tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
     out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
                 None if tubes is None else tubes >= 0.8, "many-tubes, tubeq"))
@@ -566,6 +601,7 @@ def render(results: Results) -> str:
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
         lambda: _events(results, runs),
+        lambda: _metrics(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),
         lambda: _profiles(results),

@@ -3,6 +3,7 @@
     make bench                                   the full run (~14 min on the 2-core machine)
     .venv/bin/python -m bench.run --quick        1 repetition, small counts (~2 min)
     .venv/bin/python -m bench.run --render bench/out/results-<stamp>.json   re-render only
+    .venv/bin/python -m bench.run --only metrics   the metrics on/off rows alone (~2 min)
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
 server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
@@ -12,7 +13,9 @@ first, so a noisy minute hurts one repetition of many rows rather than every rep
 
 Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
 process and two), 4 many watched tubes, then the cost of lifecycle events (issue 9: the 64x16
-put and cycle rows on tubeq with events on and off, interleaved), a py-spy profile of the main
+put and cycle rows on tubeq with events on and off, interleaved), the cost of metrics (issue 12:
+the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
+metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -71,6 +74,10 @@ EVENTS_ON = ("--events", "on")
 EVENTS_OFF = ("--events", "off")
 # The rows run once more on tubeq alone, events on against off.
 EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
+# Issue 12: every metrics hook on (the HTTP listener on a free port), against none at all (no
+# listener, no slow-command tracking either); both with events on, as the other tubeq rows.
+METRICS_ON = ("--metrics", "127.0.0.1:0")
+METRICS_OFF = ("--slow-ms", "0")
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,10 @@ def make_server(kind: str, log_dir: Path, code_dir: Path,
         return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
     if kind == "tubeq events off":
         return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
+    if kind == "tubeq metrics on":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
+    if kind == "tubeq metrics off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
     raise ValueError(kind)
 
 
@@ -172,6 +183,13 @@ def events_rows(scale: Scale) -> list[Row]:
     by_key = {r.key: r for r in throughput_rows(scale)}
     return [Row("events", f"events {key}", by_key[key].spec, ("tubeq", "tubeq events off"))
             for key in EVENTS_COMPARED]
+
+
+def metrics_rows(scale: Scale) -> list[Row]:
+    """The rows of EVENTS_COMPARED on tubeq with metrics on and off, in a pass of their own."""
+    by_key = {r.key: r for r in throughput_rows(scale)}
+    return [Row("metrics", f"metrics {key}", by_key[key].spec,
+                ("tubeq metrics on", "tubeq metrics off")) for key in EVENTS_COMPARED]
 
 
 PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
@@ -489,7 +507,7 @@ def _package_version() -> str:
 
 # -- main -------------------------------------------------------------------------------------
 
-def run(scale: Scale, output: Path) -> Path:
+def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
@@ -504,16 +522,28 @@ def run(scale: Scale, output: Path) -> Path:
     if source_fingerprint(bench.code_dir) != fingerprint:
         raise RuntimeError("tubeq/ changed while it was being copied; run again")
     log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
+    if only == "metrics":
+        bench.interleaved(metrics_rows(scale))
+        return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {})
     bench.interleaved(throughput_rows(scale))
     bench.interleaved([delayed_row(scale), wake_row(scale)])
     tube_rows = many_tube_rows(scale)
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))
+    bench.interleaved(metrics_rows(scale))
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
     idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
+    return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
+                   profiles, idle_connections)
+
+
+def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
+            fingerprint: str, output: Path, memory_4k: Any, backlog: Any, profiles: Any,
+            idle_connections: Any) -> Path:
+    log = bench.log
     if bench.gate.busy_starts:
         bench.notes.append(
             f"{bench.gate.busy_starts} runs started while other processes used >= {QUIET_CORES} "
@@ -547,17 +577,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="1 repetition, small counts (development); writes bench/out/")
     p.add_argument("--output", type=Path, default=None,
                    help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
+    p.add_argument("--only", choices=["metrics"], default=None,
+                   help="run one pass alone (the metrics on/off rows); writes bench/out/")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only re-render a saved results file")
     args = p.parse_args(argv)
     quick_default = OUT_DIR / "RESULTS-quick.md"
-    output = args.output or (quick_default if args.quick else BENCH_DIR / "RESULTS.md")
+    output = args.output or (quick_default if args.quick
+                             else OUT_DIR / "RESULTS-only.md" if args.only
+                             else BENCH_DIR / "RESULTS.md")
     if args.render is not None:
         results = json.loads(args.render.read_text())
         output.write_text(report.render(results))
         return 0
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    run(QUICK if args.quick else FULL, output)
+    run(QUICK if args.quick else FULL, output, args.only)
     return 0
 
 

@@ -1,5 +1,8 @@
 """Command line: ``tubeq -l ADDR -p PORT [-z MAX_JOB_SIZE] [--redis URL] [--prefix NAME]``.
 
+``--metrics ADDR:PORT`` opens the HTTP listener (/metrics, the HTTP API, the dashboard);
+``--log-format json|console`` picks the log lines' shape (README, "Operating tubeq").
+
 The flags are beanstalkd's, so tools that launch a beanstalkd binary can launch tubeq. Without
 ``--redis`` tubeq starts and supervises a private redis-server keeping its data (an append-only
 file) under ``--data-dir``. SIGTERM/SIGINT shut down cleanly; SIGUSR1 enters drain mode.
@@ -22,6 +25,7 @@ from tubeq.access import AccessFileError
 from tubeq.access import load as load_access
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.listeners import ListenError, TlsFiles
+from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.redis_process import RedisNotInstalled, RedisProcess
 from tubeq.server import DEFAULT_EVENTS_MAXLEN, DEFAULT_MAX_JOB_SIZE, Config, Server
 from tubeq.workers import WorkerPool
@@ -84,7 +88,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--auth", type=Path, default=None, metavar="FILE",
                    help="require `auth <token>`: tokens, namespaces and namespace-bound "
                         "listeners from this TOML file (README, Authentication)")
+    p.add_argument("--metrics", default=None, metavar="ADDR:PORT", type=_address,
+                   help="serve /metrics (Prometheus), the HTTP API and the dashboard on this "
+                        "address, e.g. 127.0.0.1:11301 (default: off)")
+    p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
+                   help="tubes with series of their own per metric; the others are summed "
+                        f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
+    p.add_argument("--slow-ms", type=int, default=DEFAULT_SLOW_MS, metavar="MS",
+                   help="log a command whose reply took this long (reserves excepted); "
+                        f"0: never ({DEFAULT_SLOW_MS})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="console", choices=["console", "json"],
+                   help="one line per event: key=value text (console) or a JSON object")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -105,6 +120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.metrics_max_tubes < 1:
+        p.error("--metrics-max-tubes must be at least 1")
+    if args.slow_ms < 0:
+        p.error("--slow-ms must be 0 (off) or more")
+    if args.workers > 1 and args.metrics is not None and args.metrics[1] == 0:
+        p.error("--workers needs a fixed --metrics port (each worker serves it with SO_REUSEPORT)")
     return args
 
 
@@ -114,6 +135,14 @@ def tls_files(args: argparse.Namespace) -> TlsFiles | None:
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
+def _address(text: str) -> tuple[str, int]:
+    """ADDR:PORT (the port may be 0: any free one)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ADDR:PORT")
+    return host.strip("[]"), int(port)
+
+
 def events_maxlen(args: argparse.Namespace) -> int:
     """The stream cap the server gets: 0 (off) unless events are on, by flag or by default
     (on with the private redis-server, off with --redis)."""
@@ -121,12 +150,22 @@ def events_maxlen(args: argparse.Namespace) -> int:
     return args.events_maxlen if on else 0
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, fmt: str = "console") -> None:
+    """Log lines to stderr, one per event: ``console`` is ``timestamp [level] event key=value``,
+    ``json`` one JSON object per line (``timestamp``, ``level``, ``event`` and the event's own
+    keys). Exceptions are rendered into the line (JSON: an ``exception`` string)."""
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
-                    structlog.dev.ConsoleRenderer(colors=False)],
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper("iso", utc=True),
+                    structlog.processors.format_exc_info, renderer]
+        if fmt == "json" else
+        [structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
+         renderer],
     )
 
 
@@ -156,7 +195,10 @@ async def serve(args: argparse.Namespace) -> None:
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
                            access=access, max_connections=args.max_connections,
-                           reuse_port=args.reuse_port))
+                           reuse_port=args.reuse_port,
+                           http_host=args.metrics[0] if args.metrics else None,
+                           http_port=args.metrics[1] if args.metrics else 0,
+                           metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -203,7 +245,7 @@ async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         import uvloop
     except ImportError:

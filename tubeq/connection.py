@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, TypeVar, cast
 
 import structlog
@@ -41,6 +43,7 @@ from tubeq import replies
 from tubeq.access import AccessConfig
 from tubeq.futures import discard
 from tubeq.handlers import GATE_HANDLERS, HANDLERS, Reply
+from tubeq.metrics import Metrics, command_label
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -129,6 +132,11 @@ class ServerContext:
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
+    # Outcomes and slow commands (tubeq.metrics); None when neither is looked at.
+    observer: Metrics | None = None
+    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
+    # when put.lua hands one of them a job.
+    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_token(self) -> str:
@@ -232,8 +240,12 @@ class Connection(asyncio.Protocol):
             self._handlers = _REFUSED
             self.transport.write(replies.TOO_MANY_CONNECTIONS)
             self.transport.close()
+            log.warning("connection refused: --max-connections reached", peer=_peer(transport))
             return
         self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
+        log.info("connection opened", conn=self.token, peer=_peer(transport))
+        if self.ctx.observer is not None:
+            self.ctx.observer.connections_opened += 1
         if self._handlers is HANDLERS:
             self._register()
         elif self.ctx.gate is not None:
@@ -301,13 +313,16 @@ class Connection(asyncio.Protocol):
         self._lost = True
         if self._handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
+            log.info("connection closed", conn=self.token,
+                     error=None if exc is None else repr(exc))
+            if self.ctx.observer is not None:
+                self.ctx.observer.connections_closed += 1
+        self.ctx.connections.pop(self.token, None)
         if self._handlers is not HANDLERS:  # never entered a namespace: nothing to clean up
-            self.ctx.connections.pop(self.token, None)
             self._cleaned_up = True
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)
             return
-        self.ctx.connections.pop(self.token, None)
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
@@ -443,10 +458,24 @@ class Connection(asyncio.Protocol):
         if reply is None:
             return
         self._replies.append(reply)
+        observer = self.ctx.observer
         if isinstance(reply, bytes):
+            if observer is not None:
+                observer.answered(command_label(type(command)), reply)
             self._schedule_flush()
         elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
-            reply.add_done_callback(self._reply_done)
+            if observer is None:
+                reply.add_done_callback(self._reply_done)
+            else:  # the same one callback, which also tells the observer (tubeq.metrics)
+                reply.add_done_callback(functools.partial(
+                    self._observed_reply_done, command_label(type(command)), perf_counter()))
+
+    def _observed_reply_done(self, label: str, started: float,
+                             reply: asyncio.Future[bytes]) -> None:
+        observer = self.ctx.observer
+        assert observer is not None
+        observer.finished(self.token, label, started, reply)
+        self._reply_done(reply)
 
     def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
         # A lone reply (one command in flight: a round-trip-bound client) is written at once;
@@ -581,6 +610,9 @@ class Connection(asyncio.Protocol):
         reserve's reply future has no done-callback: one object less per waiting reserve)."""
         reserve.reply.set_result(answer)
         self._reply_done(reserve.reply)
+        if self.ctx.observer is not None:  # a reserve that waited is not slow: not tracked
+            kind = "reserve" if reserve.timeout_s is None else "reserve-with-timeout"
+            self.ctx.observer.answered(kind, answer)
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
@@ -771,6 +803,13 @@ _WATCH_DEFAULT: tuple[str, ...] = ("default",)
 
 def _reserved(job: Reservation) -> bytes:
     return replies.reserved(job.id, job.body)
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return None if peer is None else str(peer)
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:

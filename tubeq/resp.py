@@ -23,11 +23,16 @@ Rules:
   safe.
 * Blocking commands (BLPOP...) hold the connection for every call behind them. Keep them off
   this client.
+* Metrics (optional, ``on_round_trip`` / ``on_error``): one call at a time is timed, from the
+  write of its batch to its reply (a probe on the last call of a batch, taken again once it
+  answered), so the cost is one identity check per reply; error replies and lost connections
+  are counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -286,6 +291,11 @@ class RedisClient(ReconnectingProtocol):
         self._unsent: list[bytes] = []
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
+        # Metrics hooks (tubeq.metrics): a round trip in seconds; an error's kind.
+        self.on_round_trip: Callable[[float], None] | None = None
+        self.on_error: Callable[[str], None] | None = None
+        self._probe: asyncio.Future[Any] | None = None  # the call being timed
+        self._probe_sent = 0.0
 
     @classmethod
     async def connect(cls, url: str, *, flush_at: int = 16) -> RedisClient:
@@ -373,6 +383,9 @@ class RedisClient(ReconnectingProtocol):
         if self._unsent:
             self._write(b"".join(self._unsent))
             self._unsent.clear()
+            if self._probe is None and self.on_round_trip is not None and self._pending:
+                self._probe = self._pending[-1][0]
+                self._probe_sent = time.perf_counter()
 
     async def _on_open(self) -> None:
         # The PING makes "connected" mean "Redis answered": a peer that accepts and then drops
@@ -389,6 +402,10 @@ class RedisClient(ReconnectingProtocol):
                 self._transport.abort()
             return
         future, decode, fallback = self._pending.popleft()
+        if future is self._probe:
+            self._probe = None
+            if self.on_round_trip is not None:
+                self.on_round_trip(time.perf_counter() - self._probe_sent)
         if future.done():  # cancelled: the reply was only read to keep the stream in step
             return
         if isinstance(reply, RedisReplyError):
@@ -396,6 +413,8 @@ class RedisClient(ReconnectingProtocol):
                 source, args = fallback
                 self._send(("EVAL", source, *args), decode, future)
             else:
+                if self.on_error is not None:
+                    self.on_error(reply.code)
                 future.set_exception(reply)
         elif decode is None:
             future.set_result(reply)
@@ -408,6 +427,9 @@ class RedisClient(ReconnectingProtocol):
     def _on_lost(self, exc: Exception | None) -> None:
         reason = f"connection to {self._endpoint} lost" + (f": {exc}" if exc else "")
         self._unsent.clear()
+        self._probe = None
+        if self.on_error is not None:
+            self.on_error("connection_lost")
         pending, self._pending = self._pending, deque()
         for future, _, _ in pending:
             if not future.done():

@@ -20,6 +20,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -42,6 +43,7 @@ from tubeq.listeners import (
     unix_path,
     unix_socket,
 )
+from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
 from tubeq.resp import RedisClient
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -49,6 +51,9 @@ from tubeq.store import Store
 from tubeq.subscriber import Subscriber
 from tubeq.using import UseLedger
 from tubeq.waiters import WaiterRegistry
+
+if TYPE_CHECKING:
+    from tubeq.http import HttpListener
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +92,14 @@ class Config:
     max_connections: int = 0
     # Bind with SO_REUSEPORT, so several processes share the port (--workers).
     reuse_port: bool = False
+    # The HTTP listener (/metrics, the HTTP API, the dashboard): off unless a host is given;
+    # port 0 picks a free one (Server.http_port tells which).
+    http_host: str | None = None
+    http_port: int = 0
+    # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
+    # (0: never).
+    metrics_max_tubes: int = DEFAULT_MAX_TUBES
+    slow_ms: int = DEFAULT_SLOW_MS
 
 
 class Server:
@@ -108,12 +121,20 @@ class Server:
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
+        self.metrics: Metrics | None = None
+        self._http: HttpListener | None = None
 
     @property
     def port(self) -> int:
         """The bound TCP port (useful when configured as 0)."""
         assert self._listener is not None
         return int(self._listener.sockets[0].getsockname()[1])
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP listener's bound port."""
+        assert self._http is not None
+        return self._http.port
 
     async def _listen(self, ctx: ServerContext, *, gated: bool) -> asyncio.Server:
         """The protocol listener: a socket systemd passed, a Unix socket or TCP; maybe TLS."""
@@ -148,6 +169,8 @@ class Server:
         assert self._client is not None and self._subscriber is not None
         keys = Keys(namespace_prefix(config.prefix, name))
         store = Store(self._client, keys, self.instance_id, events_maxlen=config.events_maxlen)
+        if self.metrics is not None and self.metrics.count_outcomes:
+            store.metrics = self.metrics
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
@@ -157,7 +180,7 @@ class Server:
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
-            capacity=self._capacity)
+            capacity=self._capacity, observer=self.metrics)
         grants = keys.grant_channel(self.instance_id).encode()
         self._grants[grants] = ctx
         self._by_root[keys.root.encode()] = ctx
@@ -169,9 +192,12 @@ class Server:
     def _on_message(self, channel: bytes, data: bytes) -> None:
         ctx = self._grants.get(channel)
         if ctx is not None:  # put.lua handed a job to one of our waiting connections
-            conn = ctx.connections.get(data.decode())
+            token = data.decode()
+            conn = ctx.connections.get(token)
             if conn is not None:
                 conn.job_handed_over()
+            elif (listener := ctx.grant_listeners.get(token)) is not None:
+                listener()  # an HTTP long poll (tubeq.http.reservations)
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         root = channel[:channel.find(b"}:") + 2]
@@ -185,7 +211,14 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
-        self._client = await RedisClient.connect(config.redis_url, flush_at=REDIS_BATCH_CALLS)
+        self._client = client = await RedisClient.connect(config.redis_url,
+                                                          flush_at=REDIS_BATCH_CALLS)
+        if config.http_host is not None:
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
+            client.on_round_trip = self.metrics.redis_round_trip
+            client.on_error = self.metrics.redis_error
+        elif config.slow_ms > 0:  # only the slow-command line
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
         self._subscriber = Subscriber(config.redis_url, self._on_message, self._wake_all)
         access = config.access
         names = {DEFAULT_NAMESPACE, *(access.namespaces if access is not None else ())}
@@ -208,6 +241,16 @@ class Server:
             self._bound.append(listener)
             log.info("listening for a namespace", namespace=bound.namespace,
                      address=describe(listener.sockets[0]))
+        listening = {"addr": describe(self._listener.sockets[0])}
+        if config.http_host is not None:
+            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
+
+            self._http = HttpListener(self)
+            await self._http.start(config.http_host, config.http_port)
+            listening["http"] = f"{config.http_host}:{self.http_port}"
+            log.info("http listening", host=config.http_host, port=self.http_port)
+        for ctx in self.namespaces.values():
+            await ctx.store.describe_instance(listening)
         log.info("listening", address=describe(self._listener.sockets[0]),
                  tls="on" if config.tls is not None else "off",
                  auth="required" if access is not None else "off", redis=config.redis_url,
@@ -222,6 +265,8 @@ class Server:
             log.info("drain mode")
 
     async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()  # its long polls end and give their jobs back first
         for listener in (self._listener, *self._bound):
             if listener is not None:
                 listener.close()

@@ -17,13 +17,16 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
 from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
 from tubeq.scripts import Script, load_all
+
+if TYPE_CHECKING:
+    from tubeq.metrics import Metrics
 
 Clock = Callable[[], int]
 T = TypeVar("T")
@@ -43,6 +46,8 @@ class Reservation:
     ttr: int
     body: bytes
     deadline_ms: int
+    waited_ms: int = -1  # how long it had been ready (-1: not taken from ready)
+    tube: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +77,56 @@ class JobInfo:
     kicks: int
 
 
+@dataclass(frozen=True, slots=True)
+class TubeCounts:
+    """One row of overview.lua; ``name`` "" is the sum of the tubes past the limit."""
+
+    name: str
+    urgent: int
+    ready: int
+    reserved: int
+    delayed: int
+    buried: int
+    total: int  # jobs ever put (stats-tube total-jobs)
+    deletes: int  # stats-tube cmd-delete
+    pause_until_ms: int  # 0: never paused (or the summed row); compare with now
+    waiting: int
+    watching: int
+    using: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job of browse.lua: the start of its body, not all of it."""
+
+    id: int
+    pri: int
+    created_ms: int
+    due_ms: int
+    reserves: int
+    body_head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One tubeq process of the namespace: its last heartbeat and gauges."""
+
+    id: str
+    heartbeat_ms: int
+    addr: str
+    http: str
+    connections: int
+    producers: int
+    workers: int
+    waiting: int
+
+
 def _as_int(v: Any) -> int:
     return int(v) if v is not None else 0
+
+
+def _text(v: Any) -> str:
+    return "" if v is None else bytes(v).decode(errors="replace")
 
 
 class Store:
@@ -90,6 +143,9 @@ class Store:
         self.instance_id = instance_id
         self.clock = clock
         self.events_maxlen = events_maxlen
+        # Set by the server when metrics are on: told of waits, holds and lateness the scripts
+        # return (tubeq.metrics).
+        self.metrics: Metrics | None = None
         self._scripts: dict[str, Script] = load_all()
         event_args = (events_maxlen, instance_id)
         self._calls: dict[str, ScriptCall] = {
@@ -147,7 +203,7 @@ class Store:
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
         return self._eval("reserve", token, now, 1, waiter,
-                          decode=lambda r: _reservation(r, now))
+                          decode=lambda r: _reservation(r, now, self.metrics))
 
     def reserve_many(self, token: str, count: int, *,
                      counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
@@ -155,12 +211,12 @@ class Store:
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
         return self._eval("reserve", token, now, count, waiter,
-                          decode=lambda r: _reservations(r, now))
+                          decode=lambda r: _reservations(r, now, self.metrics))
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
         return self._eval("reserve_job", token, job_id, now,
-                          decode=lambda r: _reservation(r, now))
+                          decode=lambda r: _reservation(r, now, self.metrics))
 
     @overload
     def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
@@ -173,7 +229,14 @@ class Store:
 
     def delete(self, token: str, job_id: int,
                answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
-        decode: Decoder = bool if answer is None else (lambda r: answer(bool(r)))
+        metrics = self.metrics
+
+        def decode(r: Any) -> Any:
+            # delete.lua: {held_ms, tube} | 0
+            if r and metrics is not None:
+                metrics.job_deleted(r[1].decode(), int(r[0]))
+            return bool(r) if answer is None else answer(bool(r))
+
         return self._eval("delete", token, job_id, self.clock(), decode=decode)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
@@ -257,6 +320,36 @@ class Store:
                 flat += (name, delta)
         self._eval("counters", *flat).add_done_callback(discard)
 
+    def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
+        """Every tube's counts in one read (overview.lua): the number of tubes, and a row for
+        each of the first ``limit`` tubes in creation order plus, if there are more, one row
+        named "" summing the rest."""
+        def decode(r: Any) -> tuple[int, list[TubeCounts]]:
+            rows = [TubeCounts(r[i].decode(), *(int(v) for v in r[i + 1:i + 12]))
+                    for i in range(1, len(r), 12)]
+            return int(r[0]), rows
+
+        return self._eval("overview", limit, decode=decode)
+
+    def browse(self, tube: str, state: str, limit: int) -> asyncio.Future[list[JobSummary]]:
+        """The first ``limit`` jobs of ``tube`` in ``state``, in that state's order."""
+        def decode(r: Any) -> list[JobSummary]:
+            return [JobSummary(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]),
+                               int(r[i + 4]), bytes(r[i + 5])) for i in range(0, len(r), 6)]
+
+        return self._eval("browse", tube, state, limit, decode=decode)
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The tubeq processes of this namespace (heartbeat.lua's registry), oldest first."""
+        beats = await self.client.call("ZRANGE", self.keys.instances, 0, -1, "WITHSCORES")
+        names = [beats[i].decode() for i in range(0, len(beats), 2)]
+        fields = ("addr", "http", "conns", "producers", "workers", "waiting")
+        rows = await asyncio.gather(*(self.client.call("HMGET", self.keys.instance(name), *fields)
+                                      for name in names))
+        return [InstanceInfo(name, int(float(beats[2 * i + 1])),
+                             _text(row[0]), _text(row[1]), *(_as_int(v) for v in row[2:]))
+                for i, (name, row) in enumerate(zip(names, rows, strict=True))]
+
     # -- connections --------------------------------------------------------------------------
 
     def connect(self, token: str) -> asyncio.Future[Reply]:
@@ -278,7 +371,13 @@ class Store:
         a put handed to it while it waited (put.lua), which are its already."""
         now = self.clock()
         return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0",
-                          decode=lambda r: _reservations(r, now))
+                          decode=lambda r: _reservations(r, now, self.metrics))
+
+    def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
+        """Where this process listens (``addr``, ``http``), for the dashboard's server list;
+        kept in its instance hash, which reap.lua removes with the instance."""
+        flat = [x for pair in fields.items() for x in pair]
+        return self.client.call("HSET", self.keys.instance(self.instance_id), *flat)
 
     def bump_gauge(self, field: str, delta: int) -> None:
         call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
@@ -302,23 +401,39 @@ class Store:
         return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=_sweep)
+        metrics = self.metrics
+
+        def decode(r: Any) -> tuple[int, list[str]]:
+            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}}
+            if metrics is not None and r[2]:
+                metrics.jobs_promoted([int(v) for v in r[2]])
+            return int(r[0]), [v.decode() for v in r[1]]
+
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=decode)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
 
-def _reservations(r: Any, now: int) -> list[Reservation]:
-    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, ...}."""
-    return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]), now + int(r[i + 1]) * 1000)
-            for i in range(0, len(r), 3)]
+def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation]:
+    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, waited, tube, ...} (grant
+    in lua/includes/jobs.lua)."""
+    out = []
+    for i in range(0, len(r), 5):
+        ttr, waited, tube = int(r[i + 1]), int(r[i + 3]), r[i + 4].decode()
+        out.append(Reservation(int(r[i]), ttr, bytes(r[i + 2]), now + ttr * 1000, waited, tube))
+        if metrics is not None:
+            metrics.job_reserved(tube, waited)
+    return out
 
 
-def _reservation(r: Any, now: int) -> Reservation | NoJob:
+def _reservation(r: Any, now: int, metrics: Metrics | None) -> Reservation | NoJob:
     if not r:
         return NoJob()
-    ttr = int(r[1])
-    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000)
+    ttr, waited, tube = int(r[1]), int(r[3]), r[4].decode()
+    if metrics is not None:
+        metrics.job_reserved(tube, waited)
+    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000, waited, tube)
 
 
 def _sweep(r: Any) -> tuple[int, list[str]]:

@@ -3,7 +3,9 @@ that have ended resume.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then now (ms),
          limit (jobs and timers handled per call)
-Returns  {next due (ms) or -1, tube woken, ...}; a next due <= now means call again
+Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}}; a next due <= now
+         means call again. Lateness: now - due time, one per job made ready (tubeq.store feeds
+         it to the delayed-lateness metric; it costs no read: 'u' is read for the event anyway)
 Events   'promoted' per job (due_ms: the time it was due)
 Wakes    reserves blocked on each tube that got ready jobs
 ]]
@@ -11,7 +13,7 @@ Wakes    reserves blocked on each tube that got ready jobs
 --- @include "events"
 --- @include "jobs"
 local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local result = {-1}
+local result, woken, late = {-1}, {}, {}
 for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, limit)) do
   local t = string.sub(name, 3)
   if string.sub(name, 1, 1) == 'd' then
@@ -21,10 +23,11 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       local jk = k_job(id)
       local f = rcall('HMGET', jk, 'p', 'u')
       rcall('ZREM', dk, m)
-      rcall('HSET', jk, 's', 'ready')
+      rcall('HSET', jk, 's', 'ready', 'a', now)
       rcall('HDEL', jk, 'u')
       enqueue_ready(id, t, tonumber(f[1]), now)
       job_event('promoted', id, now, 0, f[2], '')
+      late[#late + 1] = now - tonumber(f[2])
     end
     arm_delay_timer(t)
   else
@@ -33,8 +36,9 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     index_tube(t, now)
   end
   wake(t)
-  result[#result + 1] = t
+  woken[#woken + 1] = t
 end
 local head = rcall('ZRANGE', K_TIMERS, 0, 0, 'WITHSCORES')
 if head[1] then result[1] = tonumber(head[2]) end
+result[2], result[3] = woken, late
 return result

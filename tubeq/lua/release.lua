@@ -23,7 +23,7 @@ if tonumber(delay) > 0 then
   enqueue_delayed(id, t, due)
   job_event('released', id, now, tonumber(delay) * 1000, due, '')
 else
-  rcall('HSET', jk, 's', 'ready', 'p', pri)
+  rcall('HSET', jk, 's', 'ready', 'p', pri, 'a', now)
   rcall('HDEL', jk, 'u', 'd')  -- delay 0: the default
   enqueue_ready(id, t, tonumber(pri), now)
   job_event('released', id, now, 0, 0, '')

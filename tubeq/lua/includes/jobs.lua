@@ -111,18 +111,28 @@ local function unlink(id, t, state, now)
   end
 end
 
--- Reserve a job (already unlinked) for the connection `token`; returns {id, ttr, body}.
--- Writes the 'reserved' event.
-local function grant(id, t, token, now)
+-- How long (ms) a job that is being reserved at `reserved_at` had been ready: since 'a' (set by
+-- every move into ready but a put's), else since its creation 'c' (a put without delay).
+local function waited_ms(reserved_at, ready_since, created)
+  return reserved_at - tonumber(ready_since or created)
+end
+
+-- Reserve a job (already unlinked) for the connection `token`. Returns the five-element
+-- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
+-- ready: reserve-job of a delayed or buried job), tube}: tubeq.store reads waited and tube for
+-- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
+-- held time. Writes the 'reserved' event.
+local function grant(id, t, token, now, from_ready)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 'r', 'b', 'p')
+  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c')
   local due = now + tonumber(f[1]) * 1000
-  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due)
+  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now)
   local tries = rcall('HINCRBY', jk, 'nr', 1)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
   add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
-  return {tonumber(id), tonumber(f[1]), f[2]}
+  local waited = from_ready and waited_ms(now, f[4], f[5]) or -1
+  return {tonumber(id), tonumber(f[1]), f[2], waited, t}
 end
 
 -- Back to ready without touching its counters (TTR expiry and disconnect differ only there).
@@ -130,7 +140,7 @@ end
 local function requeue(id, t, now, reason)
   local jk = k_job(id)
   unlink(id, t, 'reserved', now)
-  rcall('HSET', jk, 's', 'ready')
+  rcall('HSET', jk, 's', 'ready', 'a', now)
   rcall('HDEL', jk, 'o', 'u')
   local f = rcall('HMGET', jk, 'p', 'r', 'nr')
   enqueue_ready(id, t, tonumber(f[1]), now)
