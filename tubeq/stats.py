@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from tubeq import __version__
-from tubeq.store import JobInfo
+from tubeq.store import JobInfo, JobPolicies
 
 COMMAND_COUNTERS = (
     "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
@@ -99,7 +99,9 @@ def _seconds_left(ms: int) -> int:
     return max(0, (ms - 1) // 1000)
 
 
-def job_yaml(job: JobInfo, now_ms: int) -> bytes:
+def job_yaml(job: JobInfo, now_ms: int, extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-job's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
     time_left = 0
     if job.state in ("reserved", "delayed"):
         time_left = _seconds_left(job.due_ms - now_ms)
@@ -108,7 +110,7 @@ def job_yaml(job: JobInfo, now_ms: int) -> bytes:
         ("age", _seconds(now_ms - job.created_ms)), ("delay", job.delay), ("ttr", job.ttr),
         ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
         ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
-        ("kicks", job.kicks),
+        ("kicks", job.kicks), *extra,
     ])
 
 
@@ -128,6 +130,20 @@ def tube_yaml(name: str, counts: Sequence[int], now_ms: int,
         ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
         *extra,
     ])
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
+    """stats-job's extra keys of the job policies (protocol.md, put-with)."""
+    return [
+        ("reason", policies.reason or '""'), ("tries", policies.tries),
+        ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
+        ("key", yaml_string(policies.key)),
+    ]
 
 
 class ServerIdentity:
