@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep about the last N events (XADD MAXLEN ~ N) "
                         f"({DEFAULT_EVENTS_MAXLEN})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--extra-keys", choices=["extended", "always"], default="extended",
+                   help="who sees tubeq's extra stats-tube/stats-job keys: connections that "
+                        "sent an extension command (extended), or every connection (always: "
+                        "for monitoring tools that cannot send one)")
     args = p.parse_args(argv)
     if not 0 < args.max_job_size <= 1 << 30:
         p.error("-z must be between 1 and 1073741824")
@@ -110,7 +114,8 @@ async def serve(args: argparse.Namespace) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
-                           events_maxlen=events_maxlen(args)))
+                           events_maxlen=events_maxlen(args),
+                           extra_keys_always=args.extra_keys == "always"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -111,6 +111,7 @@ class ServerContext:
     draining: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
@@ -140,7 +141,7 @@ class Connection(asyncio.Protocol):
         self.worker = False
         # The client has sent a tubeq extension command: it knows tubeq, so stats documents
         # carry tubeq's extra keys (a client that never does sees beanstalkd's documents).
-        self.extended = False
+        self.extended = ctx.extra_keys_always
         self.transport: asyncio.Transport | None = None
         # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
         # empty set ~200 B per connection (thousands of idle connections hold these).

@@ -63,6 +63,8 @@ class Config:
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
     events_maxlen: int = 0
+    # Every connection sees tubeq's extra stats keys, not only those that used an extension.
+    extra_keys_always: bool = False
 
 
 class Server:
@@ -96,7 +98,8 @@ class Server:
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
-            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
+            max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
+            extra_keys_always=config.extra_keys_always)
 
         grants = self.keys.grant_channel(self.instance_id).encode()
         connections = self.ctx.connections
