@@ -226,6 +226,8 @@ class Connection(asyncio.Protocol):
         self.ctx.using.release(self.used)
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
         done.add_done_callback(self._disconnected)
+        if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
+            done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
     def _disconnected(self, f: asyncio.Future[Any]) -> None:
         if not f.cancelled() and f.exception() is not None:

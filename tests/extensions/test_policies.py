@@ -202,6 +202,25 @@ def test_delay_ms_and_ttl_ms_run_on_time_through_the_server(server: ServerProces
         tube = w.yaml("stats-tube pw-live")
         assert (tube["total-expired"], tube["total-dead-lettered"]) == ("2", "1")
 
+        # A TTR timeout with a backoff: delayed, then delivered again.
+        retried = inserted_id(w.ask(b"put-with 0 0 1 1 backoff-ms=300\r\nr\r\n"))
+        assert w.ask("reserve-with-timeout 2") == b"RESERVED %d 1\r\nr\r\n" % retried
+        eventually(lambda: w.yaml(f"stats-job {retried}")["state"] == "delayed", "backed off")
+        assert w.ask("reserve-with-timeout 3") == b"RESERVED %d 1\r\nr\r\n" % retried
+        doc = w.yaml(f"stats-job {retried}")
+        assert (doc["tries"], doc["timeouts"], doc["reserves"]) == ("1", "1", "2")
+        assert w.ask(f"delete {retried}") == b"DELETED\r\n"
+
+        # A connection that goes away with the job ends a try too (backoff, then delivered).
+        with Wire(server.host, server.port) as worker:
+            worker.ask("watch pw-live")
+            worker.ask("ignore default")
+            crashed = inserted_id(w.ask(b"put-with 0 0 60 1 backoff-ms=200\r\nc\r\n"))
+            assert worker.ask("reserve-with-timeout 2") == b"RESERVED %d 1\r\nc\r\n" % crashed
+        assert w.ask("reserve-with-timeout 3") == b"RESERVED %d 1\r\nc\r\n" % crashed
+        assert w.yaml(f"stats-job {crashed}")["tries"] == "1"
+        assert w.ask(f"delete {crashed}") == b"DELETED\r\n"
+
 
 def test_two_processes_racing_the_same_key_insert_once(tubeq_cluster: TubeqCluster) -> None:
     first = tubeq_cluster.start(label="tubeq-race-a")
