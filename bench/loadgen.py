@@ -10,6 +10,8 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
   delayed     one producer puts at --rate jobs/s with a random delay of 0..--max-delay s (whole
               seconds: the protocol's unit); N consumers; latency = lateness, RESERVED received
               minus (put sent + delay).
+  delayed-ms  delayed, with tubeq's put-with delay-ms: a random delay of 0..--max-delay s in
+              whole milliseconds (tubeq only).
   wake        N consumers already blocked in reserve; one producer puts one job at a time, 1-3 ms
               after the previous one was delivered; latency = put sent -> RESERVED received.
               --producer-port sends the puts to another server process (tubeq on the same Redis
@@ -56,13 +58,16 @@ import uvloop
 from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
 from bench.redisinfo import redis_info
 
-MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog")
+MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog", "delayed-ms")
 
 # Body layout: monotonic_ns as 19 ASCII digits (enough for 300 years of uptime), then the job's
 # delay in whole seconds as one digit, then padding up to --body-size.
 TIMESTAMP_DIGITS = 19
 BODY_HEADER = TIMESTAMP_DIGITS + 1
 MIN_BODY_SIZE = BODY_HEADER
+# delayed-ms: the delay digit is MS_MARK and the delay follows as MS_DIGITS ms digits.
+MS_MARK = ord("m")
+MS_DIGITS = 5
 PRIORITY = 1024
 # TTR long enough that no job of a run ever times out and comes back.
 TTR_S = 120
@@ -234,6 +239,20 @@ def put_command(body_size: int, delay: int = 0, priority: int = PRIORITY) -> Cal
     """A function returning one timestamped put command (header + body + CRLF)."""
     header = b"put %d %d %d %d\r\n" % (priority, delay, TTR_S, body_size)
     tail = b"%d" % delay + b"x" * (body_size - BODY_HEADER) + b"\r\n"
+
+    def make() -> bytes:
+        return header + b"%019d" % time.monotonic_ns() + tail
+
+    return make
+
+
+def put_ms_command(body_size: int, delay_ms: int,
+                   priority: int = PRIORITY) -> Callable[[], bytes]:
+    """A function returning one timestamped put-with command with delay-ms (delayed-ms mode)."""
+    assert body_size >= BODY_HEADER + MS_DIGITS and delay_ms < 10**MS_DIGITS
+    header = b"put-with %d 0 %d %d delay-ms=%d\r\n" % (priority, TTR_S, body_size, delay_ms)
+    tail = (b"m%0*d" % (MS_DIGITS, delay_ms) + b"x" * (body_size - BODY_HEADER - MS_DIGITS)
+            + b"\r\n")
 
     def make() -> bytes:
         return header + b"%019d" % time.monotonic_ns() + tail
@@ -438,7 +457,9 @@ class Consumer(BeanstalkConnection):
 
     def on_reserved(self, job_id: bytes, body: bytes, now: float, out: list[bytes]) -> None:
         state = self.state
-        delay = body[TIMESTAMP_DIGITS] - 0x30
+        delay: float = body[TIMESTAMP_DIGITS] - 0x30
+        if delay == MS_MARK - 0x30:  # delayed-ms: the delay in ms follows
+            delay = int(body[BODY_HEADER:BODY_HEADER + MS_DIGITS]) / 1000
         if state.in_window(now):
             sent = int(body[:TIMESTAMP_DIGITS]) / 1e9
             state.record_latency(now - sent - delay, delayed=delay > 0)
@@ -497,6 +518,16 @@ class PacedProducer(BeanstalkConnection):
         if self._task is not None:
             self._task.cancel()
         super().close()
+
+
+class PacedMsProducer(PacedProducer):
+    """delayed-ms mode: as PacedProducer, each put a put-with delay-ms of 0..``max_delay`` s in
+    whole milliseconds."""
+
+    def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
+                 body_size: int) -> None:
+        super().__init__(state, tube, rate, 0, body_size)
+        self._makers = [put_ms_command(body_size, ms) for ms in range(max_delay * 1000 + 1)]
 
 
 class StepProducer(BeanstalkConnection):
@@ -574,6 +605,12 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     if spec.mode == "delayed":
         roles = [(PacedProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
                                 spec.body_size), producer_port)]
+        roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
+                  for _ in range(conns)]
+        return roles
+    if spec.mode == "delayed-ms":
+        roles = [(PacedMsProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
+                                  spec.body_size), producer_port)]
         roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
                   for _ in range(conns)]
         return roles
@@ -797,7 +834,8 @@ def _merge(spec: LoadSpec, parts: list[ProcessResult], cpu: CpuWindow,
         counted=counted,
         completed=sum(p.completed for p in parts), sent=sum(p.sent for p in parts),
         window_s=round(window, 4), latency=latency_summary(latencies),
-        later_latency=latency_summary(later) if spec.mode == "delayed" else None,
+        later_latency=(latency_summary(later) if spec.mode in ("delayed", "delayed-ms")
+                       else None),
         cpu_pct={k: None if v is None else round(v, 1) for k, v in servers.items()},
         generator_cpu_pct=[round(v, 1) for v in generator_pct],
         generator_bound=any(v >= GENERATOR_BOUND_PCT for v in generator_pct),

@@ -264,6 +264,23 @@ def _delayed(runs: Runs) -> list[str]:
                            "jobs delivered", "CPU %", "other cores"], rows)
 
 
+def _delayed_ms(runs: Runs) -> list[str]:
+    """The delayed-ms row (put-with delay-ms; tubeq only, beanstalkd has no ms delays)."""
+    key = "delayed-ms 0-2000 ms, 1000/s"
+    lines = ["", "Millisecond delays (tubeq's put-with `delay-ms`, a random 0-2000 ms): the same "
+             "load and measure; beanstalkd has no millisecond delay to compare with.", ""]
+    all_jobs = runs.latency(key, "tubeq")
+    if all_jobs["p99_ms"] is None:
+        return []  # an older results file, without the row
+    later = runs.latency(key, "tubeq", "later_latency")
+    delivered = _median(r["completed"] for r in runs.ok(key, "tubeq"))
+    row = ["tubeq", _ms(all_jobs["p50_ms"]), _ms(all_jobs["p99_ms"]), _ms(all_jobs["max_ms"]),
+           f"{_ms(later['p50_ms'])} / {_ms(later['p99_ms'])} / {_ms(later['max_ms'])}",
+           _rate(delivered), runs.server_cpu_cell(key, "tubeq"), _noise(runs, key, ("tubeq",))]
+    return lines + _table(["server", "p50", "p99", "max", "delay > 0: p50 / p99 / max",
+                           "jobs delivered", "CPU %", "other cores"], [row])
+
+
 def _wake(runs: Runs) -> list[str]:
     key = "wake, 4 blocked consumers"
     lines = ["## 3. Wake latency: put -> RESERVED for a consumer already blocked in reserve", "",
@@ -513,6 +530,7 @@ def targets(results: Results, runs: Runs) -> list[Target]:
                     None if p99 is None else p99 <= ceiling, f"{key}, {server}"))
 
     latency_target("delayed-job lateness", "delayed 0-2 s, 1000/s", "tubeq", 2.0)
+    latency_target("ms-delayed-job lateness", "delayed-ms 0-2000 ms, 1000/s", "tubeq", 2.0)
     latency_target("wake latency, one process", "wake, 4 blocked consumers", "tubeq", 2.0)
     latency_target("wake latency, across processes", "wake, 4 blocked consumers", "tubeq x2", 5.0)
     for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"):
@@ -598,6 +616,7 @@ def render(results: Results) -> str:
         lambda: _targets(results, runs),
         lambda: _throughput(results, runs),
         lambda: _delayed(runs),
+        lambda: _delayed_ms(runs),
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
         lambda: _events(results, runs),

@@ -159,6 +159,17 @@ def delayed_row(scale: Scale) -> Row:
     return Row("delayed", "delayed 0-2 s, 1000/s", spec)
 
 
+def delayed_ms_row(scale: Scale) -> Row:
+    """delayed, with put-with delay-ms (a tubeq extension: beanstalkd has no such put)."""
+    spec = LoadSpec(mode="delayed-ms", port=0, connections=8, jobs=scale.delayed_jobs,
+                    rate=1000.0, max_delay=2,
+                    time_limit=scale.delayed_jobs / 1000.0 + 2 + RUN_SLACK_S)
+    return Row("delayed", DELAYED_MS_KEY, spec, servers=("tubeq",))
+
+
+DELAYED_MS_KEY = "delayed-ms 0-2000 ms, 1000/s"
+
+
 def wake_row(scale: Scale) -> Row:
     spec = LoadSpec(mode="wake", port=0, connections=4, jobs=scale.wake_jobs,
                     time_limit=scale.wake_jobs * 0.01 + RUN_SLACK_S)
@@ -526,7 +537,7 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
         bench.interleaved(metrics_rows(scale))
         return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {})
     bench.interleaved(throughput_rows(scale))
-    bench.interleaved([delayed_row(scale), wake_row(scale)])
+    bench.interleaved([delayed_row(scale), delayed_ms_row(scale), wake_row(scale)])
     tube_rows = many_tube_rows(scale)
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))

@@ -100,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="console", choices=["console", "json"],
                    help="one line per event: key=value text (console) or a JSON object")
+    p.add_argument("--extra-keys", choices=["extended", "always"], default="extended",
+                   help="who sees tubeq's extra stats-tube/stats-job keys: connections that "
+                        "sent an extension command (extended), or every connection (always: "
+                        "for monitoring tools that cannot send one)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -198,7 +202,8 @@ async def serve(args: argparse.Namespace) -> None:
                            reuse_port=args.reuse_port,
                            http_host=args.metrics[0] if args.metrics else None,
                            http_port=args.metrics[1] if args.metrics else 0,
-                           metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms))
+                           metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms,
+                           extra_keys_always=args.extra_keys == "always"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

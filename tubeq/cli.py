@@ -96,6 +96,12 @@ def _uint(text: str) -> int:
     return int(text)
 
 
+def _ms(text: str) -> int:
+    if not text.isdigit() or int(text) > U32_MAX * 1000:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -161,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="SECONDS", help=f"seconds between frames ({DEFAULT_INTERVAL_S:g})")
     top.add_argument("--once", action="store_true",
                      help="print one frame (rates measured over one interval) and exit")
+
+    # job policies and deduplicated put (tubeq): put's options, peek-key
+    for flag, help_text in (
+            ("--delay-ms", "milliseconds before it is ready (instead of --delay)"),
+            ("--max-tries", "bury it (reason max-tries) after this many timeouts/releases"),
+            ("--backoff-ms", "after a TTR timeout, delay it by this, doubling per try"),
+            ("--backoff-max-ms", "the cap of that delay"),
+            ("--ttl-ms", "expire it this long after the put, unless deleted")):
+        put.add_argument(flag, type=_ms, default=None, help=f"tubeq: {help_text}")
+    put.add_argument("--on-expire", choices=("bury", "delete"), default=None,
+                     help="tubeq: what an expired job becomes (the tube's setting, bury)")
+    put.add_argument("--key", default=None,
+                     help="tubeq: dedupe key: no second job while one with KEY lives")
+    peek_key = command("peek-key", "tubeq: show the living job put with a dedupe key")
+    peek_key.add_argument("key")
     return parser
 
 
@@ -229,6 +250,9 @@ def _read_body(args: argparse.Namespace) -> bytes:
 async def cmd_put(client: Client, args: argparse.Namespace, out: Output) -> None:
     body = _read_body(args)
     await client.use(args.tube)
+    if any(getattr(args, name) is not None for name in PUT_WITH_OPTIONS):
+        await _put_with(client, args, body, out)
+        return
     job_id = await client.put(body, pri=args.pri, delay=args.delay, ttr=args.ttr)
     out.emit(f"inserted job {job_id} into tube {args.tube}",
              {"id": job_id, "tube": args.tube, "bytes": len(body)})
@@ -477,6 +501,32 @@ def _draw(out: Output, frame: dict[str, Any], *, clear: bool) -> None:
     out.out.flush()
 
 
+# -- job policies and deduplicated put (tubeq) -------------------------------------------------
+
+PUT_WITH_OPTIONS = ("delay_ms", "max_tries", "backoff_ms", "backoff_max_ms", "ttl_ms",
+                    "on_expire", "key")
+
+
+async def _put_with(client: Client, args: argparse.Namespace, body: bytes, out: Output) -> None:
+    """``put`` with any tubeq option: put-with; a duplicate key is reported, not an error."""
+    options = {name: getattr(args, name) for name in PUT_WITH_OPTIONS}
+    result = await client.put_with(body, pri=args.pri, delay=args.delay, ttr=args.ttr,
+                                   **options)
+    data = {"id": result.id, "tube": args.tube, "bytes": len(body), "inserted": result.inserted}
+    if result.inserted:
+        out.emit(f"inserted job {result.id} into tube {args.tube}", data)
+    else:
+        out.emit(f"not inserted: job {result.id} already has key {args.key}", data)
+
+
+async def cmd_peek_key(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        job = await client.peek_key(args.key)
+    except NotFound as error:
+        raise CliError(f"no living job has key {args.key}") from error
+    await _show_job(client, job, out)
+
+
 COMMANDS: dict[str, Command] = {
     "put": cmd_put,
     "peek": cmd_peek,
@@ -489,6 +539,7 @@ COMMANDS: dict[str, Command] = {
     "list": cmd_list,
     "list-tubes": cmd_list,
     "top": cmd_top,
+    "peek-key": cmd_peek_key,  # tubeq
 }
 
 

@@ -210,6 +210,27 @@ class TubeSet(Command):
     settings: Options
 
 
+# -- job policies and deduplicated put ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutWith(Command):
+    """tubeq's ``put-with``: a put with options (tubeq.options.PUT_OPTIONS), as parsed."""
+
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+    options: Options
+
+
+@dataclass(frozen=True, slots=True)
+class PeekKey(Command):
+    """tubeq's ``peek-key``: the living job put with a dedupe key."""
+
+    key: str
+
+
 @dataclass(frozen=True, slots=True)
 class Auth(Command):
     """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.access)."""

@@ -138,6 +138,7 @@ class ServerContext:
     # when put.lua hands one of them a job.
     grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
@@ -203,7 +204,7 @@ class Connection(asyncio.Protocol):
         self.worker = False
         # The client has sent a tubeq extension command: it knows tubeq, so stats documents
         # carry tubeq's extra keys (a client that never does sees beanstalkd's documents).
-        self.extended = False
+        self.extended = ctx.extra_keys_always
         self.transport: asyncio.Transport | None = None
         # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
         # empty set ~200 B per connection (thousands of idle connections hold these).
@@ -343,6 +344,8 @@ class Connection(asyncio.Protocol):
             using.watch(tube, -1)
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
         done.add_done_callback(self._disconnected)
+        if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
+            done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
     def _disconnected(self, f: asyncio.Future[Any]) -> None:
         if not f.cancelled() and f.exception() is not None:

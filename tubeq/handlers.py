@@ -16,8 +16,8 @@ from tubeq import commands as c
 from tubeq import replies
 from tubeq.futures import discard, then
 from tubeq.protocol import EXTENSION_NAMES
-from tubeq.stats import job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store import NoJob, Reservation
+from tubeq.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
+from tubeq.store import NoJob, PutOutcome, Reservation
 
 if TYPE_CHECKING:
     from tubeq.connection import Connection
@@ -187,6 +187,8 @@ def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
 
 
 def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
+    if conn.extended:
+        return _stats_job_extended(conn, cmd)  # job policies: their keys at the end
     now = conn.store.clock()
     return then(conn.store.job_info(cmd.id),
                 lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
@@ -210,13 +212,15 @@ def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
     store = conn.store
 
     def answer(results: list[Any]) -> bytes:
-        counts, settings = results
+        counts, settings, policy_counts = results
         if counts is None:
             return replies.NOT_FOUND
         extra = list(settings.items())
+        extra += zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True)  # job policies
         return replies.ok(tube_yaml(cmd.tube, counts, store.clock(), extra))
 
-    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube)),
+    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
+                               store.tube_policy_counts(cmd.tube)),
                 answer)
 
 
@@ -275,6 +279,54 @@ def _auth(conn: Connection, cmd: c.Auth) -> Reply:
         return replies.AUTHENTICATED if target is conn.ctx else replies.UNAUTHORIZED
     conn.enter(target)
     return replies.AUTHENTICATED
+# -- job policies and deduplicated put (protocol.md: put-with, peek-key) --------------------------
+
+# stats-tube's extra keys of the job policies, in Store.tube_policy_counts order.
+TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated")
+
+
+def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
+    conn.mark_producer()
+    store = conn.store
+    if conn.ctx.draining:
+        return then(store.burn_id(), lambda _: replies.DRAINING)
+    opts = dict(cmd.options)
+    delay_ms = int(opts.get("delay-ms", cmd.delay * 1000))
+    ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
+    tube = conn.used
+    now = store.clock()
+
+    def answer(outcome: PutOutcome) -> bytes:
+        if not outcome.inserted:
+            return replies.duplicate(outcome.id)
+        conn.ctx.counters.job_created(tube)
+        scheduler = conn.ctx.scheduler
+        if delay_ms > 0:
+            scheduler.note_due(now + delay_ms)
+        if ttl_ms > 0:
+            scheduler.note_due(now + ttl_ms)
+        return replies.inserted(outcome.id)
+
+    return then(store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options),
+                answer)
+
+
+def _peek_key(conn: Connection, cmd: c.PeekKey) -> Reply:
+    return then(conn.store.peek_key(cmd.key), _found)
+
+
+def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
+    """stats-job for a client that knows tubeq: beanstalkd's keys, then the job's policies."""
+    store = conn.store
+    now = store.clock()
+
+    def answer(results: list[Any]) -> bytes:
+        job, policies = results
+        if job is None or policies is None:
+            return replies.NOT_FOUND
+        return replies.ok(job_yaml(job, now, job_policy_keys(policies)))
+
+    return then(asyncio.gather(store.job_info(cmd.id), store.job_policies(cmd.id)), answer)
 
 
 def _extension(handler: Callable[[Connection, Any], Reply | None],
@@ -323,6 +375,9 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    # job policies and deduplicated put
+    c.PutWith: _extension(_put_with),
+    c.PeekKey: _extension(_peek_key),
     c.Auth: _extension(_auth),
     c.Quit: _quit,
 }

@@ -123,3 +123,15 @@ class Keys:
     def tube_of_wake_channel(self, channel: str) -> str:
         """The tube a wake-up channel name belongs to (inverse of :meth:`wake_channel`)."""
         return channel[len(self.root) + len("wake:"):]
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ---------------------------
+
+    @property
+    def ttl(self) -> str:
+        """Jobs with a time to live, scored by the instant they expire (ms)."""
+        return self.root + "ttl"
+
+    @property
+    def dedupe(self) -> str:
+        """Dedupe key -> id of the living job put with it (put-with key=...)."""
+        return self.root + "dedupe"

@@ -60,11 +60,13 @@ from tubeq.commands import (
     Peek,
     PeekBuried,
     PeekDelayed,
+    PeekKey,
     PeekReady,
     Push,
     Put,
     PutExpectedCrlf,
     PutTooBig,
+    PutWith,
     Quit,
     Rejected,
     Release,
@@ -240,6 +242,9 @@ class _PutHeader:
     ttr: int
     size: int
     trailing_garbage: bool
+    # put-with: its options (None for a put), and the reply refusing them once the body is read
+    options: options.Options | None = None
+    refusal: bytes | None = None
 
 
 _Parsed: TypeAlias = Command | _PutHeader
@@ -408,6 +413,37 @@ def _tube_set(args: bytes) -> Command:
     return TubeSet(_tube_name(token[0]), settings)
 
 
+# -- job policies and deduplicated put (put-with, peek-key) --------------------------------------
+
+
+def _put_with(args: bytes) -> _PutHeader:
+    # put's four numbers, then options. Once the numbers parse the size is known, so the body
+    # is read (or swallowed) whatever the options: a refused option is answered after it, and
+    # the body is never taken for commands (put's trailing-garbage accident is not copied).
+    pri, pos = _read_unsigned(args, 0, U32_MAX)
+    delay, pos = _read_unsigned(args, pos, U32_MAX)
+    ttr, pos = _read_unsigned(args, pos, U32_MAX)
+    size, pos = _read_unsigned(args, pos, U32_MAX)
+    header = _PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
+    try:
+        header.options = _options(args[pos:], options.PUT_OPTIONS)
+    except _BadFormat:
+        header.refusal = replies.BAD_FORMAT
+    except _Refused as refused:
+        header.refusal = refused.reply
+    else:
+        if delay and any(name == "delay-ms" for name, _ in header.options):
+            header.refusal = replies.bad_option("delay-ms")  # two delays: which one?
+    return header
+
+
+def _peek_key(args: bytes) -> Command:
+    key = options.PUT_OPTIONS["key"].convert(args)
+    if not isinstance(key, str):
+        raise _BadFormat
+    return PeekKey(key)
+
+
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
 # a client that never sends them sees beanstalkd 1.12 exactly.
 EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
@@ -415,6 +451,9 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"extensions": _no_args(Extensions),
     b"tube-set ": _tube_set,
     b"auth ": _auth,
+    # job policies and deduplicated put
+    b"put-with ": _put_with,
+    b"peek-key ": _peek_key,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
@@ -574,6 +613,12 @@ class Parser:
         del self._buffer[: size + len(CRLF)]  # exactly size+2 bytes, whatever they are
         self._put = None
         self._phase = _Phase.LINE
+        if header.options is not None:  # put-with: a refused line still had its body read
+            if header.refusal is not None:
+                return Rejected(reply=header.refusal)
+            if not terminated:
+                return PutExpectedCrlf()
+            return PutWith(header.pri, header.delay, header.ttr, body, header.options)
         if not terminated:
             return PutExpectedCrlf()
         return Put(header.pri, header.delay, header.ttr, body)

@@ -35,6 +35,11 @@ def inserted(job_id: int) -> bytes:
     return b"INSERTED %d\r\n" % job_id
 
 
+def duplicate(job_id: int) -> bytes:
+    """put-with key=...: a job with that key lives (``job_id``); nothing was enqueued."""
+    return b"DUPLICATE %d\r\n" % job_id
+
+
 def reserved(job_id: int, body: bytes) -> bytes:
     return b"RESERVED %d %d\r\n%s\r\n" % (job_id, len(body), body)
 

@@ -100,6 +100,8 @@ class Config:
     # (0: never).
     metrics_max_tubes: int = DEFAULT_MAX_TUBES
     slow_ms: int = DEFAULT_SLOW_MS
+    # Every connection sees tubeq's extra stats keys, not only those that used an extension.
+    extra_keys_always: bool = False
 
 
 class Server:
@@ -180,7 +182,8 @@ class Server:
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
-            capacity=self._capacity, observer=self.metrics)
+            capacity=self._capacity, observer=self.metrics,
+            extra_keys_always=config.extra_keys_always)
         grants = keys.grant_channel(self.instance_id).encode()
         self._grants[grants] = ctx
         self._by_root[keys.root.encode()] = ctx

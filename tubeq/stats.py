@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from tubeq import __version__
-from tubeq.store import JobInfo
+from tubeq.store import JobInfo, JobPolicies
 
 COMMAND_COUNTERS = (
     "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
@@ -108,8 +108,10 @@ def _seconds_left(ms: int) -> int:
 Pairs = list[tuple[str, object]]
 
 
-def job_yaml(job: JobInfo, now_ms: int) -> bytes:
-    return _yaml(job_pairs(job, now_ms))
+def job_yaml(job: JobInfo, now_ms: int, extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-job's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
+    return _yaml([*job_pairs(job, now_ms), *extra])
 
 
 def job_pairs(job: JobInfo, now_ms: int) -> Pairs:
@@ -143,6 +145,20 @@ def tube_pairs(name: str, counts: Sequence[int], now_ms: int) -> Pairs:
         ("current-watching", watching), ("current-waiting", waiting), ("cmd-delete", deletes),
         ("cmd-pause-tube", pauses), ("pause", pause if paused else 0),
         ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
+    ]
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
+    """stats-job's extra keys of the job policies (protocol.md, put-with)."""
+    return [
+        ("reason", policies.reason or '""'), ("tries", policies.tries),
+        ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
+        ("key", yaml_string(policies.key)),
     ]
 
 

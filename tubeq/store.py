@@ -121,6 +121,25 @@ class InstanceInfo:
     waiting: int
 
 
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
+
+    id: int
+    inserted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicies:
+    """A job's policy state (lua/includes/policies.lua), as stats-job shows it to tubeq clients."""
+
+    reason: str  # why tubeq last buried it: "max-tries", "expired", or ""
+    tries: int  # reservations that ended in a TTR timeout, a release or a disconnect
+    max_tries: int  # its own, else its tube's now; 0: none
+    expires_at_ms: int  # when it expires; 0: no expiry pending
+    key: str  # its dedupe key, or ""
+
+
 def _as_int(v: Any) -> int:
     return int(v) if v is not None else 0
 
@@ -413,6 +432,42 @@ class Store:
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
+
+    def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                 opts: Options) -> asyncio.Future[PutOutcome]:
+        """A put with options (tubeq.options.PUT_OPTIONS): the new job, or the living job
+        whose dedupe key the options name (then nothing was stored)."""
+        flat = [x for pair in opts for x in pair]
+
+        def decode(r: Any) -> PutOutcome:
+            job_id = int(r)
+            return PutOutcome(abs(job_id), inserted=job_id > 0)
+
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), *flat, decode=decode)
+
+    def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]:
+        """The living job put with dedupe ``key``: (id, body), or None."""
+        def decode(r: Any) -> tuple[int, bytes] | None:
+            return (int(r[0]), bytes(r[1])) if r else None
+
+        return self._eval("peek_key", key, decode=decode)
+
+    def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]:
+        """The policy state stats-job shows a tubeq client, or None if the job is gone."""
+        def decode(r: Any) -> JobPolicies | None:
+            if not r:
+                return None
+            return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
+                               bytes(r[4]).decode())
+
+        return self._eval("job_policies", job_id, decode=decode)
+
+    def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
+        """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
+        return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
+                                decode=lambda r: [_as_int(v) for v in r])
 
 
 def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation]:

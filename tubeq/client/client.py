@@ -37,6 +37,7 @@ from tubeq.client.parser import (
     parse_yaml_list,
     parse_yaml_mapping,
 )
+from tubeq.client.policies import PutResult, key_arg, put_with_line
 from tubeq.client.wire import (
     CLOSE_WAIT_S,
     CRLF,
@@ -45,6 +46,7 @@ from tubeq.client.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_TTR,
     DEFAULT_TUBE,
+    DUPLICATE,
     FOUND,
     INSERTED,
     KICKED,
@@ -470,6 +472,36 @@ class Client:
         if link is None or not link.pushing:
             raise RuntimeError("next_pushed() needs a connection in push mode (see push())")
         return await link.next_pushed()
+
+    # -- job policies and deduplicated put (tubeq) ----------------------------------------------
+
+    async def put_with(self, body: bytes | str, *, pri: int = DEFAULT_PRIORITY, delay: int = 0,
+                       ttr: int = DEFAULT_TTR, delay_ms: int | None = None,
+                       max_tries: int | None = None, backoff_ms: int | None = None,
+                       backoff_max_ms: int | None = None, ttl_ms: int | None = None,
+                       on_expire: str | None = None, key: str | None = None) -> PutResult:
+        """Put a job with tubeq's options (protocol.md, "put-with"); an option left None is not
+        sent (the tube's setting applies). Returns the new job's id, or, when a living job has
+        ``key``, that job's id with ``inserted`` False (nothing was enqueued).
+
+        Raises ValueError for an option the server would refuse, :class:`BadOption`,
+        :class:`JobTooBig`, :class:`Draining`, and :class:`UnknownCommand` from beanstalkd.
+        """
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        line = put_with_line(pri, delay, ttr, len(data), delay_ms=delay_ms, max_tries=max_tries,
+                             backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
+                             ttl_ms=ttl_ms, on_expire=on_expire, key=key)
+
+        def convert(reply: Reply, link: _Link) -> PutResult:
+            _expect(reply, "put-with", INSERTED, DUPLICATE)
+            return PutResult(reply.int_arg(0), inserted=reply.word == INSERTED)
+
+        return await self._call(line + data + CRLF, convert)
+
+    async def peek_key(self, key: str) -> Job:
+        """The living job put with dedupe ``key``; :class:`NotFound` if none."""
+        line = b"peek-key %s\r\n" % key_arg(key)
+        return await self._call(line, self._found("peek-key", lambda: None))
 
     # -- consumption --------------------------------------------------------------------------
 

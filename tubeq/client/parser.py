@@ -113,7 +113,7 @@ class ReplyParser:
                 if not (arg.isdigit() and len(arg) <= 20):
                     raise ProtocolError(f"{word.decode()} with a non-numeric argument: "
                                         f"{line[:60]!r}")
-        elif not args[0]:
+        elif args and not args[0]:
             raise ProtocolError(f"{word.decode()} without a name")
         if word in BODY_WORDS and int(args[-1]) > self.max_body:
             raise ProtocolError(f"{word.decode()} announces {int(args[-1])} bytes, more than "
@@ -129,7 +129,10 @@ _FLOAT = re.compile(r"-?[0-9]+\.[0-9]+")
 
 
 def _unquote(text: str) -> str:
-    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        # YAML's double-quoted escapes tubeq writes (a dedupe key): \\ and \"
+        return re.sub(r'\\(.)', r'\1', text[1:-1])
+    return text
 
 
 def _scalar(text: str) -> StatValue:
@@ -180,6 +183,6 @@ def parse_yaml_list(data: bytes) -> list[str]:
 
 
 # Which values of each stats document are text even when they look like numbers.
-JOB_TEXT_KEYS: Final = frozenset({"tube", "state"})
+JOB_TEXT_KEYS: Final = frozenset({"tube", "state", "reason", "key"})  # job policies: last two
 TUBE_TEXT_KEYS: Final = frozenset({"name"})
 SERVER_TEXT_KEYS: Final = frozenset({"version", "id", "hostname", "os", "platform"})

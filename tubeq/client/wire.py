@@ -58,6 +58,10 @@ KICKED: Final = _word(replies.KICKED)
 PAUSED: Final = _word(replies.PAUSED)
 # The push extension's acknowledgement (tubeq only; see Client.push).
 PUSHING: Final = b"PUSHING"
+# put-with's answer when a living job has the dedupe key (tubeq only; see Client.put_with).
+DUPLICATE: Final = b"DUPLICATE"
+# An extension's refused option: BAD_OPTION <name> (tubeq only).
+BAD_OPTION: Final = b"BAD_OPTION"
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -88,6 +92,9 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.NOT_IGNORED): frozenset({0}),
     _word(replies.DEADLINE_SOON): frozenset({0}),
     _word(replies.TIMED_OUT): frozenset({0}),
+    # job policies and deduplicated put
+    DUPLICATE: frozenset({1}),
+    BAD_OPTION: frozenset({0, 1}),  # the option's name; a bare word is still the error
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
-TEXT_ARG_WORDS: Final = frozenset({USING})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})

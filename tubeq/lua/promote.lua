@@ -3,6 +3,8 @@ that have ended resume.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then now (ms),
          limit (jobs and timers handled per call)
+Also     the TTL sweep when the timer 'x:' is due (includes/policies.lua): jobs past their TTL
+         are buried (reason 'expired') or deleted (event 'expired')
 Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}}; a next due <= now
          means call again. Lateness: now - due time, one per job made ready (tubeq.store feeds
          it to the delayed-lateness metric; it costs no read: 'u' is read for the event anyway)
@@ -12,11 +14,15 @@ Wakes    reserves blocked on each tube that got ready jobs
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 local result, woken, late = {-1}, {}, {}
 for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, limit)) do
   local t = string.sub(name, 3)
-  if string.sub(name, 1, 1) == 'd' then
+  local kind = string.sub(name, 1, 1)
+  if kind == 'x' then
+    sweep_ttl(now, limit)  -- expired jobs never become ready: nothing to wake
+  elseif kind == 'd' then
     local dk = k_delayed(t)
     for _, m in ipairs(rcall('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, limit)) do
       local id = id_of(m)
@@ -35,8 +41,10 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     rcall('ZREM', K_TIMERS, name)
     index_tube(t, now)
   end
-  wake(t)
-  woken[#woken + 1] = t
+  if kind ~= 'x' then
+    wake(t)
+    woken[#woken + 1] = t
+  end
 end
 local head = rcall('ZRANGE', K_TIMERS, 0, 0, 'WITHSCORES')
 if head[1] then result[1] = tonumber(head[2]) end
