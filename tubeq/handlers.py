@@ -290,6 +290,9 @@ def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
     (INSERTED <id>, or what the parser refused it with), in order."""
     entries = cmd.entries
     jobs = [e for e in entries if isinstance(e, c.PutEntry)]
+    counters = conn.ctx.counters
+    for _ in entries:  # cmd-put counts each entry, as it counts each put (refused ones too)
+        counters.incr("put")
     if entries:
         conn.mark_producer()
     if not jobs or conn.ctx.draining:
@@ -298,7 +301,6 @@ def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
                               for e in entries])
     store, tube = conn.store, conn.used
     call = store.put_many(tube, [(e.pri, e.delay, max(e.ttr, 1), e.body) for e in jobs])
-    counters = conn.ctx.counters
     for _ in jobs:
         counters.job_created(tube)
     delays = [e.delay for e in jobs if e.delay > 0]
@@ -318,11 +320,15 @@ def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
     # One reply of up to count jobs: at most half the connection's buffer cap of job data, so
     # the batch never gets the connection closed for holding too much (protocol.md).
     ctx = conn.ctx
+    ctx.counters.incr("reserve-with-timeout")  # one wait with a timeout, however many jobs
     fits = max(1, ctx.max_client_buffer // 2 // (ctx.max_job_size + _RESERVED_FRAMING))
     return conn.start_reserve(cmd.seconds, count=min(cmd.count, fits))
 
 
 def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
+    counters = conn.ctx.counters
+    for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
+        counters.incr("delete")
     def answer(done: list[bool]) -> bytes:
         out = []
         for job_id, deleted in zip(cmd.ids, done, strict=True):
