@@ -12,7 +12,9 @@ first, so a noisy minute hurts one repetition of many rows rather than every rep
 
 Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
 process and two), 4 many watched tubes, then the cost of lifecycle events (issue 9: the 64x16
-put and cycle rows on tubeq with events on and off, interleaved), a py-spy profile of the main
+put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
+put-many, reserve-many, delete-many, and consume() deleting in batches; bench/batch_bench.py,
+about a minute and a half more), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -509,6 +511,11 @@ def run(scale: Scale, output: Path) -> Path:
     tube_rows = many_tube_rows(scale)
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))
+    # batches (issue 10): tubeq's put-many / reserve-many / delete-many rows, then consume()
+    # deleting in batches (bench/batch_bench.py)
+    from bench import batch_bench
+    bench.interleaved(batch_bench.batch_rows(scale))
+    batches_consume = batch_bench.consume_runs(scale, log)
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
@@ -529,7 +536,7 @@ def run(scale: Scale, output: Path) -> Path:
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
                  "tubeq_source_sha256": fingerprint},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
-        "idle_connections": idle_connections,
+        "idle_connections": idle_connections, "batches_consume": batches_consume,
         "notes": bench.notes,
     }
     raw = OUT_DIR / f"results-{bench.stamp}.json"
