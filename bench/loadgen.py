@@ -21,6 +21,9 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
   backlog     put --backlog jobs first (no latency), report memory per queued job (VmRSS of every
               --server-pid, Redis used_memory with --redis-url), then, unless --jobs 0, a cycle
               on the same tubes at the same priority (consumers drain the oldest jobs first).
+  put-batch, reserve-batch, cycle-batch
+              tubeq's put-many / reserve-many + delete-many, --batch jobs per command (tubeq
+              only; bench/batch_load.py says what each measures).
 
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
@@ -58,7 +61,8 @@ import uvloop
 from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
 from bench.redisinfo import redis_info
 
-MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog", "delayed-ms")
+MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog",
+         "delayed-ms", "put-batch", "reserve-batch", "cycle-batch")  # batches: bench/batch_load.py
 
 # Body layout: monotonic_ns as 19 ASCII digits (enough for 300 years of uptime), then the job's
 # delay in whole seconds as one digit, then padding up to --body-size.
@@ -119,6 +123,7 @@ class LoadSpec:
     max_delay: int = 2
     backlog: int = 0
     seed: int = 1
+    batch: int = 1  # batch modes: jobs per put-many / reserve-many
 
     def share(self, total: int, index: int) -> int:
         """Process ``index``'s part of ``total`` (the first ones take the remainder)."""
@@ -584,6 +589,9 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     conns = spec.share(spec.connections, index)
     tube = spec.tube_of(index)
     port, producer_port = spec.port, spec.producer_port or spec.port
+    if spec.mode.endswith("-batch"):  # batches (issue 10): put-many, reserve-many, delete-many
+        from bench import batch_load
+        return batch_load.build_roles(spec, index, state)
     if spec.mode == "put":
         return [(Producer(state, [tube], spec.in_flight, spec.body_size, completes=True,
                           rtt=True), port) for _ in range(conns)]
@@ -936,6 +944,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    metavar="LABEL=PID", help="also report this process's CPU (and RSS)")
     p.add_argument("--redis-url", default=None, help="backlog: report this Redis's memory")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch", type=int, default=100,
+                   help="batch modes: jobs per put-many / reserve-many (at most 1000)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     args = p.parse_args(argv)
     _require_loopback(args.host)
@@ -956,7 +966,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         connections=args.connections, in_flight=args.in_flight, body_size=args.body_size,
         jobs=args.jobs, seconds=args.seconds, warmup=args.warmup, time_limit=args.time_limit,
         procs=args.procs, tube=args.tube, tubes=args.tubes, puts_per_use=args.puts_per_use,
-        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed)
+        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed,
+        batch=args.batch)
 
 
 def describe(result: LoadResult) -> str:

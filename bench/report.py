@@ -608,6 +608,12 @@ def _notes_section(results: Results) -> list[str]:
     return lines
 
 
+def _batches(results: Results, runs: Runs) -> list[str]:
+    """Issue 10's batch rows (bench/batch_bench.py renders them)."""
+    from bench import batch_bench
+    return batch_bench.section(results, runs)
+
+
 def render(results: Results) -> str:
     """The whole RESULTS.md."""
     runs = Runs(results)
@@ -621,6 +627,7 @@ def render(results: Results) -> str:
         lambda: _many_tubes(results, runs),
         lambda: _events(results, runs),
         lambda: _metrics(results, runs),
+        lambda: _batches(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),
         lambda: _profiles(results),

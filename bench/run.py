@@ -16,6 +16,9 @@ process and two), 4 many watched tubes, then the cost of lifecycle events (issue
 put and cycle rows on tubeq with events on and off, interleaved), the cost of metrics (issue 12:
 the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
 metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
+put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
+put-many, reserve-many, delete-many, and consume() deleting in batches; bench/batch_bench.py,
+about a minute and a half more), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -542,18 +545,23 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))
     bench.interleaved(metrics_rows(scale))
+    # batches (issue 10): tubeq's put-many / reserve-many / delete-many rows, then consume()
+    # deleting in batches (bench/batch_bench.py)
+    from bench import batch_bench
+    bench.interleaved(batch_bench.batch_rows(scale))
+    batches_consume = batch_bench.consume_runs(scale, log)
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
     idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
     return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
-                   profiles, idle_connections)
+                   profiles, idle_connections, batches_consume)
 
 
 def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
             fingerprint: str, output: Path, memory_4k: Any, backlog: Any, profiles: Any,
-            idle_connections: Any) -> Path:
+            idle_connections: Any, batches_consume: Any = None) -> Path:
     log = bench.log
     if bench.gate.busy_starts:
         bench.notes.append(
@@ -570,7 +578,7 @@ def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str,
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
                  "tubeq_source_sha256": fingerprint},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
-        "idle_connections": idle_connections,
+        "idle_connections": idle_connections, "batches_consume": batches_consume,
         "notes": bench.notes,
     }
     raw = OUT_DIR / f"results-{bench.stamp}.json"

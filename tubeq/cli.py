@@ -162,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("list", "list the tubes", aliases=["list-tubes"])
 
+    # batches (issue 10, part 3)
+    put_many = command("put-many", "put one job per non-blank line of stdin (or --file), in one "
+                                   "round trip")
+    put_many.add_argument("-f", "--file", type=Path, help="read the lines from FILE ('-': stdin)")
+    put_many.add_argument("-t", "--tube", default="default", help="tube (default)")
+    put_many.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                          help=f"priority of every job ({DEFAULT_PRIORITY})")
+    put_many.add_argument("--delay", type=_uint, default=0, help="seconds before ready (0)")
+    put_many.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                          help=f"seconds a worker may hold one ({DEFAULT_TTR})")
+
     top = command("top", "a live view of every tube, refreshed in place")
     top.add_argument("-n", "--interval", type=_seconds, default=DEFAULT_INTERVAL_S,
                      metavar="SECONDS", help=f"seconds between frames ({DEFAULT_INTERVAL_S:g})")
@@ -321,14 +332,9 @@ async def cmd_bury(client: Client, args: argparse.Namespace, out: Output) -> Non
 
 
 async def cmd_delete(client: Client, args: argparse.Namespace, out: Output) -> None:
-    results = await asyncio.gather(*(client.delete(job_id) for job_id in args.ids),
-                                   return_exceptions=True)
-    missing: list[int] = []
-    for job_id, result in zip(args.ids, results, strict=True):
-        if isinstance(result, NotFound):
-            missing.append(job_id)
-        elif isinstance(result, BaseException):
-            raise result
+    # One round trip: delete-many where the server has it, pipelined deletes otherwise.
+    results = await client.delete_many(args.ids)
+    missing = [job_id for job_id, done in zip(args.ids, results, strict=True) if not done]
     deleted = [job_id for job_id in args.ids if job_id not in missing]
     if deleted:
         out.emit("\n".join(f"deleted job {job_id}" for job_id in deleted),
@@ -525,6 +531,26 @@ async def cmd_peek_key(client: Client, args: argparse.Namespace, out: Output) ->
     except NotFound as error:
         raise CliError(f"no living job has key {args.key}") from error
     await _show_job(client, job, out)
+async def cmd_put_many(client: Client, args: argparse.Namespace, out: Output) -> None:
+    if args.file is None or str(args.file) == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as error:
+            raise CliError(f"cannot read {args.file}: {error.strerror or error}") from error
+    bodies = [line.removesuffix(b"\r") for line in data.split(b"\n") if line.strip()]
+    await client.use(args.tube)
+    results = await client.put_many(bodies, pri=args.pri, delay=args.delay, ttr=args.ttr)
+    ids = [r for r in results if isinstance(r, int)]
+    refused = [(n, r) for n, r in enumerate(results, 1) if not isinstance(r, int)]
+    out.emit("\n".join(f"inserted job {job_id} into tube {args.tube}" for job_id in ids),
+             {"tube": args.tube, "ids": ids,
+              "refused": [{"line": n, "error": str(r)} for n, r in refused]})
+    if refused:
+        first_line, first_error = refused[0]
+        raise CliError(f"{len(refused)} of {len(results)} jobs refused (line {first_line}: "
+                       f"{first_error})")
 
 
 COMMANDS: dict[str, Command] = {
@@ -540,6 +566,7 @@ COMMANDS: dict[str, Command] = {
     "list-tubes": cmd_list,
     "top": cmd_top,
     "peek-key": cmd_peek_key,  # tubeq
+    "put-many": cmd_put_many,  # batches
 }
 
 

@@ -241,3 +241,40 @@ class Auth(Command):
 @dataclass(frozen=True, slots=True)
 class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""
+
+
+# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutEntry:
+    """One job of a put-many, complete (body and CRLF arrived); ``ttr`` as sent."""
+
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PutMany(Command):
+    """tubeq's ``put-many``: per entry, a job to insert or the reply of a refused entry
+    (JOB_TOO_BIG, EXPECTED_CRLF, BAD_FORMAT), in the order sent."""
+
+    entries: tuple[PutEntry | bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveMany(Command):
+    """tubeq's ``reserve-many``: up to ``count`` jobs once at least one is reservable, waiting
+    at most ``seconds``."""
+
+    count: int
+    seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMany(Command):
+    """tubeq's ``delete-many``: delete each id, in the order given."""
+
+    ids: tuple[int, ...]

@@ -97,6 +97,7 @@ class PendingReserve:
     reply: asyncio.Future[bytes]
     tried: bool = False  # its first try has come back
     failed: bool = False  # ... with a store error
+    count: int | None = None  # reserve-many: up to this many jobs, answered as one BATCH
 
 
 @dataclass(eq=False)
@@ -194,7 +195,8 @@ class Connection(asyncio.Protocol):
         self._auth_failures = 0
         self.store = ctx.store
         self.token = ctx.next_token()
-        self.parser = Parser(ctx.max_job_size)
+        # A put-many keeps at most half the buffer cap of bodies (tubeq.batch_framing).
+        self.parser = Parser(ctx.max_job_size, max_batch_bytes=ctx.max_client_buffer // 2)
         self.used = "default"
         # A tuple, replaced on watch/ignore: every connection shares the default one, and a
         # Waiter takes it as it is (tuple() of a tuple is the same object).
@@ -446,6 +448,8 @@ class Connection(asyncio.Protocol):
             return True
         if kind in _ON_HELD_JOBS:
             return cast(c.Delete | c.Bury | c.Touch, command).id in self.reserved
+        if kind is c.DeleteMany:  # batches: only when every id is a job this connection holds
+            return all(i in self.reserved for i in cast(c.DeleteMany, command).ids)
         return False
 
     def _dispatch(self, command: c.Command) -> None:
@@ -531,12 +535,18 @@ class Connection(asyncio.Protocol):
 
     # -- reserve ------------------------------------------------------------------------------
 
-    def start_reserve(self, timeout_s: int | None) -> Reply:
-        """Send this reserve's first try now; it answers in order (see :meth:`_advance`)."""
+    def start_reserve(self, timeout_s: int | None, count: int | None = None) -> Reply:
+        """Send this reserve's first try now; it answers in order (see :meth:`_advance`).
+        With ``count`` (reserve-many) it takes up to that many jobs, answered as one BATCH."""
         self.mark_worker()
-        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future())
+        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future(),
+                                 count=count)
         self._reserves.append(pending)
-        attempt = self.track_grants(self.store.reserve(self.token))
+        attempt: asyncio.Future[Any]
+        if count is None:
+            attempt = self.track_grants(self.store.reserve(self.token))
+        else:
+            attempt = self.track_grants(self.store.reserve_many(self.token, count))
         attempt.add_done_callback(functools.partial(self._tried, pending))
         return pending.reply
 
@@ -569,15 +579,27 @@ class Connection(asyncio.Protocol):
         self.reserved[job.id] = job.deadline_ms
         self.ctx.scheduler.note_due(job.deadline_ms)
 
-    def _tried(self, pending: PendingReserve, f: asyncio.Future[Reservation | NoJob]) -> None:
+    def _tried(self, pending: PendingReserve,
+               f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
         pending.tried = True
         if f.cancelled() or f.exception() is not None:
             pending.failed = True
-        elif isinstance(job := f.result(), Reservation):
-            self._pool.append(job)
-            if self._waiter is not None:
+        else:
+            result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
+            granted = result if isinstance(result, list) else [result]
+            self._pool += [job for job in granted if isinstance(job, Reservation)]
+            if self._pool and self._waiter is not None:
                 self._waiter.wake()  # the blocked head takes it
         self._advance()
+
+    def _from_pool(self, count: int | None) -> bytes:
+        """The answer of a reserve (``count`` None: one job) or a reserve-many (up to
+        ``count`` jobs, as one BATCH reply) from the granted jobs; the pool is not empty."""
+        if count is None:
+            return _reserved(self._pool.pop(0))
+        jobs = self._pool[:count]
+        del self._pool[:count]
+        return replies.batch([_reserved(job) for job in jobs])
 
     def _advance(self) -> None:
         """Answer reserves in order with the jobs granted so far; the first reserve that finds
@@ -590,9 +612,10 @@ class Connection(asyncio.Protocol):
             if head.failed:
                 answer = replies.INTERNAL_ERROR
             elif self._pool:
-                answer = _reserved(self._pool.pop(0))
+                answer = self._from_pool(head.count)
             else:
-                task = asyncio.get_running_loop().create_task(self._wait_for_job(head.timeout_s))
+                task = asyncio.get_running_loop().create_task(
+                    self._wait_for_job(head.timeout_s, head.count))
                 self._blocking = task
                 task.add_done_callback(self._waited)  # for head, still _reserves[0] then
                 return
@@ -625,9 +648,9 @@ class Connection(asyncio.Protocol):
                   if d - SAFETY_MARGIN_MS > now]
         return (min(starts) - now) / 1000 if starts else None
 
-    async def _wait_for_job(self, timeout_s: int | None) -> bytes:
+    async def _wait_for_job(self, timeout_s: int | None, count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
-        again (see tubeq.waiters for the timeline)."""
+        again (see tubeq.waiters for the timeline). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         registry = self.ctx.registry
@@ -637,7 +660,7 @@ class Connection(asyncio.Protocol):
             while True:
                 if self._pool:  # a later reserve's try was granted a job: it is ours
                     consumed = True
-                    return _reserved(self._pool.pop(0))
+                    return self._from_pool(count)
                 # One clock reading decides both "in the margin now" and "when the margin
                 # starts", so no instant falls between the two checks.
                 now = self.store.clock()
@@ -654,7 +677,8 @@ class Connection(asyncio.Protocol):
                         handed = await self._stop_waiting()
                         if handed is not None:
                             consumed = True
-                            return _reserved(handed)
+                            self._pool.insert(0, handed)
+                            return self._from_pool(count)
                     return ending
                 if waiter is None:
                     waiter = Waiter(self.watched)
@@ -675,12 +699,20 @@ class Connection(asyncio.Protocol):
                     if self._pool:
                         continue
                 waiter.rearm()
-                call = self.track_grants(self.store.reserve(self.token, counted_waiting=counted))
+                if count is None:
+                    call: asyncio.Future[Any] = self.track_grants(
+                        self.store.reserve(self.token, counted_waiting=counted))
+                else:
+                    call = self.track_grants(
+                        self.store.reserve_many(self.token, count, counted_waiting=counted))
                 result = await asyncio.shield(call)
-                if isinstance(result, Reservation):
+                if isinstance(result, Reservation) or (isinstance(result, list) and result):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
-                    return _reserved(result)
+                    if isinstance(result, Reservation):
+                        return _reserved(result)
+                    self._pool[:0] = result
+                    return self._from_pool(count)
                 del call, result  # not kept alive through the next (long) wait
         finally:
             if waiter is not None:
@@ -797,7 +829,8 @@ class Connection(asyncio.Protocol):
 
 # Command classes by what may overtake a reserve (exact types: a set lookup beats isinstance
 # with a union on this path, which every command behind a reserve takes).
-_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout})
+_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout,
+                                                   c.ReserveMany})  # batches: reserve-many
 _ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
 
 

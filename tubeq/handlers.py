@@ -344,6 +344,68 @@ def _quit(conn: Connection, cmd: c.Quit) -> None:
     conn.quit()
 
 
+# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+
+# The bytes a RESERVED reply adds to its job's body (header line and CRLFs), for the bound on
+# a reserve-many's reply below.
+_RESERVED_FRAMING = 48
+
+
+def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
+    """Insert the entries the parser accepted in one script call; every entry gets its reply
+    (INSERTED <id>, or what the parser refused it with), in order."""
+    entries = cmd.entries
+    jobs = [e for e in entries if isinstance(e, c.PutEntry)]
+    counters = conn.ctx.counters
+    for _ in entries:  # cmd-put counts each entry, as it counts each put (refused ones too)
+        counters.incr("put")
+    if entries:
+        conn.mark_producer()
+    if not jobs or conn.ctx.draining:
+        # Nothing to store (refused entries use no id; while draining no job is taken).
+        return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+    store, tube = conn.store, conn.used
+    call = store.put_many(tube, [(e.pri, e.delay, max(e.ttr, 1), e.body) for e in jobs])
+    for _ in jobs:
+        counters.job_created(tube)
+    delays = [e.delay for e in jobs if e.delay > 0]
+    if delays:
+        due = store.clock() + min(delays) * 1000
+        call.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+
+    def answer(ids: list[int]) -> bytes:
+        given = iter(ids)
+        return replies.batch([replies.inserted(next(given)) if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+
+    return then(call, answer)
+
+
+def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
+    # One reply of up to count jobs: at most half the connection's buffer cap of job data, so
+    # the batch never gets the connection closed for holding too much (protocol.md).
+    ctx = conn.ctx
+    ctx.counters.incr("reserve-with-timeout")  # one wait with a timeout, however many jobs
+    fits = max(1, ctx.max_client_buffer // 2 // (ctx.max_job_size + _RESERVED_FRAMING))
+    return conn.start_reserve(cmd.seconds, count=min(cmd.count, fits))
+
+
+def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
+    counters = conn.ctx.counters
+    for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
+        counters.incr("delete")
+    def answer(done: list[bool]) -> bytes:
+        out = []
+        for job_id, deleted in zip(cmd.ids, done, strict=True):
+            if deleted:
+                conn.settled(job_id)
+            out.append(replies.DELETED if deleted else replies.NOT_FOUND)
+        return replies.batch(out)
+
+    return then(conn.store.delete_many(conn.token, cmd.ids), answer)
+
+
 HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Put: _put,
     c.PutExpectedCrlf: _put_expected_crlf,
@@ -375,6 +437,10 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    # batches (issue 10, part 3)
+    c.PutMany: _extension(_put_many),
+    c.ReserveMany: _extension(_reserve_many),
+    c.DeleteMany: _extension(_delete_many),
     # job policies and deduplicated put
     c.PutWith: _extension(_put_with),
     c.PeekKey: _extension(_peek_key),

@@ -13,7 +13,8 @@ Rules:
 * Memory is bounded. Once ``next_command`` has returned ``None`` the parser holds less than one line
   (``LINE_MAX``; ``EXT_LINE_MAX`` for a line that starts with an extension word) or less than one
   body (``max_job_size + 2``); an overlong line and a too-big body are discarded as they arrive,
-  never buffered whole.
+  never buffered whole. A put-many also keeps the bodies of its entries read so far, at most
+  ``max_batch_bytes`` (tubeq.batch_framing owns the entries' framing).
 * Outcomes follow beanstalkd 1.12 (``prot.c``: ``which_cmd``, ``dispatch_cmd``, ``read_u32``,
   ``read_tube_name``), checked against a real 1.12 over loopback, including its quirks: the
   prefix matching of command words, ``quit`` and ``pause-tube`` matched without a space, ``strtol``
@@ -44,11 +45,18 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from tubeq import options, replies
+from tubeq.batch_framing import (
+    DEFAULT_MAX_BATCH_BYTES,
+    PUT_MANY_MAX,
+    PutManyHeader,
+    PutManyReader,
+)
 from tubeq.commands import (
     Auth,
     Bury,
     Command,
     Delete,
+    DeleteMany,
     Extensions,
     Ignore,
     Kick,
@@ -65,6 +73,7 @@ from tubeq.commands import (
     Push,
     Put,
     PutExpectedCrlf,
+    PutMany,
     PutTooBig,
     PutWith,
     Quit,
@@ -72,6 +81,7 @@ from tubeq.commands import (
     Release,
     Reserve,
     ReserveJob,
+    ReserveMany,
     ReserveWithTimeout,
     Stats,
     StatsJob,
@@ -442,6 +452,36 @@ def _peek_key(args: bytes) -> Command:
     if not isinstance(key, str):
         raise _BadFormat
     return PeekKey(key)
+# -- batches (issue 10, part 3): put-many's line (its entries are tubeq.batch_framing's),
+# reserve-many and delete-many.
+
+
+def _put_many(args: bytes) -> Command:
+    return PutManyHeader(_read_last_unsigned(args, 0, U32_MAX))
+
+
+def _reserve_many(args: bytes) -> Command:
+    count, pos = _read_unsigned(args, 0, U32_MAX)
+    seconds = _read_last_unsigned(args, pos, U32_MAX)
+    if not 1 <= count <= PUT_MANY_MAX:
+        raise _BadFormat
+    return ReserveMany(count, seconds)
+
+
+# One job id of delete-many: 1-20 digits (any u64), ids separated by exactly one space.
+_ID_TOKEN: Final = re.compile(rb"[0-9]{1,20}")
+
+
+def _delete_many(args: bytes) -> Command:
+    ids = []
+    for token in args.split(b" "):
+        if _ID_TOKEN.fullmatch(token) is None:
+            raise _BadFormat
+        job_id = int(token)
+        if job_id > U64_MAX:
+            raise _BadFormat
+        ids.append(job_id)
+    return DeleteMany(tuple(ids))
 
 
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
@@ -454,6 +494,10 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     # job policies and deduplicated put
     b"put-with ": _put_with,
     b"peek-key ": _peek_key,
+    # batches (issue 10, part 3)
+    b"put-many ": _put_many,
+    b"reserve-many ": _reserve_many,
+    b"delete-many ": _delete_many,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
@@ -507,19 +551,25 @@ class _Phase(enum.Enum):
     OVERLONG = "overlong"  # discarding a line longer than its limit up to its CRLF
     BODY = "body"  # expecting a put body plus its CRLF
     SKIP_BODY = "skip-body"  # swallowing the size+2 bytes of a too-big put
+    BATCH = "batch"  # reading the entries of a put-many (tubeq.batch_framing)
 
 
 class Parser:
     """Turns the bytes of one client connection into commands, in order."""
 
     # one per connection
-    __slots__ = ("_buffer", "_max_job_size", "_phase", "_put", "_scanned", "_skip_left")
+    __slots__ = ("_batch", "_buffer", "_max_batch_bytes", "_max_job_size", "_phase", "_put",
+                 "_scanned", "_skip_left")
 
-    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
-        """Create a parser that refuses put bodies longer than ``max_job_size`` bytes."""
+    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE, *,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
+        """Create a parser that refuses put bodies longer than ``max_job_size`` bytes, and
+        put-many entries past ``max_batch_bytes`` of bodies in one batch."""
         if not 0 <= max_job_size <= U32_MAX:
             raise ValueError(f"max_job_size must be within 0..{U32_MAX}, not {max_job_size}")
         self._max_job_size = max_job_size
+        self._max_batch_bytes = max_batch_bytes
+        self._batch: PutManyReader | None = None  # the put-many being read (phase BATCH)
         self._buffer = bytearray()
         self._phase = _Phase.LINE
         self._put: _PutHeader | None = None  # the header whose body is awaited (phase BODY)
@@ -532,8 +582,10 @@ class Parser:
 
     @property
     def buffered(self) -> int:
-        """The number of received bytes held and not yet turned into a command."""
-        return len(self._buffer)
+        """The number of received bytes held and not yet turned into a command (the bodies
+        of a put-many being read included)."""
+        batch = self._batch
+        return len(self._buffer) + (batch.held if batch is not None else 0)
 
     def next_command(self) -> Command | None:
         """Return the next complete command, or None when more bytes are needed."""
@@ -547,6 +599,8 @@ class Parser:
                 command = self._skip_body()
             elif phase is _Phase.LONG_LINE:
                 command = self._read_long_line()
+            elif phase is _Phase.BATCH:
+                command = self._read_batch()
             else:
                 command = self._discard_overlong()
             # A phase change without a command (a put header, an overlong line) may be followed
@@ -586,7 +640,25 @@ class Parser:
         parsed = _parse_line(line)
         if isinstance(parsed, _PutHeader):
             return self._begin_body(parsed)
+        if isinstance(parsed, PutManyHeader):
+            return self._begin_batch(parsed)
         return parsed
+
+    def _begin_batch(self, header: PutManyHeader) -> Command | None:
+        if header.count == 0:
+            return PutMany(())
+        self._batch = PutManyReader(header.count, max_job_size=self._max_job_size,
+                                    max_bytes=self._max_batch_bytes, line_max=EXT_LINE_MAX)
+        self._phase = _Phase.BATCH
+        return None
+
+    def _read_batch(self) -> Command | None:
+        assert self._batch is not None
+        command = self._batch.read(self._buffer)
+        if command is not None:
+            self._batch = None
+            self._phase = _Phase.LINE
+        return command
 
     def _begin_body(self, header: _PutHeader) -> Command | None:
         # 1.12's order: the size limit first (its body is swallowed even if the line also has

@@ -67,3 +67,11 @@ def kicked(count: int) -> bytes:
 def ok(data: bytes) -> bytes:
     """An ``OK <bytes>`` reply; ``data`` is the YAML document, without the trailing CRLF."""
     return b"OK %d\r\n%s\r\n" % (len(data), data)
+
+
+# -- batches (issue 10, part 3) -----------------------------------------------------------------
+
+
+def batch(items: list[bytes]) -> bytes:
+    """``BATCH <n>`` followed by the n whole replies of a batch command, in order."""
+    return b"BATCH %d\r\n%s" % (len(items), b"".join(items))

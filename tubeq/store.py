@@ -434,6 +434,24 @@ class Store:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
+    # -- batches (issue 10, part 3) -----------------------------------------------------------
+
+    def put_many(self, tube: str,
+                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+        """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
+        order."""
+        flat: list[bytes | str | int] = []
+        for job in jobs:
+            flat += job
+        return self._eval("put_many", tube, self.clock(), *flat,
+                          decode=lambda r: [int(v) for v in r])
+
+    def delete_many(self, token: str, ids: Sequence[int]) -> asyncio.Future[list[bool]]:
+        """Delete each id as :meth:`delete` would, in one script call; per id, whether it was
+        deleted."""
+        return self._eval("delete_many", token, self.clock(), *ids,
+                          decode=lambda r: [bool(v) for v in r])
+
 
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]:

@@ -16,9 +16,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from tubeq.client import batches
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
-from tubeq.client.errors import ClientConnectionError, ClientError
+from tubeq.client.errors import (
+    ClientConnectionError,
+    ClientError,
+    CommandError,
+    ProtocolError,
+    UnknownCommand,
+)
 from tubeq.client.job import (
     Job,
     _bury_command,
@@ -53,6 +60,7 @@ from tubeq.client.wire import (
     MAX_BODY,
     PAUSED,
     PUSHING,
+    PUT_MANY_MAX,
     RESERVED,
     USING,
     WATCHING,
@@ -520,6 +528,85 @@ class Client:
                    tubes: str | Iterable[str], **options: Any) -> None:
         """Run ``handler(job)`` for every job of ``tubes`` until cancelled (see Consumer.run)."""
         await self.consume(tubes, **options).run(handler)
+
+    # -- batches (tubeq's put-many, reserve-many, delete-many) --------------------------------
+
+    async def extensions(self) -> list[str]:
+        """The server's extension commands (tubeq); :class:`UnknownCommand` from beanstalkd."""
+        return await self._call(*batches.extensions_command(probe=False))
+
+    async def _extensions_of(self, link: _Link) -> frozenset[str]:
+        """What ``link``'s server offers, asked once per connection (beanstalkd: nothing)."""
+        if link.extensions is None:
+            await self._call_on(link, *batches.extensions_command(probe=True))
+        return link.extensions or frozenset()
+
+    async def put_many(self, jobs: Iterable[bytes | str | batches.NewJob], *,
+                       pri: int = DEFAULT_PRIORITY, delay: int = 0,
+                       ttr: int = DEFAULT_TTR) -> list[int | CommandError]:
+        """Put jobs into the used tube in one round trip; per job, in order, its id or the
+        error that refused it (:class:`JobTooBig`, :class:`Draining` ...), not raised.
+
+        A job is a body (``str`` as UTF-8) with ``pri``/``delay``/``ttr``, or a
+        :class:`NewJob` with its own. Against tubeq the jobs go as ``put-many`` commands of at
+        most 1000 jobs and 4 MiB of bodies each, written at once; against a server without
+        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands.
+        """
+        entries = batches._entries(jobs, pri, delay, ttr)
+        if not entries:
+            return []
+        link = await self._current_link()
+        if "put-many" in await self._extensions_of(link):
+            sent = [link.send(*batches.put_many_command(chunk))
+                    for chunk in batches._put_chunks(entries)]
+            await link.wait_writable()
+            return [result for chunk in await asyncio.gather(*sent) for result in chunk]
+        puts = [link.send(*batches.put_command(entry)) for entry in entries]
+        await link.wait_writable()
+        return list(await asyncio.gather(*puts))
+
+    async def reserve_many(self, count: int, timeout: int) -> list[Job]:
+        """Wait up to ``timeout`` s until a job of a watched tube is ready, then reserve up to
+        ``count`` (1-1000) at once, in reserve order (tubeq's ``reserve-many``).
+
+        Raises :class:`TimedOut`, :class:`DeadlineSoon` as :meth:`reserve_with_timeout` does,
+        :class:`UnknownCommand` from a server without batches (beanstalkd; asked once per
+        connection with ``extensions``).
+        """
+        if not 1 <= count <= PUT_MANY_MAX:
+            raise ValueError(f"count must be from 1 to {PUT_MANY_MAX}, not {count!r}")
+
+        def convert(reply: Reply, link: _Link) -> list[Job]:
+            items = batches._items(reply, "reserve-many")
+            if not 1 <= len(items) <= count or any(i.word != RESERVED for i in items):
+                raise ProtocolError(f"reserve-many: a BATCH of {len(items)} replies that are "
+                                    f"not 1-{count} jobs")
+            return [self._job_from(item, link, None) for item in items]
+
+        line = b"reserve-many %d %d\r\n" % (count, _uint(timeout, "timeout"))
+        link = await self._current_link()
+        # beanstalkd would answer BAD_FORMAT (its "reserve" claims the line): ask first.
+        if "reserve-many" not in await self._extensions_of(link):
+            raise UnknownCommand("reserve-many", " (the server has no batch commands)")
+        return await self._call_on(link, line, convert, reserves=True)
+
+    async def delete_many(self, job_ids: Iterable[int]) -> list[bool]:
+        """Delete jobs in one round trip; per id, in order, whether it was deleted (False:
+        not found, or reserved by another connection). Uses ``delete-many`` where the server
+        has it, pipelined ``delete`` commands otherwise."""
+        return await self._delete_many_on(await self._current_link(), list(job_ids))
+
+    async def _delete_many_on(self, link: _Link, ids: list[int]) -> list[bool]:
+        if not ids:
+            return []
+        if "delete-many" in await self._extensions_of(link):
+            sent = [link.send(*batches.delete_many_command(run))
+                    for run in batches.delete_many_lines(ids)]
+            await link.wait_writable()
+            return [done for run in await asyncio.gather(*sent) for done in run]
+        deletes = [link.send(*batches.delete_command(job_id)) for job_id in ids]
+        await link.wait_writable()
+        return list(await asyncio.gather(*deletes))
 
     def _sibling(self) -> Client:
         """A new client for the same server with the same settings but its own connection."""

@@ -15,8 +15,10 @@ from typing import Final
 
 from tubeq.client.errors import ProtocolError
 from tubeq.client.wire import (
+    BATCH,
     BODY_WORDS,
     CRLF,
+    MAX_BATCH_ITEMS,
     MAX_BODY,
     MAX_REPLY_LINE,
     REPLY_ARITY,
@@ -26,11 +28,13 @@ from tubeq.client.wire import (
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One complete reply frame: its word, its arguments, and its body for RESERVED/FOUND/OK."""
+    """One complete reply frame: its word, its arguments, and its body for RESERVED/FOUND/OK;
+    for ``BATCH <n>`` (tubeq's batch commands) its n replies in ``items``."""
 
     word: bytes
     args: tuple[bytes, ...] = ()
     body: bytes | None = None
+    items: tuple[Reply, ...] = ()
 
     def int_arg(self, index: int) -> int:
         """Argument ``index`` as an int (the parser checked it is decimal)."""
@@ -53,10 +57,34 @@ class ReplyParser:
         self._buf = bytearray()
         self._head: Reply | None = None  # a RESERVED/FOUND/OK line waiting for its body
         self._size = 0
+        self._batch: Reply | None = None  # a BATCH line waiting for its items
+        self._items: list[Reply] = []
 
     @property
     def mid_reply(self) -> bool:
-        return self._head is not None or bool(self._buf)
+        return self._head is not None or self._batch is not None or bool(self._buf)
+
+    def _complete(self, out: list[Reply], reply: Reply) -> None:
+        """A whole frame: the caller's, or the next item of the BATCH being read."""
+        if self._batch is None:
+            out.append(reply)
+            return
+        self._items.append(reply)
+        if len(self._items) == self._batch.int_arg(0):
+            out.append(replace(self._batch, items=tuple(self._items)))
+            self._batch = None
+            self._items = []
+
+    def _begin_batch(self, out: list[Reply], reply: Reply) -> None:
+        if self._batch is not None:
+            raise ProtocolError("BATCH inside a BATCH")
+        if reply.int_arg(0) > MAX_BATCH_ITEMS:
+            raise ProtocolError(f"BATCH of {reply.int_arg(0)} replies, more than "
+                                f"{MAX_BATCH_ITEMS}")
+        if reply.int_arg(0) == 0:
+            out.append(reply)
+        else:
+            self._batch = reply
 
     def feed(self, data: bytes) -> list[Reply]:
         if self.error is not None:
@@ -75,7 +103,7 @@ class ReplyParser:
                         raise ProtocolError(
                             f"{self._head.word.decode()} body of {self._size} bytes is not "
                             f"followed by CRLF")
-                    out.append(replace(self._head, body=bytes(buf[pos:end])))
+                    self._complete(out, replace(self._head, body=bytes(buf[pos:end])))
                     self._head = None
                     pos = end + 2
                     continue
@@ -91,8 +119,10 @@ class ReplyParser:
                 if reply.word in BODY_WORDS:
                     self._head = reply
                     self._size = reply.int_arg(len(reply.args) - 1)
+                elif reply.word == BATCH:
+                    self._begin_batch(out, reply)
                 else:
-                    out.append(reply)
+                    self._complete(out, reply)
         except ProtocolError as error:
             self.error = error
             buf.clear()

@@ -81,6 +81,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     KICKED: frozenset({0, 1}),
     PAUSED: frozenset({0}),
     PUSHING: frozenset({1}),
+    b"BATCH": frozenset({1}),  # batches: BATCH <n>, then n replies
     _word(replies.BAD_FORMAT): frozenset({0}),
     _word(replies.UNKNOWN_COMMAND): frozenset({0}),
     _word(replies.EXPECTED_CRLF): frozenset({0}),
@@ -98,3 +99,14 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})
+
+# -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------
+# ``BATCH <n>`` is followed by n whole replies, one per job (see ReplyParser). A put-many or a
+# reserve-many carries at most 1000 (the server's limit, PUT_MANY_MAX), a delete-many as many
+# ids as fit its 16 KiB line (8,192 one-digit ids): a larger count is not a tubeq server.
+BATCH: Final = b"BATCH"
+MAX_BATCH_ITEMS: Final = 8192
+# The most jobs one put-many / reserve-many may carry (tubeq.batch_framing.PUT_MANY_MAX).
+PUT_MANY_MAX: Final = 1000
+# The longest delete-many line a server takes, CRLF included (tubeq.protocol.EXT_LINE_MAX).
+EXT_LINE_MAX: Final = 16384
