@@ -20,6 +20,9 @@ TOUCHED = b"TOUCHED\r\n"
 KICKED = b"KICKED\r\n"
 PAUSED = b"PAUSED\r\n"
 SET = b"SET\r\n"
+# admin verbs (issue 10 part 6)
+CHANGED = b"CHANGED\r\n"
+RESUMED = b"RESUMED\r\n"
 
 
 def bad_option(name: str) -> bytes:
@@ -58,3 +61,8 @@ def kicked(count: int) -> bytes:
 def ok(data: bytes) -> bytes:
     """An ``OK <bytes>`` reply; ``data`` is the YAML document, without the trailing CRLF."""
     return b"OK %d\r\n%s\r\n" % (len(data), data)
+
+
+# admin verbs (issue 10 part 6)
+def cleared(count: int) -> bytes:
+    return b"CLEARED %d\r\n" % count
