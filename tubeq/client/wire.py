@@ -58,6 +58,10 @@ KICKED: Final = _word(replies.KICKED)
 PAUSED: Final = _word(replies.PAUSED)
 # The push extension's acknowledgement (tubeq only; see Client.push).
 PUSHING: Final = b"PUSHING"
+# The admin verbs' replies (tubeq only; see tubeq.client.admin).
+CLEARED: Final = b"CLEARED"
+CHANGED: Final = _word(replies.CHANGED)
+RESUMED: Final = _word(replies.RESUMED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -88,6 +92,10 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.NOT_IGNORED): frozenset({0}),
     _word(replies.DEADLINE_SOON): frozenset({0}),
     _word(replies.TIMED_OUT): frozenset({0}),
+    # admin verbs (tubeq)
+    CLEARED: frozenset({1}),
+    CHANGED: frozenset({0}),
+    RESUMED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
 TEXT_ARG_WORDS: Final = frozenset({USING})
