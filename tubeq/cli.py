@@ -34,9 +34,11 @@ from tubeq.client import (
     ClientError,
     CommandError,
     Job,
+    ListedJob,
     NotFound,
     Stats,
 )
+from tubeq.client.admin import CLEAR_STATES, LIST_JOBS_MAX, LIST_STATES
 
 PROG = "tubeq-cli"
 # How often top redraws unless told: often enough to watch a queue move, rarely enough that the
@@ -193,7 +195,46 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tubeq: dedupe key: no second job while one with KEY lives")
     peek_key = command("peek-key", "tubeq: show the living job put with a dedupe key")
     peek_key.add_argument("key")
+    # admin verbs (tubeq only; protocol.md "Admin verbs")
+    clear = command("clear", "delete a tube's jobs: all of them or one state (never reserved)")
+    clear.add_argument("tube")
+    clear.add_argument("--state", choices=CLEAR_STATES, default="all", help="which jobs (all)")
+
+    jobs = command("jobs", "list a tube's jobs in one state (id, pri, due time)")
+    jobs.add_argument("tube")
+    jobs.add_argument("--state", choices=LIST_STATES, default="ready", help="which (ready)")
+    jobs.add_argument("--count", type=_page_size, default=100,
+                      help=f"jobs per page, 1 to {LIST_JOBS_MAX} (100)")
+    jobs.add_argument("--cursor", default="0", help="start after this cursor (0: the start)")
+    jobs.add_argument("--all", action="store_true", help="every page, not only one")
+
+    change_pri = command("change-pri", "give a job a new priority (any state)")
+    change_pri.add_argument("id", type=_job_id)
+    change_pri.add_argument("pri", type=_uint)
+
+    change_delay = command("change-delay", "make a delayed job due MS milliseconds from now")
+    change_delay.add_argument("id", type=_job_id)
+    change_delay.add_argument("ms", type=_delay_ms)
+
+    pause_forever = command("pause-forever", "pause a tube with no end (until resume)")
+    pause_forever.add_argument("tube")
+
+    resume = command("resume", "end a tube's pause, with or without an end")
+    resume.add_argument("tube")
     return parser
+
+
+def _page_size(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= LIST_JOBS_MAX:
+        raise argparse.ArgumentTypeError(f"not an integer from 1 to {LIST_JOBS_MAX}: {text!r}")
+    return int(text)
+
+
+def _delay_ms(text: str) -> int:
+    if not text.isdigit() or int(text) > U32_MAX * 1000:
+        raise argparse.ArgumentTypeError(
+            f"not a number of milliseconds from 0 to {U32_MAX * 1000}: {text!r}")
+    return int(text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,6 +592,83 @@ async def cmd_put_many(client: Client, args: argparse.Namespace, out: Output) ->
         first_line, first_error = refused[0]
         raise CliError(f"{len(refused)} of {len(results)} jobs refused (line {first_line}: "
                        f"{first_error})")
+# -- admin verbs (tubeq only) -------------------------------------------------------------------
+
+
+async def cmd_clear(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        count = await client.clear_tube(args.tube, args.state)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    which = "" if args.state == "all" else f" {args.state}"
+    out.emit(f"cleared {count}{which} job{'s' if count != 1 else ''} from tube {args.tube}",
+             {"tube": args.tube, "state": args.state, "cleared": count})
+
+
+async def cmd_jobs(client: Client, args: argparse.Namespace, out: Output) -> None:
+    listed: list[ListedJob] = []
+    cursor = str(args.cursor)
+    try:
+        while True:
+            page = await client.list_jobs(args.tube, args.state, cursor=cursor,
+                                          count=args.count)
+            listed += page.jobs
+            cursor = page.cursor
+            if page.last or not args.all:
+                break
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    due = {"delayed": "due_ms", "reserved": "deadline_ms"}.get(args.state)
+    rows = [{"id": job.id, "pri": job.pri, **({due: job.due_ms} if due else {})}
+            for job in listed]
+    now_ms = int(time.time() * 1000)
+    lines = []
+    for job in listed:
+        line = f"{job.id:>10}  pri {job.pri:>10}"
+        if job.due_ms is not None:
+            left = max(0, job.due_ms - now_ms) / 1000
+            line += f"  {'due' if args.state == 'delayed' else 'ttr ends'} in {left:.1f} s"
+        lines.append(line)
+    if cursor != "0":
+        lines.append(f"more: {PROG} jobs {args.tube} --state {args.state} --cursor {cursor}")
+    elif not listed:
+        lines.append(f"no {args.state} job in tube {args.tube}")
+    out.emit("\n".join(lines), {"tube": args.tube, "state": args.state, "jobs": rows,
+                                 "cursor": cursor})
+
+
+async def cmd_change_pri(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.change_pri(args.id, args.pri)
+    except NotFound as error:
+        raise CliError(f"job {args.id} not found") from error
+    out.emit(f"job {args.id} now has priority {args.pri}", {"id": args.id, "pri": args.pri})
+
+
+async def cmd_change_delay(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.change_delay(args.id, args.ms)
+    except NotFound as error:
+        raise CliError(f"job {args.id} not found, or not delayed") from error
+    text = (f"job {args.id} is ready now" if args.ms == 0
+            else f"job {args.id} is due in {args.ms} ms")
+    out.emit(text, {"id": args.id, "delay_ms": args.ms})
+
+
+async def cmd_pause_forever(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.tube_pause(args.tube)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    out.emit(f"paused tube {args.tube} until resumed", {"tube": args.tube, "paused": "forever"})
+
+
+async def cmd_resume(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.tube_resume(args.tube)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    out.emit(f"resumed tube {args.tube}", {"tube": args.tube, "paused": 0})
 
 
 COMMANDS: dict[str, Command] = {
@@ -567,6 +685,13 @@ COMMANDS: dict[str, Command] = {
     "top": cmd_top,
     "peek-key": cmd_peek_key,  # tubeq
     "put-many": cmd_put_many,  # batches
+    # admin verbs (tubeq only)
+    "clear": cmd_clear,
+    "jobs": cmd_jobs,
+    "change-pri": cmd_change_pri,
+    "change-delay": cmd_change_delay,
+    "pause-forever": cmd_pause_forever,
+    "resume": cmd_resume,
 }
 
 

@@ -236,6 +236,56 @@ class Auth(Command):
     """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.access)."""
 
     token: str
+# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClearTube(Command):
+    """tubeq's ``clear-tube``: delete a tube's jobs in ``states`` (never reserved ones)."""
+
+    tube: str
+    states: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListJobs(Command):
+    """tubeq's ``list-jobs``: a page of up to ``count`` jobs of one state after ``cursor``
+    (``None``: from the start; else the (score, id) of the last job seen)."""
+
+    tube: str
+    state: str
+    cursor: tuple[int, int] | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePri(Command):
+    """tubeq's ``change-pri``: a job's new priority, in any state."""
+
+    id: int
+    pri: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeDelay(Command):
+    """tubeq's ``change-delay``: a delayed job becomes due ``delay_ms`` from now."""
+
+    id: int
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubePause(Command):
+    """tubeq's ``tube-pause``: pause a tube with no end."""
+
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class TubeResume(Command):
+    """tubeq's ``tube-resume``: end a tube's pause, with or without an end."""
+
+    tube: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tubeq import admin, replies
 from tubeq import commands as c
-from tubeq import replies
 from tubeq.futures import discard, then
 from tubeq.protocol import EXTENSION_NAMES
 from tubeq.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
@@ -212,15 +212,19 @@ def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
     store = conn.store
 
     def answer(results: list[Any]) -> bytes:
-        counts, settings, policy_counts = results
+        counts, settings, policy_counts, figures = results
         if counts is None:
             return replies.NOT_FOUND
+        now = store.clock()
         extra = list(settings.items())
         extra += zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True)  # job policies
-        return replies.ok(tube_yaml(cmd.tube, counts, store.clock(), extra))
+        # admin figures (issue 10 part 7): the delay histogram, the oldest ready job's age
+        if figures is not None:
+            extra += figures.stats_keys(now)
+        return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
 
     return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
-                               store.tube_policy_counts(cmd.tube)),
+                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube)),
                 answer)
 
 
@@ -327,6 +331,49 @@ def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
         return replies.ok(job_yaml(job, now, job_policy_keys(policies)))
 
     return then(asyncio.gather(store.job_info(cmd.id), store.job_policies(cmd.id)), answer)
+# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+
+
+def _clear_tube(conn: Connection, cmd: c.ClearTube) -> Reply:
+    cleared = asyncio.ensure_future(conn.store.clear_tube(cmd.tube, cmd.states))
+    return then(cleared, lambda n: replies.NOT_FOUND if n is None else replies.cleared(n))
+
+
+def _list_jobs(conn: Connection, cmd: c.ListJobs) -> Reply:
+    def answer(page: admin.JobPage | None) -> bytes:
+        if page is None:
+            return replies.NOT_FOUND
+        return replies.ok(admin.jobs_yaml(cmd.tube, cmd.state, page))
+
+    return then(conn.store.list_jobs(cmd.tube, cmd.state, cmd.cursor, cmd.count), answer)
+
+
+def _change_pri(conn: Connection, cmd: c.ChangePri) -> Reply:
+    return then(conn.store.change_pri(cmd.id, cmd.pri),
+                lambda ok: replies.CHANGED if ok else replies.NOT_FOUND)
+
+
+def _change_delay(conn: Connection, cmd: c.ChangeDelay) -> Reply:
+    def answer(due: int) -> bytes:
+        if due == 0:
+            return replies.NOT_FOUND
+        if due > 0:
+            conn.ctx.scheduler.note_due(due)
+        return replies.CHANGED
+
+    return then(conn.store.change_delay(cmd.id, cmd.delay_ms), answer)
+
+
+def _tube_pause(conn: Connection, cmd: c.TubePause) -> Reply:
+    _sync_using(conn)
+    return then(conn.store.tube_pause(cmd.tube, forever=True),
+                lambda ok: replies.PAUSED if ok else replies.NOT_FOUND)
+
+
+def _tube_resume(conn: Connection, cmd: c.TubeResume) -> Reply:
+    _sync_using(conn)  # resume may let the tube go: this process's users must count first
+    return then(conn.store.tube_pause(cmd.tube, forever=False),
+                lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
 
 
 def _extension(handler: Callable[[Connection, Any], Reply | None],
@@ -437,6 +484,13 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    # admin verbs (issue 10 part 6)
+    c.ClearTube: _extension(_clear_tube),
+    c.ListJobs: _extension(_list_jobs),
+    c.ChangePri: _extension(_change_pri),
+    c.ChangeDelay: _extension(_change_delay),
+    c.TubePause: _extension(_tube_pause),
+    c.TubeResume: _extension(_tube_resume),
     # batches (issue 10, part 3)
     c.PutMany: _extension(_put_many),
     c.ReserveMany: _extension(_reserve_many),

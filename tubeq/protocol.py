@@ -54,6 +54,9 @@ from tubeq.batch_framing import (
 from tubeq.commands import (
     Auth,
     Bury,
+    ChangeDelay,
+    ChangePri,
+    ClearTube,
     Command,
     Delete,
     DeleteMany,
@@ -61,6 +64,7 @@ from tubeq.commands import (
     Ignore,
     Kick,
     KickJob,
+    ListJobs,
     ListTubes,
     ListTubesWatched,
     ListTubeUsed,
@@ -87,6 +91,8 @@ from tubeq.commands import (
     StatsJob,
     StatsTube,
     Touch,
+    TubePause,
+    TubeResume,
     TubeSet,
     Use,
     Watch,
@@ -102,6 +108,7 @@ __all__ = [
     "EXTENSION_NAMES",
     "EXT_LINE_MAX",
     "LINE_MAX",
+    "LIST_JOBS_MAX",
     "MAX_TUBE_NAME",
     "TUBE_NAME_CHARS",
     "U32_MAX",
@@ -482,6 +489,76 @@ def _delete_many(args: bytes) -> Command:
             raise _BadFormat
         ids.append(job_id)
     return DeleteMany(tuple(ids))
+# -- admin verbs (issue 10 part 6): clear-tube, list-jobs, change-pri, change-delay, tube-pause,
+# tube-resume. Positional arguments only, separated by spaces as beanstalkd's are.
+
+# The most jobs one list-jobs page may ask for: a page is one script call, and 1,000 jobs keep
+# it under a millisecond of Redis time and its reply (about 40 bytes a job) under 64 KiB.
+LIST_JOBS_MAX: Final = 1000
+
+# What clear-tube may clear: one state, or all three a worker does not hold. Reserved jobs are
+# never cleared (protocol.md, "clear-tube").
+_CLEAR_STATES: Final[Mapping[bytes, tuple[str, ...]]] = {
+    b"ready": ("ready",), b"delayed": ("delayed",), b"buried": ("buried",),
+    b"all": ("ready", "delayed", "buried"),
+}
+_LIST_STATES: Final = frozenset({b"ready", b"delayed", b"buried", b"reserved"})
+# A list-jobs cursor: 0 (the start), or the score and id of the last job seen. '-' and not ':'
+# joins them, so a YAML reader takes the cursor for a string (1024:57 is a YAML 1.1 number).
+_CURSOR: Final = re.compile(rb"([0-9]{1,16})-([0-9]{1,20})")
+# Scores are whole numbers below 2**53 (priorities, due times in ms, sequences): exact doubles.
+_MAX_SCORE: Final = 2**53
+
+
+def _tokens(args: bytes, n: int) -> list[bytes]:
+    """Exactly ``n`` arguments separated by one or more spaces; none before or after."""
+    if args.startswith(b" ") or args.endswith(b" "):
+        raise _BadFormat
+    tokens = [token for token in args.split(b" ") if token]
+    if len(tokens) != n:
+        raise _BadFormat
+    return tokens
+
+
+def _count(token: bytes, maximum: int) -> int:
+    """A decimal argument from 1 to ``maximum``."""
+    if not token.isdigit() or not 1 <= int(token) <= maximum:
+        raise _BadFormat
+    return int(token)
+
+
+def _clear_tube(args: bytes) -> Command:
+    tube, state = _tokens(args, 2)
+    states = _CLEAR_STATES.get(state)
+    if states is None:
+        raise _BadFormat
+    return ClearTube(_tube_name(tube), states)
+
+
+def _list_jobs(args: bytes) -> Command:
+    tube, state, cursor, count = _tokens(args, 4)
+    if state not in _LIST_STATES:
+        raise _BadFormat
+    position: tuple[int, int] | None = None
+    if cursor != b"0":
+        match = _CURSOR.fullmatch(cursor)
+        if match is None:
+            raise _BadFormat
+        score, job_id = int(match[1]), int(match[2])
+        if score >= _MAX_SCORE or job_id > U64_MAX:
+            raise _BadFormat
+        position = (score, job_id)
+    return ListJobs(_tube_name(tube), state.decode(), position, _count(count, LIST_JOBS_MAX))
+
+
+def _change_pri(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    return ChangePri(job_id, _read_last_unsigned(args, pos, U32_MAX))
+
+
+def _change_delay(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    return ChangeDelay(job_id, _read_last_unsigned(args, pos, options.MAX_MS))
 
 
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
@@ -498,6 +575,13 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"put-many ": _put_many,
     b"reserve-many ": _reserve_many,
     b"delete-many ": _delete_many,
+    # admin verbs (issue 10 part 6)
+    b"clear-tube ": _clear_tube,
+    b"list-jobs ": _list_jobs,
+    b"change-pri ": _change_pri,
+    b"change-delay ": _change_delay,
+    b"tube-pause ": _tube(TubePause),
+    b"tube-resume ": _tube(TubeResume),
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from tubeq import admin
 from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
@@ -34,6 +35,12 @@ T = TypeVar("T")
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
 SWEEP_LIMIT = 1000
+
+# pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
+PAUSE_FOREVER_MS = 10**15
+# How stats-tube shows such a pause: pause-time-left 4294967295 (the longest pause-tube can ask),
+# for as long as it lasts; the extra second absorbs the read-to-render gap of the clock.
+_FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
 
 
 def wall_clock_ms() -> int:
@@ -296,7 +303,14 @@ class Store:
     # -- tubes --------------------------------------------------------------------------------
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
-        return self._eval("stats_tube", tube, decode=lambda r: [int(v) for v in r] or None)
+        def decode(r: Any) -> list[int] | None:
+            counts = [int(v) for v in r]
+            # A pause with no end (tube-pause) shows as the longest pause-tube, never ending.
+            if counts and counts[-1] >= PAUSE_FOREVER_MS:
+                counts[-1] = self.clock() + _FOREVER_SHOWN_MS
+            return counts or None
+
+        return self._eval("stats_tube", tube, decode=decode)
 
     def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]:
         """Change a tube's settings (tubeq.options.TUBE_SETTINGS); defaults remove them."""
@@ -435,6 +449,63 @@ class Store:
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
     # -- batches (issue 10, part 3) -----------------------------------------------------------
+    # -- admin verbs and figures (issue 10 parts 6 and 7; tubeq.admin) -------------------------
+
+    def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = admin.CLEAR_BATCH,
+                         ) -> asyncio.Future[tuple[int, bool]]:
+        """Delete up to ``limit`` jobs of ``tube`` in ``states`` (ready, delayed, buried);
+        returns (deleted, whether those states are now empty), or (-1, True) with no tube."""
+        letters = "".join(state[0] for state in states)
+        return self._eval("clear_tube", tube, letters, limit, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    async def clear_tube(self, tube: str, states: Sequence[str]) -> int | None:
+        """Delete every job of ``tube`` in ``states``, a batch per script call, until they are
+        empty (jobs put meanwhile into them go too); the count, or None when no such tube."""
+        total = 0
+        while True:
+            deleted, done = await self.clear_tube_batch(tube, states)
+            if deleted < 0:  # the tube went away after a batch (its last job was deleted)
+                return None if total == 0 else total
+            total += deleted
+            if done:
+                return total
+
+    def list_jobs(self, tube: str, state: str, cursor: tuple[int, int] | None, count: int,
+                  ) -> asyncio.Future[admin.JobPage | None]:
+        """A page of up to ``count`` jobs of ``tube`` in ``state`` after ``cursor`` (None: from
+        the start), in the state's order; None when no such tube."""
+        score, job_id = ("", "") if cursor is None else cursor
+        return self._eval("list_jobs", tube, state, score, job_id, count,
+                          admin.LIST_SCAN_BUDGET,
+                          decode=lambda r: admin.job_page(r[1:]) if int(r[0]) else None)
+
+    def change_pri(self, job_id: int, pri: int) -> asyncio.Future[bool]:
+        """Give a job a new priority (any state); False when there is no such job."""
+        return self._eval("change_pri", job_id, pri, self.clock(), decode=bool)
+
+    def change_delay(self, job_id: int, delay_ms: int) -> asyncio.Future[int]:
+        """A delayed job becomes due ``delay_ms`` from now: its new due time (ms), -1 when it
+        became ready at once (0 ms), 0 when there is no such delayed job."""
+        return self._eval("change_delay", job_id, delay_ms, self.clock(), decode=int)
+
+    def tube_pause(self, tube: str, *, forever: bool) -> asyncio.Future[bool]:
+        """Pause ``tube`` with no end (``forever``), or end its pause; False: no such tube."""
+        return self._eval("tube_pause", tube, "pause" if forever else "resume", self.clock(),
+                          decode=bool)
+
+    def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
+        """tubeq's own stats-tube figures; None when no such tube."""
+        def decode(r: Any) -> admin.TubeFigures | None:
+            if not r:
+                return None
+            oldest = int(r[-1])
+            return admin.TubeFigures(tuple(int(v) for v in r[:-1]),
+                                     None if oldest < 0 else oldest)
+
+        return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
+                          admin.OLDEST_READY_LEVELS, decode=decode)
+
 
     def put_many(self, tube: str,
                  jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:

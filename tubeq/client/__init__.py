@@ -47,6 +47,8 @@ a library should not impose the server's structlog setup on the applications tha
 
 from __future__ import annotations
 
+from tubeq.client.admin import JobPage as JobPage  # admin verbs: list-jobs pages
+from tubeq.client.admin import ListedJob as ListedJob
 from tubeq.client.batches import NewJob as NewJob
 from tubeq.client.client import Client
 from tubeq.client.consume import Consumer, backoff_delay, touch_interval

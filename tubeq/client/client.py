@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from tubeq.client import batches
+from tubeq.client import admin, batches
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
 from tubeq.client.errors import (
@@ -46,6 +46,8 @@ from tubeq.client.parser import (
 )
 from tubeq.client.policies import PutResult, key_arg, put_with_line
 from tubeq.client.wire import (
+    CHANGED,
+    CLEARED,
     CLOSE_WAIT_S,
     CRLF,
     DEFAULT_HOST,
@@ -62,6 +64,8 @@ from tubeq.client.wire import (
     PUSHING,
     PUT_MANY_MAX,
     RESERVED,
+    RESUMED,
+    U32_MAX,
     USING,
     WATCHING,
 )
@@ -510,6 +514,78 @@ class Client:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""
         line = b"peek-key %s\r\n" % key_arg(key)
         return await self._call(line, self._found("peek-key", lambda: None))
+    # -- admin verbs (tubeq; protocol.md "Admin verbs") ---------------------------------------
+
+    async def clear_tube(self, tube: str, state: str = "all") -> int:
+        """Delete the tube's jobs in ``state`` (``all``, ``ready``, ``delayed`` or ``buried``;
+        never reserved ones); returns how many. :class:`NotFound` if no such tube."""
+        line = b"clear-tube %s %s\r\n" % (_tube(tube), admin.check_state(state,
+                                                                          admin.CLEAR_STATES))
+
+        def convert(reply: Reply, link: _Link) -> int:
+            _expect(reply, "clear-tube", CLEARED)
+            return reply.int_arg(0)
+
+        return await self._call(line, convert)
+
+    async def list_jobs(self, tube: str, state: str = "ready", *, cursor: str = admin.START,
+                        count: int = 100) -> admin.JobPage:
+        """One page of the tube's jobs in ``state``, after ``cursor`` (``"0"``: the first
+        page; then the previous page's ``cursor``, until it is ``"0"`` again)."""
+        if count == 0:
+            raise ValueError("count must be at least 1")
+        line = b"list-jobs %s %s %s %d\r\n" % (
+            _tube(tube), admin.check_state(state, admin.LIST_STATES),
+            admin.check_cursor(cursor), _uint(count, "count", admin.LIST_JOBS_MAX))
+        return await self._call(line, _ok("list-jobs", admin.parse_job_page))
+
+    async def iter_jobs(self, tube: str, state: str = "ready", *,
+                        page_size: int = 100) -> AsyncIterator[admin.ListedJob]:
+        """Every job of the tube in ``state``, page by page (see :meth:`list_jobs` for what
+        a walk guarantees while jobs come and go)."""
+        cursor = admin.START
+        while True:
+            page = await self.list_jobs(tube, state, cursor=cursor, count=page_size)
+            for job in page.jobs:
+                yield job
+            if page.last:
+                return
+            cursor = page.cursor
+
+    async def change_pri(self, job_id: int, pri: int) -> None:
+        """Give a job a new priority, in any state. :class:`NotFound` if no such job."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "change-pri", CHANGED)
+
+        await self._call(b"change-pri %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri")), convert)
+
+    async def change_delay(self, job_id: int, delay_ms: int) -> None:
+        """Make a delayed job due ``delay_ms`` ms from now (0: ready at once).
+        :class:`NotFound` if no such job or it is not delayed."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "change-delay", CHANGED)
+
+        line = b"change-delay %d %d\r\n" % (_job_id(job_id),
+                                            _uint(delay_ms, "delay_ms", U32_MAX * 1000))
+        await self._call(line, convert)
+
+    async def tube_pause(self, tube: str) -> None:
+        """Pause ``tube`` with no end (until :meth:`tube_resume`); it outlives its users."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "tube-pause", PAUSED)
+
+        await self._call(b"tube-pause %s\r\n" % _tube(tube), convert)
+
+    async def tube_resume(self, tube: str) -> None:
+        """End the tube's pause, with or without an end."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "tube-resume", RESUMED)
+
+        await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
 
     # -- consumption --------------------------------------------------------------------------
 

@@ -62,6 +62,10 @@ PUSHING: Final = b"PUSHING"
 DUPLICATE: Final = b"DUPLICATE"
 # An extension's refused option: BAD_OPTION <name> (tubeq only).
 BAD_OPTION: Final = b"BAD_OPTION"
+# The admin verbs' replies (tubeq only; see tubeq.client.admin).
+CLEARED: Final = b"CLEARED"
+CHANGED: Final = _word(replies.CHANGED)
+RESUMED: Final = _word(replies.RESUMED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -96,6 +100,10 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     # job policies and deduplicated put
     DUPLICATE: frozenset({1}),
     BAD_OPTION: frozenset({0, 1}),  # the option's name; a bare word is still the error
+    # admin verbs (tubeq)
+    CLEARED: frozenset({1}),
+    CHANGED: frozenset({0}),
+    RESUMED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})

@@ -147,16 +147,22 @@ local function requeue(id, t, now, reason)
   add_event('timed-out', id, t, f[1], 0, f[2], 0, f[3], now, reason)
 end
 
+-- pause_until of a tube paused with no end (tube-pause): a time never reached (year 33658), so
+-- index_tube keeps the tube out of ready_tubes (admin verbs: tube_pause.lua).
+local PAUSE_FOREVER = 1e15
+
 -- A tube disappears once nothing references it: no job in any state, nobody using or
 -- watching it (across all processes). 'default' never disappears. Its counters and pause go
--- with it, as in beanstalkd.
+-- with it, as in beanstalkd; a tube paused with no end stays (tube_pause.lua).
 local function gc_tube(t)
   if t == 'default' then return end
   local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
   if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
   if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
-  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix')
+  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until')
   if tonumber(meta[1] or 0) > 0 then return end
+  -- A tube paused with no end stays until tube-resume (admin verbs, protocol.md).
+  if tonumber(meta[3] or 0) >= PAUSE_FOREVER then return end
   if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
   rcall('DEL', k_tube(t), k_waiters(t))
   rcall('ZREM', K_TUBES, t)
