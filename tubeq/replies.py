@@ -58,3 +58,12 @@ def kicked(count: int) -> bytes:
 def ok(data: bytes) -> bytes:
     """An ``OK <bytes>`` reply; ``data`` is the YAML document, without the trailing CRLF."""
     return b"OK %d\r\n%s\r\n" % (len(data), data)
+
+
+# -- recurring jobs (issue 10, part 4) -------------------------------------------------------------
+REMOVED = b"REMOVED\r\n"
+
+
+def scheduled(next_due_ms: int) -> bytes:
+    """schedule-add's answer: when the schedule first ticks (ms since the epoch)."""
+    return b"SCHEDULED %d\r\n" % next_due_ms

@@ -99,6 +99,7 @@ class Server:
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer)
 
         grants = self.keys.grant_channel(self.instance_id).encode()
+        dues = self.keys.due_channel.encode()  # recurring ticks, rate windows (issue 10)
         connections = self.ctx.connections
 
         def on_message(channel: bytes, data: bytes) -> None:
@@ -106,12 +107,15 @@ class Server:
                 conn = connections.get(data.decode())
                 if conn is not None:
                     conn.job_handed_over()
+            elif channel == dues:  # another process created a due instant: be awake for it
+                scheduler.note_due(int(data))
             else:
                 registry.wake_one(self.keys.tube_of_wake_channel(channel.decode()))
 
         self._subscriber = Subscriber(config.redis_url, on_message, registry.wake_all)
         self._subscriber.psubscribe(self.keys.wake_pattern.encode())
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
+        self._subscriber.subscribe(dues)
         await self._subscriber.start()
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
         ctx = self.ctx

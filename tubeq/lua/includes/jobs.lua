@@ -1,3 +1,5 @@
+--- @include "limits"
+
 -- Shared pieces of every transition: job members, tube bookkeeping, the ready-tube index,
 -- timers and wake-ups. A state change, its index update and its wake-up happen in one script.
 local rcall = redis.call
@@ -27,6 +29,7 @@ local function ensure_tube(t, now)
   if rcall('EXISTS', tk) == 0 then
     rcall('HSET', tk, 'c', now)
     rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
+    sync_limit_flag(t)  -- reserve limits: its settings outlived it
   end
 end
 
@@ -38,12 +41,13 @@ end
 -- A caller that knows the new head (member, pri) passes it and saves the lookup.
 local function index_tube(t, now, head_member, head_pri)
   local tk = k_tube(t)
-  local meta = rcall('HMGET', tk, 'ix', 'pause_until')
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
   local old = meta[1]
   local entry = false
   local head = head_member and {head_member, head_pri}
     or rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
-  if head[1] and not (meta[2] and tonumber(meta[2]) > now) then
+  if head[1] and not (meta[2] and tonumber(meta[2]) > now)
+      and not (meta[3] and limit_reached(t, now)) then
     entry = head[1] .. ':' .. t
   end
   if old == entry then return end
@@ -108,6 +112,10 @@ local function unlink(id, t, state, now)
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
     rcall('HINCRBY', k_tube(t), 'nres', -1)
+    if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: maybe below its cap now
+      index_tube(t, now)
+      wake(t)
+    end
   end
 end
 
@@ -121,6 +129,10 @@ local function grant(id, t, token, now)
   local tries = rcall('HINCRBY', jk, 'nr', 1)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
+  if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: count it, maybe hold
+    count_limited_reserve(t, now)
+    index_tube(t, now)
+  end
   add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
   return {tonumber(id), tonumber(f[1]), f[2]}
 end
