@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import sys
 import time
@@ -29,6 +30,7 @@ from tubeq.client import (
     DEFAULT_TTR,
     U32_MAX,
     BadFormat,
+    BadOption,
     Client,
     ClientConnectionError,
     ClientError,
@@ -161,6 +163,36 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="SECONDS", help=f"seconds between frames ({DEFAULT_INTERVAL_S:g})")
     top.add_argument("--once", action="store_true",
                      help="print one frame (rates measured over one interval) and exit")
+
+    # recurring jobs (tubeq only; issue 10, part 4)
+    schedule = command("schedule", "a tube's recurring jobs (tubeq): add, list, remove")
+    actions = schedule.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                      parser_class=_Parser)
+    add = actions.add_parser("add", help="add (or replace) a schedule",
+                             description="Put a job into TUBE on every tick, exactly once "
+                             "per tick across all tubeq processes.")
+    _add_connection_options(add, in_subcommand=True)
+    add.add_argument("tube")
+    add.add_argument("name")
+    add.add_argument("body", nargs="?", help="the job body (default: read stdin)")
+    add.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR",
+                      help="5-field cron expression or @hourly-style alias, UTC "
+                           "(e.g. '*/5 * * * *')")
+    when.add_argument("--every-ms", type=_uint, metavar="MS", help="interval in ms (>= 100)")
+    add.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                     help=f"priority of its jobs ({DEFAULT_PRIORITY})")
+    add.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                     help=f"seconds a worker may hold one ({DEFAULT_TTR})")
+    add.add_argument("--delay-ms", type=_uint, default=0, help="delay of each job in ms (0)")
+    listing = actions.add_parser("list", help="list a tube's schedules")
+    _add_connection_options(listing, in_subcommand=True)
+    listing.add_argument("tube")
+    remove = actions.add_parser("remove", help="remove a schedule (its jobs stay)")
+    _add_connection_options(remove, in_subcommand=True)
+    remove.add_argument("tube")
+    remove.add_argument("name")
     return parser
 
 
@@ -477,6 +509,39 @@ def _draw(out: Output, frame: dict[str, Any], *, clear: bool) -> None:
     out.out.flush()
 
 
+# -- schedule (recurring jobs) -----------------------------------------------------------------
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+async def cmd_schedule(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        if args.action == "add":
+            body = _read_body(args)
+            first = await client.schedule_add(args.tube, args.name, body, cron=args.cron,
+                                              every_ms=args.every_ms, pri=args.pri,
+                                              ttr=args.ttr, delay_ms=args.delay_ms)
+            out.emit(f"schedule {args.name} of tube {args.tube} first ticks at {_utc(first)}",
+                     {"tube": args.tube, "name": args.name, "next_ms": first})
+        elif args.action == "list":
+            rows = await client.schedule_list(args.tube)
+            lines = [f"{r.name}  {f'cron {r.cron}' if r.cron else f'every {r.every_ms} ms'}"
+                     f"  next {_utc(r.next_ms)}  ticks {r.ticks}  last job {r.last_job or '-'}"
+                     for r in rows]
+            out.emit("\n".join(lines), [dataclasses.asdict(r) for r in rows])
+        else:
+            await client.schedule_remove(args.tube, args.name)
+            out.emit(f"removed schedule {args.name} of tube {args.tube}",
+                     {"tube": args.tube, "name": args.name, "removed": True})
+    except BadOption as error:
+        what = "cron expression" if error.option == "cron" else f"--{error.option}"
+        raise UsageError(f"the server refused the {what}") from error
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} has no schedule {args.name}") from error
+
+
 COMMANDS: dict[str, Command] = {
     "put": cmd_put,
     "peek": cmd_peek,
@@ -489,6 +554,7 @@ COMMANDS: dict[str, Command] = {
     "list": cmd_list,
     "list-tubes": cmd_list,
     "top": cmd_top,
+    "schedule": cmd_schedule,
 }
 
 

@@ -91,3 +91,9 @@ __all__ = [
     "OutOfMemory", "ProtocolError", "Reply", "ReplyParser", "Stats", "TimedOut",
     "UnknownCommand", "backoff_delay", "parse_yaml_list", "parse_yaml_mapping", "touch_interval",
 ]
+
+# tubeq's extensions: a refused option; recurring jobs (issue 10, part 4)
+from tubeq.client.errors import BadOption
+from tubeq.client.schedules import Schedule
+
+__all__ += ["BadOption", "Schedule"]

@@ -58,6 +58,11 @@ KICKED: Final = _word(replies.KICKED)
 PAUSED: Final = _word(replies.PAUSED)
 # The push extension's acknowledgement (tubeq only; see Client.push).
 PUSHING: Final = b"PUSHING"
+# tubeq's extensions: ``BAD_OPTION <name>`` (an option refused), and recurring jobs'
+# ``SCHEDULED <next-due-ms>`` and ``REMOVED`` (tubeq only; see Client.schedule_add).
+BAD_OPTION: Final = b"BAD_OPTION"
+SCHEDULED: Final = b"SCHEDULED"
+REMOVED: Final = _word(replies.REMOVED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -88,6 +93,10 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.NOT_IGNORED): frozenset({0}),
     _word(replies.DEADLINE_SOON): frozenset({0}),
     _word(replies.TIMED_OUT): frozenset({0}),
+    # tubeq's extensions: an option refused by name; recurring jobs (issue 10, part 4)
+    BAD_OPTION: frozenset({1}),
+    SCHEDULED: frozenset({1}),
+    REMOVED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
-TEXT_ARG_WORDS: Final = frozenset({USING})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})
