@@ -39,6 +39,7 @@ end
 -- connection watches is the job it reserves. The tube's current entry is kept in its meta
 -- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
 -- A caller that knows the new head (member, pri) passes it and saves the lookup.
+-- Returns whether the tube has reserve limits (includes/limits.lua), read on the way.
 local function index_tube(t, now, head_member, head_pri)
   local tk = k_tube(t)
   local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
@@ -50,7 +51,8 @@ local function index_tube(t, now, head_member, head_pri)
       and not (meta[3] and limit_reached(t, now)) then
     entry = head[1] .. ':' .. t
   end
-  if old == entry then return end
+  local limited = meta[3] ~= false
+  if old == entry then return limited end
   if old then rcall('ZREM', K_READY_TUBES, old) end
   if entry then
     rcall('ZADD', K_READY_TUBES, head[2], entry)
@@ -58,6 +60,7 @@ local function index_tube(t, now, head_member, head_pri)
   else
     rcall('HDEL', tk, 'ix')
   end
+  return limited
 end
 
 -- The tube and the job member of a ready_tubes entry.
@@ -120,8 +123,9 @@ local function unlink(id, t, state, now)
 end
 
 -- Reserve a job (already unlinked) for the connection `token`; returns {id, ttr, body}.
--- Writes the 'reserved' event.
-local function grant(id, t, token, now)
+-- Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when the caller
+-- knows it (index_tube's answer); nil looks it up.
+local function grant(id, t, token, now, limited)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, 'r', 'b', 'p')
   local due = now + tonumber(f[1]) * 1000
@@ -129,7 +133,8 @@ local function grant(id, t, token, now)
   local tries = rcall('HINCRBY', jk, 'nr', 1)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
-  if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: count it, maybe hold
+  if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
+  if limited then  -- reserve limits: count it, maybe hold
     count_limited_reserve(t, now)
     index_tube(t, now)
   end
