@@ -356,3 +356,90 @@ def test_rate_limit_across_connections_and_processes(
         windows[at // 1000] = windows.get(at // 1000, 0) + 1
     assert max(windows.values()) <= rate
     assert len(windows) >= -(-jobs // rate)
+
+
+# -- blocked reserves through a real tubeq: each way a held tube comes back wakes them ----------
+
+
+def _blocked_reserve(server: ServerProcess, tube: str, timeout_s: int) -> tuple[Wire, Any]:
+    """A connection whose reserve-with-timeout on ``tube`` is under way; the result's
+    ``[0]`` is its reply once it came."""
+    w = Wire(server.host, server.port)
+    w.ask(f"watch {tube}")
+    w.ask("ignore default")
+    reply: list[bytes] = []
+    thread = threading.Thread(target=lambda: reply.append(w.ask(f"reserve-with-timeout "
+                                                                 f"{timeout_s}")), daemon=True)
+    thread.start()
+    time.sleep(0.2)  # it is waiting by now (not asserted: the reply below says what happened)
+    return w, (thread, reply)
+
+
+def _reply_of(waiting: Any) -> bytes:
+    thread, reply = waiting
+    thread.join(timeout=10)
+    return reply[0] if reply else b"(none)"
+
+
+@pytest.mark.parametrize("release", ["delete", "release", "bury", "tube-set", "quit"])
+def test_a_reserve_blocked_by_the_cap_gets_a_job_when_a_place_frees(
+        server: ServerProcess, release: str) -> None:
+    tube = f"lim-wake-{release}"
+    with Wire(server.host, server.port) as holder, Wire(server.host, server.port) as admin:
+        assert admin.ask(f"tube-set {tube} concurrency=1") == b"SET\r\n"
+        admin.ask(f"use {tube}")
+        first = int(admin.ask("put 0 0 60 1\r\na").split()[1])
+        admin.ask("put 0 0 60 1\r\nb")
+        holder.ask(f"watch {tube}")
+        assert holder.ask(f"reserve-job {first}").startswith(b"RESERVED")
+        waiter, waiting = _blocked_reserve(server, tube, 5)
+        try:
+            assert waiting[0].is_alive()  # held by the cap, not answered
+            if release == "delete":
+                assert holder.ask(f"delete {first}") == b"DELETED\r\n"
+            elif release == "release":
+                assert holder.ask(f"release {first} 0 0") == b"RELEASED\r\n"
+            elif release == "bury":
+                assert holder.ask(f"bury {first} 0") == b"BURIED\r\n"
+            elif release == "tube-set":
+                assert admin.ask(f"tube-set {tube} concurrency=2") == b"SET\r\n"
+            else:
+                holder.send("quit")
+            assert _reply_of(waiting).startswith(b"RESERVED")
+        finally:
+            waiter.sock.close()
+
+
+def test_a_reserve_blocked_by_the_rate_gets_a_job_when_the_second_ends(
+        server: ServerProcess) -> None:
+    tube = "lim-wake-rate"
+    with Wire(server.host, server.port) as w, Wire(server.host, server.port) as admin:
+        assert admin.ask(f"tube-set {tube} rate=1") == b"SET\r\n"
+        admin.ask(f"use {tube}")
+        admin.ask("put 0 0 60 1\r\na")
+        admin.ask("put 0 0 60 1\r\nb")
+        w.ask(f"watch {tube}")
+        # one reserve in this second; the second reserve waits for the next one
+        assert w.ask("reserve-with-timeout 0").startswith(b"RESERVED")
+        if w.ask("reserve-with-timeout 0") == b"TIMED_OUT\r\n":  # not a new second already
+            assert w.ask("reserve-with-timeout 3").startswith(b"RESERVED")
+
+
+@pytest.mark.parametrize(("line", "reply"), [
+    ("tube-set lim-err rate=-1", b"BAD_OPTION rate\r\n"),
+    ("tube-set lim-err rate=4294967296", b"BAD_OPTION rate\r\n"),
+    ("tube-set lim-err concurrency=x", b"BAD_OPTION concurrency\r\n"),
+    ("tube-set lim-err concurrency=1 concurrency=2", b"BAD_OPTION concurrency\r\n"),
+    ("tube-set lim-err rate", b"BAD_FORMAT\r\n"),
+    ("tube-set -lim rate=1", b"BAD_FORMAT\r\n"),
+])
+def test_refused_limits_change_nothing(server: ServerProcess, line: str, reply: bytes) -> None:
+    with Wire(server.host, server.port) as w:
+        assert w.ask(line) == reply
+        w.ask("use lim-err")
+        w.ask("put 0 0 60 1\r\nx")
+        w.ask("watch lim-err")
+        assert w.ask("reserve-with-timeout 0").startswith(b"RESERVED")
+        w.ask("extensions")
+        stats = w.yaml("stats-tube lim-err")
+        assert (stats["rate"], stats["concurrency"]) == ("0", "0")
