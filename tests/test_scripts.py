@@ -44,6 +44,7 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
                          "expire", "disconnect", "reap", "kick", "kick_job", "delete",
                          "put_many", "delete_many",  # batches (issue 10, part 3)
                          # admin verbs (issue 10 part 6)
-                         "clear_tube", "change_pri", "change_delay"}
+                         "clear_tube", "change_pri", "change_delay",
+                         "schedule_tick"}  # recurring jobs: a tick puts a job
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source

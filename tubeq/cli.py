@@ -1,8 +1,9 @@
 """``tubeq-cli``: what operators do by hand to a tubeq (or beanstalkd) server, on the command line.
 
 put, peek, kick, kick-job, bury, delete, pause, stats, list, and ``top``, a live view of every
-tube refreshed in place. Output is for people by default and JSON with ``--json``. Every command
-runs through :mod:`tubeq.client`, pipelining what it can on one connection.
+tube refreshed in place; ``schedule add|list|remove`` for tubeq's recurring jobs. Output is for
+people by default and JSON with ``--json``. Every command runs through :mod:`tubeq.client`,
+pipelining what it can on one connection.
 
 Rules: a failure (cannot connect, no such job or tube, an error reply) exits 1 and a bad
 argument exits 2, each with exactly one line on stderr (``tubeq-cli: ...``); nothing else is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import sys
 import time
@@ -29,6 +31,7 @@ from tubeq.client import (
     DEFAULT_TTR,
     U32_MAX,
     BadFormat,
+    BadOption,
     Client,
     ClientConnectionError,
     ClientError,
@@ -221,6 +224,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = command("resume", "end a tube's pause, with or without an end")
     resume.add_argument("tube")
+    # recurring jobs (tubeq only; issue 10, part 4)
+    schedule = command("schedule", "a tube's recurring jobs (tubeq): add, list, remove")
+    actions = schedule.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                      parser_class=_Parser)
+    add = actions.add_parser("add", help="add (or replace) a schedule",
+                             description="Put a job into TUBE on every tick, exactly once "
+                             "per tick across all tubeq processes.")
+    _add_connection_options(add, in_subcommand=True)
+    add.add_argument("tube")
+    add.add_argument("name")
+    add.add_argument("body", nargs="?", help="the job body (default: read stdin)")
+    add.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR",
+                      help="5-field cron expression or @hourly-style alias, UTC "
+                           "(e.g. '*/5 * * * *')")
+    when.add_argument("--every-ms", type=_uint, metavar="MS", help="interval in ms (>= 100)")
+    add.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                     help=f"priority of its jobs ({DEFAULT_PRIORITY})")
+    add.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                     help=f"seconds a worker may hold one ({DEFAULT_TTR})")
+    add.add_argument("--delay-ms", type=_uint, default=0, help="delay of each job in ms (0)")
+    listing = actions.add_parser("list", help="list a tube's schedules")
+    _add_connection_options(listing, in_subcommand=True)
+    listing.add_argument("tube")
+    remove = actions.add_parser("remove", help="remove a schedule (its jobs stay)")
+    _add_connection_options(remove, in_subcommand=True)
+    remove.add_argument("tube")
+    remove.add_argument("name")
     return parser
 
 
@@ -669,6 +701,37 @@ async def cmd_resume(client: Client, args: argparse.Namespace, out: Output) -> N
     except NotFound as error:
         raise CliError(f"tube {args.tube} not found") from error
     out.emit(f"resumed tube {args.tube}", {"tube": args.tube, "paused": 0})
+# -- schedule (recurring jobs) -----------------------------------------------------------------
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+async def cmd_schedule(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        if args.action == "add":
+            body = _read_body(args)
+            first = await client.schedule_add(args.tube, args.name, body, cron=args.cron,
+                                              every_ms=args.every_ms, pri=args.pri,
+                                              ttr=args.ttr, delay_ms=args.delay_ms)
+            out.emit(f"schedule {args.name} of tube {args.tube} first ticks at {_utc(first)}",
+                     {"tube": args.tube, "name": args.name, "next_ms": first})
+        elif args.action == "list":
+            rows = await client.schedule_list(args.tube)
+            lines = [f"{r.name}  {f'cron {r.cron}' if r.cron else f'every {r.every_ms} ms'}"
+                     f"  next {_utc(r.next_ms)}  ticks {r.ticks}  last job {r.last_job or '-'}"
+                     for r in rows]
+            out.emit("\n".join(lines), [dataclasses.asdict(r) for r in rows])
+        else:
+            await client.schedule_remove(args.tube, args.name)
+            out.emit(f"removed schedule {args.name} of tube {args.tube}",
+                     {"tube": args.tube, "name": args.name, "removed": True})
+    except BadOption as error:
+        what = "cron expression" if error.option == "cron" else f"--{error.option}"
+        raise UsageError(f"the server refused the {what}") from error
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} has no schedule {args.name}") from error
 
 
 COMMANDS: dict[str, Command] = {
@@ -692,6 +755,7 @@ COMMANDS: dict[str, Command] = {
     "change-delay": cmd_change_delay,
     "pause-forever": cmd_pause_forever,
     "resume": cmd_resume,
+    "schedule": cmd_schedule,
 }
 
 

@@ -288,6 +288,41 @@ class TubeResume(Command):
     tube: str
 
 
+# -- recurring jobs (issue 10, part 4) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdd(Command):
+    """tubeq's ``schedule-add``: a tube's recurring schedule (created, or replaced by name).
+
+    ``kind`` is ``cron`` (``spec``: the expression, fields joined by spaces) or ``every-ms``
+    (``spec``: the interval in ms, as digits); the rest is what each tick puts."""
+
+    tube: str
+    name: str
+    kind: str
+    spec: str
+    pri: int
+    ttr: int
+    delay_ms: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleList(Command):
+    """tubeq's ``schedule-list``: a tube's schedules."""
+
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRemove(Command):
+    """tubeq's ``schedule-remove``: stop one of a tube's schedules."""
+
+    tube: str
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""

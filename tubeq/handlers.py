@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tubeq import admin, replies
+from tubeq import admin, recurring, replies
 from tubeq import commands as c
 from tubeq.futures import discard, then
 from tubeq.protocol import EXTENSION_NAMES
@@ -374,6 +374,32 @@ def _tube_resume(conn: Connection, cmd: c.TubeResume) -> Reply:
     _sync_using(conn)  # resume may let the tube go: this process's users must count first
     return then(conn.store.tube_pause(cmd.tube, forever=False),
                 lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
+# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+
+
+def _schedule_add(conn: Connection, cmd: c.ScheduleAdd) -> Reply:
+    store = conn.store
+    try:
+        first = recurring.first_due(cmd.kind, cmd.spec, store.clock())
+    except recurring.BadSchedule:  # parses, but never ticks (e.g. 0 0 30 2 *)
+        return replies.bad_option("cron")
+
+    def answer(result: tuple[int, bool]) -> bytes:
+        conn.ctx.scheduler.note_due(result[0])
+        return replies.scheduled(result[0])
+
+    return then(store.schedule_add(cmd.tube, cmd.name, cmd.kind, cmd.spec, cmd.pri, cmd.ttr,
+                                   cmd.delay_ms, cmd.body, first), answer)
+
+
+def _schedule_list(conn: Connection, cmd: c.ScheduleList) -> Reply:
+    return then(conn.store.schedule_list(cmd.tube),
+                lambda found: replies.ok(recurring.list_yaml(found)))
+
+
+def _schedule_remove(conn: Connection, cmd: c.ScheduleRemove) -> Reply:
+    return then(conn.store.schedule_remove(cmd.tube, cmd.name),
+                lambda removed: replies.REMOVED if removed else replies.NOT_FOUND)
 
 
 def _extension(handler: Callable[[Connection, Any], Reply | None],
@@ -484,6 +510,10 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    # recurring jobs (issue 10, part 4)
+    c.ScheduleAdd: _extension(_schedule_add),
+    c.ScheduleList: _extension(_schedule_list),
+    c.ScheduleRemove: _extension(_schedule_remove),
     # admin verbs (issue 10 part 6)
     c.ClearTube: _extension(_clear_tube),
     c.ListJobs: _extension(_list_jobs),

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from tubeq import options, replies
+from tubeq import options, recurring, replies
 from tubeq.batch_framing import (
     DEFAULT_MAX_BATCH_BYTES,
     PUT_MANY_MAX,
@@ -87,6 +87,9 @@ from tubeq.commands import (
     ReserveJob,
     ReserveMany,
     ReserveWithTimeout,
+    ScheduleAdd,
+    ScheduleList,
+    ScheduleRemove,
     Stats,
     StatsJob,
     StatsTube,
@@ -162,6 +165,10 @@ _C_SPACE: Final = b" \t\n\v\f\r"
 
 _BAD_FORMAT: Final = Rejected(reply=replies.BAD_FORMAT)
 _UNKNOWN_COMMAND: Final = Rejected(reply=replies.UNKNOWN_COMMAND)
+# An extension's body (schedule-add) too big or not ended by CRLF: put's replies, but no cmd-put
+# counted and no job id used up (beanstalkd's put does both; nothing else has a body there).
+_JOB_TOO_BIG: Final = Rejected(reply=replies.JOB_TOO_BIG)
+_EXPECTED_CRLF: Final = Rejected(reply=replies.EXPECTED_CRLF)
 
 # ---------------------------------------------------------------------------------------------
 # The argument grammar
@@ -264,7 +271,19 @@ class _PutHeader:
     refusal: bytes | None = None
 
 
-_Parsed: TypeAlias = Command | _PutHeader
+@dataclass(slots=True)
+class _BodyHeader:
+    """An extension line whose body of ``size`` bytes follows; ``build(body)`` is its command.
+
+    A line refused after its size was read still has its body swallowed (``build`` then
+    returns the refusal), so a body is never parsed as commands (put's 1.12 quirk stays put's).
+    """
+
+    size: int
+    build: Callable[[bytes], Command]
+
+
+_Parsed: TypeAlias = Command | _PutHeader | _BodyHeader
 _ArgParser: TypeAlias = Callable[[bytes], _Parsed]
 
 
@@ -559,6 +578,65 @@ def _change_pri(args: bytes) -> Command:
 def _change_delay(args: bytes) -> Command:
     job_id, pos = _read_unsigned(args, 0, U64_MAX)
     return ChangeDelay(job_id, _read_last_unsigned(args, pos, options.MAX_MS))
+# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+
+# schedule-add's positional arguments: tube, schedule name, body size (options follow).
+_SCHEDULE_ADD: Final = re.compile(b"(" + _NAME_RUN + b"++) (" + _NAME_RUN + b"++) ([0-9]++)")
+
+
+def _schedule_add(args: bytes) -> _BodyHeader:
+    match = _SCHEDULE_ADD.match(args)
+    if match is None:
+        raise _BadFormat
+    size = int(match[3])
+    if size > U32_MAX:
+        raise _BadFormat
+    try:
+        command = _schedule(match[1], match[2], args[match.end():])
+    except _BadFormat:
+        return _BodyHeader(size, lambda _: _BAD_FORMAT)
+    except _Refused as refused:
+        refusal = Rejected(reply=refused.reply)
+        return _BodyHeader(size, lambda _: refusal)
+    return _BodyHeader(size, lambda body: command(body))
+
+
+def _schedule(tube: bytes, name: bytes, rest: bytes) -> Callable[[bytes], ScheduleAdd]:
+    """schedule-add's line, checked: a function of the body making the command."""
+    tube_name, schedule_name = _tube_name(tube), _tube_name(name)
+    given = dict(_options(rest, options.SCHEDULE_OPTIONS))
+    cron, every = given.get("cron"), given.get("every-ms")
+    if cron is None and every is None:
+        raise _BadFormat  # a schedule needs one or the other
+    if cron is not None and every is not None:
+        raise _Refused(replies.bad_option("every-ms"))
+    if cron is not None:
+        try:
+            kind, spec = recurring.CRON, recurring.cron_expression(str(cron))
+        except recurring.BadSchedule:
+            raise _Refused(replies.bad_option("cron")) from None
+    else:
+        if int(every or 0) < recurring.MIN_EVERY_MS:
+            raise _Refused(replies.bad_option("every-ms"))
+        kind, spec = recurring.EVERY_MS, str(every)
+    pri = int(given.get("pri", SCHEDULE_DEFAULT_PRI))
+    ttr = max(int(given.get("ttr", SCHEDULE_DEFAULT_TTR)), 1)  # as put: 0 is raised to 1
+    delay_ms = int(given.get("delay-ms", 0))
+    return lambda body: ScheduleAdd(tube_name, schedule_name, kind, spec, pri, ttr, delay_ms,
+                                    body)
+
+
+# What a schedule's jobs get when schedule-add names no pri / ttr: the bundled client's put
+# defaults (tubeq.client.wire), so a scheduled job looks like a job put with that client.
+SCHEDULE_DEFAULT_PRI: Final = 2**31
+SCHEDULE_DEFAULT_TTR: Final = 60
+
+
+def _schedule_remove(args: bytes) -> Command:
+    tube, space, name = args.partition(b" ")
+    if not space:
+        raise _BadFormat
+    return ScheduleRemove(_tube_name(tube), _tube_name(name))
 
 
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
@@ -582,6 +660,10 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"change-delay ": _change_delay,
     b"tube-pause ": _tube(TubePause),
     b"tube-resume ": _tube(TubeResume),
+    # recurring jobs (issue 10, part 4)
+    b"schedule-add ": _schedule_add,
+    b"schedule-list ": _tube(ScheduleList),
+    b"schedule-remove ": _schedule_remove,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
@@ -643,7 +725,7 @@ class Parser:
 
     # one per connection
     __slots__ = ("_batch", "_buffer", "_max_batch_bytes", "_max_job_size", "_phase", "_put",
-                 "_scanned", "_skip_left")
+                 "_scanned", "_skip_left", "_too_big")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE, *,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
@@ -656,9 +738,10 @@ class Parser:
         self._batch: PutManyReader | None = None  # the put-many being read (phase BATCH)
         self._buffer = bytearray()
         self._phase = _Phase.LINE
-        self._put: _PutHeader | None = None  # the header whose body is awaited (phase BODY)
+        self._put: _PutHeader | _BodyHeader | None = None  # whose body is awaited (BODY)
         self._skip_left = 0  # bytes still to swallow (phase SKIP_BODY)
         self._scanned = 0  # bytes of a long line known to hold no CRLF (phase LONG_LINE)
+        self._too_big: Command = PutTooBig()  # the answer once a too-big body is swallowed
 
     def feed(self, data: bytes) -> None:
         """Append received bytes; call ``next_command`` until it returns None to consume them."""
@@ -722,7 +805,7 @@ class Parser:
         line = bytes(buffer[:end])
         del buffer[: end + len(CRLF)]
         parsed = _parse_line(line)
-        if isinstance(parsed, _PutHeader):
+        if isinstance(parsed, _PutHeader | _BodyHeader):
             return self._begin_body(parsed)
         if isinstance(parsed, PutManyHeader):
             return self._begin_batch(parsed)
@@ -744,15 +827,16 @@ class Parser:
             self._phase = _Phase.LINE
         return command
 
-    def _begin_body(self, header: _PutHeader) -> Command | None:
+    def _begin_body(self, header: _PutHeader | _BodyHeader) -> Command | None:
         # 1.12's order: the size limit first (its body is swallowed even if the line also has
         # trailing garbage), then trailing garbage (BAD_FORMAT, the body is then read as commands;
         # cmd-put was already counted), then the body itself.
         if header.size > self._max_job_size:
             self._skip_left = header.size + len(CRLF)
             self._phase = _Phase.SKIP_BODY
+            self._too_big = _JOB_TOO_BIG if isinstance(header, _BodyHeader) else PutTooBig()
             return None
-        if header.trailing_garbage:
+        if isinstance(header, _PutHeader) and header.trailing_garbage:
             return Rejected(reply=replies.BAD_FORMAT, counted_as=Put.stat)
         self._put = header
         self._phase = _Phase.BODY
@@ -769,6 +853,8 @@ class Parser:
         del self._buffer[: size + len(CRLF)]  # exactly size+2 bytes, whatever they are
         self._put = None
         self._phase = _Phase.LINE
+        if isinstance(header, _BodyHeader):  # an extension's body (schedule-add): no id burnt
+            return header.build(body) if terminated else _EXPECTED_CRLF
         if header.options is not None:  # put-with: a refused line still had its body read
             if header.refusal is not None:
                 return Rejected(reply=header.refusal)
@@ -786,7 +872,7 @@ class Parser:
         if self._skip_left:
             return None
         self._phase = _Phase.LINE
-        return PutTooBig()
+        return self._too_big
 
     def _discard_overlong(self) -> Command | None:
         buffer = self._buffer

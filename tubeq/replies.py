@@ -81,3 +81,10 @@ def batch(items: list[bytes]) -> bytes:
 # admin verbs (issue 10 part 6)
 def cleared(count: int) -> bytes:
     return b"CLEARED %d\r\n" % count
+# -- recurring jobs (issue 10, part 4) -------------------------------------------------------------
+REMOVED = b"REMOVED\r\n"
+
+
+def scheduled(next_due_ms: int) -> bytes:
+    """schedule-add's answer: when the schedule first ticks (ms since the epoch)."""
+    return b"SCHEDULED %d\r\n" % next_due_ms

@@ -120,6 +120,7 @@ class Server:
         self.namespaces: dict[str, ServerContext] = {}
         self._by_root: dict[bytes, ServerContext] = {}  # key root -> its namespace
         self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
+        self._dues: dict[bytes, ServerContext] = {}  # due channel -> its namespace
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
@@ -189,6 +190,9 @@ class Server:
         self._by_root[keys.root.encode()] = ctx
         self._subscriber.psubscribe(keys.wake_pattern.encode())
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
+        dues = keys.due_channel.encode()  # recurring ticks, rate windows (issue 10)
+        self._dues[dues] = ctx
+        self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
         return ctx
 
@@ -201,6 +205,10 @@ class Server:
                 conn.job_handed_over()
             elif (listener := ctx.grant_listeners.get(token)) is not None:
                 listener()  # an HTTP long poll (tubeq.http.reservations)
+            return
+        ctx = self._dues.get(channel)
+        if ctx is not None:  # another process created a due instant: be awake for it
+            ctx.scheduler.note_due(int(data))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         root = channel[:channel.find(b"}:") + 2]

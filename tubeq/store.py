@@ -23,6 +23,7 @@ from tubeq import admin
 from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
+from tubeq.recurring import DueTick, ScheduleInfo
 from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
 from tubeq.scripts import Script, load_all
 
@@ -315,7 +316,7 @@ class Store:
     def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]:
         """Change a tube's settings (tubeq.options.TUBE_SETTINGS); defaults remove them."""
         flat = [x for pair in settings for x in pair]
-        return self._eval("tube_set", tube, *flat)
+        return self._eval("tube_set", tube, self.clock(), *flat)
 
     def tube_settings(self, tube: str) -> asyncio.Future[dict[str, OptionValue]]:
         """Every setting of ``tube``: its own value, else the default."""
@@ -450,6 +451,42 @@ class Store:
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
     # -- batches (issue 10, part 3) -----------------------------------------------------------
     # -- admin verbs and figures (issue 10 parts 6 and 7; tubeq.admin) -------------------------
+    # -- recurring jobs (issue 10, part 4: tubeq.recurring) -----------------------------------
+
+    def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
+                     delay_ms: int, body: bytes, first_due_ms: int,
+                     ) -> asyncio.Future[tuple[int, bool]]:
+        """Create or replace a schedule; (its first due time, whether it is new)."""
+        return self._eval("schedule_add", tube, name, kind, spec, pri, ttr, delay_ms, body,
+                          first_due_ms, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    def schedule_remove(self, tube: str, name: str) -> asyncio.Future[bool]:
+        return self._eval("schedule_remove", tube, name, decode=bool)
+
+    def schedule_list(self, tube: str) -> asyncio.Future[list[ScheduleInfo]]:
+        def decode(r: Any) -> list[ScheduleInfo]:
+            return [ScheduleInfo(r[i].decode(), r[i + 1].decode(), r[i + 2].decode(),
+                                 *(int(v) for v in r[i + 3:i + 11]))
+                    for i in range(0, len(r), 11)]
+
+        return self._eval("schedule_list", tube, decode=decode)
+
+    def schedules_due(self) -> asyncio.Future[tuple[int, list[DueTick]]]:
+        """The schedules due now, and the earliest due time after now (-1: none)."""
+        def decode(r: Any) -> tuple[int, list[DueTick]]:
+            due = [DueTick(r[i].decode(), r[i + 1].decode(), int(r[i + 2]), int(r[i + 3]),
+                           r[i + 4].decode(), r[i + 5].decode(), int(r[i + 6]))
+                   for i in range(1, len(r), 7)]
+            return int(r[0]), due
+
+        return self._eval("schedule_due", self.clock(), SWEEP_LIMIT, decode=decode)
+
+    def schedule_tick(self, tick: DueTick, next_due_ms: int) -> asyncio.Future[int]:
+        """Run ``tick``: the id of the job it put, or 0 if it was not this caller's to run."""
+        return self._eval("schedule_tick", tick.tube, tick.name, tick.generation, tick.due_ms,
+                          next_due_ms, self.clock(), decode=int)
+
 
     def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = admin.CLEAR_BATCH,
                          ) -> asyncio.Future[tuple[int, bool]]:

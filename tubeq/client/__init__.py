@@ -97,3 +97,8 @@ __all__ = [
     "TimedOut", "UnknownCommand", "backoff_delay", "parse_yaml_list", "parse_yaml_mapping",
     "touch_interval",
 ]
+
+# tubeq's extensions: a refused option; recurring jobs (issue 10, part 4)
+from tubeq.client.schedules import Schedule
+
+__all__ += ["BadOption", "Schedule"]

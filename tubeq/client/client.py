@@ -45,6 +45,7 @@ from tubeq.client.parser import (
     parse_yaml_mapping,
 )
 from tubeq.client.policies import PutResult, key_arg, put_with_line
+from tubeq.client.schedules import Schedule, cron_on_the_wire, parse_schedule_list
 from tubeq.client.wire import (
     CHANGED,
     CLEARED,
@@ -63,8 +64,10 @@ from tubeq.client.wire import (
     PAUSED,
     PUSHING,
     PUT_MANY_MAX,
+    REMOVED,
     RESERVED,
     RESUMED,
+    SCHEDULED,
     U32_MAX,
     USING,
     WATCHING,
@@ -586,6 +589,49 @@ class Client:
             _expect(reply, "tube-resume", RESUMED)
 
         await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
+    # -- recurring jobs (tubeq; issue 10, part 4) ----------------------------------------------
+
+    async def schedule_add(self, tube: str, name: str, body: bytes | str, *,
+                           cron: str | None = None, every_ms: int | None = None,
+                           pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR,
+                           delay_ms: int = 0) -> int:
+        """Make ``tube`` get a job with ``body`` on every tick of ``cron`` (a 5-field cron
+        expression or an ``@hourly``-style alias, in UTC) or every ``every_ms`` ms (at least
+        100), exactly once per tick whatever the number of tubeq processes. A schedule of the
+        same name is replaced. Returns when it first ticks (ms since the epoch).
+
+        Raises :class:`BadOption` (``option`` ``cron`` or ``every-ms``) for an expression that
+        does not parse or an interval too short, :class:`JobTooBig`, and
+        :class:`UnknownCommand` from a server without recurring jobs (beanstalkd).
+        """
+        if (cron is None) == (every_ms is None):
+            raise ValueError("give exactly one of cron and every_ms")
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        when = (b"cron=" + cron_on_the_wire(cron).encode("ascii") if cron is not None
+                else b"every-ms=%d" % _uint(every_ms or 0, "every_ms", 2**64 - 1))
+        line = b"schedule-add %s %s %d %s pri=%d ttr=%d delay-ms=%d\r\n" % (
+            _tube(tube), _tube(name), len(data), when, _uint(pri, "pri"), _uint(ttr, "ttr"),
+            _uint(delay_ms, "delay_ms", 2**64 - 1))
+
+        def convert(reply: Reply, link: _Link) -> int:
+            _expect(reply, "schedule-add", SCHEDULED)
+            return reply.int_arg(0)
+
+        return await self._call(line + data + CRLF, convert)
+
+    async def schedule_list(self, tube: str) -> list[Schedule]:
+        """The schedules of ``tube``, by name (none: an empty list)."""
+        return await self._call(b"schedule-list %s\r\n" % _tube(tube),
+                                _ok("schedule-list", parse_schedule_list))
+
+    async def schedule_remove(self, tube: str, name: str) -> None:
+        """Stop one of ``tube``'s schedules (its jobs already put stay); :class:`NotFound`
+        when it has none of that name."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "schedule-remove", REMOVED)
+
+        await self._call(b"schedule-remove %s %s\r\n" % (_tube(tube), _tube(name)), convert)
 
     # -- consumption --------------------------------------------------------------------------
 

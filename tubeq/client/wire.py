@@ -66,6 +66,10 @@ BAD_OPTION: Final = b"BAD_OPTION"
 CLEARED: Final = b"CLEARED"
 CHANGED: Final = _word(replies.CHANGED)
 RESUMED: Final = _word(replies.RESUMED)
+# Recurring jobs' ``SCHEDULED <next-due-ms>`` and ``REMOVED`` (tubeq only; see
+# Client.schedule_add).
+SCHEDULED: Final = b"SCHEDULED"
+REMOVED: Final = _word(replies.REMOVED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -104,6 +108,9 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     CLEARED: frozenset({1}),
     CHANGED: frozenset({0}),
     RESUMED: frozenset({0}),
+    # recurring jobs (issue 10, part 4)
+    SCHEDULED: frozenset({1}),
+    REMOVED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})

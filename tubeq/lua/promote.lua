@@ -1,5 +1,6 @@
---[[ promote: fire due tube timers: delayed jobs whose time has come become ready, and pauses
-that have ended resume.
+--[[ promote: fire due tube timers: delayed jobs whose time has come become ready, pauses
+that have ended resume, and tubes held by their rate limit come back when its window ends
+(timer 'l:<tube>', see includes/limits.lua).
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then now (ms),
          limit (jobs and timers handled per call)
@@ -36,6 +37,9 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       late[#late + 1] = now - tonumber(f[2])
     end
     arm_delay_timer(t)
+  elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended
+    rcall('ZREM', K_TIMERS, name)
+    index_tube(t, now)
   else
     rcall('HDEL', k_tube(t), 'pause', 'pause_until')
     rcall('ZREM', K_TIMERS, name)

@@ -49,6 +49,6 @@ end
 local function take_entry(entry, token, now)
   local m, t = split_entry(entry)
   rcall('ZREM', k_ready(t), m)
-  index_tube(t, now)
-  return grant(id_of(m), t, token, now, true)
+  local limited = index_tube(t, now)
+  return grant(id_of(m), t, token, now, true, limited)
 end
