@@ -1,9 +1,11 @@
 """The tubeq process: listener, shared context, scheduler, subscriber, drain and shutdown.
 
-Shutdown goes in phases: stop accepting, close every client connection (each one's reserved
-jobs go back to ready through disconnect.lua), wait for that with a bound, stop the scheduler and
-the subscriber, leave the namespace, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
-every later put answer DRAINING; it cannot be left.
+Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
+connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
+worker finishes its job instead of having it run twice); close every client connection (each
+one's reserved jobs go back to ready through disconnect.lua), wait for that with a bound, stop the
+scheduler and the subscriber, leave the namespace, close Redis. Drain mode (SIGUSR1, as in
+beanstalkd) makes every later put answer DRAINING; it cannot be left.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from tubeq.connection import (
     Connection,
     ServerContext,
 )
+from tubeq.durability import StartupError, check_redis
 from tubeq.keys import Keys
-from tubeq.resp import RedisClient
+from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
+from tubeq.sentinel import MasterNotFound
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
@@ -44,6 +48,10 @@ REDIS_BATCH_CALLS = 64
 LISTEN_BACKLOG = 1024
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
+# While connections finish their jobs at shutdown, how often tubeq looks whether any still holds
+# one. A poll, not an event: it runs only during the grace period, and 50 ms is well below any
+# grace worth setting.
+SHUTDOWN_POLL_S = 0.05
 # The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
 # life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
 # of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
@@ -63,6 +71,16 @@ class Config:
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
     events_maxlen: int = 0
+    # Replicas that must acknowledge a state change before its reply (WAIT), and for how long
+    # to wait for them (tubeq.resp: "Replica acknowledgement"); 0 waits for none.
+    min_replicas: int = 0
+    min_replicas_timeout_ms: int = 1000
+    # Start on a Redis whose maxmemory-policy may evict keys (tubeq.durability).
+    allow_eviction: bool = False
+    # At shutdown, how long connections that hold reserved jobs get to finish them before they
+    # are closed (their jobs then return to ready). The command line's default is 5 s;
+    # embedded servers (the tests) close at once unless told otherwise.
+    shutdown_grace_s: float = 0.0
 
 
 class Server:
@@ -84,13 +102,30 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
-        self._client = client = await RedisClient.connect(config.redis_url,
-                                                          flush_at=REDIS_BATCH_CALLS)
+        try:
+            self._client = client = await RedisClient.connect(
+                config.redis_url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
+                replicas_timeout_ms=config.min_replicas_timeout_ms)
+        except MasterNotFound as error:
+            raise StartupError(f"no Redis master: {error}") from None
+        except (OSError, RedisReplyError) as error:
+            raise StartupError(f"cannot connect to Redis at {config.redis_url}: "
+                               f"{error or type(error).__name__}") from None
+        try:
+            await check_redis(client, client.address or config.redis_url,
+                              allow_eviction=config.allow_eviction,
+                              min_replicas=config.min_replicas)
+        except BaseException:
+            await client.close()
+            raise
         store = Store(client, self.keys, self.instance_id,
                       events_maxlen=config.events_maxlen)
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
+        # After a reconnect (a Redis restart, a failover) every waiter re-checks with its
+        # script, whether or not the subscriber's connection was lost too.
+        client.add_reconnect_callback(registry.wake_all)
         scheduler = Scheduler(store, registry)
         self.ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
@@ -113,6 +148,9 @@ class Server:
         self._subscriber.psubscribe(self.keys.wake_pattern.encode())
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
         await self._subscriber.start()
+        # After a failover the pub/sub connection follows the client to the new master.
+        subscriber = self._subscriber
+        client.add_reconnect_callback(lambda: subscriber.follow(client.address))
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
         ctx = self.ctx
         self._listener = await asyncio.get_running_loop().create_server(
@@ -129,9 +167,11 @@ class Server:
             log.info("drain mode")
 
     async def stop(self) -> None:
+        self.drain()
         if self._listener is not None:
             self._listener.close()
         if self.ctx is not None:
+            await self._let_jobs_finish(self.ctx, self.config.shutdown_grace_s)
             connections = list(self.ctx.connections.values())
             for conn in connections:
                 conn.close()
@@ -153,3 +193,23 @@ class Server:
         if self._client is not None:
             await self._client.close()
         log.info("stopped")
+
+    @staticmethod
+    async def _let_jobs_finish(ctx: ServerContext, grace_s: float) -> None:
+        """Wait until no connection holds a reserved job, or ``grace_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+
+        def holders() -> int:
+            now = ctx.store.clock()
+            return sum(any(due > now for due in conn.reserved.values())
+                       for conn in ctx.connections.values())
+
+        if grace_s > 0 and holders():
+            log.info("waiting for connections to finish their jobs", connections=holders(),
+                     grace_s=grace_s)
+        while grace_s > 0 and holders() and loop.time() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        if holders():
+            log.info("closing connections that still hold jobs: they return to ready",
+                     connections=holders())
