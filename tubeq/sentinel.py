@@ -18,9 +18,12 @@ the sentinels' own, when they require one. A port left out is Sentinel's 26379.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 SCHEME = "redis+sentinel"
@@ -42,19 +45,31 @@ class SentinelTarget:
     master: str
     password: str | None = field(default=None, repr=False)  # the sentinels' own
 
+    @property
+    def seeds(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.sentinels)
+
     def __str__(self) -> str:
-        seeds = ",".join(f"{host}:{port}" for host, port in self.sentinels)
-        return f"sentinel master {self.master!r} via {seeds}"
+        return f"sentinel master {self.master!r} via {self.seeds}"
 
     async def discover(self) -> tuple[str, int]:
         """The master's address as the sentinels report it now; raises MasterNotFound."""
-        kwargs = {"password": self.password} if self.password is not None else {}
-        sentinel = Sentinel(list(self.sentinels), socket_timeout=SENTINEL_TIMEOUT_S,
-                            socket_connect_timeout=SENTINEL_TIMEOUT_S, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
+        # The sentinel connections' own settings (redis-py takes none from the master's when
+        # sentinel_kwargs is given): bounded, and no retries, since the next sentinel is the
+        # retry and the caller's reconnect loop the backoff.
+        kwargs: dict[str, Any] = {
+            "socket_timeout": SENTINEL_TIMEOUT_S, "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+            "retry": Retry(NoBackoff(), 0)}
+        if self.password is not None:
+            kwargs["password"] = self.password
+        sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
         try:
             host, port = await sentinel.discover_master(self.master)
-        except RedisError as error:  # MasterNotFoundError, or a sentinel's error reply
-            raise MasterNotFound(f"{self}: {error}") from None
+        except RedisError:  # MasterNotFoundError (its text is a repr of every connection)
+            raise MasterNotFound(
+                f"no sentinel of {self.seeds} named an up master {self.master!r} "
+                "(sentinels unreachable, an unknown master name, or a failover under way)"
+            ) from None
         finally:
             for connection in sentinel.sentinels:
                 await connection.aclose()

@@ -110,7 +110,7 @@ class Server:
             raise StartupError(f"no Redis master: {error}") from None
         except (OSError, RedisReplyError) as error:
             raise StartupError(f"cannot connect to Redis at {config.redis_url}: "
-                               f"{error or type(error).__name__}") from None
+                               f"{str(error) or type(error).__name__}") from None
         try:
             await check_redis(client, client.address or config.redis_url,
                               allow_eviction=config.allow_eviction,
