@@ -217,6 +217,10 @@ class ReconnectingProtocol(asyncio.Protocol):
     only once ``_on_open`` has finished, so nothing is used half-prepared.
     """
 
+    # Whether this connection asks the sentinels every SENTINEL_RECHECK_S if the master moved
+    # (the hot-path client does; the subscriber follows it, see Server.start).
+    WATCHES_MASTER = False
+
     def __init__(self, url: str) -> None:
         self._endpoint = Endpoint.parse(url)
         self._transport: asyncio.Transport | None = None
@@ -288,7 +292,8 @@ class ReconnectingProtocol(asyncio.Protocol):
                 self._transport.abort()
             raise
         self._connected = True
-        if self._endpoint.sentinel is not None and self._watch_task is None:
+        if self._endpoint.sentinel is not None and self.WATCHES_MASTER and \
+                self._watch_task is None:
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_master())
 
     async def _watch_master(self) -> None:
@@ -361,6 +366,8 @@ class ReconnectingProtocol(asyncio.Protocol):
 
 class RedisClient(ReconnectingProtocol):
     """Auto-pipelining client on one connection. Create it with :meth:`connect`."""
+
+    WATCHES_MASTER = True
 
     def __init__(self, url: str, *, flush_at: int = 16, min_replicas: int = 0,
                  replicas_timeout_ms: int = 1000) -> None:

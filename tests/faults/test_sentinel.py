@@ -34,9 +34,11 @@ RECOVERED_JOBS = 200
 RECOVERY_BOUND_S = 40.0
 
 
-@pytest.fixture
-def topology(tmp_path: Path) -> Iterator[SentinelTopology]:
-    topo = SentinelTopology(tmp_path / "sentinel")
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelTopology]:
+    """One topology for the module (started once: about 5 s). The failover test runs last, as
+    it moves the master."""
+    topo = SentinelTopology(tmp_path_factory.mktemp("sentinel"))
     try:
         topo.start()
         yield topo
@@ -51,6 +53,20 @@ async def _until_serving_again(load: Load, ledger: Ledger) -> None:
         waited += 0.25
     assert ledger.inserted_after_fault >= RECOVERED_JOBS, (
         f"tubeq did not serve again after {ledger.faults[-1]}: {ledger.report()}")
+
+
+def test_unreachable_sentinels_are_one_line() -> None:
+    url = f"redis+sentinel://{LOOPBACK}:{free_port()},{LOOPBACK}:{free_port()}/faultmaster"
+    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+                           url], capture_output=True, text=True, timeout=60, check=False)
+    assert_one_clear_line(done, "no Redis master", "faultmaster")
+
+
+def test_an_unknown_master_name_is_one_line(topology: SentinelTopology) -> None:
+    url = topology.url.rsplit("/", 1)[0] + "/no-such-master"
+    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+                           url], capture_output=True, text=True, timeout=60, check=False)
+    assert_one_clear_line(done, "no Redis master", "no-such-master")
 
 
 async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelTopology,
@@ -86,17 +102,3 @@ async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelT
     ledger.check()
     log = server.log_tail(100_000)
     assert "redis reconnected" in log and f"address=127.0.0.1:{first}" in log, log[-3000:]
-
-
-def test_unreachable_sentinels_are_one_line() -> None:
-    url = f"redis+sentinel://{LOOPBACK}:{free_port()},{LOOPBACK}:{free_port()}/faultmaster"
-    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
-                           url], capture_output=True, text=True, timeout=60, check=False)
-    assert_one_clear_line(done, "no Redis master", "faultmaster")
-
-
-def test_an_unknown_master_name_is_one_line(topology: SentinelTopology) -> None:
-    url = topology.url.rsplit("/", 1)[0] + "/no-such-master"
-    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
-                           url], capture_output=True, text=True, timeout=60, check=False)
-    assert_one_clear_line(done, "no Redis master", "no-such-master")
