@@ -101,7 +101,9 @@ class SentinelTopology:
             f"logfile {directory / 'sentinel.log'}",
             f"sentinel monitor {self.name} {LOOPBACK} {master_port} 2",
             f"sentinel down-after-milliseconds {self.name} 1000",
-            f"sentinel failover-timeout {self.name} 10000",
+            # A sentinel retries a failover of one master only after twice this: the test's
+            # second failover comes seconds after its first.
+            f"sentinel failover-timeout {self.name} 4000",
             ""]))
         proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
