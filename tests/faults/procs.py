@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
 from tubeq.redis_process import RedisProcess, free_port
 
-WAIT_S = 30.0  # bound on each wait for a topology to settle; never asserted as a duration
+WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration
 POLL_S = 0.05
 
 

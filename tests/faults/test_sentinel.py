@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +31,8 @@ PHASE_S = 2.0
 # After a failover the old master must resync from the new one before WAIT can succeed again
 # (Sentinel reconfigures it within about 10 s): puts answer INTERNAL_ERROR meanwhile. The load
 # runs on until this many jobs were inserted after the failover, within this bound.
-RECOVERED_JOBS = 200
-RECOVERY_BOUND_S = 40.0
+RECOVERED_JOBS = 100
+RECOVERY_BOUND_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +48,9 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelTopol
 
 
 async def _until_serving_again(load: Load, ledger: Ledger) -> None:
-    waited = 0.0
-    while ledger.inserted_after_fault < RECOVERED_JOBS and waited < RECOVERY_BOUND_S:
+    deadline = time.monotonic() + RECOVERY_BOUND_S
+    while ledger.inserted_after_fault < RECOVERED_JOBS and time.monotonic() < deadline:
         await load.run_for(0.25)
-        waited += 0.25
     assert ledger.inserted_after_fault >= RECOVERED_JOBS, (
         f"tubeq did not serve again after {ledger.faults[-1]}: {ledger.report()}")
 
@@ -69,6 +69,9 @@ def test_an_unknown_master_name_is_one_line(topology: SentinelTopology) -> None:
     assert_one_clear_line(done, "no Redis master", "no-such-master")
 
 
+# Two failovers and their recoveries: normally under a minute, more on a machine shared with
+# other test runs; the bounds inside (topology waits, RECOVERY_BOUND_S) fit in this.
+@pytest.mark.timeout(400)
 async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelTopology,
                                                                tmp_path: Path) -> None:
     server: ServerProcess = start_tubeq_on(free_port(), topology.url, unique_prefix("tq-sent"),
