@@ -1,10 +1,12 @@
-"""The Sentinel URL form, and the replica acknowledgement of tubeq.resp (``min_replicas``):
-a durable call resolves only after a WAIT confirmed it, one WAIT per batch; too few replicas
-make it fail (the write itself happened, as the error says)."""
+"""The Sentinel URL form; the replica acknowledgement of tubeq.resp (``min_replicas``): a
+durable call resolves only after a WAIT confirmed it, one WAIT per batch, and too few replicas
+make it fail (the write itself happened, as the error says); a READONLY reply on a Sentinel
+endpoint makes the client look for the master again."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,13 @@ import pytest
 import redis.asyncio
 
 from tubeq.redis_process import RedisProcess
-from tubeq.resp import Endpoint, RedisClient, ReplicasBehind
+from tubeq.resp import (
+    Endpoint,
+    RedisClient,
+    RedisConnectionLost,
+    RedisReplyError,
+    ReplicasBehind,
+)
 from tubeq.sentinel import SentinelTarget
 
 SCRIPT = b"return redis.call('INCR', KEYS[1])"
@@ -96,3 +104,24 @@ async def test_too_few_replicas_fail_the_call_not_the_write(tmp_path: Path) -> N
 
 def _sha() -> str:
     return hashlib.sha1(SCRIPT).hexdigest()
+
+
+async def test_readonly_on_a_sentinel_endpoint_drops_the_connection(
+        replicated: tuple[RedisProcess, RedisProcess]) -> None:
+    """A READONLY reply means the master we write to was demoted: the call fails, and the
+    connection is dropped so that the reconnect asks the sentinels again."""
+    _, replica = replicated
+    client = await RedisClient.connect(replica.url)
+    try:
+        # As if the sentinels had named this server (now a replica) the master.
+        client._endpoint = dataclasses.replace(
+            client._endpoint, sentinel=SentinelTarget((("127.0.0.1", 1),), "gone"))
+        with pytest.raises(RedisReplyError, match="READONLY"):
+            await client.execute("SET", "k", "v")
+        async with asyncio.timeout(10):
+            while client.connected:
+                await asyncio.sleep(0.01)
+        with pytest.raises(RedisConnectionLost):
+            await client.execute("GET", "k")  # fails at once while it looks for the master
+    finally:
+        await client.close()
