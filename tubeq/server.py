@@ -6,10 +6,12 @@ start; all share this process's Redis connection and its one pub/sub connection,
 are routed by key root. The main listener then gates its connections until ``auth``; the
 file's bound listeners put theirs straight into a namespace.
 
-Shutdown goes in phases: stop accepting, close every client connection (each one's reserved
-jobs go back to ready through disconnect.lua), wait for that with a bound, stop the scheduler and
-the subscriber, leave the namespaces, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
-every later put answer DRAINING; it cannot be left.
+Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
+connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
+worker finishes its job instead of having it run twice); close every client connection (each
+one's reserved jobs go back to ready through disconnect.lua), wait for that with a bound, stop the
+scheduler and the subscriber, leave the namespaces, close Redis. Drain mode (SIGUSR1, as in
+beanstalkd) makes every later put answer DRAINING; it cannot be left.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tubeq.connection import (
     Gate,
     ServerContext,
 )
+from tubeq.durability import StartupError, check_redis
 from tubeq.keys import Keys
 from tubeq.listeners import (
     LISTEN_BACKLOG,
@@ -44,8 +47,9 @@ from tubeq.listeners import (
     unix_socket,
 )
 from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
-from tubeq.resp import RedisClient
+from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
+from tubeq.sentinel import MasterNotFound
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
@@ -65,6 +69,10 @@ DEFAULT_MAX_JOB_SIZE = 65535
 REDIS_BATCH_CALLS = 64
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
+# While connections finish their jobs at shutdown, how often tubeq looks whether any still holds
+# one. A poll, not an event: it runs only during the grace period, and 50 ms is well below any
+# grace worth setting.
+SHUTDOWN_POLL_S = 0.05
 # The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
 # life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
 # of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
@@ -102,6 +110,16 @@ class Config:
     slow_ms: int = DEFAULT_SLOW_MS
     # Every connection sees tubeq's extra stats keys, not only those that used an extension.
     extra_keys_always: bool = False
+    # Replicas that must acknowledge a state change before its reply (WAIT), and for how long
+    # to wait for them (tubeq.resp: "Replica acknowledgement"); 0 waits for none.
+    min_replicas: int = 0
+    min_replicas_timeout_ms: int = 1000
+    # Start on a Redis whose maxmemory-policy may evict keys (tubeq.durability).
+    allow_eviction: bool = False
+    # At shutdown, how long connections that hold reserved jobs get to finish them before they
+    # are closed (their jobs then return to ready). The command line's default is 5 s;
+    # embedded servers (the tests) close at once unless told otherwise.
+    shutdown_grace_s: float = 0.0
 
 
 class Server:
@@ -177,6 +195,9 @@ class Server:
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
+        # After a reconnect (a Redis restart, a failover) every waiter re-checks with its
+        # script, whether or not the subscriber's connection was lost too.
+        self._client.add_reconnect_callback(registry.wake_all)
         scheduler = Scheduler(store, registry)
         ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
@@ -222,8 +243,22 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
-        self._client = client = await RedisClient.connect(config.redis_url,
-                                                          flush_at=REDIS_BATCH_CALLS)
+        try:
+            self._client = client = await RedisClient.connect(
+                config.redis_url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
+                replicas_timeout_ms=config.min_replicas_timeout_ms)
+        except MasterNotFound as error:
+            raise StartupError(f"no Redis master: {error}") from None
+        except (OSError, RedisReplyError) as error:
+            raise StartupError(f"cannot connect to Redis at {config.redis_url}: "
+                               f"{str(error) or type(error).__name__}") from None
+        try:
+            await check_redis(client, client.address or config.redis_url,
+                              allow_eviction=config.allow_eviction,
+                              min_replicas=config.min_replicas)
+        except BaseException:
+            await client.close()
+            raise
         if config.http_host is not None:
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
             client.on_round_trip = self.metrics.redis_round_trip
@@ -241,6 +276,9 @@ class Server:
             for ctx in self.namespaces.values():
                 ctx.gate = gate
         await self._subscriber.start()
+        # After a failover the pub/sub connection follows the client to the new master.
+        subscriber = self._subscriber
+        client.add_reconnect_callback(lambda: subscriber.follow(client.address))
         self._listener = await self._listen(self.ctx, gated=access is not None)
         for bound in access.listeners if access is not None else ():
             ctx = self.namespaces[bound.namespace]
@@ -276,6 +314,7 @@ class Server:
             log.info("drain mode")
 
     async def stop(self) -> None:
+        self.drain()
         if self._http is not None:
             await self._http.stop()  # its long polls end and give their jobs back first
         for listener in (self._listener, *self._bound):
@@ -284,6 +323,8 @@ class Server:
         for path in self._unix_paths:
             with contextlib.suppress(OSError):
                 path.unlink()
+        for ctx in self.namespaces.values():
+            await self._let_jobs_finish(ctx, self.config.shutdown_grace_s)
         connections = [conn for ctx in self.namespaces.values()
                        for conn in ctx.connections.values()]
         for conn in connections:
@@ -306,3 +347,23 @@ class Server:
         if self._client is not None:
             await self._client.close()
         log.info("stopped")
+
+    @staticmethod
+    async def _let_jobs_finish(ctx: ServerContext, grace_s: float) -> None:
+        """Wait until no connection holds a reserved job, or ``grace_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+
+        def holders() -> int:
+            now = ctx.store.clock()
+            return sum(any(due > now for due in conn.reserved.values())
+                       for conn in ctx.connections.values())
+
+        if grace_s > 0 and holders():
+            log.info("waiting for connections to finish their jobs", connections=holders(),
+                     grace_s=grace_s)
+        while grace_s > 0 and holders() and loop.time() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        if holders():
+            log.info("closing connections that still hold jobs: they return to ready",
+                     connections=holders())

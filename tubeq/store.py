@@ -44,6 +44,15 @@ PAUSE_FOREVER_MS = 10**15
 _FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
 
 
+# Scripts whose result acknowledges no state change to a client: reads, and the process's own
+# bookkeeping and sweeps. With --min-replicas every other script's reply waits for the replicas
+# (RedisClient.bind_script(durable=True)); these go at full speed, and the sweeps keep running
+# while replicas are missing. A script not listed here (a new one) waits: the safe default.
+UNACKNOWLEDGED_SCRIPTS = frozenset({
+    "peek", "stats", "stats_tube", "heartbeat", "reap", "promote", "expire", "counters",
+    "using", "connect", "tubes", "disconnect"})
+
+
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
@@ -177,7 +186,8 @@ class Store:
         event_args = (events_maxlen, instance_id)
         self._calls: dict[str, ScriptCall] = {
             name: client.bind_script(s.sha, s.source, (keys.root,),
-                                     event_args if s.records_events else ())
+                                     event_args if s.records_events else (),
+                                     durable=name not in UNACKNOWLEDGED_SCRIPTS)
             for name, s in self._scripts.items()}
         client.add_reconnect_callback(self._on_reconnect)
 

@@ -88,6 +88,12 @@ class Client:
     first replays ``use`` and ``watch``/``ignore`` so the new connection uses and watches what
     the old one did. Reservations do not survive a reconnect (the server put the jobs back).
 
+    ``servers`` (``[("h1", 11300), "h2:11300", ...]``, instead of ``host``/``port``) lists
+    several servers of one queue (tubeq processes sharing a Redis and prefix): a connect tries
+    them in turn, starting with the one that served last, and the client then talks to the
+    first that answers, so a reconnect after a server died goes to another one. ``host`` and
+    ``port`` say which one it is on.
+
     A blocking :meth:`reserve` holds every command pipelined behind it until it is answered,
     and cancelling the call does not withdraw it from the server; prefer
     :meth:`reserve_with_timeout`, or a :meth:`consume` loop.
@@ -95,9 +101,10 @@ class Client:
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                  connect_timeout: float = 10.0, reconnect: bool = True,
-                 max_body: int = MAX_BODY) -> None:
-        self.host = host
-        self.port = port
+                 max_body: int = MAX_BODY,
+                 servers: Iterable[tuple[str, int] | str] | None = None) -> None:
+        self.servers = _addresses(servers) if servers is not None else [(host, port)]
+        self.host, self.port = self.servers[0]
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
         self.max_body = max_body
@@ -160,18 +167,36 @@ class Client:
             return link
 
     async def _open(self) -> _Link:
+        """Connect to the server that served last, else to each of the others in turn."""
+        start = self.servers.index((self.host, self.port))
+        failures: list[ClientConnectionError] = []
+        for host, port in self.servers[start:] + self.servers[:start]:
+            try:
+                return await self._open_at(host, port)
+            except ClientConnectionError as error:
+                failures.append(error)
+                if len(self.servers) > 1:
+                    log.warning("%s; trying the next server", error)
+        if len(failures) == 1:
+            raise failures[0]
+        raise ClientConnectionError("no server answered: " + "; ".join(map(str, failures))
+                                    ) from failures[-1]
+
+    async def _open_at(self, host: str, port: int) -> _Link:
         loop = asyncio.get_running_loop()
+        address = f"{host}:{port}"
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, link = await loop.create_connection(lambda: _Link(self), self.host, self.port)
+                _, link = await loop.create_connection(lambda: _Link(self), host, port)
         except TimeoutError as error:
             raise ClientConnectionError(
-                f"cannot connect to {self.address}: no answer within "
+                f"cannot connect to {address}: no answer within "
                 f"{self.connect_timeout:g} s") from error
         except OSError as error:
             # asyncio words a refused connection "Connect call failed (...)"; say it plainly.
             reason = os.strerror(error.errno) if error.errno else str(error)
-            raise ClientConnectionError(f"cannot connect to {self.address}: {reason}") from error
+            raise ClientConnectionError(f"cannot connect to {address}: {reason}") from error
+        self.host, self.port = host, port
         # Replay the state the server confirmed on the previous connection, pipelined, before
         # any other call can write: watches first, so ignoring default never leaves none.
         restore: list[asyncio.Future[Any]] = []
@@ -733,4 +758,20 @@ class Client:
     def _sibling(self) -> Client:
         """A new client for the same server with the same settings but its own connection."""
         return Client(self.host, self.port, connect_timeout=self.connect_timeout,
-                      reconnect=False, max_body=self.max_body)
+                      reconnect=False, max_body=self.max_body,
+                      servers=[(self.host, self.port), *(s for s in self.servers
+                                                         if s != (self.host, self.port))])
+
+
+def _addresses(servers: Iterable[tuple[str, int] | str]) -> list[tuple[str, int]]:
+    """``("h", 11300)`` or ``"h:11300"`` (``"h"`` alone: port 11300) as (host, port) pairs."""
+    out: list[tuple[str, int]] = []
+    for server in servers:
+        if isinstance(server, str):
+            host, _, port = server.rpartition(":") if ":" in server else (server, "", "")
+            out.append((host, int(port) if port else DEFAULT_PORT))
+        else:
+            out.append((server[0], int(server[1])))
+    if not out:
+        raise ValueError("servers must name at least one server")
+    return out
