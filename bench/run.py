@@ -45,6 +45,7 @@ from typing import Any
 from bench import idle_connections as idle
 from bench import report
 from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
+from bench.machine import committed_summary, cpu_model
 from bench.procstat import QuietGate
 from bench.profiling import Recording, redis_per_job
 from bench.redisinfo import command_stats
@@ -436,14 +437,6 @@ def _first_line(command: list[str]) -> str:
         else "unknown"
 
 
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def _package(name: str) -> str:
     try:
         return metadata.version(name)
@@ -460,7 +453,7 @@ def machine_and_versions() -> dict[str, str]:
         if line.startswith("PRETTY_NAME="):
             os_release = line.split("=", 1)[1].strip('"')
     return {
-        "cpu": f"{_cpu_model()}, {_cores()} cores",
+        "cpu": f"{cpu_model()}, {_cores()} cores",
         "memory": f"{_mem_total_gib():.0f} GiB",
         "os": f"{os_release}, kernel {platform.release()}",
         "python": platform.python_version(),
@@ -499,6 +492,7 @@ def run(scale: Scale, output: Path) -> Path:
     # Every row runs this snapshot of tubeq/, so the run measures one version of the code even
     # when the working tree changes under it.
     machine = machine_and_versions()
+    committed = committed_summary(BENCH_DIR / "RESULTS.md")
     fingerprint = source_fingerprint(REPO_ROOT)
     bench.code_dir = snapshot_tubeq(bench.log_dir / "code")
     if source_fingerprint(bench.code_dir) != fingerprint:
@@ -527,7 +521,9 @@ def run(scale: Scale, output: Path) -> Path:
     results = {
         "meta": {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
-                 "tubeq_source_sha256": fingerprint},
+                 "tubeq_source_sha256": fingerprint, "cpu_model": cpu_model(),
+                 # Read before this run writes its report (issue 13 part 6).
+                 "committed": committed},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
         "idle_connections": idle_connections,
         "notes": bench.notes,

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -91,7 +92,7 @@ class Scale:
     time_limit_s: float  # per driver process
 
 
-FULL = Scale("full", repetitions=3, single=2_000, batched=20_000, time_limit_s=240.0)
+FULL = Scale("full", repetitions=3, single=2_000, batched=20_000, time_limit_s=420.0)
 QUICK = Scale("quick", repetitions=1, single=300, batched=2_000, time_limit_s=60.0)
 
 
@@ -162,7 +163,7 @@ class Servers:
         self.redis: RedisProcess | None = None
         self.other: Tubeq | Beanstalkd | None = None
         if kind == "redis":
-            self.redis = RedisProcess(log_dir / f"redis-{time.monotonic_ns()}")
+            self.redis = RedisProcess(Path(tempfile.mkdtemp(prefix="tubeq-peers-redis-")))
         elif kind == "tubeq":
             self.other = Tubeq(log_dir, flags=TUBEQ_FLAGS)
         else:
