@@ -89,14 +89,17 @@ def client_us(run: Run, window: str) -> float | None:
     return None if not p or not p["jobs"] else p["cpu_s"] / p["jobs"] * 1e6
 
 
-def other_cores(run: Run) -> float | None:
-    """Cores used by everything but the servers and the worker during processing."""
-    cpu = (run.get("server_cpu") or {}).get("processing")
-    seconds = processing_seconds(run)
-    c = run.get("consume") or {}
-    if not cpu or not seconds or cpu.get("machine") is None or c.get("cpu_s") is None:
+def other_cores(run: Run, window: str = "processing") -> float | None:
+    """Cores used by everything but the servers and the driver during a window."""
+    cpu = (run.get("server_cpu") or {}).get(window)
+    if window == "processing":
+        seconds, client = processing_seconds(run), (run.get("consume") or {}).get("cpu_s")
+    else:
+        phase = (run.get("produce") or {}).get(window) or {}
+        seconds, client = phase.get("seconds"), phase.get("cpu_s")
+    if not cpu or not seconds or cpu.get("machine") is None or client is None:
         return None
-    ours = sum(v or 0.0 for k, v in cpu.items() if k != "machine") + c["cpu_s"]
+    ours = sum(v or 0.0 for k, v in cpu.items() if k != "machine") + client
     return max(0.0, (cpu["machine"] - ours) / seconds)
 
 
@@ -146,6 +149,10 @@ class Summary:
 
     def median(self, name: str, figure: Any) -> float | None:
         return _median(figure(r) for r in self.ok(name))
+
+    def best(self, name: str, figure: Any) -> float | None:
+        values = [v for v in (figure(r) for r in self.ok(name)) if v is not None]
+        return max(values) if values else None
 
     def cell(self, name: str, figure: Any, spread: bool = True) -> str:
         runs = self.by_system[name]
@@ -200,9 +207,16 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                     if s.median(n, figure) is not None), default=(None, "none"))
         ratio = None if tubeq is None or best[0] is None else tubeq / best[0]
         met = "n/a" if ratio is None else "**met**" if ratio >= TARGET else "**missed**"
+        # Each system's best repetition: on a busy machine the closest to a quiet figure.
+        top_tubeq = s.best("tubeq", figure) if "tubeq" in s.names else None
+        top = max(((s.best(n, figure), n) for n in peers if s.best(n, figure) is not None),
+                  default=(None, "none"))
+        top_ratio = None if top_tubeq is None or top[0] is None else top_tubeq / top[0]
         rows.append([f"{label}: tubeq >= {TARGET:g}x the fastest Redis-backed peer",
                      _n(tubeq), f"{best[1]} {_n(best[0])}",
-                     "n/a" if ratio is None else f"{ratio:.2f}x", met])
+                     "n/a" if ratio is None else f"{ratio:.2f}x", met,
+                     f"{_n(top_tubeq)} vs {top[1]} {_n(top[0])}: "
+                     + ("n/a" if top_ratio is None else f"{top_ratio:.2f}x")])
     return rows
 
 
@@ -233,8 +247,11 @@ def render(results: dict[str, Any]) -> str:
     lines += machine.comparison(REPORT_NAME, meta["cpu_model"], figures(results),
                                 meta.get("committed"))
     lines += ["## Target of issue 13 (measured in this run)", ""]
+    lines += ["Judged on medians over repetitions. The last column compares each system's "
+              "best repetition instead: on a busy machine the best run is the one that got "
+              "the most of it, the closest to a quiet figure; it is shown, not judged.", ""]
     lines += _table(["target", "tubeq jobs/s", "fastest Redis-backed peer", "tubeq / peer",
-                     ""], targets(results))
+                     "", "best repetitions"], targets(results))
     lines += ["## Results", "",
               "Medians over repetitions (min-max). **Enqueue** = jobs / wall time of the "
               "producer's loop; one at a time = each call returns (or is awaited) before the "
@@ -244,7 +261,9 @@ def render(results: dict[str, Any]) -> str:
               "travelling). **Server us/job** = CPU of the server processes (redis-server; "
               "tubeq + its redis-server; beanstalkd) from /proc per job over that window; "
               "**client us/job** = the producer's or worker's own CPU per job. **Other** = cores "
-              "used by everything else on the machine while processing (other tenants).", ""]
+              "used by everything else on the machine (other tenants) in that window, of "
+              f"{meta['machine'].get('cpu', '?').rsplit(', ', 1)[-1]}: where it nears the "
+              "machine's size, the system measured got what was left.", ""]
     rows = []
     for name in s.names:
         system = _system(results, name)
@@ -260,12 +279,14 @@ def render(results: dict[str, Any]) -> str:
             f" / {s.cell(name, lambda r: server_us(r, 'processing'), False)}",
             f"{s.cell(name, lambda r, e=enqueue: client_us(r, e), False)}"
             f" / {s.cell(name, lambda r: client_us(r, 'processing'), False)}",
-            _f(s.median(name, other_cores)),
+            f"{_f(s.median(name, lambda r, e=enqueue: other_cores(r, e)))} / "
+            f"{_f(s.median(name, other_cores))}",
         ])
     lines += _table(["system", "enqueue one at a time jobs/s", "enqueue batched jobs/s",
                      "processing jobs/s", "settled after, ms",
                      "server us/job: enqueue (batched) / processing",
-                     "client us/job: producer (batched) / worker", "other cores"], rows)
+                     "client us/job: producer (batched) / worker",
+                     "other cores: enqueue (batched) / processing"], rows)
     shared = [n for n in s.names
               if (s.median(n, other_cores) or 0.0) >= SHARED_BOX_CORES]
     if shared:
