@@ -9,6 +9,7 @@ concurrency within a worker: it runs one job at a time, whatever the other syste
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -46,14 +47,27 @@ def consume(settings: Settings) -> dict[str, Any]:
     redis = Redis.from_url(settings.url)
     queue = Queue(QUEUE, connection=redis)
     worker = SimpleWorker([queue], connection=redis)
-    # Burst: the worker returns once the queue is empty; max_jobs bounds it in count.
-    worker.work(burst=True, max_jobs=settings.total, logging_level="WARNING")
-    started = StartedJobRegistry(QUEUE, connection=redis)
+    watcher = Redis.from_url(settings.url)
+    watched_queue = Queue(QUEUE, connection=watcher)
+    started = StartedJobRegistry(QUEUE, connection=watcher)
+    seen: list[tuple[float | None, dict[str, int]]] = []
 
     def remaining() -> dict[str, int]:
-        return {"queued": queue.count, "started": started.count}
+        return {"queued": watched_queue.count, "started": started.count}
 
-    if time.monotonic() > deadline:
-        raise RuntimeError(f"time limit: {TALLY.count} of {TALLY.target} jobs")
-    empty_at, counts = wait_empty_sync(remaining, deadline)
+    def watch() -> None:
+        # On a connection of its own, while the worker runs: the worker's own teardown after
+        # its last job (up to ~1 s in burst mode) is not the queue's state.
+        if TALLY.finished.wait(max(0.0, deadline - time.monotonic())):
+            seen.append(wait_empty_sync(remaining, deadline))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    # Burst: the worker returns once the queue is empty; max_jobs bounds it in count.
+    worker.work(burst=True, max_jobs=settings.total, logging_level="WARNING")
+    if TALLY.finished.is_set():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if not seen:
+        raise RuntimeError(f"time limit or early exit: {TALLY.count} of {TALLY.target} jobs")
+    empty_at, counts = seen[0]
     return TALLY.result(empty_at, counts)
