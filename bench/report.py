@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import machine
+
 PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
 # A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
 SHARED_BOX_CORES = 0.5
@@ -612,6 +614,31 @@ def _batches(results: Results, runs: Runs) -> list[str]:
     """Issue 10's batch rows (bench/batch_bench.py renders them)."""
     from bench import batch_bench
     return batch_bench.section(results, runs)
+# The figures a RESULTS.md carries in its summary line, for later runs on the same CPU model.
+COMPARED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
+                 "put 1x1 100B", "cycle 1x1 100B")
+
+
+def cpu_model_of(results: Results) -> str:
+    """The run's CPU model; results written before it was recorded: the machine's cpu line."""
+    meta = results["meta"]
+    return str(meta.get("cpu_model") or meta["machine"]["cpu"].rsplit(", ", 1)[0])
+
+
+def summary_figures(runs: Runs) -> dict[str, float | None]:
+    figures: dict[str, float | None] = {}
+    for row in COMPARED_ROWS:
+        for server in ("beanstalkd", "tubeq"):
+            rate = runs.rate(row, server)
+            figures[f"{row} {server} jobs/s"] = None if rate is None else round(rate)
+    return figures
+
+
+def _comparison(results: Results, runs: Runs) -> list[str]:
+    if "committed" not in results["meta"]:  # results written before the check existed
+        return []
+    return machine.comparison("bench/RESULTS.md", cpu_model_of(results), summary_figures(runs),
+                              results["meta"]["committed"])
 
 
 def render(results: Results) -> str:
@@ -619,6 +646,7 @@ def render(results: Results) -> str:
     runs = Runs(results)
     sections: list[Callable[[], list[str]]] = [
         lambda: _header(results),
+        lambda: _comparison(results, runs),
         lambda: _targets(results, runs),
         lambda: _throughput(results, runs),
         lambda: _delayed(runs),
@@ -632,5 +660,6 @@ def render(results: Results) -> str:
         lambda: _idle_connections(results),
         lambda: _profiles(results),
         lambda: _notes_section(results),
+        lambda: [machine.summary_line(cpu_model_of(results), summary_figures(runs))],
     ]
     return "\n".join(line for section in sections for line in section()).rstrip() + "\n"

@@ -51,6 +51,7 @@ from typing import Any
 from bench import idle_connections as idle
 from bench import report
 from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
+from bench.machine import committed_summary, cpu_model
 from bench.procstat import QuietGate
 from bench.profiling import Recording, redis_per_job
 from bench.redisinfo import command_stats
@@ -468,14 +469,6 @@ def _first_line(command: list[str]) -> str:
         else "unknown"
 
 
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def _package(name: str) -> str:
     try:
         return metadata.version(name)
@@ -492,7 +485,7 @@ def machine_and_versions() -> dict[str, str]:
         if line.startswith("PRETTY_NAME="):
             os_release = line.split("=", 1)[1].strip('"')
     return {
-        "cpu": f"{_cpu_model()}, {_cores()} cores",
+        "cpu": f"{cpu_model()}, {_cores()} cores",
         "memory": f"{_mem_total_gib():.0f} GiB",
         "os": f"{os_release}, kernel {platform.release()}",
         "python": platform.python_version(),
@@ -531,6 +524,7 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     # Every row runs this snapshot of tubeq/, so the run measures one version of the code even
     # when the working tree changes under it.
     machine = machine_and_versions()
+    committed = committed_summary(BENCH_DIR / "RESULTS.md")
     fingerprint = source_fingerprint(REPO_ROOT)
     bench.code_dir = snapshot_tubeq(bench.log_dir / "code")
     if source_fingerprint(bench.code_dir) != fingerprint:
@@ -538,7 +532,8 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
     if only == "metrics":
         bench.interleaved(metrics_rows(scale))
-        return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {})
+        return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {},
+                       committed=committed)
     bench.interleaved(throughput_rows(scale))
     bench.interleaved([delayed_row(scale), delayed_ms_row(scale), wake_row(scale)])
     tube_rows = many_tube_rows(scale)
@@ -556,12 +551,13 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
     return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
-                   profiles, idle_connections, batches_consume)
+                   profiles, idle_connections, batches_consume, committed)
 
 
 def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
             fingerprint: str, output: Path, memory_4k: Any, backlog: Any, profiles: Any,
-            idle_connections: Any, batches_consume: Any = None) -> Path:
+            idle_connections: Any, batches_consume: Any = None,
+            committed: Any = None) -> Path:
     log = bench.log
     if bench.gate.busy_starts:
         bench.notes.append(
@@ -576,7 +572,9 @@ def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str,
     results = {
         "meta": {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
-                 "tubeq_source_sha256": fingerprint},
+                 "tubeq_source_sha256": fingerprint, "cpu_model": cpu_model(),
+                 # Read before this run writes its report (issue 13 part 6).
+                 "committed": committed},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
         "idle_connections": idle_connections, "batches_consume": batches_consume,
         "notes": bench.notes,
