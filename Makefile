@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-consume bench-pipeline system-deps client-deps client-apt-deps clean
+.PHONY: run test lint bench bench-consume bench-peers bench-node-deps bench-pipeline system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages the suite runs against: beanstalkd (the reference), redis-server, and chromium
-# (headless, for the pipeline report's page: tests/pipeline/test_report.py).
+# (headless, for the pipeline report's page: tests/pipeline/test_report.py) with its driver
+# (selenium drives the dashboard: tests/test_dashboard.py).
 system-deps:
 	@missing=""; \
 	command -v beanstalkd >/dev/null 2>&1 || missing="$$missing beanstalkd"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -63,17 +65,32 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~14 min; writes
-# bench/RESULTS.md; then the pipeline section (bench-pipeline below). `make bench ARGS=--quick` is
-# a development run of both (bench/out/).
+# bench/RESULTS.md; then the pipeline section (bench-pipeline below), then the peers section
+# (bench-peers below). `make bench ARGS=--quick` is a development run of all three (bench/out/).
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) system-deps
+bench: $(BENCH_STAMP) system-deps bench-node-deps
 	$(BIN)/python -m bench.run $(ARGS)
 	$(BIN)/python -m bench.pipeline_bench $(filter --quick,$(ARGS))
+	$(BIN)/python -m bench.peers $(filter --quick,$(ARGS))
+
+# npm for BullMQ in the peers section (only nodejs and npm: not the other clients of client-deps).
+bench-node-deps:
+	@command -v npm >/dev/null 2>&1 || { echo "installing: nodejs npm"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+
+# Issue 13's peers section of `make bench` on its own: tubeq, beanstalkd (same client), BullMQ,
+# saq, arq, RQ, Celery, Dramatiq; one producer then one worker (concurrency 32) each, on fresh
+# private servers; ~20-30 min, writes bench/RESULTS-peers.md. The Python peers get a virtualenv
+# each under bench/out/peer-venvs (pinned in pyproject.toml's bench-peer-* extras), BullMQ
+# `npm ci` in bench/peers/node; a system that fails to install is reported failed in the table.
+# ARGS=--quick: 1 repetition, small counts, a few minutes, bench/out/.
+bench-peers: $(BENCH_STAMP) system-deps bench-node-deps
+	$(BIN)/python -m bench.peers $(ARGS)
 
 # Issue 9's pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
 # archive (wall, with Spark start), df.write.format("tubeq") rate; ~10 min, appends to

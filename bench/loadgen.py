@@ -10,6 +10,8 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
   delayed     one producer puts at --rate jobs/s with a random delay of 0..--max-delay s (whole
               seconds: the protocol's unit); N consumers; latency = lateness, RESERVED received
               minus (put sent + delay).
+  delayed-ms  delayed, with tubeq's put-with delay-ms: a random delay of 0..--max-delay s in
+              whole milliseconds (tubeq only).
   wake        N consumers already blocked in reserve; one producer puts one job at a time, 1-3 ms
               after the previous one was delivered; latency = put sent -> RESERVED received.
               --producer-port sends the puts to another server process (tubeq on the same Redis
@@ -19,6 +21,9 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
   backlog     put --backlog jobs first (no latency), report memory per queued job (VmRSS of every
               --server-pid, Redis used_memory with --redis-url), then, unless --jobs 0, a cycle
               on the same tubes at the same priority (consumers drain the oldest jobs first).
+  put-batch, reserve-batch, cycle-batch
+              tubeq's put-many / reserve-many + delete-many, --batch jobs per command (tubeq
+              only; bench/batch_load.py says what each measures).
 
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
@@ -56,13 +61,17 @@ import uvloop
 from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
 from bench.redisinfo import redis_info
 
-MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog")
+MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog",
+         "delayed-ms", "put-batch", "reserve-batch", "cycle-batch")  # batches: bench/batch_load.py
 
 # Body layout: monotonic_ns as 19 ASCII digits (enough for 300 years of uptime), then the job's
 # delay in whole seconds as one digit, then padding up to --body-size.
 TIMESTAMP_DIGITS = 19
 BODY_HEADER = TIMESTAMP_DIGITS + 1
 MIN_BODY_SIZE = BODY_HEADER
+# delayed-ms: the delay digit is MS_MARK and the delay follows as MS_DIGITS ms digits.
+MS_MARK = ord("m")
+MS_DIGITS = 5
 PRIORITY = 1024
 # TTR long enough that no job of a run ever times out and comes back.
 TTR_S = 120
@@ -114,6 +123,7 @@ class LoadSpec:
     max_delay: int = 2
     backlog: int = 0
     seed: int = 1
+    batch: int = 1  # batch modes: jobs per put-many / reserve-many
 
     def share(self, total: int, index: int) -> int:
         """Process ``index``'s part of ``total`` (the first ones take the remainder)."""
@@ -234,6 +244,20 @@ def put_command(body_size: int, delay: int = 0, priority: int = PRIORITY) -> Cal
     """A function returning one timestamped put command (header + body + CRLF)."""
     header = b"put %d %d %d %d\r\n" % (priority, delay, TTR_S, body_size)
     tail = b"%d" % delay + b"x" * (body_size - BODY_HEADER) + b"\r\n"
+
+    def make() -> bytes:
+        return header + b"%019d" % time.monotonic_ns() + tail
+
+    return make
+
+
+def put_ms_command(body_size: int, delay_ms: int,
+                   priority: int = PRIORITY) -> Callable[[], bytes]:
+    """A function returning one timestamped put-with command with delay-ms (delayed-ms mode)."""
+    assert body_size >= BODY_HEADER + MS_DIGITS and delay_ms < 10**MS_DIGITS
+    header = b"put-with %d 0 %d %d delay-ms=%d\r\n" % (priority, TTR_S, body_size, delay_ms)
+    tail = (b"m%0*d" % (MS_DIGITS, delay_ms) + b"x" * (body_size - BODY_HEADER - MS_DIGITS)
+            + b"\r\n")
 
     def make() -> bytes:
         return header + b"%019d" % time.monotonic_ns() + tail
@@ -438,7 +462,9 @@ class Consumer(BeanstalkConnection):
 
     def on_reserved(self, job_id: bytes, body: bytes, now: float, out: list[bytes]) -> None:
         state = self.state
-        delay = body[TIMESTAMP_DIGITS] - 0x30
+        delay: float = body[TIMESTAMP_DIGITS] - 0x30
+        if delay == MS_MARK - 0x30:  # delayed-ms: the delay in ms follows
+            delay = int(body[BODY_HEADER:BODY_HEADER + MS_DIGITS]) / 1000
         if state.in_window(now):
             sent = int(body[:TIMESTAMP_DIGITS]) / 1e9
             state.record_latency(now - sent - delay, delayed=delay > 0)
@@ -499,6 +525,16 @@ class PacedProducer(BeanstalkConnection):
         super().close()
 
 
+class PacedMsProducer(PacedProducer):
+    """delayed-ms mode: as PacedProducer, each put a put-with delay-ms of 0..``max_delay`` s in
+    whole milliseconds."""
+
+    def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
+                 body_size: int) -> None:
+        super().__init__(state, tube, rate, 0, body_size)
+        self._makers = [put_ms_command(body_size, ms) for ms in range(max_delay * 1000 + 1)]
+
+
 class StepProducer(BeanstalkConnection):
     """wake mode: one put at a time, the next 1-3 ms after the previous one was delivered."""
 
@@ -553,6 +589,9 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     conns = spec.share(spec.connections, index)
     tube = spec.tube_of(index)
     port, producer_port = spec.port, spec.producer_port or spec.port
+    if spec.mode.endswith("-batch"):  # batches (issue 10): put-many, reserve-many, delete-many
+        from bench import batch_load
+        return batch_load.build_roles(spec, index, state)
     if spec.mode == "put":
         return [(Producer(state, [tube], spec.in_flight, spec.body_size, completes=True,
                           rtt=True), port) for _ in range(conns)]
@@ -574,6 +613,12 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     if spec.mode == "delayed":
         roles = [(PacedProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
                                 spec.body_size), producer_port)]
+        roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
+                  for _ in range(conns)]
+        return roles
+    if spec.mode == "delayed-ms":
+        roles = [(PacedMsProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
+                                  spec.body_size), producer_port)]
         roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
                   for _ in range(conns)]
         return roles
@@ -797,7 +842,8 @@ def _merge(spec: LoadSpec, parts: list[ProcessResult], cpu: CpuWindow,
         counted=counted,
         completed=sum(p.completed for p in parts), sent=sum(p.sent for p in parts),
         window_s=round(window, 4), latency=latency_summary(latencies),
-        later_latency=latency_summary(later) if spec.mode == "delayed" else None,
+        later_latency=(latency_summary(later) if spec.mode in ("delayed", "delayed-ms")
+                       else None),
         cpu_pct={k: None if v is None else round(v, 1) for k, v in servers.items()},
         generator_cpu_pct=[round(v, 1) for v in generator_pct],
         generator_bound=any(v >= GENERATOR_BOUND_PCT for v in generator_pct),
@@ -898,6 +944,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    metavar="LABEL=PID", help="also report this process's CPU (and RSS)")
     p.add_argument("--redis-url", default=None, help="backlog: report this Redis's memory")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch", type=int, default=100,
+                   help="batch modes: jobs per put-many / reserve-many (at most 1000)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     args = p.parse_args(argv)
     _require_loopback(args.host)
@@ -918,7 +966,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         connections=args.connections, in_flight=args.in_flight, body_size=args.body_size,
         jobs=args.jobs, seconds=args.seconds, warmup=args.warmup, time_limit=args.time_limit,
         procs=args.procs, tube=args.tube, tubes=args.tubes, puts_per_use=args.puts_per_use,
-        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed)
+        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed,
+        batch=args.batch)
 
 
 def describe(result: LoadResult) -> str:

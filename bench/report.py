@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import machine
+
 PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
 # A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
 SHARED_BOX_CORES = 0.5
@@ -24,6 +26,9 @@ SHARED_BOX_CORES = 0.5
 IDLE_TARGET_B = 4000
 # Issue 9: put and cycle throughput with lifecycle events on, at least this share of events off.
 EVENTS_TARGET = 0.85
+# Issue 12: "near-zero cost": throughput with every metrics hook on, at least this share of
+# none (within this machine's run-to-run noise, which is itself a few percent).
+METRICS_TARGET = 0.95
 
 Results = dict[str, Any]
 Run = dict[str, Any]
@@ -261,6 +266,23 @@ def _delayed(runs: Runs) -> list[str]:
                            "jobs delivered", "CPU %", "other cores"], rows)
 
 
+def _delayed_ms(runs: Runs) -> list[str]:
+    """The delayed-ms row (put-with delay-ms; tubeq only, beanstalkd has no ms delays)."""
+    key = "delayed-ms 0-2000 ms, 1000/s"
+    lines = ["", "Millisecond delays (tubeq's put-with `delay-ms`, a random 0-2000 ms): the same "
+             "load and measure; beanstalkd has no millisecond delay to compare with.", ""]
+    all_jobs = runs.latency(key, "tubeq")
+    if all_jobs["p99_ms"] is None:
+        return []  # an older results file, without the row
+    later = runs.latency(key, "tubeq", "later_latency")
+    delivered = _median(r["completed"] for r in runs.ok(key, "tubeq"))
+    row = ["tubeq", _ms(all_jobs["p50_ms"]), _ms(all_jobs["p99_ms"]), _ms(all_jobs["max_ms"]),
+           f"{_ms(later['p50_ms'])} / {_ms(later['p99_ms'])} / {_ms(later['max_ms'])}",
+           _rate(delivered), runs.server_cpu_cell(key, "tubeq"), _noise(runs, key, ("tubeq",))]
+    return lines + _table(["server", "p50", "p99", "max", "delay > 0: p50 / p99 / max",
+                           "jobs delivered", "CPU %", "other cores"], [row])
+
+
 def _wake(runs: Runs) -> list[str]:
     key = "wake, 4 blocked consumers"
     lines = ["## 3. Wake latency: put -> RESERVED for a consumer already blocked in reserve", "",
@@ -324,6 +346,33 @@ def _events(results: Results, runs: Runs) -> list[str]:
                      f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
                      _noise(runs, key, (on, off))])
     return lines + _table(["row", "events on jobs/s", "events off jobs/s", "on / off",
+                           "latency on", "latency off", "CPU % tubeq / redis, on vs off",
+                           "us/job on / off", "other cores on / off"], rows)
+
+
+def _metrics(results: Results, runs: Runs) -> list[str]:
+    lines = ["## 4c. The cost of metrics (issue 12)", "",
+             "The rows below run on tubeq only (events on), once with `--metrics 127.0.0.1:0` "
+             "(the HTTP listener; every hook: outcomes per reply, slow-command timing, wait, "
+             "run and lateness histograms from the scripts' results, the Redis round-trip "
+             "probe) and once with `--slow-ms 0` (no hook at all), interleaved in their own "
+             "pass. Nobody scrapes during the runs: a scrape's cost is off the hot path. "
+             "on / off = median with metrics on / median off; target >= "
+             f"{METRICS_TARGET}x.", ""]
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"))
+    rows = []
+    for key in keys:
+        on, off = "tubeq metrics on", "tubeq metrics off"
+        lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
+        rows.append([key.removeprefix("metrics "), runs.rate_cell(key, on),
+                     runs.rate_cell(key, off),
+                     f"**{_x(_ratio(runs.rate(key, on), runs.rate(key, off)))}**",
+                     f"{_ms(lat_on['p50_ms'])} / {_ms(lat_on['p99_ms'])}",
+                     f"{_ms(lat_off['p50_ms'])} / {_ms(lat_off['p99_ms'])}",
+                     f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
+                     f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
+                     _noise(runs, key, (on, off))])
+    return lines + _table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
                            "latency on", "latency off", "CPU % tubeq / redis, on vs off",
                            "us/job on / off", "other cores on / off"], rows)
 
@@ -483,12 +532,18 @@ def targets(results: Results, runs: Runs) -> list[Target]:
                     None if p99 is None else p99 <= ceiling, f"{key}, {server}"))
 
     latency_target("delayed-job lateness", "delayed 0-2 s, 1000/s", "tubeq", 2.0)
+    latency_target("ms-delayed-job lateness", "delayed-ms 0-2000 ms, 1000/s", "tubeq", 2.0)
     latency_target("wake latency, one process", "wake, 4 blocked consumers", "tubeq", 2.0)
     latency_target("wake latency, across processes", "wake, 4 blocked consumers", "tubeq x2", 5.0)
     for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"):
         kept = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "tubeq events off"))
         out.append((f"{key.removeprefix('events ')} with events on >= {EVENTS_TARGET}x events "
                     "off", _x(kept), None if kept is None else kept >= EVENTS_TARGET,
+                    f"{key}, tubeq"))
+    for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"):
+        kept = _ratio(runs.rate(key, "tubeq metrics on"), runs.rate(key, "tubeq metrics off"))
+        out.append((f"{key.removeprefix('metrics ')} with metrics on >= {METRICS_TARGET}x "
+                    "metrics off", _x(kept), None if kept is None else kept >= METRICS_TARGET,
                     f"{key}, tubeq"))
     tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
     out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
@@ -555,20 +610,56 @@ def _notes_section(results: Results) -> list[str]:
     return lines
 
 
+def _batches(results: Results, runs: Runs) -> list[str]:
+    """Issue 10's batch rows (bench/batch_bench.py renders them)."""
+    from bench import batch_bench
+    return batch_bench.section(results, runs)
+# The figures a RESULTS.md carries in its summary line, for later runs on the same CPU model.
+COMPARED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
+                 "put 1x1 100B", "cycle 1x1 100B")
+
+
+def cpu_model_of(results: Results) -> str:
+    """The run's CPU model; results written before it was recorded: the machine's cpu line."""
+    meta = results["meta"]
+    return str(meta.get("cpu_model") or meta["machine"]["cpu"].rsplit(", ", 1)[0])
+
+
+def summary_figures(runs: Runs) -> dict[str, float | None]:
+    figures: dict[str, float | None] = {}
+    for row in COMPARED_ROWS:
+        for server in ("beanstalkd", "tubeq"):
+            rate = runs.rate(row, server)
+            figures[f"{row} {server} jobs/s"] = None if rate is None else round(rate)
+    return figures
+
+
+def _comparison(results: Results, runs: Runs) -> list[str]:
+    if "committed" not in results["meta"]:  # results written before the check existed
+        return []
+    return machine.comparison("bench/RESULTS.md", cpu_model_of(results), summary_figures(runs),
+                              results["meta"]["committed"])
+
+
 def render(results: Results) -> str:
     """The whole RESULTS.md."""
     runs = Runs(results)
     sections: list[Callable[[], list[str]]] = [
         lambda: _header(results),
+        lambda: _comparison(results, runs),
         lambda: _targets(results, runs),
         lambda: _throughput(results, runs),
         lambda: _delayed(runs),
+        lambda: _delayed_ms(runs),
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
         lambda: _events(results, runs),
+        lambda: _metrics(results, runs),
+        lambda: _batches(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),
         lambda: _profiles(results),
         lambda: _notes_section(results),
+        lambda: [machine.summary_line(cpu_model_of(results), summary_figures(runs))],
     ]
     return "\n".join(line for section in sections for line in section()).rstrip() + "\n"

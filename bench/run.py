@@ -3,6 +3,7 @@
     make bench                                   the full run (~14 min on the 2-core machine)
     .venv/bin/python -m bench.run --quick        1 repetition, small counts (~2 min)
     .venv/bin/python -m bench.run --render bench/out/results-<stamp>.json   re-render only
+    .venv/bin/python -m bench.run --only metrics   the metrics on/off rows alone (~2 min)
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
 server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
@@ -12,7 +13,12 @@ first, so a noisy minute hurts one repetition of many rows rather than every rep
 
 Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
 process and two), 4 many watched tubes, then the cost of lifecycle events (issue 9: the 64x16
-put and cycle rows on tubeq with events on and off, interleaved), a py-spy profile of the main
+put and cycle rows on tubeq with events on and off, interleaved), the cost of metrics (issue 12:
+the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
+metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
+put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
+put-many, reserve-many, delete-many, and consume() deleting in batches; bench/batch_bench.py,
+about a minute and a half more), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -45,6 +51,7 @@ from typing import Any
 from bench import idle_connections as idle
 from bench import report
 from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
+from bench.machine import committed_summary, cpu_model
 from bench.procstat import QuietGate
 from bench.profiling import Recording, redis_per_job
 from bench.redisinfo import command_stats
@@ -71,6 +78,10 @@ EVENTS_ON = ("--events", "on")
 EVENTS_OFF = ("--events", "off")
 # The rows run once more on tubeq alone, events on against off.
 EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
+# Issue 12: every metrics hook on (the HTTP listener on a free port), against none at all (no
+# listener, no slow-command tracking either); both with events on, as the other tubeq rows.
+METRICS_ON = ("--metrics", "127.0.0.1:0")
+METRICS_OFF = ("--slow-ms", "0")
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,10 @@ def make_server(kind: str, log_dir: Path, code_dir: Path,
         return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
     if kind == "tubeq events off":
         return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
+    if kind == "tubeq metrics on":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
+    if kind == "tubeq metrics off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
     raise ValueError(kind)
 
 
@@ -146,6 +161,17 @@ def delayed_row(scale: Scale) -> Row:
     spec = LoadSpec(mode="delayed", port=0, connections=8, jobs=scale.delayed_jobs, rate=1000.0,
                     max_delay=2, time_limit=scale.delayed_jobs / 1000.0 + 2 + RUN_SLACK_S)
     return Row("delayed", "delayed 0-2 s, 1000/s", spec)
+
+
+def delayed_ms_row(scale: Scale) -> Row:
+    """delayed, with put-with delay-ms (a tubeq extension: beanstalkd has no such put)."""
+    spec = LoadSpec(mode="delayed-ms", port=0, connections=8, jobs=scale.delayed_jobs,
+                    rate=1000.0, max_delay=2,
+                    time_limit=scale.delayed_jobs / 1000.0 + 2 + RUN_SLACK_S)
+    return Row("delayed", DELAYED_MS_KEY, spec, servers=("tubeq",))
+
+
+DELAYED_MS_KEY = "delayed-ms 0-2000 ms, 1000/s"
 
 
 def wake_row(scale: Scale) -> Row:
@@ -172,6 +198,13 @@ def events_rows(scale: Scale) -> list[Row]:
     by_key = {r.key: r for r in throughput_rows(scale)}
     return [Row("events", f"events {key}", by_key[key].spec, ("tubeq", "tubeq events off"))
             for key in EVENTS_COMPARED]
+
+
+def metrics_rows(scale: Scale) -> list[Row]:
+    """The rows of EVENTS_COMPARED on tubeq with metrics on and off, in a pass of their own."""
+    by_key = {r.key: r for r in throughput_rows(scale)}
+    return [Row("metrics", f"metrics {key}", by_key[key].spec,
+                ("tubeq metrics on", "tubeq metrics off")) for key in EVENTS_COMPARED]
 
 
 PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
@@ -436,14 +469,6 @@ def _first_line(command: list[str]) -> str:
         else "unknown"
 
 
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def _package(name: str) -> str:
     try:
         return metadata.version(name)
@@ -460,7 +485,7 @@ def machine_and_versions() -> dict[str, str]:
         if line.startswith("PRETTY_NAME="):
             os_release = line.split("=", 1)[1].strip('"')
     return {
-        "cpu": f"{_cpu_model()}, {_cores()} cores",
+        "cpu": f"{cpu_model()}, {_cores()} cores",
         "memory": f"{_mem_total_gib():.0f} GiB",
         "os": f"{os_release}, kernel {platform.release()}",
         "python": platform.python_version(),
@@ -489,7 +514,7 @@ def _package_version() -> str:
 
 # -- main -------------------------------------------------------------------------------------
 
-def run(scale: Scale, output: Path) -> Path:
+def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
@@ -499,21 +524,41 @@ def run(scale: Scale, output: Path) -> Path:
     # Every row runs this snapshot of tubeq/, so the run measures one version of the code even
     # when the working tree changes under it.
     machine = machine_and_versions()
+    committed = committed_summary(BENCH_DIR / "RESULTS.md")
     fingerprint = source_fingerprint(REPO_ROOT)
     bench.code_dir = snapshot_tubeq(bench.log_dir / "code")
     if source_fingerprint(bench.code_dir) != fingerprint:
         raise RuntimeError("tubeq/ changed while it was being copied; run again")
     log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
+    if only == "metrics":
+        bench.interleaved(metrics_rows(scale))
+        return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {},
+                       committed=committed)
     bench.interleaved(throughput_rows(scale))
-    bench.interleaved([delayed_row(scale), wake_row(scale)])
+    bench.interleaved([delayed_row(scale), delayed_ms_row(scale), wake_row(scale)])
     tube_rows = many_tube_rows(scale)
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))
+    bench.interleaved(metrics_rows(scale))
+    # batches (issue 10): tubeq's put-many / reserve-many / delete-many rows, then consume()
+    # deleting in batches (bench/batch_bench.py)
+    from bench import batch_bench
+    bench.interleaved(batch_bench.batch_rows(scale))
+    batches_consume = batch_bench.consume_runs(scale, log)
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
     idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
+    return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
+                   profiles, idle_connections, batches_consume, committed)
+
+
+def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
+            fingerprint: str, output: Path, memory_4k: Any, backlog: Any, profiles: Any,
+            idle_connections: Any, batches_consume: Any = None,
+            committed: Any = None) -> Path:
+    log = bench.log
     if bench.gate.busy_starts:
         bench.notes.append(
             f"{bench.gate.busy_starts} runs started while other processes used >= {QUIET_CORES} "
@@ -527,9 +572,11 @@ def run(scale: Scale, output: Path) -> Path:
     results = {
         "meta": {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
                  "elapsed_s": round(bench.elapsed(), 1), "machine": machine,
-                 "tubeq_source_sha256": fingerprint},
+                 "tubeq_source_sha256": fingerprint, "cpu_model": cpu_model(),
+                 # Read before this run writes its report (issue 13 part 6).
+                 "committed": committed},
         "runs": bench.runs, "profiles": profiles, "memory_4k": memory_4k, "backlog": backlog,
-        "idle_connections": idle_connections,
+        "idle_connections": idle_connections, "batches_consume": batches_consume,
         "notes": bench.notes,
     }
     raw = OUT_DIR / f"results-{bench.stamp}.json"
@@ -547,17 +594,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="1 repetition, small counts (development); writes bench/out/")
     p.add_argument("--output", type=Path, default=None,
                    help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
+    p.add_argument("--only", choices=["metrics"], default=None,
+                   help="run one pass alone (the metrics on/off rows); writes bench/out/")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only re-render a saved results file")
     args = p.parse_args(argv)
     quick_default = OUT_DIR / "RESULTS-quick.md"
-    output = args.output or (quick_default if args.quick else BENCH_DIR / "RESULTS.md")
+    output = args.output or (quick_default if args.quick
+                             else OUT_DIR / "RESULTS-only.md" if args.only
+                             else BENCH_DIR / "RESULTS.md")
     if args.render is not None:
         results = json.loads(args.render.read_text())
         output.write_text(report.render(results))
         return 0
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    run(QUICK if args.quick else FULL, output)
+    run(QUICK if args.quick else FULL, output, args.only)
     return 0
 
 

@@ -16,13 +16,15 @@ import json
 import secrets
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from tests.servers import ServerKind, ServerProcess
+from tests.extensions.wire import Wire
+from tests.servers import ServerKind, ServerProcess, TubeqCluster
 
 CLIENTS_DIR = Path(__file__).parent / "clients"
 NODE_DIR = CLIENTS_DIR / "node"
@@ -139,12 +141,47 @@ def test_node_lock_file_pins_exact_versions() -> None:
 @pytest.mark.parametrize("client", CLIENTS, ids=lambda client: client.name)
 def test_client_scenario(request: pytest.FixtureRequest, client: ForeignClient,
                          kind: ServerKind) -> None:
+    server = _server(request, kind)
+    _run_scenario(client, server, _fresh_tube(client))
+
+
+# -- job policies: every stats-job and stats-tube of the scenario with tubeq's extra keys ------
+
+
+@pytest.fixture(scope="module")
+def tubeq_extra_keys(tubeq_cluster: TubeqCluster) -> Iterator[ServerProcess]:
+    """A tubeq that shows its extra stats keys to every connection (--extra-keys always)."""
+    server = tubeq_cluster.start(label="tubeq-extra-keys", flags=("--extra-keys", "always"))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("client", CLIENTS, ids=lambda client: client.name)
+def test_client_scenario_with_extra_stats_keys(tubeq_extra_keys: ServerProcess,
+                                               client: ForeignClient) -> None:
+    """The scenario's jobs carry policies (its tube's max-tries and TTL), so every stats-job
+    ends with reason, tries, max-tries, expires-at-ms and key (a quoted "" when none), and every
+    stats-tube with the tube's settings and policy counters: the libraries parse them all."""
+    tube = _fresh_tube(client)
+    with Wire(tubeq_extra_keys.host, tubeq_extra_keys.port) as wire:
+        assert wire.ask(f"tube-set {tube} max-tries=5 ttl-ms=600000") == b"SET\r\n"
+        wire.ask(f"use {tube}")
+        probe = wire.ask(b"put-with 0 0 60 1 key=probe-" + tube.encode() + b"\r\nx\r\n")
+        job_id = int(probe.split()[1])
+        keys = list(wire.yaml(f"stats-job {job_id}"))
+        assert keys[-5:] == ["reason", "tries", "max-tries", "expires-at-ms", "key"]
+        assert wire.ask(f"delete {job_id}") == b"DELETED\r\n"
+    with Wire(tubeq_extra_keys.host, tubeq_extra_keys.port) as plain:  # no extension sent
+        assert "total-expired" in plain.yaml("stats-tube default")
+    _run_scenario(client, tubeq_extra_keys, tube)
+
+
+def _run_scenario(client: ForeignClient, server: ServerProcess, tube: str) -> None:
     missing = _missing(client)
     if missing is not None:
         pytest.fail(f"{client.name} is not installed ({client.package}): {missing}; "
                     f"{INSTALL_HINT}", pytrace=False)
-    server = _server(request, kind)
-    argv = client.argv(server, _fresh_tube(client))
+    argv = client.argv(server, tube)
     try:
         done = subprocess.run(argv, capture_output=True, timeout=SCRIPT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as expired:

@@ -41,6 +41,10 @@ def test_a_definition_comes_with_the_comment_above_it() -> None:
 def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
     recording = {name for name, s in load_all().items() if s.records_events}
     assert recording == {"put", "promote", "reserve", "reserve_job", "release", "bury", "touch",
-                         "expire", "disconnect", "reap", "kick", "kick_job", "delete"}
+                         "expire", "disconnect", "reap", "kick", "kick_job", "delete",
+                         "put_many", "delete_many",  # batches (issue 10, part 3)
+                         # admin verbs (issue 10 part 6)
+                         "clear_tube", "change_pri", "change_delay",
+                         "schedule_tick"}  # recurring jobs: a tick puts a job
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source

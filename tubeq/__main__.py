@@ -1,8 +1,17 @@
 """Command line: ``tubeq -l ADDR -p PORT [-z MAX_JOB_SIZE] [--redis URL] [--prefix NAME]``.
 
+``--metrics ADDR:PORT`` opens the HTTP listener (/metrics, the HTTP API, the dashboard);
+``--log-format json|console`` picks the log lines' shape (README, "Operating tubeq").
+
 The flags are beanstalkd's, so tools that launch a beanstalkd binary can launch tubeq. Without
 ``--redis`` tubeq starts and supervises a private redis-server keeping its data (an append-only
-file) under ``--data-dir``. SIGTERM/SIGINT shut down cleanly; SIGUSR1 enters drain mode.
+file) under ``--data-dir``; it holds a lock on that directory and the redis-server dies with it
+(tubeq.redis_process). SIGTERM/SIGINT shut down cleanly (drain, let connections finish their
+jobs for ``--shutdown-grace`` seconds, close); SIGUSR1 enters drain mode.
+
+Anything that keeps tubeq from starting (an unreachable Redis or sentinel, an unknown master
+name, a Redis too old or one that may evict keys, a data directory in use) is one line on
+stderr and a non-zero exit, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,12 +27,21 @@ from pathlib import Path
 
 import structlog
 
-from tubeq.access import AccessFileError
+from tubeq.access import AccessConfig, AccessFileError
 from tubeq.access import load as load_access
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
+from tubeq.durability import StartupError
 from tubeq.listeners import ListenError, TlsFiles
-from tubeq.redis_process import RedisNotInstalled, RedisProcess
-from tubeq.server import DEFAULT_EVENTS_MAXLEN, DEFAULT_MAX_JOB_SIZE, Config, Server
+from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
+from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
+from tubeq.resp import Endpoint
+from tubeq.server import (
+    DEFAULT_EVENTS_MAXLEN,
+    DEFAULT_MAX_JOB_SIZE,
+    SHUTDOWN_GRACE_S,
+    Config,
+    Server,
+)
 from tubeq.workers import WorkerPool
 
 log = structlog.get_logger("tubeq")
@@ -46,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-z", dest="max_job_size", type=int, default=DEFAULT_MAX_JOB_SIZE,
                    help=f"maximum job size in bytes ({DEFAULT_MAX_JOB_SIZE})")
     p.add_argument("--redis", dest="redis_url", default=None,
-                   help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: a private "
-                        "redis-server started by tubeq)")
+                   help="Redis URL, e.g. redis://127.0.0.1:6379/0, or Sentinel: "
+                        "redis+sentinel://h1:26379,h2:26379/mymaster[/db] (default: a "
+                        "private redis-server started by tubeq)")
     p.add_argument("--prefix", default="tubeq",
                    help="key namespace: processes with the same Redis and prefix share tubes")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -84,7 +103,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--auth", type=Path, default=None, metavar="FILE",
                    help="require `auth <token>`: tokens, namespaces and namespace-bound "
                         "listeners from this TOML file (README, Authentication)")
+    p.add_argument("--metrics", default=None, metavar="ADDR:PORT", type=_address,
+                   help="serve /metrics (Prometheus), the HTTP API and the dashboard on this "
+                        "address, e.g. 127.0.0.1:11301 (default: off)")
+    p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
+                   help="tubes with series of their own per metric; the others are summed "
+                        f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
+    p.add_argument("--slow-ms", type=int, default=DEFAULT_SLOW_MS, metavar="MS",
+                   help="log a command whose reply took this long (reserves excepted); "
+                        f"0: never ({DEFAULT_SLOW_MS})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="console", choices=["console", "json"],
+                   help="one line per event: key=value text (console) or a JSON object")
+    p.add_argument("--extra-keys", choices=["extended", "always"], default="extended",
+                   help="who sees tubeq's extra stats-tube/stats-job keys: connections that "
+                        "sent an extension command (extended), or every connection (always: "
+                        "for monitoring tools that cannot send one)")
+    p.add_argument("--min-replicas", type=int, default=0, metavar="N",
+                   help="answer a put (INSERTED) or any other acknowledged state change only "
+                        "once N replicas have it (Redis WAIT); else INTERNAL_ERROR (0: do not "
+                        "wait)")
+    p.add_argument("--min-replicas-timeout", type=int, default=1000, metavar="MS",
+                   help="how long --min-replicas waits for the replicas (1000)")
+    p.add_argument("--allow-eviction", action="store_true",
+                   help="start even if Redis's maxmemory-policy may evict keys (and lose jobs)")
+    p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="S",
+                   help="on SIGTERM, how long connections holding jobs get to finish them "
+                        f"before they are closed and their jobs return to ready "
+                        f"({SHUTDOWN_GRACE_S:g})")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -105,6 +151,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.metrics_max_tubes < 1:
+        p.error("--metrics-max-tubes must be at least 1")
+    if args.slow_ms < 0:
+        p.error("--slow-ms must be 0 (off) or more")
+    if args.workers > 1 and args.metrics is not None and args.metrics[1] == 0:
+        p.error("--workers needs a fixed --metrics port (each worker serves it with SO_REUSEPORT)")
+    if args.min_replicas < 0 or args.min_replicas_timeout < 0:
+        p.error("--min-replicas and --min-replicas-timeout must not be negative")
+    if args.shutdown_grace < 0:
+        p.error("--shutdown-grace must not be negative")
+    if args.redis_url is not None:
+        try:
+            Endpoint.parse(args.redis_url)
+        except ValueError as error:
+            p.error(f"--redis: {error}")
     return args
 
 
@@ -114,6 +175,14 @@ def tls_files(args: argparse.Namespace) -> TlsFiles | None:
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
+def _address(text: str) -> tuple[str, int]:
+    """ADDR:PORT (the port may be 0: any free one)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ADDR:PORT")
+    return host.strip("[]"), int(port)
+
+
 def events_maxlen(args: argparse.Namespace) -> int:
     """The stream cap the server gets: 0 (off) unless events are on, by flag or by default
     (on with the private redis-server, off with --redis)."""
@@ -121,12 +190,22 @@ def events_maxlen(args: argparse.Namespace) -> int:
     return args.events_maxlen if on else 0
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, fmt: str = "console") -> None:
+    """Log lines to stderr, one per event: ``console`` is ``timestamp [level] event key=value``,
+    ``json`` one JSON object per line (``timestamp``, ``level``, ``event`` and the event's own
+    keys). Exceptions are rendered into the line (JSON: an ``exception`` string)."""
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
-                    structlog.dev.ConsoleRenderer(colors=False)],
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper("iso", utc=True),
+                    structlog.processors.format_exc_info, renderer]
+        if fmt == "json" else
+        [structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
+         renderer],
     )
 
 
@@ -136,27 +215,65 @@ async def supervise(redis: RedisProcess) -> None:
         await asyncio.sleep(SUPERVISE_PERIOD_S)
         if not redis.alive():
             log.warning("private redis-server died, restarting", port=redis.port)
-            await asyncio.to_thread(redis.start)
+            redis.spawn()  # from this (the main) thread: the child dies with it
+            await asyncio.to_thread(redis.wait_ready)
+
+
+async def start_private_redis(redis: RedisProcess, lock: DataDirLock) -> None:
+    """Lock the data dir, stop an orphaned redis-server of it, start ours (tubeq.redis_process)."""
+    lock.acquire()
+    orphan = await asyncio.to_thread(stop_orphan, redis.data_dir)
+    if orphan is not None:
+        log.warning("stopped a redis-server left running on the data dir by an earlier tubeq",
+                    pid=orphan, data_dir=str(redis.data_dir))
+    redis.spawn()  # from the main thread: the child gets SIGTERM when it dies
+    try:
+        await asyncio.to_thread(redis.wait_ready)
+    except RuntimeError as error:
+        raise StartupError(f"the private redis-server did not start: {error}") from None
+    log.info("private redis-server started", url=redis.url, data_dir=str(redis.data_dir),
+             pid=redis.proc.pid if redis.proc else None)
 
 
 async def serve(args: argparse.Namespace) -> None:
     access = load_access(args.auth) if args.auth is not None else None  # before any start
     redis: RedisProcess | None = None
+    lock: DataDirLock | None = None
     url = args.redis_url
-    if url is None:
-        redis = RedisProcess(args.data_dir or default_data_dir(), persistent=True)
-        await asyncio.to_thread(redis.start)
-        url = redis.url
-        log.info("private redis-server started", url=url, data_dir=str(redis.data_dir))
-    if args.workers > 1:
-        await run_workers(args, url, redis)
-        return
+    try:
+        if url is None:
+            redis = RedisProcess(args.data_dir or default_data_dir(), persistent=True,
+                                 die_with_parent=True)
+            lock = DataDirLock(redis.data_dir)
+            await start_private_redis(redis, lock)
+            url = redis.url
+        if args.workers > 1:
+            await run_workers(args, url, redis)
+        else:
+            await serve_on(args, url, redis, access)
+    finally:
+        if redis is not None:
+            await asyncio.to_thread(redis.stop)
+        if lock is not None:
+            lock.release()
+
+
+async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | None,
+                   access: AccessConfig | None) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
                            access=access, max_connections=args.max_connections,
-                           reuse_port=args.reuse_port))
+                           reuse_port=args.reuse_port,
+                           http_host=args.metrics[0] if args.metrics else None,
+                           http_port=args.metrics[1] if args.metrics else 0,
+                           metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms,
+                           extra_keys_always=args.extra_keys == "always",
+                           min_replicas=args.min_replicas,
+                           min_replicas_timeout_ms=args.min_replicas_timeout,
+                           allow_eviction=args.allow_eviction,
+                           shutdown_grace_s=args.shutdown_grace))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -173,8 +290,6 @@ async def serve(args: argparse.Namespace) -> None:
             supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
-        if redis is not None:
-            await asyncio.to_thread(redis.stop)
 
 
 async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | None) -> None:
@@ -197,13 +312,11 @@ async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | 
             supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
-        if redis is not None:
-            await asyncio.to_thread(redis.stop)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         import uvloop
     except ImportError:
@@ -215,6 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     except RedisNotInstalled as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(2)
+    except StartupError as exc:
+        print(f"tubeq: {exc}", file=sys.stderr)
+        sys.exit(1)
     except (OSError, ListenError, AccessFileError) as exc:
         print(f"tubeq: {exc}", file=sys.stderr)
         sys.exit(1)

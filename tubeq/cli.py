@@ -1,8 +1,9 @@
 """``tubeq-cli``: what operators do by hand to a tubeq (or beanstalkd) server, on the command line.
 
 put, peek, kick, kick-job, bury, delete, pause, stats, list, and ``top``, a live view of every
-tube refreshed in place. Output is for people by default and JSON with ``--json``. Every command
-runs through :mod:`tubeq.client`, pipelining what it can on one connection.
+tube refreshed in place; ``schedule add|list|remove`` for tubeq's recurring jobs. Output is for
+people by default and JSON with ``--json``. Every command runs through :mod:`tubeq.client`,
+pipelining what it can on one connection.
 
 Rules: a failure (cannot connect, no such job or tube, an error reply) exits 1 and a bad
 argument exits 2, each with exactly one line on stderr (``tubeq-cli: ...``); nothing else is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import sys
 import time
@@ -29,14 +31,17 @@ from tubeq.client import (
     DEFAULT_TTR,
     U32_MAX,
     BadFormat,
+    BadOption,
     Client,
     ClientConnectionError,
     ClientError,
     CommandError,
     Job,
+    ListedJob,
     NotFound,
     Stats,
 )
+from tubeq.client.admin import CLEAR_STATES, LIST_JOBS_MAX, LIST_STATES
 
 PROG = "tubeq-cli"
 # How often top redraws unless told: often enough to watch a queue move, rarely enough that the
@@ -93,6 +98,12 @@ def _job_id(text: str) -> int:
 def _uint(text: str) -> int:
     if not text.isdigit() or int(text) > U32_MAX:
         raise argparse.ArgumentTypeError(f"not an integer from 0 to {U32_MAX}: {text!r}")
+    return int(text)
+
+
+def _ms(text: str) -> int:
+    if not text.isdigit() or int(text) > U32_MAX * 1000:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
     return int(text)
 
 
@@ -156,12 +167,106 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("list", "list the tubes", aliases=["list-tubes"])
 
+    # batches (issue 10, part 3)
+    put_many = command("put-many", "put one job per non-blank line of stdin (or --file), in one "
+                                   "round trip")
+    put_many.add_argument("-f", "--file", type=Path, help="read the lines from FILE ('-': stdin)")
+    put_many.add_argument("-t", "--tube", default="default", help="tube (default)")
+    put_many.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                          help=f"priority of every job ({DEFAULT_PRIORITY})")
+    put_many.add_argument("--delay", type=_uint, default=0, help="seconds before ready (0)")
+    put_many.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                          help=f"seconds a worker may hold one ({DEFAULT_TTR})")
+
     top = command("top", "a live view of every tube, refreshed in place")
     top.add_argument("-n", "--interval", type=_seconds, default=DEFAULT_INTERVAL_S,
                      metavar="SECONDS", help=f"seconds between frames ({DEFAULT_INTERVAL_S:g})")
     top.add_argument("--once", action="store_true",
                      help="print one frame (rates measured over one interval) and exit")
+
+    # job policies and deduplicated put (tubeq): put's options, peek-key
+    for flag, help_text in (
+            ("--delay-ms", "milliseconds before it is ready (instead of --delay)"),
+            ("--max-tries", "bury it (reason max-tries) after this many timeouts/releases"),
+            ("--backoff-ms", "after a TTR timeout, delay it by this, doubling per try"),
+            ("--backoff-max-ms", "the cap of that delay"),
+            ("--ttl-ms", "expire it this long after the put, unless deleted")):
+        put.add_argument(flag, type=_ms, default=None, help=f"tubeq: {help_text}")
+    put.add_argument("--on-expire", choices=("bury", "delete"), default=None,
+                     help="tubeq: what an expired job becomes (the tube's setting, bury)")
+    put.add_argument("--key", default=None,
+                     help="tubeq: dedupe key: no second job while one with KEY lives")
+    peek_key = command("peek-key", "tubeq: show the living job put with a dedupe key")
+    peek_key.add_argument("key")
+    # admin verbs (tubeq only; protocol.md "Admin verbs")
+    clear = command("clear", "delete a tube's jobs: all of them or one state (never reserved)")
+    clear.add_argument("tube")
+    clear.add_argument("--state", choices=CLEAR_STATES, default="all", help="which jobs (all)")
+
+    jobs = command("jobs", "list a tube's jobs in one state (id, pri, due time)")
+    jobs.add_argument("tube")
+    jobs.add_argument("--state", choices=LIST_STATES, default="ready", help="which (ready)")
+    jobs.add_argument("--count", type=_page_size, default=100,
+                      help=f"jobs per page, 1 to {LIST_JOBS_MAX} (100)")
+    jobs.add_argument("--cursor", default="0", help="start after this cursor (0: the start)")
+    jobs.add_argument("--all", action="store_true", help="every page, not only one")
+
+    change_pri = command("change-pri", "give a job a new priority (any state)")
+    change_pri.add_argument("id", type=_job_id)
+    change_pri.add_argument("pri", type=_uint)
+
+    change_delay = command("change-delay", "make a delayed job due MS milliseconds from now")
+    change_delay.add_argument("id", type=_job_id)
+    change_delay.add_argument("ms", type=_delay_ms)
+
+    pause_forever = command("pause-forever", "pause a tube with no end (until resume)")
+    pause_forever.add_argument("tube")
+
+    resume = command("resume", "end a tube's pause, with or without an end")
+    resume.add_argument("tube")
+    # recurring jobs (tubeq only; issue 10, part 4)
+    schedule = command("schedule", "a tube's recurring jobs (tubeq): add, list, remove")
+    actions = schedule.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                      parser_class=_Parser)
+    add = actions.add_parser("add", help="add (or replace) a schedule",
+                             description="Put a job into TUBE on every tick, exactly once "
+                             "per tick across all tubeq processes.")
+    _add_connection_options(add, in_subcommand=True)
+    add.add_argument("tube")
+    add.add_argument("name")
+    add.add_argument("body", nargs="?", help="the job body (default: read stdin)")
+    add.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR",
+                      help="5-field cron expression or @hourly-style alias, UTC "
+                           "(e.g. '*/5 * * * *')")
+    when.add_argument("--every-ms", type=_uint, metavar="MS", help="interval in ms (>= 100)")
+    add.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                     help=f"priority of its jobs ({DEFAULT_PRIORITY})")
+    add.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                     help=f"seconds a worker may hold one ({DEFAULT_TTR})")
+    add.add_argument("--delay-ms", type=_uint, default=0, help="delay of each job in ms (0)")
+    listing = actions.add_parser("list", help="list a tube's schedules")
+    _add_connection_options(listing, in_subcommand=True)
+    listing.add_argument("tube")
+    remove = actions.add_parser("remove", help="remove a schedule (its jobs stay)")
+    _add_connection_options(remove, in_subcommand=True)
+    remove.add_argument("tube")
+    remove.add_argument("name")
     return parser
+
+
+def _page_size(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= LIST_JOBS_MAX:
+        raise argparse.ArgumentTypeError(f"not an integer from 1 to {LIST_JOBS_MAX}: {text!r}")
+    return int(text)
+
+
+def _delay_ms(text: str) -> int:
+    if not text.isdigit() or int(text) > U32_MAX * 1000:
+        raise argparse.ArgumentTypeError(
+            f"not a number of milliseconds from 0 to {U32_MAX * 1000}: {text!r}")
+    return int(text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +334,9 @@ def _read_body(args: argparse.Namespace) -> bytes:
 async def cmd_put(client: Client, args: argparse.Namespace, out: Output) -> None:
     body = _read_body(args)
     await client.use(args.tube)
+    if any(getattr(args, name) is not None for name in PUT_WITH_OPTIONS):
+        await _put_with(client, args, body, out)
+        return
     job_id = await client.put(body, pri=args.pri, delay=args.delay, ttr=args.ttr)
     out.emit(f"inserted job {job_id} into tube {args.tube}",
              {"id": job_id, "tube": args.tube, "bytes": len(body)})
@@ -297,14 +405,9 @@ async def cmd_bury(client: Client, args: argparse.Namespace, out: Output) -> Non
 
 
 async def cmd_delete(client: Client, args: argparse.Namespace, out: Output) -> None:
-    results = await asyncio.gather(*(client.delete(job_id) for job_id in args.ids),
-                                   return_exceptions=True)
-    missing: list[int] = []
-    for job_id, result in zip(args.ids, results, strict=True):
-        if isinstance(result, NotFound):
-            missing.append(job_id)
-        elif isinstance(result, BaseException):
-            raise result
+    # One round trip: delete-many where the server has it, pipelined deletes otherwise.
+    results = await client.delete_many(args.ids)
+    missing = [job_id for job_id, done in zip(args.ids, results, strict=True) if not done]
     deleted = [job_id for job_id in args.ids if job_id not in missing]
     if deleted:
         out.emit("\n".join(f"deleted job {job_id}" for job_id in deleted),
@@ -477,6 +580,160 @@ def _draw(out: Output, frame: dict[str, Any], *, clear: bool) -> None:
     out.out.flush()
 
 
+# -- job policies and deduplicated put (tubeq) -------------------------------------------------
+
+PUT_WITH_OPTIONS = ("delay_ms", "max_tries", "backoff_ms", "backoff_max_ms", "ttl_ms",
+                    "on_expire", "key")
+
+
+async def _put_with(client: Client, args: argparse.Namespace, body: bytes, out: Output) -> None:
+    """``put`` with any tubeq option: put-with; a duplicate key is reported, not an error."""
+    options = {name: getattr(args, name) for name in PUT_WITH_OPTIONS}
+    result = await client.put_with(body, pri=args.pri, delay=args.delay, ttr=args.ttr,
+                                   **options)
+    data = {"id": result.id, "tube": args.tube, "bytes": len(body), "inserted": result.inserted}
+    if result.inserted:
+        out.emit(f"inserted job {result.id} into tube {args.tube}", data)
+    else:
+        out.emit(f"not inserted: job {result.id} already has key {args.key}", data)
+
+
+async def cmd_peek_key(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        job = await client.peek_key(args.key)
+    except NotFound as error:
+        raise CliError(f"no living job has key {args.key}") from error
+    await _show_job(client, job, out)
+async def cmd_put_many(client: Client, args: argparse.Namespace, out: Output) -> None:
+    if args.file is None or str(args.file) == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as error:
+            raise CliError(f"cannot read {args.file}: {error.strerror or error}") from error
+    bodies = [line.removesuffix(b"\r") for line in data.split(b"\n") if line.strip()]
+    await client.use(args.tube)
+    results = await client.put_many(bodies, pri=args.pri, delay=args.delay, ttr=args.ttr)
+    ids = [r for r in results if isinstance(r, int)]
+    refused = [(n, r) for n, r in enumerate(results, 1) if not isinstance(r, int)]
+    out.emit("\n".join(f"inserted job {job_id} into tube {args.tube}" for job_id in ids),
+             {"tube": args.tube, "ids": ids,
+              "refused": [{"line": n, "error": str(r)} for n, r in refused]})
+    if refused:
+        first_line, first_error = refused[0]
+        raise CliError(f"{len(refused)} of {len(results)} jobs refused (line {first_line}: "
+                       f"{first_error})")
+# -- admin verbs (tubeq only) -------------------------------------------------------------------
+
+
+async def cmd_clear(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        count = await client.clear_tube(args.tube, args.state)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    which = "" if args.state == "all" else f" {args.state}"
+    out.emit(f"cleared {count}{which} job{'s' if count != 1 else ''} from tube {args.tube}",
+             {"tube": args.tube, "state": args.state, "cleared": count})
+
+
+async def cmd_jobs(client: Client, args: argparse.Namespace, out: Output) -> None:
+    listed: list[ListedJob] = []
+    cursor = str(args.cursor)
+    try:
+        while True:
+            page = await client.list_jobs(args.tube, args.state, cursor=cursor,
+                                          count=args.count)
+            listed += page.jobs
+            cursor = page.cursor
+            if page.last or not args.all:
+                break
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    due = {"delayed": "due_ms", "reserved": "deadline_ms"}.get(args.state)
+    rows = [{"id": job.id, "pri": job.pri, **({due: job.due_ms} if due else {})}
+            for job in listed]
+    now_ms = int(time.time() * 1000)
+    lines = []
+    for job in listed:
+        line = f"{job.id:>10}  pri {job.pri:>10}"
+        if job.due_ms is not None:
+            left = max(0, job.due_ms - now_ms) / 1000
+            line += f"  {'due' if args.state == 'delayed' else 'ttr ends'} in {left:.1f} s"
+        lines.append(line)
+    if cursor != "0":
+        lines.append(f"more: {PROG} jobs {args.tube} --state {args.state} --cursor {cursor}")
+    elif not listed:
+        lines.append(f"no {args.state} job in tube {args.tube}")
+    out.emit("\n".join(lines), {"tube": args.tube, "state": args.state, "jobs": rows,
+                                 "cursor": cursor})
+
+
+async def cmd_change_pri(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.change_pri(args.id, args.pri)
+    except NotFound as error:
+        raise CliError(f"job {args.id} not found") from error
+    out.emit(f"job {args.id} now has priority {args.pri}", {"id": args.id, "pri": args.pri})
+
+
+async def cmd_change_delay(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.change_delay(args.id, args.ms)
+    except NotFound as error:
+        raise CliError(f"job {args.id} not found, or not delayed") from error
+    text = (f"job {args.id} is ready now" if args.ms == 0
+            else f"job {args.id} is due in {args.ms} ms")
+    out.emit(text, {"id": args.id, "delay_ms": args.ms})
+
+
+async def cmd_pause_forever(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.tube_pause(args.tube)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    out.emit(f"paused tube {args.tube} until resumed", {"tube": args.tube, "paused": "forever"})
+
+
+async def cmd_resume(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.tube_resume(args.tube)
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} not found") from error
+    out.emit(f"resumed tube {args.tube}", {"tube": args.tube, "paused": 0})
+# -- schedule (recurring jobs) -----------------------------------------------------------------
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+async def cmd_schedule(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        if args.action == "add":
+            body = _read_body(args)
+            first = await client.schedule_add(args.tube, args.name, body, cron=args.cron,
+                                              every_ms=args.every_ms, pri=args.pri,
+                                              ttr=args.ttr, delay_ms=args.delay_ms)
+            out.emit(f"schedule {args.name} of tube {args.tube} first ticks at {_utc(first)}",
+                     {"tube": args.tube, "name": args.name, "next_ms": first})
+        elif args.action == "list":
+            rows = await client.schedule_list(args.tube)
+            lines = [f"{r.name}  {f'cron {r.cron}' if r.cron else f'every {r.every_ms} ms'}"
+                     f"  next {_utc(r.next_ms)}  ticks {r.ticks}  last job {r.last_job or '-'}"
+                     for r in rows]
+            out.emit("\n".join(lines), [dataclasses.asdict(r) for r in rows])
+        else:
+            await client.schedule_remove(args.tube, args.name)
+            out.emit(f"removed schedule {args.name} of tube {args.tube}",
+                     {"tube": args.tube, "name": args.name, "removed": True})
+    except BadOption as error:
+        what = "cron expression" if error.option == "cron" else f"--{error.option}"
+        raise UsageError(f"the server refused the {what}") from error
+    except NotFound as error:
+        raise CliError(f"tube {args.tube} has no schedule {args.name}") from error
+
+
 COMMANDS: dict[str, Command] = {
     "put": cmd_put,
     "peek": cmd_peek,
@@ -489,6 +746,16 @@ COMMANDS: dict[str, Command] = {
     "list": cmd_list,
     "list-tubes": cmd_list,
     "top": cmd_top,
+    "peek-key": cmd_peek_key,  # tubeq
+    "put-many": cmd_put_many,  # batches
+    # admin verbs (tubeq only)
+    "clear": cmd_clear,
+    "jobs": cmd_jobs,
+    "change-pri": cmd_change_pri,
+    "change-delay": cmd_change_delay,
+    "pause-forever": cmd_pause_forever,
+    "resume": cmd_resume,
+    "schedule": cmd_schedule,
 }
 
 

@@ -210,13 +210,156 @@ class TubeSet(Command):
     settings: Options
 
 
+# -- job policies and deduplicated put ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutWith(Command):
+    """tubeq's ``put-with``: a put with options (tubeq.options.PUT_OPTIONS), as parsed."""
+
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+    options: Options
+
+
+@dataclass(frozen=True, slots=True)
+class PeekKey(Command):
+    """tubeq's ``peek-key``: the living job put with a dedupe key."""
+
+    key: str
+
+
 @dataclass(frozen=True, slots=True)
 class Auth(Command):
     """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.access)."""
 
     token: str
+# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClearTube(Command):
+    """tubeq's ``clear-tube``: delete a tube's jobs in ``states`` (never reserved ones)."""
+
+    tube: str
+    states: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListJobs(Command):
+    """tubeq's ``list-jobs``: a page of up to ``count`` jobs of one state after ``cursor``
+    (``None``: from the start; else the (score, id) of the last job seen)."""
+
+    tube: str
+    state: str
+    cursor: tuple[int, int] | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePri(Command):
+    """tubeq's ``change-pri``: a job's new priority, in any state."""
+
+    id: int
+    pri: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeDelay(Command):
+    """tubeq's ``change-delay``: a delayed job becomes due ``delay_ms`` from now."""
+
+    id: int
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubePause(Command):
+    """tubeq's ``tube-pause``: pause a tube with no end."""
+
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class TubeResume(Command):
+    """tubeq's ``tube-resume``: end a tube's pause, with or without an end."""
+
+    tube: str
+
+
+# -- recurring jobs (issue 10, part 4) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdd(Command):
+    """tubeq's ``schedule-add``: a tube's recurring schedule (created, or replaced by name).
+
+    ``kind`` is ``cron`` (``spec``: the expression, fields joined by spaces) or ``every-ms``
+    (``spec``: the interval in ms, as digits); the rest is what each tick puts."""
+
+    tube: str
+    name: str
+    kind: str
+    spec: str
+    pri: int
+    ttr: int
+    delay_ms: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleList(Command):
+    """tubeq's ``schedule-list``: a tube's schedules."""
+
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRemove(Command):
+    """tubeq's ``schedule-remove``: stop one of a tube's schedules."""
+
+    tube: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
 class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""
+
+
+# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutEntry:
+    """One job of a put-many, complete (body and CRLF arrived); ``ttr`` as sent."""
+
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PutMany(Command):
+    """tubeq's ``put-many``: per entry, a job to insert or the reply of a refused entry
+    (JOB_TOO_BIG, EXPECTED_CRLF, BAD_FORMAT), in the order sent."""
+
+    entries: tuple[PutEntry | bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveMany(Command):
+    """tubeq's ``reserve-many``: up to ``count`` jobs once at least one is reservable, waiting
+    at most ``seconds``."""
+
+    count: int
+    seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMany(Command):
+    """tubeq's ``delete-many``: delete each id, in the order given."""
+
+    ids: tuple[int, ...]

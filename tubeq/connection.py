@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any, TypeVar, cast
 
 import structlog
@@ -41,6 +43,7 @@ from tubeq import replies
 from tubeq.access import AccessConfig
 from tubeq.futures import discard
 from tubeq.handlers import GATE_HANDLERS, HANDLERS, Reply
+from tubeq.metrics import Metrics, command_label
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -94,6 +97,7 @@ class PendingReserve:
     reply: asyncio.Future[bytes]
     tried: bool = False  # its first try has come back
     failed: bool = False  # ... with a store error
+    count: int | None = None  # reserve-many: up to this many jobs, answered as one BATCH
 
 
 @dataclass(eq=False)
@@ -129,7 +133,13 @@ class ServerContext:
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
+    # Outcomes and slow commands (tubeq.metrics); None when neither is looked at.
+    observer: Metrics | None = None
+    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
+    # when put.lua hands one of them a job.
+    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
@@ -185,7 +195,8 @@ class Connection(asyncio.Protocol):
         self._auth_failures = 0
         self.store = ctx.store
         self.token = ctx.next_token()
-        self.parser = Parser(ctx.max_job_size)
+        # A put-many keeps at most half the buffer cap of bodies (tubeq.batch_framing).
+        self.parser = Parser(ctx.max_job_size, max_batch_bytes=ctx.max_client_buffer // 2)
         self.used = "default"
         # A tuple, replaced on watch/ignore: every connection shares the default one, and a
         # Waiter takes it as it is (tuple() of a tuple is the same object).
@@ -195,7 +206,7 @@ class Connection(asyncio.Protocol):
         self.worker = False
         # The client has sent a tubeq extension command: it knows tubeq, so stats documents
         # carry tubeq's extra keys (a client that never does sees beanstalkd's documents).
-        self.extended = False
+        self.extended = ctx.extra_keys_always
         self.transport: asyncio.Transport | None = None
         # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
         # empty set ~200 B per connection (thousands of idle connections hold these).
@@ -232,8 +243,12 @@ class Connection(asyncio.Protocol):
             self._handlers = _REFUSED
             self.transport.write(replies.TOO_MANY_CONNECTIONS)
             self.transport.close()
+            log.warning("connection refused: --max-connections reached", peer=_peer(transport))
             return
         self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
+        log.info("connection opened", conn=self.token, peer=_peer(transport))
+        if self.ctx.observer is not None:
+            self.ctx.observer.connections_opened += 1
         if self._handlers is HANDLERS:
             self._register()
         elif self.ctx.gate is not None:
@@ -301,13 +316,16 @@ class Connection(asyncio.Protocol):
         self._lost = True
         if self._handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
+            log.info("connection closed", conn=self.token,
+                     error=None if exc is None else repr(exc))
+            if self.ctx.observer is not None:
+                self.ctx.observer.connections_closed += 1
+        self.ctx.connections.pop(self.token, None)
         if self._handlers is not HANDLERS:  # never entered a namespace: nothing to clean up
-            self.ctx.connections.pop(self.token, None)
             self._cleaned_up = True
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)
             return
-        self.ctx.connections.pop(self.token, None)
         running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
@@ -328,6 +346,8 @@ class Connection(asyncio.Protocol):
             using.watch(tube, -1)
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
         done.add_done_callback(self._disconnected)
+        if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
+            done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
     def _disconnected(self, f: asyncio.Future[Any]) -> None:
         if not f.cancelled() and f.exception() is not None:
@@ -428,6 +448,8 @@ class Connection(asyncio.Protocol):
             return True
         if kind in _ON_HELD_JOBS:
             return cast(c.Delete | c.Bury | c.Touch, command).id in self.reserved
+        if kind is c.DeleteMany:  # batches: only when every id is a job this connection holds
+            return all(i in self.reserved for i in cast(c.DeleteMany, command).ids)
         return False
 
     def _dispatch(self, command: c.Command) -> None:
@@ -443,10 +465,24 @@ class Connection(asyncio.Protocol):
         if reply is None:
             return
         self._replies.append(reply)
+        observer = self.ctx.observer
         if isinstance(reply, bytes):
+            if observer is not None:
+                observer.answered(command_label(type(command)), reply)
             self._schedule_flush()
         elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
-            reply.add_done_callback(self._reply_done)
+            if observer is None:
+                reply.add_done_callback(self._reply_done)
+            else:  # the same one callback, which also tells the observer (tubeq.metrics)
+                reply.add_done_callback(functools.partial(
+                    self._observed_reply_done, command_label(type(command)), perf_counter()))
+
+    def _observed_reply_done(self, label: str, started: float,
+                             reply: asyncio.Future[bytes]) -> None:
+        observer = self.ctx.observer
+        assert observer is not None
+        observer.finished(self.token, label, started, reply)
+        self._reply_done(reply)
 
     def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
         # A lone reply (one command in flight: a round-trip-bound client) is written at once;
@@ -499,12 +535,18 @@ class Connection(asyncio.Protocol):
 
     # -- reserve ------------------------------------------------------------------------------
 
-    def start_reserve(self, timeout_s: int | None) -> Reply:
-        """Send this reserve's first try now; it answers in order (see :meth:`_advance`)."""
+    def start_reserve(self, timeout_s: int | None, count: int | None = None) -> Reply:
+        """Send this reserve's first try now; it answers in order (see :meth:`_advance`).
+        With ``count`` (reserve-many) it takes up to that many jobs, answered as one BATCH."""
         self.mark_worker()
-        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future())
+        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future(),
+                                 count=count)
         self._reserves.append(pending)
-        attempt = self.track_grants(self.store.reserve(self.token))
+        attempt: asyncio.Future[Any]
+        if count is None:
+            attempt = self.track_grants(self.store.reserve(self.token))
+        else:
+            attempt = self.track_grants(self.store.reserve_many(self.token, count))
         attempt.add_done_callback(functools.partial(self._tried, pending))
         return pending.reply
 
@@ -537,15 +579,27 @@ class Connection(asyncio.Protocol):
         self.reserved[job.id] = job.deadline_ms
         self.ctx.scheduler.note_due(job.deadline_ms)
 
-    def _tried(self, pending: PendingReserve, f: asyncio.Future[Reservation | NoJob]) -> None:
+    def _tried(self, pending: PendingReserve,
+               f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
         pending.tried = True
         if f.cancelled() or f.exception() is not None:
             pending.failed = True
-        elif isinstance(job := f.result(), Reservation):
-            self._pool.append(job)
-            if self._waiter is not None:
+        else:
+            result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
+            granted = result if isinstance(result, list) else [result]
+            self._pool += [job for job in granted if isinstance(job, Reservation)]
+            if self._pool and self._waiter is not None:
                 self._waiter.wake()  # the blocked head takes it
         self._advance()
+
+    def _from_pool(self, count: int | None) -> bytes:
+        """The answer of a reserve (``count`` None: one job) or a reserve-many (up to
+        ``count`` jobs, as one BATCH reply) from the granted jobs; the pool is not empty."""
+        if count is None:
+            return _reserved(self._pool.pop(0))
+        jobs = self._pool[:count]
+        del self._pool[:count]
+        return replies.batch([_reserved(job) for job in jobs])
 
     def _advance(self) -> None:
         """Answer reserves in order with the jobs granted so far; the first reserve that finds
@@ -558,9 +612,10 @@ class Connection(asyncio.Protocol):
             if head.failed:
                 answer = replies.INTERNAL_ERROR
             elif self._pool:
-                answer = _reserved(self._pool.pop(0))
+                answer = self._from_pool(head.count)
             else:
-                task = asyncio.get_running_loop().create_task(self._wait_for_job(head.timeout_s))
+                task = asyncio.get_running_loop().create_task(
+                    self._wait_for_job(head.timeout_s, head.count))
                 self._blocking = task
                 task.add_done_callback(self._waited)  # for head, still _reserves[0] then
                 return
@@ -581,6 +636,9 @@ class Connection(asyncio.Protocol):
         reserve's reply future has no done-callback: one object less per waiting reserve)."""
         reserve.reply.set_result(answer)
         self._reply_done(reserve.reply)
+        if self.ctx.observer is not None:  # a reserve that waited is not slow: not tracked
+            kind = "reserve" if reserve.timeout_s is None else "reserve-with-timeout"
+            self.ctx.observer.answered(kind, answer)
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
@@ -590,9 +648,9 @@ class Connection(asyncio.Protocol):
                   if d - SAFETY_MARGIN_MS > now]
         return (min(starts) - now) / 1000 if starts else None
 
-    async def _wait_for_job(self, timeout_s: int | None) -> bytes:
+    async def _wait_for_job(self, timeout_s: int | None, count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
-        again (see tubeq.waiters for the timeline)."""
+        again (see tubeq.waiters for the timeline). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         registry = self.ctx.registry
@@ -602,7 +660,7 @@ class Connection(asyncio.Protocol):
             while True:
                 if self._pool:  # a later reserve's try was granted a job: it is ours
                     consumed = True
-                    return _reserved(self._pool.pop(0))
+                    return self._from_pool(count)
                 # One clock reading decides both "in the margin now" and "when the margin
                 # starts", so no instant falls between the two checks.
                 now = self.store.clock()
@@ -619,7 +677,8 @@ class Connection(asyncio.Protocol):
                         handed = await self._stop_waiting()
                         if handed is not None:
                             consumed = True
-                            return _reserved(handed)
+                            self._pool.insert(0, handed)
+                            return self._from_pool(count)
                     return ending
                 if waiter is None:
                     waiter = Waiter(self.watched)
@@ -640,12 +699,20 @@ class Connection(asyncio.Protocol):
                     if self._pool:
                         continue
                 waiter.rearm()
-                call = self.track_grants(self.store.reserve(self.token, counted_waiting=counted))
+                if count is None:
+                    call: asyncio.Future[Any] = self.track_grants(
+                        self.store.reserve(self.token, counted_waiting=counted))
+                else:
+                    call = self.track_grants(
+                        self.store.reserve_many(self.token, count, counted_waiting=counted))
                 result = await asyncio.shield(call)
-                if isinstance(result, Reservation):
+                if isinstance(result, Reservation) or (isinstance(result, list) and result):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
-                    return _reserved(result)
+                    if isinstance(result, Reservation):
+                        return _reserved(result)
+                    self._pool[:0] = result
+                    return self._from_pool(count)
                 del call, result  # not kept alive through the next (long) wait
         finally:
             if waiter is not None:
@@ -762,7 +829,8 @@ class Connection(asyncio.Protocol):
 
 # Command classes by what may overtake a reserve (exact types: a set lookup beats isinstance
 # with a union on this path, which every command behind a reserve takes).
-_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout})
+_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout,
+                                                   c.ReserveMany})  # batches: reserve-many
 _ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
 
 
@@ -771,6 +839,13 @@ _WATCH_DEFAULT: tuple[str, ...] = ("default",)
 
 def _reserved(job: Reservation) -> bytes:
     return replies.reserved(job.id, job.body)
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return None if peer is None else str(peer)
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:

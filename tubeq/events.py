@@ -43,6 +43,10 @@ class EventName(enum.StrEnum):
     EXPIRED = "expired"
     DEAD_LETTERED = "dead-lettered"
     DEDUPLICATED = "deduplicated"
+    # Admin verbs (change-pri, change-delay): the job keeps its state; clear-tube writes
+    # DELETED with reason "cleared".
+    REPRIORITIZED = "reprioritized"  # a new priority (pri holds it)
+    RESCHEDULED = "rescheduled"  # a delayed job's new due time (delay_ms, due_ms hold it)
 
 
 # The stream entry's fields, in the order every entry carries them.

@@ -12,12 +12,12 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tubeq import admin, recurring, replies
 from tubeq import commands as c
-from tubeq import replies
 from tubeq.futures import discard, then
 from tubeq.protocol import EXTENSION_NAMES
-from tubeq.stats import job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store import NoJob, Reservation
+from tubeq.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
+from tubeq.store import NoJob, PutOutcome, Reservation
 
 if TYPE_CHECKING:
     from tubeq.connection import Connection
@@ -187,6 +187,8 @@ def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
 
 
 def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
+    if conn.extended:
+        return _stats_job_extended(conn, cmd)  # job policies: their keys at the end
     now = conn.store.clock()
     return then(conn.store.job_info(cmd.id),
                 lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
@@ -210,13 +212,19 @@ def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
     store = conn.store
 
     def answer(results: list[Any]) -> bytes:
-        counts, settings = results
+        counts, settings, policy_counts, figures = results
         if counts is None:
             return replies.NOT_FOUND
+        now = store.clock()
         extra = list(settings.items())
-        return replies.ok(tube_yaml(cmd.tube, counts, store.clock(), extra))
+        extra += zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True)  # job policies
+        # admin figures (issue 10 part 7): the delay histogram, the oldest ready job's age
+        if figures is not None:
+            extra += figures.stats_keys(now)
+        return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
 
-    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube)),
+    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
+                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube)),
                 answer)
 
 
@@ -275,6 +283,123 @@ def _auth(conn: Connection, cmd: c.Auth) -> Reply:
         return replies.AUTHENTICATED if target is conn.ctx else replies.UNAUTHORIZED
     conn.enter(target)
     return replies.AUTHENTICATED
+# -- job policies and deduplicated put (protocol.md: put-with, peek-key) --------------------------
+
+# stats-tube's extra keys of the job policies, in Store.tube_policy_counts order.
+TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated")
+
+
+def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
+    conn.mark_producer()
+    store = conn.store
+    if conn.ctx.draining:
+        return then(store.burn_id(), lambda _: replies.DRAINING)
+    opts = dict(cmd.options)
+    delay_ms = int(opts.get("delay-ms", cmd.delay * 1000))
+    ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
+    tube = conn.used
+    now = store.clock()
+
+    def answer(outcome: PutOutcome) -> bytes:
+        if not outcome.inserted:
+            return replies.duplicate(outcome.id)
+        conn.ctx.counters.job_created(tube)
+        scheduler = conn.ctx.scheduler
+        if delay_ms > 0:
+            scheduler.note_due(now + delay_ms)
+        if ttl_ms > 0:
+            scheduler.note_due(now + ttl_ms)
+        return replies.inserted(outcome.id)
+
+    return then(store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options),
+                answer)
+
+
+def _peek_key(conn: Connection, cmd: c.PeekKey) -> Reply:
+    return then(conn.store.peek_key(cmd.key), _found)
+
+
+def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
+    """stats-job for a client that knows tubeq: beanstalkd's keys, then the job's policies."""
+    store = conn.store
+    now = store.clock()
+
+    def answer(results: list[Any]) -> bytes:
+        job, policies = results
+        if job is None or policies is None:
+            return replies.NOT_FOUND
+        return replies.ok(job_yaml(job, now, job_policy_keys(policies)))
+
+    return then(asyncio.gather(store.job_info(cmd.id), store.job_policies(cmd.id)), answer)
+# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+
+
+def _clear_tube(conn: Connection, cmd: c.ClearTube) -> Reply:
+    cleared = asyncio.ensure_future(conn.store.clear_tube(cmd.tube, cmd.states))
+    return then(cleared, lambda n: replies.NOT_FOUND if n is None else replies.cleared(n))
+
+
+def _list_jobs(conn: Connection, cmd: c.ListJobs) -> Reply:
+    def answer(page: admin.JobPage | None) -> bytes:
+        if page is None:
+            return replies.NOT_FOUND
+        return replies.ok(admin.jobs_yaml(cmd.tube, cmd.state, page))
+
+    return then(conn.store.list_jobs(cmd.tube, cmd.state, cmd.cursor, cmd.count), answer)
+
+
+def _change_pri(conn: Connection, cmd: c.ChangePri) -> Reply:
+    return then(conn.store.change_pri(cmd.id, cmd.pri),
+                lambda ok: replies.CHANGED if ok else replies.NOT_FOUND)
+
+
+def _change_delay(conn: Connection, cmd: c.ChangeDelay) -> Reply:
+    def answer(due: int) -> bytes:
+        if due == 0:
+            return replies.NOT_FOUND
+        if due > 0:
+            conn.ctx.scheduler.note_due(due)
+        return replies.CHANGED
+
+    return then(conn.store.change_delay(cmd.id, cmd.delay_ms), answer)
+
+
+def _tube_pause(conn: Connection, cmd: c.TubePause) -> Reply:
+    _sync_using(conn)
+    return then(conn.store.tube_pause(cmd.tube, forever=True),
+                lambda ok: replies.PAUSED if ok else replies.NOT_FOUND)
+
+
+def _tube_resume(conn: Connection, cmd: c.TubeResume) -> Reply:
+    _sync_using(conn)  # resume may let the tube go: this process's users must count first
+    return then(conn.store.tube_pause(cmd.tube, forever=False),
+                lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
+# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+
+
+def _schedule_add(conn: Connection, cmd: c.ScheduleAdd) -> Reply:
+    store = conn.store
+    try:
+        first = recurring.first_due(cmd.kind, cmd.spec, store.clock())
+    except recurring.BadSchedule:  # parses, but never ticks (e.g. 0 0 30 2 *)
+        return replies.bad_option("cron")
+
+    def answer(result: tuple[int, bool]) -> bytes:
+        conn.ctx.scheduler.note_due(result[0])
+        return replies.scheduled(result[0])
+
+    return then(store.schedule_add(cmd.tube, cmd.name, cmd.kind, cmd.spec, cmd.pri, cmd.ttr,
+                                   cmd.delay_ms, cmd.body, first), answer)
+
+
+def _schedule_list(conn: Connection, cmd: c.ScheduleList) -> Reply:
+    return then(conn.store.schedule_list(cmd.tube),
+                lambda found: replies.ok(recurring.list_yaml(found)))
+
+
+def _schedule_remove(conn: Connection, cmd: c.ScheduleRemove) -> Reply:
+    return then(conn.store.schedule_remove(cmd.tube, cmd.name),
+                lambda removed: replies.REMOVED if removed else replies.NOT_FOUND)
 
 
 def _extension(handler: Callable[[Connection, Any], Reply | None],
@@ -290,6 +415,68 @@ def _extension(handler: Callable[[Connection, Any], Reply | None],
 
 def _quit(conn: Connection, cmd: c.Quit) -> None:
     conn.quit()
+
+
+# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+
+# The bytes a RESERVED reply adds to its job's body (header line and CRLFs), for the bound on
+# a reserve-many's reply below.
+_RESERVED_FRAMING = 48
+
+
+def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
+    """Insert the entries the parser accepted in one script call; every entry gets its reply
+    (INSERTED <id>, or what the parser refused it with), in order."""
+    entries = cmd.entries
+    jobs = [e for e in entries if isinstance(e, c.PutEntry)]
+    counters = conn.ctx.counters
+    for _ in entries:  # cmd-put counts each entry, as it counts each put (refused ones too)
+        counters.incr("put")
+    if entries:
+        conn.mark_producer()
+    if not jobs or conn.ctx.draining:
+        # Nothing to store (refused entries use no id; while draining no job is taken).
+        return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+    store, tube = conn.store, conn.used
+    call = store.put_many(tube, [(e.pri, e.delay, max(e.ttr, 1), e.body) for e in jobs])
+    for _ in jobs:
+        counters.job_created(tube)
+    delays = [e.delay for e in jobs if e.delay > 0]
+    if delays:
+        due = store.clock() + min(delays) * 1000
+        call.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+
+    def answer(ids: list[int]) -> bytes:
+        given = iter(ids)
+        return replies.batch([replies.inserted(next(given)) if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+
+    return then(call, answer)
+
+
+def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
+    # One reply of up to count jobs: at most half the connection's buffer cap of job data, so
+    # the batch never gets the connection closed for holding too much (protocol.md).
+    ctx = conn.ctx
+    ctx.counters.incr("reserve-with-timeout")  # one wait with a timeout, however many jobs
+    fits = max(1, ctx.max_client_buffer // 2 // (ctx.max_job_size + _RESERVED_FRAMING))
+    return conn.start_reserve(cmd.seconds, count=min(cmd.count, fits))
+
+
+def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
+    counters = conn.ctx.counters
+    for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
+        counters.incr("delete")
+    def answer(done: list[bool]) -> bytes:
+        out = []
+        for job_id, deleted in zip(cmd.ids, done, strict=True):
+            if deleted:
+                conn.settled(job_id)
+            out.append(replies.DELETED if deleted else replies.NOT_FOUND)
+        return replies.batch(out)
+
+    return then(conn.store.delete_many(conn.token, cmd.ids), answer)
 
 
 HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
@@ -323,6 +510,24 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
+    # recurring jobs (issue 10, part 4)
+    c.ScheduleAdd: _extension(_schedule_add),
+    c.ScheduleList: _extension(_schedule_list),
+    c.ScheduleRemove: _extension(_schedule_remove),
+    # admin verbs (issue 10 part 6)
+    c.ClearTube: _extension(_clear_tube),
+    c.ListJobs: _extension(_list_jobs),
+    c.ChangePri: _extension(_change_pri),
+    c.ChangeDelay: _extension(_change_delay),
+    c.TubePause: _extension(_tube_pause),
+    c.TubeResume: _extension(_tube_resume),
+    # batches (issue 10, part 3)
+    c.PutMany: _extension(_put_many),
+    c.ReserveMany: _extension(_reserve_many),
+    c.DeleteMany: _extension(_delete_many),
+    # job policies and deduplicated put
+    c.PutWith: _extension(_put_with),
+    c.PeekKey: _extension(_peek_key),
     c.Auth: _extension(_auth),
     c.Quit: _quit,
 }

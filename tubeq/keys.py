@@ -123,3 +123,34 @@ class Keys:
     def tube_of_wake_channel(self, channel: str) -> str:
         """The tube a wake-up channel name belongs to (inverse of :meth:`wake_channel`)."""
         return channel[len(self.root) + len("wake:"):]
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ---------------------------
+
+    @property
+    def ttl(self) -> str:
+        """Jobs with a time to live, scored by the instant they expire (ms)."""
+        return self.root + "ttl"
+
+    @property
+    def dedupe(self) -> str:
+        """Dedupe key -> id of the living job put with it (put-with key=...)."""
+        return self.root + "dedupe"
+    # -- recurring jobs and reserve limits (issue 10, parts 4 and 5) -------------------------
+
+    @property
+    def schedules(self) -> str:
+        """Every recurring schedule, member ``<tube>:<name>``, score = its next due time (ms)."""
+        return self.root + "schedules"
+
+    def schedule(self, tube: str, name: str) -> str:
+        """One schedule's definition and progress (a hash)."""
+        return f"{self.root}sc:{tube}:{name}"
+
+    def schedule_names(self, tube: str) -> str:
+        """The names of a tube's schedules (a set); they outlive the tube, like its settings."""
+        return f"{self.root}sc:{tube}"
+
+    @property
+    def due_channel(self) -> str:
+        """Where a script tells every process's scheduler of a due instant (ms) it created."""
+        return self.root + "due"

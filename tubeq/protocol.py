@@ -13,7 +13,8 @@ Rules:
 * Memory is bounded. Once ``next_command`` has returned ``None`` the parser holds less than one line
   (``LINE_MAX``; ``EXT_LINE_MAX`` for a line that starts with an extension word) or less than one
   body (``max_job_size + 2``); an overlong line and a too-big body are discarded as they arrive,
-  never buffered whole.
+  never buffered whole. A put-many also keeps the bodies of its entries read so far, at most
+  ``max_batch_bytes`` (tubeq.batch_framing owns the entries' framing).
 * Outcomes follow beanstalkd 1.12 (``prot.c``: ``which_cmd``, ``dispatch_cmd``, ``read_u32``,
   ``read_tube_name``), checked against a real 1.12 over loopback, including its quirks: the
   prefix matching of command words, ``quit`` and ``pause-tube`` matched without a space, ``strtol``
@@ -43,16 +44,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from tubeq import options, replies
+from tubeq import options, recurring, replies
+from tubeq.batch_framing import (
+    DEFAULT_MAX_BATCH_BYTES,
+    PUT_MANY_MAX,
+    PutManyHeader,
+    PutManyReader,
+)
 from tubeq.commands import (
     Auth,
     Bury,
+    ChangeDelay,
+    ChangePri,
+    ClearTube,
     Command,
     Delete,
+    DeleteMany,
     Extensions,
     Ignore,
     Kick,
     KickJob,
+    ListJobs,
     ListTubes,
     ListTubesWatched,
     ListTubeUsed,
@@ -60,21 +72,30 @@ from tubeq.commands import (
     Peek,
     PeekBuried,
     PeekDelayed,
+    PeekKey,
     PeekReady,
     Push,
     Put,
     PutExpectedCrlf,
+    PutMany,
     PutTooBig,
+    PutWith,
     Quit,
     Rejected,
     Release,
     Reserve,
     ReserveJob,
+    ReserveMany,
     ReserveWithTimeout,
+    ScheduleAdd,
+    ScheduleList,
+    ScheduleRemove,
     Stats,
     StatsJob,
     StatsTube,
     Touch,
+    TubePause,
+    TubeResume,
     TubeSet,
     Use,
     Watch,
@@ -90,6 +111,7 @@ __all__ = [
     "EXTENSION_NAMES",
     "EXT_LINE_MAX",
     "LINE_MAX",
+    "LIST_JOBS_MAX",
     "MAX_TUBE_NAME",
     "TUBE_NAME_CHARS",
     "U32_MAX",
@@ -143,6 +165,10 @@ _C_SPACE: Final = b" \t\n\v\f\r"
 
 _BAD_FORMAT: Final = Rejected(reply=replies.BAD_FORMAT)
 _UNKNOWN_COMMAND: Final = Rejected(reply=replies.UNKNOWN_COMMAND)
+# An extension's body (schedule-add) too big or not ended by CRLF: put's replies, but no cmd-put
+# counted and no job id used up (beanstalkd's put does both; nothing else has a body there).
+_JOB_TOO_BIG: Final = Rejected(reply=replies.JOB_TOO_BIG)
+_EXPECTED_CRLF: Final = Rejected(reply=replies.EXPECTED_CRLF)
 
 # ---------------------------------------------------------------------------------------------
 # The argument grammar
@@ -240,9 +266,24 @@ class _PutHeader:
     ttr: int
     size: int
     trailing_garbage: bool
+    # put-with: its options (None for a put), and the reply refusing them once the body is read
+    options: options.Options | None = None
+    refusal: bytes | None = None
 
 
-_Parsed: TypeAlias = Command | _PutHeader
+@dataclass(slots=True)
+class _BodyHeader:
+    """An extension line whose body of ``size`` bytes follows; ``build(body)`` is its command.
+
+    A line refused after its size was read still has its body swallowed (``build`` then
+    returns the refusal), so a body is never parsed as commands (put's 1.12 quirk stays put's).
+    """
+
+    size: int
+    build: Callable[[bytes], Command]
+
+
+_Parsed: TypeAlias = Command | _PutHeader | _BodyHeader
 _ArgParser: TypeAlias = Callable[[bytes], _Parsed]
 
 
@@ -408,6 +449,196 @@ def _tube_set(args: bytes) -> Command:
     return TubeSet(_tube_name(token[0]), settings)
 
 
+# -- job policies and deduplicated put (put-with, peek-key) --------------------------------------
+
+
+def _put_with(args: bytes) -> _PutHeader:
+    # put's four numbers, then options. Once the numbers parse the size is known, so the body
+    # is read (or swallowed) whatever the options: a refused option is answered after it, and
+    # the body is never taken for commands (put's trailing-garbage accident is not copied).
+    pri, pos = _read_unsigned(args, 0, U32_MAX)
+    delay, pos = _read_unsigned(args, pos, U32_MAX)
+    ttr, pos = _read_unsigned(args, pos, U32_MAX)
+    size, pos = _read_unsigned(args, pos, U32_MAX)
+    header = _PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
+    try:
+        header.options = _options(args[pos:], options.PUT_OPTIONS)
+    except _BadFormat:
+        header.refusal = replies.BAD_FORMAT
+    except _Refused as refused:
+        header.refusal = refused.reply
+    else:
+        if delay and any(name == "delay-ms" for name, _ in header.options):
+            header.refusal = replies.bad_option("delay-ms")  # two delays: which one?
+    return header
+
+
+def _peek_key(args: bytes) -> Command:
+    key = options.PUT_OPTIONS["key"].convert(args)
+    if not isinstance(key, str):
+        raise _BadFormat
+    return PeekKey(key)
+# -- batches (issue 10, part 3): put-many's line (its entries are tubeq.batch_framing's),
+# reserve-many and delete-many.
+
+
+def _put_many(args: bytes) -> Command:
+    return PutManyHeader(_read_last_unsigned(args, 0, U32_MAX))
+
+
+def _reserve_many(args: bytes) -> Command:
+    count, pos = _read_unsigned(args, 0, U32_MAX)
+    seconds = _read_last_unsigned(args, pos, U32_MAX)
+    if not 1 <= count <= PUT_MANY_MAX:
+        raise _BadFormat
+    return ReserveMany(count, seconds)
+
+
+# One job id of delete-many: 1-20 digits (any u64), ids separated by exactly one space.
+_ID_TOKEN: Final = re.compile(rb"[0-9]{1,20}")
+
+
+def _delete_many(args: bytes) -> Command:
+    ids = []
+    for token in args.split(b" "):
+        if _ID_TOKEN.fullmatch(token) is None:
+            raise _BadFormat
+        job_id = int(token)
+        if job_id > U64_MAX:
+            raise _BadFormat
+        ids.append(job_id)
+    return DeleteMany(tuple(ids))
+# -- admin verbs (issue 10 part 6): clear-tube, list-jobs, change-pri, change-delay, tube-pause,
+# tube-resume. Positional arguments only, separated by spaces as beanstalkd's are.
+
+# The most jobs one list-jobs page may ask for: a page is one script call, and 1,000 jobs keep
+# it under a millisecond of Redis time and its reply (about 40 bytes a job) under 64 KiB.
+LIST_JOBS_MAX: Final = 1000
+
+# What clear-tube may clear: one state, or all three a worker does not hold. Reserved jobs are
+# never cleared (protocol.md, "clear-tube").
+_CLEAR_STATES: Final[Mapping[bytes, tuple[str, ...]]] = {
+    b"ready": ("ready",), b"delayed": ("delayed",), b"buried": ("buried",),
+    b"all": ("ready", "delayed", "buried"),
+}
+_LIST_STATES: Final = frozenset({b"ready", b"delayed", b"buried", b"reserved"})
+# A list-jobs cursor: 0 (the start), or the score and id of the last job seen. '-' and not ':'
+# joins them, so a YAML reader takes the cursor for a string (1024:57 is a YAML 1.1 number).
+_CURSOR: Final = re.compile(rb"([0-9]{1,16})-([0-9]{1,20})")
+# Scores are whole numbers below 2**53 (priorities, due times in ms, sequences): exact doubles.
+_MAX_SCORE: Final = 2**53
+
+
+def _tokens(args: bytes, n: int) -> list[bytes]:
+    """Exactly ``n`` arguments separated by one or more spaces; none before or after."""
+    if args.startswith(b" ") or args.endswith(b" "):
+        raise _BadFormat
+    tokens = [token for token in args.split(b" ") if token]
+    if len(tokens) != n:
+        raise _BadFormat
+    return tokens
+
+
+def _count(token: bytes, maximum: int) -> int:
+    """A decimal argument from 1 to ``maximum``."""
+    if not token.isdigit() or not 1 <= int(token) <= maximum:
+        raise _BadFormat
+    return int(token)
+
+
+def _clear_tube(args: bytes) -> Command:
+    tube, state = _tokens(args, 2)
+    states = _CLEAR_STATES.get(state)
+    if states is None:
+        raise _BadFormat
+    return ClearTube(_tube_name(tube), states)
+
+
+def _list_jobs(args: bytes) -> Command:
+    tube, state, cursor, count = _tokens(args, 4)
+    if state not in _LIST_STATES:
+        raise _BadFormat
+    position: tuple[int, int] | None = None
+    if cursor != b"0":
+        match = _CURSOR.fullmatch(cursor)
+        if match is None:
+            raise _BadFormat
+        score, job_id = int(match[1]), int(match[2])
+        if score >= _MAX_SCORE or job_id > U64_MAX:
+            raise _BadFormat
+        position = (score, job_id)
+    return ListJobs(_tube_name(tube), state.decode(), position, _count(count, LIST_JOBS_MAX))
+
+
+def _change_pri(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    return ChangePri(job_id, _read_last_unsigned(args, pos, U32_MAX))
+
+
+def _change_delay(args: bytes) -> Command:
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    return ChangeDelay(job_id, _read_last_unsigned(args, pos, options.MAX_MS))
+# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+
+# schedule-add's positional arguments: tube, schedule name, body size (options follow).
+_SCHEDULE_ADD: Final = re.compile(b"(" + _NAME_RUN + b"++) (" + _NAME_RUN + b"++) ([0-9]++)")
+
+
+def _schedule_add(args: bytes) -> _BodyHeader:
+    match = _SCHEDULE_ADD.match(args)
+    if match is None:
+        raise _BadFormat
+    size = int(match[3])
+    if size > U32_MAX:
+        raise _BadFormat
+    try:
+        command = _schedule(match[1], match[2], args[match.end():])
+    except _BadFormat:
+        return _BodyHeader(size, lambda _: _BAD_FORMAT)
+    except _Refused as refused:
+        refusal = Rejected(reply=refused.reply)
+        return _BodyHeader(size, lambda _: refusal)
+    return _BodyHeader(size, lambda body: command(body))
+
+
+def _schedule(tube: bytes, name: bytes, rest: bytes) -> Callable[[bytes], ScheduleAdd]:
+    """schedule-add's line, checked: a function of the body making the command."""
+    tube_name, schedule_name = _tube_name(tube), _tube_name(name)
+    given = dict(_options(rest, options.SCHEDULE_OPTIONS))
+    cron, every = given.get("cron"), given.get("every-ms")
+    if cron is None and every is None:
+        raise _BadFormat  # a schedule needs one or the other
+    if cron is not None and every is not None:
+        raise _Refused(replies.bad_option("every-ms"))
+    if cron is not None:
+        try:
+            kind, spec = recurring.CRON, recurring.cron_expression(str(cron))
+        except recurring.BadSchedule:
+            raise _Refused(replies.bad_option("cron")) from None
+    else:
+        if int(every or 0) < recurring.MIN_EVERY_MS:
+            raise _Refused(replies.bad_option("every-ms"))
+        kind, spec = recurring.EVERY_MS, str(every)
+    pri = int(given.get("pri", SCHEDULE_DEFAULT_PRI))
+    ttr = max(int(given.get("ttr", SCHEDULE_DEFAULT_TTR)), 1)  # as put: 0 is raised to 1
+    delay_ms = int(given.get("delay-ms", 0))
+    return lambda body: ScheduleAdd(tube_name, schedule_name, kind, spec, pri, ttr, delay_ms,
+                                    body)
+
+
+# What a schedule's jobs get when schedule-add names no pri / ttr: the bundled client's put
+# defaults (tubeq.client.wire), so a scheduled job looks like a job put with that client.
+SCHEDULE_DEFAULT_PRI: Final = 2**31
+SCHEDULE_DEFAULT_TTR: Final = 60
+
+
+def _schedule_remove(args: bytes) -> Command:
+    tube, space, name = args.partition(b" ")
+    if not space:
+        raise _BadFormat
+    return ScheduleRemove(_tube_name(tube), _tube_name(name))
+
+
 # tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
 # a client that never sends them sees beanstalkd 1.12 exactly.
 EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
@@ -415,6 +646,24 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     b"extensions": _no_args(Extensions),
     b"tube-set ": _tube_set,
     b"auth ": _auth,
+    # job policies and deduplicated put
+    b"put-with ": _put_with,
+    b"peek-key ": _peek_key,
+    # batches (issue 10, part 3)
+    b"put-many ": _put_many,
+    b"reserve-many ": _reserve_many,
+    b"delete-many ": _delete_many,
+    # admin verbs (issue 10 part 6)
+    b"clear-tube ": _clear_tube,
+    b"list-jobs ": _list_jobs,
+    b"change-pri ": _change_pri,
+    b"change-delay ": _change_delay,
+    b"tube-pause ": _tube(TubePause),
+    b"tube-resume ": _tube(TubeResume),
+    # recurring jobs (issue 10, part 4)
+    b"schedule-add ": _schedule_add,
+    b"schedule-list ": _tube(ScheduleList),
+    b"schedule-remove ": _schedule_remove,
 }
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
@@ -468,24 +717,31 @@ class _Phase(enum.Enum):
     OVERLONG = "overlong"  # discarding a line longer than its limit up to its CRLF
     BODY = "body"  # expecting a put body plus its CRLF
     SKIP_BODY = "skip-body"  # swallowing the size+2 bytes of a too-big put
+    BATCH = "batch"  # reading the entries of a put-many (tubeq.batch_framing)
 
 
 class Parser:
     """Turns the bytes of one client connection into commands, in order."""
 
     # one per connection
-    __slots__ = ("_buffer", "_max_job_size", "_phase", "_put", "_scanned", "_skip_left")
+    __slots__ = ("_batch", "_buffer", "_max_batch_bytes", "_max_job_size", "_phase", "_put",
+                 "_scanned", "_skip_left", "_too_big")
 
-    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
-        """Create a parser that refuses put bodies longer than ``max_job_size`` bytes."""
+    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE, *,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
+        """Create a parser that refuses put bodies longer than ``max_job_size`` bytes, and
+        put-many entries past ``max_batch_bytes`` of bodies in one batch."""
         if not 0 <= max_job_size <= U32_MAX:
             raise ValueError(f"max_job_size must be within 0..{U32_MAX}, not {max_job_size}")
         self._max_job_size = max_job_size
+        self._max_batch_bytes = max_batch_bytes
+        self._batch: PutManyReader | None = None  # the put-many being read (phase BATCH)
         self._buffer = bytearray()
         self._phase = _Phase.LINE
-        self._put: _PutHeader | None = None  # the header whose body is awaited (phase BODY)
+        self._put: _PutHeader | _BodyHeader | None = None  # whose body is awaited (BODY)
         self._skip_left = 0  # bytes still to swallow (phase SKIP_BODY)
         self._scanned = 0  # bytes of a long line known to hold no CRLF (phase LONG_LINE)
+        self._too_big: Command = PutTooBig()  # the answer once a too-big body is swallowed
 
     def feed(self, data: bytes) -> None:
         """Append received bytes; call ``next_command`` until it returns None to consume them."""
@@ -493,8 +749,10 @@ class Parser:
 
     @property
     def buffered(self) -> int:
-        """The number of received bytes held and not yet turned into a command."""
-        return len(self._buffer)
+        """The number of received bytes held and not yet turned into a command (the bodies
+        of a put-many being read included)."""
+        batch = self._batch
+        return len(self._buffer) + (batch.held if batch is not None else 0)
 
     def next_command(self) -> Command | None:
         """Return the next complete command, or None when more bytes are needed."""
@@ -508,6 +766,8 @@ class Parser:
                 command = self._skip_body()
             elif phase is _Phase.LONG_LINE:
                 command = self._read_long_line()
+            elif phase is _Phase.BATCH:
+                command = self._read_batch()
             else:
                 command = self._discard_overlong()
             # A phase change without a command (a put header, an overlong line) may be followed
@@ -545,19 +805,38 @@ class Parser:
         line = bytes(buffer[:end])
         del buffer[: end + len(CRLF)]
         parsed = _parse_line(line)
-        if isinstance(parsed, _PutHeader):
+        if isinstance(parsed, _PutHeader | _BodyHeader):
             return self._begin_body(parsed)
+        if isinstance(parsed, PutManyHeader):
+            return self._begin_batch(parsed)
         return parsed
 
-    def _begin_body(self, header: _PutHeader) -> Command | None:
+    def _begin_batch(self, header: PutManyHeader) -> Command | None:
+        if header.count == 0:
+            return PutMany(())
+        self._batch = PutManyReader(header.count, max_job_size=self._max_job_size,
+                                    max_bytes=self._max_batch_bytes, line_max=EXT_LINE_MAX)
+        self._phase = _Phase.BATCH
+        return None
+
+    def _read_batch(self) -> Command | None:
+        assert self._batch is not None
+        command = self._batch.read(self._buffer)
+        if command is not None:
+            self._batch = None
+            self._phase = _Phase.LINE
+        return command
+
+    def _begin_body(self, header: _PutHeader | _BodyHeader) -> Command | None:
         # 1.12's order: the size limit first (its body is swallowed even if the line also has
         # trailing garbage), then trailing garbage (BAD_FORMAT, the body is then read as commands;
         # cmd-put was already counted), then the body itself.
         if header.size > self._max_job_size:
             self._skip_left = header.size + len(CRLF)
             self._phase = _Phase.SKIP_BODY
+            self._too_big = _JOB_TOO_BIG if isinstance(header, _BodyHeader) else PutTooBig()
             return None
-        if header.trailing_garbage:
+        if isinstance(header, _PutHeader) and header.trailing_garbage:
             return Rejected(reply=replies.BAD_FORMAT, counted_as=Put.stat)
         self._put = header
         self._phase = _Phase.BODY
@@ -574,6 +853,14 @@ class Parser:
         del self._buffer[: size + len(CRLF)]  # exactly size+2 bytes, whatever they are
         self._put = None
         self._phase = _Phase.LINE
+        if isinstance(header, _BodyHeader):  # an extension's body (schedule-add): no id burnt
+            return header.build(body) if terminated else _EXPECTED_CRLF
+        if header.options is not None:  # put-with: a refused line still had its body read
+            if header.refusal is not None:
+                return Rejected(reply=header.refusal)
+            if not terminated:
+                return PutExpectedCrlf()
+            return PutWith(header.pri, header.delay, header.ttr, body, header.options)
         if not terminated:
             return PutExpectedCrlf()
         return Put(header.pri, header.delay, header.ttr, body)
@@ -585,7 +872,7 @@ class Parser:
         if self._skip_left:
             return None
         self._phase = _Phase.LINE
-        return PutTooBig()
+        return self._too_big
 
     def _discard_overlong(self) -> Command | None:
         buffer = self._buffer

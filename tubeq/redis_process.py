@@ -3,16 +3,38 @@
 Used by ``tubeq`` when no ``--redis`` URL is given (the embedded default) and by the test suite,
 which must never touch a Redis it did not start. The binary is ``redis-server`` from PATH; without
 one, :class:`RedisNotInstalled` says exactly what to install.
+
+The embedded Redis never outlives tubeq and never runs twice on one data directory:
+
+* ``die_with_parent``: the child asks the kernel for SIGTERM when its parent dies
+  (``prctl(PR_SET_PDEATHSIG)``, Linux), so a tubeq killed with SIGKILL (an OOM kill, a crash)
+  takes its redis-server with it; SIGTERM lets Redis write out its append-only file first. The
+  signal comes when the *thread* that forked dies, so spawn from the main thread
+  (:meth:`RedisProcess.spawn`) and wait for it to answer elsewhere.
+* :class:`DataDirLock`: tubeq holds an exclusive ``flock`` on ``<data-dir>/tubeq.lock`` for its
+  whole life. A second tubeq on the same directory is refused with the first one's PID. The
+  kernel drops the lock when its holder dies however it dies, so there is no stale lock to clean.
+* The Redis writes its PID to ``<data-dir>/redis.pid``. A start that got the lock and finds that
+  PID alive as a redis-server of this directory (an orphan: the parent-death signal is Linux
+  only) stops it with SIGTERM, waits for it to exit, and only then starts its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from tubeq.durability import StartupError
 
 INSTALL_HINT = (
     "no redis-server binary found on PATH: install it (Debian/Ubuntu: "
@@ -25,8 +47,100 @@ INSTALL_HINT = (
 LISTPACK_VALUE_LIMIT = 8192
 
 
+# How long an orphaned redis-server of our data directory gets to exit after SIGTERM (it writes
+# out its append-only file first) before tubeq gives up and says so.
+ORPHAN_STOP_TIMEOUT_S = 15.0
+LOCK_FILE = "tubeq.lock"
+PID_FILE = "redis.pid"
+_PR_SET_PDEATHSIG = 1
+
+
 class RedisNotInstalled(RuntimeError):
     """No redis-server binary could be found."""
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A preexec function that makes the child get SIGTERM when this thread dies (Linux), or
+    None where the kernel has no such thing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not after the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory, held until :meth:`release` or process death."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock; raise StartupError naming the holder if another process has it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StartupError(
+                f"the data directory {self.path.parent} is in use by another tubeq (pid "
+                f"{holder}): stop it first, or give this one another --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _orphan_pid(data_dir: Path) -> int | None:
+    """The PID in ``redis.pid`` if it is a live redis-server working in ``data_dir``.
+
+    Redis rewrites its command line (its process title), so it is recognised by its name and
+    its working directory, which is its ``--dir``.
+    """
+    try:
+        pid = int((data_dir / PID_FILE).read_text().strip())
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    if state == "Z" or not name.startswith("redis-server"):
+        return None
+    return pid if Path(cwd) == data_dir else None
+
+
+def stop_orphan(data_dir: Path, timeout: float = ORPHAN_STOP_TIMEOUT_S) -> int | None:
+    """Stop a redis-server left running on ``data_dir`` by an earlier tubeq (call with the
+    data-dir lock held); returns its PID, or None if there was none."""
+    pid = _orphan_pid(data_dir)
+    if pid is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _orphan_pid(data_dir) == pid:
+        if time.monotonic() > deadline:
+            raise StartupError(f"a redis-server (pid {pid}) left by an earlier tubeq still runs "
+                               f"on {data_dir} and did not exit on SIGTERM within "
+                               f"{timeout:.0f} s: stop it, then start tubeq again")
+        time.sleep(0.05)
+    return pid
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,17 +153,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RedisProcess:
     """One redis-server child process with its data under ``data_dir``.
 
-    ``persistent`` turns on the append-only file (fsync every second), so a restart of tubeq and
-    its private Redis keeps every job; tests run without persistence.
+    ``persistent`` turns on the append-only file (fsync every second, or as ``appendfsync``
+    says), so a restart of tubeq and its private Redis keeps every job; tests run without
+    persistence. ``die_with_parent``: see the module header. ``extra`` is appended to the
+    command line (``--replicaof``...).
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, persistent: bool = False,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", appendfsync: str = "everysec",
+                 die_with_parent: bool = False, extra: tuple[str, ...] = ()) -> None:
         # Absolute: redis-server changes into --dir before it opens --logfile.
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.persistent = persistent
+        self.appendfsync = appendfsync
+        self.die_with_parent = die_with_parent
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,18 +187,32 @@ class RedisProcess:
             "--dir", str(self.data_dir),
             "--save", "",
             "--appendonly", "yes" if self.persistent else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.appendfsync,
             "--hash-max-listpack-value", str(LISTPACK_VALUE_LIMIT),
             "--maxmemory-policy", "noeviction",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "redis.log"),
+            "--pidfile", str(self.data_dir / PID_FILE),
+            *self.extra,
         ]
 
     def start(self, timeout: float = 10.0) -> None:
         """Start redis-server and wait until it answers PING."""
+        self.spawn()
+        self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start redis-server without waiting for it (call from the thread that should own it:
+        with ``die_with_parent`` the child dies with that thread)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        hook = _parent_death_hook() if self.die_with_parent else None
         self.proc = subprocess.Popen(self.command_line(), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=hook)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Wait until the spawned redis-server answers PING; raise if it exits or never does."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -24,6 +24,9 @@ AUTHENTICATED = b"AUTHENTICATED\r\n"
 UNAUTHORIZED = b"UNAUTHORIZED\r\n"
 AUTH_REQUIRED = b"AUTH_REQUIRED\r\n"
 TOO_MANY_CONNECTIONS = b"TOO_MANY_CONNECTIONS\r\n"
+# admin verbs (issue 10 part 6)
+CHANGED = b"CHANGED\r\n"
+RESUMED = b"RESUMED\r\n"
 
 
 def bad_option(name: str) -> bytes:
@@ -33,6 +36,11 @@ def bad_option(name: str) -> bytes:
 
 def inserted(job_id: int) -> bytes:
     return b"INSERTED %d\r\n" % job_id
+
+
+def duplicate(job_id: int) -> bytes:
+    """put-with key=...: a job with that key lives (``job_id``); nothing was enqueued."""
+    return b"DUPLICATE %d\r\n" % job_id
 
 
 def reserved(job_id: int, body: bytes) -> bytes:
@@ -62,3 +70,21 @@ def kicked(count: int) -> bytes:
 def ok(data: bytes) -> bytes:
     """An ``OK <bytes>`` reply; ``data`` is the YAML document, without the trailing CRLF."""
     return b"OK %d\r\n%s\r\n" % (len(data), data)
+
+
+# -- batches (issue 10, part 3) -----------------------------------------------------------------
+
+
+def batch(items: list[bytes]) -> bytes:
+    """``BATCH <n>`` followed by the n whole replies of a batch command, in order."""
+    return b"BATCH %d\r\n%s" % (len(items), b"".join(items))
+# admin verbs (issue 10 part 6)
+def cleared(count: int) -> bytes:
+    return b"CLEARED %d\r\n" % count
+# -- recurring jobs (issue 10, part 4) -------------------------------------------------------------
+REMOVED = b"REMOVED\r\n"
+
+
+def scheduled(next_due_ms: int) -> bytes:
+    """schedule-add's answer: when the schedule first ticks (ms since the epoch)."""
+    return b"SCHEDULED %d\r\n" % next_due_ms

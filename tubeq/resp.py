@@ -23,11 +23,28 @@ Rules:
   safe.
 * Blocking commands (BLPOP...) hold the connection for every call behind them. Keep them off
   this client.
+* Metrics (optional, ``on_round_trip`` / ``on_error``): one call at a time is timed, from the
+  write of its batch to its reply (a probe on the last call of a batch, taken again once it
+  answered), so the cost is one identity check per reply; error replies and lost connections
+  are counted.
+* Sentinel (``redis+sentinel://``, :mod:`tubeq.sentinel`): every connect and reconnect asks the
+  sentinels for the master first, and the client checks with ROLE that it reached a master. A
+  READONLY reply means the master it is talking to was demoted: the call fails, and the client
+  drops the connection so that the reconnect finds the new master. A demoted master does not
+  always say so at once: after a failover Sentinel reconfigures a reachable old master only when
+  it next looks at it (up to 10 s), and until then it takes writes that the new master will
+  never see. So while connected the client asks the sentinels every ``SENTINEL_RECHECK_S`` and
+  drops the connection as soon as they name another master.
+* Replica acknowledgement (``min_replicas``, opt-in): a call bound with ``durable=True`` resolves
+  only once a ``WAIT min_replicas timeout`` sent after it confirms that many replicas have it.
+  One WAIT goes at the end of each flushed batch that holds such a call; Redis runs WAIT after
+  everything before it, so its answer covers every reply read before its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +53,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 import structlog
+
+from tubeq.futures import discard
+from tubeq.sentinel import SCHEME as SENTINEL_SCHEME
+from tubeq.sentinel import SentinelTarget, parse_sentinel_url
 
 Reply: TypeAlias = bytes | int | list["Reply"] | None
 Arg: TypeAlias = bytes | str | int | float
@@ -47,6 +68,9 @@ log = structlog.get_logger(__name__)
 # line per second.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
+# How often a client on a Sentinel endpoint asks the sentinels whether the master moved: the
+# longest a demoted master that has not yet been told keeps receiving tubeq's writes.
+SENTINEL_RECHECK_S = 1.0
 # Bound on the TCP connect plus handshake. Without it a black-holed host hangs for the kernel's
 # SYN retry time (about 2 minutes).
 CONNECT_TIMEOUT = 5.0
@@ -78,6 +102,23 @@ class RedisReplyError(Exception):
 
 class RedisConnectionLost(ConnectionError):
     """The connection was lost (or closed) before the reply arrived, or is down right now."""
+
+
+class ReplicasBehind(Exception):
+    """Fewer replicas than ``min_replicas`` acknowledged a write within the timeout. The write
+    did happen on the master: only its safety against losing the master is not confirmed."""
+
+
+class _Durable:
+    """The decoder of a call that resolves only after a WAIT confirms it (see the header)."""
+
+    __slots__ = ("decode",)
+
+    def __init__(self, decode: Decoder | None) -> None:
+        self.decode = decode
+
+    def __call__(self, reply: Any) -> Any:
+        return reply if self.decode is None else self.decode(reply)
 
 
 def encode_command(args: tuple[Arg, ...]) -> bytes:
@@ -112,8 +153,8 @@ def encode_bulks(args: tuple[Arg, ...]) -> bytes:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where to connect and what to send first: ``redis://[[user]:pass@]host[:port][/db]``
-    or ``unix:///path/to/socket[?db=N]``."""
+    """Where to connect and what to send first: ``redis://[[user]:pass@]host[:port][/db]``,
+    ``unix:///path/to/socket[?db=N]`` or ``redis+sentinel://h1:p1,h2:p2/master[/db]``."""
 
     host: str = "127.0.0.1"
     port: int = 6379
@@ -121,9 +162,16 @@ class Endpoint:
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    sentinel: SentinelTarget | None = None  # ask it for host and port before every connect
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
+        if url.startswith(SENTINEL_SCHEME + "://"):
+            rest = url[len(SENTINEL_SCHEME) + 3:]
+            netloc, _, tail = rest.partition("/")
+            path, _, query = tail.partition("?")
+            target, number, user, secret = parse_sentinel_url(netloc, path, query)
+            return cls(db=number, username=user, password=secret, sentinel=target)
         parts = urlsplit(url)
         username = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password is not None else None
@@ -134,10 +182,12 @@ class Endpoint:
         if parts.scheme == "unix" and parts.path:
             db = parse_qs(parts.query).get("db", ["0"])[0]
             return cls(path=parts.path, db=int(db), username=username, password=password)
-        raise ValueError(f"unsupported redis url {url!r}: use redis://host:port/db "
-                         "or unix:///path?db=N")
+        raise ValueError(f"unsupported redis url {url!r}: use redis://host:port/db, "
+                         f"unix:///path?db=N or {SENTINEL_SCHEME}://host:port,.../master")
 
     def __str__(self) -> str:
+        if self.sentinel is not None:
+            return f"{self.sentinel}/{self.db}"
         where = f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
         return f"{where}/{self.db}"
 
@@ -151,12 +201,16 @@ class Endpoint:
             commands.append((b"SELECT", self.db))
         return commands
 
-    async def open(self, protocol: asyncio.Protocol) -> None:
+    async def open(self, protocol: asyncio.Protocol) -> str:
+        """Connect ``protocol``; returns where to (the master's address, for Sentinel)."""
         loop = asyncio.get_running_loop()
         if self.path is not None:
             await loop.create_unix_connection(lambda: protocol, self.path)
-        else:
-            await loop.create_connection(lambda: protocol, self.host, self.port)
+            return f"unix:{self.path}"
+        host, port = (self.host, self.port) if self.sentinel is None else \
+            await self.sentinel.discover()
+        await loop.create_connection(lambda: protocol, host, port)
+        return f"{host}:{port}"
 
 
 class ReconnectingProtocol(asyncio.Protocol):
@@ -168,6 +222,10 @@ class ReconnectingProtocol(asyncio.Protocol):
     only once ``_on_open`` has finished, so nothing is used half-prepared.
     """
 
+    # Whether this connection asks the sentinels every SENTINEL_RECHECK_S if the master moved
+    # (the hot-path client does; the subscriber follows it, see Server.start).
+    WATCHES_MASTER = False
+
     def __init__(self, url: str) -> None:
         self._endpoint = Endpoint.parse(url)
         self._transport: asyncio.Transport | None = None
@@ -176,6 +234,8 @@ class ReconnectingProtocol(asyncio.Protocol):
         self._closing = False
         self._lost = asyncio.Event()
         self._reconnect_task: asyncio.Task[None] | None = None
+        self._address = ""  # where the current connection goes (the master, for Sentinel)
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -228,7 +288,7 @@ class ReconnectingProtocol(asyncio.Protocol):
         TimeoutError) or RedisReplyError if either fails."""
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                await self._endpoint.open(self)
+                self._address = await self._endpoint.open(self)
                 self._check_open()
                 await self._on_open()
             self._check_open()
@@ -237,6 +297,39 @@ class ReconnectingProtocol(asyncio.Protocol):
                 self._transport.abort()
             raise
         self._connected = True
+        if self._endpoint.sentinel is not None and self.WATCHES_MASTER and \
+                self._watch_task is None:
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_master())
+
+    async def _watch_master(self) -> None:
+        """Drop the connection when the sentinels name a master other than the one we are on
+        (see the module header); runs until shutdown."""
+        assert self._endpoint.sentinel is not None
+        while not self._closing:
+            await asyncio.sleep(SENTINEL_RECHECK_S)
+            if not self._connected:
+                continue
+            try:
+                host, port = await self._endpoint.sentinel.discover()
+            except OSError:
+                continue  # no sentinel could tell: keep what we have
+            if self._connected and f"{host}:{port}" != self._address:
+                log.warning("the sentinels name another master: reconnecting",
+                            endpoint=str(self._endpoint), was=self._address, now=f"{host}:{port}")
+                self.drop()
+
+    def drop(self) -> None:
+        """Abort the current connection (the reconnect loop takes over), e.g. to follow a
+        failover."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
+
+    def follow(self, address: str) -> None:
+        """Reconnect if connected anywhere but ``address`` (another connection moved there)."""
+        if self._connected and self._address != address:
+            log.info("following the master", endpoint=str(self._endpoint), was=self._address,
+                     now=address)
+            self.drop()
 
     def _check_open(self) -> None:
         # connection_lost may run between any two awaits of _open(), e.g. on an immediate EOF.
@@ -254,7 +347,7 @@ class ReconnectingProtocol(asyncio.Protocol):
                 log.warning("redis reconnect failed", endpoint=str(self._endpoint),
                             error=repr(exc), retry_in=delay)
                 continue
-            log.info("redis reconnected", endpoint=str(self._endpoint))
+            log.info("redis reconnected", endpoint=str(self._endpoint), address=self._address)
             self._on_reconnected()
             return
 
@@ -265,6 +358,9 @@ class ReconnectingProtocol(asyncio.Protocol):
     async def _shutdown(self) -> None:
         """Stop reconnecting and close the connection; returns once it is gone."""
         self._closing = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.wait([self._watch_task])
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
             await asyncio.wait([self._reconnect_task])
@@ -276,9 +372,14 @@ class ReconnectingProtocol(asyncio.Protocol):
 class RedisClient(ReconnectingProtocol):
     """Auto-pipelining client on one connection. Create it with :meth:`connect`."""
 
-    def __init__(self, url: str, *, flush_at: int = 16) -> None:
+    WATCHES_MASTER = True
+
+    def __init__(self, url: str, *, flush_at: int = 16, min_replicas: int = 0,
+                 replicas_timeout_ms: int = 1000) -> None:
         if flush_at < 1:
             raise ValueError("flush_at must be at least 1")
+        if min_replicas < 0 or replicas_timeout_ms < 0:
+            raise ValueError("min_replicas and replicas_timeout_ms must not be negative")
         super().__init__(url)
         self._loop = asyncio.get_running_loop()
         self._flush_at = flush_at
@@ -286,13 +387,29 @@ class RedisClient(ReconnectingProtocol):
         self._unsent: list[bytes] = []
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
+        # Metrics hooks (tubeq.metrics): a round trip in seconds; an error's kind.
+        self.on_round_trip: Callable[[float], None] | None = None
+        self.on_error: Callable[[str], None] | None = None
+        self._probe: asyncio.Future[Any] | None = None  # the call being timed
+        self._probe_sent = 0.0
+        self.min_replicas = min_replicas
+        self._wait_command = encode_command((b"WAIT", min_replicas, replicas_timeout_ms))
+        self._needs_wait = False  # a durable call went into _unsent since the last WAIT
+        self._unconfirmed: list[tuple[asyncio.Future[Any], Any]] = []  # replied, not yet WAITed
 
     @classmethod
-    async def connect(cls, url: str, *, flush_at: int = 16) -> RedisClient:
+    async def connect(cls, url: str, *, flush_at: int = 16, min_replicas: int = 0,
+                      replicas_timeout_ms: int = 1000) -> RedisClient:
         """Connect (and AUTH/SELECT) once; raises OSError or RedisReplyError if that fails."""
-        client = cls(url, flush_at=flush_at)
+        client = cls(url, flush_at=flush_at, min_replicas=min_replicas,
+                     replicas_timeout_ms=replicas_timeout_ms)
         await client._open()
         return client
+
+    @property
+    def address(self) -> str:
+        """Where the current (or last) connection goes: for Sentinel, the master's address."""
+        return self._address
 
     def call(self, *args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]:
         """Send one command; the future resolves to its reply (``decode(reply)`` if given) or
@@ -313,19 +430,33 @@ class RedisClient(ReconnectingProtocol):
         return future
 
     def bind_script(self, sha: str, source: bytes, keys: tuple[Arg, ...],
-                    bound: tuple[Arg, ...] = ()) -> ScriptCall:
+                    bound: tuple[Arg, ...] = (), *, durable: bool = False) -> ScriptCall:
         """``call_script`` for one script and fixed keys, its EVALSHA head encoded once (the
         same sha and keys go out call after call on the hot path). ``bound`` arguments are
-        fixed too: every call's ARGV starts with them, at no cost per call."""
+        fixed too: every call's ARGV starts with them, at no cost per call. ``durable``: with
+        ``min_replicas``, each call resolves only once that many replicas acknowledged it."""
         eval_head: tuple[Arg, ...] = (len(keys), *keys, *bound)
         head = encode_bulks(("EVALSHA", sha, *eval_head))
         fixed = 2 + len(eval_head)
+        if durable and self.min_replicas:
+            return self._bind_durable(sha, source, eval_head, head, fixed)
 
         def call(*args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]:
             if not self._connected:
                 return self.call("EVALSHA", sha, *eval_head, *args)  # fails at once
             data = b"*%d\r\n%s%s" % (fixed + len(args), head, encode_bulks(args))
             return self._send_encoded(data, decode, (source, eval_head + args))
+
+        return call
+
+    def _bind_durable(self, sha: str, source: bytes, eval_head: tuple[Arg, ...], head: bytes,
+                      fixed: int) -> ScriptCall:
+        def call(*args: Arg, decode: Decoder | None = None) -> asyncio.Future[Any]:
+            if not self._connected:
+                return self.call("EVALSHA", sha, *eval_head, *args)  # fails at once
+            data = b"*%d\r\n%s%s" % (fixed + len(args), head, encode_bulks(args))
+            self._needs_wait = True
+            return self._send_encoded(data, _Durable(decode), (source, eval_head + args))
 
         return call
 
@@ -370,9 +501,18 @@ class RedisClient(ReconnectingProtocol):
         self._flush()
 
     def _flush(self) -> None:
+        if self._needs_wait:
+            self._needs_wait = False
+            self._unsent.append(self._wait_command)
+            waited: asyncio.Future[Any] = self._loop.create_future()
+            waited.add_done_callback(discard)  # its outcome goes to the calls it covers
+            self._pending.append((waited, self._confirm, None))
         if self._unsent:
             self._write(b"".join(self._unsent))
             self._unsent.clear()
+            if self._probe is None and self.on_round_trip is not None and self._pending:
+                self._probe = self._pending[-1][0]
+                self._probe_sent = time.perf_counter()
 
     async def _on_open(self) -> None:
         # The PING makes "connected" mean "Redis answered": a peer that accepts and then drops
@@ -380,6 +520,32 @@ class RedisClient(ReconnectingProtocol):
         # reconnect every 50 ms.
         await asyncio.gather(*(self._send(command)
                                for command in [*self._endpoint.handshake(), (b"PING",)]))
+        if self._endpoint.sentinel is not None:
+            # A sentinel may still name the old master for a moment after a failover.
+            role = await self._send((b"ROLE",))
+            if not (isinstance(role, list) and role and role[0] == b"master"):
+                raise RedisConnectionLost(f"{self._address} is not the master (yet)")
+
+    def _confirm(self, replicas: Any) -> None:
+        """A WAIT's answer: settle every durable call replied before it."""
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
+        error = None
+        if int(replicas) < self.min_replicas:
+            error = ReplicasBehind(f"{replicas} of {self.min_replicas} replicas acknowledged "
+                                   "in time")
+        for future, value in unconfirmed:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def _fail_unconfirmed(self, error: Exception) -> None:
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
+        for future, _ in unconfirmed:
+            if not future.done():
+                future.set_exception(error)
 
     def _on_reply(self, reply: Reply | RedisReplyError) -> None:
         if not self._pending:  # a bug somewhere: nothing on this stream can be trusted now
@@ -389,25 +555,55 @@ class RedisClient(ReconnectingProtocol):
                 self._transport.abort()
             return
         future, decode, fallback = self._pending.popleft()
+        if future is self._probe:
+            self._probe = None
+            if self.on_round_trip is not None:
+                self.on_round_trip(time.perf_counter() - self._probe_sent)
         if future.done():  # cancelled: the reply was only read to keep the stream in step
             return
         if isinstance(reply, RedisReplyError):
             if fallback is not None and reply.code == "NOSCRIPT":
                 source, args = fallback
+                if type(decode) is _Durable:
+                    self._needs_wait = True
                 self._send(("EVAL", source, *args), decode, future)
             else:
+                if self.on_error is not None:
+                    self.on_error(reply.code)
                 future.set_exception(reply)
+                if decode == self._confirm:  # the WAIT itself failed
+                    self._fail_unconfirmed(reply)
+                elif reply.code == "READONLY" and self._endpoint.sentinel is not None:
+                    self._demoted()
         elif decode is None:
             future.set_result(reply)
         else:
             try:
-                future.set_result(decode(reply))
+                value = decode(reply)
             except Exception as error:  # a reply of an unexpected shape
                 future.set_exception(error)
+                return
+            if type(decode) is _Durable:
+                self._unconfirmed.append((future, value))
+            else:
+                future.set_result(value)
+
+    def _demoted(self) -> None:
+        # The server we write to became a replica (a failover): reconnecting asks the
+        # sentinels again. Pending calls fail with RedisConnectionLost as on any loss.
+        if self._transport is not None and not self._transport.is_closing():
+            log.warning("redis answered READONLY: the master was demoted, reconnecting",
+                        endpoint=str(self._endpoint), address=self._address)
+            self.drop()
 
     def _on_lost(self, exc: Exception | None) -> None:
         reason = f"connection to {self._endpoint} lost" + (f": {exc}" if exc else "")
         self._unsent.clear()
+        self._probe = None
+        if self.on_error is not None:
+            self.on_error("connection_lost")
+        self._needs_wait = False
+        self._fail_unconfirmed(RedisConnectionLost(reason))
         pending, self._pending = self._pending, deque()
         for future, _, _ in pending:
             if not future.done():

@@ -1,11 +1,14 @@
 """The scheduler: time-driven transitions, run when they are due, never on a fixed period.
 
 It sleeps until the earliest of: the next delayed job or pause end (``timers``), the next TTR
-deadline (``reserved``), and this process's next heartbeat. Anything in this process that
+deadline (``reserved``), the next recurring schedule's tick (``schedules``, see
+:func:`tick_schedules`), and this process's next heartbeat. Anything in this process that
 creates an earlier due instant (a delayed put, a reserve, a pause) calls :meth:`note_due`,
 which cuts the sleep short. Due instants created by other tubeq processes are theirs to serve;
 this process only learns them at its next wake-up, which bounds how late a job can be when the
-process that scheduled it dies (the heartbeat period). The scripts are atomic, so several
+process that scheduled it dies (the heartbeat period), or sooner when the script that created
+them announces them on the due channel (a schedule's next tick, a rate window's end), which
+the server turns into :meth:`Scheduler.note_due`. The scripts are atomic, so several
 processes sweeping the same due jobs never promote or expire one twice.
 """
 
@@ -13,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from tubeq.store import Store
+from tubeq import recurring
+from tubeq.store import SWEEP_LIMIT, Store
 from tubeq.waiters import WaiterRegistry
 
 log = structlog.get_logger(__name__)
@@ -62,8 +68,9 @@ class Scheduler:
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
                 self._noted_ms = None
-                (next_timer, promoted), (next_deadline, expired) = await asyncio.gather(
-                    self.store.promote(), self.store.expire())
+                (next_timer, promoted), (next_deadline, expired), next_tick = \
+                    await asyncio.gather(self.store.promote(), self.store.expire(),
+                                         tick_schedules(self.store, self.note_due))
                 # This process's waiters on those tubes need not wait for the PUBLISH to come
                 # back through the subscriber (the scripts publish for other processes).
                 for tube in (*promoted, *expired):
@@ -74,7 +81,7 @@ class Scheduler:
                 log.warning("scheduler sweep failed", error=repr(exc))
                 await asyncio.sleep(ERROR_BACKOFF_S)
                 continue
-            dues = (next_timer, next_deadline, next_heartbeat, self._noted_ms)
+            dues = (next_timer, next_deadline, next_tick, next_heartbeat, self._noted_ms)
             target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
             # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
@@ -85,3 +92,43 @@ class Scheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._nudge.wait(), delay)
             self._target_ms = None
+
+
+async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = None) -> int:
+    """Run every recurring schedule whose tick is due; return the next tick's due time (-1:
+    none). ``note_due`` learns the due time of a delayed job a tick put.
+
+    Each tick is one schedule_tick.lua call with the next due time computed here (Lua has no
+    cron library); the script refuses a tick another process already ran, so every process may
+    race every tick and exactly one job is put. Timeline of two processes racing tick N::
+
+        A: schedule_due (N due) ... next_due(N) ... schedule_tick(N -> N+1): job put
+        B: schedule_due (N due) ........ next_due(N) ....... schedule_tick(N -> N+1): 0
+
+    A crash before A's script ran leaves tick N due for B (or A after its restart); after it,
+    tick N is done and N+1 stored: nothing is lost or doubled in between.
+    """
+    later, due = await store.schedules_due()
+    if not due:
+        return later
+    now = store.clock()
+    nexts: list[int] = []
+    calls: list[asyncio.Future[Any]] = []
+    for tick in due:
+        try:
+            next_ms = recurring.next_due(tick.kind, tick.spec, tick.due_ms, now)
+        except recurring.BadSchedule as exc:  # no future tick left: stop it, never spin on it
+            log.warning("schedule has no next tick: removed", tube=tick.tube,
+                        schedule=tick.name, error=str(exc))
+            calls.append(store.schedule_remove(tick.tube, tick.name))
+            continue
+        nexts.append(next_ms)
+        calls.append(store.schedule_tick(tick, next_ms))
+        if tick.delay_ms > 0 and note_due is not None:
+            note_due(now + tick.delay_ms)
+    await asyncio.gather(*calls)
+    # A tick another process won stored the same next due (or, late, its own); either way
+    # this process wakes in time and schedule_due tells it the rest.
+    if len(due) >= SWEEP_LIMIT:
+        return now  # more are due: sweep again at once
+    return min(t for t in (later, *nexts) if t >= 0) if nexts or later >= 0 else -1

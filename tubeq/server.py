@@ -6,10 +6,12 @@ start; all share this process's Redis connection and its one pub/sub connection,
 are routed by key root. The main listener then gates its connections until ``auth``; the
 file's bound listeners put theirs straight into a namespace.
 
-Shutdown goes in phases: stop accepting, close every client connection (each one's reserved
-jobs go back to ready through disconnect.lua), wait for that with a bound, stop the scheduler and
-the subscriber, leave the namespaces, close Redis. Drain mode (SIGUSR1, as in beanstalkd) makes
-every later put answer DRAINING; it cannot be left.
+Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
+connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
+worker finishes its job instead of having it run twice); close every client connection (each
+one's reserved jobs go back to ready through disconnect.lua), wait for that with a bound, stop the
+scheduler and the subscriber, leave the namespaces, close Redis. Drain mode (SIGUSR1, as in
+beanstalkd) makes every later put answer DRAINING; it cannot be left.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -32,6 +35,7 @@ from tubeq.connection import (
     Gate,
     ServerContext,
 )
+from tubeq.durability import StartupError, check_redis
 from tubeq.keys import Keys
 from tubeq.listeners import (
     LISTEN_BACKLOG,
@@ -42,13 +46,18 @@ from tubeq.listeners import (
     unix_path,
     unix_socket,
 )
-from tubeq.resp import RedisClient
+from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
+from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
+from tubeq.sentinel import MasterNotFound
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
 from tubeq.using import UseLedger
 from tubeq.waiters import WaiterRegistry
+
+if TYPE_CHECKING:
+    from tubeq.http import HttpListener
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +69,10 @@ DEFAULT_MAX_JOB_SIZE = 65535
 REDIS_BATCH_CALLS = 64
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
+# While connections finish their jobs at shutdown, how often tubeq looks whether any still holds
+# one. A poll, not an event: it runs only during the grace period, and 50 ms is well below any
+# grace worth setting.
+SHUTDOWN_POLL_S = 0.05
 # The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
 # life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
 # of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
@@ -87,6 +100,26 @@ class Config:
     max_connections: int = 0
     # Bind with SO_REUSEPORT, so several processes share the port (--workers).
     reuse_port: bool = False
+    # The HTTP listener (/metrics, the HTTP API, the dashboard): off unless a host is given;
+    # port 0 picks a free one (Server.http_port tells which).
+    http_host: str | None = None
+    http_port: int = 0
+    # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
+    # (0: never).
+    metrics_max_tubes: int = DEFAULT_MAX_TUBES
+    slow_ms: int = DEFAULT_SLOW_MS
+    # Every connection sees tubeq's extra stats keys, not only those that used an extension.
+    extra_keys_always: bool = False
+    # Replicas that must acknowledge a state change before its reply (WAIT), and for how long
+    # to wait for them (tubeq.resp: "Replica acknowledgement"); 0 waits for none.
+    min_replicas: int = 0
+    min_replicas_timeout_ms: int = 1000
+    # Start on a Redis whose maxmemory-policy may evict keys (tubeq.durability).
+    allow_eviction: bool = False
+    # At shutdown, how long connections that hold reserved jobs get to finish them before they
+    # are closed (their jobs then return to ready). The command line's default is 5 s;
+    # embedded servers (the tests) close at once unless told otherwise.
+    shutdown_grace_s: float = 0.0
 
 
 class Server:
@@ -105,15 +138,24 @@ class Server:
         self.namespaces: dict[str, ServerContext] = {}
         self._by_root: dict[bytes, ServerContext] = {}  # key root -> its namespace
         self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
+        self._dues: dict[bytes, ServerContext] = {}  # due channel -> its namespace
         self._client: RedisClient | None = None
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
+        self.metrics: Metrics | None = None
+        self._http: HttpListener | None = None
 
     @property
     def port(self) -> int:
         """The bound TCP port (useful when configured as 0)."""
         assert self._listener is not None
         return int(self._listener.sockets[0].getsockname()[1])
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP listener's bound port."""
+        assert self._http is not None
+        return self._http.port
 
     async def _listen(self, ctx: ServerContext, *, gated: bool) -> asyncio.Server:
         """The protocol listener: a socket systemd passed, a Unix socket or TCP; maybe TLS."""
@@ -148,30 +190,46 @@ class Server:
         assert self._client is not None and self._subscriber is not None
         keys = Keys(namespace_prefix(config.prefix, name))
         store = Store(self._client, keys, self.instance_id, events_maxlen=config.events_maxlen)
+        if self.metrics is not None and self.metrics.count_outcomes:
+            store.metrics = self.metrics
         await store.load_scripts()
         await store.heartbeat()
         registry = WaiterRegistry()
+        # After a reconnect (a Redis restart, a failover) every waiter re-checks with its
+        # script, whether or not the subscriber's connection was lost too.
+        self._client.add_reconnect_callback(registry.wake_all)
         scheduler = Scheduler(store, registry)
         ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
-            capacity=self._capacity)
+            capacity=self._capacity, observer=self.metrics,
+            extra_keys_always=config.extra_keys_always)
         grants = keys.grant_channel(self.instance_id).encode()
         self._grants[grants] = ctx
         self._by_root[keys.root.encode()] = ctx
         self._subscriber.psubscribe(keys.wake_pattern.encode())
         self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
+        dues = keys.due_channel.encode()  # recurring ticks, rate windows (issue 10)
+        self._dues[dues] = ctx
+        self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
         return ctx
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         ctx = self._grants.get(channel)
         if ctx is not None:  # put.lua handed a job to one of our waiting connections
-            conn = ctx.connections.get(data.decode())
+            token = data.decode()
+            conn = ctx.connections.get(token)
             if conn is not None:
                 conn.job_handed_over()
+            elif (listener := ctx.grant_listeners.get(token)) is not None:
+                listener()  # an HTTP long poll (tubeq.http.reservations)
+            return
+        ctx = self._dues.get(channel)
+        if ctx is not None:  # another process created a due instant: be awake for it
+            ctx.scheduler.note_due(int(data))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         root = channel[:channel.find(b"}:") + 2]
@@ -185,7 +243,28 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
-        self._client = await RedisClient.connect(config.redis_url, flush_at=REDIS_BATCH_CALLS)
+        try:
+            self._client = client = await RedisClient.connect(
+                config.redis_url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
+                replicas_timeout_ms=config.min_replicas_timeout_ms)
+        except MasterNotFound as error:
+            raise StartupError(f"no Redis master: {error}") from None
+        except (OSError, RedisReplyError) as error:
+            raise StartupError(f"cannot connect to Redis at {config.redis_url}: "
+                               f"{str(error) or type(error).__name__}") from None
+        try:
+            await check_redis(client, client.address or config.redis_url,
+                              allow_eviction=config.allow_eviction,
+                              min_replicas=config.min_replicas)
+        except BaseException:
+            await client.close()
+            raise
+        if config.http_host is not None:
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
+            client.on_round_trip = self.metrics.redis_round_trip
+            client.on_error = self.metrics.redis_error
+        elif config.slow_ms > 0:  # only the slow-command line
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
         self._subscriber = Subscriber(config.redis_url, self._on_message, self._wake_all)
         access = config.access
         names = {DEFAULT_NAMESPACE, *(access.namespaces if access is not None else ())}
@@ -197,6 +276,9 @@ class Server:
             for ctx in self.namespaces.values():
                 ctx.gate = gate
         await self._subscriber.start()
+        # After a failover the pub/sub connection follows the client to the new master.
+        subscriber = self._subscriber
+        client.add_reconnect_callback(lambda: subscriber.follow(client.address))
         self._listener = await self._listen(self.ctx, gated=access is not None)
         for bound in access.listeners if access is not None else ():
             ctx = self.namespaces[bound.namespace]
@@ -208,6 +290,16 @@ class Server:
             self._bound.append(listener)
             log.info("listening for a namespace", namespace=bound.namespace,
                      address=describe(listener.sockets[0]))
+        listening = {"addr": describe(self._listener.sockets[0])}
+        if config.http_host is not None:
+            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
+
+            self._http = HttpListener(self)
+            await self._http.start(config.http_host, config.http_port)
+            listening["http"] = f"{config.http_host}:{self.http_port}"
+            log.info("http listening", host=config.http_host, port=self.http_port)
+        for ctx in self.namespaces.values():
+            await ctx.store.describe_instance(listening)
         log.info("listening", address=describe(self._listener.sockets[0]),
                  tls="on" if config.tls is not None else "off",
                  auth="required" if access is not None else "off", redis=config.redis_url,
@@ -222,12 +314,17 @@ class Server:
             log.info("drain mode")
 
     async def stop(self) -> None:
+        self.drain()
+        if self._http is not None:
+            await self._http.stop()  # its long polls end and give their jobs back first
         for listener in (self._listener, *self._bound):
             if listener is not None:
                 listener.close()
         for path in self._unix_paths:
             with contextlib.suppress(OSError):
                 path.unlink()
+        for ctx in self.namespaces.values():
+            await self._let_jobs_finish(ctx, self.config.shutdown_grace_s)
         connections = [conn for ctx in self.namespaces.values()
                        for conn in ctx.connections.values()]
         for conn in connections:
@@ -250,3 +347,23 @@ class Server:
         if self._client is not None:
             await self._client.close()
         log.info("stopped")
+
+    @staticmethod
+    async def _let_jobs_finish(ctx: ServerContext, grace_s: float) -> None:
+        """Wait until no connection holds a reserved job, or ``grace_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+
+        def holders() -> int:
+            now = ctx.store.clock()
+            return sum(any(due > now for due in conn.reserved.values())
+                       for conn in ctx.connections.values())
+
+        if grace_s > 0 and holders():
+            log.info("waiting for connections to finish their jobs", connections=holders(),
+                     grace_s=grace_s)
+        while grace_s > 0 and holders() and loop.time() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        if holders():
+            log.info("closing connections that still hold jobs: they return to ready",
+                     connections=holders())

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from tubeq import __version__
-from tubeq.store import JobInfo
+from tubeq.store import JobInfo, JobPolicies
 
 COMMAND_COUNTERS = (
     "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
@@ -44,6 +44,9 @@ class CommandCounters:
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
         self._tube_jobs: Counter[str] = Counter()
         self._scheduled = False
+        # Every count this process has flushed, since it started: /metrics renders these
+        # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
+        self.totals: Counter[str] = Counter()
 
     def incr(self, name: str) -> None:
         """One more command counted as ``cmd-<name>``."""
@@ -64,6 +67,7 @@ class CommandCounters:
     def flush(self) -> None:
         self._scheduled = False
         if self._pending or self._tube_jobs:
+            self.totals.update(self._pending)
             fields = {"cmd-" + name: n for name, n in self._pending.items()}
             tube_jobs = dict(self._tube_jobs)
             if tube_jobs:
@@ -99,35 +103,63 @@ def _seconds_left(ms: int) -> int:
     return max(0, (ms - 1) // 1000)
 
 
-def job_yaml(job: JobInfo, now_ms: int) -> bytes:
+# The *_pairs functions are the fields of stats-job, stats-tube and stats in wire order; the
+# YAML replies and the HTTP API's JSON (tubeq.http) both render them.
+Pairs = list[tuple[str, object]]
+
+
+def job_yaml(job: JobInfo, now_ms: int, extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-job's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
+    return _yaml([*job_pairs(job, now_ms), *extra])
+
+
+def job_pairs(job: JobInfo, now_ms: int) -> Pairs:
     time_left = 0
     if job.state in ("reserved", "delayed"):
         time_left = _seconds_left(job.due_ms - now_ms)
-    return _yaml([
+    return [
         ("id", job.id), ("tube", job.tube), ("state", job.state), ("pri", job.pri),
         ("age", _seconds(now_ms - job.created_ms)), ("delay", job.delay), ("ttr", job.ttr),
         ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
         ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
         ("kicks", job.kicks),
-    ])
+    ]
 
 
 def tube_yaml(name: str, counts: Sequence[int], now_ms: int,
               extra: Sequence[tuple[str, object]] = ()) -> bytes:
     """stats-tube's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
     client that has used an extension: see Connection.extended)."""
+    return _yaml([*tube_pairs(name, counts, now_ms), *extra])
+
+
+def tube_pairs(name: str, counts: Sequence[int], now_ms: int) -> Pairs:
     (urgent, ready, reserved, delayed, buried, total, using, watching, waiting, deletes,
      pauses, pause, pause_until) = counts
     paused = pause_until > now_ms
-    return _yaml([
+    return [
         ("name", name), ("current-jobs-urgent", urgent), ("current-jobs-ready", ready),
         ("current-jobs-reserved", reserved), ("current-jobs-delayed", delayed),
         ("current-jobs-buried", buried), ("total-jobs", total), ("current-using", using),
         ("current-watching", watching), ("current-waiting", waiting), ("cmd-delete", deletes),
         ("cmd-pause-tube", pauses), ("pause", pause if paused else 0),
         ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
-        *extra,
-    ])
+    ]
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
+    """stats-job's extra keys of the job policies (protocol.md, put-with)."""
+    return [
+        ("reason", policies.reason or '""'), ("tries", policies.tries),
+        ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
+        ("key", yaml_string(policies.key)),
+    ]
 
 
 class ServerIdentity:
@@ -145,6 +177,13 @@ class ServerIdentity:
 
 def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str, int],
                 draining: bool) -> bytes:
+    # 1.12 quotes the version, and only the version.
+    return _yaml([(k, f'"{v}"' if k == "version" else v)
+                  for k, v in server_pairs(identity, gauges, named, draining)])
+
+
+def server_pairs(identity: ServerIdentity, gauges: Sequence[int], named: dict[str, int],
+                 draining: bool) -> Pairs:
     urgent, ready, reserved, delayed, buried, tubes, conns, producers, workers, waiting = gauges
     usage = resource.getrusage(resource.RUSAGE_SELF)
     pairs: list[tuple[str, object]] = [
@@ -159,7 +198,7 @@ def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str
         ("current-connections", conns), ("current-producers", producers),
         ("current-workers", workers), ("current-waiting", waiting),
         ("total-connections", named.get("total-connections", 0)), ("pid", os.getpid()),
-        ("version", f'"{__version__}-tubeq"'),
+        ("version", f"{__version__}-tubeq"),
         ("rusage-utime", _rusage(usage.ru_utime)), ("rusage-stime", _rusage(usage.ru_stime)),
         ("uptime", int(time.monotonic() - identity.started)),
         ("binlog-oldest-index", 0), ("binlog-current-index", 0),
@@ -167,7 +206,7 @@ def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str
         ("binlog-max-size", BINLOG_MAX_SIZE), ("draining", draining), ("id", identity.id),
         ("hostname", identity.hostname), ("os", identity.os), ("platform", identity.platform),
     ]
-    return _yaml(pairs)
+    return pairs
 
 
 def _rusage(seconds: float) -> str:

@@ -17,13 +17,18 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from tubeq import admin
 from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
+from tubeq.recurring import DueTick, ScheduleInfo
 from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
 from tubeq.scripts import Script, load_all
+
+if TYPE_CHECKING:
+    from tubeq.metrics import Metrics
 
 Clock = Callable[[], int]
 T = TypeVar("T")
@@ -31,6 +36,21 @@ T = TypeVar("T")
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
 SWEEP_LIMIT = 1000
+
+# pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
+PAUSE_FOREVER_MS = 10**15
+# How stats-tube shows such a pause: pause-time-left 4294967295 (the longest pause-tube can ask),
+# for as long as it lasts; the extra second absorbs the read-to-render gap of the clock.
+_FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
+
+
+# Scripts whose result acknowledges no state change to a client: reads, and the process's own
+# bookkeeping and sweeps. With --min-replicas every other script's reply waits for the replicas
+# (RedisClient.bind_script(durable=True)); these go at full speed, and the sweeps keep running
+# while replicas are missing. A script not listed here (a new one) waits: the safe default.
+UNACKNOWLEDGED_SCRIPTS = frozenset({
+    "peek", "stats", "stats_tube", "heartbeat", "reap", "promote", "expire", "counters",
+    "using", "connect", "tubes", "disconnect"})
 
 
 def wall_clock_ms() -> int:
@@ -43,6 +63,8 @@ class Reservation:
     ttr: int
     body: bytes
     deadline_ms: int
+    waited_ms: int = -1  # how long it had been ready (-1: not taken from ready)
+    tube: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +94,75 @@ class JobInfo:
     kicks: int
 
 
+@dataclass(frozen=True, slots=True)
+class TubeCounts:
+    """One row of overview.lua; ``name`` "" is the sum of the tubes past the limit."""
+
+    name: str
+    urgent: int
+    ready: int
+    reserved: int
+    delayed: int
+    buried: int
+    total: int  # jobs ever put (stats-tube total-jobs)
+    deletes: int  # stats-tube cmd-delete
+    pause_until_ms: int  # 0: never paused (or the summed row); compare with now
+    waiting: int
+    watching: int
+    using: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job of browse.lua: the start of its body, not all of it."""
+
+    id: int
+    pri: int
+    created_ms: int
+    due_ms: int
+    reserves: int
+    body_head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One tubeq process of the namespace: its last heartbeat and gauges."""
+
+    id: str
+    heartbeat_ms: int
+    addr: str
+    http: str
+    connections: int
+    producers: int
+    workers: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
+
+    id: int
+    inserted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicies:
+    """A job's policy state (lua/includes/policies.lua), as stats-job shows it to tubeq clients."""
+
+    reason: str  # why tubeq last buried it: "max-tries", "expired", or ""
+    tries: int  # reservations that ended in a TTR timeout, a release or a disconnect
+    max_tries: int  # its own, else its tube's now; 0: none
+    expires_at_ms: int  # when it expires; 0: no expiry pending
+    key: str  # its dedupe key, or ""
+
+
 def _as_int(v: Any) -> int:
     return int(v) if v is not None else 0
+
+
+def _text(v: Any) -> str:
+    return "" if v is None else bytes(v).decode(errors="replace")
 
 
 class Store:
@@ -90,11 +179,15 @@ class Store:
         self.instance_id = instance_id
         self.clock = clock
         self.events_maxlen = events_maxlen
+        # Set by the server when metrics are on: told of waits, holds and lateness the scripts
+        # return (tubeq.metrics).
+        self.metrics: Metrics | None = None
         self._scripts: dict[str, Script] = load_all()
         event_args = (events_maxlen, instance_id)
         self._calls: dict[str, ScriptCall] = {
             name: client.bind_script(s.sha, s.source, (keys.root,),
-                                     event_args if s.records_events else ())
+                                     event_args if s.records_events else (),
+                                     durable=name not in UNACKNOWLEDGED_SCRIPTS)
             for name, s in self._scripts.items()}
         client.add_reconnect_callback(self._on_reconnect)
 
@@ -147,7 +240,7 @@ class Store:
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
         return self._eval("reserve", token, now, 1, waiter,
-                          decode=lambda r: _reservation(r, now))
+                          decode=lambda r: _reservation(r, now, self.metrics))
 
     def reserve_many(self, token: str, count: int, *,
                      counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
@@ -155,12 +248,12 @@ class Store:
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
         return self._eval("reserve", token, now, count, waiter,
-                          decode=lambda r: _reservations(r, now))
+                          decode=lambda r: _reservations(r, now, self.metrics))
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
         now = self.clock()
         return self._eval("reserve_job", token, job_id, now,
-                          decode=lambda r: _reservation(r, now))
+                          decode=lambda r: _reservation(r, now, self.metrics))
 
     @overload
     def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
@@ -173,7 +266,14 @@ class Store:
 
     def delete(self, token: str, job_id: int,
                answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
-        decode: Decoder = bool if answer is None else (lambda r: answer(bool(r)))
+        metrics = self.metrics
+
+        def decode(r: Any) -> Any:
+            # delete.lua: {held_ms, tube} | 0
+            if r and metrics is not None:
+                metrics.job_deleted(r[1].decode(), int(r[0]))
+            return bool(r) if answer is None else answer(bool(r))
+
         return self._eval("delete", token, job_id, self.clock(), decode=decode)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
@@ -214,12 +314,19 @@ class Store:
     # -- tubes --------------------------------------------------------------------------------
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
-        return self._eval("stats_tube", tube, decode=lambda r: [int(v) for v in r] or None)
+        def decode(r: Any) -> list[int] | None:
+            counts = [int(v) for v in r]
+            # A pause with no end (tube-pause) shows as the longest pause-tube, never ending.
+            if counts and counts[-1] >= PAUSE_FOREVER_MS:
+                counts[-1] = self.clock() + _FOREVER_SHOWN_MS
+            return counts or None
+
+        return self._eval("stats_tube", tube, decode=decode)
 
     def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]:
         """Change a tube's settings (tubeq.options.TUBE_SETTINGS); defaults remove them."""
         flat = [x for pair in settings for x in pair]
-        return self._eval("tube_set", tube, *flat)
+        return self._eval("tube_set", tube, self.clock(), *flat)
 
     def tube_settings(self, tube: str) -> asyncio.Future[dict[str, OptionValue]]:
         """Every setting of ``tube``: its own value, else the default."""
@@ -257,6 +364,36 @@ class Store:
                 flat += (name, delta)
         self._eval("counters", *flat).add_done_callback(discard)
 
+    def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
+        """Every tube's counts in one read (overview.lua): the number of tubes, and a row for
+        each of the first ``limit`` tubes in creation order plus, if there are more, one row
+        named "" summing the rest."""
+        def decode(r: Any) -> tuple[int, list[TubeCounts]]:
+            rows = [TubeCounts(r[i].decode(), *(int(v) for v in r[i + 1:i + 12]))
+                    for i in range(1, len(r), 12)]
+            return int(r[0]), rows
+
+        return self._eval("overview", limit, decode=decode)
+
+    def browse(self, tube: str, state: str, limit: int) -> asyncio.Future[list[JobSummary]]:
+        """The first ``limit`` jobs of ``tube`` in ``state``, in that state's order."""
+        def decode(r: Any) -> list[JobSummary]:
+            return [JobSummary(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]),
+                               int(r[i + 4]), bytes(r[i + 5])) for i in range(0, len(r), 6)]
+
+        return self._eval("browse", tube, state, limit, decode=decode)
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The tubeq processes of this namespace (heartbeat.lua's registry), oldest first."""
+        beats = await self.client.call("ZRANGE", self.keys.instances, 0, -1, "WITHSCORES")
+        names = [beats[i].decode() for i in range(0, len(beats), 2)]
+        fields = ("addr", "http", "conns", "producers", "workers", "waiting")
+        rows = await asyncio.gather(*(self.client.call("HMGET", self.keys.instance(name), *fields)
+                                      for name in names))
+        return [InstanceInfo(name, int(float(beats[2 * i + 1])),
+                             _text(row[0]), _text(row[1]), *(_as_int(v) for v in row[2:]))
+                for i, (name, row) in enumerate(zip(names, rows, strict=True))]
+
     # -- connections --------------------------------------------------------------------------
 
     def connect(self, token: str) -> asyncio.Future[Reply]:
@@ -278,7 +415,13 @@ class Store:
         a put handed to it while it waited (put.lua), which are its already."""
         now = self.clock()
         return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0",
-                          decode=lambda r: _reservations(r, now))
+                          decode=lambda r: _reservations(r, now, self.metrics))
+
+    def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
+        """Where this process listens (``addr``, ``http``), for the dashboard's server list;
+        kept in its instance hash, which reap.lua removes with the instance."""
+        flat = [x for pair in fields.items() for x in pair]
+        return self.client.call("HSET", self.keys.instance(self.instance_id), *flat)
 
     def bump_gauge(self, field: str, delta: int) -> None:
         call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
@@ -302,23 +445,186 @@ class Store:
         return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=_sweep)
+        metrics = self.metrics
+
+        def decode(r: Any) -> tuple[int, list[str]]:
+            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}}
+            if metrics is not None and r[2]:
+                metrics.jobs_promoted([int(v) for v in r[2]])
+            return int(r[0]), [v.decode() for v in r[1]]
+
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=decode)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
+    # -- batches (issue 10, part 3) -----------------------------------------------------------
+    # -- admin verbs and figures (issue 10 parts 6 and 7; tubeq.admin) -------------------------
+    # -- recurring jobs (issue 10, part 4: tubeq.recurring) -----------------------------------
 
-def _reservations(r: Any, now: int) -> list[Reservation]:
-    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, ...}."""
-    return [Reservation(int(r[i]), int(r[i + 1]), bytes(r[i + 2]), now + int(r[i + 1]) * 1000)
-            for i in range(0, len(r), 3)]
+    def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
+                     delay_ms: int, body: bytes, first_due_ms: int,
+                     ) -> asyncio.Future[tuple[int, bool]]:
+        """Create or replace a schedule; (its first due time, whether it is new)."""
+        return self._eval("schedule_add", tube, name, kind, spec, pri, ttr, delay_ms, body,
+                          first_due_ms, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    def schedule_remove(self, tube: str, name: str) -> asyncio.Future[bool]:
+        return self._eval("schedule_remove", tube, name, decode=bool)
+
+    def schedule_list(self, tube: str) -> asyncio.Future[list[ScheduleInfo]]:
+        def decode(r: Any) -> list[ScheduleInfo]:
+            return [ScheduleInfo(r[i].decode(), r[i + 1].decode(), r[i + 2].decode(),
+                                 *(int(v) for v in r[i + 3:i + 11]))
+                    for i in range(0, len(r), 11)]
+
+        return self._eval("schedule_list", tube, decode=decode)
+
+    def schedules_due(self) -> asyncio.Future[tuple[int, list[DueTick]]]:
+        """The schedules due now, and the earliest due time after now (-1: none)."""
+        def decode(r: Any) -> tuple[int, list[DueTick]]:
+            due = [DueTick(r[i].decode(), r[i + 1].decode(), int(r[i + 2]), int(r[i + 3]),
+                           r[i + 4].decode(), r[i + 5].decode(), int(r[i + 6]))
+                   for i in range(1, len(r), 7)]
+            return int(r[0]), due
+
+        return self._eval("schedule_due", self.clock(), SWEEP_LIMIT, decode=decode)
+
+    def schedule_tick(self, tick: DueTick, next_due_ms: int) -> asyncio.Future[int]:
+        """Run ``tick``: the id of the job it put, or 0 if it was not this caller's to run."""
+        return self._eval("schedule_tick", tick.tube, tick.name, tick.generation, tick.due_ms,
+                          next_due_ms, self.clock(), decode=int)
 
 
-def _reservation(r: Any, now: int) -> Reservation | NoJob:
+    def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = admin.CLEAR_BATCH,
+                         ) -> asyncio.Future[tuple[int, bool]]:
+        """Delete up to ``limit`` jobs of ``tube`` in ``states`` (ready, delayed, buried);
+        returns (deleted, whether those states are now empty), or (-1, True) with no tube."""
+        letters = "".join(state[0] for state in states)
+        return self._eval("clear_tube", tube, letters, limit, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    async def clear_tube(self, tube: str, states: Sequence[str]) -> int | None:
+        """Delete every job of ``tube`` in ``states``, a batch per script call, until they are
+        empty (jobs put meanwhile into them go too); the count, or None when no such tube."""
+        total = 0
+        while True:
+            deleted, done = await self.clear_tube_batch(tube, states)
+            if deleted < 0:  # the tube went away after a batch (its last job was deleted)
+                return None if total == 0 else total
+            total += deleted
+            if done:
+                return total
+
+    def list_jobs(self, tube: str, state: str, cursor: tuple[int, int] | None, count: int,
+                  ) -> asyncio.Future[admin.JobPage | None]:
+        """A page of up to ``count`` jobs of ``tube`` in ``state`` after ``cursor`` (None: from
+        the start), in the state's order; None when no such tube."""
+        score, job_id = ("", "") if cursor is None else cursor
+        return self._eval("list_jobs", tube, state, score, job_id, count,
+                          admin.LIST_SCAN_BUDGET,
+                          decode=lambda r: admin.job_page(r[1:]) if int(r[0]) else None)
+
+    def change_pri(self, job_id: int, pri: int) -> asyncio.Future[bool]:
+        """Give a job a new priority (any state); False when there is no such job."""
+        return self._eval("change_pri", job_id, pri, self.clock(), decode=bool)
+
+    def change_delay(self, job_id: int, delay_ms: int) -> asyncio.Future[int]:
+        """A delayed job becomes due ``delay_ms`` from now: its new due time (ms), -1 when it
+        became ready at once (0 ms), 0 when there is no such delayed job."""
+        return self._eval("change_delay", job_id, delay_ms, self.clock(), decode=int)
+
+    def tube_pause(self, tube: str, *, forever: bool) -> asyncio.Future[bool]:
+        """Pause ``tube`` with no end (``forever``), or end its pause; False: no such tube."""
+        return self._eval("tube_pause", tube, "pause" if forever else "resume", self.clock(),
+                          decode=bool)
+
+    def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
+        """tubeq's own stats-tube figures; None when no such tube."""
+        def decode(r: Any) -> admin.TubeFigures | None:
+            if not r:
+                return None
+            oldest = int(r[-1])
+            return admin.TubeFigures(tuple(int(v) for v in r[:-1]),
+                                     None if oldest < 0 else oldest)
+
+        return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
+                          admin.OLDEST_READY_LEVELS, decode=decode)
+
+
+    def put_many(self, tube: str,
+                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+        """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
+        order."""
+        flat: list[bytes | str | int] = []
+        for job in jobs:
+            flat += job
+        return self._eval("put_many", tube, self.clock(), *flat,
+                          decode=lambda r: [int(v) for v in r])
+
+    def delete_many(self, token: str, ids: Sequence[int]) -> asyncio.Future[list[bool]]:
+        """Delete each id as :meth:`delete` would, in one script call; per id, whether it was
+        deleted."""
+        return self._eval("delete_many", token, self.clock(), *ids,
+                          decode=lambda r: [bool(v) for v in r])
+
+
+    def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                 opts: Options) -> asyncio.Future[PutOutcome]:
+        """A put with options (tubeq.options.PUT_OPTIONS): the new job, or the living job
+        whose dedupe key the options name (then nothing was stored)."""
+        flat = [x for pair in opts for x in pair]
+
+        def decode(r: Any) -> PutOutcome:
+            job_id = int(r)
+            return PutOutcome(abs(job_id), inserted=job_id > 0)
+
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), *flat, decode=decode)
+
+    def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]:
+        """The living job put with dedupe ``key``: (id, body), or None."""
+        def decode(r: Any) -> tuple[int, bytes] | None:
+            return (int(r[0]), bytes(r[1])) if r else None
+
+        return self._eval("peek_key", key, decode=decode)
+
+    def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]:
+        """The policy state stats-job shows a tubeq client, or None if the job is gone."""
+        def decode(r: Any) -> JobPolicies | None:
+            if not r:
+                return None
+            return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
+                               bytes(r[4]).decode())
+
+        return self._eval("job_policies", job_id, decode=decode)
+
+    def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
+        """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
+        return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
+                                decode=lambda r: [_as_int(v) for v in r])
+
+
+def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation]:
+    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, waited, tube, ...} (grant
+    in lua/includes/jobs.lua)."""
+    out = []
+    for i in range(0, len(r), 5):
+        ttr, waited, tube = int(r[i + 1]), int(r[i + 3]), r[i + 4].decode()
+        out.append(Reservation(int(r[i]), ttr, bytes(r[i + 2]), now + ttr * 1000, waited, tube))
+        if metrics is not None:
+            metrics.job_reserved(tube, waited)
+    return out
+
+
+def _reservation(r: Any, now: int, metrics: Metrics | None) -> Reservation | NoJob:
     if not r:
         return NoJob()
-    ttr = int(r[1])
-    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000)
+    ttr, waited, tube = int(r[1]), int(r[3]), r[4].decode()
+    if metrics is not None:
+        metrics.job_reserved(tube, waited)
+    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000, waited, tube)
 
 
 def _sweep(r: Any) -> tuple[int, list[str]]:

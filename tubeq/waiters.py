@@ -186,6 +186,10 @@ class WaiterRegistry:
             for tube in waiter.tubes:
                 self.wake_one(tube)
 
+    def count(self) -> int:
+        """How many waiters are registered (each once, whatever it watches); O(waiters)."""
+        return len({w for queue in self._by_tube.values() for w in queue})
+
     def wake_one(self, tube: str) -> None:
         for waiter in self._by_tube.get(tube, ()):
             if not waiter.woken:

@@ -47,11 +47,15 @@ a library should not impose the server's structlog setup on the applications tha
 
 from __future__ import annotations
 
+from tubeq.client.admin import JobPage as JobPage  # admin verbs: list-jobs pages
+from tubeq.client.admin import ListedJob as ListedJob
+from tubeq.client.batches import NewJob as NewJob
 from tubeq.client.client import Client
 from tubeq.client.consume import Consumer, backoff_delay, touch_interval
 from tubeq.client.errors import (
     ERRORS,
     BadFormat,
+    BadOption,
     Buried,
     ClientConnectionError,
     ClientError,
@@ -74,6 +78,7 @@ from tubeq.client.parser import SERVER_TEXT_KEYS as SERVER_TEXT_KEYS
 from tubeq.client.parser import TUBE_TEXT_KEYS as TUBE_TEXT_KEYS
 from tubeq.client.parser import Reply, ReplyParser, Stats, parse_yaml_list, parse_yaml_mapping
 from tubeq.client.parser import StatValue as StatValue
+from tubeq.client.policies import PutResult
 from tubeq.client.wire import DEFAULT_HOST as DEFAULT_HOST
 from tubeq.client.wire import DEFAULT_PORT, DEFAULT_PRIORITY, DEFAULT_TTR
 from tubeq.client.wire import DEFAULT_TUBE as DEFAULT_TUBE
@@ -85,9 +90,15 @@ from tubeq.client.wire import U64_MAX as U64_MAX
 # The names aliased to themselves above are not in __all__ but stay importable from here, as
 # before the split (tubeq.cli and the tests use some); the alias marks them re-exported.
 __all__ = [
-    "DEFAULT_PORT", "DEFAULT_PRIORITY", "DEFAULT_TTR", "ERRORS", "BadFormat", "Buried",
-    "Client", "ClientConnectionError", "ClientError", "CommandError", "Consumer", "DeadlineSoon",
-    "Draining", "ExpectedCrlf", "InternalError", "Job", "JobTooBig", "NotFound", "NotIgnored",
-    "OutOfMemory", "ProtocolError", "Reply", "ReplyParser", "Stats", "TimedOut",
-    "UnknownCommand", "backoff_delay", "parse_yaml_list", "parse_yaml_mapping", "touch_interval",
+    "DEFAULT_PORT", "DEFAULT_PRIORITY", "DEFAULT_TTR", "ERRORS", "BadFormat", "BadOption",
+    "Buried", "Client", "ClientConnectionError", "ClientError", "CommandError", "Consumer",
+    "DeadlineSoon", "Draining", "ExpectedCrlf", "InternalError", "Job", "JobTooBig", "NotFound",
+    "NotIgnored", "OutOfMemory", "ProtocolError", "PutResult", "Reply", "ReplyParser", "Stats",
+    "TimedOut", "UnknownCommand", "backoff_delay", "parse_yaml_list", "parse_yaml_mapping",
+    "touch_interval",
 ]
+
+# tubeq's extensions: a refused option; recurring jobs (issue 10, part 4)
+from tubeq.client.schedules import Schedule
+
+__all__ += ["BadOption", "Schedule"]

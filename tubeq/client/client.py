@@ -12,13 +12,20 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from tubeq.client import admin, batches
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
-from tubeq.client.errors import ClientConnectionError, ClientError
+from tubeq.client.errors import (
+    ClientConnectionError,
+    ClientError,
+    CommandError,
+    ProtocolError,
+    UnknownCommand,
+)
 from tubeq.client.job import (
     Job,
     _bury_command,
@@ -37,7 +44,11 @@ from tubeq.client.parser import (
     parse_yaml_list,
     parse_yaml_mapping,
 )
+from tubeq.client.policies import PutResult, key_arg, put_with_line
+from tubeq.client.schedules import Schedule, cron_on_the_wire, parse_schedule_list
 from tubeq.client.wire import (
+    CHANGED,
+    CLEARED,
     CLOSE_WAIT_S,
     CRLF,
     DEFAULT_HOST,
@@ -45,13 +56,19 @@ from tubeq.client.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_TTR,
     DEFAULT_TUBE,
+    DUPLICATE,
     FOUND,
     INSERTED,
     KICKED,
     MAX_BODY,
     PAUSED,
     PUSHING,
+    PUT_MANY_MAX,
+    REMOVED,
     RESERVED,
+    RESUMED,
+    SCHEDULED,
+    U32_MAX,
     USING,
     WATCHING,
 )
@@ -71,6 +88,12 @@ class Client:
     first replays ``use`` and ``watch``/``ignore`` so the new connection uses and watches what
     the old one did. Reservations do not survive a reconnect (the server put the jobs back).
 
+    ``servers`` (``[("h1", 11300), "h2:11300", ...]``, instead of ``host``/``port``) lists
+    several servers of one queue (tubeq processes sharing a Redis and prefix): a connect tries
+    them in turn, starting with the one that served last, and the client then talks to the
+    first that answers, so a reconnect after a server died goes to another one. ``host`` and
+    ``port`` say which one it is on.
+
     A blocking :meth:`reserve` holds every command pipelined behind it until it is answered,
     and cancelling the call does not withdraw it from the server; prefer
     :meth:`reserve_with_timeout`, or a :meth:`consume` loop.
@@ -78,9 +101,10 @@ class Client:
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
                  connect_timeout: float = 10.0, reconnect: bool = True,
-                 max_body: int = MAX_BODY) -> None:
-        self.host = host
-        self.port = port
+                 max_body: int = MAX_BODY,
+                 servers: Iterable[tuple[str, int] | str] | None = None) -> None:
+        self.servers = _addresses(servers) if servers is not None else [(host, port)]
+        self.host, self.port = self.servers[0]
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
         self.max_body = max_body
@@ -143,18 +167,36 @@ class Client:
             return link
 
     async def _open(self) -> _Link:
+        """Connect to the server that served last, else to each of the others in turn."""
+        start = self.servers.index((self.host, self.port))
+        failures: list[ClientConnectionError] = []
+        for host, port in self.servers[start:] + self.servers[:start]:
+            try:
+                return await self._open_at(host, port)
+            except ClientConnectionError as error:
+                failures.append(error)
+                if len(self.servers) > 1:
+                    log.warning("%s; trying the next server", error)
+        if len(failures) == 1:
+            raise failures[0]
+        raise ClientConnectionError("no server answered: " + "; ".join(map(str, failures))
+                                    ) from failures[-1]
+
+    async def _open_at(self, host: str, port: int) -> _Link:
         loop = asyncio.get_running_loop()
+        address = f"{host}:{port}"
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, link = await loop.create_connection(lambda: _Link(self), self.host, self.port)
+                _, link = await loop.create_connection(lambda: _Link(self), host, port)
         except TimeoutError as error:
             raise ClientConnectionError(
-                f"cannot connect to {self.address}: no answer within "
+                f"cannot connect to {address}: no answer within "
                 f"{self.connect_timeout:g} s") from error
         except OSError as error:
             # asyncio words a refused connection "Connect call failed (...)"; say it plainly.
             reason = os.strerror(error.errno) if error.errno else str(error)
-            raise ClientConnectionError(f"cannot connect to {self.address}: {reason}") from error
+            raise ClientConnectionError(f"cannot connect to {address}: {reason}") from error
+        self.host, self.port = host, port
         # Replay the state the server confirmed on the previous connection, pipelined, before
         # any other call can write: watches first, so ignoring default never leaves none.
         restore: list[asyncio.Future[Any]] = []
@@ -471,6 +513,151 @@ class Client:
             raise RuntimeError("next_pushed() needs a connection in push mode (see push())")
         return await link.next_pushed()
 
+    # -- job policies and deduplicated put (tubeq) ----------------------------------------------
+
+    async def put_with(self, body: bytes | str, *, pri: int = DEFAULT_PRIORITY, delay: int = 0,
+                       ttr: int = DEFAULT_TTR, delay_ms: int | None = None,
+                       max_tries: int | None = None, backoff_ms: int | None = None,
+                       backoff_max_ms: int | None = None, ttl_ms: int | None = None,
+                       on_expire: str | None = None, key: str | None = None) -> PutResult:
+        """Put a job with tubeq's options (protocol.md, "put-with"); an option left None is not
+        sent (the tube's setting applies). Returns the new job's id, or, when a living job has
+        ``key``, that job's id with ``inserted`` False (nothing was enqueued).
+
+        Raises ValueError for an option the server would refuse, :class:`BadOption`,
+        :class:`JobTooBig`, :class:`Draining`, and :class:`UnknownCommand` from beanstalkd.
+        """
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        line = put_with_line(pri, delay, ttr, len(data), delay_ms=delay_ms, max_tries=max_tries,
+                             backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
+                             ttl_ms=ttl_ms, on_expire=on_expire, key=key)
+
+        def convert(reply: Reply, link: _Link) -> PutResult:
+            _expect(reply, "put-with", INSERTED, DUPLICATE)
+            return PutResult(reply.int_arg(0), inserted=reply.word == INSERTED)
+
+        return await self._call(line + data + CRLF, convert)
+
+    async def peek_key(self, key: str) -> Job:
+        """The living job put with dedupe ``key``; :class:`NotFound` if none."""
+        line = b"peek-key %s\r\n" % key_arg(key)
+        return await self._call(line, self._found("peek-key", lambda: None))
+    # -- admin verbs (tubeq; protocol.md "Admin verbs") ---------------------------------------
+
+    async def clear_tube(self, tube: str, state: str = "all") -> int:
+        """Delete the tube's jobs in ``state`` (``all``, ``ready``, ``delayed`` or ``buried``;
+        never reserved ones); returns how many. :class:`NotFound` if no such tube."""
+        line = b"clear-tube %s %s\r\n" % (_tube(tube), admin.check_state(state,
+                                                                          admin.CLEAR_STATES))
+
+        def convert(reply: Reply, link: _Link) -> int:
+            _expect(reply, "clear-tube", CLEARED)
+            return reply.int_arg(0)
+
+        return await self._call(line, convert)
+
+    async def list_jobs(self, tube: str, state: str = "ready", *, cursor: str = admin.START,
+                        count: int = 100) -> admin.JobPage:
+        """One page of the tube's jobs in ``state``, after ``cursor`` (``"0"``: the first
+        page; then the previous page's ``cursor``, until it is ``"0"`` again)."""
+        if count == 0:
+            raise ValueError("count must be at least 1")
+        line = b"list-jobs %s %s %s %d\r\n" % (
+            _tube(tube), admin.check_state(state, admin.LIST_STATES),
+            admin.check_cursor(cursor), _uint(count, "count", admin.LIST_JOBS_MAX))
+        return await self._call(line, _ok("list-jobs", admin.parse_job_page))
+
+    async def iter_jobs(self, tube: str, state: str = "ready", *,
+                        page_size: int = 100) -> AsyncIterator[admin.ListedJob]:
+        """Every job of the tube in ``state``, page by page (see :meth:`list_jobs` for what
+        a walk guarantees while jobs come and go)."""
+        cursor = admin.START
+        while True:
+            page = await self.list_jobs(tube, state, cursor=cursor, count=page_size)
+            for job in page.jobs:
+                yield job
+            if page.last:
+                return
+            cursor = page.cursor
+
+    async def change_pri(self, job_id: int, pri: int) -> None:
+        """Give a job a new priority, in any state. :class:`NotFound` if no such job."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "change-pri", CHANGED)
+
+        await self._call(b"change-pri %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri")), convert)
+
+    async def change_delay(self, job_id: int, delay_ms: int) -> None:
+        """Make a delayed job due ``delay_ms`` ms from now (0: ready at once).
+        :class:`NotFound` if no such job or it is not delayed."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "change-delay", CHANGED)
+
+        line = b"change-delay %d %d\r\n" % (_job_id(job_id),
+                                            _uint(delay_ms, "delay_ms", U32_MAX * 1000))
+        await self._call(line, convert)
+
+    async def tube_pause(self, tube: str) -> None:
+        """Pause ``tube`` with no end (until :meth:`tube_resume`); it outlives its users."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "tube-pause", PAUSED)
+
+        await self._call(b"tube-pause %s\r\n" % _tube(tube), convert)
+
+    async def tube_resume(self, tube: str) -> None:
+        """End the tube's pause, with or without an end."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "tube-resume", RESUMED)
+
+        await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
+    # -- recurring jobs (tubeq; issue 10, part 4) ----------------------------------------------
+
+    async def schedule_add(self, tube: str, name: str, body: bytes | str, *,
+                           cron: str | None = None, every_ms: int | None = None,
+                           pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR,
+                           delay_ms: int = 0) -> int:
+        """Make ``tube`` get a job with ``body`` on every tick of ``cron`` (a 5-field cron
+        expression or an ``@hourly``-style alias, in UTC) or every ``every_ms`` ms (at least
+        100), exactly once per tick whatever the number of tubeq processes. A schedule of the
+        same name is replaced. Returns when it first ticks (ms since the epoch).
+
+        Raises :class:`BadOption` (``option`` ``cron`` or ``every-ms``) for an expression that
+        does not parse or an interval too short, :class:`JobTooBig`, and
+        :class:`UnknownCommand` from a server without recurring jobs (beanstalkd).
+        """
+        if (cron is None) == (every_ms is None):
+            raise ValueError("give exactly one of cron and every_ms")
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        when = (b"cron=" + cron_on_the_wire(cron).encode("ascii") if cron is not None
+                else b"every-ms=%d" % _uint(every_ms or 0, "every_ms", 2**64 - 1))
+        line = b"schedule-add %s %s %d %s pri=%d ttr=%d delay-ms=%d\r\n" % (
+            _tube(tube), _tube(name), len(data), when, _uint(pri, "pri"), _uint(ttr, "ttr"),
+            _uint(delay_ms, "delay_ms", 2**64 - 1))
+
+        def convert(reply: Reply, link: _Link) -> int:
+            _expect(reply, "schedule-add", SCHEDULED)
+            return reply.int_arg(0)
+
+        return await self._call(line + data + CRLF, convert)
+
+    async def schedule_list(self, tube: str) -> list[Schedule]:
+        """The schedules of ``tube``, by name (none: an empty list)."""
+        return await self._call(b"schedule-list %s\r\n" % _tube(tube),
+                                _ok("schedule-list", parse_schedule_list))
+
+    async def schedule_remove(self, tube: str, name: str) -> None:
+        """Stop one of ``tube``'s schedules (its jobs already put stay); :class:`NotFound`
+        when it has none of that name."""
+
+        def convert(reply: Reply, link: _Link) -> None:
+            _expect(reply, "schedule-remove", REMOVED)
+
+        await self._call(b"schedule-remove %s %s\r\n" % (_tube(tube), _tube(name)), convert)
+
     # -- consumption --------------------------------------------------------------------------
 
     def consume(self, tubes: str | Iterable[str], *, concurrency: int = 32,
@@ -489,7 +676,102 @@ class Client:
         """Run ``handler(job)`` for every job of ``tubes`` until cancelled (see Consumer.run)."""
         await self.consume(tubes, **options).run(handler)
 
+    # -- batches (tubeq's put-many, reserve-many, delete-many) --------------------------------
+
+    async def extensions(self) -> list[str]:
+        """The server's extension commands (tubeq); :class:`UnknownCommand` from beanstalkd."""
+        return await self._call(*batches.extensions_command(probe=False))
+
+    async def _extensions_of(self, link: _Link) -> frozenset[str]:
+        """What ``link``'s server offers, asked once per connection (beanstalkd: nothing)."""
+        if link.extensions is None:
+            await self._call_on(link, *batches.extensions_command(probe=True))
+        return link.extensions or frozenset()
+
+    async def put_many(self, jobs: Iterable[bytes | str | batches.NewJob], *,
+                       pri: int = DEFAULT_PRIORITY, delay: int = 0,
+                       ttr: int = DEFAULT_TTR) -> list[int | CommandError]:
+        """Put jobs into the used tube in one round trip; per job, in order, its id or the
+        error that refused it (:class:`JobTooBig`, :class:`Draining` ...), not raised.
+
+        A job is a body (``str`` as UTF-8) with ``pri``/``delay``/``ttr``, or a
+        :class:`NewJob` with its own. Against tubeq the jobs go as ``put-many`` commands of at
+        most 1000 jobs and 4 MiB of bodies each, written at once; against a server without
+        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands.
+        """
+        entries = batches._entries(jobs, pri, delay, ttr)
+        if not entries:
+            return []
+        link = await self._current_link()
+        if "put-many" in await self._extensions_of(link):
+            sent = [link.send(*batches.put_many_command(chunk))
+                    for chunk in batches._put_chunks(entries)]
+            await link.wait_writable()
+            return [result for chunk in await asyncio.gather(*sent) for result in chunk]
+        puts = [link.send(*batches.put_command(entry)) for entry in entries]
+        await link.wait_writable()
+        return list(await asyncio.gather(*puts))
+
+    async def reserve_many(self, count: int, timeout: int) -> list[Job]:
+        """Wait up to ``timeout`` s until a job of a watched tube is ready, then reserve up to
+        ``count`` (1-1000) at once, in reserve order (tubeq's ``reserve-many``).
+
+        Raises :class:`TimedOut`, :class:`DeadlineSoon` as :meth:`reserve_with_timeout` does,
+        :class:`UnknownCommand` from a server without batches (beanstalkd; asked once per
+        connection with ``extensions``).
+        """
+        if not 1 <= count <= PUT_MANY_MAX:
+            raise ValueError(f"count must be from 1 to {PUT_MANY_MAX}, not {count!r}")
+
+        def convert(reply: Reply, link: _Link) -> list[Job]:
+            items = batches._items(reply, "reserve-many")
+            if not 1 <= len(items) <= count or any(i.word != RESERVED for i in items):
+                raise ProtocolError(f"reserve-many: a BATCH of {len(items)} replies that are "
+                                    f"not 1-{count} jobs")
+            return [self._job_from(item, link, None) for item in items]
+
+        line = b"reserve-many %d %d\r\n" % (count, _uint(timeout, "timeout"))
+        link = await self._current_link()
+        # beanstalkd would answer BAD_FORMAT (its "reserve" claims the line): ask first.
+        if "reserve-many" not in await self._extensions_of(link):
+            raise UnknownCommand("reserve-many", " (the server has no batch commands)")
+        return await self._call_on(link, line, convert, reserves=True)
+
+    async def delete_many(self, job_ids: Iterable[int]) -> list[bool]:
+        """Delete jobs in one round trip; per id, in order, whether it was deleted (False:
+        not found, or reserved by another connection). Uses ``delete-many`` where the server
+        has it, pipelined ``delete`` commands otherwise."""
+        return await self._delete_many_on(await self._current_link(), list(job_ids))
+
+    async def _delete_many_on(self, link: _Link, ids: list[int]) -> list[bool]:
+        if not ids:
+            return []
+        if "delete-many" in await self._extensions_of(link):
+            sent = [link.send(*batches.delete_many_command(run))
+                    for run in batches.delete_many_lines(ids)]
+            await link.wait_writable()
+            return [done for run in await asyncio.gather(*sent) for done in run]
+        deletes = [link.send(*batches.delete_command(job_id)) for job_id in ids]
+        await link.wait_writable()
+        return list(await asyncio.gather(*deletes))
+
     def _sibling(self) -> Client:
         """A new client for the same server with the same settings but its own connection."""
         return Client(self.host, self.port, connect_timeout=self.connect_timeout,
-                      reconnect=False, max_body=self.max_body)
+                      reconnect=False, max_body=self.max_body,
+                      servers=[(self.host, self.port), *(s for s in self.servers
+                                                         if s != (self.host, self.port))])
+
+
+def _addresses(servers: Iterable[tuple[str, int] | str]) -> list[tuple[str, int]]:
+    """``("h", 11300)`` or ``"h:11300"`` (``"h"`` alone: port 11300) as (host, port) pairs."""
+    out: list[tuple[str, int]] = []
+    for server in servers:
+        if isinstance(server, str):
+            host, _, port = server.rpartition(":") if ":" in server else (server, "", "")
+            out.append((host, int(port) if port else DEFAULT_PORT))
+        else:
+            out.append((server[0], int(server[1])))
+    if not out:
+        raise ValueError("servers must name at least one server")
+    return out

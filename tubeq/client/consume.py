@@ -4,7 +4,9 @@ connections of its own.
 Each connection (``_Lane``) gets jobs through the server's push extension when the server has
 one and through pipelined ``reserve-with-timeout`` otherwise. A held job carries the consumer's
 claim on it (``_Hold``) until it is settled: deleted, released with :func:`backoff_delay`, or
-buried. ``auto_touch`` touches held jobs every :func:`touch_interval`.
+buried. ``auto_touch`` touches held jobs every :func:`touch_interval`. The deletes of the jobs
+that succeeded within one loop tick leave together, as one ``delete-many`` where the server has
+it (``_Acks``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class _Lane:
     held: set[Job] = field(default_factory=set)
     mode: Literal["push", "reserve"] | None = None
     subscribed: bool = False
+    # batches: the deletes of jobs that succeeded, waiting for the end of the loop tick
+    acks: list[tuple[Job, asyncio.Future[bool]]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -122,6 +126,12 @@ class Consumer:
     jobs are settled. With ``async for`` and no task per job only one job is processed at a time
     and the others wait reserved, their TTR running; keep ``concurrency`` small then, or set
     ``auto_touch``.
+
+    Deleting: the jobs whose blocks ended normally within one event-loop turn are deleted
+    together, per connection, with one ``delete-many`` (tubeq) or pipelined ``delete``
+    commands (a server without it, e.g. beanstalkd: asked once per connection with
+    ``extensions``). Each block still ends only once its own job's delete was answered, so
+    delivery stays at least once: a job whose delete was not confirmed comes back.
 
     ``auto_touch=True``: every held job is touched every ``ttr - 1.5`` s (a quarter of the TTR
     for TTRs under 2 s) from its reservation until it is settled. It costs one stats-job per job
@@ -361,6 +371,9 @@ class Consumer:
                     if DEFAULT_TUBE not in self.tubes:
                         await lane.client.ignore(DEFAULT_TUBE)
                     lane.subscribed = True
+                # Whether deletes can go as delete-many: asked now, before a reserve can hold
+                # the question back.
+                await lane.client._extensions_of(await lane.client._current_link())
                 if await self._try_push(lane):
                     delay = RECONNECT_MIN_S
                     await self._take_pushed(lane)
@@ -517,10 +530,11 @@ class Consumer:
         """The end of ``async with job``: delete, or release with backoff / bury, or put back."""
         if exc is None:
             try:
-                await job.delete()
+                if not await self._ack(job):
+                    log.warning("job %d done but not deleted: not found", job.id)
             except ClientError as error:
                 log.warning("job %d done but not deleted: %s", job.id, error)
-                self._forget(job)
+            self._forget(job)  # deleted, or the reservation is gone either way
             return False
         if not isinstance(exc, Exception):  # cancelled (or exiting): not the job's failure
             if isinstance(exc, asyncio.CancelledError) and (
@@ -542,6 +556,46 @@ class Consumer:
             log.warning("failed job %d not released: %s", job.id, error)
             self._forget(job)
         return True
+
+    # -- batched deletes ----------------------------------------------------------------------
+
+    async def _ack(self, job: Job) -> bool:
+        """Delete a job that succeeded along with the others of this loop tick; whether it was
+        deleted (False: not found). Raises ClientError when the delete was not answered."""
+        hold = job._hold
+        assert hold is not None
+        lane = hold.lane
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not lane.acks:
+            asyncio.get_running_loop().call_soon(self._send_acks, lane)
+        lane.acks.append((job, done))
+        return await done
+
+    def _send_acks(self, lane: _Lane) -> None:
+        acks, lane.acks = lane.acks, []
+        by_link: dict[Any, list[tuple[Job, asyncio.Future[bool]]]] = {}
+        for job, done in acks:  # one connection normally; a job from a lost one fails alone
+            by_link.setdefault(job._link, []).append((job, done))
+        for link, group in by_link.items():
+            self._spawn(self._delete_acked(lane, link, group))
+
+    async def _delete_acked(self, lane: _Lane, link: Any,
+                            group: list[tuple[Job, asyncio.Future[bool]]]) -> None:
+        try:
+            if link is None:
+                raise ClientConnectionError("job not bound to a connection")
+            deleted = await lane.client._delete_many_on(link, [job.id for job, _ in group])
+            for (_, done), result in zip(group, deleted, strict=True):
+                if not done.done():
+                    done.set_result(result)
+        except ClientError as error:
+            for _, done in group:
+                if not done.done():
+                    done.set_exception(error)
+        finally:  # cancelled (the consumer closes): the blocks waiting must not hang
+            for _, done in group:
+                if not done.done():
+                    done.set_exception(ClientConnectionError("the consumer closed"))
 
     async def _put_back(self, job: Job) -> None:
         try:

@@ -127,6 +127,17 @@ class Buried(CommandError):
         super().__init__(command, "" if job_id is None else f" (job {job_id})")
 
 
+class BadOption(CommandError):
+    """BAD_OPTION <name>: an extension command's option was refused (unknown to the command,
+    given twice, or its value out of range); ``option`` names it. Nothing was stored."""
+
+    reply = b"BAD_OPTION\r\n"
+
+    def __init__(self, command: str, option: str = "") -> None:
+        self.option = option
+        CommandError.__init__(self, command, f" {option}" if option else "")
+
+
 # The one table from error reply to exception. A word in it answers any command with its
 # exception, unless that command expects the word as success (``bury`` expects BURIED).
 ERRORS: Final[Mapping[bytes, type[CommandError]]] = {
@@ -142,5 +153,6 @@ ERRORS: Final[Mapping[bytes, type[CommandError]]] = {
     _word(replies.DEADLINE_SOON): DeadlineSoon,
     _word(replies.TIMED_OUT): TimedOut,
     _word(replies.BURIED): Buried,
+    b"BAD_OPTION": BadOption,  # job policies (tubeq extensions)
 }
 assert set(ERRORS) <= set(REPLY_ARITY), "every error word must be in the reply grammar"

@@ -55,6 +55,8 @@ class _Link(asyncio.Protocol):
         self.pushing = False
         self._pushed: deque[Job] = deque()
         self._push_waiters: set[asyncio.Future[None]] = set()
+        # The server's extension words once asked (tubeq.client.batches), empty for beanstalkd.
+        self.extensions: frozenset[str] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -160,6 +162,10 @@ class _Link(asyncio.Protocol):
             future.set_result(value)
         elif isinstance(value, Job) and value.reserved:
             self._client._release_orphan(value)
+        elif isinstance(value, list):  # reserve_many's jobs (batches)
+            for job in value:
+                if isinstance(job, Job) and job.reserved:
+                    self._client._release_orphan(job)
 
     def _fail(self, error: ClientError) -> None:
         """Make the link unusable: every waiting call gets ``error``; the transport is aborted."""

@@ -15,8 +15,10 @@ from typing import Final
 
 from tubeq.client.errors import ProtocolError
 from tubeq.client.wire import (
+    BATCH,
     BODY_WORDS,
     CRLF,
+    MAX_BATCH_ITEMS,
     MAX_BODY,
     MAX_REPLY_LINE,
     REPLY_ARITY,
@@ -26,11 +28,13 @@ from tubeq.client.wire import (
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One complete reply frame: its word, its arguments, and its body for RESERVED/FOUND/OK."""
+    """One complete reply frame: its word, its arguments, and its body for RESERVED/FOUND/OK;
+    for ``BATCH <n>`` (tubeq's batch commands) its n replies in ``items``."""
 
     word: bytes
     args: tuple[bytes, ...] = ()
     body: bytes | None = None
+    items: tuple[Reply, ...] = ()
 
     def int_arg(self, index: int) -> int:
         """Argument ``index`` as an int (the parser checked it is decimal)."""
@@ -53,10 +57,34 @@ class ReplyParser:
         self._buf = bytearray()
         self._head: Reply | None = None  # a RESERVED/FOUND/OK line waiting for its body
         self._size = 0
+        self._batch: Reply | None = None  # a BATCH line waiting for its items
+        self._items: list[Reply] = []
 
     @property
     def mid_reply(self) -> bool:
-        return self._head is not None or bool(self._buf)
+        return self._head is not None or self._batch is not None or bool(self._buf)
+
+    def _complete(self, out: list[Reply], reply: Reply) -> None:
+        """A whole frame: the caller's, or the next item of the BATCH being read."""
+        if self._batch is None:
+            out.append(reply)
+            return
+        self._items.append(reply)
+        if len(self._items) == self._batch.int_arg(0):
+            out.append(replace(self._batch, items=tuple(self._items)))
+            self._batch = None
+            self._items = []
+
+    def _begin_batch(self, out: list[Reply], reply: Reply) -> None:
+        if self._batch is not None:
+            raise ProtocolError("BATCH inside a BATCH")
+        if reply.int_arg(0) > MAX_BATCH_ITEMS:
+            raise ProtocolError(f"BATCH of {reply.int_arg(0)} replies, more than "
+                                f"{MAX_BATCH_ITEMS}")
+        if reply.int_arg(0) == 0:
+            out.append(reply)
+        else:
+            self._batch = reply
 
     def feed(self, data: bytes) -> list[Reply]:
         if self.error is not None:
@@ -75,7 +103,7 @@ class ReplyParser:
                         raise ProtocolError(
                             f"{self._head.word.decode()} body of {self._size} bytes is not "
                             f"followed by CRLF")
-                    out.append(replace(self._head, body=bytes(buf[pos:end])))
+                    self._complete(out, replace(self._head, body=bytes(buf[pos:end])))
                     self._head = None
                     pos = end + 2
                     continue
@@ -91,8 +119,10 @@ class ReplyParser:
                 if reply.word in BODY_WORDS:
                     self._head = reply
                     self._size = reply.int_arg(len(reply.args) - 1)
+                elif reply.word == BATCH:
+                    self._begin_batch(out, reply)
                 else:
-                    out.append(reply)
+                    self._complete(out, reply)
         except ProtocolError as error:
             self.error = error
             buf.clear()
@@ -113,7 +143,7 @@ class ReplyParser:
                 if not (arg.isdigit() and len(arg) <= 20):
                     raise ProtocolError(f"{word.decode()} with a non-numeric argument: "
                                         f"{line[:60]!r}")
-        elif not args[0]:
+        elif args and not args[0]:
             raise ProtocolError(f"{word.decode()} without a name")
         if word in BODY_WORDS and int(args[-1]) > self.max_body:
             raise ProtocolError(f"{word.decode()} announces {int(args[-1])} bytes, more than "
@@ -129,7 +159,10 @@ _FLOAT = re.compile(r"-?[0-9]+\.[0-9]+")
 
 
 def _unquote(text: str) -> str:
-    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        # YAML's double-quoted escapes tubeq writes (a dedupe key): \\ and \"
+        return re.sub(r'\\(.)', r'\1', text[1:-1])
+    return text
 
 
 def _scalar(text: str) -> StatValue:
@@ -180,6 +213,6 @@ def parse_yaml_list(data: bytes) -> list[str]:
 
 
 # Which values of each stats document are text even when they look like numbers.
-JOB_TEXT_KEYS: Final = frozenset({"tube", "state"})
+JOB_TEXT_KEYS: Final = frozenset({"tube", "state", "reason", "key"})  # job policies: last two
 TUBE_TEXT_KEYS: Final = frozenset({"name"})
 SERVER_TEXT_KEYS: Final = frozenset({"version", "id", "hostname", "os", "platform"})

@@ -58,6 +58,18 @@ KICKED: Final = _word(replies.KICKED)
 PAUSED: Final = _word(replies.PAUSED)
 # The push extension's acknowledgement (tubeq only; see Client.push).
 PUSHING: Final = b"PUSHING"
+# put-with's answer when a living job has the dedupe key (tubeq only; see Client.put_with).
+DUPLICATE: Final = b"DUPLICATE"
+# An extension's refused option: BAD_OPTION <name> (tubeq only).
+BAD_OPTION: Final = b"BAD_OPTION"
+# The admin verbs' replies (tubeq only; see tubeq.client.admin).
+CLEARED: Final = b"CLEARED"
+CHANGED: Final = _word(replies.CHANGED)
+RESUMED: Final = _word(replies.RESUMED)
+# Recurring jobs' ``SCHEDULED <next-due-ms>`` and ``REMOVED`` (tubeq only; see
+# Client.schedule_add).
+SCHEDULED: Final = b"SCHEDULED"
+REMOVED: Final = _word(replies.REMOVED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -77,6 +89,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     KICKED: frozenset({0, 1}),
     PAUSED: frozenset({0}),
     PUSHING: frozenset({1}),
+    b"BATCH": frozenset({1}),  # batches: BATCH <n>, then n replies
     _word(replies.BAD_FORMAT): frozenset({0}),
     _word(replies.UNKNOWN_COMMAND): frozenset({0}),
     _word(replies.EXPECTED_CRLF): frozenset({0}),
@@ -88,6 +101,27 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.NOT_IGNORED): frozenset({0}),
     _word(replies.DEADLINE_SOON): frozenset({0}),
     _word(replies.TIMED_OUT): frozenset({0}),
+    # job policies and deduplicated put
+    DUPLICATE: frozenset({1}),
+    BAD_OPTION: frozenset({0, 1}),  # the option's name; a bare word is still the error
+    # admin verbs (tubeq)
+    CLEARED: frozenset({1}),
+    CHANGED: frozenset({0}),
+    RESUMED: frozenset({0}),
+    # recurring jobs (issue 10, part 4)
+    SCHEDULED: frozenset({1}),
+    REMOVED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
-TEXT_ARG_WORDS: Final = frozenset({USING})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})
+
+# -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------
+# ``BATCH <n>`` is followed by n whole replies, one per job (see ReplyParser). A put-many or a
+# reserve-many carries at most 1000 (the server's limit, PUT_MANY_MAX), a delete-many as many
+# ids as fit its 16 KiB line (8,192 one-digit ids): a larger count is not a tubeq server.
+BATCH: Final = b"BATCH"
+MAX_BATCH_ITEMS: Final = 8192
+# The most jobs one put-many / reserve-many may carry (tubeq.batch_framing.PUT_MANY_MAX).
+PUT_MANY_MAX: Final = 1000
+# The longest delete-many line a server takes, CRLF included (tubeq.protocol.EXT_LINE_MAX).
+EXT_LINE_MAX: Final = 16384

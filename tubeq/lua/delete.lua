@@ -2,20 +2,25 @@
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
          now (ms)
-Returns  1 deleted | 0 not found (or reserved by another connection)
+Returns  {held, tube} deleted, where held is how long (ms) the caller had held the job since it
+         reserved it ('ra'; -1 when the job was not reserved): tubeq.store reads it for the
+         reserved->deleted metric | 0 not found (or reserved by another connection)
 Events   'deleted'
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr')
+local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra')
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
 unlink(id, t, state, now)
+forget_job(id, jk)  -- its dedupe key is free, its TTL entry goes (includes/policies.lua)
 rcall('DEL', jk)
 rcall('HINCRBY', k_tube(t), 'del', 1)
 add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
 gc_tube(t)
-return 1
+if state == 'reserved' and f[7] then return {now - tonumber(f[7]), t} end
+return {-1, t}

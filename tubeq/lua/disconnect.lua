@@ -6,7 +6,9 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, was
          producer (0|1), was worker (0|1), now (ms), then the ids of the jobs it reserved
 Returns  the number of jobs released
-Events   'timed-out' per job given back, reason 'disconnect'
+Events   'timed-out' per job given back, reason 'disconnect'; a job it held ends a try and
+         its policies apply as on a TTR timeout (includes/policies.lua: backoff, max-tries,
+         TTL), so it may be delayed, buried or expired instead
 Wakes    reserves blocked on each tube that got a job back
 ]]
 --- @include "keys"
@@ -14,20 +16,27 @@ Wakes    reserves blocked on each tube that got a job back
 --- @include "jobs"
 --- @include "refs"
 --- @include "waiting"
+--- @include "policies"
 local inst, token, producer, worker, now =
   EVENTS_BY, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local ik = k_instance(inst)
 local released, woken = 0, {}
-local function give_back(id)
+-- `held`: the connection had the job (it ends a try); else a put handed it and it never knew.
+local function give_back(id, held)
   local f = rcall('HMGET', k_job(id), 's', 't', 'o')
   if f[1] == 'reserved' and f[3] == token then
-    requeue(id, f[2], now, 'disconnect')
+    local fate = 'ready'
+    if held then
+      fate = retry(id, f[2], now, 'disconnect')
+    else
+      requeue(id, f[2], now, 'disconnect')
+    end
     released = released + 1
-    woken[f[2]] = true
+    if fate == 'ready' then woken[f[2]] = true end
   end
 end
-for i = 7, #ARGV do give_back(ARGV[i]) end
-for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id) end
+for i = 7, #ARGV do give_back(ARGV[i], true) end
+for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id, false) end
 rcall('DEL', k_handed(token))
 count_waiting(inst, token, -1)  -- normally done already, when its reserve stopped waiting
 local dropped = {}

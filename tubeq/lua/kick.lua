@@ -21,7 +21,7 @@ for _, m in ipairs(members) do
   local id = id_of(m)
   local jk = k_job(id)
   rcall('ZREM', from, m)
-  rcall('HSET', jk, 's', 'ready')
+  rcall('HSET', jk, 's', 'ready', 'a', now)
   rcall('HDEL', jk, 'u')
   rcall('HINCRBY', jk, 'nk', 1)
   enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)

@@ -14,7 +14,7 @@ local f = rcall('HMGET', jk, 's', 't', 'p')
 local state, t = f[1], f[2]
 if state ~= 'buried' and state ~= 'delayed' then return 0 end
 unlink(id, t, state, now)
-rcall('HSET', jk, 's', 'ready')
+rcall('HSET', jk, 's', 'ready', 'a', now)
 rcall('HDEL', jk, 'u')
 rcall('HINCRBY', jk, 'nk', 1)
 enqueue_ready(id, t, tonumber(f[3]), now)

@@ -2,10 +2,13 @@
 connection waiting on the tube, as beanstalkd hands it over before it answers the put.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
-         delay (s), ttr (s), body, now (ms)
+         delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
+         (tubeq.options.PUT_OPTIONS; delay-ms replaces the delay)
 Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
-         and added by counters.lua)
-Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection.
+         and added by counters.lua); put-with key=...: -id of the living job with that key
+         (nothing stored: a duplicate)
+Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
+         'deduplicated' (the existing job) instead for a duplicate.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; without one, reserves blocked on the tube are woken
 ]]
@@ -14,6 +17,7 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "jobs"
 --- @include "waiting"
 --- @include "picking"
+--- @include "policies"
 local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 
 -- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
@@ -43,17 +47,30 @@ local function hand_over()
   return job[1]
 end
 
+-- put-with: its options (job policies, delay-ms, dedupe key; includes/policies.lua).
+local delay_ms = tonumber(delay) * 1000
+local opts = #ARGV > 8 and put_options(9)
+if opts then
+  if opts.key then
+    local existing = duplicate_of(opts.key, now)
+    if existing then return -existing end
+  end
+  delay_ms = tonumber(opts['delay-ms'] or delay_ms)
+end
+
 ensure_tube(t, now)
 local id = rcall('INCR', K_JOB_IDS)
 local jk = k_job(id)
-if tonumber(delay) > 0 then
-  local due = now + tonumber(delay) * 1000
-  rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
+if delay_ms > 0 then
+  local due = now + delay_ms
+  rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)
+  start_policies(id, jk, t, opts, now)
   enqueue_delayed(id, t, due)
-  add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
+  add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
 else
   -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+  start_policies(id, jk, t, opts, now)
   enqueue_ready(id, t, tonumber(pri), now)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)

@@ -2,20 +2,25 @@
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
          pri, delay (s), now (ms)
-Returns  1 released | 0 not reserved by this connection
-Events   'released' (delay_ms and due_ms set when delayed)
+Returns  1 released (or taken by a policy: see below) | 0 not reserved by this connection
+Events   'released' (delay_ms and due_ms set when delayed); when the release ends the job's
+         max-tries-th try or comes after its TTL, 'buried' (reason 'max-tries' | 'expired')
+         or 'expired' instead (includes/policies.lua), and the reply is still RELEASED
 Wakes    reserves blocked on the tube when the job is ready
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local token, id, pri, delay, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 't', 'o')
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
-unlink(id, t, 'reserved', now)
 rcall('HINCRBY', jk, 'nl', 1)
+rcall('HSET', jk, 'p', pri)
+if end_try(id, t, jk, now, 'release') then return 1 end  -- dead-lettered or expired
+unlink(id, t, 'reserved', now)
 rcall('HDEL', jk, 'o')
 if tonumber(delay) > 0 then
   local due = now + tonumber(delay) * 1000
@@ -23,7 +28,7 @@ if tonumber(delay) > 0 then
   enqueue_delayed(id, t, due)
   job_event('released', id, now, tonumber(delay) * 1000, due, '')
 else
-  rcall('HSET', jk, 's', 'ready', 'p', pri)
+  rcall('HSET', jk, 's', 'ready', 'p', pri, 'a', now)
   rcall('HDEL', jk, 'u', 'd')  -- delay 0: the default
   enqueue_ready(id, t, tonumber(pri), now)
   job_event('released', id, now, 0, 0, '')

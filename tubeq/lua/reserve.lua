@@ -5,7 +5,8 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token (the
          connection), now (ms), count, waiter instance ('' unless the connection is counted as
          waiting: then a grant also counts it out, in the same step)
-Returns  {id, ttr, body, id, ttr, body, ...} | {} when nothing is reservable
+Returns  reservations one after another: {id, ttr, body, waited (ms ready), tube, id, ...}
+         (see grant in includes/jobs.lua) | {} when nothing is reservable
 Events   'reserved' per job taken here (a job a put handed over had its event then)
 Cost     see includes/picking.lua
 ]]
@@ -16,13 +17,10 @@ Cost     see includes/picking.lua
 --- @include "picking"
 local token, now, count, waiter = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local granted = claim_handed(token, count)
-while #granted < 3 * count do
+while #granted < 5 * count do
   local entry = best_entry(token)
   if not entry then break end
-  local job = take_entry(entry, token, now)
-  granted[#granted + 1] = job[1]
-  granted[#granted + 1] = job[2]
-  granted[#granted + 1] = job[3]
+  for _, v in ipairs(take_entry(entry, token, now)) do granted[#granted + 1] = v end
 end
 if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
 return granted

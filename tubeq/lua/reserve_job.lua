@@ -2,7 +2,8 @@
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
          now (ms)
-Returns  {id, ttr, body} | {} when the job is missing or already reserved
+Returns  {id, ttr, body, waited, tube} (see grant; waited -1 unless the job was ready) | {}
+         when the job is missing or already reserved
 Events   'reserved'
 ]]
 --- @include "keys"
@@ -13,4 +14,4 @@ local f = rcall('HMGET', k_job(id), 's', 't')
 local state, t = f[1], f[2]
 if not state or state == 'reserved' then return {} end
 unlink(id, t, state, now)
-return grant(id, t, token, now)
+return grant(id, t, token, now, state == 'ready')

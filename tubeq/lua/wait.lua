@@ -3,7 +3,8 @@ watches (see includes/waiting.lua). Counting out a connection a put has already 
 does nothing.
 KEYS[1]  namespace root
 ARGV     instance id, token, delta, claim ('1': also take the jobs puts handed to it)
-Returns  {id, ttr, body, ...}: the jobs claimed (none unless claim is '1')
+Returns  the reservations claimed, one after another (see grant in includes/jobs.lua; none
+         unless claim is '1')
 Events   none: a claimed job's 'reserved' event was written when put.lua handed it over
 ]]
 --- @include "keys"

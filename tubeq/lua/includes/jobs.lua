@@ -1,3 +1,5 @@
+--- @include "limits"
+
 -- Shared pieces of every transition: job members, tube bookkeeping, the ready-tube index,
 -- timers and wake-ups. A state change, its index update and its wake-up happen in one script.
 local rcall = redis.call
@@ -27,6 +29,7 @@ local function ensure_tube(t, now)
   if rcall('EXISTS', tk) == 0 then
     rcall('HSET', tk, 'c', now)
     rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
+    sync_limit_flag(t)  -- reserve limits: its settings outlived it
   end
 end
 
@@ -36,17 +39,20 @@ end
 -- connection watches is the job it reserves. The tube's current entry is kept in its meta
 -- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
 -- A caller that knows the new head (member, pri) passes it and saves the lookup.
+-- Returns whether the tube has reserve limits (includes/limits.lua), read on the way.
 local function index_tube(t, now, head_member, head_pri)
   local tk = k_tube(t)
-  local meta = rcall('HMGET', tk, 'ix', 'pause_until')
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
   local old = meta[1]
   local entry = false
   local head = head_member and {head_member, head_pri}
     or rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
-  if head[1] and not (meta[2] and tonumber(meta[2]) > now) then
+  if head[1] and not (meta[2] and tonumber(meta[2]) > now)
+      and not (meta[3] and limit_reached(t, now)) then
     entry = head[1] .. ':' .. t
   end
-  if old == entry then return end
+  local limited = meta[3] ~= false
+  if old == entry then return limited end
   if old then rcall('ZREM', K_READY_TUBES, old) end
   if entry then
     rcall('ZADD', K_READY_TUBES, head[2], entry)
@@ -54,6 +60,7 @@ local function index_tube(t, now, head_member, head_pri)
   else
     rcall('HDEL', tk, 'ix')
   end
+  return limited
 end
 
 -- The tube and the job member of a ready_tubes entry.
@@ -108,21 +115,41 @@ local function unlink(id, t, state, now)
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
     rcall('HINCRBY', k_tube(t), 'nres', -1)
+    if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: maybe below its cap now
+      index_tube(t, now)
+      wake(t)
+    end
   end
 end
 
--- Reserve a job (already unlinked) for the connection `token`; returns {id, ttr, body}.
--- Writes the 'reserved' event.
-local function grant(id, t, token, now)
+-- How long (ms) a job that is being reserved at `reserved_at` had been ready: since 'a' (set by
+-- every move into ready but a put's), else since its creation 'c' (a put without delay).
+local function waited_ms(reserved_at, ready_since, created)
+  return reserved_at - tonumber(ready_since or created)
+end
+
+-- Reserve a job (already unlinked) for the connection `token`. Returns the five-element
+-- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
+-- ready: reserve-job of a delayed or buried job), tube}: tubeq.store reads waited and tube for
+-- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
+-- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when
+-- the caller knows it (index_tube's answer); nil looks it up.
+local function grant(id, t, token, now, from_ready, limited)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 'r', 'b', 'p')
+  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c')
   local due = now + tonumber(f[1]) * 1000
-  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due)
+  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now)
   local tries = rcall('HINCRBY', jk, 'nr', 1)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
+  if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
+  if limited then  -- reserve limits: count it, maybe hold
+    count_limited_reserve(t, now)
+    index_tube(t, now)
+  end
   add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
-  return {tonumber(id), tonumber(f[1]), f[2]}
+  local waited = from_ready and waited_ms(now, f[4], f[5]) or -1
+  return {tonumber(id), tonumber(f[1]), f[2], waited, t}
 end
 
 -- Back to ready without touching its counters (TTR expiry and disconnect differ only there).
@@ -130,23 +157,29 @@ end
 local function requeue(id, t, now, reason)
   local jk = k_job(id)
   unlink(id, t, 'reserved', now)
-  rcall('HSET', jk, 's', 'ready')
+  rcall('HSET', jk, 's', 'ready', 'a', now)
   rcall('HDEL', jk, 'o', 'u')
   local f = rcall('HMGET', jk, 'p', 'r', 'nr')
   enqueue_ready(id, t, tonumber(f[1]), now)
   add_event('timed-out', id, t, f[1], 0, f[2], 0, f[3], now, reason)
 end
 
+-- pause_until of a tube paused with no end (tube-pause): a time never reached (year 33658), so
+-- index_tube keeps the tube out of ready_tubes (admin verbs: tube_pause.lua).
+local PAUSE_FOREVER = 1e15
+
 -- A tube disappears once nothing references it: no job in any state, nobody using or
 -- watching it (across all processes). 'default' never disappears. Its counters and pause go
--- with it, as in beanstalkd.
+-- with it, as in beanstalkd; a tube paused with no end stays (tube_pause.lua).
 local function gc_tube(t)
   if t == 'default' then return end
   local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
   if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
   if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
-  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix')
+  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until')
   if tonumber(meta[1] or 0) > 0 then return end
+  -- A tube paused with no end stays until tube-resume (admin verbs, protocol.md).
+  if tonumber(meta[3] or 0) >= PAUSE_FOREVER then return end
   if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
   rcall('DEL', k_tube(t), k_waiters(t))
   rcall('ZREM', K_TUBES, t)

@@ -26,3 +26,13 @@ local function k_wake(t) return NS .. 'wake:' .. t end
 local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
 local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
 local function k_grant(i) return NS .. 'grant:' .. i end
+-- Job policies and deduplicated put (includes/policies.lua).
+local K_TTL = NS .. 'ttl'
+local K_DEDUPE = NS .. 'dedupe'
+-- Recurring jobs (schedule-*): every schedule by its next due time (member '<tube>:<name>'),
+-- one hash per schedule, the names of a tube's schedules; and the channel that tells every
+-- process's scheduler of a due instant another process created (a tick, a rate window's end).
+local K_SCHEDULES = NS .. 'schedules'
+local K_DUE_CHANNEL = NS .. 'due'
+local function k_schedule(t, name) return NS .. 'sc:' .. t .. ':' .. name end
+local function k_schedule_names(t) return NS .. 'sc:' .. t end

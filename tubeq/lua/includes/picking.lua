@@ -45,10 +45,10 @@ local function best_entry(token)
   end
 end
 
--- Reserve for `token` the job best_entry named; returns {id, ttr, body}.
+-- Reserve for `token` the job best_entry named; returns its reservation (see grant).
 local function take_entry(entry, token, now)
   local m, t = split_entry(entry)
   rcall('ZREM', k_ready(t), m)
-  index_tube(t, now)
-  return grant(id_of(m), t, token, now)
+  local limited = index_tube(t, now)
+  return grant(id_of(m), t, token, now, true, limited)
 end

@@ -33,18 +33,21 @@ local function count_waiting(inst, token, delta)
 end
 
 -- Take back the jobs put.lua handed to `token` that its process has not claimed yet: those
--- still reserved by it, as {id, ttr, body, ...}, at most `limit` (nil: all).
+-- still reserved by it, as reservations (see grant) one after another, at most `limit` (nil:
+-- all).
 local function claim_handed(token, limit)
   local out = {}
   local hk = k_handed(token)
-  while limit == nil or #out < 3 * limit do
+  while limit == nil or #out < 5 * limit do
     local id = rcall('LPOP', hk)
     if not id then break end
-    local f = rcall('HMGET', k_job(id), 's', 'o', 'r', 'b')
+    local f = rcall('HMGET', k_job(id), 's', 'o', 'r', 'b', 'ra', 'a', 'c', 't')
     if f[1] == 'reserved' and f[2] == token then
       out[#out + 1] = tonumber(id)
       out[#out + 1] = tonumber(f[3])
       out[#out + 1] = f[4]
+      out[#out + 1] = waited_ms(tonumber(f[5]), f[6], f[7])
+      out[#out + 1] = f[8]
     end
   end
   return out

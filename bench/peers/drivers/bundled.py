@@ -1,0 +1,90 @@
+"""tubeq's bundled client (tubeq.client), against tubeq and against beanstalkd.
+
+Enqueue one at a time: ``await client.put(body)``, each awaited. Batched: the client has no
+batch command; its idiom is pipelining, so ``chunk`` puts are gathered at once on the one
+connection (they travel in one write and are answered in order). Consume:
+``client.consume(tube, concurrency=C).run(handler)``: the push extension against tubeq; against
+beanstalkd it gets UNKNOWN_COMMAND and falls back to pipelined ``reserve-with-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvloop
+
+from bench.peers.common import (
+    QUEUE,
+    Phase,
+    Settings,
+    Tally,
+    chunks,
+    finished_async,
+    wait_empty_async,
+)
+from tubeq.client import Client, Job
+
+BODY = b"{}"
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 11300
+
+
+def produce(settings: Settings) -> dict[str, Any]:
+    return uvloop.run(_produce(settings))
+
+
+async def _produce(settings: Settings) -> dict[str, Any]:
+    client = Client(*_address(settings.url))
+    await client.connect()
+    await client.use(QUEUE)
+    try:
+        with Phase(settings.single, "put, awaited") as single:
+            for _ in range(settings.single):
+                await client.put(BODY)
+        with Phase(settings.batched, f"{settings.chunk} pipelined puts gathered") as batched:
+            for size in chunks(settings.batched, settings.chunk):
+                await asyncio.gather(*(client.put(BODY) for _ in range(size)))
+    finally:
+        await client.aclose()
+    return {"single": single.result, "batched": batched.result}
+
+
+def consume(settings: Settings) -> dict[str, Any]:
+    return uvloop.run(_consume(settings))
+
+
+async def _consume(settings: Settings) -> dict[str, Any]:
+    deadline = settings.deadline
+    tally = Tally(settings.total)
+    client = Client(*_address(settings.url))
+    consumer = client.consume(QUEUE, concurrency=settings.concurrency)
+
+    async def handler(job: Job) -> None:
+        tally.start()
+        tally.done()
+
+    runner = asyncio.create_task(consumer.run(handler))
+    watcher = Client(*_address(settings.url))
+
+    async def remaining() -> dict[str, int]:
+        stats = await watcher.stats_tube(QUEUE)
+        counts = {key: int(stats[f"current-jobs-{key}"])
+                  for key in ("ready", "reserved", "delayed", "buried")}
+        counts["not deleted"] = settings.total - int(stats["cmd-delete"])
+        return counts
+
+    try:
+        await finished_async(tally, runner, deadline)
+        empty_at, counts = await wait_empty_async(remaining, deadline)
+        modes = consumer.modes
+    finally:
+        consumer.stop()
+        await consumer.aclose()
+        runner.cancel()
+        await watcher.aclose()
+    return {**tally.result(empty_at, counts), "modes": modes}

@@ -1,0 +1,123 @@
+// BullMQ driver of the peers benchmark (bench/peers): the same contract as the Python drivers
+// (bench/peers/common.py). Arguments: ROLE --url redis://... --single M --batched N --chunk C
+// --concurrency K --time-limit S --out FILE; writes one JSON object to FILE.
+//
+// produce: Queue.add (each awaited), then Queue.addBulk of C jobs at a time; every job with
+// removeOnComplete and removeOnFail (BullMQ keeps no finished job). consume: one Worker with
+// concurrency K and a processor that only returns. Times are process.hrtime (CLOCK_MONOTONIC on
+// Linux, the clock of Python's time.monotonic()); CPU is process.cpuUsage() (all threads).
+'use strict';
+
+const fs = require('fs');
+const { Queue, Worker } = require('bullmq');
+
+const QUEUE = 'peers';
+const EMPTY_POLL_MS = 5;
+const JOB_OPTS = { removeOnComplete: true, removeOnFail: true };
+
+function parse(argv) {
+  const args = { role: argv[0], chunk: 1000, concurrency: 32 };
+  for (let i = 1; i < argv.length; i += 2) {
+    const key = argv[i].replace(/^--/, '').replace(/-/g, '_');
+    args[key] = argv[i + 1];
+  }
+  for (const key of ['single', 'batched', 'chunk', 'concurrency', 'time_limit']) {
+    args[key] = Number(args[key]);
+  }
+  return args;
+}
+
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+const cpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function connection(url) {
+  const u = new URL(url);
+  // maxRetriesPerRequest null: what BullMQ requires of a Worker's connection.
+  return { host: u.hostname, port: Number(u.port), maxRetriesPerRequest: null };
+}
+
+async function phase(jobs, api, body) {
+  const t0 = now(); const cpu0 = cpu();
+  await body();
+  const t1 = now();
+  return { jobs, api, t0, t1, seconds: t1 - t0, cpu_s: cpu() - cpu0 };
+}
+
+async function produce(args) {
+  const queue = new Queue(QUEUE, { connection: connection(args.url) });
+  await queue.waitUntilReady();
+  try {
+    const single = await phase(args.single, 'add, awaited', async () => {
+      for (let i = 0; i < args.single; i++) await queue.add('noop', {}, JOB_OPTS);
+    });
+    const batched = await phase(args.batched, `addBulk of ${args.chunk}`, async () => {
+      for (let start = 0; start < args.batched; start += args.chunk) {
+        const size = Math.min(args.chunk, args.batched - start);
+        const jobs = [];
+        for (let i = 0; i < size; i++) jobs.push({ name: 'noop', data: {}, opts: JOB_OPTS });
+        await queue.addBulk(jobs);
+      }
+    });
+    return { single, batched };
+  } finally {
+    await queue.close();
+  }
+}
+
+async function consume(args) {
+  const deadline = now() + args.time_limit;
+  const target = args.single + args.batched;
+  const tally = { count: 0, first_start: null, cpu_at_first: null, last_done: null, cpu_at_last: null };
+  let finish;
+  const finished = new Promise((resolve) => { finish = resolve; });
+  const worker = new Worker(QUEUE, async () => {
+    if (tally.first_start === null) { tally.cpu_at_first = cpu(); tally.first_start = now(); }
+    tally.count += 1;
+    if (tally.count === target) { tally.last_done = now(); tally.cpu_at_last = cpu(); finish(); }
+  }, { connection: connection(args.url), concurrency: args.concurrency });
+  const queue = new Queue(QUEUE, { connection: connection(args.url) });
+  let failure = null;
+  worker.on('error', (err) => { failure = failure || String(err); });
+  try {
+    const limit = sleep(Math.max(0, (deadline - now()) * 1000)).then(() => 'timeout');
+    if (await Promise.race([finished.then(() => 'done'), limit]) !== 'done') {
+      throw new Error(`time limit: ${tally.count} of ${target} jobs`);
+    }
+    const remaining = async () => {
+      const counts = await queue.getJobCounts('wait', 'active', 'delayed', 'prioritized',
+        'waiting-children', 'paused', 'completed', 'failed');
+      return counts;
+    };
+    let counts = await remaining();
+    const busy = (c) => Object.values(c).some((v) => v > 0);
+    while (busy(counts) && now() < deadline) {
+      await sleep(EMPTY_POLL_MS);
+      counts = await remaining();
+    }
+    const emptyAt = busy(counts) ? null : now();
+    if (failure) throw new Error(failure);
+    return {
+      jobs: tally.count, target, first_start: tally.first_start, last_done: tally.last_done,
+      cpu_s: tally.cpu_at_last - tally.cpu_at_first, empty_at: emptyAt, remaining: counts,
+    };
+  } finally {
+    await worker.close();
+    await queue.close();
+  }
+}
+
+async function main() {
+  const args = parse(process.argv.slice(2));
+  let result;
+  try {
+    result = await (args.role === 'produce' ? produce(args) : consume(args));
+  } catch (err) {
+    console.error(err);
+    result = { error: String(err && err.message ? err.message : err) };
+  }
+  fs.writeFileSync(args.out, JSON.stringify(result));
+  process.exit(result.error ? 1 : 0);
+}
+
+main();

@@ -1,0 +1,188 @@
+"""Processes the fault tests start and stop themselves: tubeq on a port of the test's choosing
+(so a restarted process comes back where its clients look for it), and a Sentinel topology.
+
+Everything here is a child of the test run on loopback, in a temp directory, stopped by PID.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
+from tubeq.redis_process import RedisProcess, free_port
+
+WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration
+POLL_S = 0.05
+
+
+def start_tubeq_on(port: int, redis_url: str, prefix: str, log_dir: Path, label: str,
+                   flags: tuple[str, ...] = ()) -> ServerProcess:
+    """``python -m tubeq`` on ``port`` (e.g. the port a killed process had)."""
+    argv = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port), "--redis",
+            redis_url, "--prefix", prefix, *flags]
+    log_path = log_dir / f"{label}-{port}-{time.monotonic_ns()}.log"
+    last: ServerStartError | None = None
+    for _ in range(3):  # the port of a process killed an instant ago may still be busy
+        try:
+            server = _spawn_and_wait("tubeq", argv, port, log_path, label)
+        except ServerStartError as error:
+            last = error
+            time.sleep(0.5)
+            continue
+        server.extra.update(redis_url=redis_url, prefix=prefix)
+        return server
+    assert last is not None
+    raise last
+
+
+def redis_command(port: int, *args: str, timeout: float = 5.0) -> bytes:
+    """One command to a loopback Redis (or sentinel) through redis-cli; its raw output."""
+    done = subprocess.run(["redis-cli", "-h", LOOPBACK, "-p", str(port), *args],
+                          capture_output=True, timeout=timeout, check=False)
+    return done.stdout
+
+
+@dataclass
+class SentinelProcess:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class SentinelTopology:
+    """A master, one replica and three sentinels (quorum 2) watching ``name``."""
+
+    work_dir: Path
+    name: str = "faultmaster"
+    redises: list[RedisProcess] = field(default_factory=list)
+    sentinels: list[SentinelProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        seeds = ",".join(f"{LOOPBACK}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{seeds}/{self.name}"
+
+    def start(self) -> None:
+        master = RedisProcess(self.work_dir / "master")
+        master.start()
+        self.redises.append(master)
+        replica = RedisProcess(self.work_dir / "replica",
+                               extra=("--replicaof", LOOPBACK, str(master.port)))
+        replica.start()
+        self.redises.append(replica)
+        for index in range(3):
+            self.sentinels.append(self._start_sentinel(index, master.port))
+        self.wait_until(lambda: self.replica_ready(master.port), "the replica is in sync and "
+                        "known to every sentinel")
+
+    def _start_sentinel(self, index: int, master_port: int) -> SentinelProcess:
+        directory = self.work_dir / f"sentinel{index}"
+        directory.mkdir(parents=True)
+        port = free_port()
+        conf = directory / "sentinel.conf"
+        conf.write_text("\n".join([
+            f"port {port}", f"bind {LOOPBACK}", f"dir {directory}",
+            f"logfile {directory / 'sentinel.log'}",
+            f"sentinel monitor {self.name} {LOOPBACK} {master_port} 2",
+            f"sentinel down-after-milliseconds {self.name} 1000",
+            # A sentinel retries a failover of one master only after twice this: the test's
+            # second failover comes seconds after its first.
+            f"sentinel failover-timeout {self.name} 4000",
+            ""]))
+        proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        sentinel = SentinelProcess(port, proc)
+        self.wait_until(lambda: _accepts(port), f"sentinel {index} listens")
+        return sentinel
+
+    def master_port(self) -> int | None:
+        """The master's port as the first sentinel that answers reports it."""
+        for sentinel in self.sentinels:
+            out = redis_command(sentinel.port, "SENTINEL", "get-master-addr-by-name", self.name)
+            lines = out.split()
+            if len(lines) == 2 and lines[1].isdigit():
+                return int(lines[1])
+        return None
+
+    def replica_ready(self, master_port: int) -> bool:
+        info = redis_command(master_port, "INFO", "replication")
+        if b"connected_slaves:1" not in info or b"state=online" not in info:
+            return False
+        for sentinel in self.sentinels:
+            out = redis_command(sentinel.port, "SENTINEL", "replicas", self.name)
+            if b"slave" not in out or b"disconnected" in out or b"s_down" in out:
+                return False
+        return True
+
+    def failover(self) -> int:
+        """SENTINEL FAILOVER; returns the new master's port once every sentinel agrees and
+        the old master replicates from it."""
+        before = self.master_port()
+        assert before is not None
+        out = redis_command(self.sentinels[0].port, "SENTINEL", "failover", self.name)
+        assert out.strip() == b"OK", out
+
+        def moved() -> bool:
+            ports = {self._reported(s.port) for s in self.sentinels}
+            return len(ports) == 1 and before not in ports and None not in ports
+
+        self.wait_until(moved, "every sentinel names the new master")
+        after = self.master_port()
+        assert after is not None
+        self.wait_until(lambda: b"role:master" in redis_command(after, "INFO", "replication"),
+                        "the new master is a master")
+        return after
+
+    def _reported(self, sentinel_port: int) -> int | None:
+        out = redis_command(sentinel_port, "SENTINEL", "get-master-addr-by-name", self.name)
+        lines = out.split()
+        return int(lines[1]) if len(lines) == 2 and lines[1].isdigit() else None
+
+    @staticmethod
+    def wait_until(check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {WAIT_S:g} s: {what}")
+            time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        for redis in self.redises:
+            redis.stop()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection((LOOPBACK, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def sentinel_topology(work_dir: Path) -> Iterator[SentinelTopology]:
+    topology = SentinelTopology(work_dir)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()

@@ -1,0 +1,62 @@
+"""The HTTP listener (``--metrics ADDR:PORT``): /metrics, the JSON API and the dashboard.
+
+One aiohttp application on the server's own event loop, so its routes call the same store,
+counters and waiter registry as the protocol connections, with no thread and no second Redis
+connection. Imports run one way: this package reads the server (its context, store, counters,
+metrics); the core imports it only where ``Server.start`` opens the listener.
+
+Modules: ``common`` (JSON errors, input checks), ``api`` (/api/...), ``reservations`` (the
+long-poll reserve and who owns its job), ``prometheus`` (/metrics), ``dashboard`` (/ and
+/tubes/..., with ``static/``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from tubeq.http.common import SERVER, json_errors
+
+if TYPE_CHECKING:
+    from tubeq.server import Server
+
+# Room for the largest job a JSON put can carry: base64 makes 4 bytes of 3, plus the JSON
+# around it. A raw put's body is checked against max-job-size itself (413).
+BODY_OVERHEAD = 4096
+# How long shutdown lets requests in flight finish; long polls are cancelled (and give back
+# any job granted meanwhile) rather than waited for.
+SHUTDOWN_GRACE_S = 1.0
+
+
+def make_app(server: Server) -> web.Application:
+    from tubeq.http import api, dashboard, prometheus
+
+    assert server.ctx is not None
+    app = web.Application(middlewares=[json_errors],
+                          client_max_size=server.ctx.max_job_size * 4 // 3 + BODY_OVERHEAD)
+    app[SERVER] = server
+    app.router.add_get("/metrics", prometheus.metrics)
+    api.add_routes(app, server)
+    dashboard.add_routes(app)
+    return app
+
+
+class HttpListener:
+    """Start and stop the application on one address."""
+
+    def __init__(self, server: Server) -> None:
+        self._runner = web.AppRunner(make_app(server), access_log=None,
+                                     handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_GRACE_S)
+        self._site: web.TCPSite | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await self._site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

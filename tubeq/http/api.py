@@ -1,0 +1,386 @@
+"""The JSON API: jobs and tubes over HTTP, in the style of lmstfy and camellia.
+
+Every route runs the same store call, so the same Lua script, as the protocol command it
+mirrors, and counts in the same ``cmd-*`` counters (``stats`` shows HTTP puts as puts). Routes,
+bodies and replies are documented in protocol.md ("HTTP API"), each with a curl example.
+
+Input: a route's options come from the query string or from a JSON object body (a put with a
+raw body takes its options from the query string). Options are looked up in one table per
+route (``PUT_OPTIONS``...), so a later option (max-tries, ttl-ms, a dedupe key) is a new row
+and a new check, and an unknown or misspelt one is a 400 today rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Final
+
+from aiohttp import web
+
+from tubeq.connection import ServerContext
+from tubeq.http.common import (
+    HttpError,
+    body_fields,
+    job_id,
+    read_options,
+    server_of,
+    tube_name,
+    unsigned,
+)
+from tubeq.http.reservations import MAX_POLL_S, HttpReservations
+from tubeq.server import Server
+from tubeq.stats import job_pairs, server_pairs, tube_pairs
+from tubeq.store import JobInfo
+
+# Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
+# is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
+DEFAULT_PRI: Final = 1024
+DEFAULT_TTR: Final = 60
+# The most jobs a job list returns in one state.
+MAX_LIST: Final = 200
+STATES: Final = ("ready", "delayed", "buried", "reserved")
+
+PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr"})
+PUT_JSON_KEYS: Final = PUT_OPTIONS | {"body", "body_base64"}
+RESERVE_OPTIONS: Final = frozenset({"timeout"})
+RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
+BURY_OPTIONS: Final = frozenset({"reservation", "pri"})
+OWNER_OPTIONS: Final = frozenset({"reservation"})
+KICK_OPTIONS: Final = frozenset({"bound"})
+PAUSE_OPTIONS: Final = frozenset({"delay"})
+LIST_OPTIONS: Final = frozenset({"state", "limit"})
+
+RESERVATIONS: Final = web.AppKey("reservations", HttpReservations)
+
+
+def add_routes(app: web.Application, server: Server) -> None:
+    assert server.ctx is not None
+    app[RESERVATIONS] = HttpReservations(server.ctx)
+    app.router.add_post("/api/tubes/{tube}/jobs", put)
+    app.router.add_get("/api/tubes/{tube}/jobs", list_jobs)
+    app.router.add_get("/api/tubes", tubes)
+    app.router.add_get("/api/tubes/{tube}", stats_tube)
+    app.router.add_get("/api/tubes/{tube}/peek/{state}", peek_state)
+    app.router.add_post("/api/tubes/{tube}/kick", kick)
+    app.router.add_post("/api/tubes/{tube}/pause", pause)
+    app.router.add_post("/api/tubes/{tubes}/reserve", reserve)
+    app.router.add_get("/api/jobs/{id}", job)
+    app.router.add_delete("/api/jobs/{id}", delete)
+    app.router.add_post("/api/jobs/{id}/kick", kick_job)
+    app.router.add_post("/api/jobs/{id}/release", release)
+    app.router.add_post("/api/jobs/{id}/bury", bury)
+    app.router.add_post("/api/jobs/{id}/touch", touch)
+    app.router.add_get("/api/stats", stats)
+    app.router.add_get("/api/servers", servers)
+
+
+def _ctx(request: web.Request) -> ServerContext:
+    ctx = server_of(request).ctx
+    assert ctx is not None
+    return ctx
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+async def put(request: web.Request) -> web.Response:
+    """put: a job from a raw body (options in the query) or a JSON object."""
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    if request.content_type == "application/json":
+        options = await read_options(request, PUT_JSON_KEYS)
+        body = _json_job_body(options)
+    else:
+        options = await read_options(request, PUT_OPTIONS, json_body=False)
+        body = await request.read()
+    pri = unsigned("pri", options.get("pri", DEFAULT_PRI))
+    delay = unsigned("delay", options.get("delay", 0))
+    ttr = unsigned("ttr", options.get("ttr", DEFAULT_TTR))
+    ctx.counters.incr("put")
+    if len(body) > ctx.max_job_size:
+        raise HttpError(413, f"job body too big: {len(body)} bytes, at most {ctx.max_job_size}")
+    if ctx.draining:
+        raise HttpError(503, "draining: this server takes no new jobs")
+    store = ctx.store
+    new_id = await store.put(tube, pri, delay, max(ttr, 1), body)
+    ctx.counters.job_created(tube)
+    if delay > 0:
+        ctx.scheduler.note_due(store.clock() + delay * 1000)
+    return web.json_response({"id": new_id, "tube": tube,
+                              "state": "delayed" if delay > 0 else "ready"}, status=201)
+
+
+def _json_job_body(options: dict[str, Any]) -> bytes:
+    text, encoded = options.pop("body", None), options.pop("body_base64", None)
+    if (text is None) == (encoded is None):
+        raise HttpError(400, "give the job's body as exactly one of 'body' (text) and "
+                             "'body_base64'")
+    if text is not None:
+        if not isinstance(text, str):
+            raise HttpError(400, "'body' must be a string")
+        return text.encode()
+    if not isinstance(encoded, str):
+        raise HttpError(400, "'body_base64' must be a string")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise HttpError(400, "'body_base64' is not valid base64") from None
+
+
+def _job_json(info: JobInfo, body: bytes | None, now_ms: int) -> dict[str, Any]:
+    out: dict[str, Any] = dict(job_pairs(info, now_ms))
+    del out["file"]  # beanstalkd's binlog file number: always 0 here
+    if body is not None:
+        out.update(body_fields(body))
+    return out
+
+
+async def job(request: web.Request) -> web.Response:
+    """peek + stats-job: a job's stats and body."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    ctx.counters.incr("stats-job")
+    store = ctx.store
+    info, body = await store.job_info(jid), await store.peek(jid)
+    if info is None or body is None:
+        raise HttpError(404, f"job {jid} not found")
+    return web.json_response(_job_json(info, body, store.clock()))
+
+
+async def delete(request: web.Request) -> web.Response:
+    """delete: any job not reserved; a reserved one only with its reservation token."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    options = await read_options(request, OWNER_OPTIONS, json_body=False)
+    ctx.counters.incr("delete")
+    if not await ctx.store.delete(_reservation(options, required=False), jid):
+        raise HttpError(404, f"job {jid} not found (or reserved under another reservation)")
+    return web.json_response({"deleted": jid})
+
+
+async def kick_job(request: web.Request) -> web.Response:
+    """kick-job: a buried or delayed job to ready."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    await read_options(request, frozenset())
+    if not await ctx.store.kick_job(jid):
+        raise HttpError(404, f"job {jid} not found, or neither buried nor delayed")
+    return web.json_response({"kicked": jid})
+
+
+async def release(request: web.Request) -> web.Response:
+    """release: a job this reservation holds back to ready (or delayed)."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    options = await read_options(request, RELEASE_OPTIONS)
+    token = _reservation(options)
+    delay = unsigned("delay", options.get("delay", 0))
+    pri = await _priority(ctx, jid, options)
+    ctx.counters.incr("release")
+    store = ctx.store
+    if not await store.release(token, jid, pri, delay):
+        raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    if delay > 0:
+        ctx.scheduler.note_due(store.clock() + delay * 1000)
+    return web.json_response({"released": jid, "state": "delayed" if delay else "ready"})
+
+
+async def bury(request: web.Request) -> web.Response:
+    """bury: a job this reservation holds, put aside."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    options = await read_options(request, BURY_OPTIONS)
+    token = _reservation(options)
+    pri = await _priority(ctx, jid, options)
+    ctx.counters.incr("bury")
+    if not await ctx.store.bury(token, jid, pri):
+        raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    return web.json_response({"buried": jid})
+
+
+async def touch(request: web.Request) -> web.Response:
+    """touch: a full TTR again from now."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    token = _reservation(await read_options(request, OWNER_OPTIONS))
+    ctx.counters.incr("touch")
+    deadline = await ctx.store.touch(token, jid)
+    if not deadline:
+        raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    ctx.scheduler.note_due(deadline)
+    return web.json_response({"touched": jid, "deadline_ms": deadline})
+
+
+def _reservation(options: dict[str, Any], *, required: bool = True) -> str:
+    token = options.get("reservation")
+    if token is None and not required:
+        return ""  # no owner: deletes only jobs that are not reserved
+    if not isinstance(token, str) or not token:
+        raise HttpError(400, "'reservation' (the token a reserve returned) is required")
+    return token
+
+
+async def _priority(ctx: ServerContext, jid: int, options: dict[str, Any]) -> int:
+    """The ``pri`` option, or the job's own priority when none is given."""
+    if "pri" in options:
+        return unsigned("pri", options["pri"])
+    info = await ctx.store.job_info(jid)
+    if info is None:
+        raise HttpError(404, f"job {jid} not found")
+    return int(info.pri)
+
+
+# -- consuming --------------------------------------------------------------------------------
+
+async def reserve(request: web.Request) -> web.StreamResponse:
+    """reserve-with-timeout over one or more tubes (comma separated): a long poll."""
+    ctx = _ctx(request)
+    names = request.match_info["tubes"].split(",")
+    tubes = tuple(dict.fromkeys(tube_name(t) for t in names))
+    options = await read_options(request, RESERVE_OPTIONS)
+    timeout = unsigned("timeout", options.get("timeout", 0), MAX_POLL_S)
+    ctx.counters.incr("reserve-with-timeout")
+    got = await request.app[RESERVATIONS].reserve(tubes, timeout)
+    if got is None:
+        return web.Response(status=204)
+    token, job_ = got
+    return web.json_response({
+        "id": job_.id, "tube": job_.tube, "ttr": job_.ttr, "reservation": token,
+        "deadline_ms": job_.deadline_ms, **body_fields(job_.body)})
+
+
+# -- tubes ------------------------------------------------------------------------------------
+
+async def tubes(request: web.Request) -> web.Response:
+    """Every tube with its counts (and this process's wait and run times, for the dashboard)."""
+    server = server_of(request)
+    ctx = _ctx(request)
+    # Not counted as list-tubes: the dashboard polls it every second, and cmd-list-tubes
+    # should keep counting what clients ask.
+    ctx.counters.flush()  # this process's counts reach Redis before the read, as stats does
+    count, rows = await ctx.store.overview(server.config.metrics_max_tubes)
+    now = ctx.store.clock()
+    metrics = server.metrics
+    out = []
+    for row in rows:
+        item: dict[str, Any] = {
+            "name": row.name, "urgent": row.urgent, "ready": row.ready,
+            "reserved": row.reserved, "delayed": row.delayed, "buried": row.buried,
+            "total_jobs": row.total, "deletes": row.deletes,
+            "paused": row.pause_until_ms > now, "waiting": row.waiting,
+            "watching": row.watching, "using": row.using}
+        if metrics is not None:
+            for key, family in (("wait", metrics.wait), ("run", metrics.held)):
+                h = family.by_tube.get(row.name)
+                item[key] = {"count": h.count if h else 0, "sum_s": h.sum if h else 0.0}
+        out.append(item)
+    if rows and rows[-1].name == "":
+        out[-1]["name"] = None  # the tubes past the cap, summed
+    return web.json_response({"count": count, "tubes": out, "time_ms": now})
+
+
+async def stats_tube(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    ctx.counters.flush()
+    ctx.counters.incr("stats-tube")
+    counts = await _tube_counts(ctx, tube)
+    return web.json_response(dict(tube_pairs(tube, counts, ctx.store.clock())))
+
+
+async def _tube_counts(ctx: ServerContext, tube: str) -> list[int]:
+    in_redis = ctx.using.flush()
+    if in_redis is not None:
+        await in_redis
+    counts: list[int] | None = await ctx.store.tube_counts(tube)
+    if counts is None:
+        raise HttpError(404, f"tube {tube!r} not found")
+    return counts
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    """The first jobs of a tube in one state (body truncated to 200 bytes)."""
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    options = await read_options(request, LIST_OPTIONS, json_body=False)
+    state = options.get("state", "ready")
+    if state not in STATES:
+        raise HttpError(400, f"state must be one of {', '.join(STATES)}")
+    limit = unsigned("limit", options.get("limit", 20), MAX_LIST)
+    await _tube_counts(ctx, tube)
+    now = ctx.store.clock()
+    jobs = await ctx.store.browse(tube, state, limit)
+    return web.json_response({"tube": tube, "state": state, "jobs": [
+        {"id": j.id, "pri": j.pri, "age": (now - j.created_ms) // 1000,
+         "time_left": max(0, (j.due_ms - now) // 1000) if j.due_ms else 0,
+         "reserves": j.reserves, **body_fields(j.body_head)} for j in jobs]})
+
+
+async def peek_state(request: web.Request) -> web.Response:
+    """peek-ready / peek-delayed / peek-buried of a tube."""
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    state = request.match_info["state"]
+    if state not in STATES[:3]:
+        raise HttpError(400, "state must be one of ready, delayed, buried")
+    ctx.counters.incr(f"peek-{state}")
+    found = await ctx.store.peek_state(state, tube)
+    if found is None:
+        raise HttpError(404, f"no {state} job in tube {tube!r}")
+    return web.json_response({"id": found[0], "tube": tube, **body_fields(found[1])})
+
+
+async def kick(request: web.Request) -> web.Response:
+    """kick: up to ``bound`` buried jobs (or, with none buried, delayed ones) to ready."""
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    options = await read_options(request, KICK_OPTIONS)
+    bound = unsigned("bound", options.get("bound", 1))
+    ctx.counters.incr("kick")
+    return web.json_response({"kicked": await ctx.store.kick(tube, bound)})
+
+
+async def pause(request: web.Request) -> web.Response:
+    """pause-tube: no reserves from the tube for ``delay`` seconds (0 resumes)."""
+    ctx = _ctx(request)
+    tube = tube_name(request.match_info["tube"])
+    options = await read_options(request, PAUSE_OPTIONS)
+    if "delay" not in options:
+        raise HttpError(400, "'delay' (seconds; 0 resumes) is required")
+    delay = unsigned("delay", options["delay"])
+    ctx.counters.incr("pause-tube")
+    in_redis = ctx.using.flush()
+    if in_redis is not None:
+        await in_redis
+    until = await ctx.store.pause(tube, delay)
+    if until == 0:
+        raise HttpError(404, f"tube {tube!r} not found")
+    if until > 0:
+        ctx.scheduler.note_due(until)
+    return web.json_response({"paused": tube, "delay": delay})
+
+
+# -- the server -------------------------------------------------------------------------------
+
+async def stats(request: web.Request) -> web.Response:
+    """stats: the namespace's counts and this process's identity, as the YAML has them."""
+    ctx = _ctx(request)
+    ctx.counters.flush()
+    ctx.counters.incr("stats")
+    in_redis = ctx.using.flush()
+    if in_redis is not None:
+        await in_redis
+    gauges, named = await ctx.store.server_counts()
+    return web.json_response(dict(server_pairs(ctx.identity, gauges, named, ctx.draining)))
+
+
+async def servers(request: web.Request) -> web.Response:
+    """The tubeq processes of the namespace (the instances registry)."""
+    server = server_of(request)
+    ctx = _ctx(request)
+    now = ctx.store.clock()
+    return web.json_response({"servers": [
+        {"id": i.id, "self": i.id == server.instance_id, "addr": i.addr, "http": i.http,
+         "heartbeat_age_ms": max(0, now - i.heartbeat_ms), "connections": i.connections,
+         "producers": i.producers, "workers": i.workers, "waiting": i.waiting}
+        for i in await ctx.store.instances()]})

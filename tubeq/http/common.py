@@ -1,0 +1,140 @@
+"""What every route of the HTTP listener shares: the app keys, JSON errors and input checks.
+
+Rules: every failure a client can cause answers a 4xx with a JSON body ``{"error": "..."}``
+saying what was wrong (the middleware turns aiohttp's own 404/405/413 into the same shape); a
+Redis that is down or refusing is a 503 with the same shape and one warning line; any other
+5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own
+limits (tubeq.protocol), so a value the text protocol refuses is refused here too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+from aiohttp import web
+
+from tubeq.protocol import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
+from tubeq.resp import RedisConnectionLost, RedisReplyError
+
+if TYPE_CHECKING:
+    from tubeq.server import Server
+
+log = structlog.get_logger("tubeq.http")
+
+SERVER: Final[web.AppKey[Server]] = web.AppKey("server")
+
+_TUBE_NAME: Final = re.compile(
+    "(?!-)[" + re.escape(TUBE_NAME_CHARS.decode()) + "]{1," + str(MAX_TUBE_NAME) + "}")
+_DIGITS: Final = re.compile("[0-9]{1,20}")
+
+
+class HttpError(Exception):
+    """A client error: ``status`` and the message of the JSON error body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+    """HttpError, aiohttp's HTTP exceptions (unknown route, wrong method, body too large) and
+    unexpected failures all answer with a JSON error body."""
+    try:
+        return await handler(request)
+    except HttpError as exc:
+        return error_response(exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, f"request body too large: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(exc.status, exc.reason.lower())
+        raise
+    except (RedisConnectionLost, RedisReplyError) as exc:  # Redis is down or refusing
+        log.warning("http request failed on redis", method=request.method, path=request.path,
+                    error=repr(exc))
+        return error_response(503, f"redis unavailable: {exc}")
+    except Exception:
+        log.exception("http handler failed", method=request.method, path=request.path)
+        return error_response(500, "internal error")
+
+
+def server_of(request: web.Request) -> Server:
+    return request.app[SERVER]
+
+
+def tube_name(text: str) -> str:
+    """A tube name as the protocol accepts it, else a 400."""
+    if _TUBE_NAME.fullmatch(text) is None:
+        raise HttpError(400, f"bad tube name {text[:MAX_TUBE_NAME + 1]!r}: 1 to {MAX_TUBE_NAME} "
+                             "of A-Z a-z 0-9 - + / ; . $ _ ( ), not starting with -")
+    return text
+
+
+def job_id(text: str) -> int:
+    """A job id from the path (1 to 2**64-1), else a 400."""
+    if _DIGITS.fullmatch(text) is None or not 0 < int(text) <= U64_MAX:
+        raise HttpError(400, f"bad job id {text[:24]!r}: a whole number from 1 to {U64_MAX}")
+    return int(text)
+
+
+def unsigned(name: str, value: Any, maximum: int = U32_MAX) -> int:
+    """A whole number 0..maximum from JSON (an int) or a query string (digits), else a 400."""
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= maximum:
+        raise HttpError(400, f"{name} must be a whole number from 0 to {maximum}")
+    return value
+
+
+async def read_options(request: web.Request, allowed: frozenset[str], *,
+                       json_body: bool = True) -> dict[str, Any]:
+    """The request's options: its query string, plus the keys of its JSON object body when
+    ``json_body`` (a POST sends either or both; a key given twice or not in ``allowed`` is a
+    400, so a misspelt option never passes silently)."""
+    options: dict[str, Any] = dict(request.query)
+    if len(options) != len(request.query):
+        raise HttpError(400, "a query parameter is given twice")
+    if json_body and request.can_read_body:
+        for key, value in (await json_object(request)).items():
+            if key in options:
+                raise HttpError(400, f"{key!r} is given both in the query and in the body")
+            options[key] = value
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise HttpError(400, f"unknown option {unknown[0]!r} (allowed: "
+                             f"{', '.join(sorted(allowed)) or 'none'})")
+    return options
+
+
+async def json_object(request: web.Request) -> Mapping[str, Any]:
+    """The body as a JSON object, else a 400."""
+    try:
+        value = await request.json(loads=json.loads)
+    except ValueError as exc:
+        raise HttpError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise HttpError(400, "body must be a JSON object")
+    return value
+
+
+def body_fields(body: bytes) -> dict[str, Any]:
+    """A job body in JSON: ``body`` as text when it is UTF-8 (else null), and always
+    ``body_base64``, so binary bodies survive."""
+    try:
+        text: str | None = body.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {"body": text, "body_base64": base64.b64encode(body).decode()}

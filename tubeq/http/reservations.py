@@ -1,0 +1,141 @@
+"""Reservations made over HTTP, which have no TCP connection to belong to.
+
+Ownership: each reserve request gets a fresh token, ``<instance>:h<random>``, and the job it
+reserves belongs to that token exactly as a job reserved over the text protocol belongs to its
+connection's token (the same reserve.lua, the same owner checks in delete, release, bury and
+touch). The token is returned to the client as ``reservation``; it is the capability to settle
+the job, unguessable (96 random bits), and it lives until the job's TTR runs out: then
+expire.lua puts the job back to ready (timeouts + 1), as for a worker that went silent. Nothing
+else ends an HTTP reservation: there is no connection whose close could hand it back.
+
+The long poll follows the connection's wait (tubeq.connection, tubeq.waiters): watch the tubes
+under the token, try once, register as a waiter and count in Redis as waiting (so put.lua may
+hand a new job straight to it and other processes publish wake-ups), try again, then sleep
+until woken or the bound, and try again. At the end the token stops waiting and its watches are
+dropped (tubes nobody references are removed, as after an ignore). A request that goes away
+mid-poll (client disconnect, shutdown) gives back, at once, any job granted meanwhile.
+
+Timeline of the race the counted wait closes:
+    t0  poll tries reserve: nothing ready            t1  a put in another process: no waiter
+    t2  poll counts itself waiting                   t3  poll tries again: finds t1's job
+A put after t2 either hands the job to the token (grant channel -> :meth:`_handed`) or
+publishes a wake-up; a put before t2 is found by the try at t3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from tubeq.futures import discard
+from tubeq.store import Reservation
+from tubeq.waiters import Waiter
+
+if TYPE_CHECKING:
+    from tubeq.connection import ServerContext
+
+# The longest long poll one request may ask for (s); a client polls again after it.
+MAX_POLL_S = 600
+# A waiting poll re-runs the reserve script this often even with no hint (hints are pub/sub,
+# best effort; the script is the truth), as a blocked connection does.
+RECHECK_S = 10.0
+
+
+class HttpReservations:
+    """The long-poll reserve of the HTTP API, over one process's store and waiter registry."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def new_token(self) -> str:
+        """A reservation token: the instance prefix keeps it in the form the scripts parse
+        (``instance_of``), the random part makes it unguessable."""
+        return f"{self.ctx.store.instance_id}:h{secrets.token_hex(12)}"
+
+    async def reserve(self, tubes: tuple[str, ...],
+                      timeout_s: float) -> tuple[str, Reservation] | None:
+        """The next job of ``tubes`` (beanstalkd's order: smallest (pri, id) across them),
+        waiting up to ``timeout_s``; with the token that now owns it, or None on timeout."""
+        ctx, store = self.ctx, self.ctx.store
+        token = self.new_token()
+        await store.change_watches(token, [("+w", t) for t in tubes])
+        waiter: Waiter | None = None
+        counted = False
+        attempt: asyncio.Future[Any] | None = None
+        got: Reservation | None = None
+        try:
+            attempt = store.reserve(token)
+            result = await asyncio.shield(attempt)
+            if isinstance(result, Reservation):
+                got = result
+                return self._granted(token, result)
+            if timeout_s <= 0:
+                return None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            waiter = Waiter(tubes)
+            ctx.registry.register(waiter)
+            ctx.grant_listeners[token] = waiter.wake
+            counted = True  # from the moment the call is sent: `finally` must count it out
+            await store.set_waiting(token, 1)
+            while True:
+                waiter.rearm()
+                attempt = store.reserve(token, counted_waiting=True)
+                result = await asyncio.shield(attempt)
+                if isinstance(result, Reservation):
+                    counted = False  # the script counted the token out with the grant
+                    got = result
+                    return self._granted(token, result)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                attempt = None
+                await waiter.event.wait(min(remaining, RECHECK_S))
+            counted = False
+            attempt = store.set_waiting(token, -1, claim=True)
+            handed: list[Reservation] = await asyncio.shield(attempt)
+            if handed:  # a put handed it a job an instant before the end: that is the answer
+                got = handed[0]
+                for extra in handed[1:]:
+                    self._give_back(token, extra)
+                return self._granted(token, handed[0])
+            return None
+        finally:
+            if waiter is not None:
+                ctx.registry.unregister(waiter, consumed=got is not None)
+                ctx.grant_listeners.pop(token, None)
+            if got is None:
+                # Cancelled (the client went away) or timed out: whatever was granted in
+                # flight, or handed over while counted, goes back at once.
+                if attempt is not None and not attempt.done():
+                    attempt.add_done_callback(lambda f: self._give_back_result(token, f))
+                if counted:
+                    stop = store.set_waiting(token, -1, claim=True)
+                    stop.add_done_callback(lambda f: self._give_back_result(token, f))
+            store.change_watches(token, [("-w", t) for t in tubes]).add_done_callback(discard)
+
+    def _granted(self, token: str, job: Reservation) -> tuple[str, Reservation]:
+        self.ctx.scheduler.note_due(job.deadline_ms)  # its TTR expiry is this process's to run
+        return token, job
+
+    def _give_back_result(self, token: str, f: asyncio.Future[Any]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            return
+        result = f.result()
+        for job in result if isinstance(result, list) else [result]:
+            if isinstance(job, Reservation):
+                self._give_back(token, job)
+
+    def _give_back(self, token: str, job: Reservation) -> None:
+        """Release a job nobody will receive, at its own priority, ready at once."""
+        store = self.ctx.store
+
+        def release(info: asyncio.Future[Any]) -> None:
+            with contextlib.suppress(Exception):
+                pri = info.result().pri
+                store.release(token, job.id, pri, 0).add_done_callback(discard)
+
+        store.job_info(job.id).add_done_callback(release)
+

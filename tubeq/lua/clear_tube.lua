@@ -1,0 +1,46 @@
+--[[ clear_tube: delete a tube's jobs in the given states (clear-tube), one batch per call.
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube,
+         states (letters: r ready, d delayed, b buried, in the order to clear them),
+         limit (jobs deleted per call at most), now (ms)
+Returns  {deleted by this call, 1 when those states are now empty else 0}, or {-1, 1} when the
+         tube does not exist
+Events   'deleted' per job, reason 'cleared'
+Reserved jobs are never cleared: a worker holds them, and its delete/release/bury would then
+answer NOT_FOUND for a job it was given. The caller repeats the call until the second value is
+1, so one call never holds Redis for more than `limit` jobs (like promote and expire).
+Wakes    nobody: clearing makes no job ready.
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+--- @include "policies"
+local t, states, limit, now = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+if rcall('EXISTS', k_tube(t)) == 0 then return {-1, 1} end
+local sets = {r = k_ready, d = k_delayed, b = k_buried}
+local deleted, left = 0, 0
+for i = 1, #states do
+  local letter = string.sub(states, i, i)
+  local key = sets[letter](t)
+  if deleted < limit then
+    local members = rcall('ZRANGE', key, 0, limit - deleted - 1)
+    for _, m in ipairs(members) do
+      local id = id_of(m)
+      job_event('deleted', id, now, 0, 0, 'cleared')
+      forget_job(id, k_job(id))  -- its dedupe key is free, its TTL entry goes (as delete.lua)
+      rcall('DEL', k_job(id))
+    end
+    if #members > 0 then
+      rcall('ZREM', key, unpack(members))
+      deleted = deleted + #members
+      if letter == 'r' then
+        index_tube(t, now)
+      elseif letter == 'd' then
+        arm_delay_timer(t)
+      end
+    end
+  end
+  left = left + rcall('ZCARD', key)
+end
+if left == 0 then gc_tube(t) end
+return {deleted, left == 0 and 1 or 0}

@@ -1,0 +1,31 @@
+--[[ delete_many: delete several jobs, each as delete.lua would, in the order given (an id given
+twice is deleted once, then not found).
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, now
+         (ms), then the ids
+Returns  {1|0, ...}: per id, 1 deleted | 0 not found (or reserved by another connection)
+Events   'deleted' per job deleted
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+local token, now = ARGV[3], tonumber(ARGV[4])
+
+local function delete_one(id)
+  local jk = k_job(id)
+  local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr')
+  local state, t = f[1], f[2]
+  if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
+  unlink(id, t, state, now)
+  rcall('DEL', jk)
+  rcall('HINCRBY', k_tube(t), 'del', 1)
+  add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
+  gc_tube(t)
+  return 1
+end
+
+local out = {}
+for i = 5, #ARGV do
+  out[#out + 1] = delete_one(ARGV[i])
+end
+return out

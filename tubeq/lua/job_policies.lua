@@ -1,0 +1,12 @@
+--[[ job_policies: the policy keys stats-job shows to a tubeq client, read in one step.
+KEYS[1]  namespace root
+ARGV     job id
+Returns  {} when the job does not exist, else {reason ('' | 'max-tries' | 'expired'), tries,
+         max tries (its own, else its tube's now; 0: none), expires at (ms; 0: none pending),
+         dedupe key ('' if none)}
+]]
+--- @include "keys"
+local f = redis.call('HMGET', k_job(ARGV[1]), 't', 'why', 'ny', 'mt', 'x', 'k')
+if not f[1] then return {} end
+local max_tries = f[4] or redis.call('HGET', k_settings(f[1]), 'max-tries') or 0
+return {f[2] or '', tonumber(f[3] or 0), tonumber(max_tries), tonumber(f[5] or 0), f[6] or ''}

@@ -1,0 +1,50 @@
+--[[ put_many: store several new jobs in one tube, in order, each as put.lua would (ready or
+delayed; a ready job goes straight to the first connection waiting on the tube). One call per
+put-many batch; the entries the parser refused never reach it.
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
+         (ms), then per job: pri, delay (s), ttr (s), body
+Returns  {id, id, ...}: the new job ids, in the order given (total-jobs are counted by the
+         process and added by counters.lua, as for put)
+Events   'put' per job; per hand-over also 'reserved' (tries 1) for the waiting connection.
+Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
+         told on grant:<instance>; if a ready job of the batch is left while connections
+         still wait on the tube, reserves blocked on it are woken once
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+--- @include "waiting"
+--- @include "picking"
+--- @include "handing"
+local t, now = ARGV[3], tonumber(ARGV[4])
+
+ensure_tube(t, now)
+local ids = {}
+local left_ready = false  -- a ready job of the batch nobody could take at once
+for i = 5, #ARGV, 4 do
+  local pri, delay, ttr, body = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local id = rcall('INCR', K_JOB_IDS)
+  local jk = k_job(id)
+  if tonumber(delay) > 0 then
+    local due = now + tonumber(delay) * 1000
+    rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
+    enqueue_delayed(id, t, due)
+    add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
+  else
+    -- no 'd' field: a delay of 0 is the default every reader assumes (as put.lua)
+    rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+    enqueue_ready(id, t, tonumber(pri), now)
+    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+    local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+    if waiting and tonumber(waiting) > 0 then
+      if hand_over_in(t, now) ~= id then left_ready = true end
+    end
+  end
+  ids[#ids + 1] = id
+end
+if left_ready then
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  if waiting and tonumber(waiting) > 0 then rcall('PUBLISH', k_wake(t), '') end
+end
+return ids
