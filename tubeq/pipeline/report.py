@@ -160,11 +160,14 @@ def annotate(events: DataFrame) -> DataFrame:
     event = F.col("event")
     time_ms = F.col("time_ms")
     state_after = F.col("state_after")
-    sid = F.split(F.col("stream_id"), "-")
+    # "<ms>-<seq>" (a bare "<ms>" has seq 0), cut without a split's regex and array.
+    sid = F.col("stream_id")
+    sid_seq = F.when(F.instr(sid, "-") > 0,
+                     F.substring_index(F.substring_index(sid, "-", 2), "-", -1).cast("long"))
     rows = (events
             .select("tube", "id", "due_ms", "tries", "time_ms",
-                    sid.getItem(0).cast("long").alias("sid_ms"),
-                    F.coalesce(sid.getItem(1).cast("long"), F.lit(0)).alias("sid_seq"),
+                    F.substring_index(sid, "-", 1).cast("long").alias("sid_ms"),
+                    F.coalesce(sid_seq, F.lit(0)).alias("sid_seq"),
                     _event_code(event).alias("event"),
                     _new_state(event, F.col("delay_ms")).alias("state_after"))
             .where(state_after.isNotNull()))
