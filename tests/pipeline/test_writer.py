@@ -185,13 +185,46 @@ def test_unreachable_server_fails_the_write(spark: SparkSession) -> None:
     assert "\n" not in str(failed.value)
 
 
-def test_dedupe_key_is_refused_until_issue_10(spark: SparkSession, tubeq: ServerProcess) -> None:
-    tube = fresh_tube("dedupe")
-    frame = spark.createDataFrame([("x", tube, "order-1")], "body STRING, tube STRING, "
-                                  "dedupe_key STRING")
-    with pytest.raises(schedule.WriteFailed, match="issue 10"):
-        schedule.schedule(frame, address(tubeq))
-    assert tube_stats(tubeq, tube)["total-jobs"] == 0
+KEYED = "body STRING, tube STRING, dedupe_key STRING"
+
+
+def test_retried_task_with_dedupe_keys_puts_each_row_once(spark: SparkSession,
+                                                          tubeq: ServerProcess) -> None:
+    """Exactly once with keys: the retried task's first 50 rows answer DUPLICATE."""
+    tube = fresh_tube("keyed")
+    rows = [(f"order-{i}", tube, f"close-unpaid:{i}") for i in range(200)]
+    frame = spark.createDataFrame(rows, KEYED).repartition(2)
+    result = schedule.schedule(frame, address(tubeq), fail_once_after=50, fail_partition=0)
+    assert result.counts.retried_tasks == 1
+    assert (result.counts.put, result.counts.deduplicated) == (150, 50)
+    # A second write of the same rows enqueues nothing: every key's job lives.
+    again = schedule.schedule(frame, address(tubeq))
+    assert (again.counts.put, again.counts.deduplicated, again.counts.failed) == (0, 200, 0)
+    bodies = Counter(body for body, _ in drain(tubeq, tube))
+    assert bodies == Counter(row[0].encode() for row in rows)  # each row once
+
+
+def test_dedupe_keys_mix_with_plain_rows_and_bad_keys_are_counted(
+        spark: SparkSession, tubeq: ServerProcess) -> None:
+    tube = fresh_tube("keys")
+    rows = [("a", tube, "k-1"), ("b", tube, "k-1"), ("c", tube, None), ("d", tube, None),
+            ("e", tube, "has space"), ("f", tube, "x" * 201), ("g", tube, "a=b")]
+    result = schedule.schedule(spark.createDataFrame(rows, KEYED).coalesce(1), address(tubeq))
+    assert (result.counts.put, result.counts.deduplicated) == (3, 1)  # a, c, d; b refused
+    assert result.counts.bad == {"bad_dedupe_key": 3}
+    assert sorted(body for body, _ in drain(tubeq, tube)) == [b"a", b"c", b"d"]
+
+
+def test_dedupe_keys_need_tubeq(spark: SparkSession, beanstalkd: ServerProcess) -> None:
+    """beanstalkd has no put-with: keyed rows fail, counted and never sent (beanstalkd would
+    read their bodies as commands); plain rows pass."""
+    tube = fresh_tube("bs-keys")
+    rows = [("a", tube, "k-1"), ("b", tube, None)]
+    result = schedule.schedule(spark.createDataFrame(rows, KEYED).coalesce(1),
+                               address(beanstalkd))
+    assert (result.counts.put, result.counts.failed) == (1, 1)
+    assert result.counts.errors == ["dedupe_key: the server has no put-with (not tubeq)"]
+    assert [body for body, _ in drain(beanstalkd, tube)] == [b"b"]
 
 
 def test_bad_options_fail_before_any_put(spark: SparkSession, tubeq: ServerProcess) -> None:

@@ -23,24 +23,29 @@ default ``-z``), ``batch`` (puts sent before reading their replies, default 128)
 ``fail_once_after`` and ``fail_partition`` (failure injection for tests, below).
 
 Counts: each task returns :class:`WriteCounts` as its commit message: ``put`` (the server
-answered INSERTED, or BURIED with an id: stored but buried, out of memory), ``deduplicated``
-(always 0 for now), ``failed`` (the server refused a well-formed put: DRAINING, OUT_OF_MEMORY,
-...), ``bad`` per reason (checked before sending: missing or non-text body, body too big, bad
-tube name, negative or out-of-range delay/priority/ttr; a JOB_TOO_BIG answer counts as too big
-too). Bad and failed rows are counted, never fatal. A connection that cannot be made or is lost
-fails the task, and Spark retries it.
+answered INSERTED, or BURIED with an id: stored but buried, out of memory), ``deduplicated`` (a
+row with a ``dedupe_key`` whose job already lives: DUPLICATE, nothing enqueued), ``failed`` (the
+server refused a well-formed put: DRAINING, OUT_OF_MEMORY, ...; or a keyed row for a server
+without put-with, never sent), ``bad`` per reason (checked before sending: missing or non-text
+body, body too big, bad tube name, negative or out-of-range delay/priority/ttr, a dedupe key
+that is not 1-200 printable ASCII bytes without space or ``=``; a JOB_TOO_BIG answer counts as
+too big too). Bad and failed rows are counted, never fatal. A connection that cannot be made or
+is lost fails the task, and Spark retries it.
 
-Retries: this writer is **at least once**. A task that fails after some puts were acknowledged
-and is retried puts those rows again: the protocol has no idempotent put, and the deduplicated
-put of issue 10 ("beyond beanstalkd") does not exist yet. The ``dedupe_key`` column is where it
-plugs in: :func:`_put_command` is the one place a put is spelled, and a row's key would go on it;
-today a non-null ``dedupe_key`` is refused by the writer (an error, before anything is sent)
-rather than silently ignored. What a retry costs is measured in the tests: with
-``fail_once_after=N`` the first attempt of partition ``fail_partition`` (default 0) fails after N
-acknowledged puts, Spark retries it, and the server holds exactly N duplicate jobs. The driver's
-counts cover the successful attempts only (Spark drops a failed attempt's commit message), so
-they say ``put`` = rows, and ``retried_tasks`` / ``retried_rows`` say how many rows were written
-by a retried task: an upper bound on the duplicates.
+Retries: without a ``dedupe_key`` column this writer is **at least once**. A task that fails
+after some puts were acknowledged and is retried puts those rows again (plain ``put`` has no
+idempotence). With one, a row with a key is written with tubeq's deduplicated put (``put-with
+... key=<dedupe_key>``, protocol.md): the retried task's rows whose jobs the failed attempt
+already stored answer ``DUPLICATE`` and are counted as ``deduplicated``, so the server holds
+each keyed row once, **exactly once** as long as the first job is not deleted before the retry
+(a key is free again once its job is deleted). A row whose key is null is put plainly. The key
+is tubeq's: beanstalkd answers ``put-with`` UNKNOWN_COMMAND, counted as ``failed``. What a retry
+costs is measured in the tests: with ``fail_once_after=N`` the first attempt of partition
+``fail_partition`` (default 0) fails after N acknowledged puts and Spark retries it: without keys
+the server holds exactly N duplicate jobs, with keys none. The driver's counts cover the
+successful attempts only (Spark drops a failed attempt's commit message); ``retried_tasks`` /
+``retried_rows`` say how many rows a retried task wrote: an upper bound on the duplicates of an
+unkeyed write.
 
 Rules: the writer object is pickled to the executors, so it holds only plain options; the socket
 is made inside :meth:`TubeqDataSourceWriter.write`, per task, and closed there. The protocol
@@ -54,6 +59,7 @@ import contextlib
 import datetime as dt
 import json
 import math
+import re
 import socket
 import time
 from collections import Counter
@@ -85,6 +91,7 @@ BAD_TUBE: Final = "bad_tube"
 BAD_DELAY: Final = "bad_delay"
 BAD_PRIORITY: Final = "bad_priority"
 BAD_TTR: Final = "bad_ttr"
+BAD_KEY: Final = "bad_dedupe_key"
 
 _NAME_BYTES: Final = frozenset(TUBE_NAME_CHARS)
 
@@ -266,17 +273,22 @@ def check_row(row: Mapping[str, Any], options: WriteOptions, now_ms: int) -> Put
     ttr = row.get("ttr")
     ttr = options.ttr if ttr is None else _uint(ttr, BAD_TTR)
     key = row.get("dedupe_key")
-    return Put(tube, priority, delay, ttr, data, None if key is None else str(key))
+    if key is not None and (not isinstance(key, str) or _KEY.fullmatch(key) is None):
+        raise BadRow(BAD_KEY)
+    return Put(tube, priority, delay, ttr, data, key)
+
+
+# A dedupe key as put-with takes it (tubeq.options): 1-200 printable ASCII, no space, no '='.
+_KEY: Final = re.compile(r"[!-<>-~]{1,200}")
 
 
 def _put_command(put: Put) -> bytes:
-    """The one place a put is spelled. The deduplicated put of issue 10 goes here."""
-    if put.dedupe_key is not None:
-        raise NotImplementedError(
-            "a dedupe_key needs the deduplicated put of issue 10, which tubeq does not have "
-            "yet; drop the column to write at-least-once")
-    header = b"put %d %d %d %d\r\n" % (put.priority, put.delay, put.ttr, len(put.body))
-    return header + put.body + CRLF
+    """The one place a put is spelled: plain ``put``, or ``put-with ... key=`` for a keyed row."""
+    numbers = b"%d %d %d %d" % (put.priority, put.delay, put.ttr, len(put.body))
+    if put.dedupe_key is None:
+        return b"put " + numbers + CRLF + put.body + CRLF
+    return (b"put-with " + numbers + b" key=" + put.dedupe_key.encode("ascii") + CRLF
+            + put.body + CRLF)
 
 
 class _Link:
@@ -318,8 +330,25 @@ class _Batch:
         self.using = DEFAULT_TUBE  # a fresh connection uses "default"
         self.data = bytearray()
         self.expect: list[bool] = []  # one per command sent: True for a put, False for a use
+        self.put_with: bool | None = None  # the server takes put-with (asked once, if needed)
+
+    def _has_put_with(self) -> bool:
+        """Whether the server has tubeq's put-with: asked once, with ``extensions``."""
+        if self.put_with is None:
+            self.flush()
+            self.link.send(b"extensions" + CRLF)
+            reply = self.link.replies(1)[0]
+            self.put_with = reply.word == b"OK" and b"\n- put-with\n" in (reply.body or b"")
+        return self.put_with
 
     def add(self, put: Put) -> None:
+        if put.dedupe_key is not None and not self._has_put_with():
+            # Never sent to a server without put-with: beanstalkd would answer the line
+            # UNKNOWN_COMMAND and then read the body as commands.
+            self.counts.failed += 1
+            if len(self.counts.errors) < MAX_ERRORS:
+                self.counts.errors.append("dedupe_key: the server has no put-with (not tubeq)")
+            return
         if put.tube != self.using:
             self.data += b"use " + put.tube.encode() + CRLF
             self.expect.append(False)
@@ -341,6 +370,8 @@ class _Batch:
                 continue
             if reply.word == b"INSERTED" or (reply.word == b"BURIED" and reply.args):
                 self.counts.put += 1
+            elif reply.word == b"DUPLICATE":  # a keyed row whose job lives already
+                self.counts.deduplicated += 1
             elif reply.word == b"JOB_TOO_BIG":
                 self.counts.bad[BODY_TOO_BIG] = self.counts.bad.get(BODY_TOO_BIG, 0) + 1
             else:
@@ -413,8 +444,4 @@ def make_writer(options: Mapping[str, str], schema: StructType | None = None) ->
     if schema is not None and "body" not in schema.fieldNames():
         raise ValueError(f'tubeq writer: the DataFrame has no "body" column '
                          f"(columns: {', '.join(schema.fieldNames())})")
-    if schema is not None and "dedupe_key" in schema.fieldNames():
-        raise ValueError("tubeq writer: a dedupe_key column needs the deduplicated put of "
-                         "issue 10, which tubeq does not have yet; drop the column to write "
-                         "at-least-once")
     return TubeqDataSourceWriter(parsed)
