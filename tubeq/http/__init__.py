@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from tubeq.http.common import SERVER, json_errors
+from tubeq.listeners import tls_context
 
 if TYPE_CHECKING:
     from tubeq.server import Server
@@ -46,6 +47,9 @@ class HttpListener:
     """Start and stop the application on one address."""
 
     def __init__(self, server: Server) -> None:
+        tls = server.config.tls  # the protocol listener's certificate serves HTTPS too
+        self._ssl = tls_context(tls) if tls is not None else None
+        self._reuse_port = server.config.reuse_port  # --workers: every worker serves it
         self._runner = web.AppRunner(make_app(server), access_log=None,
                                      handler_cancellation=True,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)
@@ -54,7 +58,8 @@ class HttpListener:
 
     async def start(self, host: str, port: int) -> None:
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        self._site = web.TCPSite(self._runner, host, port, reuse_address=True,
+                                 reuse_port=self._reuse_port or None, ssl_context=self._ssl)
         await self._site.start()
         self.port = int(self._runner.addresses[0][1])
 

@@ -18,11 +18,13 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from tubeq import options as job_options
 from tubeq.connection import ServerContext
 from tubeq.http.common import (
     HttpError,
     body_fields,
     job_id,
+    namespace_of,
     read_options,
     server_of,
     tube_name,
@@ -41,7 +43,9 @@ DEFAULT_TTR: Final = 60
 MAX_LIST: Final = 200
 STATES: Final = ("ready", "delayed", "buried", "reserved")
 
-PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr"})
+# put's own three, and put-with's options (tubeq.options.PUT_OPTIONS: delay-ms, max-tries,
+# backoff-ms, backoff-max-ms, ttl-ms, on-expire, key) under the same names.
+PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr", *job_options.PUT_OPTIONS})
 PUT_JSON_KEYS: Final = PUT_OPTIONS | {"body", "body_base64"}
 RESERVE_OPTIONS: Final = frozenset({"timeout"})
 RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
@@ -51,12 +55,14 @@ KICK_OPTIONS: Final = frozenset({"bound"})
 PAUSE_OPTIONS: Final = frozenset({"delay"})
 LIST_OPTIONS: Final = frozenset({"state", "limit"})
 
-RESERVATIONS: Final = web.AppKey("reservations", HttpReservations)
+# One registry of HTTP reservations per namespace context, by its key root.
+RESERVATIONS: Final = web.AppKey("reservations", dict[str, HttpReservations])
 
 
 def add_routes(app: web.Application, server: Server) -> None:
     assert server.ctx is not None
-    app[RESERVATIONS] = HttpReservations(server.ctx)
+    app[RESERVATIONS] = {ctx.store.keys.root: HttpReservations(ctx)
+                         for ctx in server.namespaces.values()}
     app.router.add_post("/api/tubes/{tube}/jobs", put)
     app.router.add_get("/api/tubes/{tube}/jobs", list_jobs)
     app.router.add_get("/api/tubes", tubes)
@@ -76,9 +82,7 @@ def add_routes(app: web.Application, server: Server) -> None:
 
 
 def _ctx(request: web.Request) -> ServerContext:
-    ctx = server_of(request).ctx
-    assert ctx is not None
-    return ctx
+    return namespace_of(request)
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -102,12 +106,41 @@ async def put(request: web.Request) -> web.Response:
     if ctx.draining:
         raise HttpError(503, "draining: this server takes no new jobs")
     store = ctx.store
+    extras = _put_with_options(options)
+    if extras:
+        opts = dict(extras)
+        if delay and "delay-ms" in opts:
+            raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
+        now = store.clock()
+        outcome = await store.put_with(tube, pri, delay, max(ttr, 1), body, extras)
+        if not outcome.inserted:
+            return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
+        delay_ms = int(opts.get("delay-ms", delay * 1000))
+        for due in (delay_ms, int(opts.get("ttl-ms", 0))):
+            if due > 0:
+                ctx.scheduler.note_due(now + due)
+        ctx.counters.job_created(tube)
+        return web.json_response({"id": outcome.id, "tube": tube,
+                                  "state": "delayed" if delay_ms > 0 else "ready"}, status=201)
     new_id = await store.put(tube, pri, delay, max(ttr, 1), body)
     ctx.counters.job_created(tube)
     if delay > 0:
         ctx.scheduler.note_due(store.clock() + delay * 1000)
     return web.json_response({"id": new_id, "tube": tube,
                               "state": "delayed" if delay > 0 else "ready"}, status=201)
+
+
+def _put_with_options(options: dict[str, Any]) -> job_options.Options:
+    """put-with's options among a put's, checked as the protocol checks them (a 400 names a
+    refused one), in tubeq.options's order."""
+    parsed: list[tuple[str, job_options.OptionValue]] = []
+    for name, spec in job_options.PUT_OPTIONS.items():
+        if name in options:
+            value = spec.convert(str(options[name]).encode("utf-8", "replace"))
+            if value is None:
+                raise HttpError(400, f"bad value for option '{name}'")
+            parsed.append((name, value))
+    return tuple(parsed)
 
 
 def _json_job_body(options: dict[str, Any]) -> bytes:
@@ -240,7 +273,7 @@ async def reserve(request: web.Request) -> web.StreamResponse:
     options = await read_options(request, RESERVE_OPTIONS)
     timeout = unsigned("timeout", options.get("timeout", 0), MAX_POLL_S)
     ctx.counters.incr("reserve-with-timeout")
-    got = await request.app[RESERVATIONS].reserve(tubes, timeout)
+    got = await request.app[RESERVATIONS][ctx.store.keys.root].reserve(tubes, timeout)
     if got is None:
         return web.Response(status=204)
     token, job_ = got

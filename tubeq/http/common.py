@@ -22,6 +22,7 @@ from tubeq.protocol import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
 from tubeq.resp import RedisConnectionLost, RedisReplyError
 
 if TYPE_CHECKING:
+    from tubeq.connection import ServerContext
     from tubeq.server import Server
 
 log = structlog.get_logger("tubeq.http")
@@ -73,6 +74,27 @@ async def json_errors(request: web.Request,
 
 def server_of(request: web.Request) -> Server:
     return request.app[SERVER]
+
+
+def namespace_of(request: web.Request) -> ServerContext:
+    """The namespace a request acts in: the server's own without an access file; with one
+    (``--auth``), the namespace of its token, ``Authorization: Bearer <token>`` (or a ``token``
+    query parameter, which is how the dashboard in a browser carries it), else a 401."""
+    ctx = server_of(request).ctx
+    assert ctx is not None
+    gate = ctx.gate
+    if gate is None:
+        return ctx
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        token = request.query.get("token", "")
+    token = token.strip()
+    if not token:
+        raise HttpError(401, "this server requires a token: Authorization: Bearer <token>")
+    target = gate.by_token(token)
+    if target is None:
+        raise HttpError(401, "unknown token")
+    return target
 
 
 def tube_name(text: str) -> str:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from tubeq import __version__
 from tubeq.http.api import STATES
-from tubeq.http.common import HttpError, server_of, tube_name
+from tubeq.http.common import HttpError, namespace_of, server_of, tube_name
 
 STATIC: Final = {
     "dashboard.js": "application/javascript",
@@ -56,20 +56,18 @@ def _page(title: str, body: str, *, data: str = "") -> web.Response:
 
 def _header(request: web.Request) -> str:
     server = server_of(request)
-    ctx = server.ctx
-    assert ctx is not None
+    ctx = namespace_of(request)
     uptime = int(time.monotonic() - ctx.identity.started)
     draining = ' <span class="badge warn">draining</span>' if ctx.draining else ""
     return (f'<header><h1><a href="/">tubeq</a></h1><p class="meta">{html.escape(__version__)}'
-            f' &middot; namespace <code>{html.escape(server.config.prefix)}</code> &middot; '
+            f' &middot; namespace <code>{html.escape(ctx.store.keys.prefix)}</code> &middot; '
             f'server <code>{html.escape(server.instance_id)}</code> &middot; up {uptime} s'
             f'{draining}</p></header>')
 
 
 async def index(request: web.Request) -> web.Response:
     server = server_of(request)
-    ctx = server.ctx
-    assert ctx is not None
+    ctx = namespace_of(request)
     count, rows = await ctx.store.overview(server.config.metrics_max_tubes)
     now = ctx.store.clock()
     body_rows = []
@@ -118,7 +116,7 @@ from ready to reserved of the jobs this server's clients reserved meanwhile.</p>
 
 
 async def tube_page(request: web.Request) -> web.Response:
-    ctx = server_of(request).ctx
+    ctx = namespace_of(request)
     assert ctx is not None
     try:
         tube = tube_name(request.match_info["tube"])

@@ -4,8 +4,22 @@
 
 const REFRESH_MS = 1000;
 
+// With an access file (tubeq --auth), the page was opened as /?token=<token>: every API call
+// carries it as a bearer token, and links between pages keep it.
+const TOKEN = new URLSearchParams(window.location.search).get("token");
+
+function keepToken() {
+  if (!TOKEN) return;
+  for (const link of document.querySelectorAll('a[href^="/"]')) {
+    const url = new URL(link.getAttribute("href"), window.location.origin);
+    url.searchParams.set("token", TOKEN);
+    link.setAttribute("href", url.pathname + url.search);
+  }
+}
+
 async function api(method, path, body) {
   const init = {method: method, headers: {}};
+  if (TOKEN) init.headers["Authorization"] = "Bearer " + TOKEN;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -41,7 +55,8 @@ function tubeLink(name) {
     td.appendChild(em);
   } else {
     const a = document.createElement("a");
-    a.href = "/tubes/" + encodeURIComponent(name);
+    a.href = "/tubes/" + encodeURIComponent(name) +
+      (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "");
     a.textContent = name;
     td.appendChild(a);
   }
@@ -192,6 +207,7 @@ function every(fn) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  keepToken();
   const page = document.body.dataset.page;
   if (page === "index") {
     every(refreshTubes);
