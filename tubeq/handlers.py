@@ -30,8 +30,16 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     store = conn.store
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
-    reply = store.put(conn.used, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, replies.inserted)
-    conn.ctx.counters.job_created(conn.used)
+    tube = conn.used
+
+    def answer(job_id: int) -> bytes:
+        if job_id:
+            return b"INSERTED %d\r\n" % job_id
+        conn.ctx.counters.job_created(tube, -1)  # the tube is full (tube-set max-jobs)
+        return replies.OUT_OF_MEMORY
+
+    reply = store.put(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, answer)
+    conn.ctx.counters.job_created(tube)
     if cmd.delay > 0:
         due = store.clock() + cmd.delay * 1000
         reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
@@ -301,6 +309,8 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
     now = store.clock()
 
     def answer(outcome: PutOutcome) -> bytes:
+        if not outcome.id:
+            return replies.OUT_OF_MEMORY  # the tube is full (tube-set max-jobs)
         if not outcome.inserted:
             return replies.duplicate(outcome.id)
         conn.ctx.counters.job_created(tube)
@@ -448,8 +458,14 @@ def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
         call.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
 
     def answer(ids: list[int]) -> bytes:
+        for _ in range(ids.count(0)):  # refused: the tube is full (tube-set max-jobs)
+            counters.job_created(tube, -1)
         given = iter(ids)
-        return replies.batch([replies.inserted(next(given)) if isinstance(e, c.PutEntry) else e
+
+        def put_reply(job_id: int) -> bytes:
+            return replies.inserted(job_id) if job_id else replies.OUT_OF_MEMORY
+
+        return replies.batch([put_reply(next(given)) if isinstance(e, c.PutEntry) else e
                               for e in entries])
 
     return then(call, answer)

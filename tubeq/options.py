@@ -84,11 +84,13 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
 }
 
 # Per tube: the job policies' defaults, plus the tube's reserve rate limit (reserves per second
-# across all processes) and concurrency cap (jobs reserved at once).
+# across all processes), concurrency cap (jobs reserved at once) and the most jobs it may hold
+# in every state together (a put past it answers OUT_OF_MEMORY).
 TUBE_SETTINGS: Final[Mapping[str, Spec]] = {
     **JOB_POLICIES,
     "rate": _COUNT,
     "concurrency": _COUNT,
+    "max-jobs": _COUNT,
 }
 
 # The defaults a setting has until a tube-set changes it (and after it is set back to them).

@@ -54,9 +54,10 @@ class CommandCounters:
         if not self._scheduled:
             self._schedule()
 
-    def job_created(self, tube: str) -> None:
-        """One more job put to ``tube`` (``total-jobs``), counted when its put is sent."""
-        self._tube_jobs[tube] += 1
+    def job_created(self, tube: str, count: int = 1) -> None:
+        """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
+        takes back one the server refused (a full tube)."""
+        self._tube_jobs[tube] += count
         if not self._scheduled:
             self._schedule()
 

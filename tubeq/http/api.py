@@ -113,6 +113,8 @@ async def put(request: web.Request) -> web.Response:
             raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
         now = store.clock()
         outcome = await store.put_with(tube, pri, delay, max(ttr, 1), body, extras)
+        if not outcome.id:
+            raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
         if not outcome.inserted:
             return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
         delay_ms = int(opts.get("delay-ms", delay * 1000))
@@ -123,6 +125,8 @@ async def put(request: web.Request) -> web.Response:
         return web.json_response({"id": outcome.id, "tube": tube,
                                   "state": "delayed" if delay_ms > 0 else "ready"}, status=201)
     new_id = await store.put(tube, pri, delay, max(ttr, 1), body)
+    if not new_id:
+        raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
     ctx.counters.job_created(tube)
     if delay > 0:
         ctx.scheduler.note_due(store.clock() + delay * 1000)

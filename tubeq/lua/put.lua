@@ -6,7 +6,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          (tubeq.options.PUT_OPTIONS; delay-ms replaces the delay)
 Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
          and added by counters.lua); put-with key=...: -id of the living job with that key
-         (nothing stored: a duplicate)
+         (nothing stored: a duplicate); 0 when the tube is full (tube-set max-jobs: nothing
+         stored, no id used)
 Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
          'deduplicated' (the existing job) instead for a duplicate.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
@@ -58,19 +59,21 @@ if opts then
   delay_ms = tonumber(opts['delay-ms'] or delay_ms)
 end
 
+local limits = tube_limits(t)
+if tube_full(t, limits[1]) then return 0 end
 ensure_tube(t, now)
 local id = rcall('INCR', K_JOB_IDS)
 local jk = k_job(id)
 if delay_ms > 0 then
   local due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)
-  start_policies(id, jk, t, opts, now)
+  start_policies(id, jk, t, opts, now, limits[2])
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
 else
   -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
-  start_policies(id, jk, t, opts, now)
+  start_policies(id, jk, t, opts, now, limits[2])
   enqueue_ready(id, t, tonumber(pri), now)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)

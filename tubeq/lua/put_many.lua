@@ -5,7 +5,8 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
          (ms), then per job: pri, delay (s), ttr (s), body
 Returns  {id, id, ...}: the new job ids, in the order given (total-jobs are counted by the
-         process and added by counters.lua, as for put)
+         process and added by counters.lua, as for put); 0 for a job refused because the tube
+         is full (tube-set max-jobs). The tube's ttl-ms applies to each job, as for put.
 Events   'put' per job; per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; if a ready job of the batch is left while connections
@@ -17,23 +18,27 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "waiting"
 --- @include "picking"
 --- @include "handing"
+--- @include "policies"
 local t, now = ARGV[3], tonumber(ARGV[4])
 
 ensure_tube(t, now)
+local limits = tube_limits(t)
 local ids = {}
 local left_ready = false  -- a ready job of the batch nobody could take at once
-for i = 5, #ARGV, 4 do
-  local pri, delay, ttr, body = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+-- One job of the batch, as put.lua stores it; returns its id.
+local function put_one(pri, delay, ttr, body)
   local id = rcall('INCR', K_JOB_IDS)
   local jk = k_job(id)
   if tonumber(delay) > 0 then
     local due = now + tonumber(delay) * 1000
     rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
+    start_policies(id, jk, t, false, now, limits[2])
     enqueue_delayed(id, t, due)
     add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
   else
     -- no 'd' field: a delay of 0 is the default every reader assumes (as put.lua)
     rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+    start_policies(id, jk, t, false, now, limits[2])
     enqueue_ready(id, t, tonumber(pri), now)
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
     local waiting = rcall('HGET', K_REFS, 'q:' .. t)
@@ -41,7 +46,15 @@ for i = 5, #ARGV, 4 do
       if hand_over_in(t, now) ~= id then left_ready = true end
     end
   end
-  ids[#ids + 1] = id
+  return id
+end
+
+for i = 5, #ARGV, 4 do
+  if tube_full(t, limits[1]) then
+    ids[#ids + 1] = 0
+  else
+    ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+  end
 end
 if left_ready then
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)

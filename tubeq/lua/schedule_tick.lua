@@ -17,6 +17,7 @@ The job is an ordinary job of the tube; its hash also keeps 'sn' (the schedule's
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local t, name, gen, due, next_due, now =
   ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local sk = k_schedule(t, name)
@@ -27,17 +28,22 @@ if tonumber(s[1]) ~= gen or tonumber(s[2]) ~= due or due > now
 end
 local pri, ttr, delay_ms, body = s[3], s[4], tonumber(s[5]), s[6]
 ensure_tube(t, now)
+-- The tube's ttl-ms applies to the tick's job as to any put; max-jobs does not: a tick is
+-- never dropped (protocol.md, schedule-add).
+local tube_ttl = tube_limits(t)[2]
 local id = rcall('INCR', K_JOB_IDS)
 local jk = k_job(id)
 if delay_ms > 0 then
   local job_due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr,
     'c', now, 'u', job_due, 'b', body, 'sn', name, 'st', ARGV[6])
+  start_policies(id, jk, t, false, now, tube_ttl)
   enqueue_delayed(id, t, job_due)
   add_event('put', id, t, pri, delay_ms, ttr, job_due, 0, now, 'schedule:' .. name)
 else
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body, 'sn', name,
     'st', ARGV[6])
+  start_policies(id, jk, t, false, now, tube_ttl)
   enqueue_ready(id, t, tonumber(pri), now)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, 'schedule:' .. name)
   wake(t)

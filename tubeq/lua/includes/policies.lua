@@ -67,8 +67,8 @@ local function arm_ttl_timer()
 end
 
 -- A new job's own policies (put-with `opts`, or false for a put) and its expiry: its own
--- ttl-ms, else its tube's, read now.
-local function start_policies(id, jk, t, opts, now)
+-- ttl-ms, else its tube's (`tube_ttl`, as the caller read it with tube_limits).
+local function start_policies(id, jk, t, opts, now, tube_ttl)
   local ttl
   if opts then
     for name, field in pairs(JOB_POLICY_FIELDS) do
@@ -77,13 +77,27 @@ local function start_policies(id, jk, t, opts, now)
     if opts.key then rcall('HSET', K_DEDUPE, opts.key, id) end
     ttl = opts['ttl-ms']
   end
-  ttl = tonumber(ttl or rcall('HGET', k_settings(t), 'ttl-ms') or 0)
+  ttl = tonumber(ttl or tube_ttl or 0)
   if ttl > 0 then
     local x = now + ttl
     rcall('HSET', jk, 'x', x)
     rcall('ZADD', K_TTL, x, member(id))
     rcall('ZADD', K_TIMERS, 'LT', x, 'x:')
   end
+end
+
+-- What a put into tube t reads of its settings, in one call: {max-jobs, ttl-ms} (nil: unset).
+local function tube_limits(t)
+  return rcall('HMGET', k_settings(t), 'max-jobs', 'ttl-ms')
+end
+
+-- tube-set max-jobs: whether tube t holds `cap` jobs or more, in every state (nil: no cap).
+local function tube_full(t, cap)
+  cap = tonumber(cap or 0)
+  if cap <= 0 then return false end
+  local held = rcall('ZCARD', k_ready(t)) + rcall('ZCARD', k_delayed(t))
+    + rcall('ZCARD', k_buried(t)) + tonumber(rcall('HGET', k_tube(t), 'nres') or 0)
+  return held >= cap
 end
 
 -- The living job put with dedupe `key`, or false. A duplicate is counted on that job's tube
