@@ -87,3 +87,33 @@ async def test_https_with_the_protocol_certificate(redis_url: str, tmp_path: Pat
         except aiohttp.ClientError:
             plain = None
         assert plain != 200  # plain HTTP at an HTTPS listener is not served
+
+
+async def test_requests_past_the_rate_get_429_per_client(redis_url: str) -> None:
+    async with running_server(redis_url, access=ACCESS, http_rate=5) as server, \
+            aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{server.http_port}"
+        statuses = []
+        for _ in range(8):  # a burst: the bucket holds 5
+            async with http.get(f"{base}/api/stats", headers=_bearer(BILLING)) as r:
+                statuses.append(r.status)
+                if r.status == 429:
+                    assert int(r.headers["Retry-After"]) >= 1
+                    assert "too many requests" in (await r.json())["error"]
+        assert statuses.count(200) >= 5 and statuses[-1] == 429
+        async with http.get(f"{base}/api/stats", headers=_bearer(EMAILS)) as r:
+            assert r.status == 200  # another token has a bucket of its own
+        async with http.get(f"{base}/metrics") as r:
+            assert r.status == 200  # scrapes are never limited
+
+
+def test_a_bucket_refills_at_its_rate() -> None:
+    from tubeq.http.ratelimit import RateLimiter
+
+    now = [100.0]
+    limiter = RateLimiter(2, clock=lambda: now[0])
+    assert [limiter.take("a"), limiter.take("a")] == [0.0, 0.0]
+    assert limiter.take("a") == 0.5  # empty: the next token in half a second
+    now[0] += 0.5
+    assert limiter.take("a") == 0.0
+    assert limiter.take("b") == 0.0  # clients do not share

@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
                    help="tubes with series of their own per metric; the others are summed "
                         f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
+    p.add_argument("--http-rate", type=int, default=0, metavar="N",
+                   help="HTTP API requests per second per client (its token, else its address); "
+                        "past it 429 (0: no limit)")
     p.add_argument("--slow-ms", type=int, default=DEFAULT_SLOW_MS, metavar="MS",
                    help="log a command whose reply took this long (reserves excepted); "
                         f"0: never ({DEFAULT_SLOW_MS})")
@@ -153,6 +156,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.metrics_max_tubes < 1:
         p.error("--metrics-max-tubes must be at least 1")
+    if args.http_rate < 0:
+        p.error("--http-rate must be 0 (no limit) or positive")
     if args.slow_ms < 0:
         p.error("--slow-ms must be 0 (off) or more")
     if args.workers > 1 and args.metrics is not None and args.metrics[1] == 0:
@@ -269,6 +274,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            http_host=args.metrics[0] if args.metrics else None,
                            http_port=args.metrics[1] if args.metrics else 0,
                            metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms,
+                           http_rate=args.http_rate,
                            extra_keys_always=args.extra_keys == "always",
                            min_replicas=args.min_replicas,
                            min_replicas_timeout_ms=args.min_replicas_timeout,

@@ -108,6 +108,8 @@ class Config:
     # (0: never).
     metrics_max_tubes: int = DEFAULT_MAX_TUBES
     slow_ms: int = DEFAULT_SLOW_MS
+    # HTTP API requests per second per client (token, else address); 0: no limit.
+    http_rate: int = 0
     # Every connection sees tubeq's extra stats keys, not only those that used an extension.
     extra_keys_always: bool = False
     # Replicas that must acknowledge a state change before its reply (WAIT), and for how long

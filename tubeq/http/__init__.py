@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from tubeq.http.common import SERVER, json_errors
+from tubeq.http.ratelimit import RateLimiter
 from tubeq.listeners import tls_context
 
 if TYPE_CHECKING:
@@ -34,7 +36,10 @@ def make_app(server: Server) -> web.Application:
     from tubeq.http import api, dashboard, prometheus
 
     assert server.ctx is not None
-    app = web.Application(middlewares=[json_errors],
+    middlewares: list[Middleware] = [json_errors]
+    if server.config.http_rate > 0:
+        middlewares.append(RateLimiter(server.config.http_rate).middleware())
+    app = web.Application(middlewares=middlewares,
                           client_max_size=server.ctx.max_job_size * 4 // 3 + BODY_OVERHEAD)
     app[SERVER] = server
     app.router.add_get("/metrics", prometheus.metrics)
