@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
                    help="tubes with series of their own per metric; the others are summed "
                         f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
+    p.add_argument("--max-jobs", type=int, default=0, metavar="N",
+                   help="the most jobs a namespace may hold, every state together; past it "
+                        "puts answer OUT_OF_MEMORY (counted once a second; 0: no cap)")
     p.add_argument("--http-rate", type=int, default=0, metavar="N",
                    help="HTTP API requests per second per client (its token, else its address); "
                         "past it 429 (0: no limit)")
@@ -156,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.metrics_max_tubes < 1:
         p.error("--metrics-max-tubes must be at least 1")
+    if args.max_jobs < 0:
+        p.error("--max-jobs must be 0 (no cap) or positive")
     if args.http_rate < 0:
         p.error("--http-rate must be 0 (no limit) or positive")
     if args.slow_ms < 0:
@@ -274,7 +279,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            http_host=args.metrics[0] if args.metrics else None,
                            http_port=args.metrics[1] if args.metrics else 0,
                            metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms,
-                           http_rate=args.http_rate,
+                           http_rate=args.http_rate, max_jobs=args.max_jobs,
                            extra_keys_always=args.extra_keys == "always",
                            min_replicas=args.min_replicas,
                            min_replicas_timeout_ms=args.min_replicas_timeout,

@@ -129,6 +129,9 @@ class ServerContext:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     draining: bool = False
+    # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
+    # puts answer OUT_OF_MEMORY until a count finds room.
+    full: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None

@@ -30,6 +30,8 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     store = conn.store
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
+    if conn.ctx.full:  # the namespace reached --max-jobs
+        return replies.OUT_OF_MEMORY
     tube = conn.used
 
     def answer(job_id: int) -> bytes:
@@ -302,6 +304,8 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
     store = conn.store
     if conn.ctx.draining:
         return then(store.burn_id(), lambda _: replies.DRAINING)
+    if conn.ctx.full:  # the namespace reached --max-jobs
+        return replies.OUT_OF_MEMORY
     opts = dict(cmd.options)
     delay_ms = int(opts.get("delay-ms", cmd.delay * 1000))
     ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
@@ -444,6 +448,9 @@ def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
         counters.incr("put")
     if entries:
         conn.mark_producer()
+    if jobs and conn.ctx.full:  # the namespace reached --max-jobs: every entry refused
+        return replies.batch([replies.OUT_OF_MEMORY if isinstance(e, c.PutEntry) else e
+                              for e in entries])
     if not jobs or conn.ctx.draining:
         # Nothing to store (refused entries use no id; while draining no job is taken).
         return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e

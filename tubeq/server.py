@@ -73,6 +73,9 @@ SHUTDOWN_GRACE_S = 5.0
 # one. A poll, not an event: it runs only during the grace period, and 50 ms is well below any
 # grace worth setting.
 SHUTDOWN_POLL_S = 0.05
+# How often --max-jobs counts a namespace's jobs: puts may pass the cap by what arrives within
+# one period (one script of O(tubes) a second is cheap; one per put would not be).
+JOB_COUNT_PERIOD_S = 1.0
 # The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
 # life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
 # of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
@@ -110,6 +113,8 @@ class Config:
     slow_ms: int = DEFAULT_SLOW_MS
     # HTTP API requests per second per client (token, else address); 0: no limit.
     http_rate: int = 0
+    # The most jobs a namespace may hold (every state); 0: no cap. Checked once a second.
+    max_jobs: int = 0
     # Every connection sees tubeq's extra stats keys, not only those that used an extension.
     extra_keys_always: bool = False
     # Replicas that must acknowledge a state change before its reply (WAIT), and for how long
@@ -217,7 +222,29 @@ class Server:
         self._dues[dues] = ctx
         self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
+        if config.max_jobs > 0:
+            self._tasks.append(asyncio.create_task(self._watch_job_count(ctx),
+                                                   name=f"tubeq-max-jobs-{name}"))
         return ctx
+
+    async def _watch_job_count(self, ctx: ServerContext) -> None:
+        """--max-jobs: count the namespace's jobs every JOB_COUNT_PERIOD_S; while the count is
+        at the cap, puts answer OUT_OF_MEMORY. Approximate by design (protocol.md, Limits): a
+        count on every put would cost O(tubes) of Redis time per put."""
+        cap = self.config.max_jobs
+        while True:
+            try:
+                full = await ctx.store.count_jobs() >= cap
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: keep the last verdict, try again
+                log.warning("job count failed", error=repr(exc))
+            else:
+                if full != ctx.full:
+                    log.warning("namespace full: puts refused" if full else "namespace has room",
+                                namespace=ctx.store.keys.prefix, max_jobs=cap)
+                ctx.full = full
+            await asyncio.sleep(JOB_COUNT_PERIOD_S)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         ctx = self._grants.get(channel)

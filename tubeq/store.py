@@ -339,6 +339,10 @@ class Store:
 
         return self.client.call("HGETALL", self.keys.settings(tube), decode=decode)
 
+    def count_jobs(self) -> asyncio.Future[int]:
+        """Every job of the namespace, in every state (count_jobs.lua: O(tubes))."""
+        return self._eval("count_jobs", decode=int)
+
     def list_tubes(self) -> asyncio.Future[list[str]]:
         return self.client.call("ZRANGE", self.keys.tubes, 0, -1,
                                 decode=lambda r: [v.decode() for v in r])

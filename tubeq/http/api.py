@@ -105,6 +105,8 @@ async def put(request: web.Request) -> web.Response:
         raise HttpError(413, f"job body too big: {len(body)} bytes, at most {ctx.max_job_size}")
     if ctx.draining:
         raise HttpError(503, "draining: this server takes no new jobs")
+    if ctx.full:
+        raise HttpError(507, "the namespace is full (--max-jobs)")
     store = ctx.store
     extras = _put_with_options(options)
     if extras:
