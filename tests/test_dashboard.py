@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -83,8 +84,21 @@ def wait_for(browser: WebDriver, css: str, text: str | None = None) -> None:
         return any(text is None or text in el.text
                    for el in d.find_elements(By.CSS_SELECTOR, css))
 
-    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1).until(
+    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
+                  ignored_exceptions=[StaleElementReferenceException]).until(
         seen, f"{css} {'containing ' + repr(text) if text else ''} never appeared")
+
+
+def click(browser: WebDriver, element_id: str) -> None:
+    """Click the element with this id; the page rebuilds its tables every second, so an
+    element found a moment ago may be replaced before the click lands: find it again."""
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(By.ID, element_id).click()
+        return True
+
+    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
+                  ignored_exceptions=[StaleElementReferenceException]).until(
+        clicked, f"#{element_id} could not be clicked")
 
 
 def test_a_put_appears_and_a_buried_job_is_kicked_by_clicking(
@@ -111,23 +125,23 @@ def test_a_put_appears_and_a_buried_job_is_kicked_by_clicking(
         assert wire.ask(b"bury " + job_id + b" 0") == b"BURIED\r\n"
         browser.get(f"{url}/tubes/web")
         wait_for(browser, f"#jobs-buried #kick-{job_id.decode()}")
-        browser.find_element(By.ID, f"kick-{job_id.decode()}").click()
+        click(browser, f"kick-{job_id.decode()}")
         wait_for(browser, f"#jobs-ready #job-{job_id.decode()}")
         assert wire.stat(b"stats-job " + job_id, b"state") == b"ready"
         assert wire.stat(b"stats-job " + job_id, b"kicks") == b"1"
 
         # Peek shows the body; delete removes the job.
-        browser.find_element(By.ID, f"peek-{job_id.decode()}").click()
+        click(browser, f"peek-{job_id.decode()}")
         wait_for(browser, "#peek", "hello")
-        browser.find_element(By.ID, f"delete-{job_id.decode()}").click()
+        click(browser, f"delete-{job_id.decode()}")
         wait_for(browser, "#status", f"deleted job {job_id.decode()}")
         assert wire.ask(b"peek " + job_id) == b"NOT_FOUND\r\n"
 
         # Pause the tube from the page.
-        browser.find_element(By.ID, "pause").click()
+        click(browser, "pause")
         wait_for(browser, "#status", "paused for 60 s")
         assert int(wire.stat(b"stats-tube web", b"pause-time-left")) > 0
-        browser.find_element(By.ID, "resume").click()
+        click(browser, "resume")
         wait_for(browser, "#status", "resumed")
         assert wire.stat(b"stats-tube web", b"pause") == b"0"
     finally:

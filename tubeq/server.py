@@ -148,17 +148,18 @@ class Server:
         await self._subscriber.start()
         self._tasks.append(asyncio.create_task(scheduler.run(), name="tubeq-scheduler"))
         ctx = self.ctx
-        self._listener = await asyncio.get_running_loop().create_server(
-            lambda: Connection(ctx), config.host, config.port, reuse_address=True,
-            backlog=LISTEN_BACKLOG)
-        listening = {"addr": f"{config.host}:{self.port}"}
-        if config.http_host is not None:
+        listening = {}
+        if config.http_host is not None:  # first: a protocol port that accepts means "all up"
             from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
 
             self._http = HttpListener(self)
             await self._http.start(config.http_host, config.http_port)
             listening["http"] = f"{config.http_host}:{self.http_port}"
             log.info("http listening", host=config.http_host, port=self.http_port)
+        self._listener = await asyncio.get_running_loop().create_server(
+            lambda: Connection(ctx), config.host, config.port, reuse_address=True,
+            backlog=LISTEN_BACKLOG)
+        listening["addr"] = f"{config.host}:{self.port}"
         await store.describe_instance(listening)
         log.info("listening", host=config.host, port=self.port, redis=config.redis_url,
                  prefix=config.prefix, instance=self.instance_id,
