@@ -308,6 +308,14 @@ class Server:
         # After a failover the pub/sub connection follows the client to the new master.
         subscriber = self._subscriber
         client.add_reconnect_callback(lambda: subscriber.follow(client.address))
+        listening: dict[str, str] = {}
+        if config.http_host is not None:  # first: a protocol port that accepts means "all up"
+            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
+
+            self._http = HttpListener(self)
+            await self._http.start(config.http_host, config.http_port)
+            listening["http"] = f"{config.http_host}:{self.http_port}"
+            log.info("http listening", host=config.http_host, port=self.http_port)
         self._listener = await self._listen(self.ctx, gated=access is not None)
         for bound in access.listeners if access is not None else ():
             ctx = self.namespaces[bound.namespace]
@@ -319,14 +327,7 @@ class Server:
             self._bound.append(listener)
             log.info("listening for a namespace", namespace=bound.namespace,
                      address=describe(listener.sockets[0]))
-        listening = {"addr": describe(self._listener.sockets[0])}
-        if config.http_host is not None:
-            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
-
-            self._http = HttpListener(self)
-            await self._http.start(config.http_host, config.http_port)
-            listening["http"] = f"{config.http_host}:{self.http_port}"
-            log.info("http listening", host=config.http_host, port=self.http_port)
+        listening["addr"] = describe(self._listener.sockets[0])
         for ctx in self.namespaces.values():
             await ctx.store.describe_instance(listening)
         log.info("listening", address=describe(self._listener.sockets[0]),
