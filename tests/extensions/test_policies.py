@@ -244,7 +244,7 @@ def test_two_processes_racing_the_same_key_insert_once(tubeq_cluster: TubeqClust
         first.stop()
 
 
-def eventually(ok: Callable[[], bool], what: str, within_s: float = 5.0) -> None:
+def eventually(ok: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
     """Poll ``ok`` until it holds; fail (naming ``what``) if it never does within the bound."""
     deadline = time.monotonic() + within_s
     while not ok():
