@@ -128,7 +128,9 @@ def section(results: dict[str, Any], runs: report.Runs) -> list[str]:
              "`reserve-batch` fills the tube first, then consumers keep reserve-many in flight "
              "and answer each batch with one delete-many, a job counts at its DELETED (latency: "
              "put -> RESERVED, so it includes the time queued); `cycle-batch` runs put-many "
-             "producers and reserve-many consumers together. The ratio divides by beanstalkd's "
+             "producers and reserve-many consumers together (one reserve-many in flight per "
+             "consumer, so no delete-many waits behind a waiting reserve-many). The ratio "
+             "divides by beanstalkd's "
              f"best pipelined put ({report._rate(best_put)} jobs/s, `{put_key}`) for put rows "
              f"and best pipelined cycle ({report._rate(best_cycle)} jobs/s, `{cycle_key}`) for "
              "the others, same run; `/ tubeq single` divides by tubeq's own best single-job "
@@ -230,12 +232,12 @@ def render(results: dict[str, Any]) -> str:
     runs = report.Runs(results)
     lines += section(results, runs)
     ref_rows = [[key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
-                 f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
+                 f"{runs.server_cpu_cell(key, 'beanstalkd')}; "
                  f"{runs.server_cpu_cell(key, 'tubeq')}",
                  report._noise(runs, key, ("beanstalkd", "tubeq"))] for key in REFERENCE_ROWS]
     lines += ["The single-job reference rows (bench/loadgen.py put and cycle modes), same run:", ""]
     lines += report._table(["row", "beanstalkd jobs/s", "tubeq jobs/s",
-                            "CPU % beanstalkd | tubeq / redis", "other cores b / t"], ref_rows)
+                            "CPU % beanstalkd; tubeq / redis", "other cores b / t"], ref_rows)
     if results.get("notes"):
         lines += ["## Notes", ""] + [f"* {note}" for note in results["notes"]] + [""]
     return "\n".join(lines).rstrip() + "\n"
