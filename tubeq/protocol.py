@@ -284,6 +284,8 @@ class _BodyHeader:
 
 
 _Parsed: TypeAlias = Command | _PutHeader | _BodyHeader
+# A line followed by a body (one tuple, built once: the check runs for every command line).
+_BODY_HEADERS: Final = (_PutHeader, _BodyHeader)
 _ArgParser: TypeAlias = Callable[[bytes], _Parsed]
 
 
@@ -806,7 +808,7 @@ class Parser:
         line = bytes(buffer[:end])
         del buffer[: end + len(CRLF)]
         parsed = _parse_line(line)
-        if isinstance(parsed, _PutHeader | _BodyHeader):
+        if isinstance(parsed, _BODY_HEADERS):
             return self._begin_body(parsed)
         if isinstance(parsed, PutManyHeader):
             return self._begin_batch(parsed)
