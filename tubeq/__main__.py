@@ -71,9 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
                    help="tubes with series of their own per metric; the others are summed "
                         f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
-    p.add_argument("--slow-ms", type=int, default=DEFAULT_SLOW_MS, metavar="MS",
+    p.add_argument("--slow-ms", type=int, default=None, metavar="MS",
                    help="log a command whose reply took this long (reserves excepted); "
-                        f"0: never ({DEFAULT_SLOW_MS})")
+                        f"0: never (default: {DEFAULT_SLOW_MS} with --metrics, else 0: timing "
+                        "every command costs a little CPU)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="console", choices=["console", "json"],
                    help="one line per event: key=value text (console) or a JSON object")
@@ -88,7 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
     if args.metrics_max_tubes < 1:
         p.error("--metrics-max-tubes must be at least 1")
-    if args.slow_ms < 0:
+    if args.slow_ms is None:
+        args.slow_ms = DEFAULT_SLOW_MS if args.metrics else 0
+    elif args.slow_ms < 0:
         p.error("--slow-ms must be 0 (off) or more")
     return args
 

@@ -23,7 +23,7 @@ from tubeq.connection import (
     ServerContext,
 )
 from tubeq.keys import Keys
-from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
+from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
 from tubeq.resp import RedisClient
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
@@ -73,9 +73,9 @@ class Config:
     http_host: str | None = None
     http_port: int = 0
     # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
-    # (0: never).
+    # (0: never; timing every command costs CPU, so the command line sets it with --metrics).
     metrics_max_tubes: int = DEFAULT_MAX_TUBES
-    slow_ms: int = DEFAULT_SLOW_MS
+    slow_ms: int = 0
 
 
 class Server:
