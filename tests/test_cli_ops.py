@@ -13,10 +13,16 @@ from tubeq.__main__ import parse_args
 from tubeq.redis_process import RedisProcess, free_port
 
 
-def test_the_defaults_leave_the_listener_off() -> None:
+def test_the_defaults_leave_the_listener_and_the_slow_log_off() -> None:
     args = parse_args([])
     assert (args.metrics, args.metrics_max_tubes, args.slow_ms, args.log_format) == (
-        None, 100, 1000, "console")
+        None, 100, 0, "console")
+
+
+def test_the_slow_log_is_on_with_metrics_unless_told() -> None:
+    assert parse_args(["--metrics", "127.0.0.1:0"]).slow_ms == 1000
+    assert parse_args(["--metrics", "127.0.0.1:0", "--slow-ms", "0"]).slow_ms == 0
+    assert parse_args(["--slow-ms", "250"]).slow_ms == 250
 
 
 @pytest.mark.parametrize(("text", "address"), [

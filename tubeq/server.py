@@ -46,7 +46,7 @@ from tubeq.listeners import (
     unix_path,
     unix_socket,
 )
-from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
+from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
 from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
 from tubeq.sentinel import MasterNotFound
@@ -108,9 +108,9 @@ class Config:
     http_host: str | None = None
     http_port: int = 0
     # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
-    # (0: never).
+    # (0: never; timing every command costs CPU, so the command line sets it with --metrics).
     metrics_max_tubes: int = DEFAULT_MAX_TUBES
-    slow_ms: int = DEFAULT_SLOW_MS
+    slow_ms: int = 0
     # HTTP API requests per second per client (token, else address); 0: no limit.
     http_rate: int = 0
     # The most jobs a namespace may hold (every state); 0: no cap. Checked once a second.
