@@ -45,7 +45,8 @@ RESERVE_FILL = {"full": 200_000, "quick": 50_000}
 # consume rows: one worker process of concurrency 256 (consume_bench's best single-worker shape)
 CONSUME_SHAPES = (("tubeq push", 256, 1), ("tubeq reserve", 256, 1), ("beanstalkd", 256, 1))
 CONSUME_JOBS = {"full": 30_000, "quick": 10_000}
-# beanstalkd's pipelined rows the ratios divide by, when this module runs on its own.
+# The pipelined single-job rows the ratios divide by, when this module runs on its own: on
+# beanstalkd (the reference of issue 10) and on tubeq (what batching gains on tubeq itself).
 REFERENCE_ROWS = ("put 64x16 100B", "put 8x16 100B", "cycle 64x16 100B", "cycle 8x16 100B")
 RUN_SLACK_S = 30.0
 
@@ -54,8 +55,10 @@ def batch_rows(scale: Scale) -> list[Row]:
     """The tubeq batch rows: `mode connections x in-flight, batch size, body`."""
     from bench.run import Row
 
-    shapes = (("put-batch", 8, 2, 100), ("put-batch", 1, 4, 1000), ("reserve-batch", 8, 2, 100),
-              ("cycle-batch", 8, 2, 100))
+    # In flight: 3,200-4,000 jobs per row, more than beanstalkd's deepest single-job rows
+    # (64x16 = 1,024), so a round trip's latency does not bound the rate.
+    shapes = (("put-batch", 8, 4, 100), ("put-batch", 1, 4, 1000), ("reserve-batch", 8, 4, 100),
+              ("cycle-batch", 8, 4, 100))
     rows = []
     for mode, conns, in_flight, batch in shapes:
         fill = mode == "reserve-batch"
@@ -73,7 +76,7 @@ def reference_rows(scale: Scale) -> list[Row]:
     from bench.run import throughput_rows
 
     by_key = {r.key: r for r in throughput_rows(scale)}
-    return [replace(by_key[key], servers=("beanstalkd",)) for key in REFERENCE_ROWS]
+    return [replace(by_key[key], servers=("beanstalkd", "tubeq")) for key in REFERENCE_ROWS]
 
 
 def consume_runs(scale: Scale, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -94,11 +97,13 @@ def consume_runs(scale: Scale, log: Callable[[str], None]) -> list[dict[str, Any
 
 # -- the report section ---------------------------------------------------------------------------
 
-def _best(runs: report.Runs, results: dict[str, Any], prefix: str) -> tuple[float | None, str]:
+def _best(runs: report.Runs, results: dict[str, Any], prefix: str,
+          server: str = "beanstalkd") -> tuple[float | None, str]:
+    """The best median among ``server``'s single-job rows of ``prefix`` ("put ", "cycle ")."""
     keys = dict.fromkeys(r["row"] for r in results["runs"]
-                         if r["server"] == "beanstalkd" and r["row"].startswith(prefix)
-                         and r["row"].endswith(f" {BODY}B") and r["scenario"] != "batches")
-    rates = {key: runs.rate(key, "beanstalkd") for key in keys}
+                         if r["server"] == server and r["row"].startswith(prefix)
+                         and r["row"].endswith(f" {BODY}B") and r["scenario"] == "throughput")
+    rates = {key: runs.rate(key, server) for key in keys}
     measured = {k: v for k, v in rates.items() if v}
     if not measured:
         return None, "n/a"
@@ -114,6 +119,8 @@ def section(results: dict[str, Any], runs: report.Runs) -> list[str]:
         return []
     best_put, put_key = _best(runs, results, "put ")
     best_cycle, cycle_key = _best(runs, results, "cycle ")
+    own_put, own_put_key = _best(runs, results, "put ", "tubeq")
+    own_cycle, own_cycle_key = _best(runs, results, "cycle ", "tubeq")
     lines = ["## Batches: put-many, reserve-many, delete-many (issue 10)", "",
              "tubeq only (beanstalkd has no batch commands). Rows are `mode connections x "
              "in-flight commands, b<jobs per command>, body` (bench/batch_load.py): "
@@ -121,22 +128,29 @@ def section(results: dict[str, Any], runs: report.Runs) -> list[str]:
              "`reserve-batch` fills the tube first, then consumers keep reserve-many in flight "
              "and answer each batch with one delete-many, a job counts at its DELETED (latency: "
              "put -> RESERVED, so it includes the time queued); `cycle-batch` runs put-many "
-             "producers and reserve-many consumers together. The ratio divides by beanstalkd's "
+             "producers and reserve-many consumers together (one reserve-many in flight per "
+             "consumer, so no delete-many waits behind a waiting reserve-many). The ratio "
+             "divides by beanstalkd's "
              f"best pipelined put ({report._rate(best_put)} jobs/s, `{put_key}`) for put rows "
              f"and best pipelined cycle ({report._rate(best_cycle)} jobs/s, `{cycle_key}`) for "
-             "the others, same run.", ""]
+             "the others, same run; `/ tubeq single` divides by tubeq's own best single-job "
+             f"row (put: {report._rate(own_put)} jobs/s, `{own_put_key}`; cycle: "
+             f"{report._rate(own_cycle)} jobs/s, `{own_cycle_key}`): what batching gains.", ""]
     rows = []
     for key in keys:
         ref = best_put if key.startswith("put") else best_cycle
+        own = own_put if key.startswith("put") else own_cycle
         lat = runs.latency(key, "tubeq")
         rows.append([key, runs.rate_cell(key, "tubeq"),
                      f"**{report._x(report._ratio(runs.rate(key, 'tubeq'), ref))}**",
+                     report._x(report._ratio(runs.rate(key, "tubeq"), own)),
                      f"{report._ms(lat['p50_ms'])} / {report._ms(lat['p99_ms'])}",
                      runs.server_cpu_cell(key, "tubeq"),
                      report._rate(runs.us_per_job(key, "tubeq")),
                      runs.generator_cpu(key, "tubeq"),
                      report._noise(runs, key, ("tubeq",))])
-    lines += report._table(["row", "tubeq jobs/s", "/ beanstalkd best", "latency p50 / p99 ms",
+    lines += report._table(["row", "tubeq jobs/s", "/ beanstalkd best", "/ tubeq single",
+                            "latency p50 / p99 ms",
                             "CPU % tubeq / redis", "us/job", "gen CPU %", "other cores"], rows)
     if consume:
         lines += _consume_table(consume, best_cycle, cycle_key)
@@ -217,12 +231,13 @@ def render(results: dict[str, Any]) -> str:
     lines.append("")
     runs = report.Runs(results)
     lines += section(results, runs)
-    ref_rows = [[key, runs.rate_cell(key, "beanstalkd"),
-                 runs.server_cpu_cell(key, "beanstalkd"), runs.generator_cpu(key, "beanstalkd"),
-                 report._noise(runs, key, ("beanstalkd",))] for key in REFERENCE_ROWS]
-    lines += ["beanstalkd's reference rows (bench/loadgen.py put and cycle modes):", ""]
-    lines += report._table(["row", "beanstalkd jobs/s", "CPU % beanstalkd", "gen CPU %",
-                            "other cores"], ref_rows)
+    ref_rows = [[key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
+                 f"{runs.server_cpu_cell(key, 'beanstalkd')}; "
+                 f"{runs.server_cpu_cell(key, 'tubeq')}",
+                 report._noise(runs, key, ("beanstalkd", "tubeq"))] for key in REFERENCE_ROWS]
+    lines += ["The single-job reference rows (bench/loadgen.py put and cycle modes), same run:", ""]
+    lines += report._table(["row", "beanstalkd jobs/s", "tubeq jobs/s",
+                            "CPU % beanstalkd; tubeq / redis", "other cores b / t"], ref_rows)
     if results.get("notes"):
         lines += ["## Notes", ""] + [f"* {note}" for note in results["notes"]] + [""]
     return "\n".join(lines).rstrip() + "\n"

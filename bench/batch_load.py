@@ -8,8 +8,11 @@ Modes (``--batch B`` jobs per command):
                 the clock), then N consumers keep P reserve-many B in flight each and answer
                 every batch with one delete-many of its ids and the next reserve-many, in one
                 write; a job counts at its DELETED; latency = put sent -> RESERVED received.
-  cycle-batch   N put-many producers and N reserve-many consumers at once (the two above
-                together, no pre-fill): the batched counterpart of cycle mode.
+  cycle-batch   N put-many producers (P in flight) and N reserve-many consumers at once (the
+                two above together, no pre-fill): the batched counterpart of cycle mode. Each
+                consumer keeps ONE reserve-many in flight: when consumers outpace producers a
+                reserve-many waits, and a delete-many sent behind it would be answered only
+                after it (replies keep command order), stalling the count by up to the timeout.
 
 Bodies carry loadgen's timestamp header, so latencies mean what they mean in the other modes.
 """
@@ -196,7 +199,9 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     if spec.mode == "put-batch":
         return [(BatchProducer(state, tube, spec.in_flight, spec.batch, spec.body_size,
                                completes=True), port) for _ in range(conns)]
-    consumers: list[Role] = [(BatchConsumer(state, [tube], spec.in_flight, spec.batch), port)
+    # reserve-batch never waits (its tube is full); cycle-batch keeps one in flight (above).
+    reserves = spec.in_flight if spec.mode == "reserve-batch" else 1
+    consumers: list[Role] = [(BatchConsumer(state, [tube], reserves, spec.batch), port)
                              for _ in range(conns)]
     if spec.mode == "reserve-batch":
         filler = BatchProducer(state, tube, 0, spec.batch, spec.body_size, completes=False,

@@ -596,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
     p.add_argument("--only", choices=["metrics"], default=None,
                    help="run one pass alone (the metrics on/off rows); writes bench/out/")
+    p.add_argument("--repetitions", type=int, default=None, metavar="N",
+                   help="repetitions per row instead of the scale's (3 full, 1 quick)")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only re-render a saved results file")
     args = p.parse_args(argv)
@@ -608,7 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(report.render(results))
         return 0
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    run(QUICK if args.quick else FULL, output, args.only)
+    scale = QUICK if args.quick else FULL
+    if args.repetitions is not None:
+        scale = replace(scale, repetitions=max(1, args.repetitions))
+    run(scale, output, args.only)
     return 0
 
 

@@ -85,19 +85,19 @@ def wait_for(browser: WebDriver, css: str, text: str | None = None) -> None:
                    for el in d.find_elements(By.CSS_SELECTOR, css))
 
     WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
-                  ignored_exceptions=(StaleElementReferenceException,)).until(
+                  ignored_exceptions=[StaleElementReferenceException]).until(
         seen, f"{css} {'containing ' + repr(text) if text else ''} never appeared")
 
 
 def click(browser: WebDriver, element_id: str) -> None:
-    """Click the element with ``element_id``; the page re-renders its rows every second, so an
-    element found just before a refresh is looked up again."""
+    """Click the element with this id; the page rebuilds its tables every second, so an
+    element found a moment ago may be replaced before the click lands: find it again."""
     def clicked(d: WebDriver) -> bool:
         d.find_element(By.ID, element_id).click()
         return True
 
     WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
-                  ignored_exceptions=(StaleElementReferenceException,)).until(
+                  ignored_exceptions=[StaleElementReferenceException]).until(
         clicked, f"#{element_id} could not be clicked")
 
 

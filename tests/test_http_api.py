@@ -353,3 +353,27 @@ async def test_bad_requests_get_a_clear_json_error(api: Api, method: str, path: 
     assert got == status, data
     assert set(data) == {"error"} and message in data["error"], data
     assert (await api.call("GET", "/api/stats"))[0] == 200  # and the server serves on
+
+
+async def test_the_job_list_of_every_state(api: Api) -> None:
+    ready = await api.put("s", b"r")
+    delayed = await api.put("s", b"d", delay=100)
+    held = await api.put("s", b"h")
+    await api.put("other", b"o")
+    _, got = await api.reserve("s")  # the ready job with the lowest id
+    assert got["id"] == ready
+    status, _ = await api.call("POST", f"/api/jobs/{ready}/bury",
+                                  json={"reservation": got["reservation"]})
+    assert status == 200
+    _, got = await api.reserve("s")
+    assert got["id"] == held
+
+    async def ids(state: str) -> list[int]:
+        status, data = await api.call("GET", f"/api/tubes/s/jobs?state={state}")
+        assert status == 200
+        return [j["id"] for j in data["jobs"]]
+
+    assert await ids("buried") == [ready]
+    assert await ids("delayed") == [delayed]
+    assert await ids("reserved") == [held]
+    assert await ids("ready") == []

@@ -157,3 +157,16 @@ async def test_promotion_reports_each_jobs_lateness(env: Env) -> None:
     late = metrics_of(env).lateness
     assert late.count == 2
     assert late.sum == pytest.approx(1.25 + 0.25)
+
+
+async def test_jobs_from_before_these_metrics_report_no_wait_or_hold(env: Env) -> None:
+    # A job handed over, or reserved, by an older tubeq has no 'ra' (a rolling upgrade).
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    handed = await env.put()
+    await env.raw.hdel(env.keys.job(handed), "ra")
+    claimed = await s.set_waiting(BOB, -1, claim=True)
+    assert [(r.id, r.waited_ms) for r in claimed] == [(handed, -1)]
+    await env.raw.hdel(env.keys.job(handed), "ra")
+    assert await s.delete(BOB, handed)
+    assert "default" not in metrics_of(env).held.by_tube

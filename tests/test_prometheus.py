@@ -160,10 +160,35 @@ async def test_http_api_commands_count_too(server: Server,
     async with session.delete(f"{base(server)}/api/jobs/{job['id']}",
                               params={"reservation": job["reservation"]}) as r:
         assert r.status == 200
+    async with session.post(f"{base(server)}/api/tubes/h/jobs", data=b"y") as r:
+        assert r.status == 201
+    async with session.post(f"{base(server)}/api/tubes/h/reserve") as r:
+        job = await r.json()
+    async with session.post(f"{base(server)}/api/jobs/{job['id']}/bury",
+                            params={"reservation": job["reservation"]}) as r:
+        assert r.status == 200
+    async with session.post(f"{base(server)}/api/tubes/h/kick?bound=5") as r:
+        assert await r.json() == {"kicked": 1}
+    async with session.post(f"{base(server)}/api/tubes/h/reserve") as r:
+        job = await r.json()
+    async with session.post(f"{base(server)}/api/jobs/{job['id']}/release",
+                            params={"reservation": job["reservation"]}) as r:
+        assert r.status == 200
+    async with session.post(f"{base(server)}/api/tubes/none/reserve") as r:
+        assert r.status == 204
     samples: Samples = await scrape(session, base(server))
-    assert sample(samples, "tubeq_commands_total", command="put") == 1
+    assert sample(samples, "tubeq_commands_total", command="put") == 2
     assert sample(samples, "tubeq_commands_total", command="delete") == 1
-    assert sample(samples, "tubeq_job_wait_seconds_count", tube="h") == 1
+    assert sample(samples, "tubeq_command_outcomes_total", command="put",
+                  outcome="INSERTED") == 2
+    assert sample(samples, "tubeq_command_outcomes_total", command="reserve-with-timeout",
+                  outcome="RESERVED") == 3
+    assert sample(samples, "tubeq_command_outcomes_total", command="reserve-with-timeout",
+                  outcome="TIMED_OUT") == 1
+    assert sample(samples, "tubeq_job_buries_total") == 1
+    assert sample(samples, "tubeq_job_kicks_total") == 1
+    assert sample(samples, "tubeq_job_releases_total") == 1
+    assert sample(samples, "tubeq_job_wait_seconds_count", tube="h") == 3
     assert sample(samples, "tubeq_job_run_seconds_count", tube="h") == 1
 
 

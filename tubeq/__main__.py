@@ -115,9 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-rate", type=int, default=0, metavar="N",
                    help="HTTP API requests per second per client (its token, else its address); "
                         "past it 429 (0: no limit)")
-    p.add_argument("--slow-ms", type=int, default=DEFAULT_SLOW_MS, metavar="MS",
+    p.add_argument("--slow-ms", type=int, default=None, metavar="MS",
                    help="log a command whose reply took this long (reserves excepted); "
-                        f"0: never ({DEFAULT_SLOW_MS})")
+                        f"0: never (default: {DEFAULT_SLOW_MS} with --metrics, else 0: timing "
+                        "every command costs a little CPU)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="console", choices=["console", "json"],
                    help="one line per event: key=value text (console) or a JSON object")
@@ -163,7 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-jobs must be 0 (no cap) or positive")
     if args.http_rate < 0:
         p.error("--http-rate must be 0 (no limit) or positive")
-    if args.slow_ms < 0:
+    if args.slow_ms is None:
+        args.slow_ms = DEFAULT_SLOW_MS if args.metrics else 0
+    elif args.slow_ms < 0:
         p.error("--slow-ms must be 0 (off) or more")
     if args.workers > 1 and args.metrics is not None and args.metrics[1] == 0:
         p.error("--workers needs a fixed --metrics port (each worker serves it with SO_REUSEPORT)")

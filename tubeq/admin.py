@@ -15,17 +15,20 @@ from dataclasses import dataclass
 from typing import Final
 
 # clear-tube deletes at most this many jobs per script call and calls again until the states
-# are empty: as promote and expire do (tubeq.store.SWEEP_LIMIT), so one call never holds
-# Redis's single thread for long (about 1 ms per 1,000 jobs with events on).
-CLEAR_BATCH: Final = 1000
+# are empty, so one call never holds Redis's single thread for long. Deleting a job (its hash,
+# its event) costs more than promoting one: 1,000 jobs measured 30-60 ms of Redis time on a
+# loaded 2-core machine, so a batch is 200 (a few ms); clearing is rare, the extra round trips
+# do not matter.
+CLEAR_BATCH: Final = 200
 
 # list-jobs of reserved jobs walks the one index of every tube's reserved jobs and keeps the
 # tube's own: one page examines at most this many entries (the same bound as a page of jobs).
 LIST_SCAN_BUDGET: Final = 1000
 
 # stats-tube's oldest-ready-age-ms visits the first job of each distinct priority of the
-# tube's ready jobs; real tubes use a handful of priorities, and 100 levels keep a stats-tube
-# under ~0.2 ms of Redis time whatever the tube holds.
+# tube's ready jobs (one ZRANGE and one HGET each); real tubes use a handful of priorities
+# (5 levels and the histogram measured ~0.2 ms of Redis time), and 100 levels bound the cost
+# of a tube that uses many, whatever the tube holds.
 OLDEST_READY_LEVELS: Final = 100
 
 _MINUTE: Final = 60_000

@@ -1,9 +1,10 @@
 """``tubeq-cli``: what operators do by hand to a tubeq (or beanstalkd) server, on the command line.
 
 put, peek, kick, kick-job, bury, delete, pause, stats, list, and ``top``, a live view of every
-tube refreshed in place; ``schedule add|list|remove`` for tubeq's recurring jobs. Output is for
-people by default and JSON with ``--json``. Every command runs through :mod:`tubeq.client`,
-pipelining what it can on one connection.
+tube refreshed in place; ``schedule add|list|remove`` for tubeq's recurring jobs; against tubeq
+also put's job policies and dedupe key (put-with) and peek-key. Output is for people by default
+and JSON with ``--json``. Every command runs through :mod:`tubeq.client`, pipelining what it can
+on one connection.
 
 Rules: a failure (cannot connect, no such job or tube, an error reply) exits 1 and a bad
 argument exits 2, each with exactly one line on stderr (``tubeq-cli: ...``); nothing else is

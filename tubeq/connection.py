@@ -183,11 +183,11 @@ class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
         "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled",
-        "_grants", "_handlers", "_held",
-        "_lost", "_pool", "_pump_scheduled", "_push_credits", "_push_task", "_push_waiter",
-        "_pushed", "_quit", "_reading", "_replies", "_reserves", "_throttled", "_waiter",
-        "_write_paused", "ctx", "extended", "parser", "producer", "reserved", "store", "token",
-        "transport", "used", "watched", "worker",
+        "_grants", "_handlers", "_held", "_lost", "_pool", "_prune_at", "_pump_scheduled",
+        "_push_credits", "_push_task", "_push_waiter", "_pushed", "_quit", "_reading",
+        "_replies", "_reserves", "_throttled", "_waiter", "_write_paused", "ctx", "extended",
+        "parser", "producer", "reserved", "store", "token", "transport", "used", "watched",
+        "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -205,6 +205,7 @@ class Connection(asyncio.Protocol):
         # Waiter takes it as it is (tuple() of a tuple is the same object).
         self.watched: tuple[str, ...] = _WATCH_DEFAULT
         self.reserved: dict[int, int] = {}  # job id -> TTR deadline (ms)
+        self._prune_at = PRUNE_RESERVED_AT  # see _hold
         self.producer = False
         self.worker = False
         # The client has sent a tubeq extension command: it knows tubeq, so stats documents
@@ -575,10 +576,14 @@ class Connection(asyncio.Protocol):
                 self._hold(job)
 
     def _hold(self, job: Reservation) -> None:
-        if len(self.reserved) >= PRUNE_RESERVED_AT:
+        if len(self.reserved) >= self._prune_at:
             # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
             now = self.store.clock()
             self.reserved = {j: d for j, d in self.reserved.items() if d > now}
+            # The next pruning waits until the map has doubled: a connection that really holds
+            # many jobs (reserve-many, push with many credits) would otherwise copy the whole
+            # map for every job it takes; this way it costs O(1) per job, amortized.
+            self._prune_at = max(PRUNE_RESERVED_AT, 2 * len(self.reserved))
         self.reserved[job.id] = job.deadline_ms
         self.ctx.scheduler.note_due(job.deadline_ms)
 

@@ -111,11 +111,10 @@ def command_label(kind: type[Any]) -> str:
 
 
 def reply_word(reply: bytes) -> bytes:
-    """The first word of a reply (``INSERTED``, ``NOT_FOUND``...), the command's outcome."""
+    """The first word of a reply (``INSERTED``, ``NOT_FOUND``...), the command's outcome. A
+    reply without arguments is the word and CRLF (tubeq.replies)."""
     end = reply.find(b" ", 0, 32)
-    if end < 0:
-        end = reply.find(b"\r", 0, 32)
-    return reply[:end] if end > 0 else reply[:32]
+    return reply[:end] if end > 0 else reply[:-2]
 
 
 class Metrics:
@@ -182,10 +181,10 @@ class Metrics:
         done: its outcome, and a log line if it was slow. The connection calls this from the
         reply's one done-callback, so tracking adds no callback of its own."""
         took = perf_counter() - started
-        if reply.cancelled() or reply.exception() is not None:
-            answer = b"INTERNAL_ERROR\r\n"
-        else:
+        try:
             answer = reply.result()
+        except BaseException:  # failed or cancelled: the client is told INTERNAL_ERROR
+            answer = b"INTERNAL_ERROR\r\n"
         if self.count_outcomes:
             self.answered(command, answer)
         if self.slow_s and took >= self.slow_s:

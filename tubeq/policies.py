@@ -18,6 +18,7 @@ import math
 from typing import Final
 
 from tubeq.options import MAX_MS
+from tubeq.states import JobState
 
 # A Mersenne prime and the multipliers of a Lehmer generator: every product below 2^53, so the
 # Lua side (doubles) computes exactly what Python (integers) does.
@@ -40,3 +41,26 @@ def backoff_delay(job_id: int, tries: int, backoff_ms: int, backoff_max_ms: int 
     cap = backoff_max_ms if backoff_max_ms > 0 else MAX_MS
     base: int = min(cap, backoff_ms * 2 ** min(tries - 1, 52))
     return base - math.floor(base * jitter(job_id, tries) / 2)
+
+
+# The transitions the job policies add to tubeq.states.TRANSITIONS, in the same shape:
+# (state before, what happened) -> state after, None for a job gone. "timeout", "release" and
+# "disconnect" end a try; "ttl" is the TTL sweep (promote.lua). protocol.md (put-with) tells the
+# rules; tests/extensions/test_policies_lua.py walks every row through the scripts.
+POLICY_TRANSITIONS: Final[dict[tuple[JobState, str], JobState | None]] = {
+    (JobState.RESERVED, "timeout at max-tries"): JobState.BURIED,
+    (JobState.RESERVED, "release at max-tries"): JobState.BURIED,
+    (JobState.RESERVED, "disconnect at max-tries"): JobState.BURIED,
+    (JobState.RESERVED, "timeout with backoff"): JobState.DELAYED,
+    (JobState.RESERVED, "disconnect with backoff"): JobState.DELAYED,
+    (JobState.READY, "ttl, on-expire=bury"): JobState.BURIED,
+    (JobState.DELAYED, "ttl, on-expire=bury"): JobState.BURIED,
+    (JobState.BURIED, "ttl, on-expire=bury"): JobState.BURIED,
+    (JobState.RESERVED, "ttl, on-expire=bury"): JobState.RESERVED,
+    (JobState.READY, "ttl, on-expire=delete"): None,
+    (JobState.DELAYED, "ttl, on-expire=delete"): None,
+    (JobState.BURIED, "ttl, on-expire=delete"): None,
+    (JobState.RESERVED, "ttl, on-expire=delete"): JobState.RESERVED,
+    (JobState.RESERVED, "timeout after ttl, on-expire=bury"): JobState.BURIED,
+    (JobState.RESERVED, "release after ttl, on-expire=delete"): None,
+}

@@ -46,7 +46,7 @@ from tubeq.listeners import (
     unix_path,
     unix_socket,
 )
-from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS, Metrics
+from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
 from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
 from tubeq.sentinel import MasterNotFound
@@ -108,9 +108,9 @@ class Config:
     http_host: str | None = None
     http_port: int = 0
     # Tube labels per metric family (tubeq.metrics); commands slower than this are logged
-    # (0: never).
+    # (0: never; timing every command costs CPU, so the command line sets it with --metrics).
     metrics_max_tubes: int = DEFAULT_MAX_TUBES
-    slow_ms: int = DEFAULT_SLOW_MS
+    slow_ms: int = 0
     # HTTP API requests per second per client (token, else address); 0: no limit.
     http_rate: int = 0
     # The most jobs a namespace may hold (every state); 0: no cap. Checked once a second.
@@ -308,6 +308,14 @@ class Server:
         # After a failover the pub/sub connection follows the client to the new master.
         subscriber = self._subscriber
         client.add_reconnect_callback(lambda: subscriber.follow(client.address))
+        listening: dict[str, str] = {}
+        if config.http_host is not None:  # first: a protocol port that accepts means "all up"
+            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
+
+            self._http = HttpListener(self)
+            await self._http.start(config.http_host, config.http_port)
+            listening["http"] = f"{config.http_host}:{self.http_port}"
+            log.info("http listening", host=config.http_host, port=self.http_port)
         self._listener = await self._listen(self.ctx, gated=access is not None)
         for bound in access.listeners if access is not None else ():
             ctx = self.namespaces[bound.namespace]
@@ -319,14 +327,7 @@ class Server:
             self._bound.append(listener)
             log.info("listening for a namespace", namespace=bound.namespace,
                      address=describe(listener.sockets[0]))
-        listening = {"addr": describe(self._listener.sockets[0])}
-        if config.http_host is not None:
-            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
-
-            self._http = HttpListener(self)
-            await self._http.start(config.http_host, config.http_port)
-            listening["http"] = f"{config.http_host}:{self.http_port}"
-            log.info("http listening", host=config.http_host, port=self.http_port)
+        listening["addr"] = describe(self._listener.sockets[0])
         for ctx in self.namespaces.values():
             await ctx.store.describe_instance(listening)
         log.info("listening", address=describe(self._listener.sockets[0]),

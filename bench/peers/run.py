@@ -37,6 +37,7 @@ from typing import Any
 from bench import machine
 from bench.peers import envs, report
 from bench.procstat import machine_busy_ticks, process_cpu_ticks, wait_until_quiet
+from bench.run import machine_and_versions
 from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
 from tubeq.redis_process import RedisProcess
 
@@ -313,8 +314,6 @@ class Bench:
 
 
 def _main_versions(system: System) -> dict[str, str]:
-    from bench.run import machine_and_versions
-
     versions = machine_and_versions()
     if system.name == "beanstalkd":
         return {"server": versions["beanstalkd"], "tubeq client": versions["tubeq"],
@@ -334,8 +333,6 @@ def run(scale: Scale, output: Path, systems: tuple[System, ...]) -> Path:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     bench = Bench(scale, log)
-    from bench.run import machine_and_versions
-
     started_at = datetime.now(UTC)
     meta = {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
             "cpu_model": machine.cpu_model(), "machine": machine_and_versions(),

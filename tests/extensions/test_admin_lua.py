@@ -423,6 +423,12 @@ async def test_a_tube_paused_with_no_end_outlives_its_last_job_until_resumed(env
         PAUSE_FOREVER_MS).encode()
     assert await env.store.tube_pause("held", forever=False)
     assert "held" not in await env.store.list_tubes()
+    # pause-tube 0 ends such a pause too, and lets the tube go as tube-resume does.
+    job_id = await env.put("held")
+    assert await env.store.tube_pause("held", forever=True)
+    assert await env.store.delete(ALICE, job_id)
+    assert await env.store.pause("held", 0) == -1
+    assert "held" not in await env.store.list_tubes()
     # A timed pause does not keep a tube (beanstalkd's rule, unchanged).
     job_id = await env.put("timed")
     await env.store.pause("timed", 100)

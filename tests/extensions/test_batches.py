@@ -273,3 +273,41 @@ def test_a_batch_reply_is_bounded_by_the_buffer_cap(tubeq_cluster: TubeqCluster)
             assert len(batch_of(w, w.ask("reserve-many 100 0"))) == 1
     finally:
         server.stop()
+
+
+# -- the connection's held jobs (layer b) ---------------------------------------------------------
+
+
+async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url: str) -> None:
+    """reserve-many and push hold hundreds of jobs: the map of held jobs is not copied for
+    every job taken (it was, past 64), yet jobs whose TTR ran out are still dropped."""
+    from tubeq.connection import PRUNE_RESERVED_AT, Connection
+    from tubeq.server import Config, Server
+    from tubeq.store import Reservation
+
+    server = Server(Config(port=0, redis_url=redis_url, prefix="prune"))
+    await server.start()
+    try:
+        assert server.ctx is not None
+        conn = Connection(server.ctx)
+        now = 1_700_000_000_000
+        readings = 0
+
+        def clock() -> int:
+            nonlocal readings
+            readings += 1
+            return now
+
+        conn.store.clock = clock
+        for job_id in range(1000):
+            conn._hold(Reservation(job_id, 60, b"", now + 60_000))
+        assert len(conn.reserved) == 1000  # every live job kept
+        assert readings <= 6  # pruned at 64, 128, 256, 512: not once per job
+        # Jobs whose TTR ran out go at the next pruning.
+        now += 120_000
+        for job_id in range(1000, 2000):
+            conn._hold(Reservation(job_id, 60, b"", now + 60_000))
+        assert sorted(conn.reserved) == list(range(1000, 2000))
+        assert readings <= 6 + 1000 // PRUNE_RESERVED_AT
+    finally:
+        await server.stop()

@@ -4,13 +4,15 @@ policy through the server with short durations."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.extensions.wire import Wire
-from tests.servers import ServerProcess, TubeqCluster
+from tests.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.test_protocol import BAD, UNKNOWN, cases, check, line
 from tubeq import replies
 from tubeq.commands import (
@@ -244,10 +246,24 @@ def test_two_processes_racing_the_same_key_insert_once(tubeq_cluster: TubeqClust
         first.stop()
 
 
-def eventually(ok: Callable[[], bool], what: str, within_s: float = 5.0) -> None:
+def eventually(ok: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
     """Poll ``ok`` until it holds; fail (naming ``what``) if it never does within the bound."""
     deadline = time.monotonic() + within_s
     while not ok():
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.02)
+
+
+def test_a_draining_server_refuses_put_with_as_put(
+        tubeq_factory: Callable[[str], ServerProcess]) -> None:
+    server = tubeq_factory(unique_prefix("pw-drain"))
+    with Wire(server.host, server.port) as w:
+        first = inserted_id(w.ask(b"put-with 0 0 60 1 key=drain\r\nx\r\n"))
+        os.kill(server.pid, signal.SIGUSR1)
+        eventually(lambda: w.yaml("stats")["draining"] == "true", "the server drains")
+        assert w.ask(b"put-with 0 0 60 1 key=other\r\nx\r\n") == b"DRAINING\r\n"
+        assert w.ask(b"put-with 0 0 60 1 key=drain\r\nx\r\n") == b"DRAINING\r\n"
+        assert w.ask("peek-key other") == b"NOT_FOUND\r\n"
+        assert w.ask(b"put 0 0 60 1\r\nx\r\n") == b"DRAINING\r\n"
+        assert w.ask("peek-key drain") == b"FOUND %d 1\r\nx\r\n" % first

@@ -12,9 +12,10 @@ import pytest
 from tests.test_lua import ALICE, BOB, Env, open_env
 from tubeq.events import Event
 from tubeq.options import Options
-from tubeq.policies import backoff_delay, jitter
+from tubeq.policies import POLICY_TRANSITIONS, backoff_delay, jitter
 from tubeq.resp import RedisClient
 from tubeq.scripts import expand
+from tubeq.states import JobState
 from tubeq.store import JobInfo, JobPolicies, PutOutcome, Reservation, Store
 
 
@@ -353,3 +354,40 @@ async def test_a_put_with_job_is_handed_to_a_waiting_connection(env: Env) -> Non
     claimed = await env.store.set_waiting(BOB, -1, claim=True)
     assert [r.id for r in claimed] == [job_id]
     assert isinstance(claimed[0], Reservation)
+
+
+# -- the transition table ------------------------------------------------------------------------
+
+
+async def _job_in(env: Env, state: JobState, *opts: tuple[str, int | str]) -> int:
+    """A job with ``opts`` in ``state`` (reserved by ALICE, TTR 1 s)."""
+    job_id = await put_with(env, *opts, delay=60 if state is JobState.DELAYED else 0)
+    if state in (JobState.RESERVED, JobState.BURIED):
+        assert (await env.reserve()).id == job_id
+    if state is JobState.BURIED:
+        assert await env.store.bury(ALICE, job_id, 0)
+    return job_id
+
+
+@pytest.mark.parametrize(("before", "what"), list(POLICY_TRANSITIONS))
+async def test_policy_transition_table(env: Env, before: JobState, what: str) -> None:
+    s = env.store
+    if "max-tries" in what:
+        job_id = await _job_in(env, before, ("max-tries", 1))
+    elif "backoff" in what:
+        job_id = await _job_in(env, before, ("backoff-ms", 100))
+    else:
+        on_expire = "delete" if "delete" in what else "bury"
+        job_id = await _job_in(env, before, ("ttl-ms", 500), ("on-expire", on_expire))
+        env.clock.advance(0.5)
+    if what.startswith("timeout"):
+        env.clock.advance(1)
+        await s.expire()
+    elif what.startswith("release"):
+        assert await s.release(ALICE, job_id, 0, 0)
+    elif what.startswith("disconnect"):
+        assert await s.disconnect(ALICE, False, True, [job_id]) == 1
+    else:
+        await s.promote()
+    after = POLICY_TRANSITIONS[(before, what)]
+    assert await env.state(job_id) == after

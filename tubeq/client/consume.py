@@ -76,7 +76,7 @@ class _Lane:
     index: int
     client: Client
     share: int  # reserves in flight (or push credits) this connection may hold
-    slots: asyncio.Semaphore
+    slots: asyncio.Semaphore  # share minus the jobs held (and reserves in flight) here
     held: set[Job] = field(default_factory=set)
     mode: Literal["push", "reserve"] | None = None
     subscribed: bool = False
@@ -419,9 +419,23 @@ class Consumer:
             await lane.client.push(0)
 
     async def _take_pushed(self, lane: _Lane) -> None:
+        """Take the jobs the server pushes, each once the lane has a free slot.
+
+        The server's credits bound what it has reserved for this connection, not what the lane
+        holds: it frees a credit as soon as it has run a delete (or release, bury), and pushes the
+        next job at once, while the block whose job that was has yet to hear the answer (a
+        batched delete's answer reaches it through ``_delete_acked``, a task in between) and to
+        drop its hold. Until then the new job waits in the link's queue, reserved on the server
+        (its credit used), and is not handed out: held jobs never exceed the share.
+        """
         while True:
-            job = await lane.client.next_pushed()
-            self._take(job, lane, uses_slot=False)
+            await lane.slots.acquire()
+            try:
+                job = await lane.client.next_pushed()
+            except BaseException:
+                lane.slots.release()
+                raise
+            self._take(job, lane, uses_slot=True)
 
     async def _reserve_pipelined(self, lane: _Lane) -> None:
         """``lane.share`` reservers on one connection; only the first one's reserve may block.

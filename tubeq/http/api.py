@@ -19,6 +19,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from tubeq import options as job_options
+from tubeq import replies
 from tubeq.connection import ServerContext
 from tubeq.http.common import (
     HttpError,
@@ -85,6 +86,14 @@ def _ctx(request: web.Request) -> ServerContext:
     return namespace_of(request)
 
 
+def _outcome(request: web.Request, command: str, reply: bytes) -> None:
+    """Count the outcome as the protocol reply it mirrors (tubeq_command_outcomes_total, and
+    the release/bury/kick counts derived from it), so HTTP clients count as protocol ones."""
+    metrics = server_of(request).metrics
+    if metrics is not None:
+        metrics.answered(command, reply)
+
+
 # -- jobs -------------------------------------------------------------------------------------
 
 async def put(request: web.Request) -> web.Response:
@@ -119,6 +128,7 @@ async def put(request: web.Request) -> web.Response:
             raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
         if not outcome.inserted:
             return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
+        _outcome(request, "put", replies.inserted(outcome.id))
         delay_ms = int(opts.get("delay-ms", delay * 1000))
         for due in (delay_ms, int(opts.get("ttl-ms", 0))):
             if due > 0:
@@ -129,6 +139,7 @@ async def put(request: web.Request) -> web.Response:
     new_id = await store.put(tube, pri, delay, max(ttr, 1), body)
     if not new_id:
         raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
+    _outcome(request, "put", replies.inserted(new_id))
     ctx.counters.job_created(tube)
     if delay > 0:
         ctx.scheduler.note_due(store.clock() + delay * 1000)
@@ -192,7 +203,9 @@ async def delete(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     options = await read_options(request, OWNER_OPTIONS, json_body=False)
     ctx.counters.incr("delete")
-    if not await ctx.store.delete(_reservation(options, required=False), jid):
+    deleted = await ctx.store.delete(_reservation(options, required=False), jid)
+    _outcome(request, "delete", replies.DELETED if deleted else replies.NOT_FOUND)
+    if not deleted:
         raise HttpError(404, f"job {jid} not found (or reserved under another reservation)")
     return web.json_response({"deleted": jid})
 
@@ -202,7 +215,9 @@ async def kick_job(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     jid = job_id(request.match_info["id"])
     await read_options(request, frozenset())
-    if not await ctx.store.kick_job(jid):
+    kicked = await ctx.store.kick_job(jid)
+    _outcome(request, "kick-job", replies.KICKED if kicked else replies.NOT_FOUND)
+    if not kicked:
         raise HttpError(404, f"job {jid} not found, or neither buried nor delayed")
     return web.json_response({"kicked": jid})
 
@@ -217,7 +232,9 @@ async def release(request: web.Request) -> web.Response:
     pri = await _priority(ctx, jid, options)
     ctx.counters.incr("release")
     store = ctx.store
-    if not await store.release(token, jid, pri, delay):
+    released = await store.release(token, jid, pri, delay)
+    _outcome(request, "release", replies.RELEASED if released else replies.NOT_FOUND)
+    if not released:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
     if delay > 0:
         ctx.scheduler.note_due(store.clock() + delay * 1000)
@@ -232,7 +249,9 @@ async def bury(request: web.Request) -> web.Response:
     token = _reservation(options)
     pri = await _priority(ctx, jid, options)
     ctx.counters.incr("bury")
-    if not await ctx.store.bury(token, jid, pri):
+    buried = await ctx.store.bury(token, jid, pri)
+    _outcome(request, "bury", replies.BURIED if buried else replies.NOT_FOUND)
+    if not buried:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
     return web.json_response({"buried": jid})
 
@@ -244,6 +263,7 @@ async def touch(request: web.Request) -> web.Response:
     token = _reservation(await read_options(request, OWNER_OPTIONS))
     ctx.counters.incr("touch")
     deadline = await ctx.store.touch(token, jid)
+    _outcome(request, "touch", replies.TOUCHED if deadline else replies.NOT_FOUND)
     if not deadline:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
     ctx.scheduler.note_due(deadline)
@@ -281,8 +301,10 @@ async def reserve(request: web.Request) -> web.StreamResponse:
     ctx.counters.incr("reserve-with-timeout")
     got = await request.app[RESERVATIONS][ctx.store.keys.root].reserve(tubes, timeout)
     if got is None:
+        _outcome(request, "reserve-with-timeout", replies.TIMED_OUT)
         return web.Response(status=204)
     token, job_ = got
+    _outcome(request, "reserve-with-timeout", b"RESERVED %d\r\n" % job_.id)
     return web.json_response({
         "id": job_.id, "tube": job_.tube, "ttr": job_.ttr, "reservation": token,
         "deadline_ms": job_.deadline_ms, **body_fields(job_.body)})
@@ -376,7 +398,9 @@ async def kick(request: web.Request) -> web.Response:
     options = await read_options(request, KICK_OPTIONS)
     bound = unsigned("bound", options.get("bound", 1))
     ctx.counters.incr("kick")
-    return web.json_response({"kicked": await ctx.store.kick(tube, bound)})
+    kicked = await ctx.store.kick(tube, bound)
+    _outcome(request, "kick", replies.kicked(kicked))
+    return web.json_response({"kicked": kicked})
 
 
 async def pause(request: web.Request) -> web.Response:

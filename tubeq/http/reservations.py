@@ -60,12 +60,13 @@ class HttpReservations:
         waiting up to ``timeout_s``; with the token that now owns it, or None on timeout."""
         ctx, store = self.ctx, self.ctx.store
         token = self.new_token()
-        await store.change_watches(token, [("+w", t) for t in tubes])
         waiter: Waiter | None = None
         counted = False
         attempt: asyncio.Future[Any] | None = None
         got: Reservation | None = None
         try:
+            # Inside the try: if the request is cancelled here, the watches still go (below).
+            await store.change_watches(token, [("+w", t) for t in tubes])
             attempt = store.reserve(token)
             result = await asyncio.shield(attempt)
             if isinstance(result, Reservation):
@@ -108,9 +109,13 @@ class HttpReservations:
                 ctx.grant_listeners.pop(token, None)
             if got is None:
                 # Cancelled (the client went away) or timed out: whatever was granted in
-                # flight, or handed over while counted, goes back at once.
-                if attempt is not None and not attempt.done():
-                    attempt.add_done_callback(lambda f: self._give_back_result(token, f))
+                # flight (or an instant before the cancel), or handed over while counted, goes
+                # back at once.
+                if attempt is not None:
+                    if attempt.done():
+                        self._give_back_result(token, attempt)
+                    else:
+                        attempt.add_done_callback(lambda f: self._give_back_result(token, f))
                 if counted:
                     stop = store.set_waiting(token, -1, claim=True)
                     stop.add_done_callback(lambda f: self._give_back_result(token, f))

@@ -6,7 +6,9 @@ Returns  {id, pri, created (ms), due (ms: delayed and reserved, else 0), reserve
          most 200 bytes), ...} in the state's order: ready by (pri, id), delayed by due time,
          buried in bury order, reserved by deadline
 Cost     O(limit), except reserved: the namespace's reserved set is walked in deadline order
-         until `limit` jobs of the tube are found, at most 10,000 entries
+         until `limit` jobs of the tube are found, at most 1,000 entries (a page refresh must
+         not hold Redis for long; a tube whose reservations sit behind 1,000 others' shows
+         fewer than it has)
 ]]
 --- @include "keys"
 --- @include "jobs"
@@ -14,7 +16,7 @@ local t, state, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local ids = {}
 if state == 'reserved' then
   local start = 0
-  while #ids < limit and start < 10000 do
+  while #ids < limit and start < 1000 do
     local page = rcall('ZRANGE', K_RESERVED, start, start + 99)
     if #page == 0 then break end
     for _, m in ipairs(page) do

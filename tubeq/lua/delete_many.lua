@@ -9,6 +9,7 @@ Events   'deleted' per job deleted
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local token, now = ARGV[3], tonumber(ARGV[4])
 
 local function delete_one(id)
@@ -17,6 +18,7 @@ local function delete_one(id)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
   unlink(id, t, state, now)
+  forget_job(id, jk)  -- its dedupe key is free, its TTL entry goes (as delete.lua)
   rcall('DEL', jk)
   rcall('HINCRBY', k_tube(t), 'del', 1)
   add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')

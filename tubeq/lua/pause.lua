@@ -15,6 +15,8 @@ if delay == 0 then
   rcall('ZREM', K_TIMERS, 'p:' .. t)
   index_tube(t, now)
   wake(t)
+  -- A tube kept only by a pause with no end (tube_pause.lua) goes now, as with tube-resume.
+  gc_tube(t)
   return -1
 end
 local until_ms = now + delay * 1000

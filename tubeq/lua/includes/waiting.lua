@@ -46,7 +46,8 @@ local function claim_handed(token, limit)
       out[#out + 1] = tonumber(id)
       out[#out + 1] = tonumber(f[3])
       out[#out + 1] = f[4]
-      out[#out + 1] = waited_ms(tonumber(f[5]), f[6], f[7])
+      -- no 'ra': handed over by a tubeq older than these metrics (a rolling upgrade)
+      out[#out + 1] = f[5] and waited_ms(tonumber(f[5]), f[6], f[7]) or -1
       out[#out + 1] = f[8]
     end
   end
