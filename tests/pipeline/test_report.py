@@ -246,6 +246,32 @@ def test_events_before_the_archive_began(spark: SparkSession) -> None:
                         "buried": 0, "total": 1}]
 
 
+def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:
+    """Issue 10's events: a time-out with a retry backoff (delay_ms set) makes the job delayed,
+    not ready, so its next wait runs from its promotion; deduplicated and reprioritized change
+    no state."""
+    rows = [
+        ("1000-0", "put", 7, "t", 0, 0, 60000, 0, 0, 1000, "p", ""),
+        ("2000-0", "reserved", 7, "t", 0, 0, 60000, 0, 1, 2000, "p", ""),
+        ("3000-0", "deduplicated", 7, "t", 0, 0, 60000, 0, 1, 3000, "p", ""),
+        ("5000-0", "timed-out", 7, "t", 0, 3000, 60000, 8000, 1, 5000, "p", ""),
+        ("6000-0", "reprioritized", 7, "t", 5, 0, 60000, 0, 1, 6000, "p", ""),
+        ("8500-0", "promoted", 7, "t", 5, 0, 60000, 8000, 1, 8500, "p", ""),
+        ("9000-0", "reserved", 7, "t", 5, 0, 60000, 0, 2, 9000, "p", ""),
+        ("9500-0", "deleted", 7, "t", 5, 0, 60000, 0, 2, 9500, "p", ""),
+    ]
+    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    try:
+        by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
+    finally:
+        report.release(tables)
+    t = by_tube["t"]
+    assert t["wait_ms_n"] == 2
+    assert (t["wait_ms_p50"], t["wait_ms_p99"]) == (750.0, 995.0)  # 1000 and 500, not 4000
+    assert (t["lateness_ms_n"], t["lateness_ms_p50"]) == (1, 500.0)
+    assert t["processing_ms_p50"] == 500.0
+
+
 def test_empty_archive(spark: SparkSession, tmp_path: Path) -> None:
     empty: DataFrame = spark.createDataFrame([], SPARK_DDL)
     tables = report.build_report(empty)

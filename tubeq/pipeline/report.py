@@ -129,9 +129,9 @@ def _new_state(event: Column, delay_ms: Column) -> Column:
     delayed_or_ready = F.when(delay_ms > 0, _state(DELAYED)).otherwise(_state(READY))
     return (
         F.when(event == EventName.PUT.value, delayed_or_ready)
-        .when(event == EventName.RELEASED.value, delayed_or_ready)
-        .when(event.isin(EventName.PROMOTED.value, EventName.KICKED.value,
-                         EventName.TIMED_OUT.value), _state(READY))
+        # A time-out with a retry backoff (put-with backoff-ms) leaves the job delayed.
+        .when(event.isin(EventName.RELEASED.value, EventName.TIMED_OUT.value), delayed_or_ready)
+        .when(event.isin(EventName.PROMOTED.value, EventName.KICKED.value), _state(READY))
         .when(event.isin(EventName.RESERVED.value, EventName.TOUCHED.value), _state(RESERVED))
         .when(event == EventName.BURIED.value, _state(BURIED))
         .when(event.isin(EventName.DELETED.value, EventName.EXPIRED.value,
