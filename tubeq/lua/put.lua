@@ -18,35 +18,9 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "jobs"
 --- @include "waiting"
 --- @include "picking"
+--- @include "handing"
 --- @include "policies"
 local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
-
--- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
--- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
-local ALIVE_WITHIN_MS = 2000
-
--- The first connection waiting on tube t, in a live process, gets the job it would reserve now
--- (normally this one; the best of its watched tubes if another became ready meanwhile).
--- Returns the id handed over, or false when nobody can take a job.
-local function hand_over()
-  local token
-  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), 0, 15)) do
-    local beat = rcall('ZSCORE', K_INSTANCES, instance_of(candidate))
-    if beat and now - tonumber(beat) <= ALIVE_WITHIN_MS then
-      token = candidate
-      break
-    end
-  end
-  if not token then return false end
-  local entry = best_entry(token)
-  if not entry then return false end  -- e.g. the tube is paused
-  local job = take_entry(entry, token, now)
-  local inst = instance_of(token)
-  count_waiting(inst, token, -1)
-  rcall('RPUSH', k_handed(token), job[1])
-  rcall('PUBLISH', k_grant(inst), token)
-  return job[1]
-end
 
 -- put-with: its options (job policies, delay-ms, dedupe key; includes/policies.lua).
 local delay_ms = tonumber(delay) * 1000
@@ -79,7 +53,7 @@ else
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.
-  if waiting and tonumber(waiting) > 0 and hand_over() ~= id then
+  if waiting and tonumber(waiting) > 0 and hand_over_in(t, now) ~= id then
     rcall('PUBLISH', k_wake(t), '')
   end
 end

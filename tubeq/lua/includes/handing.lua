@@ -1,6 +1,5 @@
--- Handing a new ready job straight to a waiting connection (issue 10 batches: put_many.lua).
--- The same steps as put.lua's own hand_over, with the tube and the time as arguments; put.lua
--- keeps its copy for now (the integrator may switch it to this include).
+-- Handing a new ready job straight to a waiting connection, as beanstalkd hands it over before it
+-- answers the put (put.lua, put_many.lua).
 
 -- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
 -- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
