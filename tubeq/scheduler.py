@@ -89,8 +89,11 @@ class Scheduler:
             # can fire a fraction early: that sweep finds nothing due and sleeps again.
             delay = (target - self.store.exact_ms()) / 1000
             if delay > 0:
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+                # lands as the nudge fires, and the scheduler then outlives Server.stop().
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._nudge.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._nudge.wait()
             self._target_ms = None
 
 

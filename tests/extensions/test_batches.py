@@ -298,7 +298,8 @@ async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url
             readings += 1
             return now
 
-        conn.store.clock = clock
+        real_clock = conn.store.clock
+        conn.store.clock = clock  # the server's own store: put back before it stops
         for job_id in range(1000):
             conn._hold(Reservation(job_id, 60, b"", now + 60_000))
         assert len(conn.reserved) == 1000  # every live job kept
@@ -309,5 +310,6 @@ async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url
             conn._hold(Reservation(job_id, 60, b"", now + 60_000))
         assert sorted(conn.reserved) == list(range(1000, 2000))
         assert readings <= 6 + 1000 // PRUNE_RESERVED_AT
+        conn.store.clock = real_clock
     finally:
         await server.stop()
