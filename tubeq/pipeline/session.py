@@ -34,6 +34,10 @@ LOCAL_SHUFFLE_PARTITIONS: Final = 8
 # report's sorts spill and its caches evict on a 10M-event archive. Only honoured when this call
 # starts the JVM (a session that already runs keeps its heap).
 LOCAL_DRIVER_MEMORY: Final = "4g"
+# The throughput collector for a local master's JVM: the report is a batch job, and G1's
+# concurrent marking competed with the tasks for 2 cores (10M-event report, quiet Intel Xeon
+# machine: 53.7 s and 100 CPU-s with G1, 49.2 s and 91 CPU-s with this; bench/RESULTS-pipeline.md).
+LOCAL_DRIVER_JAVA_OPTIONS: Final = "-XX:+UseParallelGC"
 DEFAULT_MASTER: Final = "local[*]"
 JAVA_VERSION_TIMEOUT_S: Final = 30.0
 # Spark Connect's client retries an unreachable server with backoff for minutes (measured: still
@@ -142,5 +146,6 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
-                   .config("spark.driver.memory", LOCAL_DRIVER_MEMORY))
+                   .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
+                   .config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS))
     return builder.getOrCreate()
