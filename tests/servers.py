@@ -162,9 +162,16 @@ def start_beanstalkd(log_dir: Path, label: str = "beanstalkd") -> ServerProcess:
                                     label)
 
 
+# TUBEQ_TEST_SHARDS=N starts every tubeq of the suite with --shards N (tubeq.shards): how the
+# differential suite runs against a split namespace (tests/test_shards.py does so).
+TEST_SHARDS_ENV = "TUBEQ_TEST_SHARDS"
+
+
 def _tubeq_argv(redis_url: str, prefix: str, flags: tuple[str, ...], *, port: int) -> list[str]:
+    shards = os.environ.get(TEST_SHARDS_ENV)
+    split = ("--shards", shards) if shards and "--shards" not in flags else ()
     return [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
-            "--redis", redis_url, "--prefix", prefix, *flags]
+            "--redis", redis_url, "--prefix", prefix, *split, *flags]
 
 
 def start_tubeq(redis_url: str, prefix: str, log_dir: Path, label: str = "tubeq",
@@ -175,6 +182,9 @@ def start_tubeq(redis_url: str, prefix: str, log_dir: Path, label: str = "tubeq"
         "tubeq", functools.partial(_tubeq_argv, redis_url, prefix, flags), log_dir, label
     )
     server.extra.update(redis_url=redis_url, prefix=prefix)
+    argv = _tubeq_argv(redis_url, prefix, flags, port=0)
+    if "--shards" in argv:
+        server.extra["shards"] = argv[argv.index("--shards") + 1]
     return server
 
 

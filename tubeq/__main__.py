@@ -42,6 +42,7 @@ from tubeq.server import (
     Config,
     Server,
 )
+from tubeq.shards import MAX_SHARDS
 from tubeq.workers import WorkerPool
 
 log = structlog.get_logger("tubeq")
@@ -69,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "private redis-server started by tubeq)")
     p.add_argument("--prefix", default="tubeq",
                    help="key namespace: processes with the same Redis and prefix share tubes")
+    p.add_argument("--shards", type=int, default=1, metavar="N",
+                   help="split the namespace's tubes over N Redis hash tags (N slots of a "
+                        "Redis Cluster); every process of a namespace must use the same N "
+                        "(default 1: one hash tag, as before)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="where the private redis-server keeps its data "
                         "(default: $XDG_DATA_HOME/tubeq)")
@@ -150,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
     if args.workers < 1:
         p.error("--workers must be at least 1")
+    if not 1 <= args.shards <= MAX_SHARDS:
+        p.error(f"--shards must be between 1 and {MAX_SHARDS}")
     if args.workers > 1 and (args.port == 0 or args.host.startswith("unix:")):
         p.error("--workers needs a TCP port (-p, not 0): the workers share it with SO_REUSEPORT")
     if args.max_connections < 0:
@@ -287,7 +294,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            min_replicas=args.min_replicas,
                            min_replicas_timeout_ms=args.min_replicas_timeout,
                            allow_eviction=args.allow_eviction,
-                           shutdown_grace_s=args.shutdown_grace))
+                           shutdown_grace_s=args.shutdown_grace, shards=args.shards))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -29,7 +29,7 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     conn.mark_producer()
     store = conn.store
     if conn.ctx.draining:
-        return then(store.burn_id(), lambda _: replies.DRAINING)
+        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
     if conn.ctx.full:  # the namespace reached --max-jobs
         return replies.OUT_OF_MEMORY
     tube = conn.used
@@ -50,7 +50,7 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
 
 def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
     conn.mark_producer()
-    return then(conn.store.burn_id(), lambda _: replies.EXPECTED_CRLF)
+    return then(conn.store.burn_id(conn.used), lambda _: replies.EXPECTED_CRLF)
 
 
 def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
@@ -303,7 +303,7 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
     store = conn.store
     if conn.ctx.draining:
-        return then(store.burn_id(), lambda _: replies.DRAINING)
+        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
     if conn.ctx.full:  # the namespace reached --max-jobs
         return replies.OUT_OF_MEMORY
     opts = dict(cmd.options)

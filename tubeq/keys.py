@@ -120,10 +120,6 @@ class Keys:
     def wake_pattern(self) -> str:
         return self.root + "wake:*"
 
-    def tube_of_wake_channel(self, channel: str) -> str:
-        """The tube a wake-up channel name belongs to (inverse of :meth:`wake_channel`)."""
-        return channel[len(self.root) + len("wake:"):]
-
     # -- job policies and deduplicated put (lua/includes/policies.lua) ---------------------------
 
     @property

@@ -50,6 +50,7 @@ from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
 from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
 from tubeq.sentinel import MasterNotFound
+from tubeq.shards import LayoutMismatch, ShardedStore, ShardSchedulers, claim_layout
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
@@ -127,6 +128,8 @@ class Config:
     # are closed (their jobs then return to ready). The command line's default is 5 s;
     # embedded servers (the tests) close at once unless told otherwise.
     shutdown_grace_s: float = 0.0
+    # The namespace's tubes spread over this many Redis hash tags (tubeq.shards); 1: one.
+    shards: int = 1
 
 
 class Server:
@@ -195,8 +198,21 @@ class Server:
         """A namespace's context: its store, waiters, scheduler, counters and subscriptions."""
         config = self.config
         assert self._client is not None and self._subscriber is not None
-        keys = Keys(namespace_prefix(config.prefix, name))
-        store = Store(self._client, keys, self.instance_id, events_maxlen=config.events_maxlen)
+        prefix = namespace_prefix(config.prefix, name)
+        keys = Keys(prefix)
+        try:
+            await claim_layout(self._client, prefix, config.shards)
+        except LayoutMismatch as error:
+            raise StartupError(str(error)) from None
+        store: Store
+        if config.shards > 1:
+            store = ShardedStore(self._client, prefix, self.instance_id, config.shards,
+                                 events_maxlen=config.events_maxlen)
+            shard_keys = [shard.keys for shard in store.shards]
+        else:
+            store = Store(self._client, keys, self.instance_id,
+                          events_maxlen=config.events_maxlen)
+            shard_keys = [keys]
         if self.metrics is not None and self.metrics.count_outcomes:
             store.metrics = self.metrics
         await store.load_scripts()
@@ -205,7 +221,8 @@ class Server:
         # After a reconnect (a Redis restart, a failover) every waiter re-checks with its
         # script, whether or not the subscriber's connection was lost too.
         self._client.add_reconnect_callback(registry.wake_all)
-        scheduler = Scheduler(store, registry)
+        scheduler = (ShardSchedulers(store, registry) if isinstance(store, ShardedStore)
+                     else Scheduler(store, registry))
         ctx = ServerContext(
             store=store, registry=registry, scheduler=scheduler,
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
@@ -213,14 +230,15 @@ class Server:
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             capacity=self._capacity, observer=self.metrics,
             extra_keys_always=config.extra_keys_always)
-        grants = keys.grant_channel(self.instance_id).encode()
-        self._grants[grants] = ctx
-        self._by_root[keys.root.encode()] = ctx
-        self._subscriber.psubscribe(keys.wake_pattern.encode())
-        self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
-        dues = keys.due_channel.encode()  # recurring ticks, rate windows (issue 10)
-        self._dues[dues] = ctx
-        self._subscriber.subscribe(dues)
+        for each in shard_keys:  # every shard's channels (tubeq.shards), or the one root's
+            grants = each.grant_channel(self.instance_id).encode()
+            self._grants[grants] = ctx
+            self._by_root[each.root.encode()] = ctx
+            self._subscriber.psubscribe(each.wake_pattern.encode())
+            self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
+            dues = each.due_channel.encode()  # recurring ticks, rate windows (issue 10)
+            self._dues[dues] = ctx
+            self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
         if config.max_jobs > 0:
             self._tasks.append(asyncio.create_task(self._watch_job_count(ctx),
@@ -261,10 +279,10 @@ class Server:
             ctx.scheduler.note_due(int(data))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
-        root = channel[:channel.find(b"}:") + 2]
-        ctx = self._by_root.get(root)
+        split = channel.find(b"}:") + 2
+        ctx = self._by_root.get(channel[:split])
         if ctx is not None:
-            ctx.registry.wake_one(ctx.store.keys.tube_of_wake_channel(channel.decode()))
+            ctx.registry.wake_one(channel[split + len(b"wake:"):].decode())
 
     def _wake_all(self) -> None:
         for ctx in self.namespaces.values():

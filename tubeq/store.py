@@ -49,8 +49,8 @@ _FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
 # (RedisClient.bind_script(durable=True)); these go at full speed, and the sweeps keep running
 # while replicas are missing. A script not listed here (a new one) waits: the safe default.
 UNACKNOWLEDGED_SCRIPTS = frozenset({
-    "peek", "stats", "stats_tube", "heartbeat", "reap", "promote", "expire", "counters",
-    "using", "connect", "tubes", "disconnect"})
+    "best", "tube_list", "peek", "stats", "stats_tube", "heartbeat", "reap", "promote",
+    "expire", "counters", "using", "connect", "tubes", "disconnect"})
 
 
 def wall_clock_ms() -> int:
@@ -179,6 +179,9 @@ class Store:
         self.instance_id = instance_id
         self.clock = clock
         self.events_maxlen = events_maxlen
+        # Tube "default" lives here (always, unless this is a shard of a split namespace that
+        # does not hold it: tubeq.shards); the heartbeat keeps it in existence.
+        self.holds_default = True
         # Set by the server when metrics are on: told of waits, holds and lateness the scripts
         # return (tubeq.metrics).
         self.metrics: Metrics | None = None
@@ -230,8 +233,9 @@ class Store:
         decode: Decoder = int if answer is None else (lambda r: answer(int(r)))
         return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=decode)
 
-    def burn_id(self) -> asyncio.Future[int]:
-        """Use up one job id (a put that failed after its body arrived, as beanstalkd does)."""
+    def burn_id(self, tube: str = "default") -> asyncio.Future[int]:
+        """Use up one job id (a put that failed after its body arrived, as beanstalkd does);
+        ``tube``: the one the put was for (a split namespace burns that shard's next id)."""
         return self.client.call("INCR", self.keys.job_ids, decode=int)
 
     def reserve(self, token: str, *,
@@ -347,6 +351,13 @@ class Store:
         return self.client.call("ZRANGE", self.keys.tubes, 0, -1,
                                 decode=lambda r: [v.decode() for v in r])
 
+    def tubes_created(self) -> asyncio.Future[list[tuple[str, int]]]:
+        """Every tube in creation order, with its creation time by Redis's clock (us)."""
+        def decode(r: Any) -> list[tuple[str, int]]:
+            return [(r[i].decode(), int(r[i + 1])) for i in range(0, len(r), 2)]
+
+        return self._eval("tube_list", decode=decode)
+
     def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
         """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
         return self._eval("pause", tube, delay, self.clock(), decode=int)
@@ -413,13 +424,23 @@ class Store:
         flat = [x for pair in counts for x in pair]
         return self._eval("using", self.instance_id, self.clock(), *flat)
 
-    def set_waiting(self, token: str, delta: int, *,
-                    claim: bool = False) -> asyncio.Future[list[Reservation]]:
+    def set_waiting(self, token: str, delta: int, *, claim: bool = False,
+                    mode: str = "1") -> asyncio.Future[list[Reservation]]:
         """Count ``token`` in (1) or out (-1) of the waiters; with ``claim``, also take the jobs
-        a put handed to it while it waited (put.lua), which are its already."""
+        a put handed to it while it waited (put.lua), which are its already. ``mode`` (counting
+        in): "1" puts may hand it a job; "h" / "o" wake-ups only, for a connection that waits on
+        several shards (tubeq.shards; lua/includes/waiting.lua)."""
         now = self.clock()
-        return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0",
+        return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0", mode,
                           decode=lambda r: _reservations(r, now, self.metrics))
+
+    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
+        """(pri, created ms, id) of the job :meth:`reserve` would give ``token`` now, without
+        taking it; (-1, 0, 0) when a put handed it one; None when nothing is reservable."""
+        def decode(r: Any) -> tuple[int, int, int] | None:
+            return (int(r[0]), int(r[1]), int(r[2])) if r else None
+
+        return self._eval("best", token, decode=decode)
 
     def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
         """Where this process listens (``addr``, ``http``), for the dashboard's server list;
@@ -432,14 +453,17 @@ class Store:
         call.add_done_callback(discard)
 
     def disconnect(self, token: str, producer: bool, worker: bool,
-                   reserved: Sequence[int]) -> asyncio.Future[Reply]:
+                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
+        """``home``: :meth:`connect` counted the connection in this store (a split namespace's
+        other shards only saw its watches: tubeq.shards)."""
         return self._eval("disconnect", token, int(producer), int(worker), self.clock(),
-                          *reserved)
+                          int(home), *reserved)
 
     # -- time ---------------------------------------------------------------------------------
 
     def heartbeat(self) -> asyncio.Future[Reply]:
-        return self._eval("heartbeat", self.instance_id, self.clock())
+        return self._eval("heartbeat", self.instance_id, self.clock(),
+                          int(self.holds_default))
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
         return self._eval("reap", stale_before_ms, self.clock(), decode=int)

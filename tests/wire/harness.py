@@ -654,7 +654,9 @@ def id_label(run: Run, job_id: bytes, raw_id_base: str | None = None) -> str:
     if raw_id_base is not None:
         base = run.captured.get(raw_id_base)
         if base is not None:
-            return f"{raw_id_base}{value - int(base):+d}"
+            # A split namespace (tubeq --shards N) numbers a tube's jobs N apart.
+            stride = int(run.server.extra.get("shards", 1))
+            return f"{raw_id_base}{(value - int(base)) // stride:+d}"
     if value not in run.id_labels:
         run.id_labels[value] = f"#{len(run.id_labels) + 1}"
     return run.id_labels[value]

@@ -4,7 +4,9 @@ its waiting count, its watches and gauges are dropped (its process
 counts its use of a tube, see using.lua).
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, was
-         producer (0|1), was worker (0|1), now (ms), then the ids of the jobs it reserved
+         producer (0|1), was worker (0|1), now (ms), home (1: connect.lua counted it here; 0:
+         another shard of a split namespace, tubeq.shards, where it only watched tubes), then
+         the ids of the jobs it reserved
 Returns  the number of jobs released
 Events   'timed-out' per job given back, reason 'disconnect'; a job it held ends a try and
          its policies apply as on a TTR timeout (includes/policies.lua: backoff, max-tries,
@@ -17,8 +19,8 @@ Wakes    reserves blocked on each tube that got a job back
 --- @include "refs"
 --- @include "waiting"
 --- @include "policies"
-local inst, token, producer, worker, now =
-  EVENTS_BY, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local inst, token, producer, worker, now, home =
+  EVENTS_BY, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
 local ik = k_instance(inst)
 local released, woken = 0, {}
 -- `held`: the connection had the job (it ends a try); else a put handed it and it never knew.
@@ -35,7 +37,7 @@ local function give_back(id, held)
     if fate == 'ready' then woken[f[2]] = true end
   end
 end
-for i = 7, #ARGV do give_back(ARGV[i], true) end
+for i = 8, #ARGV do give_back(ARGV[i], true) end
 for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id, false) end
 rcall('DEL', k_handed(token))
 count_waiting(inst, token, -1)  -- normally done already, when its reserve stopped waiting
@@ -44,10 +46,12 @@ for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
   apply_watch('-w', t, token, ik, now)
   dropped[#dropped + 1] = t
 end
-rcall('SREM', k_instance_conns(inst), token)
-bump(ik, 'conns', -1)
-if producer > 0 then bump(ik, 'producers', -1) end
-if worker > 0 then bump(ik, 'workers', -1) end
+if home then
+  rcall('SREM', k_instance_conns(inst), token)
+  bump(ik, 'conns', -1)
+  if producer > 0 then bump(ik, 'producers', -1) end
+  if worker > 0 then bump(ik, 'workers', -1) end
+end
 for _, t in ipairs(dropped) do gc_tube(t) end
 for t in pairs(woken) do wake(t) end
 return released

@@ -1,11 +1,12 @@
 --[[ heartbeat: a tubeq process says it is alive (and, the first time, that it exists).
 KEYS[1]  namespace root
-ARGV     instance id, now (ms)
+ARGV     instance id, now (ms), holds default ('0': a shard of a split namespace that does
+         not hold tube 'default', tubeq.shards)
 Returns  1
 ]]
 --- @include "keys"
 --- @include "jobs"
 local inst, now = ARGV[1], tonumber(ARGV[2])
 rcall('ZADD', K_INSTANCES, now, inst)
-ensure_tube('default', now)
+if ARGV[3] ~= '0' then ensure_tube('default', now) end
 return 1

@@ -36,8 +36,9 @@ end
 local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 ensure_tube(t, now)
-local id = rcall('INCR', K_JOB_IDS)
+local id = next_job_id()
 local jk = k_job(id)
+stamp_put(jk)
 if delay_ms > 0 then
   local due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)

@@ -31,8 +31,9 @@ ensure_tube(t, now)
 -- The tube's ttl-ms applies to the tick's job as to any put; max-jobs does not: a tick is
 -- never dropped (protocol.md, schedule-add).
 local tube_ttl = tube_limits(t)[2]
-local id = rcall('INCR', K_JOB_IDS)
+local id = next_job_id()
 local jk = k_job(id)
+stamp_put(jk)
 if delay_ms > 0 then
   local job_due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr,

@@ -16,6 +16,6 @@ local dropped = {}
 for i = 4, #ARGV, 2 do
   if apply_watch(ARGV[i], ARGV[i + 1], token, ik, now) then dropped[#dropped + 1] = ARGV[i + 1] end
 end
-if waiting then count_waiting(inst, token, 1) end
+if waiting then count_waiting(inst, token, 1, waiting) end
 for _, t in ipairs(dropped) do gc_tube(t) end
 return 1

@@ -18,6 +18,8 @@ local function hand_over_in(t, now)
     end
   end
   if not token then return false end
+  -- It waits over several shards (tubeq.shards): it reserves the job itself once woken.
+  if rcall('HGET', K_WAITING, token) ~= '1' then return false end
   local entry = best_entry(token)
   if not entry then return false end  -- e.g. the tube is paused
   local job = take_entry(entry, token, now)

@@ -27,7 +27,10 @@ end
 local function ensure_tube(t, now)
   local tk = k_tube(t)
   if rcall('EXISTS', tk) == 0 then
-    rcall('HSET', tk, 'c', now)
+    -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
+    -- they were created (tubeq.shards, list-tubes); the shards' K_TUBES orders do not compare.
+    local clock = rcall('TIME')
+    rcall('HSET', tk, 'c', now, 'cu', clock[1] * 1000000 + clock[2])
     rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
     sync_limit_flag(t)  -- reserve limits: its settings outlived it
   end

@@ -10,12 +10,21 @@ end
 
 -- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches.
 -- Idempotent: counting in a connection already in, or out one already out (a put handed it a
--- job meanwhile), does nothing. Returns true when it changed something.
-local function count_waiting(inst, token, delta)
+-- job meanwhile), does nothing. Returns false when it changed nothing, else the mode it was
+-- counted in with: '1' (the default: puts hand it a job), or for a connection whose tubes span
+-- several shards of a namespace (tubeq.shards) 'h' or 'o': never handed a job, so no two
+-- shards hand one wait a job each ('h' in one shard, whose process gauge 'waiting' counts it,
+-- 'o' in the others). Such a connection still takes its turn in each tube's queue of waiters:
+-- a put whose first waiter it is hands the job to nobody and PUBLISHes the wake-up that makes
+-- it reserve, so it is served before the connections that started waiting after it.
+local function count_waiting(inst, token, delta, mode)
   if delta > 0 then
-    if rcall('HSETNX', K_WAITING, token, 1) == 0 then return false end
-  elseif rcall('HDEL', K_WAITING, token) == 0 then
-    return false
+    mode = mode or '1'
+    if rcall('HSETNX', K_WAITING, token, mode) == 0 then return false end
+  else
+    mode = rcall('HGET', K_WAITING, token)
+    if not mode then return false end
+    rcall('HDEL', K_WAITING, token)
   end
   local ik = k_instance(inst)
   local seq = delta > 0 and rcall('HINCRBY', K_SEQS, 'wait', 1)
@@ -28,8 +37,8 @@ local function count_waiting(inst, token, delta)
       rcall('ZREM', k_waiters(t), token)
     end
   end
-  bump(ik, 'waiting', delta)
-  return true
+  if mode ~= 'o' then bump(ik, 'waiting', delta) end
+  return mode
 end
 
 -- Take back the jobs put.lua handed to `token` that its process has not claimed yet: those
