@@ -525,8 +525,8 @@ def _workers(results: Results, runs: Runs) -> list[str]:
              "The 64x16 put and cycle loads against `tubeq --workers 1` and `tubeq --workers "
              "2` (a supervisor and two worker processes sharing the port through SO_REUSEPORT; "
              "the kernel spreads the 128 connections over them), each on a fresh private "
-             "Redis, events on, interleaved in their own pass. CPU %: every tubeq process "
-             "summed (the supervisor, then the workers) / redis-server.", ""]
+             "Redis, events on, interleaved in their own pass. CPU %: the tubeq processes "
+             "summed (the supervisor and its workers) / redis-server.", ""]
     rows = []
     for key in keys:
         cells = [key.removeprefix("workers ")]
