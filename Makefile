@@ -64,7 +64,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 
-# The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~14 min; writes
+# The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~15-16 min; writes
 # bench/RESULTS.md; then the pipeline section (bench-pipeline below), then the peers section
 # (bench-peers below). `make bench ARGS=--quick` is a development run of all three (bench/out/).
 BENCH_STAMP := $(VENV)/.bench-installed

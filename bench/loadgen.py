@@ -17,7 +17,8 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
               --producer-port sends the puts to another server process (tubeq on the same Redis
               and prefix) than the consumers' --port.
   many-tubes  cycle where producers `use` --tubes tubes round robin (a new tube every
-              --puts-per-use puts) and every consumer watches all of them.
+              --puts-per-use puts) and every consumer watches all of them; with --procs K the
+              K processes share those tubes (the only mode that does).
   backlog     put --backlog jobs first (no latency), report memory per queued job (VmRSS of every
               --server-pid, Redis used_memory with --redis-url), then, unless --jobs 0, a cycle
               on the same tubes at the same priority (consumers drain the oldest jobs first).
@@ -28,9 +29,10 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
 accepted. With --procs K the load is split over K generator processes, each on its own tubes
-(`<tube>-<index>`); each reports its own CPU, so a generator at ~100 % of a core shows that the
-generator, not the server, was the bottleneck. --server-pid label=PID (repeatable) adds those
-processes' CPU over the same window, and ``other_cores`` is what the rest of the machine used.
+(`<tube>-<index>`; many-tubes excepted); each reports its own CPU, so a generator at ~100 % of
+a core shows that the generator, not the server, was the bottleneck. --server-pid label=PID
+(repeatable) adds those processes' CPU over the same window, and ``other_cores`` is what the
+rest of the machine used.
 
 Output: a human summary on stderr and, with --json, one JSON object on stdout (bench/run.py
 reads it).
@@ -59,7 +61,8 @@ from typing import Any
 import uvloop
 
 from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
-from bench.redisinfo import redis_info
+from bench.profiling import redis_per_job
+from bench.redisinfo import command_stats, redis_command, redis_info
 
 MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog",
          "delayed-ms", "put-batch", "reserve-batch", "cycle-batch")  # batches: bench/batch_load.py
@@ -602,10 +605,14 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
                   for _ in range(conns)]
         return roles
     if spec.mode == "many-tubes":
-        tubes = [f"{tube}.{k}" for k in range(spec.tubes)]
+        # One set of tubes for every generator process: each consumer watches all of them (the
+        # scenario), and producer connection n of all starts at tube n * tubes / connections.
+        tubes = [f"{spec.tube}.{k}" for k in range(spec.tubes)]
+        before = sum(spec.share(spec.connections, j) for j in range(index))
         roles = [(Producer(state, tubes, spec.in_flight, spec.body_size, completes=False,
                            rtt=False, puts_per_use=spec.puts_per_use,
-                           first_tube=i * spec.tubes // max(conns, 1)), port)
+                           first_tube=(before + i) * spec.tubes // max(spec.connections, 1)),
+                  port)
                  for i in range(conns)]
         roles += [(Consumer(state, tubes, spec.in_flight, completes_on=b"DELETED"), port)
                   for _ in range(conns)]
@@ -747,9 +754,12 @@ class LoadResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_load(spec: LoadSpec, server_pids: dict[str, int]) -> LoadResult:
+def run_load(spec: LoadSpec, server_pids: dict[str, int],
+             redis_url: str | None = None) -> LoadResult:
     """Run ``spec`` in ``spec.procs`` generator processes; CPU of ``server_pids`` (label -> PID)
-    and of the generators is taken over the measurement window."""
+    and of the generators is taken over the measurement window. With ``redis_url`` (a private
+    Redis the caller started) its INFO commandstats are reset when the window starts and read
+    when it ends: ``extra["redis"]`` is Redis's command time per job counted in the window."""
     context = multiprocessing.get_context("fork")
     pipes: list[multiprocessing.connection.Connection] = []
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -761,7 +771,7 @@ def run_load(spec: LoadSpec, server_pids: dict[str, int]) -> LoadResult:
         pipes.append(ours)
         processes.append(process)
     try:
-        return _coordinate(spec, server_pids, pipes, processes)
+        return _coordinate(spec, server_pids, pipes, processes, redis_url)
     finally:
         for child in processes:
             child.join(5.0)
@@ -781,7 +791,8 @@ def _receive(pipe: multiprocessing.connection.Connection, timeout: float) -> tup
 
 def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
                 pipes: list[multiprocessing.connection.Connection],
-                processes: list[multiprocessing.process.BaseProcess]) -> LoadResult:
+                processes: list[multiprocessing.process.BaseProcess],
+                redis_url: str | None = None) -> LoadResult:
     setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + 5
     for pipe in pipes:
         _receive(pipe, setup_deadline - time.monotonic())
@@ -795,7 +806,10 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
         pipe.send(("go", go_at))
     window_start = go_at + spec.warmup
     time.sleep(max(0.0, window_start - time.monotonic()))
+    if redis_url is not None:
+        redis_command(redis_url, "CONFIG", "RESETSTAT")
     cpu_start = CpuSnapshot.take(watched)
+    redis_stats: dict[str, dict[str, float]] | None = None
     hard_deadline = go_at + spec.time_limit + 10
     window_end = window_start + spec.seconds if spec.seconds is not None else hard_deadline
     results: dict[int, ProcessResult] = {}
@@ -804,6 +818,8 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
         now = time.monotonic()
         if cpu_end is None and now >= window_end:
             cpu_end = CpuSnapshot.take(watched)
+            if redis_url is not None:
+                redis_stats = command_stats(redis_url)
         if now >= hard_deadline:
             raise TimeoutError("generator processes did not report before the hard deadline")
         waiting = [p for i, p in enumerate(pipes) if i not in results]
@@ -815,8 +831,13 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
             results[pipes.index(ready_pipe)] = result
     if cpu_end is None:
         cpu_end = CpuSnapshot.take(watched)
-    return _merge(spec, [results[i] for i in range(len(pipes))],
-                  CpuWindow.between(cpu_start, cpu_end), window_start)
+        if redis_url is not None:
+            redis_stats = command_stats(redis_url)
+    merged = _merge(spec, [results[i] for i in range(len(pipes))],
+                    CpuWindow.between(cpu_start, cpu_end), window_start)
+    if redis_stats is not None:
+        merged.extra["redis"] = redis_per_job(redis_stats, merged.counted)
+    return merged
 
 
 def _merge(spec: LoadSpec, parts: list[ProcessResult], cpu: CpuWindow,
@@ -934,7 +955,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="hard bound on the load; reaching it fails the run")
     p.add_argument("--procs", type=int, default=1, help="generator processes")
     p.add_argument("--tube", default="bench", help="tube name prefix")
-    p.add_argument("--tubes", type=int, default=1, help="many-tubes: tubes per process")
+    p.add_argument("--tubes", type=int, default=1,
+                   help="many-tubes: tubes (shared by all processes)")
     p.add_argument("--puts-per-use", type=int, default=1,
                    help="many-tubes: puts to one tube before the producer uses the next")
     p.add_argument("--rate", type=float, default=1000.0, help="delayed: puts per second")

@@ -132,12 +132,39 @@ class Runs:
     def other_cores(self, row: str, server: str) -> float | None:
         return _median(r["result"]["other_cores"] for r in self.of(row, server))
 
+    def per_job_us(self, row: str, server: str,
+                   cpu_pct: Callable[[dict[str, Any]], float | None]) -> float | None:
+        """Median over the row's ok runs of ``cpu_pct(result)`` (% of a core) per job, in us."""
+        per_run = []
+        for r in self.ok(row, server):
+            pct = cpu_pct(r)
+            if pct is not None and r["jobs_per_s"] > 0:
+                per_run.append(pct / 100.0 / r["jobs_per_s"] * 1e6)
+        return _median(per_run)
+
+    def redis_command_us(self, row: str, server: str) -> float | None:
+        """Median of Redis's own command time per job in the window (top-level commands)."""
+        return _median(r["extra"]["redis"].get("top_level_usec_per_job")
+                       for r in self.ok(row, server)
+                       if r.get("extra", {}).get("redis"))
+
     def server_cpu_cell(self, row: str, server: str) -> str:
         if server == "beanstalkd":
             return _pct(self.cpu(row, server, "beanstalkd"))
         tubeq = [self.cpu(row, server, label) for label in ("tubeq", "tubeq2")]
         parts = "+".join(_pct(v) for v in tubeq if v is not None) or "n/a"
         return f"{parts} / {_pct(self.cpu(row, server, 'redis'))}"
+
+
+def tubeq_cpu_pct(result: dict[str, Any]) -> float | None:
+    """CPU % of every tubeq process of a run (a --workers supervisor and its workers)."""
+    values = [v for k, v in result["cpu_pct"].items() if k.startswith("tubeq")]
+    return None if not values or None in values else sum(values)
+
+
+def redis_cpu_pct(result: dict[str, Any]) -> float | None:
+    value: float | None = result["cpu_pct"].get("redis")
+    return value
 
 
 def _noise(runs: Runs, row: str, servers: Sequence[str]) -> str:
@@ -299,17 +326,29 @@ def _wake(runs: Runs) -> list[str]:
     return lines + _table(["server", "p50", "p99", "max", "CPU %", "other cores"], rows)
 
 
+MANY_TUBES_64 = "64x16, 100 tubes"
+MANY_TUBES_64_BASE = "64x16, 1 tube"
+# Issue 13 part 4: the 64x16 load over 100 tubes keeps at least this share of its 1-tube rate.
+MANY_TUBES_64_TARGET = 0.7
+
+
 def _many_tubes(results: Results, runs: Runs) -> list[str]:
     lines = ["## 4. Reserve across many watched tubes", "",
-             "8 producer connections put round robin over T tubes (a `use` before every put, as "
-             "in perf-baseline.md section 5, unless the row says otherwise); 8 consumer "
-             "connections each watch all T tubes; 16 commands in flight per connection. "
-             "\"vs 1 tube\" compares each server with itself.", ""]
+             "Rows `T tubes`: 8 producer connections put round robin over T tubes (a `use` "
+             "before every put, as in perf-baseline.md section 5, unless the row says "
+             "otherwise); 8 consumer connections each watch all T tubes; 16 commands in flight "
+             "per connection. Rows `64x16, ...` (issue 13): 64 producer connections, each "
+             "sending `use` of the next of the 100 tubes before every put (each starts at its "
+             "own tube), and 64 consumers watching all 100; 16 in flight each; 2 generator "
+             "processes sharing the tubes. \"vs 1 tube\" compares each server with itself, "
+             "against the `1 tube` row of the same set (the 64x16 set's is the same load on "
+             f"one tube); issue 13's target: tubeq >= {MANY_TUBES_64_TARGET}x.", ""]
     keys = list(dict.fromkeys(r["row"] for r in results["runs"]
                               if r["scenario"] == "many-tubes"))
-    base_b, base_t = runs.rate("1 tube", "beanstalkd"), runs.rate("1 tube", "tubeq")
     rows = []
     for key in keys:
+        base = MANY_TUBES_64_BASE if key.startswith("64x16") else "1 tube"
+        base_b, base_t = runs.rate(base, "beanstalkd"), runs.rate(base, "tubeq")
         rate_b, rate_t = runs.rate(key, "beanstalkd"), runs.rate(key, "tubeq")
         lat_t = runs.latency(key, "tubeq")
         rows.append([key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
@@ -321,9 +360,19 @@ def _many_tubes(results: Results, runs: Runs) -> list[str]:
                      f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / "
                      f"{_rate(runs.us_per_job(key, 'tubeq'))}",
                      _noise(runs, key, ("beanstalkd", "tubeq"))])
-    return lines + _table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
-                           "beanstalkd vs 1 tube", "tubeq vs 1 tube", "tubeq latency p50/p99",
-                           "CPU %", "us/job b / t", "other cores b / t"], rows)
+    lines += _table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                     "beanstalkd vs 1 tube", "tubeq vs 1 tube", "tubeq latency p50/p99",
+                     "CPU %", "us/job b / t", "other cores b / t"], rows)
+    if MANY_TUBES_64 in keys:
+        cells = []
+        for server in ("beanstalkd", "tubeq"):
+            ratio = _ratio(runs.rate(MANY_TUBES_64, server), runs.rate("cycle 64x16 100B",
+                                                                        server))
+            cells.append(f"{server} {_x(ratio)}")
+        lines += ["The 100-tube 64x16 row against section 1's `cycle 64x16 100B` instead (the "
+                  "same connections, but each generator process on a tube of its own, measured "
+                  "in another pass): " + ", ".join(cells) + ".", ""]
+    return lines
 
 
 def _events(results: Results, runs: Runs) -> list[str]:
@@ -375,6 +424,121 @@ def _metrics(results: Results, runs: Runs) -> list[str]:
     return lines + _table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
                            "latency on", "latency off", "CPU % tubeq / redis, on vs off",
                            "us/job on / off", "other cores on / off"], rows)
+
+
+# Issue 13 part 2, targets set for the Intel Xeon machine: CPU microseconds per job.
+CPU_TARGETS_US = {("put", "tubeq"): 7.0, ("put", "redis"): 7.0, ("cycle", "redis"): 22.0}
+# (row key, server, what the row is) of the CPU per job table, in order.
+CPU_ROWS = (
+    ("{load} 64x16 100B", "tubeq", "events on (section 1)"),
+    ("events {load} 64x16 100B", "tubeq", "events on (section 4b pass)"),
+    ("events {load} 64x16 100B", "tubeq events off", "events off (section 4b pass)"),
+    ("workers {load} 64x16 100B", "tubeq --workers 1", "--workers 1, events on (4e)"),
+    ("workers {load} 64x16 100B", "tubeq --workers 2", "--workers 2, events on (4e)"),
+)
+
+
+def _judged(value: float | None, load: str, part: str) -> str:
+    target = CPU_TARGETS_US.get((load, part))
+    if value is None:
+        return "n/a"
+    cell = f"{value:.1f}"
+    if target is None:
+        return cell
+    return f"{cell} ({'met' if value <= target else '**missed**'})"
+
+
+def cpu_per_job(runs: Runs, load: str) -> list[tuple[str, str, dict[str, float | None]]]:
+    """(row, server, figures) for the CPU per job table's rows of ``load`` (put or cycle)."""
+    out = []
+    for pattern, server, _ in CPU_ROWS:
+        key = pattern.format(load=load)
+        if not runs.ok(key, server):
+            continue
+        out.append((key, server, {
+            "jobs_per_s": runs.rate(key, server),
+            "tubeq": runs.per_job_us(key, server, tubeq_cpu_pct),
+            "redis": runs.per_job_us(key, server, redis_cpu_pct),
+            "redis_commands": runs.redis_command_us(key, server),
+        }))
+    return out
+
+
+def _cpu_per_job(results: Results, runs: Runs) -> list[str]:
+    """Issue 13 part 2: CPU per put and per cycle, tubeq and Redis, against the targets."""
+    if not any(r["row"].startswith("events ") for r in results["runs"]) and \
+            not runs.ok("put 64x16 100B", "tubeq"):
+        return []
+    model = cpu_model_of(results)
+    lines = ["## 4d. CPU per job: tubeq and Redis, put and cycle 64x16 (issue 13)", "",
+             f"CPU model: **{model}**. Targets (issue 13, set for the Intel Xeon machine): "
+             "Redis <= 7 us per put and <= 22 us per cycle, tubeq <= 7 us per put (with "
+             "lifecycle events off; with them on, the pipeline issue's bound applies on top). "
+             "Each figure is the median over the row's repetitions of (CPU % of one core over "
+             "the measurement window / jobs per second): `tubeq` sums every tubeq process "
+             "(a --workers supervisor and its workers), `Redis CPU` is the redis-server "
+             "process (/proc/PID/stat: command execution plus the event loop, socket reads and "
+             "writes), `Redis commands` is Redis's own command time in the same window (INFO "
+             "commandstats reset at the window's start: the script calls, each including the "
+             "commands it runs, counted once). Redis times a command by the wall clock, so "
+             "when redis-server is preempted mid-command (a busy machine) that figure exceeds "
+             "its CPU; the targets are judged on the process CPU. A cycle is put + reserve + "
+             "delete, counted at DELETED; the Redis time of puts the consumers had not caught "
+             "up with is in it. "
+             f"beanstalkd, for reference: {_rate_us(runs, 'put 64x16 100B')} us per put, "
+             f"{_rate_us(runs, 'cycle 64x16 100B')} us per cycle (section 1, its process CPU).",
+             ""]
+    if "Intel" not in model:
+        lines += [f"> The targets were set on an Intel Xeon machine; this run is on {model}, "
+                  "so met / missed below compares figures from different CPUs.", ""]
+    rows = []
+    for load in ("put", "cycle"):
+        for key, server, fig in cpu_per_job(runs, load):
+            label = next(what for pattern, srv, what in CPU_ROWS
+                         if pattern.format(load=load) == key and srv == server)
+            total = None if fig["tubeq"] is None or fig["redis"] is None else \
+                fig["tubeq"] + fig["redis"]
+            rows.append([f"{load} 64x16 100B", label, _rate(fig["jobs_per_s"]),
+                         _judged(fig["tubeq"], load, "tubeq"),
+                         _judged(fig["redis"], load, "redis"),
+                         "n/a" if fig["redis_commands"] is None
+                         else f"{fig['redis_commands']:.1f}",
+                         "n/a" if total is None else f"{total:.1f}",
+                         _noise(runs, key, (server,))])
+    return lines + _table(["load", "tubeq", "jobs/s", "tubeq CPU us/job", "Redis CPU us/job",
+                           "Redis commands us/job", "tubeq + Redis us/job", "other cores"],
+                          rows)
+
+
+def _rate_us(runs: Runs, key: str) -> str:
+    value = runs.us_per_job(key, "beanstalkd")
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def _workers(results: Results, runs: Runs) -> list[str]:
+    """Issue 13 part 3: one tubeq process against `--workers 2`, one Redis."""
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "workers"))
+    if not keys:
+        return []
+    one, two = "tubeq --workers 1", "tubeq --workers 2"
+    lines = ["## 4e. One tubeq process or two (`--workers 2`), on one Redis (issue 13)", "",
+             "The 64x16 put and cycle loads against `tubeq --workers 1` and `tubeq --workers "
+             "2` (a supervisor and two worker processes sharing the port through SO_REUSEPORT; "
+             "the kernel spreads the 128 connections over them), each on a fresh private "
+             "Redis, events on, interleaved in their own pass. CPU %: the tubeq processes "
+             "summed (the supervisor and its workers) / redis-server.", ""]
+    rows = []
+    for key in keys:
+        cells = [key.removeprefix("workers ")]
+        for server in (one, two):
+            tubeq = _median(tubeq_cpu_pct(r) for r in runs.ok(key, server))
+            cells += [runs.rate_cell(key, server),
+                      f"{_pct(tubeq)} / {_pct(runs.cpu(key, server, 'redis'))}"]
+        cells += [f"**{_x(_ratio(runs.rate(key, two), runs.rate(key, one)))}**",
+                  _noise(runs, key, (one, two))]
+        rows.append(cells)
+    return lines + _table(["row", "1 worker jobs/s", "CPU % tubeq / redis", "2 workers jobs/s",
+                           "CPU % tubeq / redis", "2 / 1", "other cores 1 / 2"], rows)
 
 
 def _bytes(v: float | None) -> str:
@@ -485,7 +649,12 @@ def _profiles(results: Results) -> list[str]:
                   f"other {result['other_cores']:.2f} cores.", ""]
         if redis:
             by_command = redis["by_command"][:6]
-            lines += [f"Redis: {redis['total_usec_per_job']} us and "
+            top = redis.get("top_level_usec_per_job")
+            head = (f"{top} us of command time per job (script calls, which include the "
+                    "commands they run; the list below counts those inner commands again, "
+                    f"{redis['total_usec_per_job']} us summed)" if top is not None
+                    else f"{redis['total_usec_per_job']} us")
+            lines += [f"Redis: {head} and "
                       f"{redis['total_calls_per_job']} calls per job: "
                       + "; ".join(f"`{name}` {calls} calls, {usec} us" for name, calls, usec
                                   in by_command) + ".", ""]
@@ -548,6 +717,27 @@ def targets(results: Results, runs: Runs) -> list[Target]:
     tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
     out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
                 None if tubes is None else tubes >= 0.8, "many-tubes, tubeq"))
+    if runs.of(MANY_TUBES_64, "tubeq"):  # issue 13 part 4
+        kept = _ratio(runs.rate(MANY_TUBES_64, "tubeq"), runs.rate(MANY_TUBES_64_BASE, "tubeq"))
+        own_b = _ratio(runs.rate(MANY_TUBES_64, "beanstalkd"),
+                       runs.rate(MANY_TUBES_64_BASE, "beanstalkd"))
+        out.append((f"64x16 cycles over 100 tubes (a `use` before every put) >= "
+                    f"{MANY_TUBES_64_TARGET}x tubeq's own 64x16 on 1 tube",
+                    f"{_x(kept)} (beanstalkd: {_x(own_b)} of its own)",
+                    None if kept is None else kept >= MANY_TUBES_64_TARGET,
+                    f"{MANY_TUBES_64}, tubeq"))
+    for load, part, label in (("put", "tubeq", "tubeq CPU per put"),
+                              ("put", "redis", "Redis CPU per put"),
+                              ("cycle", "redis", "Redis CPU per cycle")):
+        key = f"events {load} 64x16 100B"
+        if not runs.of(key, "tubeq events off"):
+            continue
+        value = runs.per_job_us(key, "tubeq events off",
+                                tubeq_cpu_pct if part == "tubeq" else redis_cpu_pct)
+        target = CPU_TARGETS_US[(load, part)]
+        out.append((f"{label} <= {target:g} us (64x16, events off; set for Intel Xeon)",
+                    "n/a" if value is None else f"{value:.1f} us",
+                    None if value is None else value <= target, f"{key}, tubeq events off"))
     section = results.get("backlog") or {}
     sizes = [s for s in section.get("sizes", []) if s]
     if sizes:
@@ -579,7 +769,7 @@ def targets(results: Results, runs: Runs) -> list[Target]:
 def _targets(results: Results, runs: Runs) -> list[str]:
     rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
              basis] for label, measured, met, basis in targets(results, runs)]
-    return ["## Targets of issues 4, 8 and 9 (measured in this run)", "",
+    return ["## Targets of issues 4, 8, 9 and 13 (measured in this run)", "",
             *_table(["target", "measured", "", "row"], rows),
             "Why each missed target is missed, and the change its profile points to: section 7.",
             ""]
@@ -655,6 +845,8 @@ def render(results: Results) -> str:
         lambda: _many_tubes(results, runs),
         lambda: _events(results, runs),
         lambda: _metrics(results, runs),
+        lambda: _cpu_per_job(results, runs),
+        lambda: _workers(results, runs),
         lambda: _batches(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),

@@ -1,9 +1,11 @@
 """The benchmark of issue 4: beanstalkd and tubeq under the same loads in one run -> RESULTS.md.
 
-    make bench                                   the full run (~14 min on the 2-core machine)
+    make bench                                   the full run (~15-16 min on the 2-core machine)
     .venv/bin/python -m bench.run --quick        1 repetition, small counts (~2 min)
     .venv/bin/python -m bench.run --render bench/out/results-<stamp>.json   re-render only
     .venv/bin/python -m bench.run --only metrics   the metrics on/off rows alone (~2 min)
+    .venv/bin/python -m bench.run --quick --only cpu   the CPU per job table's rows alone
+                                                 (also: many-tubes, workers)
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
 server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
@@ -82,6 +84,14 @@ EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
 # listener, no slow-command tracking either); both with events on, as the other tubeq rows.
 METRICS_ON = ("--metrics", "127.0.0.1:0")
 METRICS_OFF = ("--slow-ms", "0")
+# Issue 13 part 3: the EVENTS_COMPARED rows on one Redis, one tubeq process against
+# `tubeq --workers 2` (two processes on one port, SO_REUSEPORT), both with events on.
+WORKERS_1 = "tubeq --workers 1"
+WORKERS_2 = "tubeq --workers 2"
+# Issue 13 part 4: 64 producers `use` one of 100 tubes before every put, 64 consumers watch all
+# 100, 16 in flight each; judged against the same load on one tube, in the same pass.
+MANY_TUBES_64 = "64x16, 100 tubes"
+MANY_TUBES_64_BASE = "64x16, 1 tube"
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ FULL = Scale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.
              delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
              backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
              profile_s=4.0,
-             budget_s=13 * 60)
+             budget_s=14.5 * 60)  # issue 13 added ~1.5 min of rows before the backlog
 QUICK = Scale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
               delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
               memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
@@ -138,6 +148,10 @@ def make_server(kind: str, log_dir: Path, code_dir: Path,
         return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
     if kind == "tubeq metrics off":
         return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
+    if kind == WORKERS_1:
+        return Tubeq(log_dir, code_dir=code_dir, flags=(*flags, "--workers", "1"))
+    if kind == WORKERS_2:
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags, workers=2)
     raise ValueError(kind)
 
 
@@ -181,6 +195,10 @@ def wake_row(scale: Scale) -> Row:
 
 
 def many_tube_rows(scale: Scale) -> list[Row]:
+    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair: 64
+    producer connections (2 generator processes, as the 64-connection rows of section 1) that
+    each `use` the next of 100 tubes before every put, 64 consumers that watch all 100 (the
+    processes share the tubes), and the same load on 1 tube as its reference."""
     rows = []
     for tubes, puts_per_use in ((1, 1), (10, 1), (100, 1), (1000, 1), (100, 16)):
         spec = LoadSpec(mode="many-tubes", port=0, connections=8, in_flight=16, tubes=tubes,
@@ -189,6 +207,11 @@ def many_tube_rows(scale: Scale) -> list[Row]:
                         time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
         suffix = "" if puts_per_use == 1 else f", use every {puts_per_use} puts"
         rows.append(Row("many-tubes", f"{tubes} tube{'s' if tubes > 1 else ''}{suffix}", spec))
+    for key, tubes in ((MANY_TUBES_64_BASE, 1), (MANY_TUBES_64, 100)):
+        spec = LoadSpec(mode="many-tubes", port=0, connections=64, in_flight=16, tubes=tubes,
+                        jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
+                        procs=2, time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+        rows.append(Row("many-tubes", key, spec))
     return rows
 
 
@@ -207,8 +230,15 @@ def metrics_rows(scale: Scale) -> list[Row]:
                 ("tubeq metrics on", "tubeq metrics off")) for key in EVENTS_COMPARED]
 
 
+def workers_rows(scale: Scale) -> list[Row]:
+    """The rows of EVENTS_COMPARED on one tubeq process and on ``--workers 2`` (one Redis)."""
+    by_key = {r.key: r for r in throughput_rows(scale)}
+    return [Row("workers", f"workers {key}", by_key[key].spec, (WORKERS_1, WORKERS_2))
+            for key in EVENTS_COMPARED]
+
+
 PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
-                 "100 tubes")
+                 "100 tubes", MANY_TUBES_64)
 
 
 def backlog_cycle_spec(scale: Scale) -> LoadSpec:
@@ -257,7 +287,7 @@ class Bench:
             server.start()
             quiet = self.quiet()
             spec = replace(row.spec, port=server.port, producer_port=server.producer_port)
-            result = run_load(spec, server.pids)
+            result = run_load(spec, server.pids, server.redis_url)
         except Exception as exc:  # one broken run must not lose the others
             self.log(f"{row.key} {kind} rep {rep}: ERROR {exc!r}")
             self.notes.append(f"{row.key}, {kind}, repetition {rep}: the run failed: {exc!r}")
@@ -530,8 +560,9 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     if source_fingerprint(bench.code_dir) != fingerprint:
         raise RuntimeError("tubeq/ changed while it was being copied; run again")
     log(f"bench: {scale.name} run, logs in {bench.log_dir.relative_to(REPO_ROOT)}")
-    if only == "metrics":
-        bench.interleaved(metrics_rows(scale))
+    if only is not None:
+        for rows in ONLY[only](scale):
+            bench.interleaved(rows)
         return _finish(bench, scale, started_at, machine, fingerprint, output, {}, {}, [], {},
                        committed=committed)
     bench.interleaved(throughput_rows(scale))
@@ -540,6 +571,7 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     bench.interleaved(tube_rows)
     bench.interleaved(events_rows(scale))
     bench.interleaved(metrics_rows(scale))
+    bench.interleaved(workers_rows(scale))
     # batches (issue 10): tubeq's put-many / reserve-many / delete-many rows, then consume()
     # deleting in batches (bench/batch_bench.py)
     from bench import batch_bench
@@ -552,6 +584,20 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     backlog = bench.backlog(reserve_s=15.0)
     return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
                    profiles, idle_connections, batches_consume, committed)
+
+
+def _main_64x16_rows(scale: Scale) -> list[Row]:
+    return [r for r in throughput_rows(scale) if r.key in EVENTS_COMPARED]
+
+
+# `--only NAME`: some passes alone, for development (bench/out/, never RESULTS.md).
+ONLY: dict[str, Callable[[Scale], list[list[Row]]]] = {
+    "metrics": lambda scale: [metrics_rows(scale)],
+    "many-tubes": lambda scale: [[r for r in many_tube_rows(scale)
+                                  if r.key in (MANY_TUBES_64_BASE, MANY_TUBES_64)]],
+    "workers": lambda scale: [workers_rows(scale)],
+    "cpu": lambda scale: [_main_64x16_rows(scale), events_rows(scale), workers_rows(scale)],
+}
 
 
 def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
@@ -594,8 +640,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="1 repetition, small counts (development); writes bench/out/")
     p.add_argument("--output", type=Path, default=None,
                    help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
-    p.add_argument("--only", choices=["metrics"], default=None,
-                   help="run one pass alone (the metrics on/off rows); writes bench/out/")
+    p.add_argument("--only", choices=sorted(ONLY), default=None,
+                   help="run some passes alone: metrics (on/off rows), many-tubes (the 64x16 "
+                        "pair), workers (1 vs 2), cpu (the 64x16 put and cycle rows, events "
+                        "on/off, workers: the CPU per job table); writes bench/out/")
     p.add_argument("--repetitions", type=int, default=None, metavar="N",
                    help="repetitions per row instead of the scale's (3 full, 1 quick)")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",

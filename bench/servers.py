@@ -131,6 +131,8 @@ class Tubeq:
     process), so a producer and its consumers are on different processes when there are two.
     ``code_dir`` holds the ``tubeq`` package that runs; ``flags`` are added to each process's
     command line (none: tubeq's defaults with ``--redis``, lifecycle events off).
+    ``workers`` > 1 starts each process as ``tubeq --workers N`` (a supervisor and N workers on
+    one port); ``start`` returns once all N listen, and ``pids`` names the workers too.
     """
 
     log_dir: Path
@@ -143,6 +145,8 @@ class Tubeq:
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(3))
     name: str = "tubeq"
     flags: tuple[str, ...] = ()
+    workers: int = 1
+    worker_pids: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -165,9 +169,13 @@ class Tubeq:
             command = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
                        "--redis", self.redis.url, "--prefix", self.prefix,
                        "--log-level", "warning", *self.flags]
+            if self.workers > 1:
+                command += ["--workers", str(self.workers)]
             try:
                 proc = _spawn(command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
                               env=env, cwd=self.code_dir)
+                if self.workers > 1:
+                    self.worker_pids += _wait_for_workers(proc, port, self.workers)
             except ServerStartError:
                 if attempt == PORT_ATTEMPTS - 1:
                     raise
@@ -183,7 +191,8 @@ class Tubeq:
         """CPU labels: ``tubeq`` (and ``tubeq2``...) and ``redis``."""
         assert self.redis is not None and self.redis.proc is not None
         labels = {("tubeq" if i == 0 else f"tubeq{i + 1}"): p.pid for i, p in enumerate(self.procs)}
-        return {**labels, "redis": self.redis.proc.pid}
+        workers = {f"tubeq worker{i + 1}": pid for i, pid in enumerate(self.worker_pids)}
+        return {**labels, **workers, "redis": self.redis.proc.pid}
 
     @property
     def memory_pids(self) -> dict[str, int]:
@@ -199,8 +208,9 @@ class Tubeq:
 
     def stop(self) -> None:
         for proc in self.procs:
-            _stop_pid(proc)
+            _stop_pid(proc)  # a supervisor stops its workers (and they die with it)
         self.procs.clear()
+        self.worker_pids.clear()
         if self.redis is not None:
             self.redis.stop()
             shutil.rmtree(self.redis.data_dir, ignore_errors=True)
@@ -208,6 +218,43 @@ class Tubeq:
 
 
 Server = Beanstalkd | Tubeq
+
+
+def _listening_sockets(port: int) -> int:
+    """How many IPv4 sockets listen on ``port`` (SO_REUSEPORT: one per worker)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        fields = (line.split() for line in f)
+        return sum(1 for row in fields
+                   if int(row[1].rsplit(":", 1)[1], 16) == port and row[3] == "0A")
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        if int(raw[raw.rindex(b")") + 2:].split()[1]) == pid:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _wait_for_workers(proc: subprocess.Popen[bytes], port: int, count: int) -> list[int]:
+    """Wait until ``count`` workers of the supervisor ``proc`` listen on ``port``; their PIDs."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        children = _children(proc.pid)
+        if len(children) >= count and _listening_sockets(port) >= count:
+            return children
+        time.sleep(0.05)
+    _stop_pid(proc)
+    raise ServerStartError(f"tubeq --workers {count} on port {port}: the workers did not all "
+                           "listen in time")
 
 
 def snapshot_tubeq(destination: Path) -> Path:

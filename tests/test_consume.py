@@ -292,3 +292,37 @@ async def _delete_all(admin: Client, tube: str) -> None:
         except NotFound:
             return
         await admin.delete(job.id)
+
+
+# A reserve timeout far beyond the test's own bound (WAIT_S): a delete queued behind a waiting
+# reserve on beanstalkd is answered only when that reserve ends, i.e. after RESERVE_WAIT_S.
+RESERVE_WAIT_S = 30
+
+
+async def test_acks_are_not_held_behind_a_waiting_reserve(client_beanstalkd: ServerProcess,
+                                                          tube_name: str) -> None:
+    """beanstalkd answers a connection's commands in order: every delete of a drained queue is
+    answered while the reserve timeout (30 s) is far from over, so no reserve was waiting in
+    front of it. The old consumer sent its waiting reserve again right after each job came and
+    before the job's delete, so the last deletes of the queue waited the full 30 s."""
+    assert WAIT_S < RESERVE_WAIT_S / 2
+    total = 12
+    async with connected(*client_beanstalkd.address, tube_name) as admin:
+        for i in range(total):
+            await admin.put(b"%d" % i)
+        deleted: list[int] = []
+        async with Client(*client_beanstalkd.address) as client:
+            consumer = client.consume(tube_name, concurrency=4, connections=1,
+                                      reserve_timeout=RESERVE_WAIT_S)
+            async with asyncio.timeout(WAIT_S), consumer as jobs:
+                async for job in jobs:
+                    async with job:  # ends once the delete was answered
+                        pass
+                    deleted.append(job.id)
+                    if len(deleted) == total:
+                        jobs.stop()
+                assert jobs.modes == ["reserve"]
+        assert len(deleted) == total
+        stats = await admin.stats_tube(tube_name)
+        assert (stats["cmd-delete"], stats["current-jobs-ready"],
+                stats["current-jobs-reserved"]) == (total, 0, 0)

@@ -163,10 +163,12 @@ async def test_reserve_only_from_watched_tubes(env: Env) -> None:
     assert await env.store.reserve(ALICE) == NoJob()
 
 
-@pytest.mark.parametrize("unwatched_ready", [0, 60])
+@pytest.mark.parametrize("unwatched_ready", [0, 1, 5, 35, 60])
 async def test_reserve_across_many_watched_tubes(env: Env, unwatched_ready: int) -> None:
-    # 40 watched tubes: reserve walks the ready-tube index (falling back to per-tube lookups
-    # when the index is crowded with tubes the connection does not watch).
+    # 40 watched tubes: reserve walks the ready-tube index, its head alone and then pages of
+    # 32 (0: found at the head; 1 and 5: on the second page; 35: on the third), falling back
+    # to per-tube lookups when the index is crowded with tubes the connection does not watch
+    # (60: more than the 40 it watches).
     await env.store.change_watches(ALICE, [("+w", f"t{i}") for i in range(40)])
     for i in range(unwatched_ready):
         await env.put(f"other{i}", 0)

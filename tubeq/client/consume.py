@@ -82,6 +82,16 @@ class _Lane:
     subscribed: bool = False
     # batches: the deletes of jobs that succeeded, waiting for the end of the loop tick
     acks: list[tuple[Job, asyncio.Future[bool]]] = field(default_factory=list)
+    # pipelined reserves: reserves sent and not answered yet, and whoever waits for a held job
+    # of this lane to be settled (see Consumer._reserve_pipelined)
+    asking: int = 0
+    settle_waiters: set[asyncio.Future[None]] = field(default_factory=set)
+
+    def wake_settle_waiters(self) -> None:
+        for waiter in self.settle_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.settle_waiters.clear()
 
 
 @dataclass(eq=False)
@@ -142,8 +152,11 @@ class Consumer:
     server with the push extension (tubeq) then sends ready jobs as they come, with no round
     trip per job; one answering UNKNOWN_COMMAND (beanstalkd) gets pipelined reserves instead:
     one ``reserve-with-timeout reserve_timeout`` that waits, plus ``reserve-with-timeout 0``
-    for the rest of the connection's share while jobs keep coming, so at most one reserve per
-    connection ever blocks the deletes and touches queued behind it. ``push=True`` requires the
+    for the rest of the connection's share while jobs keep coming. Such a server answers a
+    connection's commands in order, and only the connection that reserved a job may delete it,
+    so a waiting reserve would hold back every delete, touch or release sent behind it: the
+    waiting reserve is sent only while the connection holds no job (see
+    ``_reserve_pipelined``). ``push=True`` requires the
     extension (UnknownCommand is raised from the iteration otherwise); ``push=False`` never asks.
     A lost connection is reopened with backoff; the jobs it held went back to the server.
 
@@ -438,12 +451,28 @@ class Consumer:
             self._take(job, lane, uses_slot=True)
 
     async def _reserve_pipelined(self, lane: _Lane) -> None:
-        """``lane.share`` reservers on one connection; only the first one's reserve may block.
+        """``lane.share`` reservers on one connection; only the first one's reserve may wait.
 
-        The first waits ``reserve_timeout`` s for a job and loops. When it gets one, jobs are
-        coming: the others ask with timeout 0 (answered at once) until one times out, then wait
-        for the first to see work again. Each reserver takes a slot before asking, so held jobs
-        plus reserves in flight never exceed the share.
+        The first asks for a job and loops; when it gets one, jobs are coming: the others ask
+        with timeout 0 (answered at once) until one times out, then wait for the first to see
+        work again. Each reserver takes a slot before asking, so held jobs plus reserves in
+        flight never exceed the share.
+
+        The first one's reserve waits (``reserve_timeout`` s) only while the connection holds
+        no job and has no other reserve in flight: the server answers in order, so a delete sent
+        behind a waiting reserve is answered only when that reserve ends (up to the timeout;
+        the last deletes of a drained queue did wait that long). A timeline of what this rules
+        out, one connection, an empty queue after job 7::
+
+            reserve-with-timeout 1  ->  RESERVED 7      (the first reserver loops at once)
+            reserve-with-timeout 1                      (sent before job 7's block ends)
+            delete 7                                    (answered after the reserve: ~1 s)
+
+        While the connection holds jobs the first asks with timeout 0 instead, and when the
+        queue is empty waits until one of the lane's jobs is settled, or ``reserve_timeout`` s
+        at most (so a connection whose jobs run long still looks for new ones that often, as the
+        waiting reserve did), then asks again. Nothing else may queue behind the waiting reserve:
+        the jobs reserved through reserves sent after it are answered after it.
         """
         busy = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -464,30 +493,56 @@ class Consumer:
             if not first:
                 await busy.wait()
             await lane.slots.acquire()
+            # Decided and sent in one step (the reserve is written before the first await when
+            # the connection is up): nothing can be reserved between the check and the send.
+            waits = first and not lane.held and lane.asking == 0
+            job: Job | None = None
+            pause = 0.0
+            idle = False  # the first found the queue empty while this lane holds jobs
+            lane.asking += 1
             try:
-                job = await client.reserve_with_timeout(self.reserve_timeout if first else 0)
+                job = await client.reserve_with_timeout(self.reserve_timeout if waits else 0)
             except TimedOut:
                 lane.slots.release()
                 if not first:
                     busy.clear()
-                continue
+                idle = first and not waits
             except DeadlineSoon:
                 lane.slots.release()
                 busy.clear()
-                await asyncio.sleep(DEADLINE_SOON_PAUSE_S)
-                continue
+                pause = DEADLINE_SOON_PAUSE_S
             except InternalError as error:  # the server's store failed; this connection is fine
                 lane.slots.release()
                 busy.clear()
                 log.warning("reserve on consumer connection %d: %s", lane.index, error)
-                await asyncio.sleep(RECONNECT_MAX_S)
-                continue
+                pause = RECONNECT_MAX_S
             except BaseException:
                 lane.slots.release()
                 raise
-            if first:
-                busy.set()
-            self._take(job, lane, uses_slot=True)
+            finally:
+                lane.asking -= 1
+            if job is not None:
+                if first:
+                    busy.set()
+                self._take(job, lane, uses_slot=True)
+            elif idle:
+                await self._settled_or_timeout(lane)
+            elif pause:
+                await asyncio.sleep(pause)
+
+    async def _settled_or_timeout(self, lane: _Lane) -> None:
+        """Wait until a job the lane holds is settled (or the lane holds none), bounded by
+        ``reserve_timeout`` s."""
+        if not lane.held:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lane.settle_waiters.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(self.reserve_timeout, 0.05)):
+                    await waiter
+        finally:
+            lane.settle_waiters.discard(waiter)
 
     # -- held jobs ----------------------------------------------------------------------------
 
@@ -515,6 +570,7 @@ class Consumer:
             hold.keep_alive.cancel()
         if hold.uses_slot:
             hold.lane.slots.release()
+        hold.lane.wake_settle_waiters()
         if self._stopping:
             self._wake_readers()  # _close_when_idle counts the handed-out jobs
 

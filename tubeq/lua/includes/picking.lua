@@ -25,10 +25,13 @@ local function best_entry(token)
   end
   -- Many: walk the index in (pri, id) order and take the first entry of a watched tube; a walk
   -- that has passed as many unwatched entries as there are watched tubes falls back to the
-  -- lookups, so the cost stays O(min(watched, ready)).
-  local start, budget = 0, watched
+  -- lookups, so the cost stays O(min(watched, ready)). The first page is the index's head
+  -- alone: a connection that watches many tubes usually watches the best one (every consumer
+  -- of a pool watching the same tubes), and a page of 32 entries with scores cost ~5 us of
+  -- Redis per reserve in the 100-tube bench row for 31 entries nobody read.
+  local start, size, budget = 0, 1, watched
   while true do
-    local page = rcall('ZRANGE', K_READY_TUBES, start, start + 31, 'WITHSCORES')
+    local page = rcall('ZRANGE', K_READY_TUBES, start, start + size - 1, 'WITHSCORES')
     if #page == 0 then return nil end
     for i = 1, #page, 2 do
       local _, t = split_entry(page[i])
@@ -41,7 +44,7 @@ local function best_entry(token)
         return best
       end
     end
-    start = start + 32
+    start, size = start + size, 32
   end
 end
 
