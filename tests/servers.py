@@ -165,6 +165,10 @@ def start_beanstalkd(log_dir: Path, label: str = "beanstalkd") -> ServerProcess:
 # TUBEQ_TEST_SHARDS=N starts every tubeq of the suite with --shards N (tubeq.shards): how the
 # differential suite runs against a split namespace (tests/test_shards.py does so).
 TEST_SHARDS_ENV = "TUBEQ_TEST_SHARDS"
+# TUBEQ_TEST_REDIS=URL points the suite's tubeq processes (TubeqCluster.start) at that Redis
+# instead of their private one: how the differential suite runs against a Redis Cluster
+# (tests/test_cluster.py starts the cluster and runs it nested).
+TEST_REDIS_ENV = "TUBEQ_TEST_REDIS"
 
 
 def _tubeq_argv(redis_url: str, prefix: str, flags: tuple[str, ...], *, port: int) -> list[str]:
@@ -227,8 +231,8 @@ class TubeqCluster:
         if not launchable:
             raise ServerStartError(f"`python -m tubeq --help` fails, tubeq is not runnable yet:\n"
                                    f"{output}")
-        server = start_tubeq(self.redis.url, prefix or unique_prefix(), self.work_dir / "logs",
-                             label, flags)
+        server = start_tubeq(os.environ.get(TEST_REDIS_ENV) or self.redis.url,
+                             prefix or unique_prefix(), self.work_dir / "logs", label, flags)
         self.servers.append(server)
         return server
 

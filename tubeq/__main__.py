@@ -29,6 +29,7 @@ import structlog
 
 from tubeq.access import AccessConfig, AccessFileError
 from tubeq.access import load as load_access
+from tubeq.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.durability import StartupError
 from tubeq.listeners import ListenError, TlsFiles
@@ -66,14 +67,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"maximum job size in bytes ({DEFAULT_MAX_JOB_SIZE})")
     p.add_argument("--redis", dest="redis_url", default=None,
                    help="Redis URL, e.g. redis://127.0.0.1:6379/0, or Sentinel: "
-                        "redis+sentinel://h1:26379,h2:26379/mymaster[/db] (default: a "
-                        "private redis-server started by tubeq)")
+                        "redis+sentinel://h1:26379,h2:26379/mymaster[/db], or a Redis Cluster's "
+                        "seeds: redis+cluster://h1:7000,h2:7001 (default: a private "
+                        "redis-server started by tubeq)")
     p.add_argument("--prefix", default="tubeq",
                    help="key namespace: processes with the same Redis and prefix share tubes")
-    p.add_argument("--shards", type=int, default=1, metavar="N",
+    p.add_argument("--shards", type=int, default=None, metavar="N",
                    help="split the namespace's tubes over N Redis hash tags (N slots of a "
                         "Redis Cluster); every process of a namespace must use the same N "
-                        "(default 1: one hash tag, as before)")
+                        f"(default: 1, or {DEFAULT_CLUSTER_SHARDS} on a Redis Cluster)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="where the private redis-server keeps its data "
                         "(default: $XDG_DATA_HOME/tubeq)")
@@ -155,6 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--events-maxlen must be at least 1 (--events off writes no events)")
     if args.workers < 1:
         p.error("--workers must be at least 1")
+    if args.shards is None:
+        cluster = args.redis_url is not None and is_cluster_url(args.redis_url)
+        args.shards = DEFAULT_CLUSTER_SHARDS if cluster else 1
     if not 1 <= args.shards <= MAX_SHARDS:
         p.error(f"--shards must be between 1 and {MAX_SHARDS}")
     if args.workers > 1 and (args.port == 0 or args.host.startswith("unix:")):
@@ -183,7 +188,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shutdown-grace must not be negative")
     if args.redis_url is not None:
         try:
-            Endpoint.parse(args.redis_url)
+            if is_cluster_url(args.redis_url):
+                ClusterSeeds.parse(args.redis_url)
+            else:
+                Endpoint.parse(args.redis_url)
         except ValueError as error:
             p.error(f"--redis: {error}")
     return args

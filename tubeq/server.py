@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from tubeq.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
+from tubeq.cluster import ClusterSeeds, ClusterUnavailable, SlotMap, is_cluster_url, read_slot_map
 from tubeq.connection import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
@@ -50,7 +51,13 @@ from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
 from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
 from tubeq.sentinel import MasterNotFound
-from tubeq.shards import LayoutMismatch, ShardedStore, ShardSchedulers, claim_layout
+from tubeq.shards import (
+    LayoutMismatch,
+    ShardedStore,
+    ShardSchedulers,
+    claim_layout,
+    shard_prefix,
+)
 from tubeq.stats import CommandCounters, ServerIdentity
 from tubeq.store import Store
 from tubeq.subscriber import Subscriber
@@ -149,7 +156,9 @@ class Server:
         self._by_root: dict[bytes, ServerContext] = {}  # key root -> its namespace
         self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
         self._dues: dict[bytes, ServerContext] = {}  # due channel -> its namespace
-        self._client: RedisClient | None = None
+        self._client: RedisClient | None = None  # the default namespace's root's Redis
+        self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
+        self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.cluster)
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
         self.metrics: Metrics | None = None
@@ -200,18 +209,21 @@ class Server:
         assert self._client is not None and self._subscriber is not None
         prefix = namespace_prefix(config.prefix, name)
         keys = Keys(prefix)
+        client = await self._client_for(keys.root)
         try:
-            await claim_layout(self._client, prefix, config.shards)
+            await claim_layout(client, prefix, config.shards)
         except LayoutMismatch as error:
             raise StartupError(str(error)) from None
         store: Store
         if config.shards > 1:
-            store = ShardedStore(self._client, prefix, self.instance_id, config.shards,
-                                 events_maxlen=config.events_maxlen)
+            roots = [Keys(shard_prefix(prefix, k, config.shards)).root
+                     for k in range(config.shards)]
+            store = ShardedStore(client, prefix, self.instance_id, config.shards,
+                                 events_maxlen=config.events_maxlen,
+                                 clients=[await self._client_for(root) for root in roots])
             shard_keys = [shard.keys for shard in store.shards]
         else:
-            store = Store(self._client, keys, self.instance_id,
-                          events_maxlen=config.events_maxlen)
+            store = Store(client, keys, self.instance_id, events_maxlen=config.events_maxlen)
             shard_keys = [keys]
         if self.metrics is not None and self.metrics.count_outcomes:
             store.metrics = self.metrics
@@ -220,7 +232,8 @@ class Server:
         registry = WaiterRegistry()
         # After a reconnect (a Redis restart, a failover) every waiter re-checks with its
         # script, whether or not the subscriber's connection was lost too.
-        self._client.add_reconnect_callback(registry.wake_all)
+        for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
+            each_client.add_reconnect_callback(registry.wake_all)
         scheduler = (ShardSchedulers(store, registry) if isinstance(store, ShardedStore)
                      else Scheduler(store, registry))
         ctx = ServerContext(
@@ -288,31 +301,60 @@ class Server:
         for ctx in self.namespaces.values():
             ctx.registry.wake_all()
 
-    async def start(self) -> None:
+    async def _connect(self, url: str) -> RedisClient:
+        """A checked connection to one Redis (a cluster's node, a Sentinel master, ...)."""
         config = self.config
         try:
-            self._client = client = await RedisClient.connect(
-                config.redis_url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
+            client = await RedisClient.connect(
+                url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
                 replicas_timeout_ms=config.min_replicas_timeout_ms)
         except MasterNotFound as error:
             raise StartupError(f"no Redis master: {error}") from None
         except (OSError, RedisReplyError) as error:
-            raise StartupError(f"cannot connect to Redis at {config.redis_url}: "
+            raise StartupError(f"cannot connect to Redis at {url}: "
                                f"{str(error) or type(error).__name__}") from None
         try:
-            await check_redis(client, client.address or config.redis_url,
+            await check_redis(client, client.address or url,
                               allow_eviction=config.allow_eviction,
                               min_replicas=config.min_replicas)
         except BaseException:
             await client.close()
             raise
-        if config.http_host is not None:
-            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
+        if self.metrics is not None and self.metrics.count_outcomes:
             client.on_round_trip = self.metrics.redis_round_trip
             client.on_error = self.metrics.redis_error
+        return client
+
+    async def _client_for(self, key: str) -> RedisClient:
+        """The connection that serves ``key``: on a Redis Cluster its slot's node (one
+        connection per node), else the one connection."""
+        assert self._client is not None
+        if self._slot_map is None:
+            return self._client
+        url = self._slot_map.url_for(key)
+        client = self._nodes.get(url)
+        if client is None:
+            client = self._nodes[url] = await self._connect(url)
+            client.add_reconnect_callback(self._wake_all)
+        return client
+
+    async def start(self) -> None:
+        config = self.config
+        if config.http_host is not None:
+            self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
         elif config.slow_ms > 0:  # only the slow-command line
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
-        self._subscriber = Subscriber(config.redis_url, self._on_message, self._wake_all)
+        url = config.redis_url
+        if is_cluster_url(url):
+            try:
+                self._slot_map = await read_slot_map(ClusterSeeds.parse(url))
+            except (ClusterUnavailable, ValueError) as error:
+                raise StartupError(f"no usable Redis Cluster: {error}") from None
+            url = self._slot_map.url_for(Keys(config.prefix).root)
+        self._client = client = await self._connect(url)
+        self._nodes[url] = client
+        # On a cluster every node's PUBLISH reaches every node's subscribers: one connection.
+        self._subscriber = Subscriber(url, self._on_message, self._wake_all)
         access = config.access
         names = {DEFAULT_NAMESPACE, *(access.namespaces if access is not None else ())}
         for name in sorted(names):
@@ -392,8 +434,8 @@ class Server:
             ctx.using.flush()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ctx.store.leave(), SHUTDOWN_GRACE_S)
-        if self._client is not None:
-            await self._client.close()
+        for node in self._nodes.values():
+            await node.close()
         log.info("stopped")
 
     @staticmethod

@@ -170,6 +170,86 @@ class SentinelTopology:
             redis.stop()
 
 
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 <= 65535 and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+            return True
+        except OSError:
+            return False
+
+
+@dataclass
+class RedisClusterNodes:
+    """``count`` redis-server nodes with ``--cluster-enabled yes`` on loopback, joined by
+    ``redis-cli --cluster create`` (masters only, slots spread evenly), each with an
+    append-only file fsynced on every write, so a restarted node comes back with its data."""
+
+    work_dir: Path
+    count: int = 3
+    nodes: list[RedisProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+
+    def _node(self, index: int, port: int) -> RedisProcess:
+        directory = self.work_dir / f"node{index}"
+        return RedisProcess(directory, port=port, persistent=True, appendfsync="always",
+                            extra=("--cluster-enabled", "yes", "--cluster-config-file",
+                                   str(directory.resolve() / "nodes.conf"),
+                                   "--cluster-node-timeout", "2000"))
+
+    def start(self) -> None:
+        for index in range(self.count):
+            node = self._node(index, cluster_port())
+            node.start()
+            self.nodes.append(node)
+        done = subprocess.run(
+            ["redis-cli", "--cluster", "create",
+             *(f"{LOOPBACK}:{n.port}" for n in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        self.wait_ok()
+
+    def wait_ok(self) -> None:
+        SentinelTopology.wait_until(
+            lambda: all(b"cluster_state:ok" in redis_command(n.port, "CLUSTER", "INFO")
+                        for n in self.nodes), "every node says cluster_state:ok")
+
+    def restart(self, index: int, down_s: float = 0.0) -> None:
+        """SIGKILL node ``index``, leave it down ``down_s`` (under the cluster's node timeout:
+        the others do not fail it), start it again on its port, data and cluster config."""
+        node = self.nodes[index]
+        assert node.proc is not None
+        node.proc.kill()
+        node.proc.wait()
+        node.proc = None
+        time.sleep(down_s)
+        node.start()
+        self.wait_ok()
+
+    def keys_per_node(self) -> list[int]:
+        return [int(redis_command(n.port, "DBSIZE").strip() or 0) for n in self.nodes]
+
+    def command_stats(self, index: int) -> bytes:
+        return redis_command(self.nodes[index].port, "INFO", "commandstats")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
 def _accepts(port: int) -> bool:
     try:
         socket.create_connection((LOOPBACK, port), timeout=0.2).close()

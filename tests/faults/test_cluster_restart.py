@@ -1,0 +1,71 @@
+"""A Redis Cluster node killed with SIGKILL and restarted under load: three masters on loopback,
+each with an append-only file fsynced on every write, two tubeq processes on a namespace split
+over them. Each node in turn is killed, left down for a moment and restarted: first the one
+that holds the load's tube, then the others (one holds tube ``default``, its connections'
+home: tubeq.shards). Every put acknowledged before a kill is in that node's file, so none is
+lost; while the node is down its commands answer INTERNAL_ERROR, tubeq reconnects to it by
+itself and the other nodes keep serving.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.load import Ledger, Load
+from tests.faults.procs import RedisClusterNodes, redis_command
+from tests.servers import start_tubeq, unique_prefix
+from tubeq.keys import Keys
+from tubeq.shards import shard_of_tube, shard_prefix
+
+PHASE_S = 2.0
+OUTAGE_S = 0.5
+SHARDS = 8
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
+    nodes = RedisClusterNodes(tmp_path / "cluster")
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def node_serving(cluster: RedisClusterNodes, key: str) -> int:
+    slot = redis_command(cluster.nodes[0].port, "CLUSTER", "KEYSLOT", key).strip().decode()
+    for index, node in enumerate(cluster.nodes):
+        if redis_command(node.port, "CLUSTER", "COUNTKEYSINSLOT", slot).strip() not in (b"", b"0"):
+            return index
+    raise AssertionError(f"no node holds slot {slot}")
+
+
+@pytest.mark.timeout(240)
+async def test_a_cluster_node_restart_loses_no_job(cluster: RedisClusterNodes,
+                                                   tmp_path: Path) -> None:
+    prefix = unique_prefix("tq-clr")
+    servers = [start_tubeq(cluster.url, prefix, tmp_path / "logs", f"tubeq-{i}",
+                           ("--shards", str(SHARDS))) for i in (0, 1)]
+    tube = f"clr-{secrets.token_hex(3)}"
+    ledger = Ledger("Redis Cluster node SIGKILL + restart (appendfsync always)")
+    load = Load(ledger, lambda: [server.address for server in servers], tube)
+    try:
+        load.start()
+        await load.run_for(PHASE_S)
+        root = Keys(shard_prefix(prefix, shard_of_tube(tube, SHARDS), SHARDS)).root
+        first = node_serving(cluster, root + "tubes")
+        victims = [first, *(i for i in range(len(cluster.nodes)) if i != first)]
+        for index in victims:
+            cluster.restart(index, OUTAGE_S)  # SIGKILL; the same port, data, cluster config
+            ledger.fault(f"SIGKILL + restart of cluster node {index}")
+            await load.run_for(PHASE_S)
+        assert ledger.inserted_after_fault > 0, "nothing was inserted after the last restart"
+        await load.finish()
+    finally:
+        for server in servers:
+            server.stop()
+    ledger.check()

@@ -1,0 +1,192 @@
+"""tubeq on a real Redis Cluster: three ``redis-server --cluster-enabled yes`` nodes on loopback,
+joined by ``redis-cli --cluster create``, started and stopped here.
+
+What must hold: a namespace's shards spread over the nodes (each node holds jobs, and each
+shard's keys only the node its slot belongs to); every beanstalkd command works across them
+(the differential suite, nested); two tubeq processes share the cluster; bad input (an
+unreachable seed, a cluster with unserved slots, a non-cluster Redis behind a cluster URL) is
+one line at start, exit non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.client_support import connected
+from tests.faults.procs import RedisClusterNodes, cluster_port, redis_command
+from tests.servers import (
+    LOOPBACK,
+    TEST_REDIS_ENV,
+    TEST_SHARDS_ENV,
+    ServerProcess,
+    start_tubeq,
+    unique_prefix,
+)
+from tests.test_startup_checks import assert_one_clear_line
+from tubeq.client import Client
+from tubeq.cluster import ClusterSeeds
+from tubeq.keys import Keys
+from tubeq.redis_process import RedisProcess, free_port
+from tubeq.shards import shard_of_id, shard_of_tube, shard_prefix
+
+SHARDS = 8
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("cluster"))
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture
+def servers(cluster: RedisClusterNodes, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Two tubeq processes on the cluster, one namespace split into ``SHARDS``."""
+    prefix = unique_prefix("tq-cl")
+    started = [start_tubeq(cluster.url, prefix, tmp_path, f"tubeq-cluster-{i}",
+                           ("--shards", str(SHARDS))) for i in (0, 1)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+def node_of(cluster: RedisClusterNodes, key: str) -> int:
+    """The index of the node that serves ``key`` (CLUSTER KEYSLOT, then the nodes' slots)."""
+    slot = int(redis_command(cluster.nodes[0].port, "CLUSTER", "KEYSLOT", key).strip())
+    for index, node in enumerate(cluster.nodes):
+        if int(redis_command(node.port, "CLUSTER", "COUNTKEYSINSLOT", str(slot)).strip()
+               or 0) > 0:
+            return index
+    raise AssertionError(f"no node holds a key of slot {slot}")
+
+
+async def test_shards_spread_over_the_nodes_and_jobs_flow_across_them(
+        cluster: RedisClusterNodes, servers: list[ServerProcess]) -> None:
+    producer_address, worker_address = servers[0].address, servers[1].address
+    prefix = servers[0].extra["prefix"]
+    tubes = [f"spread-{n}" for n in range(24)]
+    ids: dict[str, int] = {}
+    async with Client(*producer_address) as producer:
+        for tube in tubes:
+            await producer.use(tube)
+            ids[tube] = await producer.put(tube.encode(), pri=len(ids))
+    # Each job sits on the node of its shard's hash tag, and every node holds some.
+    holders = set()
+    for tube, job_id in ids.items():
+        shard = shard_of_tube(tube, SHARDS)
+        assert shard_of_id(job_id, SHARDS) == shard
+        key = f"{Keys(shard_prefix(prefix, shard, SHARDS)).root}j:{job_id}"
+        holders.add(node_of(cluster, key))
+    assert holders == {0, 1, 2}, f"jobs on nodes {holders} only"
+    # Another process reserves them all, best priority first, across every node.
+    async with connected(*worker_address, *tubes) as worker:
+        got = []
+        for _ in tubes:
+            job = await worker.reserve_with_timeout(5)
+            got.append(job.id)
+            await worker.delete(job.id)
+        stats = await worker.stats()
+    assert got == [ids[tube] for tube in tubes]
+    assert stats["current-jobs-ready"] == 0 and stats["cmd-delete"] >= len(tubes)
+
+
+async def test_a_blocked_reserve_is_woken_by_a_put_through_another_process_and_node(
+        servers: list[ServerProcess]) -> None:
+    a, b = "wake-a", "wake-c"
+    assert shard_of_tube(a, SHARDS) != shard_of_tube(b, SHARDS)
+    async with connected(*servers[1].address, a, b) as worker, \
+            Client(*servers[0].address) as producer:
+        for tube in (a, b):
+            waiting = asyncio.ensure_future(worker.reserve_with_timeout(20))
+            await asyncio.sleep(0.2)
+            await producer.use(tube)
+            job_id = await producer.put(tube.encode())
+            job = await asyncio.wait_for(waiting, 20)
+            assert (job.id, job.body) == (job_id, tube.encode())
+            await worker.delete(job.id)
+
+
+def test_unreachable_seeds_are_one_line() -> None:
+    url = f"redis+cluster://{LOOPBACK}:{free_port()},{LOOPBACK}:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+                           url], capture_output=True, text=True, timeout=60, check=False)
+    assert_one_clear_line(done, "no usable Redis Cluster")
+
+
+def test_a_cluster_with_unserved_slots_is_one_line(tmp_path: Path) -> None:
+    lone = RedisProcess(tmp_path / "lone", port=cluster_port(), extra=("--cluster-enabled", "yes",
+                                                  "--cluster-config-file",
+                                                  str(tmp_path / "lone" / "nodes.conf")))
+    lone.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+             f"redis+cluster://{LOOPBACK}:{lone.port}"],
+            capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        lone.stop()
+    assert_one_clear_line(done, "no usable Redis Cluster")
+
+
+def test_a_plain_redis_behind_a_cluster_url_is_one_line(tmp_path: Path) -> None:
+    plain = RedisProcess(tmp_path / "plain")
+    plain.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+             f"redis+cluster://{LOOPBACK}:{plain.port}"],
+            capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        plain.stop()
+    assert_one_clear_line(done, "no usable Redis Cluster")
+
+
+def test_a_bad_cluster_url_is_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "tubeq", "--redis", "redis+cluster://"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--redis" in done.stderr, done.stderr
+    assert ClusterSeeds.parse("redis+cluster://u:p%40ss@h1:7000,h2").nodes == (
+        ("h1", 7000), ("h2", 6379))
+
+
+def test_one_connection_per_node(cluster: RedisClusterNodes,
+                                 servers: list[ServerProcess]) -> None:
+    """Sixteen shards' worth of calls go over one pipelined connection per node (and the
+    subscriber's one), not one per shard."""
+    for node in cluster.nodes:
+        client = redis.Redis(host=LOOPBACK, port=node.port)
+        try:
+            names = [c for c in client.client_list() if c.get("cmd") != "client|list"]
+        finally:
+            client.close()
+        # Two tubeq processes: at most 2 hot-path connections each plus one subscriber.
+        assert len(names) <= 2 * 2, names
+
+
+@pytest.mark.timeout(600)
+def test_the_differential_suite_passes_on_the_cluster(cluster: RedisClusterNodes) -> None:
+    """Every beanstalkd scenario against tubeq on the 3-node cluster, namespace split into 16
+    shards (ids compared in steps of the shard count where a scenario looks at them)."""
+    env = {**os.environ, TEST_REDIS_ENV: cluster.url, TEST_SHARDS_ENV: "16"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "tests/wire/test_differential.py"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=580, check=False)
+    tail = "\n".join(line for line in done.stdout.splitlines() if "[info" not in line)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail, tail
+    print(tail.splitlines()[-1])
