@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.client_support import connected
+from tests.client_support import connected, eventually
 from tests.faults.procs import RedisClusterNodes, cluster_port, redis_command
 from tests.servers import (
     LOOPBACK,
@@ -32,6 +32,7 @@ from tests.servers import (
 )
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client
+from tubeq.client.errors import CommandError
 from tubeq.cluster import ClusterSeeds
 from tubeq.keys import Keys
 from tubeq.redis_process import RedisProcess, free_port
@@ -118,6 +119,49 @@ async def test_a_blocked_reserve_is_woken_by_a_put_through_another_process_and_n
             job = await asyncio.wait_for(waiting, 20)
             assert (job.id, job.body) == (job_id, tube.encode())
             await worker.delete(job.id)
+
+
+async def test_a_shard_whose_slot_moves_is_followed(cluster: RedisClusterNodes,
+                                                    servers: list[ServerProcess]) -> None:
+    """A resharding moves a shard's slot (and its keys) to another node: the old node answers
+    MOVED, tubeq reads the slot map again and serves the shard from the new node, jobs intact."""
+    tube = "moving"
+    prefix = servers[0].extra["prefix"]
+    root = Keys(shard_prefix(prefix, shard_of_tube(tube, SHARDS), SHARDS)).root
+    async with Client(*servers[0].address) as client:
+        await client.use(tube)
+        for _ in range(5):
+            await client.put(b"before the move")
+        source = node_of(cluster, root + "tubes")
+        target = (source + 1) % len(cluster.nodes)
+        slot = int(redis_command(cluster.nodes[0].port, "CLUSTER", "KEYSLOT", root).strip())
+        cluster.move_slot(slot, source, target)
+        assert node_of(cluster, root + "tubes") == target
+
+        async def puts_again() -> bool:
+            try:
+                await client.put(b"after the move")
+            except CommandError:  # INTERNAL_ERROR until tubeq follows the slot
+                return False
+            return True
+
+        await eventually(puts_again, "puts into the moved shard work again", timeout=20)
+        stats = await client.stats_tube(tube)
+        assert stats["current-jobs-ready"] == stats["total-jobs"] >= 6
+    # The other process learns of the move from its own first MOVED: until it has read the
+    # slot map again (within a second), its commands on that shard answer INTERNAL_ERROR.
+    async with Client(*servers[1].address) as worker:
+        async def follows() -> bool:
+            try:
+                await worker.stats_tube(tube)
+            except CommandError:
+                return False
+            return True
+
+        await eventually(follows, "the other process follows the move", timeout=20)
+        await worker.watch(tube)
+        for _ in range(stats["total-jobs"]):
+            await worker.delete((await worker.reserve_with_timeout(5)).id)
 
 
 def test_unreachable_seeds_are_one_line() -> None:

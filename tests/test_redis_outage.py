@@ -53,3 +53,35 @@ def test_commands_fail_fast_while_redis_is_down_and_recover_after(tmp_path: Path
     finally:
         server.stop()
         redis.stop()
+
+
+def test_a_watch_redis_did_not_take_is_sent_again(tmp_path: Path) -> None:
+    """A watch (or ignore) that answered INTERNAL_ERROR changed nothing: the watch list is as
+    it was, and the same command sent after Redis is back reaches Redis and takes effect."""
+    redis = RedisProcess(tmp_path / "redis", persistent=True, appendfsync="always")
+    redis.start()
+    server = start_tubeq(redis.url, unique_prefix(), tmp_path / "logs")
+    try:
+        worker = LineClient(server)
+        assert redis.proc is not None
+        redis.proc.kill()
+        redis.proc.wait()
+        assert worker.call("watch later").head == b"INTERNAL_ERROR"
+        assert worker.call("list-tubes-watched").data == b"---\n- default\n"
+        redis.start()
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        while (reply := worker.call("watch later")).head == b"INTERNAL_ERROR":
+            assert time.monotonic() < deadline, "tubeq did not recover"
+            time.sleep(0.1)
+        assert reply.head == b"WATCHING 2", reply
+        assert worker.call("ignore default").head == b"WATCHING 1"
+        producer = LineClient(server)
+        assert producer.call("use later").head == b"USING later"
+        job_id = producer.put(b"for the watch")
+        reserved = worker.call("reserve-with-timeout 5")
+        assert reserved.words[:2] == [b"RESERVED", str(job_id).encode()], reserved
+        worker.close()
+        producer.close()
+    finally:
+        server.stop()
+        redis.stop()

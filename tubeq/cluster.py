@@ -16,8 +16,11 @@ Rules:
   unserved is refused with one line (:class:`ClusterUnavailable`), as an unreachable seed is.
 * A node restart is a reconnect of that node's connection (its scripts are loaded again, its
   waiters re-check). A slot that moves to another node (resharding, a replica promoted) answers
-  ``MOVED``: the commands sent there fail (the client sees INTERNAL_ERROR, never a success that
-  did not happen) until tubeq is restarted on the new map; protocol.md "Shards" says so.
+  ``MOVED``/``ASK``, or its node is unreachable: the commands sent there fail (the client sees
+  INTERNAL_ERROR, never a success that did not happen: a MOVED command did not run), and the
+  server reads the map again within a second and moves the shard to its new node's connection
+  (``Server._follow_cluster``, ``ShardedStore.rebind``). A namespace of one shard on a cluster
+  does not follow (restart tubeq); use ``--shards`` >= 2 there (16 by default).
 """
 
 from __future__ import annotations

@@ -88,8 +88,25 @@ def _watch(conn: Connection, cmd: c.Watch) -> Reply:
     conn.watched = (*conn.watched, cmd.tube)
     conn.ctx.using.watch(cmd.tube, 1)
     count = len(conn.watched)
-    return then(conn.store.change_watches(conn.token, [("+w", cmd.tube)]),
-                lambda _: replies.watching(count))
+    changed = conn.store.change_watches(conn.token, [("+w", cmd.tube)])
+    changed.add_done_callback(lambda f: _undo_watch(conn, f, cmd.tube, added=True))
+    return then(changed, lambda _: replies.watching(count))
+
+
+def _undo_watch(conn: Connection, change: asyncio.Future[Any], tube: str, *,
+                added: bool) -> None:
+    """A watch (``added``) or ignore that Redis did not take (the client got INTERNAL_ERROR):
+    the connection's list is put back, so a retry goes to Redis again instead of being
+    answered from this list."""
+    if change.cancelled() or change.exception() is None:
+        return
+    if added and tube in conn.watched:
+        conn.watched = tuple(t for t in conn.watched if t != tube)
+        conn.ctx.using.watch(tube, -1)
+    elif not added and tube not in conn.watched:
+        conn.watched = (*conn.watched, tube)
+        conn.ctx.using.watch(tube, 1)
+    conn.store.forget_watch_change(conn.token, tube, added=added)
 
 
 def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
@@ -105,8 +122,9 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     conn.watched = tuple(rest)
     conn.ctx.using.watch(cmd.tube, -1)
     count = len(rest)
-    return then(conn.store.change_watches(conn.token, [("-w", cmd.tube)]),
-                lambda _: replies.watching(count))
+    changed = conn.store.change_watches(conn.token, [("-w", cmd.tube)])
+    changed.add_done_callback(lambda f: _undo_watch(conn, f, cmd.tube, added=False))
+    return then(changed, lambda _: replies.watching(count))
 
 
 def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:

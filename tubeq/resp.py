@@ -390,6 +390,9 @@ class RedisClient(ReconnectingProtocol):
         # Metrics hooks (tubeq.metrics): a round trip in seconds; an error's kind.
         self.on_round_trip: Callable[[float], None] | None = None
         self.on_error: Callable[[str], None] | None = None
+        # Redis Cluster (tubeq.cluster): told when a reply says a slot lives elsewhere (MOVED,
+        # ASK); the call itself fails like any error reply.
+        self.on_moved: Callable[[], None] | None = None
         self._probe: asyncio.Future[Any] | None = None  # the call being timed
         self._probe_sent = 0.0
         self.min_replicas = min_replicas
@@ -575,6 +578,8 @@ class RedisClient(ReconnectingProtocol):
                     self._fail_unconfirmed(reply)
                 elif reply.code == "READONLY" and self._endpoint.sentinel is not None:
                     self._demoted()
+                elif reply.code in ("MOVED", "ASK") and self.on_moved is not None:
+                    self.on_moved()
         elif decode is None:
             future.set_result(reply)
         else:

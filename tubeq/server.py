@@ -81,6 +81,9 @@ SHUTDOWN_GRACE_S = 5.0
 # one. A poll, not an event: it runs only during the grace period, and 50 ms is well below any
 # grace worth setting.
 SHUTDOWN_POLL_S = 0.05
+# On a Redis Cluster, how often tubeq looks whether a node answered MOVED or is unreachable,
+# and then reads the slot map again (tubeq.cluster): how long a moved shard's commands fail.
+CLUSTER_RECHECK_S = 1.0
 # How often --max-jobs counts a namespace's jobs: puts may pass the cap by what arrives within
 # one period (one script of O(tubes) a second is cheap; one per put would not be).
 JOB_COUNT_PERIOD_S = 1.0
@@ -159,6 +162,7 @@ class Server:
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.cluster)
+        self._moved = False  # a node answered MOVED/ASK since the slot map was last read
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
         self.metrics: Metrics | None = None
@@ -325,6 +329,46 @@ class Server:
             client.on_error = self.metrics.redis_error
         return client
 
+    async def _follow_cluster(self) -> None:
+        """On a Redis Cluster: read the slot map again when a node answered MOVED/ASK or a
+        node's connection is down, and move every shard whose slot now lives on another node
+        to that node's connection (a resharding; a replica promoted after its master failed).
+        Checked every CLUSTER_RECHECK_S; nothing is asked of Redis while all is well."""
+        assert self._slot_map is not None
+        seeds = ClusterSeeds.parse(self.config.redis_url)
+        while True:
+            await asyncio.sleep(CLUSTER_RECHECK_S)
+            if not self._moved and all(c.connected for c in self._nodes.values()):
+                continue
+            self._moved = False
+            try:
+                slot_map = await read_slot_map(seeds)
+            except ClusterUnavailable as error:
+                log.warning("cluster slot map unavailable", error=str(error))
+                continue
+            if slot_map == self._slot_map:
+                continue
+            self._slot_map = slot_map
+            for ctx in self.namespaces.values():
+                store = ctx.store
+                if not isinstance(store, ShardedStore):
+                    log.warning("the cluster's slots moved; a namespace of one shard stays "
+                                "on its node: restart tubeq", namespace=store.keys.prefix)
+                    continue
+                for k, shard in enumerate(store.shards):
+                    client = await self._client_for(shard.keys.root)
+                    if client is not shard.client:
+                        moved = store.rebind(k, client)
+                        await moved.load_scripts()
+                        if isinstance(ctx.scheduler, ShardSchedulers):
+                            ctx.scheduler.rebind(k, moved)
+                        log.info("shard moved to another node", shard=shard.keys.prefix,
+                                 node=client.address)
+                ctx.registry.wake_all()
+
+    def _note_moved(self) -> None:
+        self._moved = True
+
     async def _client_for(self, key: str) -> RedisClient:
         """The connection that serves ``key``: on a Redis Cluster its slot's node (one
         connection per node), else the one connection."""
@@ -336,6 +380,7 @@ class Server:
         if client is None:
             client = self._nodes[url] = await self._connect(url)
             client.add_reconnect_callback(self._wake_all)
+            client.on_moved = self._note_moved
         return client
 
     async def start(self) -> None:
@@ -353,6 +398,8 @@ class Server:
             url = self._slot_map.url_for(Keys(config.prefix).root)
         self._client = client = await self._connect(url)
         self._nodes[url] = client
+        if self._slot_map is not None:
+            client.on_moved = self._note_moved
         # On a cluster every node's PUBLISH reaches every node's subscribers: one connection.
         self._subscriber = Subscriber(url, self._on_message, self._wake_all)
         access = config.access
@@ -365,6 +412,9 @@ class Server:
             for ctx in self.namespaces.values():
                 ctx.gate = gate
         await self._subscriber.start()
+        if self._slot_map is not None:
+            self._tasks.append(asyncio.create_task(self._follow_cluster(),
+                                                   name="tubeq-cluster-map"))
         # After a failover the pub/sub connection follows the client to the new master.
         subscriber = self._subscriber
         client.add_reconnect_callback(lambda: subscriber.follow(client.address))

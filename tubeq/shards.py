@@ -126,6 +126,19 @@ class ShardedStore(Store):
         self._watched: dict[str, set[str]] = {}
         self._touched: dict[str, set[int]] = {}
 
+    def rebind(self, shard: int, client: RedisClient) -> Store:
+        """Serve shard ``shard`` over ``client`` from now on (its slot moved to that node: a
+        resharding or a failover, tubeq.cluster); returns the shard's new Store."""
+        old = self.shards[shard]
+        new = Store(client, old.keys, self.instance_id, self.clock,
+                    events_maxlen=self.events_maxlen)
+        new.holds_default = old.holds_default
+        new.metrics = old.metrics
+        self.shards[shard] = new
+        if old is self.home:
+            self.home = new
+        return new
+
     # -- routing ------------------------------------------------------------------------------
 
     def of_tube(self, tube: str) -> Store:
@@ -350,6 +363,14 @@ class ShardedStore(Store):
         return self._gather([self.shards[k].change_watches(token, shard_ops)
                              for k, shard_ops in by_shard.items()])  # type: ignore[return-value]
 
+    def forget_watch_change(self, token: str, tube: str, *, added: bool) -> None:
+        watched = self._watched.get(token)
+        if watched is not None:
+            if added:
+                watched.discard(tube)
+            else:
+                watched.add(tube)
+
     def set_using(self, counts: Sequence[tuple[str, int]]) -> asyncio.Future[Reply]:
         by_shard: dict[int, list[tuple[str, int]]] = {}
         for tube, n in counts:
@@ -518,6 +539,10 @@ class ShardSchedulers(Scheduler):
     def __init__(self, store: ShardedStore, registry: WaiterRegistry) -> None:
         super().__init__(store.home, registry)
         self.each = [Scheduler(shard, registry) for shard in store.shards]
+
+    def rebind(self, shard: int, store: Store) -> None:
+        """Shard ``shard``'s Store was replaced (:meth:`ShardedStore.rebind`)."""
+        self.each[shard].store = store
 
     def note_due(self, due_ms: int) -> None:
         for scheduler in self.each:

@@ -419,6 +419,10 @@ class Store:
         flat = [x for op in ops for x in op]
         return self._eval("tubes", self.instance_id, token, self.clock(), *flat)
 
+    def forget_watch_change(self, token: str, tube: str, *, added: bool) -> None:
+        """A change_watches call failed: nothing here remembers it (a split namespace's store
+        does: tubeq.shards)."""
+
     def set_using(self, counts: Sequence[tuple[str, int]]) -> asyncio.Future[Reply]:
         """How many of this process's connections use each tube (absolute counts)."""
         flat = [x for pair in counts for x in pair]

@@ -239,6 +239,28 @@ class RedisClusterNodes:
         node.start()
         self.wait_ok()
 
+    def node_id(self, index: int) -> str:
+        return redis_command(self.nodes[index].port, "CLUSTER", "MYID").strip().decode()
+
+    def move_slot(self, slot: int, source: int, target: int) -> None:
+        """Move ``slot`` with its keys from node ``source`` to node ``target``, as a resharding
+        does: IMPORTING/MIGRATING, MIGRATE the keys in batches, then SETSLOT NODE on every
+        node (after which the source answers MOVED for the slot)."""
+        src, dst = self.nodes[source].port, self.nodes[target].port
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        assert b"OK" in redis_command(dst, "CLUSTER", "SETSLOT", str(slot), "IMPORTING",
+                                      source_id)
+        assert b"OK" in redis_command(src, "CLUSTER", "SETSLOT", str(slot), "MIGRATING",
+                                      target_id)
+        for _ in range(10_000):  # bounded: a slot of a test's namespace holds few keys
+            keys = redis_command(src, "CLUSTER", "GETKEYSINSLOT", str(slot), "100").split()
+            if not keys:
+                break
+            redis_command(src, "MIGRATE", LOOPBACK, str(dst), "", "0", "5000", "KEYS",
+                          *(key.decode() for key in keys))
+        for node in self.nodes:
+            redis_command(node.port, "CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
+
     def keys_per_node(self) -> list[int]:
         return [int(redis_command(n.port, "DBSIZE").strip() or 0) for n in self.nodes]
 
