@@ -241,3 +241,17 @@ class TubeqCluster:
             server.stop()
         self.servers.clear()
         self.redis.stop()
+
+
+def run_differential_suite(env: dict[str, str], timeout_s: float = 580.0) -> str:
+    """Run the differential beanstalkd suite in a pytest of its own with ``env`` added (e.g.
+    TEST_SHARDS_ENV, TEST_REDIS_ENV); assert that every scenario passed; return its summary."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "tests/wire/test_differential.py"],
+        cwd=Path(__file__).resolve().parent.parent, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=timeout_s, check=False)
+    tail = "\n".join(line for line in done.stdout.splitlines() if "[info" not in line)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail, tail
+    return tail.splitlines()[-1]

@@ -11,7 +11,6 @@ one line at start, exit non-zero.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from tests.servers import (
     TEST_REDIS_ENV,
     TEST_SHARDS_ENV,
     ServerProcess,
+    run_differential_suite,
     start_tubeq,
     unique_prefix,
 )
@@ -39,7 +39,6 @@ from tubeq.redis_process import RedisProcess, free_port
 from tubeq.shards import shard_of_id, shard_of_tube, shard_prefix
 
 SHARDS = 8
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
 
@@ -171,32 +170,31 @@ def test_unreachable_seeds_are_one_line() -> None:
     assert_one_clear_line(done, "no usable Redis Cluster")
 
 
+def exits_with_one_line_on(port: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
+                           f"redis+cluster://{LOOPBACK}:{port}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert_one_clear_line(done, "no usable Redis Cluster")
+
+
 def test_a_cluster_with_unserved_slots_is_one_line(tmp_path: Path) -> None:
-    lone = RedisProcess(tmp_path / "lone", port=cluster_port(), extra=("--cluster-enabled", "yes",
-                                                  "--cluster-config-file",
-                                                  str(tmp_path / "lone" / "nodes.conf")))
+    lone = RedisProcess(tmp_path / "lone", port=cluster_port(),
+                        extra=("--cluster-enabled", "yes", "--cluster-config-file",
+                               str(tmp_path / "lone" / "nodes.conf")))
     lone.start()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
-             f"redis+cluster://{LOOPBACK}:{lone.port}"],
-            capture_output=True, text=True, timeout=60, check=False)
+        exits_with_one_line_on(lone.port)
     finally:
         lone.stop()
-    assert_one_clear_line(done, "no usable Redis Cluster")
 
 
 def test_a_plain_redis_behind_a_cluster_url_is_one_line(tmp_path: Path) -> None:
     plain = RedisProcess(tmp_path / "plain")
     plain.start()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tubeq", "-p", str(free_port()), "--redis",
-             f"redis+cluster://{LOOPBACK}:{plain.port}"],
-            capture_output=True, text=True, timeout=60, check=False)
+        exits_with_one_line_on(plain.port)
     finally:
         plain.stop()
-    assert_one_clear_line(done, "no usable Redis Cluster")
 
 
 def test_a_bad_cluster_url_is_a_usage_error() -> None:
@@ -225,12 +223,4 @@ def test_one_connection_per_node(cluster: RedisClusterNodes,
 def test_the_differential_suite_passes_on_the_cluster(cluster: RedisClusterNodes) -> None:
     """Every beanstalkd scenario against tubeq on the 3-node cluster, namespace split into 16
     shards (ids compared in steps of the shard count where a scenario looks at them)."""
-    env = {**os.environ, TEST_REDIS_ENV: cluster.url, TEST_SHARDS_ENV: "16"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-         "tests/wire/test_differential.py"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=580, check=False)
-    tail = "\n".join(line for line in done.stdout.splitlines() if "[info" not in line)[-4000:]
-    assert done.returncode == 0, tail
-    assert " passed" in tail and "failed" not in tail, tail
-    print(tail.splitlines()[-1])
+    print(run_differential_suite({TEST_REDIS_ENV: cluster.url, TEST_SHARDS_ENV: "16"}))

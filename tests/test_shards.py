@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,14 +20,19 @@ import pytest
 import redis
 
 from tests.client_support import connected, tube_settles
-from tests.servers import TEST_SHARDS_ENV, ServerProcess, TubeqCluster, unique_prefix
+from tests.servers import (
+    TEST_SHARDS_ENV,
+    ServerProcess,
+    TubeqCluster,
+    run_differential_suite,
+    unique_prefix,
+)
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client, NotFound, TimedOut
 from tubeq.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
 from tubeq.store import Store
 
 SHARDS = 4
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
 
@@ -176,6 +180,17 @@ async def test_stats_and_list_tubes_cover_every_shard(split_server: ServerProces
         assert (await admin.stats_tube(tube))["total-jobs"] == n
 
 
+async def test_delete_many_across_shards_answers_in_order(admin: Client) -> None:
+    """Each shard deletes its ids in one call; the answers come back in the order asked, an id
+    given twice is deleted once."""
+    ids = []
+    for tube in tubes_in_distinct_shards(3, "many"):
+        await admin.use(tube)
+        ids.append(await admin.put(b"x"))
+    asked = [ids[2], ids[0], ids[2], 2**63 - 1, ids[1]]
+    assert await admin.delete_many(asked) == [True, True, False, False, True]
+
+
 async def test_a_burned_id_is_the_tubes_shard_next(split_server: ServerProcess) -> None:
     """beanstalkd uses up an id on a put whose body is bad; a split namespace uses up its
     tube's shard's next id, so the next put there skips one step of ``SHARDS``."""
@@ -209,20 +224,7 @@ def test_another_shard_count_refuses_to_start(tubeq_cluster: TubeqCluster) -> No
 
 
 @pytest.mark.timeout(600)
-def test_the_differential_suite_passes_on_a_split_namespace(
-        request: pytest.FixtureRequest) -> None:
+def test_the_differential_suite_passes_on_a_split_namespace() -> None:
     """Every beanstalkd scenario, against tubeq with ``--shards 4`` (ids compared in steps of
     the shard count where a scenario looks at their arithmetic: tests/wire/harness.py)."""
-    if os.environ.get(TEST_SHARDS_ENV):
-        pytest.skip("this run is the split one already")  # never skipped in `make test`
-    env = {**os.environ, TEST_SHARDS_ENV: str(SHARDS)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-         "tests/wire/test_differential.py"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=580, check=False)
-    tail = "\n".join(line for line in done.stdout.splitlines()
-                     if "[info" not in line)[-4000:]
-    assert done.returncode == 0, tail
-    assert " passed" in tail and "failed" not in tail, tail
-    print(tail.splitlines()[-1])
-
+    print(run_differential_suite({TEST_SHARDS_ENV: str(SHARDS)}))

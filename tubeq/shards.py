@@ -488,9 +488,9 @@ class ShardedStore(Store):
         shards = list(by_shard)
 
         def merge(parts: list[list[bool]]) -> list[bool]:
-            answers = {job_id: ok for k, part in zip(shards, parts, strict=True)
-                       for job_id, ok in zip(by_shard[k], part, strict=True)}
-            return [answers[job_id] for job_id in ids]
+            # By position: an id given twice is deleted once (DELETED, then NOT_FOUND).
+            answers = {k: iter(part) for k, part in zip(shards, parts, strict=True)}
+            return [next(answers[shard_of_id(job_id, self.count)]) for job_id in ids]
 
         return then(self._gather([self.shards[k].delete_many(token, by_shard[k])
                                   for k in shards]), merge)
