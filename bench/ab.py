@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import run_load
+from bench.machine import cpu_model
 from bench.run import (
     FULL,
     OUT_DIR,
     Bench,
     Row,
-    _cpu_model,
     delayed_row,
     make_server,
     many_tube_rows,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench.log(f"[{bench.elapsed():6.0f}s] rep {rep} {row.key:<28} {side:<4} "
                           f"{measured['rate']:>9,.0f} jobs/s p99 {measured['p99']} ms "
                           f"other {measured['other']:.2f}")
-    meta = {"base": args.base, "new": new_label, "started": started, "cpu": _cpu_model(),
+    meta = {"base": args.base, "new": new_label, "started": started, "cpu": cpu_model(),
             "reps": str(args.reps)}
     text = render(results, meta)
     output = args.output or OUT_DIR / f"ab-{stamp}.md"

@@ -18,8 +18,9 @@ import statistics
 from pathlib import Path
 
 from bench.loadgen import LoadSpec, run_load
+from bench.machine import cpu_model
 from bench.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
-from bench.run import EVENTS_ON, METRICS_OFF, METRICS_ON, OUT_DIR, _cpu_model
+from bench.run import EVENTS_ON, METRICS_OFF, METRICS_ON, OUT_DIR
 from bench.servers import Tubeq
 
 # on: every hook; slow: the slow-command timing only (no listener); off: none (the default).
@@ -62,7 +63,7 @@ def main() -> None:
             print(f"rep {rep} metrics {kind:<4}: tubeq {figures['tubeq_us']:6.1f} us/job, "
                   f"redis {figures['redis_us']:6.1f} us/job, {figures['jobs_per_s']:8,.0f} "
                   "jobs/s", flush=True)
-    print(f"cpu: {_cpu_model()}")
+    print(f"cpu: {cpu_model()}")
     for key in ("tubeq_us", "redis_us"):
         off = statistics.median(r[key] for r in runs["off"])
         for kind in ("on", "slow"):

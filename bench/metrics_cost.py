@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from time import perf_counter
 
-from bench.run import _cpu_model
+from bench.machine import cpu_model
 from tubeq import commands as c
 from tubeq.metrics import Metrics, command_label
 
@@ -87,7 +87,7 @@ def main() -> None:
         figures = asyncio.run(measure())
     else:
         figures = uvloop.run(measure())  # as the server runs
-    print(f"cpu: {_cpu_model()}")
+    print(f"cpu: {cpu_model()}")
     for name, ns in figures.items():
         print(f"{name:<34} {ns:8.0f} ns")
     # put and delete: an observed reply each; reserve: answered when it answers.
