@@ -16,10 +16,12 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 import redis
 
 from tests.client_support import connected, tube_settles
+from tests.http_support import running_server
 from tests.servers import (
     TEST_SHARDS_ENV,
     ServerProcess,
@@ -228,3 +230,23 @@ def test_the_differential_suite_passes_on_a_split_namespace() -> None:
     """Every beanstalkd scenario, against tubeq with ``--shards 4`` (ids compared in steps of
     the shard count where a scenario looks at their arithmetic: tests/wire/harness.py)."""
     print(run_differential_suite({TEST_SHARDS_ENV: str(SHARDS)}))
+
+
+async def test_the_http_api_reserves_across_shards_and_leaves_nothing_behind(
+        redis_url: str) -> None:
+    """An HTTP long-poll reserve is a token that watches, reserves and unwatches, never
+    connects or disconnects: once it is over, the split store remembers nothing of it."""
+    tubes = tubes_in_distinct_shards(2, "http")
+    async with running_server(redis_url, shards=SHARDS) as server, \
+            aiohttp.ClientSession() as session:
+        base = f"http://127.0.0.1:{server.http_port}"
+        async with session.post(f"{base}/api/tubes/{tubes[1]}/jobs", data=b"x") as response:
+            assert response.status == 201
+            job_id = (await response.json())["id"]
+        async with session.post(f"{base}/api/tubes/{','.join(tubes)}/reserve",
+                                params={"timeout": "0"}) as response:
+            assert response.status == 200, await response.text()
+            assert (await response.json())["id"] == job_id
+        store = server.ctx.store if server.ctx is not None else None
+        assert isinstance(store, ShardedStore)
+        assert not store._watched and not store._touched  # what would grow per request

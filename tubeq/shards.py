@@ -360,6 +360,11 @@ class ShardedStore(Store):
                 self._touch(token, shard)
             else:
                 watched.discard(tube)
+        if not watched:
+            # Only a token that is not a connection gets here (a connection cannot ignore its
+            # last tube): an HTTP reservation ending. Nothing of it is left to remember.
+            self._watched.pop(token, None)
+            self._touched.pop(token, None)
         return self._gather([self.shards[k].change_watches(token, shard_ops)
                              for k, shard_ops in by_shard.items()])  # type: ignore[return-value]
 
