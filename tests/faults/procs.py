@@ -20,6 +20,7 @@ from tubeq.redis_process import RedisProcess, free_port
 
 WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration
 POLL_S = 0.05
+DEFAULT_REPLICA_PRIORITY = 100  # redis.conf's replica-priority
 
 
 def start_tubeq_on(port: int, redis_url: str, prefix: str, log_dir: Path, label: str,
@@ -150,6 +151,70 @@ class SentinelTopology:
                         "the new master is a master")
         return after
 
+    def rejoin(self, redis: RedisProcess) -> None:
+        """Start a Redis that was killed as the master again, as a replica of the current
+        master that Sentinel must not promote (``replica-priority 0``): then
+        :meth:`promotable_once_synced`.
+
+        It comes back without the data it had (no persistence here), and Sentinel does not
+        know that: a replica that has not reached its master since it started reports
+        ``master_link_down_since_seconds:-1``, which Sentinel reads as "never down", so it
+        passes every check of Sentinel's replica selection. A failover in that window (a
+        sentinel that misses the master's PINGs for ``down-after-milliseconds`` on a busy
+        machine is enough) promotes the empty replica, and the master, converted into its
+        replica, resyncs from it and drops every job it had (seen: issue 11). Sentinel lists
+        the killed master as a replica only since the failover, with no INFO of its own, and
+        selects no replica before it has read its INFO: which already says priority 0.
+        """
+        master = self.master_port()
+        assert master is not None
+        redis.extra = ("--replicaof", LOOPBACK, str(master), "--replica-priority", "0")
+        redis.start()
+
+    def refuses_to_promote(self, redis: RedisProcess) -> None:
+        """Once the first sentinel has read the INFO of ``redis`` (a rejoined replica, not yet
+        promotable), a forced failover must find no replica to promote."""
+        sentinel = self.sentinels[0].port
+        run_id = _info_field(redis.port, "server", "run_id")
+
+        def selectable_but_for_priority() -> bool:
+            # Connected, answering, and the INFO of the restarted process read (its run id).
+            replica = self._replica(sentinel, redis.port)
+            flags = replica.get("flags", "disconnected")
+            return ("disconnected" not in flags and "s_down" not in flags
+                    and replica.get("runid") == run_id)
+
+        self.wait_until(selectable_but_for_priority, f"sentinel {sentinel} has the INFO of "
+                        f"{redis.port}")
+
+        def refused() -> bool:
+            out = redis_command(sentinel, "SENTINEL", "failover", self.name)
+            assert not out.startswith(b"OK"), (
+                f"Sentinel promotes {redis.port}, back without its data (issue 11)")
+            return out.startswith(b"NOGOODSLAVE")  # else INPROG: the last failover is ending
+
+        self.wait_until(refused, "SENTINEL FAILOVER answers NOGOODSLAVE")
+
+    def promotable_once_synced(self, redis: RedisProcess) -> None:
+        """Wait until a rejoined Redis has finished its sync, then let Sentinel promote it."""
+        self.wait_until(lambda: b"master_link_status:up" in redis_command(
+            redis.port, "INFO", "replication"), f"{redis.port} finishes its sync")
+        out = redis_command(redis.port, "CONFIG", "SET", "replica-priority",
+                            str(DEFAULT_REPLICA_PRIORITY))
+        assert out.strip() == b"OK", out
+
+    def _replica(self, sentinel_port: int, port: int) -> dict[str, str]:
+        """The fields of SENTINEL REPLICAS for the replica on ``port`` ({} if not listed)."""
+        lines = redis_command(sentinel_port, "SENTINEL", "replicas", self.name).decode(
+            errors="replace").splitlines()
+        replicas: list[dict[str, str]] = []
+        for key, value in zip(lines[::2], lines[1::2], strict=False):
+            if key == "name":
+                replicas.append({})
+            if replicas:
+                replicas[-1][key] = value
+        return next((r for r in replicas if r.get("port") == str(port)), {})
+
     def _reported(self, sentinel_port: int) -> int | None:
         out = redis_command(sentinel_port, "SENTINEL", "get-master-addr-by-name", self.name)
         lines = out.split()
@@ -270,6 +335,14 @@ class RedisClusterNodes:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def _info_field(port: int, section: str, name: str) -> str:
+    for line in redis_command(port, "INFO", section).decode(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"no {name} in INFO {section} of {port}")
 
 
 def _accepts(port: int) -> bool:
