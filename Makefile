@@ -97,7 +97,7 @@ bench-peers: $(BENCH_STAMP) system-deps bench-node-deps
 # Issue 11's cluster section of `make bench` on its own: the put and cycle 64x16 loads over 64
 # tubes on 1 Redis (--shards 1 and 16) and on a 3-node Redis Cluster (--shards 16), 2 tubeq
 # processes each; CPU per job of every process and how the Lua work splits across the nodes;
-# ~4-5 min, appends to bench/RESULTS-cluster.md. ARGS=--quick: ~1 min, bench/out/.
+# ~3 min, appends to bench/RESULTS-cluster.md. ARGS=--quick: ~1 min, bench/out/.
 bench-cluster: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.cluster_bench $(ARGS)
 

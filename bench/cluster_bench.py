@@ -1,7 +1,7 @@
 """Issue 11's cluster section of `make bench`: one Redis against a 3-node Redis Cluster, and how
 the Lua work splits across the nodes -> bench/RESULTS-cluster.md.
 
-    make bench-cluster                                 the full run (~4-5 min on 2 cores)
+    make bench-cluster                                 the full run (~3 min on 2 cores)
     .venv/bin/python -m bench.cluster_bench --quick    1 repetition, 1 s windows (bench/out/)
 
 Owns: the cluster section's configurations, loads, repetitions and its report. Every run starts
@@ -43,6 +43,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -288,9 +289,17 @@ def run_all(scale: Scale, stamp: str) -> dict[str, Any]:
     finished = datetime.now(UTC)
     data = {"scale": asdict(scale), "started": started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"), "machine": machine_and_versions(),
-            "cpu_model": cpu_model(), "runs": runs}
+            "cpu_model": cpu_model(), "tubeq_tree": tubeq_tree(), "runs": runs}
     (OUT_DIR / f"cluster-{stamp}.json").write_text(json.dumps(data, indent=1))
     return data
+
+
+def tubeq_tree() -> str:
+    """The last commit that changed tubeq/ (the code measured: the run snapshots it)."""
+    done = subprocess.run(["git", "-C", str(BENCH_DIR.parent), "log", "-1", "--format=%h %cs",
+                           "--", "tubeq"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    return done.stdout.strip()
 
 
 def _progress(run: dict[str, Any]) -> None:
@@ -349,7 +358,8 @@ def render(data: dict[str, Any]) -> str:
         f"## Run of {data['started'].replace('T', ' ').replace('+00:00', ' UTC')}"
         f" ({scale['name']})", "",
         f"CPU: **{machine['cpu']}** (shared with other work); {machine['os']}; "
-        f"{machine['redis-server']}; Python {machine['python']}; tubeq {machine['tubeq']}.",
+        f"{machine['redis-server']}; Python {machine['python']}; tubeq {machine['tubeq']}"
+        f"{' (tubeq/ as of ' + data['tubeq_tree'] + ')' if data.get('tubeq_tree') else ''}.",
         f"Load average (1/5/15 min) at the runs' starts: {loads[0] if loads else 'n/a'} first, "
         f"{loads[-1] if loads else 'n/a'} last (every run's is in the JSON); "
         f"{scale['repetitions']} repetition(s), interleaved; windows of {scale['window_s']} s "
@@ -457,27 +467,33 @@ def _split_cost(data: dict[str, Any]) -> list[str]:
 def _capacity(data: dict[str, Any]) -> list[str]:
     """The capacity model from this run's cluster medians (README "Scaling out" quotes it)."""
     cluster = CONFIGS[2]
+    counts = [n["tubes"] for r in data["runs"] if r["config"] == cluster.label and "layout" in r
+              for n in r["layout"].values()]
+    tubes_range = f"{min(counts)}-{max(counts)}" if counts else "n/a"
     lines = ["### Capacity model from this run", "",
              "One Redis thread is one core, so a node serves at most ~1e6 / R jobs/s, R = the "
              "Redis CPU per job summed over the nodes (each job's Lua work is done once, on "
-             "whichever node holds its shards); a tubeq process serves ~1e6 / T, T = tubeq CPU "
-             "per job. With the work spread evenly, N nodes serve N x 1e6 / R, and a target "
-             "rate needs target x R / 1e6 nodes (rounded up). The spread here is not even (16 "
-             "shards over 3 nodes, tubes by crc32): the busiest node saturates first, so this "
-             "3-node cluster's ceiling is 1e6 / (R x its share). CPU only: clients, network "
-             "and round trips come first on real machines.", "",
+             "whichever node holds its shards); a tubeq process serves ~1e6 / T, T = tubeq CPU per"
+             " job. With the work spread evenly, N nodes serve N x 1e6 / R, and a target rate "
+             "needs target x R / 1e6 nodes (rounded up). The spread is not even: 16 shards over 3 "
+             f"nodes and 64 tubes by crc32 put {tubes_range} of the 64 tubes on one node in these "
+             "runs (each run has its own prefix, so its own layout). With the same rate into every"
+             " tube, the node with the most tubes saturates first, at 1e6 / (R x its share of the "
+             "tubes) jobs/s for the 3 nodes (the closed-loop load here does not show that share: a"
+             " node that answers sooner simply gets more jobs). CPU only: clients, network and "
+             "round trips come first on real machines.", "",
              "| load | R: Redis us/job | jobs/s per node (1e6 / R) | T: tubeq us/job | tubeq "
-             "processes per node (T / R) | busiest node's share | ceiling of these 3 nodes, "
-             "jobs/s | " + " | ".join(f"nodes for {t // 1000}k jobs/s (even)"
-                                      for t in TARGET_RATES) + " |",
+             "processes per node (T / R) | most tubes on one node | ceiling of these 3 nodes "
+             "at that spread, jobs/s | " + " | ".join(f"nodes for {t // 1000}k jobs/s (even)"
+                                                     for t in TARGET_RATES) + " |",
              "|---|---|---|---|---|---|---|" + "---|" * len(TARGET_RATES)]
     for load in LOADS:
         runs = _runs(data, cluster, load)
         r, t = _med(_fig(runs, "redis_us_per_job")), _med(_fig(runs, "tubeq_us_per_job"))
         if not r or not t:
             continue
-        busiest = _med([max(n["cpu_us_per_job"] for n in run["figures"]["nodes"])
-                        / run["figures"]["redis_us_per_job"] for run in runs])
+        busiest = _med([max(n["tubes"] for n in run["layout"].values()) / TUBES
+                        for run in runs])
         assert busiest is not None
         needed = [str(math.ceil(target * r / 1e6)) for target in TARGET_RATES]
         lines.append(f"| {load.label} | {_n(r)} | {1e6 / r:,.0f} | {_n(t)} | {t / r:.2f} | "
