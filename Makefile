@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-consume bench-peers bench-node-deps bench-pipeline system-deps client-deps client-apt-deps clean
+.PHONY: run test lint bench bench-cluster bench-consume bench-peers bench-node-deps bench-pipeline system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,8 +65,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~15-16 min; writes
-# bench/RESULTS.md; then the pipeline section (bench-pipeline below), then the peers section
-# (bench-peers below). `make bench ARGS=--quick` is a development run of all three (bench/out/).
+# bench/RESULTS.md; then the pipeline section (bench-pipeline below), the peers section
+# (bench-peers below) and the cluster section (bench-cluster below). `make bench ARGS=--quick`
+# is a development run of all four (bench/out/).
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -77,6 +78,7 @@ bench: $(BENCH_STAMP) system-deps bench-node-deps
 	$(BIN)/python -m bench.run $(ARGS)
 	$(BIN)/python -m bench.pipeline_bench $(filter --quick,$(ARGS))
 	$(BIN)/python -m bench.peers $(filter --quick,$(ARGS))
+	$(BIN)/python -m bench.cluster_bench $(filter --quick,$(ARGS))
 
 # npm for BullMQ in the peers section (only nodejs and npm: not the other clients of client-deps).
 bench-node-deps:
@@ -91,6 +93,13 @@ bench-node-deps:
 # ARGS=--quick: 1 repetition, small counts, a few minutes, bench/out/.
 bench-peers: $(BENCH_STAMP) system-deps bench-node-deps
 	$(BIN)/python -m bench.peers $(ARGS)
+
+# Issue 11's cluster section of `make bench` on its own: the put and cycle 64x16 loads over 64
+# tubes on 1 Redis (--shards 1 and 16) and on a 3-node Redis Cluster (--shards 16), 2 tubeq
+# processes each; CPU per job of every process and how the Lua work splits across the nodes;
+# ~3 min, appends to bench/RESULTS-cluster.md. ARGS=--quick: ~1 min, bench/out/.
+bench-cluster: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.cluster_bench $(ARGS)
 
 # Issue 9's pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
 # archive (wall, with Spark start), df.write.format("tubeq") rate; ~10 min, appends to

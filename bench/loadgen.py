@@ -4,6 +4,9 @@
 
 Modes (research/perf-baseline.md section 1 has the method they follow):
   put         N connections keep P puts in flight each; latency = the put round trip.
+              With --tubes T > 1 (put and cycle) connection n of all processes uses tube
+              `<tube>.<n mod T>` and only that one (in cycle, consumer n watches only it): the
+              load spread over T tubes, each connection still on one tube (bench/cluster_bench.py).
   cycle       N producer + N consumer connections; a consumer keeps P reserve-with-timeout in
               flight and sends each delete in the same write as its next reserve; a job counts
               when DELETED arrives; latency = put sent -> RESERVED received (body timestamp).
@@ -29,10 +32,11 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
 accepted. With --procs K the load is split over K generator processes, each on its own tubes
-(`<tube>-<index>`; many-tubes excepted); each reports its own CPU, so a generator at ~100 % of
-a core shows that the generator, not the server, was the bottleneck. --server-pid label=PID
-(repeatable) adds those processes' CPU over the same window, and ``other_cores`` is what the
-rest of the machine used.
+(`<tube>-<index>`; many-tubes and --tubes > 1 excepted); with several --port values generator
+process i connects to the i-th (round robin: one process per tubeq of several). Each reports
+its own CPU, so a generator at ~100 % of a core shows that the generator, not the server, was
+the bottleneck. --server-pid label=PID (repeatable) adds those processes' CPU over the same
+window, and ``other_cores`` is what the rest of the machine used.
 
 Output: a human summary on stderr and, with --json, one JSON object on stdout (bench/run.py
 reads it).
@@ -127,6 +131,9 @@ class LoadSpec:
     backlog: int = 0
     seed: int = 1
     batch: int = 1  # batch modes: jobs per put-many / reserve-many
+    # Several servers (tubeq processes on one namespace): generator process i connects to
+    # ports[i % len(ports)] instead of ``port``.
+    ports: tuple[int, ...] = ()
 
     def share(self, total: int, index: int) -> int:
         """Process ``index``'s part of ``total`` (the first ones take the remainder)."""
@@ -135,6 +142,15 @@ class LoadSpec:
 
     def tube_of(self, index: int) -> str:
         return f"{self.tube}-{index}"
+
+    def port_of(self, index: int) -> int:
+        """The port generator process ``index`` connects to."""
+        return self.ports[index % len(self.ports)] if self.ports else self.port
+
+    def spread_tube(self, connection: int) -> str:
+        """put and cycle with ``tubes`` > 1: the one tube of connection number ``connection``
+        (counted over all processes)."""
+        return f"{self.tube}.{connection % self.tubes}"
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -591,18 +607,23 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     """The connections of generator process ``index`` for ``spec.mode``."""
     conns = spec.share(spec.connections, index)
     tube = spec.tube_of(index)
-    port, producer_port = spec.port, spec.producer_port or spec.port
+    port = spec.port_of(index)
+    producer_port = spec.producer_port or port
     if spec.mode.endswith("-batch"):  # batches (issue 10): put-many, reserve-many, delete-many
         from bench import batch_load
         return batch_load.build_roles(spec, index, state)
+    if spec.mode in ("put", "cycle"):
+        before = sum(spec.share(spec.connections, j) for j in range(index))
+        tubes = ([spec.spread_tube(before + i) for i in range(conns)] if spec.tubes > 1
+                 else [tube] * conns)
     if spec.mode == "put":
-        return [(Producer(state, [tube], spec.in_flight, spec.body_size, completes=True,
-                          rtt=True), port) for _ in range(conns)]
+        return [(Producer(state, [t], spec.in_flight, spec.body_size, completes=True,
+                          rtt=True), port) for t in tubes]
     if spec.mode == "cycle":
-        roles: list[Role] = [(Producer(state, [tube], spec.in_flight, spec.body_size,
-                                       completes=False, rtt=False), port) for _ in range(conns)]
-        roles += [(Consumer(state, [tube], spec.in_flight, completes_on=b"DELETED"), port)
-                  for _ in range(conns)]
+        roles: list[Role] = [(Producer(state, [t], spec.in_flight, spec.body_size,
+                                       completes=False, rtt=False), port) for t in tubes]
+        roles += [(Consumer(state, [t], spec.in_flight, completes_on=b"DELETED"), port)
+                  for t in tubes]
         return roles
     if spec.mode == "many-tubes":
         # One set of tubes for every generator process: each consumer watches all of them (the
@@ -755,11 +776,13 @@ class LoadResult:
 
 
 def run_load(spec: LoadSpec, server_pids: dict[str, int],
-             redis_url: str | None = None) -> LoadResult:
+             redis_url: str | None = None, node_urls: Sequence[str] = ()) -> LoadResult:
     """Run ``spec`` in ``spec.procs`` generator processes; CPU of ``server_pids`` (label -> PID)
     and of the generators is taken over the measurement window. With ``redis_url`` (a private
     Redis the caller started) its INFO commandstats are reset when the window starts and read
-    when it ends: ``extra["redis"]`` is Redis's command time per job counted in the window."""
+    when it ends: ``extra["redis"]`` is Redis's command time per job counted in the window.
+    ``node_urls`` (several Redis, e.g. a cluster's nodes) likewise, each on its own:
+    ``extra["redis_nodes"]`` maps each URL to its figures per job."""
     context = multiprocessing.get_context("fork")
     pipes: list[multiprocessing.connection.Connection] = []
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -771,7 +794,7 @@ def run_load(spec: LoadSpec, server_pids: dict[str, int],
         pipes.append(ours)
         processes.append(process)
     try:
-        return _coordinate(spec, server_pids, pipes, processes, redis_url)
+        return _coordinate(spec, server_pids, pipes, processes, redis_url, node_urls)
     finally:
         for child in processes:
             child.join(5.0)
@@ -792,7 +815,7 @@ def _receive(pipe: multiprocessing.connection.Connection, timeout: float) -> tup
 def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
                 pipes: list[multiprocessing.connection.Connection],
                 processes: list[multiprocessing.process.BaseProcess],
-                redis_url: str | None = None) -> LoadResult:
+                redis_url: str | None = None, node_urls: Sequence[str] = ()) -> LoadResult:
     setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + 5
     for pipe in pipes:
         _receive(pipe, setup_deadline - time.monotonic())
@@ -806,10 +829,11 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
         pipe.send(("go", go_at))
     window_start = go_at + spec.warmup
     time.sleep(max(0.0, window_start - time.monotonic()))
-    if redis_url is not None:
-        redis_command(redis_url, "CONFIG", "RESETSTAT")
+    stats_urls = ([redis_url] if redis_url is not None else []) + list(node_urls)
+    for url in stats_urls:
+        redis_command(url, "CONFIG", "RESETSTAT")
     cpu_start = CpuSnapshot.take(watched)
-    redis_stats: dict[str, dict[str, float]] | None = None
+    stats_by_url: dict[str, dict[str, dict[str, float]]] = {}
     hard_deadline = go_at + spec.time_limit + 10
     window_end = window_start + spec.seconds if spec.seconds is not None else hard_deadline
     results: dict[int, ProcessResult] = {}
@@ -818,8 +842,7 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
         now = time.monotonic()
         if cpu_end is None and now >= window_end:
             cpu_end = CpuSnapshot.take(watched)
-            if redis_url is not None:
-                redis_stats = command_stats(redis_url)
+            stats_by_url = {url: command_stats(url) for url in stats_urls}
         if now >= hard_deadline:
             raise TimeoutError("generator processes did not report before the hard deadline")
         waiting = [p for i, p in enumerate(pipes) if i not in results]
@@ -831,12 +854,14 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
             results[pipes.index(ready_pipe)] = result
     if cpu_end is None:
         cpu_end = CpuSnapshot.take(watched)
-        if redis_url is not None:
-            redis_stats = command_stats(redis_url)
+        stats_by_url = {url: command_stats(url) for url in stats_urls}
     merged = _merge(spec, [results[i] for i in range(len(pipes))],
                     CpuWindow.between(cpu_start, cpu_end), window_start)
-    if redis_stats is not None:
-        merged.extra["redis"] = redis_per_job(redis_stats, merged.counted)
+    if redis_url is not None:
+        merged.extra["redis"] = redis_per_job(stats_by_url[redis_url], merged.counted)
+    if node_urls:
+        merged.extra["redis_nodes"] = {url: redis_per_job(stats_by_url[url], merged.counted)
+                                       for url in node_urls}
     return merged
 
 
@@ -939,7 +964,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("mode", choices=MODES)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, action="append",
+                   help="repeat for several servers: generator process i uses the i-th")
     p.add_argument("--producer-port", type=int, default=None,
                    help="wake/delayed: send the puts to this port (default --port)")
     p.add_argument("-c", "--connections", type=int, default=8,
@@ -956,7 +982,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=1, help="generator processes")
     p.add_argument("--tube", default="bench", help="tube name prefix")
     p.add_argument("--tubes", type=int, default=1,
-                   help="many-tubes: tubes (shared by all processes)")
+                   help="many-tubes, and put/cycle: tubes (shared by all processes)")
     p.add_argument("--puts-per-use", type=int, default=1,
                    help="many-tubes: puts to one tube before the producer uses the next")
     p.add_argument("--rate", type=float, default=1000.0, help="delayed: puts per second")
@@ -984,7 +1010,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def spec_from_args(args: argparse.Namespace) -> LoadSpec:
     return LoadSpec(
-        mode=args.mode, host=args.host, port=args.port, producer_port=args.producer_port,
+        mode=args.mode, host=args.host, port=args.port[0], producer_port=args.producer_port,
+        ports=tuple(args.port) if len(args.port) > 1 else (),
         connections=args.connections, in_flight=args.in_flight, body_size=args.body_size,
         jobs=args.jobs, seconds=args.seconds, warmup=args.warmup, time_limit=args.time_limit,
         procs=args.procs, tube=args.tube, tubes=args.tubes, puts_per_use=args.puts_per_use,

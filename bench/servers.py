@@ -10,6 +10,11 @@ bench/run.py takes when it starts, so a run measures one version of tubeq even w
 working tree changes under it. Several tubeq processes can share one Redis and prefix (the wake
 scenario across processes). The private Redis runs without persistence, as
 beanstalkd runs without its binlog: both keep jobs in memory only.
+
+For the cluster section (bench/cluster_bench.py): :class:`RedisClusterNodes` starts N
+``redis-server --cluster-enabled yes`` nodes on loopback ports whose cluster bus port (+10000)
+is free, joins them with ``redis-cli --cluster create`` (masters only) and stops them by PID;
+:class:`TubeqOn` is tubeq processes on a Redis (or cluster) URL they do not own.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 # free_port() can lose a race with another process; a server that fails to bind is retried.
 PORT_ATTEMPTS = 3
+
+
+# A cluster node's bus port is its port + 10000 (Redis's fixed offset).
+CLUSTER_BUS_OFFSET = 10000
+CLUSTER_CREATE_TIMEOUT_S = 60.0
+CLUSTER_OK_TIMEOUT_S = 30.0
 
 
 class ServerStartError(RuntimeError):
@@ -263,3 +274,138 @@ def snapshot_tubeq(destination: Path) -> Path:
     shutil.copytree(REPO_ROOT / "tubeq", destination / "tubeq",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return destination
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+            return True
+        except OSError:
+            return False
+
+
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = free_port(LOOPBACK)
+        if port + CLUSTER_BUS_OFFSET <= 65535 and _bindable(port + CLUSTER_BUS_OFFSET):
+            return port
+    raise ServerStartError("no free port pair (port, port + 10000) for a cluster node")
+
+
+@dataclass
+class RedisClusterNodes:
+    """``count`` cluster-enabled redis-server nodes (no persistence, as the private Redis),
+    joined by ``redis-cli --cluster create --cluster-replicas 0``: the slots split evenly."""
+
+    work_dir: Path
+    count: int = 3
+    nodes: list[RedisProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """tubeq's ``--redis`` for this cluster: every node a seed."""
+        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+
+    @property
+    def node_urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """CPU labels ``redis node1``... in node order."""
+        return {f"redis node{i + 1}": n.proc.pid for i, n in enumerate(self.nodes)
+                if n.proc is not None}
+
+    def start(self) -> None:
+        binary = shutil.which("redis-cli")
+        if binary is None:
+            raise ServerStartError("no redis-cli on PATH (make system-deps installs redis)")
+        try:
+            for index in range(self.count):
+                directory = (self.work_dir / f"node{index + 1}").resolve()
+                node = RedisProcess(directory, port=cluster_port(), extra=(
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", str(directory / "nodes.conf")))
+                self.nodes.append(node)
+                node.start()
+            done = subprocess.run(
+                [binary, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                capture_output=True, timeout=CLUSTER_CREATE_TIMEOUT_S, check=False)
+            if done.returncode != 0:
+                output = (done.stdout + done.stderr).decode(errors="replace")
+                raise ServerStartError(f"redis-cli --cluster create failed: {output[-1500:]}")
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + CLUSTER_OK_TIMEOUT_S
+        while time.monotonic() < deadline:
+            states = [redis_command(url, "CLUSTER", "INFO") for url in self.node_urls]
+            if all(isinstance(s, bytes) and b"cluster_state:ok" in s for s in states):
+                return
+            time.sleep(0.1)
+        raise ServerStartError(f"the cluster did not reach cluster_state:ok within "
+                               f"{CLUSTER_OK_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()  # by its PID: SIGTERM, then SIGKILL
+            shutil.rmtree(node.data_dir, ignore_errors=True)
+        self.nodes.clear()
+
+
+@dataclass
+class TubeqOn:
+    """``processes`` tubeq processes on ``redis_url`` (a Redis or a cluster this does not own),
+    one prefix, each with ``flags``; stopped by PID. ``ports`` in process order."""
+
+    log_dir: Path
+    redis_url: str
+    processes: int = 2
+    flags: tuple[str, ...] = ()
+    code_dir: Path = REPO_ROOT
+    prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(3))
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.code_dir), env.get("PYTHONPATH", "")) if p)
+        try:
+            for index in range(self.processes):
+                for attempt in range(PORT_ATTEMPTS):
+                    port = free_port(LOOPBACK)
+                    command = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
+                               "--redis", self.redis_url, "--prefix", self.prefix,
+                               "--log-level", "warning", *self.flags]
+                    try:
+                        self.procs.append(_spawn(
+                            command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
+                            env=env, cwd=self.code_dir))
+                    except ServerStartError:
+                        if attempt == PORT_ATTEMPTS - 1:
+                            raise
+                        continue
+                    self.ports.append(port)
+                    break
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """CPU labels ``tubeq1``, ``tubeq2``..."""
+        return {f"tubeq{i + 1}": p.pid for i, p in enumerate(self.procs)}
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            _stop_pid(proc)
+        self.procs.clear()
+        self.ports.clear()
