@@ -77,6 +77,9 @@ def test_every_store_call_is_routed() -> None:
 
 def test_layout() -> None:
     assert shard_prefix("tq", 2, 4) == "tq#2/4"
+    # A tube's group (its name up to the first "/") picks its shard.
+    assert {shard_of_tube(f"mail/{n}", 16) for n in range(50)} == {shard_of_tube("mail", 16)}
+    assert shard_of_tube("mail/high/x", 16) == shard_of_tube("mail", 16)
     assert {shard_of_id(4 * seq + 3, 4) for seq in range(1, 50)} == {3}
     assert len({shard_of_tube(f"t{i}", 4) for i in range(100)}) == 4  # every shard gets tubes
 

@@ -13,7 +13,9 @@ Rules:
   k + 2n, ... (``next_job_id`` in lua/includes/keys.lua): ``id mod n`` is a job's shard, so a
   command that names only an id (delete, release, bury, touch, peek, stats-job, kick-job,
   reserve-job) goes straight to it. Ids stay unique positive integers.
-* A tube lives in shard ``crc32(name) mod n``. n is fixed per namespace: the first process
+* A tube lives in shard ``crc32(group) mod n``, its group being its name up to the first ``/``
+  (``mail/high`` and ``mail/low`` share the shard of ``mail``), else its whole name: tubes a
+  consumer watches together belong in one group. n is fixed per namespace: the first process
   records it (``{<prefix>}:shards``) and a process started with another n refuses to start
   (:func:`claim_layout`), since it would see none of the jobs.
 * A connection's home is the shard of tube ``default`` (connect.lua counts it there, with the
@@ -24,7 +26,11 @@ Rules:
   job it would get (best.lua, read only), reserves in the shard whose job comes first in (pri,
   time put, id) order, and asks again should another connection have taken that job meanwhile.
   beanstalkd's order is (pri, id) across all watched tubes; ids of different shards do not
-  follow put order, hence the put time (ms, the putting process's clock) between pri and id.
+  follow put order, hence the put time between pri and id (Redis's own clock in microseconds,
+  field ``cu``, stamped by ``stamp_put`` in lua/includes/keys.lua). The price: a look per
+  watched shard for each reserve, and a count in and out of the waiters per watched shard for
+  each wait (bench/RESULTS-cluster.md: consumers watching 64 tubes over 16 shards cost about 7x
+  the Redis CPU per job of consumers whose tubes are in one shard).
 * Waiting over several shards: the connection is counted in every one of them for wake-ups only
   (modes 'h' at home, 'o' elsewhere: lua/includes/waiting.lua); puts never hand it a job, their
   PUBLISH wakes it and its reserve tries again. So one wait never gets two jobs from two shards.
@@ -82,7 +88,9 @@ def shard_prefix(prefix: str, shard: int, shards: int) -> str:
 
 
 def shard_of_tube(tube: str, shards: int) -> int:
-    return zlib.crc32(tube.encode()) % shards
+    """crc32 of the tube's group (its name up to the first ``/``, or the whole name): tubes of
+    one group share a shard, so a consumer of all of them reserves in one shard."""
+    return zlib.crc32(tube.split("/", 1)[0].encode()) % shards
 
 
 def shard_of_id(job_id: int, shards: int) -> int:
@@ -210,22 +218,22 @@ class ShardedStore(Store):
         taken: list[Reservation] = []
         want = 1 if count is None else count
         retries = RESERVE_RETRIES
-        while len(taken) < want:
+        while len(taken) < want and retries > 0:
             bests = await asyncio.gather(*(self.shards[k].best(token) for k in shards))
             ranked = sorted((best, k) for k, best in zip(shards, bests, strict=True)
                             if best is not None)
             if not ranked:
                 break
-            shard = ranked[0][1]
-            self._touch(token, shard)
-            got = await self.shards[shard].reserve_many(token, want - len(taken))
-            if got:
-                taken += got
-                retries = RESERVE_RETRIES
-            else:
-                retries -= 1  # another connection took it between the look and the take
-                if retries == 0:
+            # Best first; a shard whose job another connection took between the look and the
+            # take gives way to the next one, before any new look at every shard.
+            for _, shard in ranked:
+                self._touch(token, shard)
+                got = await self.shards[shard].reserve_many(token, want - len(taken))
+                if got:
+                    taken += got
                     break
+            else:
+                retries -= 1
         if taken and counted_waiting:
             # Counted in for wake-ups in every shard it watches: it waits no longer.
             for k in shards:

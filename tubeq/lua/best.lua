@@ -14,7 +14,13 @@ Cost     see includes/picking.lua; reads only
 --- @include "picking"
 local token = ARGV[1]
 if rcall('LLEN', k_handed(token)) > 0 then return {-1, 0, 0} end
-local entry = best_entry(token)
+-- The shard's best ready job first: nothing ready here ends the look at one call, and a
+-- connection that watches many tubes (the reason to reserve across shards) usually watches it.
+local head = rcall('ZRANGE', K_READY_TUBES, 0, 0)
+if #head == 0 then return {} end
+local entry = head[1]
+local _, t = split_entry(entry)
+if rcall('SISMEMBER', k_watch(token), t) == 0 then entry = best_entry(token) end
 if not entry then return {} end
 local id = id_of(split_entry(entry))
 local put = rcall('HMGET', k_job(id), 'cu', 'c')
