@@ -62,7 +62,7 @@ from bench.machine import cpu_model
 from bench.procstat import QuietGate
 from bench.redisinfo import redis_command
 from bench.run import machine_and_versions
-from bench.servers import RedisClusterNodes, TubeqOn, snapshot_tubeq
+from bench.servers import BenchCluster, TubeqOn, snapshot_tubeq
 from tubeq.redis_process import RedisProcess
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -148,11 +148,11 @@ class Servers:
 def running(config: Config, work_dir: Path, code_dir: Path) -> Iterator[Servers]:
     """Fresh Redis (or cluster) and two tubeq processes for ``config``; stopped by PID after."""
     plain: RedisProcess | None = None
-    cluster: RedisClusterNodes | None = None
+    cluster: BenchCluster | None = None
     tubeq: TubeqOn | None = None
     try:
         if config.cluster:
-            cluster = RedisClusterNodes(work_dir / "cluster", count=CLUSTER_NODES)
+            cluster = BenchCluster(work_dir / "cluster", count=CLUSTER_NODES)
             cluster.start()
             url, node_urls, redis_pids = cluster.url, cluster.node_urls, cluster.pids
         else:

@@ -11,10 +11,10 @@ working tree changes under it. Several tubeq processes can share one Redis and p
 scenario across processes). The private Redis runs without persistence, as
 beanstalkd runs without its binlog: both keep jobs in memory only.
 
-For the cluster section (bench/cluster_bench.py): :class:`RedisClusterNodes` starts N
-``redis-server --cluster-enabled yes`` nodes on loopback ports whose cluster bus port (+10000)
-is free, joins them with ``redis-cli --cluster create`` (masters only) and stops them by PID;
-:class:`TubeqOn` is tubeq processes on a Redis (or cluster) URL they do not own.
+For the cluster section (bench/cluster_bench.py): :class:`BenchCluster` is a Redis Cluster of
+N nodes on loopback (tubeq.redis_process.RedisClusterNodes: started, joined with ``redis-cli
+--cluster create``, stopped by PID); :class:`TubeqOn` is tubeq processes on a Redis (or
+cluster) URL they do not own.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.redisinfo import redis_command
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redis_process import RedisClusterNodes, RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +41,6 @@ STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 # free_port() can lose a race with another process; a server that fails to bind is retried.
 PORT_ATTEMPTS = 3
-
-
-# A cluster node's bus port is its port + 10000 (Redis's fixed offset).
-CLUSTER_BUS_OFFSET = 10000
-CLUSTER_CREATE_TIMEOUT_S = 60.0
-CLUSTER_OK_TIMEOUT_S = 30.0
 
 
 class ServerStartError(RuntimeError):
@@ -276,37 +270,9 @@ def snapshot_tubeq(destination: Path) -> Path:
     return destination
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-            return True
-        except OSError:
-            return False
-
-
-def cluster_port() -> int:
-    """A free loopback port whose cluster bus port (+10000) is free too."""
-    for _ in range(200):
-        port = free_port(LOOPBACK)
-        if port + CLUSTER_BUS_OFFSET <= 65535 and _bindable(port + CLUSTER_BUS_OFFSET):
-            return port
-    raise ServerStartError("no free port pair (port, port + 10000) for a cluster node")
-
-
-@dataclass
-class RedisClusterNodes:
-    """``count`` cluster-enabled redis-server nodes (no persistence, as the private Redis),
-    joined by ``redis-cli --cluster create --cluster-replicas 0``: the slots split evenly."""
-
-    work_dir: Path
-    count: int = 3
-    nodes: list[RedisProcess] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        """tubeq's ``--redis`` for this cluster: every node a seed."""
-        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+class BenchCluster(RedisClusterNodes):
+    """The cluster section's Redis Cluster (tubeq.redis_process.RedisClusterNodes: no
+    persistence, as the private Redis), with what the bench reads of it."""
 
     @property
     def node_urls(self) -> list[str]:
@@ -318,43 +284,9 @@ class RedisClusterNodes:
         return {f"redis node{i + 1}": n.proc.pid for i, n in enumerate(self.nodes)
                 if n.proc is not None}
 
-    def start(self) -> None:
-        binary = shutil.which("redis-cli")
-        if binary is None:
-            raise ServerStartError("no redis-cli on PATH (make system-deps installs redis)")
-        try:
-            for index in range(self.count):
-                directory = (self.work_dir / f"node{index + 1}").resolve()
-                node = RedisProcess(directory, port=cluster_port(), extra=(
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", str(directory / "nodes.conf")))
-                self.nodes.append(node)
-                node.start()
-            done = subprocess.run(
-                [binary, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes),
-                 "--cluster-replicas", "0", "--cluster-yes"],
-                capture_output=True, timeout=CLUSTER_CREATE_TIMEOUT_S, check=False)
-            if done.returncode != 0:
-                output = (done.stdout + done.stderr).decode(errors="replace")
-                raise ServerStartError(f"redis-cli --cluster create failed: {output[-1500:]}")
-            self._wait_ok()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ok(self) -> None:
-        deadline = time.monotonic() + CLUSTER_OK_TIMEOUT_S
-        while time.monotonic() < deadline:
-            states = [redis_command(url, "CLUSTER", "INFO") for url in self.node_urls]
-            if all(isinstance(s, bytes) and b"cluster_state:ok" in s for s in states):
-                return
-            time.sleep(0.1)
-        raise ServerStartError(f"the cluster did not reach cluster_state:ok within "
-                               f"{CLUSTER_OK_TIMEOUT_S:.0f} s")
-
     def stop(self) -> None:
+        super().stop()
         for node in self.nodes:
-            node.stop()  # by its PID: SIGTERM, then SIGKILL
             shutil.rmtree(node.data_dir, ignore_errors=True)
         self.nodes.clear()
 

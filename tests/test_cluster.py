@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tests.client_support import connected, eventually
-from tests.faults.procs import RedisClusterNodes, cluster_port, redis_command
+from tests.faults.procs import ClusterUnderTest, redis_command
 from tests.servers import (
     LOOPBACK,
     TEST_REDIS_ENV,
@@ -35,7 +35,7 @@ from tubeq.client import Client
 from tubeq.client.errors import CommandError
 from tubeq.cluster import ClusterSeeds
 from tubeq.keys import Keys
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redis_process import RedisProcess, cluster_port, free_port
 from tubeq.shards import shard_of_id, shard_of_tube, shard_prefix
 
 SHARDS = 8
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
-    nodes = RedisClusterNodes(tmp_path_factory.mktemp("cluster"))
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterUnderTest]:
+    nodes = ClusterUnderTest(tmp_path_factory.mktemp("cluster"))
     try:
         nodes.start()
         yield nodes
@@ -54,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNo
 
 
 @pytest.fixture
-def servers(cluster: RedisClusterNodes, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+def servers(cluster: ClusterUnderTest, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     """Two tubeq processes on the cluster, one namespace split into ``SHARDS``."""
     prefix = unique_prefix("tq-cl")
     started = [start_tubeq(cluster.url, prefix, tmp_path, f"tubeq-cluster-{i}",
@@ -64,7 +64,7 @@ def servers(cluster: RedisClusterNodes, tmp_path: Path) -> Iterator[list[ServerP
         server.stop()
 
 
-def node_of(cluster: RedisClusterNodes, key: str) -> int:
+def node_of(cluster: ClusterUnderTest, key: str) -> int:
     """The index of the node that serves ``key`` (CLUSTER KEYSLOT, then the nodes' slots)."""
     slot = int(redis_command(cluster.nodes[0].port, "CLUSTER", "KEYSLOT", key).strip())
     for index, node in enumerate(cluster.nodes):
@@ -75,7 +75,7 @@ def node_of(cluster: RedisClusterNodes, key: str) -> int:
 
 
 async def test_shards_spread_over_the_nodes_and_jobs_flow_across_them(
-        cluster: RedisClusterNodes, servers: list[ServerProcess]) -> None:
+        cluster: ClusterUnderTest, servers: list[ServerProcess]) -> None:
     producer_address, worker_address = servers[0].address, servers[1].address
     prefix = servers[0].extra["prefix"]
     tubes = [f"spread-{n}" for n in range(24)]
@@ -120,7 +120,7 @@ async def test_a_blocked_reserve_is_woken_by_a_put_through_another_process_and_n
             await worker.delete(job.id)
 
 
-async def test_a_shard_whose_slot_moves_is_followed(cluster: RedisClusterNodes,
+async def test_a_shard_whose_slot_moves_is_followed(cluster: ClusterUnderTest,
                                                     servers: list[ServerProcess]) -> None:
     """A resharding moves a shard's slot (and its keys) to another node: the old node answers
     MOVED, tubeq reads the slot map again and serves the shard from the new node, jobs intact."""
@@ -205,7 +205,7 @@ def test_a_bad_cluster_url_is_a_usage_error() -> None:
         ("h1", 7000), ("h2", 6379))
 
 
-def test_one_connection_per_node(cluster: RedisClusterNodes,
+def test_one_connection_per_node(cluster: ClusterUnderTest,
                                  servers: list[ServerProcess]) -> None:
     """Sixteen shards' worth of calls go over one pipelined connection per node (and the
     subscriber's one), not one per shard."""
@@ -220,7 +220,7 @@ def test_one_connection_per_node(cluster: RedisClusterNodes,
 
 
 @pytest.mark.timeout(600)
-def test_the_differential_suite_passes_on_the_cluster(cluster: RedisClusterNodes) -> None:
+def test_the_differential_suite_passes_on_the_cluster(cluster: ClusterUnderTest) -> None:
     """Every beanstalkd scenario against tubeq on the 3-node cluster, namespace split into 16
     shards (ids compared in steps of the shard count where a scenario looks at them)."""
     print(run_differential_suite({TEST_REDIS_ENV: cluster.url, TEST_SHARDS_ENV: "16"}))

@@ -4,6 +4,9 @@ Used by ``tubeq`` when no ``--redis`` URL is given (the embedded default) and by
 which must never touch a Redis it did not start. The binary is ``redis-server`` from PATH; without
 one, :class:`RedisNotInstalled` says exactly what to install.
 
+:class:`RedisClusterNodes` starts several cluster-enabled redis-servers joined into one Redis
+Cluster, for the test suite and ``make bench`` (tubeq itself only connects to clusters).
+
 The embedded Redis never outlives tubeq and never runs twice on one data directory:
 
 * ``die_with_parent``: the child asks the kernel for SIGTERM when its parent dies
@@ -248,3 +251,93 @@ class RedisProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+# A cluster node also listens on its port + this (the cluster bus).
+CLUSTER_BUS_OFFSET = 10000
+CLUSTER_CREATE_TIMEOUT_S = 60.0
+CLUSTER_OK_TIMEOUT_S = 30.0
+
+
+def cluster_port(host: str = "127.0.0.1") -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = free_port(host)
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair (port, port + 10000) for a cluster node")
+
+
+class RedisClusterNodes:
+    """``count`` redis-server nodes with ``--cluster-enabled yes``, joined by ``redis-cli
+    --cluster create --cluster-replicas 0`` (masters only, slots split evenly); each a
+    :class:`RedisProcess` (``persistent``/``appendfsync`` as there), stopped by PID."""
+
+    def __init__(self, work_dir: Path, count: int = 3, *, persistent: bool = False,
+                 appendfsync: str = "everysec", host: str = "127.0.0.1") -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.count = count
+        self.persistent = persistent
+        self.appendfsync = appendfsync
+        self.host = host
+        self.nodes: list[RedisProcess] = []
+
+    @property
+    def url(self) -> str:
+        """tubeq's ``--redis`` for this cluster: every node a seed."""
+        return "redis+cluster://" + ",".join(f"{self.host}:{n.port}" for n in self.nodes)
+
+    def node(self, index: int, port: int) -> RedisProcess:
+        directory = self.work_dir / f"node{index}"
+        return RedisProcess(directory, port=port, host=self.host, persistent=self.persistent,
+                            appendfsync=self.appendfsync,
+                            extra=("--cluster-enabled", "yes", "--cluster-config-file",
+                                   str(directory / "nodes.conf"),
+                                   "--cluster-node-timeout", "2000"))
+
+    def start(self) -> None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RedisNotInstalled(INSTALL_HINT)
+        try:
+            for index in range(self.count):
+                node = self.node(index, cluster_port(self.host))
+                self.nodes.append(node)
+                node.start()
+            done = subprocess.run(
+                [cli, "--cluster", "create", *(f"{self.host}:{n.port}" for n in self.nodes),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                capture_output=True, timeout=CLUSTER_CREATE_TIMEOUT_S, check=False)
+            if done.returncode != 0:
+                output = (done.stdout + done.stderr).decode(errors="replace")
+                raise RuntimeError(f"redis-cli --cluster create failed: {output[-1500:]}")
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def cli(self, index: int, *args: str) -> bytes:
+        """One command to node ``index`` through redis-cli; its raw output."""
+        done = subprocess.run(["redis-cli", "-h", self.host, "-p", str(self.nodes[index].port),
+                               *args], capture_output=True, timeout=10, check=False)
+        return done.stdout
+
+    def wait_ok(self) -> None:
+        """Wait until every node says ``cluster_state:ok``."""
+        deadline = time.monotonic() + CLUSTER_OK_TIMEOUT_S
+        while not all(b"cluster_state:ok" in self.cli(i, "CLUSTER", "INFO")
+                      for i in range(len(self.nodes))):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not reach cluster_state:ok within "
+                                   f"{CLUSTER_OK_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

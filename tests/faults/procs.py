@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redis_process import RedisClusterNodes, RedisProcess, free_port
 
 WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration
 POLL_S = 0.05
@@ -235,62 +235,13 @@ class SentinelTopology:
             redis.stop()
 
 
-def cluster_port() -> int:
-    """A free loopback port whose cluster bus port (+10000) is free too."""
-    for _ in range(200):
-        port = free_port()
-        if port + 10000 <= 65535 and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+class ClusterUnderTest(RedisClusterNodes):
+    """The fault and cluster tests' Redis Cluster: three masters, each with an append-only file
+    fsynced on every write (a restarted node comes back with its data), and the faults the
+    tests inflict on it."""
 
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-            return True
-        except OSError:
-            return False
-
-
-@dataclass
-class RedisClusterNodes:
-    """``count`` redis-server nodes with ``--cluster-enabled yes`` on loopback, joined by
-    ``redis-cli --cluster create`` (masters only, slots spread evenly), each with an
-    append-only file fsynced on every write, so a restarted node comes back with its data."""
-
-    work_dir: Path
-    count: int = 3
-    nodes: list[RedisProcess] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
-
-    def _node(self, index: int, port: int) -> RedisProcess:
-        directory = self.work_dir / f"node{index}"
-        return RedisProcess(directory, port=port, persistent=True, appendfsync="always",
-                            extra=("--cluster-enabled", "yes", "--cluster-config-file",
-                                   str(directory.resolve() / "nodes.conf"),
-                                   "--cluster-node-timeout", "2000"))
-
-    def start(self) -> None:
-        for index in range(self.count):
-            node = self._node(index, cluster_port())
-            node.start()
-            self.nodes.append(node)
-        done = subprocess.run(
-            ["redis-cli", "--cluster", "create",
-             *(f"{LOOPBACK}:{n.port}" for n in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True, timeout=60, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        self.wait_ok()
-
-    def wait_ok(self) -> None:
-        SentinelTopology.wait_until(
-            lambda: all(b"cluster_state:ok" in redis_command(n.port, "CLUSTER", "INFO")
-                        for n in self.nodes), "every node says cluster_state:ok")
+    def __init__(self, work_dir: Path, count: int = 3) -> None:
+        super().__init__(work_dir, count, persistent=True, appendfsync="always", host=LOOPBACK)
 
     def restart(self, index: int, down_s: float = 0.0) -> None:
         """SIGKILL node ``index``, leave it down ``down_s`` (under the cluster's node timeout:
@@ -326,15 +277,6 @@ class RedisClusterNodes:
         for node in self.nodes:
             redis_command(node.port, "CLUSTER", "SETSLOT", str(slot), "NODE", target_id)
 
-    def keys_per_node(self) -> list[int]:
-        return [int(redis_command(n.port, "DBSIZE").strip() or 0) for n in self.nodes]
-
-    def command_stats(self, index: int) -> bytes:
-        return redis_command(self.nodes[index].port, "INFO", "commandstats")
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
 
 
 def _info_field(port: int, section: str, name: str) -> str:

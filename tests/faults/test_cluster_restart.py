@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.load import Ledger, Load
-from tests.faults.procs import RedisClusterNodes, redis_command
+from tests.faults.procs import ClusterUnderTest, redis_command
 from tests.servers import start_tubeq, unique_prefix
 from tubeq.keys import Keys
 from tubeq.shards import shard_of_tube, shard_prefix
@@ -28,8 +28,8 @@ SHARDS = 8
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
-    nodes = RedisClusterNodes(tmp_path / "cluster")
+def cluster(tmp_path: Path) -> Iterator[ClusterUnderTest]:
+    nodes = ClusterUnderTest(tmp_path / "cluster")
     try:
         nodes.start()
         yield nodes
@@ -37,7 +37,7 @@ def cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
         nodes.stop()
 
 
-def node_serving(cluster: RedisClusterNodes, key: str) -> int:
+def node_serving(cluster: ClusterUnderTest, key: str) -> int:
     slot = redis_command(cluster.nodes[0].port, "CLUSTER", "KEYSLOT", key).strip().decode()
     for index, node in enumerate(cluster.nodes):
         if redis_command(node.port, "CLUSTER", "COUNTKEYSINSLOT", slot).strip() not in (b"", b"0"):
@@ -46,7 +46,7 @@ def node_serving(cluster: RedisClusterNodes, key: str) -> int:
 
 
 @pytest.mark.timeout(240)
-async def test_a_cluster_node_restart_loses_no_job(cluster: RedisClusterNodes,
+async def test_a_cluster_node_restart_loses_no_job(cluster: ClusterUnderTest,
                                                    tmp_path: Path) -> None:
     prefix = unique_prefix("tq-clr")
     servers = [start_tubeq(cluster.url, prefix, tmp_path / "logs", f"tubeq-{i}",
