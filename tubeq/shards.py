@@ -23,14 +23,15 @@ Rules:
   and reservations (disconnect.lua with ``home`` 0 cleans those).
 * Reserve: a connection whose watched tubes are all in one shard reserves there, exactly as on
   an unsplit namespace (hand-over from puts included). Over several shards it asks each for the
-  job it would get (best.lua, read only), reserves in the shard whose job comes first in (pri,
-  time put, id) order, and asks again should another connection have taken that job meanwhile.
+  job it would get (best.lua, read only) and reserves in the shard whose job comes first in
+  (pri, time put, id) order.
   beanstalkd's order is (pri, id) across all watched tubes; ids of different shards do not
   follow put order, hence the put time between pri and id (Redis's own clock in microseconds,
   field ``cu``, stamped by ``stamp_put`` in lua/includes/keys.lua). The price: a look per
   watched shard for each reserve, and a count in and out of the waiters per watched shard for
-  each wait (bench/RESULTS-cluster.md: consumers watching 64 tubes over 16 shards cost about 7x
-  the Redis CPU per job of consumers whose tubes are in one shard).
+  each wait (bench/RESULTS-cluster.md: consumers watching 64 tubes over 16 shards cost 3.6x
+  the Redis CPU per job of consumers whose tubes are in one shard; a taken job sends the
+  reserve to the next shard of its look, not to a new look at all of them).
 * Waiting over several shards: the connection is counted in every one of them for wake-ups only
   (modes 'h' at home, 'o' elsewhere: lua/includes/waiting.lua); puts never hand it a job, their
   PUBLISH wakes it and its reserve tries again. So one wait never gets two jobs from two shards.
