@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline import workload
 from tests.pipeline.sparks import local_spark
-from tubeq.events import SPARK_DDL
+from tubeq.events import FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, report
 from tubeq.pipeline.archive import write_archive
 
@@ -341,6 +341,26 @@ def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
         f"report: {len(report.TABLES)} tables and {tmp_path / 'out' / 'report.html'}")
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(
         [*report.TABLES, "report.html"])
+
+
+def test_a_report_over_several_archives_is_the_report_of_their_union(
+        spark: SparkSession, record: workload.Record, report_dir: Path, tmp_path: Path) -> None:
+    """A namespace split into shards is archived one shard stream at a time (each tube's
+    events in one of them): `report --archive A B` equals the report of one archive of all."""
+    events = workload.events(record)
+    tube_at = FIELDS.index("tube") + 1  # rows are (stream_id, *FIELDS)
+    tubes = sorted({str(event[tube_at]) for event in events})
+    parts = []
+    for index, half in enumerate((tubes[::2], tubes[1::2])):
+        path = tmp_path / f"shard{index}"
+        mine = [event for event in events if event[tube_at] in half]
+        write_archive(spark.createDataFrame(mine, SPARK_DDL), str(path))
+        parts.append(str(path))
+    out = tmp_path / "out"
+    assert cli.main(["report", "--archive", *parts, "--out", str(out)], spark=spark) == 0
+    for name in report.TABLES:
+        assert sorted(map(repr, rows_of(out, name))) == sorted(map(repr, rows_of(report_dir,
+                                                                                  name))), name
 
 
 # ---------------------------------------------------------------------------------------------

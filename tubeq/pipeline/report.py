@@ -43,6 +43,7 @@ Entry points: :func:`build_report` (DataFrames in, DataFrames out), :func:`write
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import math
@@ -139,13 +140,20 @@ def _new_state(event: Column, delay_ms: Column) -> Column:
     )
 
 
-def read_archive(spark: SparkSession, archive: str | Path) -> DataFrame:
-    """The archive's events (a Parquet directory, partitioned by ``date`` and ``tube`` or not).
+def read_archive(spark: SparkSession, *archives: str | Path) -> DataFrame:
+    """The events of one archive or several (Parquet directories, partitioned by ``date`` and
+    ``tube`` or not): a namespace split into shards (tubeq.shards) has one event stream, so one
+    archive, per shard, and its jobs' ids are unique across them.
 
     The schema is given rather than inferred, so a tube named ``007`` stays a string.
     """
-    return (spark.read.schema(f"{SPARK_DDL}, date STRING").parquet(str(archive))
-            .select("stream_id", *FIELDS))
+    if not archives:
+        raise ValueError("read_archive needs at least one archive directory")
+    # One read per directory, then a union: Spark's partition discovery refuses several roots
+    # of date=/tube= directories in one read (CONFLICTING_DIRECTORY_STRUCTURES).
+    frames = [spark.read.schema(f"{SPARK_DDL}, date STRING").parquet(str(archive))
+              .select("stream_id", *FIELDS) for archive in archives]
+    return functools.reduce(DataFrame.unionByName, frames)
 
 
 def annotate(events: DataFrame) -> DataFrame:
@@ -677,7 +685,9 @@ def render_html(tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``report`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
-    parser.add_argument("--archive", required=True, help="the archive's Parquet directory")
+    parser.add_argument("--archive", required=True, nargs="+", metavar="DIR",
+                        help="the archive's Parquet directory; several: one report over all "
+                             "(a split namespace's shards, archived one by one)")
     parser.add_argument("--out", required=True, help="where the tables and report.html go")
 
 
@@ -685,7 +695,8 @@ def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     """Run ``tubeq-pipeline report``: read the archive, write the tables and the page."""
     if spark is None:
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
-    tables = build_report(read_archive(spark, args.archive))
+    archives = [args.archive] if isinstance(args.archive, str) else args.archive
+    tables = build_report(read_archive(spark, *archives))
     try:
         page = write_report(tables, args.out)
     finally:
