@@ -7,6 +7,7 @@ nothing appends nothing; events off append nothing at all; the cap trims the str
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.test_lua import ALICE, BOB, Env, bring_to, open_env, perform
 from tubeq.events import FIELDS, Event, EventName
+from tubeq.server import Config, Server
 from tubeq.states import TRANSITIONS, JobState
 from tubeq.store import Reservation, Store
 
@@ -224,16 +226,38 @@ async def test_events_off_writes_none(redis_url: str, before: JobState, op: str)
 
 
 async def test_the_cap_trims_the_stream(redis_url: str) -> None:
+    """The puts append without a cap; trim_events (the scheduler's, once a second) trims to it."""
     async with open_env(redis_url, 10) as capped:
         node = int((await capped.raw.config_get("stream-node-max-entries"))[
             "stream-node-max-entries"])
         for _ in range(3 * node):
             await capped.put()
+        assert await capped.raw.xlen(capped.keys.events) == 3 * node
+        trimmed = capped.store.trim_events()
+        assert trimmed is not None
+        await trimmed
         length = await capped.raw.xlen(capped.keys.events)
         # MAXLEN ~ trims whole stream nodes: at least the cap stays, at most a node more.
         assert 10 <= length <= 10 + node
         newest = await capped.raw.xrevrange(capped.keys.events, count=1)
         assert Event.from_entry(*newest[0]).id == 3 * node
+
+
+async def test_the_scheduler_keeps_the_cap(redis_url: str) -> None:
+    """A running server trims its namespace's stream by itself, within its heartbeat."""
+    server = Server(Config(port=0, redis_url=redis_url, prefix="trim", events_maxlen=10))
+    await server.start()
+    try:
+        assert server.ctx is not None
+        store = server.ctx.store
+        raw = store.client
+        for _ in range(300):
+            await store.put("default", 0, 0, 60, b"x")
+        async with asyncio.timeout(10):
+            while int(await raw.call("XLEN", store.keys.events)) > 10 + 100:
+                await asyncio.sleep(0.1)
+    finally:
+        await server.stop()
 
 
 def test_a_negative_cap_is_refused() -> None:

@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "{prefix}:events (default: on with the private redis-server, off with "
                         "--redis: a shared Redis's memory belongs to someone else)")
     p.add_argument("--events-maxlen", type=int, default=DEFAULT_EVENTS_MAXLEN, metavar="N",
-                   help="keep about the last N events (XADD MAXLEN ~ N) "
+                   help="keep about the last N events (XTRIM MAXLEN ~ N once a second) "
                         f"({DEFAULT_EVENTS_MAXLEN})")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
                    help="serve the protocol over TLS with this certificate (chain)")

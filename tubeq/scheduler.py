@@ -65,6 +65,9 @@ class Scheduler:
                 if now >= next_heartbeat:
                     await self.store.heartbeat()
                     await self.store.reap(now - REAP_AFTER_MS)
+                    trimmed = self.store.trim_events()  # the event stream's cap, once a beat
+                    if trimmed is not None:
+                        await trimmed
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
                 self._noted_ms = None

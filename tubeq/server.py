@@ -87,9 +87,10 @@ CLUSTER_RECHECK_S = 1.0
 # How often --max-jobs counts a namespace's jobs: puts may pass the cap by what arrives within
 # one period (one script of O(tubes) a second is cheap; one per put would not be).
 JOB_COUNT_PERIOD_S = 1.0
-# The lifecycle event stream's cap (XADD MAXLEN ~) unless --events-maxlen says otherwise: the
-# life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events each), about 70 MB
-# of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY USAGE, protocol.md).
+# The lifecycle event stream's cap (XTRIM MAXLEN ~ once a second) unless --events-maxlen says
+# otherwise: the life of ~200k jobs (put, reserved, deleted and the odd release: ~5 events
+# each), about 70 MB of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY
+# USAGE, protocol.md).
 DEFAULT_EVENTS_MAXLEN = 1_000_000
 
 

@@ -424,6 +424,10 @@ class ShardedStore(Store):
 
     # -- time ---------------------------------------------------------------------------------
 
+    def trim_events(self) -> asyncio.Future[Reply] | None:
+        calls = [c for c in (s.trim_events() for s in self.shards) if c is not None]
+        return self._gather(calls) if calls else None  # type: ignore[return-value]
+
     def heartbeat(self) -> asyncio.Future[Reply]:
         return self._gather([s.heartbeat() for s in self.shards])  # type: ignore[return-value]
 

@@ -4,15 +4,16 @@
 -- one does not apply; tests/test_events.py keeps the two equal), so Redis stores the field
 -- names once per stream node.
 -- A script that includes this receives two bound arguments first (tubeq/scripts.py):
--- ARGV[1] the stream's cap (XADD MAXLEN ~; 0: events off) and ARGV[2] the calling process's
--- instance id (the event's `by`). Its own arguments start at ARGV[3].
+-- ARGV[1] the stream's cap (0: events off; the cap itself is kept by each process's scheduler,
+-- XTRIM MAXLEN ~ once a second, not by every XADD: tubeq.store.Store.trim_events) and ARGV[2]
+-- the calling process's instance id (the event's `by`). Its own arguments start at ARGV[3].
 -- Include it before "jobs": grant and requeue there write their events through it.
 local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]
 
 -- Append one event. Durations and times in ms; ttr_s is the job's TTR in seconds.
 local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now, reason)
   if EVENTS_MAXLEN == 0 then return end
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
+  redis.call('XADD', K_EVENTS, '*',
     'event', event, 'id', id, 'tube', t, 'pri', pri, 'delay_ms', delay_ms,
     'ttr_ms', tonumber(ttr_s) * 1000, 'due_ms', due_ms, 'tries', tries or 0, 'time_ms', now,
     'by', EVENTS_BY, 'reason', reason)
