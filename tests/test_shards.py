@@ -31,6 +31,8 @@ from tests.servers import (
 )
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client, NotFound, TimedOut
+from tubeq.keys import Keys
+from tubeq.resp import RedisClient
 from tubeq.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
 from tubeq.store import Store
 
@@ -253,3 +255,15 @@ async def test_the_http_api_reserves_across_shards_and_leaves_nothing_behind(
         store = server.ctx.store if server.ctx is not None else None
         assert isinstance(store, ShardedStore)
         assert not store._watched and not store._touched  # what would grow per request
+
+
+async def test_an_unsplit_prefix_with_a_hash_sign_numbers_jobs_as_usual(redis_url: str) -> None:
+    """Only a root ending in ``#<k>/<n>}:`` is a shard's: any other '#' in a prefix changes
+    nothing (new_job in lua/includes/keys.lua)."""
+    client = await RedisClient.connect(redis_url)
+    try:
+        store = Store(client, Keys("odd#name"), "inst")
+        await store.load_scripts()
+        assert [await store.put("default", 0, 0, 60, b"x") for _ in range(3)] == [1, 2, 3]
+    finally:
+        await client.close()

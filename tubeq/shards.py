@@ -10,7 +10,7 @@ Rules:
 
 * Shard k of n has the key root ``{<prefix>#<k>/<n>}:``: its own hash tag, so its keys share one
   Redis Cluster slot and each script still touches one slot. Its scripts number its jobs k + n,
-  k + 2n, ... (``next_job_id`` in lua/includes/keys.lua): ``id mod n`` is a job's shard, so a
+  k + 2n, ... (``new_job`` in lua/includes/keys.lua): ``id mod n`` is a job's shard, so a
   command that names only an id (delete, release, bury, touch, peek, stats-job, kick-job,
   reserve-job) goes straight to it. Ids stay unique positive integers.
 * A tube lives in shard ``crc32(group) mod n``, its group being its name up to the first ``/``
@@ -27,7 +27,7 @@ Rules:
   (pri, time put, id) order.
   beanstalkd's order is (pri, id) across all watched tubes; ids of different shards do not
   follow put order, hence the put time between pri and id (Redis's own clock in microseconds,
-  field ``cu``, stamped by ``stamp_put`` in lua/includes/keys.lua). The price: a look per
+  field ``cu``, stamped by ``new_job`` in lua/includes/keys.lua). The price: a look per
   watched shard for each reserve, and a count in and out of the waiters per watched shard for
   each wait (bench/RESULTS-cluster.md: consumers watching 64 tubes over 16 shards cost 3.6x
   the Redis CPU per job of consumers whose tubes are in one shard; a taken job sends the

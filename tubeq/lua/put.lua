@@ -36,9 +36,7 @@ end
 local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 ensure_tube(t, now)
-local id = next_job_id()
-local jk = k_job(id)
-stamp_put(jk)
+local id, jk = new_job()
 if delay_ms > 0 then
   local due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)

@@ -27,9 +27,7 @@ local ids = {}
 local left_ready = false  -- a ready job of the batch nobody could take at once
 -- One job of the batch, as put.lua stores it; returns its id.
 local function put_one(pri, delay, ttr, body)
-  local id = next_job_id()
-  local jk = k_job(id)
-  stamp_put(jk)
+  local id, jk = new_job()
   if tonumber(delay) > 0 then
     local due = now + tonumber(delay) * 1000
     rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)

@@ -31,9 +31,7 @@ ensure_tube(t, now)
 -- The tube's ttl-ms applies to the tick's job as to any put; max-jobs does not: a tick is
 -- never dropped (protocol.md, schedule-add).
 local tube_ttl = tube_limits(t)[2]
-local id = next_job_id()
-local jk = k_job(id)
-stamp_put(jk)
+local id, jk = new_job()
 if delay_ms > 0 then
   local job_due = now + delay_ms
   rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr,

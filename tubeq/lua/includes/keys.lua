@@ -3,21 +3,24 @@
 -- touches one Redis Cluster slot whatever tubes it works on.
 local NS = KEYS[1]
 local K_JOB_IDS = NS .. 'id'
--- A new job id. A namespace split into shards (tubeq.shards: root "{<prefix>#<k>/<n>}:")
--- numbers shard k's jobs k + n, k + 2n, ...: id mod n names the shard that holds a job.
-local function next_job_id()
-  local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
+-- A new job: its id and the key of its hash. A namespace split into shards (tubeq.shards: root
+-- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
+-- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve
+-- over several shards orders jobs of equal priority by it (best.lua), as ids of two shards
+-- tell nothing. An unsplit namespace pays one plain find for it.
+local function new_job()
   local seq = redis.call('INCR', K_JOB_IDS)
-  if not shards then return seq end
-  return seq * tonumber(shards) + tonumber(shard)
-end
--- In a split namespace, when job `jk` was put by Redis's clock (us): a reserve over several
--- shards orders jobs of equal priority by it (best.lua), as ids of two shards tell nothing.
-local function stamp_put(jk)
-  if string.find(NS, '#%d+/%d+}:$') then
-    local clock = redis.call('TIME')
-    redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
+  if string.find(NS, '#', 1, true) then
+    local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
+    if shards then
+      local id = seq * tonumber(shards) + tonumber(shard)
+      local jk = NS .. 'j:' .. id
+      local clock = redis.call('TIME')
+      redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
+      return id, jk
+    end
   end
+  return seq, NS .. 'j:' .. seq
 end
 local K_TUBES = NS .. 'tubes'
 local K_READY_TUBES = NS .. 'ready_tubes'
