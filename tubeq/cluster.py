@@ -25,7 +25,6 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
 
@@ -95,9 +94,6 @@ class SlotMap:
     def url_for(self, key: str) -> str:
         return self.owners[key_slot(key.encode())]
 
-    def nodes(self) -> list[str]:
-        return sorted(set(self.owners))
-
 
 async def read_slot_map(seeds: ClusterSeeds) -> SlotMap:
     """The cluster's slot map, each slot's primary; :class:`ClusterUnavailable` if there is
@@ -124,11 +120,3 @@ async def read_slot_map(seeds: ClusterSeeds) -> SlotMap:
         raise ClusterUnavailable(f"{seeds}: {str(error) or type(error).__name__}") from None
     finally:
         await cluster.aclose()
-
-
-def spread(slot_map: SlotMap, roots: Sequence[str]) -> dict[str, list[str]]:
-    """Which roots each node serves (for the log line that shows the spread)."""
-    out: dict[str, list[str]] = {}
-    for root in roots:
-        out.setdefault(slot_map.url_for(root), []).append(root)
-    return out
