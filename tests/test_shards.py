@@ -99,9 +99,9 @@ async def test_jobs_live_in_their_tubes_shard_and_ids_name_it(
         for tube, job_id in ids.items():
             shard = shard_of_tube(tube, SHARDS)
             assert shard_of_id(job_id, SHARDS) == shard
-            root = "{" + shard_prefix(prefix, shard, SHARDS) + "}:"
-            assert r.hget(f"{root}j:{job_id}", "t") == tube.encode()
-            assert r.exists(f"{{{prefix}}}:j:{job_id}") == 0  # nothing under the unsplit root
+            assert r.hget(Keys(shard_prefix(prefix, shard, SHARDS)).job(job_id), "t") == \
+                tube.encode()
+            assert r.exists(Keys(prefix).job(job_id)) == 0  # nothing under the unsplit root
     finally:
         r.close()
     # Every id-only command finds its job, whatever shard holds it.

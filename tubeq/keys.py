@@ -30,6 +30,12 @@ class Keys:
     def job_ids(self) -> str:
         return self.root + "id"
 
+    @property
+    def shards(self) -> str:
+        """How many shards the namespace is split into (tubeq.shards), set by its first
+        process; on the unsplit root whatever the number."""
+        return self.root + "shards"
+
     def job(self, job_id: int) -> str:
         return f"{self.root}j:{job_id}"
 

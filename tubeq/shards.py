@@ -100,7 +100,7 @@ def shard_of_id(job_id: int, shards: int) -> int:
 
 async def claim_layout(client: RedisClient, prefix: str, shards: int) -> None:
     """Record ``shards`` for the namespace, or check it against the recorded number."""
-    key = Keys(prefix).root + "shards"
+    key = Keys(prefix).shards
     await client.call("SET", key, shards, "NX")
     recorded = int(await client.call("GET", key))
     if recorded != shards:

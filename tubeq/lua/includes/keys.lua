@@ -3,25 +3,6 @@
 -- touches one Redis Cluster slot whatever tubes it works on.
 local NS = KEYS[1]
 local K_JOB_IDS = NS .. 'id'
--- A new job: its id and the key of its hash. A namespace split into shards (tubeq.shards: root
--- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
--- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve
--- over several shards orders jobs of equal priority by it (best.lua), as ids of two shards
--- tell nothing. An unsplit namespace pays one plain find for it.
-local function new_job()
-  local seq = redis.call('INCR', K_JOB_IDS)
-  if string.find(NS, '#', 1, true) then
-    local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
-    if shards then
-      local id = seq * tonumber(shards) + tonumber(shard)
-      local jk = NS .. 'j:' .. id
-      local clock = redis.call('TIME')
-      redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
-      return id, jk
-    end
-  end
-  return seq, NS .. 'j:' .. seq
-end
 local K_TUBES = NS .. 'tubes'
 local K_READY_TUBES = NS .. 'ready_tubes'
 local K_TIMERS = NS .. 'timers'
@@ -33,6 +14,25 @@ local K_INSTANCES = NS .. 'instances'
 local K_WAITING = NS .. 'waiting'
 local K_EVENTS = NS .. 'events'
 local function k_job(id) return NS .. 'j:' .. id end
+-- A new job: its id and the key of its hash. A namespace split into shards (tubeq.shards: root
+-- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
+-- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve
+-- over several shards orders jobs of equal priority by it (best.lua), as ids of two shards
+-- tell nothing. An unsplit namespace pays one plain find for it.
+local function new_job()
+  local seq = redis.call('INCR', K_JOB_IDS)
+  if string.find(NS, '#', 1, true) then
+    local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
+    if shards then
+      local id = seq * tonumber(shards) + tonumber(shard)
+      local jk = k_job(id)
+      local clock = redis.call('TIME')
+      redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
+      return id, jk
+    end
+  end
+  return seq, k_job(seq)
+end
 local function k_tube(t) return NS .. 't:' .. t end
 local function k_settings(t) return NS .. 's:' .. t end
 local function k_ready(t) return NS .. 't:' .. t .. ':r' end
