@@ -25,12 +25,13 @@ consumer watches all 64), where a reserve on a split namespace asks every shard 
 
 Measured per run, over the measurement window: CPU of each redis-server and each tubeq process
 (``/proc/PID/stat``, before and after), divided by the jobs counted in the window (us per job);
-each node's INFO commandstats (reset at the window's start): ``evalsha`` calls and usec per
-job; load average and ``other_cores`` (what the rest of the machine used). On this shared
-2-core machine the three nodes, two tubeq processes and two generators share 2 cores, so a
-cluster cannot show more jobs/s than one Redis: the rates are reported, but the reading is the
-CPU per job and its split over the nodes. The capacity model (README "Scaling out") follows
-from those: one Redis thread is one core, so a node serves ~1e6 / (Redis us per job) jobs/s.
+each node's INFO commandstats (reset at the window's start): script calls (EVALSHA or FCALL)
+and usec per job; load average and ``other_cores`` (what the rest of the machine used). On
+this shared 2-core machine the three nodes, two tubeq processes and two generators share 2
+cores, so a cluster cannot show more jobs/s than one Redis: the rates are reported, but the
+reading is the CPU per job and its split over the nodes. The capacity model (README "Scaling
+out") follows from those: one Redis thread is one core, so a node serves ~1e6 / (Redis us per
+job) jobs/s.
 
 Raw results go to bench/out/cluster-<stamp>.json; the full run appends a dated section to
 bench/RESULTS-cluster.md, ``--quick`` writes its section to bench/out/ instead.
@@ -60,6 +61,7 @@ from redis.crc import key_slot
 from bench.loadgen import LoadResult, LoadSpec, run_load
 from bench.machine import cpu_model
 from bench.procstat import QuietGate
+from bench.profiling import SCRIPT_RUNNERS
 from bench.redisinfo import redis_command
 from bench.run import machine_and_versions
 from bench.servers import BenchCluster, TubeqOn, snapshot_tubeq
@@ -240,8 +242,9 @@ def figures(result: LoadResult, node_urls: list[str]) -> dict[str, Any]:
     nodes = []
     for index, url in enumerate(node_urls):
         stats = result.extra.get("redis_nodes", {}).get(url, {})
-        evalsha = next((row for row in stats.get("by_command", []) if row[0] == "evalsha"),
-                       ("evalsha", 0.0, 0.0))
+        # Script calls, EVALSHA or FCALL (tubeq.scripts): (name, calls, usec) per job.
+        scripts = [row for row in stats.get("by_command", []) if row[0] in SCRIPT_RUNNERS]
+        evalsha = ("scripts", sum(r[1] for r in scripts), sum(r[2] for r in scripts))
         nodes.append({"node": f"node{index + 1}",
                       "cpu_pct": cpu.get(f"redis node{index + 1}"),
                       "cpu_us_per_job": us_per_job(cpu.get(f"redis node{index + 1}")),
@@ -385,7 +388,7 @@ def render(data: dict[str, Any]) -> str:
               "`tubeq` sums both tubeq processes. `other` is what the rest of the machine used, "
               "in cores.", "",
               "| config | load | jobs/s | tubeq us/job | Redis us/job (all nodes) | busiest "
-              "node us/job | evalsha calls/job (all nodes) | other cores |",
+              "node us/job | script calls/job (all nodes) | other cores |",
               "|---|---|---|---|---|---|---|---|"]
     for load in LOADS:
         for config in CONFIGS:
@@ -410,16 +413,17 @@ def _split_table(data: dict[str, Any]) -> list[str]:
     lines = ["### How the Lua work splits across the cluster's nodes", "",
              f"{cluster.label}: each node's redis-server CPU per job (of all the cluster's "
              "jobs), its share of the cluster's Redis CPU, and its INFO commandstats "
-             "`cmdstat_evalsha` calls and usec per job (reset at the window's start); medians "
+             "script calls (`cmdstat_evalsha` or `cmdstat_fcall`) and usec per job (reset at "
+             "the window's start); medians "
              "over the repetitions. `shards / tubes` is where crc16 put the 16 shards' slots "
              "and crc32 the 64 tubes. Each connection keeps 16 commands in flight, so a node "
              "that answers sooner gets more of the jobs than its share of tubes: `CPU us per "
-             "evalsha call` (the node's CPU over its script calls) is the per-node cost that "
+             "script call` (the node's CPU over its script calls) is the per-node cost that "
              "does not depend on that. commandstats' usec is time inside the command by the "
              "wall clock, which on this oversubscribed machine includes time the Redis thread "
              "was preempted: it can exceed the node's CPU; the CPU columns are the reading.", "",
              "| load | node | shards / tubes | CPU us/job | share of Redis CPU | evalsha "
-             "calls/job | CPU us per evalsha call | evalsha usec/job (commandstats) |",
+             "calls/job | CPU us per script call | script usec/job (commandstats) |",
              "|---|---|---|---|---|---|---|---|"]
     for load in LOADS:
         runs = _runs(data, cluster, load)
@@ -447,7 +451,7 @@ def _split_table(data: dict[str, Any]) -> list[str]:
 def _split_cost(data: dict[str, Any]) -> list[str]:
     one, sixteen = CONFIGS[0], CONFIGS[1]
     lines = ["### The cost of the split itself: --shards 1 vs --shards 16 on one Redis", "",
-             "| load | Redis us/job, 1 shard | 16 shards | ratio | evalsha calls/job, 1 shard |"
+             "| load | Redis us/job, 1 shard | 16 shards | ratio | script calls/job, 1 shard |"
              " 16 shards | tubeq us/job, 1 shard | 16 shards |",
              "|---|---|---|---|---|---|---|---|"]
     for load in LOADS:

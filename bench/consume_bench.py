@@ -70,7 +70,7 @@ import uvloop
 
 from bench.loadgen import LoadResult, LoadSpec, run_load
 from bench.procstat import CpuSnapshot, CpuWindow, QuietGate
-from bench.profiling import py_spy_binary, summarise_collapsed
+from bench.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
 from bench.redisinfo import command_stats
 from bench.run import BUSY_STREAK_GIVE_UP, QUIET_CORES, machine_and_versions
 from bench.servers import LOOPBACK, REPO_ROOT, Beanstalkd, Server, Tubeq
@@ -740,9 +740,9 @@ def _stop_process(process: multiprocessing.process.BaseProcess) -> None:
 
 
 def _script_stats(stats: dict[str, dict[str, float]], jobs: int) -> dict[str, float]:
-    """Lua script calls and Redis µs per job (EVALSHA/EVAL include the commands they run)."""
-    calls = sum(stats.get(name, {}).get("calls", 0.0) for name in ("evalsha", "eval"))
-    usec = sum(stats.get(name, {}).get("usec", 0.0) for name in ("evalsha", "eval"))
+    """Lua script calls and Redis µs per job (EVALSHA/FCALL include the commands they run)."""
+    calls = sum(stats.get(name, {}).get("calls", 0.0) for name in SCRIPT_RUNNERS)
+    usec = sum(stats.get(name, {}).get("usec", 0.0) for name in SCRIPT_RUNNERS)
     return {"calls_per_job": round(calls / jobs, 3), "usec_per_job": round(usec / jobs, 2),
             "usec_per_call": round(usec / calls, 2) if calls else 0.0}
 
@@ -1016,7 +1016,8 @@ def render(results: dict[str, Any]) -> str:
         "(beanstalkd, or the tubeq process / its redis-server), each worker process. `us/job` "
         "= that CPU time / jobs (server: tubeq + redis); `all us/job` adds the workers', and "
         "the box ceiling is what the machine's cores could do at that cost. "
-        "`Redis scripts/job, us/job` comes from INFO commandstats (EVALSHA) over the window.",
+        "`Redis scripts/job, us/job` comes from INFO commandstats (EVALSHA or FCALL) over the "
+        "window.",
         "* `other` is what the rest of the machine used, in cores (other tenants): median (max) "
         f"over the repetitions. A row whose median is >= {SHARED_BOX_CORES} is marked "
         f"**shared**; a single repetition at >= {SHARED_BOX_CORES} is named as disturbed. Each "

@@ -1,14 +1,17 @@
 """The Redis-side cost of the hot path's scripts: a base revision's against the working tree's.
 
-    .venv/bin/python -m bench.lua_cost --base REV [--cycles 3000] [--reps 10]
+    .venv/bin/python -m bench.lua_cost --base REV [--cycles 3000] [--reps 10] [--evalsha]
 
-One cycle is put.lua + reserve.lua + delete.lua on one tube with no settings (events off), sent
-pipelined to a private redis-server. For each version it reports Redis's own time per cycle
-(INFO commandstats, EVALSHA usec: what the scripts cost inside Redis, without the network or
-tubeq's Python) and the redis.call()s the scripts made per cycle (the commandstats of every
-other command). The call count is exact and the same on any machine; the time is noisy on a
-shared one, so repetitions alternate between the versions. Used for issue 10's reserve limits,
-whose cost for a tube without limits must stay one cheap check (bench/RESULTS-limits.md).
+One cycle is put + reserve + delete on one tube with no settings (events off), sent pipelined
+to a private redis-server, each script called as the revision's server calls it: as a function
+of its library (FCALL) where the revision has one (tubeq.scripts.library), else by EVALSHA;
+``--evalsha`` calls both revisions' scripts by EVALSHA. For each version it reports Redis's own
+time per cycle (INFO commandstats, the script calls' usec: what the scripts cost inside Redis,
+without the network or tubeq's Python) and the redis.call()s the scripts made per cycle (the
+commandstats of every other command). The call count is exact and the same on any machine; the
+time is noisy on a shared one, so repetitions alternate between the versions. Used for issue
+10's reserve limits, whose cost for a tube without limits must stay one cheap check
+(bench/RESULTS-limits.md), and issue 13's Redis Functions.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -26,41 +30,67 @@ from bench.servers import REPO_ROOT
 from tubeq.redis_process import RedisProcess
 
 SCRIPTS = ("connect", "put", "reserve", "delete")
+SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_fcall_ro")
 
 
-def load_sources(tree: Path) -> dict[str, bytes]:
-    """The assembled scripts of the ``tubeq`` package under ``tree`` (its own scripts.py)."""
+@dataclass(frozen=True)
+class Version:
+    sources: dict[str, bytes]  # script name -> its EVALSHA source
+    library: bytes | None  # the FUNCTION LOAD source, when calls go by FCALL
+    functions: dict[str, str]  # script name -> function name
+
+
+def load_version(tree: Path, evalsha: bool) -> Version:
+    """The scripts of the ``tubeq`` package under ``tree`` (its own scripts.py), called as that
+    revision's server calls them (or by EVALSHA)."""
     sys.path.insert(0, str(tree))
     for name in [m for m in sys.modules if m == "tubeq" or m.startswith("tubeq.")]:
         del sys.modules[name]
     try:
         import tubeq.scripts
 
-        return {name: tubeq.scripts.load_script(name).source for name in SCRIPTS}
+        sources = {name: tubeq.scripts.load_script(name).source for name in SCRIPTS}
+        make_library = getattr(tubeq.scripts, "library", None)
+        if evalsha or make_library is None:
+            return Version(sources, None, {})
+        lib = make_library()
+        return Version(sources, lib.source, dict(lib.functions))
     finally:
         sys.path.remove(str(tree))
         for name in [m for m in sys.modules if m == "tubeq" or m.startswith("tubeq.")]:
             del sys.modules[name]
 
 
-def run_cycles(r: redis.Redis, sources: dict[str, bytes], cycles: int,
-               ) -> tuple[float, dict[str, float]]:
+def run_cycles(r: redis.Redis, version: Version, cycles: int) -> tuple[float, dict[str, float]]:
     """Redis's usec per cycle, and the commands the scripts called per cycle."""
     r.flushall()
-    sha = {name: r.script_load(source) for name, source in sources.items()}
+    r.function_flush()
+    sha = {name: r.script_load(source) for name, source in version.sources.items()}
+    if version.library is not None:
+        r.function_load(version.library.decode(), replace=True)
     root, now = "{bench}:", 1_700_000_000_000
     r.evalsha(sha["connect"], 1, root, "inst", "inst:1", now)
     r.config_resetstat()
     pipe = r.pipeline(transaction=False)
+
+    def call(name: str, *args: object) -> None:
+        if version.library is None:
+            pipe.evalsha(sha[name], 1, root, *args)  # type: ignore[arg-type]
+        else:
+            pipe.fcall(version.functions[name], 1, root, *args)
+
     for i in range(cycles):
-        pipe.evalsha(sha["put"], 1, root, 0, "inst", "default", 100, 0, 60, b"x" * 100, now)
-        pipe.evalsha(sha["reserve"], 1, root, 0, "inst", "inst:1", now, 1, "")
-        pipe.evalsha(sha["delete"], 1, root, 0, "inst", "inst:1", i + 1, now)
-    pipe.execute()
+        call("put", 0, "inst", "default", 100, 0, 60, b"x" * 100, now)
+        call("reserve", 0, "inst", "inst:1", now, 1, "")
+        call("delete", 0, "inst", "inst:1", i + 1, now)
+    replies = pipe.execute()
+    if replies[-1] == 0:
+        raise RuntimeError("the last cycle's delete found no job: the scripts did not run")
     stats = r.info("commandstats")
     inner = {key.removeprefix("cmdstat_"): value["calls"] / cycles for key, value in stats.items()
-             if key not in ("cmdstat_evalsha", "cmdstat_config|resetstat")}
-    return stats["cmdstat_evalsha"]["usec"] / cycles, inner
+             if key not in (*SCRIPT_CALLS, "cmdstat_config|resetstat")}
+    usec = sum(stats.get(key, {}).get("usec", 0) for key in SCRIPT_CALLS)
+    return usec / cycles, inner
 
 
 def main() -> None:
@@ -68,10 +98,13 @@ def main() -> None:
     p.add_argument("--base", required=True, help="git revision of the base tubeq")
     p.add_argument("--cycles", type=int, default=3000)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--evalsha", action="store_true",
+                   help="call both versions' scripts by EVALSHA (no function library)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
         base_tree = snapshot_revision(args.base, Path(work) / "base")
-        sources = {"base": load_sources(base_tree), "new": load_sources(REPO_ROOT)}
+        versions = {"base": load_version(base_tree, args.evalsha),
+                    "new": load_version(REPO_ROOT, args.evalsha)}
         server = RedisProcess(Path(work) / "redis")
         server.start()
         try:
@@ -80,14 +113,15 @@ def main() -> None:
             calls: dict[str, dict[str, float]] = {}
             for rep in range(args.reps):
                 for kind in ("base", "new") if rep % 2 == 0 else ("new", "base"):
-                    usec, calls[kind] = run_cycles(r, sources[kind], args.cycles)
+                    usec, calls[kind] = run_cycles(r, versions[kind], args.cycles)
                     times[kind].append(usec)
             r.close()
         finally:
             server.stop()
     for kind in ("base", "new"):
         t = times[kind]
-        print(f"{kind}: {statistics.median(t):.1f} us per cycle in Redis (median; "
+        how = "EVALSHA" if versions[kind].library is None else "FCALL"
+        print(f"{kind} ({how}): {statistics.median(t):.1f} us per cycle in Redis (median; "
               f"{min(t):.1f}-{max(t):.1f}), {sum(calls[kind].values()):.0f} redis.call()s: "
               + ", ".join(f"{name} {n:g}" for name, n in sorted(calls[kind].items())))
     ratio = statistics.median(times["new"]) / statistics.median(times["base"])

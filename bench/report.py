@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine
+from bench.profiling import SCRIPT_RUNNERS
 
 PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
 # A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
@@ -555,7 +556,8 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
              f"{cycle.get('in_flight', '?')} in flight runs on that tube, so consumers take the "
              "oldest queued jobs first. Repetitions are interleaved on the same filled pair. "
              "`Redis us/job / per script`: Redis's own command time (INFO commandstats) per "
-             "completed cycle, and per EVALSHA call: what a larger backlog costs inside Redis.",
+             "completed cycle, and per script call (EVALSHA or FCALL): what a larger backlog "
+             "costs inside Redis.",
              ""]
     big, reason = section.get("big"), section.get("big_reason", "")
     if section.get("requested_big") and big != section.get("requested_big"):
@@ -572,8 +574,8 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
         redis_cell = "n/a"
         if redis:
             usec = _median(r["total_usec_per_job"] for r in redis)
-            evalsha = _median(next((u / c for n, c, u in r["by_command"] if n == "evalsha"
-                                    and c), None) for r in redis)
+            evalsha = _median(next((u / c for n, c, u in r["by_command"]
+                                    if n in SCRIPT_RUNNERS and c), None) for r in redis)
             redis_cell = f"{usec:.1f} / {evalsha:.1f}" if usec and evalsha else "n/a"
         rows.append([f"{size:,}", runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
                      f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),

@@ -121,10 +121,13 @@ async def test_every_transition_writes_exactly_its_event(env: Env, before: JobSt
 
 
 async def test_the_bound_event_arguments_survive_redis_forgetting_the_scripts(env: Env) -> None:
+    await env.raw.function_flush()
     await env.raw.script_flush()
     record = await Recorder.start(env)
-    job_id = await env.put()  # NOSCRIPT, then EVAL of the source with the same arguments
-    assert [fields(e) for e in await record.new()] == [expected(env, EventName.PUT, job_id)]
+    job_id = await env.put()  # no function, then EVAL of the source with the same arguments
+    again = await env.put()  # FCALL of the library loaded again
+    assert [fields(e) for e in await record.new()] == [
+        expected(env, EventName.PUT, job_id), expected(env, EventName.PUT, again)]
 
 
 async def test_calls_that_change_nothing_write_nothing(env: Env) -> None:

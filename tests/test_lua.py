@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio
 
 from tubeq.keys import Keys
-from tubeq.resp import RedisClient
+from tubeq.redis_process import RedisProcess
+from tubeq.resp import RedisClient, RedisReplyError
 from tubeq.states import TRANSITIONS, JobState
 from tubeq.store import NoJob, Reservation, Store
 
@@ -58,13 +60,15 @@ class Env:
 
 
 @asynccontextmanager
-async def open_env(redis_url: str, events_maxlen: int) -> AsyncIterator[Env]:
-    """A store of instance "inst" with connections ALICE and BOB, on a fake clock."""
+async def open_env(redis_url: str, events_maxlen: int, functions: bool = True,
+                   ) -> AsyncIterator[Env]:
+    """A store of instance "inst" with connections ALICE and BOB, on a fake clock; its scripts
+    called as the library's functions (FCALL), or each by EVALSHA (``functions=False``)."""
     clock = FakeClock()
     client = await RedisClient.connect(redis_url)
     keys = Keys("test")
-    store = Store(client, keys, "inst", clock, events_maxlen=events_maxlen)
-    await store.load_scripts()
+    store = Store(client, keys, "inst", clock, events_maxlen=events_maxlen, functions=functions)
+    assert await store.load_scripts() is functions  # the private Redis is 7.x
     await store.heartbeat()
     for token in (ALICE, BOB):
         await store.connect(token)
@@ -77,10 +81,13 @@ async def open_env(redis_url: str, events_maxlen: int) -> AsyncIterator[Env]:
 
 
 # Every script test runs with lifecycle events on and off: writing them must change nothing
-# else (what they write is tests/test_events.py's business).
-@pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])
+# else (what they write is tests/test_events.py's business). And every one runs as a function
+# of the library (FCALL, the default) and as a script by EVALSHA (the fallback, and the path of
+# a Redis before 7.0): the two bind the same text differently (tubeq.scripts).
+@pytest.fixture(params=[(1000, True), (0, True), (1000, False), (0, False)],
+                ids=["events-on", "events-off", "events-on-evalsha", "events-off-evalsha"])
 async def env(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
-    async with open_env(redis_url, request.param) as opened:
+    async with open_env(redis_url, *request.param) as opened:
         yield opened
 
 
@@ -541,7 +548,12 @@ async def test_urgent_counts_ready_jobs_below_1024_only(env: Env) -> None:
 
 async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
     await env.raw.script_flush()
-    assert await env.put() == 1  # NOSCRIPT, then EVAL of the full source
+    await env.raw.function_flush()
+    # NOSCRIPT or no such function: EVAL of the full source, and the library is loaded again
+    assert await env.put() == 1
+    assert await env.put() == 2
+    libraries = await env.raw.function_list()
+    assert len(libraries) == env.store.calls_functions  # none in EVALSHA mode
 
 
 async def test_lua_key_schema_matches_python(env: Env) -> None:
@@ -588,3 +600,58 @@ async def test_exact_clock_follows_the_store_clock(env: Env, redis_url: str) -> 
         assert before <= exact < wall.clock() + 1
     finally:
         await client.close()
+
+
+async def test_a_redis_out_of_memory_still_answers_reads_and_refuses_writes(env: Env) -> None:
+    # Read-only scripts are no-writes functions (tubeq.scripts): Redis runs them when it is over
+    # maxmemory, as it runs the same scripts by EVALSHA; a write is refused, nothing half-done.
+    job_id = await env.put(body=b"kept")
+    await env.raw.config_set("maxmemory", "1")
+    try:
+        assert await env.store.peek(job_id) == b"kept"
+        counts = await env.store.tube_counts("default")
+        assert counts is not None and counts[1] == 1  # current-jobs-ready
+        with pytest.raises(RedisReplyError, match="OOM"):
+            await env.put()
+    finally:
+        await env.raw.config_set("maxmemory", "0")
+    assert await env.put() == job_id + 1  # the refused put used no id
+
+
+async def test_calls_for_two_namespaces_on_one_connection_keep_their_own_keys(env: Env) -> None:
+    # A library function binds the namespace's key names once per root change (tubeq.scripts):
+    # calls alternating between two roots must each see their own.
+    other = Store(env.store.client, Keys("other"), "inst", env.clock,
+                  events_maxlen=env.store.events_maxlen, functions=env.store.wants_functions)
+    if env.store.calls_functions:
+        other.call_functions()
+    await other.heartbeat()
+    await other.connect(ALICE)
+    ids = [await s.put("default", 0, 0, 60, name) for _ in range(2)
+           for s, name in ((env.store, b"mine"), (other, b"theirs"))]
+    assert ids == [1, 1, 2, 2]
+    assert (await env.reserve()).body == b"mine"
+    r = await other.reserve(ALICE)
+    assert isinstance(r, Reservation) and r.body == b"theirs"
+    assert await env.raw.exists("{test}:j:2", "{other}:j:2") == 2
+
+
+@pytest.mark.parametrize("renamed", ["FUNCTION", "FCALL"])
+async def test_a_redis_without_functions_runs_the_scripts_by_evalsha(
+        tmp_path: Path, renamed: str) -> None:
+    # As a Redis before 7.0: without FUNCTION the library cannot load and calls go by EVALSHA;
+    # without FCALL (a Redis that lost it under a running tubeq) each call falls back to EVAL.
+    own = RedisProcess(tmp_path / "redis", extra=("--rename-command", renamed, ""))
+    own.start()
+    client = await RedisClient.connect(own.url)
+    try:
+        store = Store(client, Keys("test"), "inst", FakeClock(), events_maxlen=1000)
+        assert await store.load_scripts() is (renamed == "FCALL")
+        await store.connect(ALICE)
+        job_id = await store.put("default", 0, 0, 60, b"still")
+        r = await store.reserve(ALICE)
+        assert isinstance(r, Reservation) and (r.id, r.body) == (job_id, b"still")
+        assert await store.delete(ALICE, job_id)
+    finally:
+        await client.close()
+        own.stop()

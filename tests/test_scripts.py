@@ -1,11 +1,15 @@
-"""Script assembly (tubeq.scripts): each script carries only the included definitions it uses.
+"""Script assembly (tubeq.scripts): each script carries only the included definitions it uses;
+the library holds every script as a function, binding per call what a script reads per call.
 
-That every assembled script compiles and runs is the business of test_lua.py (real Redis).
+That every assembled script and the library compile and run is the business of test_lua.py
+(real Redis, both ways).
 """
 
 from __future__ import annotations
 
-from tubeq.scripts import expand, load_all
+import re
+
+from tubeq.scripts import calls_only_reads, expand, library, load_all, script_names
 
 
 def _defines(source: bytes, name: str) -> bool:
@@ -48,3 +52,51 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
                          "schedule_tick"}  # recurring jobs: a tick puts a job
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source
+
+
+def test_the_library_has_a_function_per_script_named_after_its_version() -> None:
+    lib = library()
+    version = lib.name.removeprefix("tubeq_")
+    assert len(version) == 12 and lib.source.startswith(f"#!lua name={lib.name}\n".encode())
+    assert set(lib.functions) == set(script_names())
+    for script, function in lib.functions.items():
+        assert function == f"tq{version}_{script}"
+        assert f"function_name = '{function}'".encode() in lib.source
+
+
+def _wrapper(script: str) -> str:
+    """The text of one script's function in the library, up to the next one."""
+    source = library().source.decode()
+    start = source.index(f"function_name = '{library().functions[script]}'")
+    end = source.find("redis.register_function", start)
+    return source[start:end if end > 0 else None]
+
+
+def test_a_function_binds_the_call_s_arguments_before_the_script_s_body() -> None:
+    delete = _wrapper("delete")
+    # KEYS/ARGV, the key names (when the root changed), then what depends on the arguments,
+    # before the body's first line.
+    order = ["KEYS, ARGV = keys, args", "bind_root()",
+             "EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]", "rcall = redis.call",
+             "local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])"]
+    assert [delete.index(line) for line in order] == sorted(delete.index(line) for line in order)
+    assert "EVENTS_MAXLEN" not in _wrapper("peek")  # bound only where the script reads them
+    source = library().source.decode()
+    shared = source[:source.index("redis.register_function")]  # the includes' definitions
+    # Nothing that depends on a call is computed at load time (Redis has no KEYS, ARGV or
+    # redis.call then): declared as locals, assigned per call.
+    assert re.search(r"^local NS =|^local K_\w+ =|^local rcall =|^local EVENTS_MAXLEN,",
+                     shared, re.MULTILINE) is None
+    assert "local K_JOB_IDS\n" in source and "  K_JOB_IDS = NS .. 'id'\n" in source
+
+
+def test_only_scripts_that_call_nothing_but_reads_are_read_only_functions() -> None:
+    scripts = load_all()
+    assert scripts["peek"].read_only and scripts["stats"].read_only
+    assert not scripts["put"].read_only and not scripts["reserve"].read_only
+    assert "flags = {'no-writes'}" in _wrapper("peek")
+    assert "no-writes" not in _wrapper("put")
+    assert calls_only_reads("rcall('HGET', k, 'f') return redis.call(\"ZRANGE\", k, 0, 1)")
+    assert not calls_only_reads("rcall('HGET', k, 'f') rcall('HSET', k, 'f', 1)")
+    assert not calls_only_reads("local cmd = 'HGET' return rcall(cmd, k, 'f')")  # not literal
+    assert calls_only_reads("-- rcall('DEL', k) in a comment\nreturn rcall('GET', k)")

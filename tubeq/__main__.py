@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events-maxlen", type=int, default=DEFAULT_EVENTS_MAXLEN, metavar="N",
                    help="keep about the last N events (XTRIM MAXLEN ~ N once a second) "
                         f"({DEFAULT_EVENTS_MAXLEN})")
+    p.add_argument("--redis-functions", choices=["on", "off"], default="on",
+                   help="call the Lua scripts as one Redis Functions library (FCALL; Redis 7+, "
+                        "else EVALSHA anyway); off: EVALSHA (on)")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
                    help="serve the protocol over TLS with this certificate (chain)")
     p.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
@@ -292,6 +295,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
+                           redis_functions=args.redis_functions == "on",
                            access=access, max_connections=args.max_connections,
                            reuse_port=args.reuse_port,
                            http_host=args.metrics[0] if args.metrics else None,

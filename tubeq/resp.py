@@ -13,7 +13,9 @@ Rules:
   39-40k/s held back, 45-49k/s sent at the tick's end; 64x16 rows unchanged).
 * ``call(..., decode=f)`` resolves to ``f(reply)``: one future per call, no chained futures.
   ``call_script`` sends EVALSHA and, should Redis have lost the script (NOSCRIPT), sends the
-  EVAL itself and resolves the same future.
+  EVAL itself and resolves the same future. A script bound to a library function
+  (``bind_script(function=...)``) goes as FCALL, and falls back to the same EVAL should Redis
+  not have that function (a restarted or flushed Redis, before its library is loaded again).
 * Replies resolve futures strictly in FIFO order. A cancelled future still owns its slot: its reply
   is read and dropped, so the stream never desynchronises.
 * A lost connection fails every pending future with :class:`RedisConnectionLost`. Calls made
@@ -98,6 +100,13 @@ class RedisReplyError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.code = message.split(" ", 1)[0]
+
+
+def _no_function(error: RedisReplyError) -> bool:
+    """An FCALL that Redis could not run: no such function (its library is not loaded), or no
+    FCALL at all (a Redis before 7.0)."""
+    return error.code == "ERR" and str(error).startswith(
+        ("ERR Function not found", "ERR unknown command 'FCALL'"))
 
 
 class RedisConnectionLost(ConnectionError):
@@ -387,6 +396,10 @@ class RedisClient(ReconnectingProtocol):
         self._unsent: list[bytes] = []
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
+        # Function libraries (name -> source) the callers loaded: loaded again when a call finds
+        # its function missing (a Redis flushed or restarted without them), one load at a time.
+        self.libraries: dict[str, bytes] = {}
+        self._reloading = False
         # Metrics hooks (tubeq.metrics): a round trip in seconds; an error's kind.
         self.on_round_trip: Callable[[float], None] | None = None
         self.on_error: Callable[[str], None] | None = None
@@ -433,13 +446,17 @@ class RedisClient(ReconnectingProtocol):
         return future
 
     def bind_script(self, sha: str, source: bytes, keys: tuple[Arg, ...],
-                    bound: tuple[Arg, ...] = (), *, durable: bool = False) -> ScriptCall:
+                    bound: tuple[Arg, ...] = (), *, durable: bool = False,
+                    function: str | None = None) -> ScriptCall:
         """``call_script`` for one script and fixed keys, its EVALSHA head encoded once (the
         same sha and keys go out call after call on the hot path). ``bound`` arguments are
         fixed too: every call's ARGV starts with them, at no cost per call. ``durable``: with
-        ``min_replicas``, each call resolves only once that many replicas acknowledged it."""
+        ``min_replicas``, each call resolves only once that many replicas acknowledged it.
+        ``function``: call the script as that library function (FCALL), the script's source
+        the fallback."""
         eval_head: tuple[Arg, ...] = (len(keys), *keys, *bound)
-        head = encode_bulks(("EVALSHA", sha, *eval_head))
+        head = encode_bulks(("EVALSHA", sha, *eval_head) if function is None
+                            else ("FCALL", function, *eval_head))
         fixed = 2 + len(eval_head)
         if durable and self.min_replicas:
             return self._bind_durable(sha, source, eval_head, head, fixed)
@@ -565,8 +582,10 @@ class RedisClient(ReconnectingProtocol):
         if future.done():  # cancelled: the reply was only read to keep the stream in step
             return
         if isinstance(reply, RedisReplyError):
-            if fallback is not None and reply.code == "NOSCRIPT":
+            if fallback is not None and (reply.code == "NOSCRIPT" or _no_function(reply)):
                 source, args = fallback
+                if str(reply).startswith("ERR Function not found"):
+                    self._reload_libraries()
                 if type(decode) is _Durable:
                     self._needs_wait = True
                 self._send(("EVAL", source, *args), decode, future)
@@ -592,6 +611,20 @@ class RedisClient(ReconnectingProtocol):
                 self._unconfirmed.append((future, value))
             else:
                 future.set_result(value)
+
+    def _reload_libraries(self) -> None:
+        if self._reloading or not self.libraries:
+            return
+        self._reloading = True
+
+        def done(future: asyncio.Future[Any]) -> None:
+            self._reloading = False
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("loading a function library again failed",
+                            error=str(future.exception()))
+
+        for source in self.libraries.values():
+            self._send(("FUNCTION", "LOAD", "REPLACE", source)).add_done_callback(done)
 
     def _demoted(self) -> None:
         # The server we write to became a replica (a failover): reconnecting asks the

@@ -107,6 +107,9 @@ class Config:
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
     events_maxlen: int = 0
+    # Call the Lua scripts as one Redis Functions library (FCALL) where Redis has Functions
+    # (7.0+); False, or an older Redis: EVALSHA (tubeq.scripts).
+    redis_functions: bool = True
     # TLS for the protocol listener (tubeq.listeners), None for plain text.
     tls: TlsFiles | None = None
     # The access file (tubeq.access): tokens, namespaces, bound listeners; None: no auth.
@@ -225,10 +228,12 @@ class Server:
                      for k in range(config.shards)]
             store = ShardedStore(client, prefix, self.instance_id, config.shards,
                                  events_maxlen=config.events_maxlen,
-                                 clients=[await self._client_for(root) for root in roots])
+                                 clients=[await self._client_for(root) for root in roots],
+                                 functions=config.redis_functions)
             shard_keys = [shard.keys for shard in store.shards]
         else:
-            store = Store(client, keys, self.instance_id, events_maxlen=config.events_maxlen)
+            store = Store(client, keys, self.instance_id, events_maxlen=config.events_maxlen,
+                          functions=config.redis_functions)
             shard_keys = [keys]
         if self.metrics is not None and self.metrics.count_outcomes:
             store.metrics = self.metrics

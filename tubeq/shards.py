@@ -115,17 +115,18 @@ class ShardedStore(Store):
 
     def __init__(self, client: RedisClient, prefix: str, instance_id: str, shards: int,
                  clock: Clock = wall_clock_ms, *, events_maxlen: int = 0,
-                 clients: Sequence[RedisClient] | None = None) -> None:
+                 clients: Sequence[RedisClient] | None = None, functions: bool = True) -> None:
         """``clients``: the Redis client of each shard (a cluster's node that holds its slot);
-        by default all use ``client``."""
+        by default all use ``client``. ``functions``: as for Store."""
         if shards < 2:
             raise ValueError("a split namespace has 2 shards or more")
-        super().__init__(client, Keys(prefix), instance_id, clock, events_maxlen=events_maxlen)
+        super().__init__(client, Keys(prefix), instance_id, clock, events_maxlen=events_maxlen,
+                         functions=functions)
         self.count = shards
         self.shards = [
             Store(clients[k] if clients is not None else client,
                   Keys(shard_prefix(prefix, k, shards)), instance_id, clock,
-                  events_maxlen=events_maxlen)
+                  events_maxlen=events_maxlen, functions=functions)
             for k in range(shards)]
         self.home = self.shards[shard_of_tube(DEFAULT_TUBE, shards)]
         for shard in self.shards:
@@ -140,7 +141,7 @@ class ShardedStore(Store):
         resharding or a failover, tubeq.cluster); returns the shard's new Store."""
         old = self.shards[shard]
         new = Store(client, old.keys, self.instance_id, self.clock,
-                    events_maxlen=self.events_maxlen)
+                    events_maxlen=self.events_maxlen, functions=self.wants_functions)
         new.holds_default = old.holds_default
         new.metrics = old.metrics
         self.shards[shard] = new
@@ -166,13 +167,24 @@ class ShardedStore(Store):
     def _gather(self, calls: Sequence[asyncio.Future[Any]]) -> asyncio.Future[list[Any]]:
         return asyncio.gather(*calls)
 
-    async def load_scripts(self) -> None:
-        await self.home.load_scripts()  # one SCRIPT LOAD per script serves every shard's calls
-        loaded = {id(self.home.client)}
+    async def load_scripts(self) -> bool:
+        # One load per Redis serves every shard on it: the others are told how to call.
+        functions: dict[int, bool] = {}
+        for store in (self.home, *self.shards):
+            if id(store.client) not in functions:
+                functions[id(store.client)] = await store.load_scripts()
+            elif functions[id(store.client)]:
+                store.call_functions()
+        if id(self.client) not in functions:  # this facade's own client (a seed node)
+            await super().load_scripts()
+        elif functions[id(self.client)]:
+            super().call_functions()
+        return functions[id(self.home.client)]
+
+    def call_functions(self) -> None:
+        super().call_functions()
         for shard in self.shards:
-            if id(shard.client) not in loaded:
-                loaded.add(id(shard.client))
-                await shard.load_scripts()
+            shard.call_functions()
 
     @property
     def metrics(self) -> Any:

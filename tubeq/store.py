@@ -19,16 +19,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+import structlog
+
 from tubeq import admin
 from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
 from tubeq.recurring import DueTick, ScheduleInfo
-from tubeq.resp import Decoder, RedisClient, Reply, ScriptCall
-from tubeq.scripts import Script, load_all
+from tubeq.resp import Decoder, RedisClient, RedisReplyError, Reply, ScriptCall
+from tubeq.scripts import Library, Script, library, load_all
 
 if TYPE_CHECKING:
     from tubeq.metrics import Metrics
+
+log = structlog.get_logger(__name__)
 
 Clock = Callable[[], int]
 T = TypeVar("T")
@@ -169,9 +173,12 @@ class Store:
     """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
 
     def __init__(self, client: RedisClient, keys: Keys, instance_id: str,
-                 clock: Clock = wall_clock_ms, *, events_maxlen: int = 0) -> None:
+                 clock: Clock = wall_clock_ms, *, events_maxlen: int = 0,
+                 functions: bool = True) -> None:
         """``events_maxlen``: write lifecycle events to ``keys.events``, capped at about that
-        many entries (:meth:`trim_events`); 0 writes none."""
+        many entries (:meth:`trim_events`); 0 writes none. ``functions``: call the scripts as
+        the functions of one library where Redis has Functions (:meth:`load_scripts`); False
+        keeps EVALSHA."""
         if events_maxlen < 0:
             raise ValueError("events_maxlen must be 0 (off) or positive")
         self.client = client
@@ -186,18 +193,45 @@ class Store:
         # return (tubeq.metrics).
         self.metrics: Metrics | None = None
         self._scripts: dict[str, Script] = load_all()
-        event_args = (events_maxlen, instance_id)
-        self._calls: dict[str, ScriptCall] = {
-            name: client.bind_script(s.sha, s.source, (keys.root,),
-                                     event_args if s.records_events else (),
-                                     durable=name not in UNACKNOWLEDGED_SCRIPTS)
-            for name, s in self._scripts.items()}
+        self.wants_functions = functions
+        self._library: Library | None = library() if functions else None
+        self.calls_functions = False  # set by load_scripts (or call_functions)
+        self._calls = self._bind()
         client.add_reconnect_callback(self._on_reconnect)
 
-    async def load_scripts(self) -> None:
-        """SCRIPT LOAD every script, so calls by SHA succeed."""
+    def _bind(self) -> dict[str, ScriptCall]:
+        event_args = (self.events_maxlen, self.instance_id)
+        functions = self._library.functions if self.calls_functions and self._library else {}
+        return {
+            name: self.client.bind_script(s.sha, s.source, (self.keys.root,),
+                                          event_args if s.records_events else (),
+                                          durable=name not in UNACKNOWLEDGED_SCRIPTS,
+                                          function=functions.get(name))
+            for name, s in self._scripts.items()}
+
+    async def load_scripts(self) -> bool:
+        """Load the scripts into Redis, so that calls find them: the library (FUNCTION LOAD)
+        where Redis has Functions, then calls go by FCALL; else (a Redis before 7.0, or
+        ``functions=False``) every script for EVALSHA. Returns whether calls go by FCALL."""
+        if self._library is not None:
+            try:
+                await self.client.call("FUNCTION", "LOAD", "REPLACE", self._library.source)
+            except RedisReplyError as error:
+                log.info("redis functions unavailable, scripts go by EVALSHA", reason=str(error))
+            else:
+                self.client.libraries[self._library.name] = self._library.source
+                self.call_functions()
+                return True
         await asyncio.gather(*(self.client.call("SCRIPT", "LOAD", s.source)
                                for s in self._scripts.values()))
+        return False
+
+    def call_functions(self) -> None:
+        """Call the scripts as the library's functions from now on: another Store on the same
+        client loaded it (:meth:`load_scripts`)."""
+        if self._library is not None and not self.calls_functions:
+            self.calls_functions = True
+            self._calls = self._bind()
 
     def exact_ms(self) -> float:
         """The clock with its fraction of a millisecond (the scheduler aims its timer with it)."""
@@ -206,13 +240,18 @@ class Store:
         return float(self.clock())
 
     def _on_reconnect(self) -> None:
-        # Issued before any later call on the fresh connection, so those find their SHAs.
+        # Issued before any later call on the fresh connection, so those find their functions
+        # or SHAs (a Redis restarted empty has neither).
+        if self.calls_functions and self._library is not None:
+            self.client.call("FUNCTION", "LOAD", "REPLACE",
+                             self._library.source).add_done_callback(discard)
+            return
         for s in self._scripts.values():
             self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(discard)
 
     def _eval(self, name: str, *args: bytes | str | int,
               decode: Decoder | None = None) -> asyncio.Future[Any]:
-        """Run a script by SHA (the client falls back to EVAL if Redis lost it)."""
+        """Run a script by FCALL or EVALSHA (the client falls back to EVAL if Redis lost it)."""
         return self._calls[name](*args, decode=decode)
 
     # -- jobs ---------------------------------------------------------------------------------
