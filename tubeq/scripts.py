@@ -48,8 +48,9 @@ INCLUDE_ORDER = ("keys", "events", "limits", "jobs", "refs", "waiting", "picking
 # Commands that only read: a script calling nothing else is a read-only function.
 _READ_COMMANDS = frozenset({
     "EXISTS", "GET", "HEXISTS", "HGET", "HGETALL", "HKEYS", "HLEN", "HMGET", "HVALS", "LLEN",
-    "LRANGE", "MGET", "SCARD", "SISMEMBER", "SMEMBERS", "TIME", "TYPE", "XLEN", "XRANGE",
-    "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZRANK", "ZREVRANGE", "ZSCORE", "ZMSCORE"})
+    "LRANGE", "MGET", "SCARD", "SISMEMBER", "SMEMBERS", "SRANDMEMBER", "TIME", "TYPE", "XLEN",
+    "XRANGE", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZRANK", "ZREVRANGE", "ZSCORE",
+    "ZMSCORE"})
 _CALL_SITE = re.compile(r"\b(?:rcall|redis\.call|redis\.pcall)\(\s*(?:'(\w+)'|\"(\w+)\")?")
 
 

@@ -13,11 +13,11 @@ Events   'deleted'
 --- @include "policies"
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra')
+local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra', 'k', 'x')
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
 unlink(id, t, state, now)
-forget_job(id, jk)  -- its dedupe key is free, its TTL entry goes (includes/policies.lua)
+forget_job(id, jk, {f[8], f[9]})  -- its dedupe key is free, its TTL entry goes (policies)
 rcall('DEL', jk)
 rcall('HINCRBY', k_tube(t), 'del', 1)
 add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')

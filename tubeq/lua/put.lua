@@ -35,7 +35,7 @@ end
 
 local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
-ensure_tube(t, now)
+local meta = ensure_tube(t, now)
 local id, jk = new_job()
 if delay_ms > 0 then
   local due = now + delay_ms
@@ -47,7 +47,7 @@ else
   -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
   rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
   start_policies(id, jk, t, opts, now, limits[2])
-  enqueue_ready(id, t, tonumber(pri), now)
+  enqueue_ready(id, t, tonumber(pri), now, meta)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from

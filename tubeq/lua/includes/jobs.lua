@@ -23,17 +23,20 @@ local function bump(hash, field, delta)
   end
 end
 
--- A tube exists from its first reference (use, watch, put) until gc_tube removes it.
+-- A tube exists from its first reference (use, watch, put) until gc_tube removes it. Returns
+-- the meta fields index_tube reads ({ix, pause_until, lim}, and 'c') when the tube existed (a
+-- put passes them on: one read for both), nil when it was created here.
 local function ensure_tube(t, now)
   local tk = k_tube(t)
-  if rcall('EXISTS', tk) == 0 then
-    -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
-    -- they were created (tubeq.shards, list-tubes); the shards' K_TUBES orders do not compare.
-    local clock = rcall('TIME')
-    rcall('HSET', tk, 'c', now, 'cu', clock[1] * 1000000 + clock[2])
-    rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
-    sync_limit_flag(t)  -- reserve limits: its settings outlived it
-  end
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim', 'c')
+  -- Every tube has 'c' from its creation; a hash without it is looked at the long way.
+  if meta[4] or rcall('EXISTS', tk) == 1 then return meta end
+  -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
+  -- they were created (tubeq.shards, list-tubes); the shards' K_TUBES orders do not compare.
+  local clock = rcall('TIME')
+  rcall('HSET', tk, 'c', now, 'cu', clock[1] * 1000000 + clock[2])
+  rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
+  sync_limit_flag(t)  -- reserve limits: its settings outlived it
 end
 
 -- ready_tubes holds one entry per non-paused tube that has ready jobs: score = the priority of
@@ -41,11 +44,12 @@ end
 -- by job id, so the index is in beanstalkd's (pri, id) order across tubes and the first entry a
 -- connection watches is the job it reserves. The tube's current entry is kept in its meta
 -- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
--- A caller that knows the new head (member, pri) passes it and saves the lookup.
+-- A caller that knows the new head (member, pri) passes it and saves the lookup; one that has
+-- just read the tube's meta fields (ensure_tube) passes them too.
 -- Returns whether the tube has reserve limits (includes/limits.lua), read on the way.
-local function index_tube(t, now, head_member, head_pri)
+local function index_tube(t, now, head_member, head_pri, meta)
   local tk = k_tube(t)
-  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
+  meta = meta or rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
   local old = meta[1]
   local entry = false
   local head = head_member and {head_member, head_pri}
@@ -90,11 +94,12 @@ local function wake(t)
 end
 
 -- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
-local function enqueue_ready(id, t, pri, now)
+-- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
+local function enqueue_ready(id, t, pri, now, meta)
   local m = member(id)
   rcall('ZADD', k_ready(t), pri, m)
   if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
-    index_tube(t, now, m, pri)
+    index_tube(t, now, m, pri, meta)
   end
 end
 
@@ -139,10 +144,10 @@ end
 -- the caller knows it (index_tube's answer); nil looks it up.
 local function grant(id, t, token, now, from_ready, limited)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c')
+  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c', 'nr')
   local due = now + tonumber(f[1]) * 1000
-  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now)
-  local tries = rcall('HINCRBY', jk, 'nr', 1)
+  local tries = tonumber(f[6] or 0) + 1
+  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now, 'nr', tries)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
   if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end

@@ -115,9 +115,10 @@ local function duplicate_of(key, now)
   return tonumber(id)
 end
 
--- A job is going away for good: its dedupe key is free again and its TTL entry goes.
-local function forget_job(id, jk)
-  local f = rcall('HMGET', jk, 'k', 'x')
+-- A job is going away for good: its dedupe key is free again and its TTL entry goes. `known`:
+-- its fields {'k', 'x'} when the caller has read them.
+local function forget_job(id, jk, known)
+  local f = known or rcall('HMGET', jk, 'k', 'x')
   if f[1] and rcall('HGET', K_DEDUPE, f[1]) == tostring(id) then
     rcall('HDEL', K_DEDUPE, f[1])
   end
