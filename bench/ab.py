@@ -68,8 +68,12 @@ def measure(bench: Bench, row: Row, code_dir: Path) -> dict[str, Any]:
         result = run_load(spec, server.pids)
     finally:
         server.stop()
+    # CPU per job of each server process (us): steadier than the rate on a machine whose
+    # speed drifts, and what issue 13's targets are set in.
+    cpu = {name: pct / 100 * 1e6 / result.jobs_per_s
+           for name, pct in result.cpu_pct.items() if pct is not None and result.jobs_per_s}
     return {"rate": result.jobs_per_s, "p99": result.latency["p99_ms"], "ok": result.ok,
-            "other": max(quiet, result.other_cores or 0.0)}
+            "other": max(quiet, result.other_cores or 0.0), "cpu_us": cpu}
 
 
 def _cell(values: list[float], unit: str = "") -> str:
@@ -98,6 +102,18 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict[str, 
         lines.append(f"| {key} | {_cell(base, unit)} | {_cell(new, unit)} | "
                      f"{'n/a' if ratio is None else f'{ratio:.2f}x'} | "
                      f"{'shared' if shared else ''} |")
+    lines += ["", "CPU per job, us (median over the repetitions; CPU of the process from /proc "
+              "over the window / jobs counted in it):", "",
+              "| row | process | base | new | new / base |", "|---|---|---|---|---|"]
+    for key, sides in results.items():
+        names = sorted({n for side in sides.values() for r in side for n in r.get("cpu_us", {})})
+        for name in names:
+            base = [r["cpu_us"][name] for r in sides["base"] if r["ok"] and name in r["cpu_us"]]
+            new = [r["cpu_us"][name] for r in sides["new"] if r["ok"] and name in r["cpu_us"]]
+            ratio = (statistics.median(new) / statistics.median(base)
+                     if base and new and statistics.median(base) else None)
+            lines.append(f"| {key} | {name} | {_cell(base, ' us')} | {_cell(new, ' us')} | "
+                         f"{'n/a' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 
