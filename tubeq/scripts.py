@@ -217,7 +217,9 @@ def _binding(d: _Definition, bound: dict[str, _Binding]) -> _Binding | None:
                     per_root)
 
 
-def _library_code(function_of: dict[str, str]) -> tuple[str, dict[str, str]]:
+def _library_code(function_of: dict[str, str]) -> str:
+    """The library's code (without its name line), each script registered as ``function_of``
+    names it."""
     definitions = [d for name in INCLUDE_ORDER for d in _definitions(_include_text(name))]
     by_name = {n: d for d in definitions for n in d.names}
     bound: dict[str, _Binding] = {}
@@ -245,15 +247,15 @@ def _library_code(function_of: dict[str, str]) -> tuple[str, dict[str, str]]:
         parts.append(f"{header}redis.register_function{{function_name = '{function}', "
                      f"callback = function(keys, args)\n  KEYS, ARGV = keys, args\n"
                      f"  bind_root()\n{assign}{body.rstrip()}\nend{flags}}}\n")
-    return "".join(parts), function_of
+    return "".join(parts)
 
 
 @functools.cache
 def library() -> Library:
     """Every script as a function of one library, named after a hash of its code."""
     names = script_names()
-    draft, _ = _library_code({n: f"tubeq_{n}" for n in names})
+    draft = _library_code({n: f"tubeq_{n}" for n in names})
     version = hashlib.sha1(draft.encode()).hexdigest()[:12]
-    code, functions = _library_code({n: f"tq{version}_{n}" for n in names})
-    source = f"#!lua name=tubeq_{version}\n{code}".encode()
+    functions = {n: f"tq{version}_{n}" for n in names}
+    source = f"#!lua name=tubeq_{version}\n{_library_code(functions)}".encode()
     return Library(f"tubeq_{version}", source, functions)
