@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+import redis.exceptions
 
+from tests.client_support import eventually
 from tubeq.keys import Keys
 from tubeq.redis_process import RedisProcess
 from tubeq.resp import RedisClient, RedisReplyError
+from tubeq.shards import ShardedStore
 from tubeq.states import TRANSITIONS, JobState
 from tubeq.store import NoJob, Reservation, Store
 
@@ -553,7 +556,7 @@ async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
     assert await env.put() == 1
     assert await env.put() == 2
     libraries = await env.raw.function_list()
-    assert len(libraries) == env.store.calls_functions  # none in EVALSHA mode
+    assert len(libraries) == (1 if env.store.calls_functions else 0)  # none by EVALSHA
 
 
 async def test_lua_key_schema_matches_python(env: Env) -> None:
@@ -653,5 +656,40 @@ async def test_a_redis_without_functions_runs_the_scripts_by_evalsha(
         assert isinstance(r, Reservation) and (r.id, r.body) == (job_id, b"still")
         assert await store.delete(ALICE, job_id)
     finally:
+        await client.close()
+        own.stop()
+
+
+async def test_a_restarted_redis_gets_the_library_back_once_for_every_store(
+        tmp_path: Path) -> None:
+    # A split namespace has a Store per shard on one connection: after a reconnect the client
+    # loads the library once, before any store's call, and calls go by FCALL again at once.
+    own = RedisProcess(tmp_path / "redis")
+    own.start()
+    client = await RedisClient.connect(own.url)
+    raw = redis.asyncio.Redis.from_url(own.url)
+    try:
+        store = ShardedStore(client, "split", "inst", 4, FakeClock())
+        assert await store.load_scripts()
+        await raw.function_flush()  # restarted without it (its data files would keep it)
+        await raw.aclose()
+        own.stop()
+        own.start()  # same port: the client reconnects
+        raw = redis.asyncio.Redis.from_url(own.url)
+
+        async def loaded() -> bool:
+            try:
+                return bool(await raw.function_list())
+            except redis.exceptions.ConnectionError:
+                return False
+
+        await eventually(loaded, "the client loaded the library again")
+        await store.connect(ALICE)
+        assert await store.put("default", 0, 0, 60, b"back") > 0
+        stats = await raw.info("commandstats")
+        assert stats["cmdstat_function|load"]["calls"] == 1  # not once per shard's store
+        assert "cmdstat_eval" not in stats  # no call needed the EVAL fallback
+    finally:
+        await raw.aclose()
         await client.close()
         own.stop()

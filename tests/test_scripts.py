@@ -8,8 +8,16 @@ That every assembled script and the library compile and run is the business of t
 from __future__ import annotations
 
 import re
+from importlib import resources
 
-from tubeq.scripts import calls_only_reads, expand, library, load_all, script_names
+from tubeq.scripts import (
+    INCLUDE_ORDER,
+    calls_only_reads,
+    expand,
+    library,
+    load_all,
+    script_names,
+)
 
 
 def _defines(source: bytes, name: str) -> bool:
@@ -100,3 +108,10 @@ def test_only_scripts_that_call_nothing_but_reads_are_read_only_functions() -> N
     assert not calls_only_reads("rcall('HGET', k, 'f') rcall('HSET', k, 'f', 1)")
     assert not calls_only_reads("local cmd = 'HGET' return rcall(cmd, k, 'f')")  # not literal
     assert calls_only_reads("-- rcall('DEL', k) in a comment\nreturn rcall('GET', k)")
+
+
+def test_the_library_places_every_include_in_its_order() -> None:
+    # A new file under lua/includes/ must be given its place (after what it uses), or the
+    # library would lack its definitions: library() refuses to build without it.
+    folder = resources.files("tubeq").joinpath("lua", "includes")
+    assert set(INCLUDE_ORDER) == {p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua")}

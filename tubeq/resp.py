@@ -109,6 +109,11 @@ def _no_function(error: RedisReplyError) -> bool:
         ("ERR Function not found", "ERR unknown command 'FCALL'"))
 
 
+def _log_failed_load(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("loading a function library again failed", error=str(future.exception()))
+
+
 class RedisConnectionLost(ConnectionError):
     """The connection was lost (or closed) before the reply arrived, or is down right now."""
 
@@ -396,8 +401,9 @@ class RedisClient(ReconnectingProtocol):
         self._unsent: list[bytes] = []
         self._flush_scheduled = False
         self._reconnect_callbacks: list[Callable[[], None]] = []
-        # Function libraries (name -> source) the callers loaded: loaded again when a call finds
-        # its function missing (a Redis flushed or restarted without them), one load at a time.
+        # Function libraries (name -> source) the callers loaded: loaded again first thing after
+        # every reconnect (once each, however many callers use them), and when a call finds its
+        # function missing (a Redis flushed under a live connection), one load at a time.
         self.libraries: dict[str, bytes] = {}
         self._reloading = False
         # Metrics hooks (tubeq.metrics): a round trip in seconds; an error's kind.
@@ -619,9 +625,7 @@ class RedisClient(ReconnectingProtocol):
 
         def done(future: asyncio.Future[Any]) -> None:
             self._reloading = False
-            if not future.cancelled() and future.exception() is not None:
-                log.warning("loading a function library again failed",
-                            error=str(future.exception()))
+            _log_failed_load(future)
 
         for source in self.libraries.values():
             self._send(("FUNCTION", "LOAD", "REPLACE", source)).add_done_callback(done)
@@ -648,6 +652,11 @@ class RedisClient(ReconnectingProtocol):
                 future.set_exception(RedisConnectionLost(reason))
 
     def _on_reconnected(self) -> None:
+        # Before any caller's command on the fresh connection: a Redis restarted empty has
+        # no functions.
+        for source in self.libraries.values():
+            self._send(("FUNCTION", "LOAD", "REPLACE", source)).add_done_callback(
+                _log_failed_load)
         for callback in list(self._reconnect_callbacks):
             try:
                 callback()

@@ -217,9 +217,17 @@ def _binding(d: _Definition, bound: dict[str, _Binding]) -> _Binding | None:
                     per_root)
 
 
+def _include_names() -> set[str]:
+    folder = resources.files("tubeq").joinpath("lua", "includes")
+    return {p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua")}
+
+
 def _library_code(function_of: dict[str, str]) -> str:
     """The library's code (without its name line), each script registered as ``function_of``
     names it."""
+    if set(INCLUDE_ORDER) != _include_names():  # a new include must be placed in the order
+        raise RuntimeError(f"INCLUDE_ORDER {INCLUDE_ORDER} does not list every file of "
+                           f"lua/includes/: {sorted(_include_names())}")
     definitions = [d for name in INCLUDE_ORDER for d in _definitions(_include_text(name))]
     by_name = {n: d for d in definitions for n in d.names}
     bound: dict[str, _Binding] = {}

@@ -1,11 +1,11 @@
 """Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
 
 Command counters (``cmd-*``), ``total-jobs`` and each tube's ``total-jobs`` are counted in
-process memory and added to Redis ``FLUSH_DELAY_S`` after the first count (counters.lua), so
-``stats`` and ``stats-tube`` from any process see every process's counts (to within about
-10 ms for other processes; exactly for its own, since they flush before they read).
-Field names and their order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values
-unquoted except ``version``.
+process memory and added to Redis once per loop tick (counters.lua), so ``stats`` and
+``stats-tube`` from any process see every process's counts (to within one tick for other
+processes; exactly for its own, since they flush before they read). Field names and their
+order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
+``version``.
 """
 
 from __future__ import annotations
@@ -30,15 +30,6 @@ COMMAND_COUNTERS = (
     "list-tubes-watched", "pause-tube",
 )
 
-# How long counts wait in the process before they go to Redis. Not the end of the loop tick (as
-# until 2026-11-25): a lone put's counts then went in the same write as its script, and Redis
-# answers a batch only once it ran all of it, so every put sent one at a time waited for the
-# counters script too. One put at a time, awaited, through tubeq (AMD EPYC, interleaved pairs):
-# 313-344 us at the tick's end, 216-250 us with 10 ms; 1 ms still collided with every third
-# put or so (no gain). Other processes see the counts up to this late; under load it also means
-# one counters call per 10 ms instead of one per tick.
-FLUSH_DELAY_S = 0.01
-
 # beanstalkd's default binlog size; reported for compatibility (tubeq has no binlog: Redis's
 # AOF is its durability).
 BINLOG_MAX_SIZE = 10485760
@@ -46,13 +37,13 @@ BINLOG_MAX_SIZE = 10485760
 
 class CommandCounters:
     """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), flushed with
-    ``flush(fields, tube_jobs)`` ``FLUSH_DELAY_S`` after the first count since the last flush."""
+    ``flush(fields, tube_jobs)`` once per loop tick."""
 
     def __init__(self, flush: Callable[[dict[str, int], dict[str, int]], None]) -> None:
         self._flush = flush
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
         self._tube_jobs: Counter[str] = Counter()
-        self._timer: asyncio.TimerHandle | None = None
+        self._scheduled = False
         # Every count this process has flushed, since it started: /metrics renders these
         # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
         self.totals: Counter[str] = Counter()
@@ -60,24 +51,22 @@ class CommandCounters:
     def incr(self, name: str) -> None:
         """One more command counted as ``cmd-<name>``."""
         self._pending[name] += 1
-        if self._timer is None:
+        if not self._scheduled:
             self._schedule()
 
     def job_created(self, tube: str, count: int = 1) -> None:
         """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
         takes back one the server refused (a full tube)."""
         self._tube_jobs[tube] += count
-        if self._timer is None:
+        if not self._scheduled:
             self._schedule()
 
     def _schedule(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self.flush)
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
-        """Send the counts now (a reader's own counts reach Redis before it reads)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._scheduled = False
         if self._pending or self._tube_jobs:
             self.totals.update(self._pending)
             fields = {"cmd-" + name: n for name, n in self._pending.items()}

@@ -193,11 +193,15 @@ class Store:
         # return (tubeq.metrics).
         self.metrics: Metrics | None = None
         self._scripts: dict[str, Script] = load_all()
-        self.wants_functions = functions
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
         self._calls = self._bind()
         client.add_reconnect_callback(self._on_reconnect)
+
+    @property
+    def wants_functions(self) -> bool:
+        """Whether this store calls the library's functions where Redis has them."""
+        return self._library is not None
 
     def _bind(self) -> dict[str, ScriptCall]:
         event_args = (self.events_maxlen, self.instance_id)
@@ -240,11 +244,9 @@ class Store:
         return float(self.clock())
 
     def _on_reconnect(self) -> None:
-        # Issued before any later call on the fresh connection, so those find their functions
-        # or SHAs (a Redis restarted empty has neither).
-        if self.calls_functions and self._library is not None:
-            self.client.call("FUNCTION", "LOAD", "REPLACE",
-                             self._library.source).add_done_callback(discard)
+        # Issued before any later call on the fresh connection, so those find their SHAs. The
+        # library of a store that calls functions the client loads itself, once for all stores.
+        if self.calls_functions:
             return
         for s in self._scripts.values():
             self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(discard)

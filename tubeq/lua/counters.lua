@@ -1,5 +1,4 @@
---[[ counters: add one process's counts of the last 10 ms or so (tubeq.stats) to the shared
-counters.
+--[[ counters: add one process's counts of a loop tick to the shared counters.
 KEYS[1]  namespace root
 ARGV     n, then n pairs (stats field, delta): cmd-* and total-jobs of the server stats hash,
          then pairs (tube, delta): jobs put to that tube (its total-jobs)
