@@ -280,18 +280,53 @@ async def test_a_reserve_that_waits_holds_the_reserves_behind_it(new_client: New
     await worker.expect(b"RESERVED 1 1\r\nx\r\nTIMED_OUT\r\n")
 
 
-async def test_delete_of_a_held_job_may_pass_a_waiting_reserve(new_client: NewClient) -> None:
-    """Documented difference (protocol.md): it takes effect at once, its reply comes after."""
+async def test_delete_of_a_held_job_waits_for_a_waiting_reserve(new_client: NewClient) -> None:
+    """Sent past the reserve, deferred by Redis as the reserve found nothing, sent again once
+    the reserve has its job: beanstalkd's order, in effect and in replies."""
     worker, observer = new_client(), new_client()
     worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
     await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
     worker.send(b"reserve\r\ndelete 1\r\nuse other\r\n")
+    await asyncio.sleep(0.1)
     observer.send(b"peek 1\r\n")
-    await observer.expect(b"NOT_FOUND\r\n")
+    await observer.expect(b"FOUND 1 1\r\nx\r\n")
     assert worker.transport.out == b""
     observer.send(b"put 0 0 60 1\r\ny\r\n")
     await observer.expect(b"INSERTED 2\r\n")
     await worker.expect(b"RESERVED 2 1\r\ny\r\nDELETED\r\nUSING other\r\n")
+    observer.send(b"peek 1\r\n")
+    await observer.expect(b"NOT_FOUND\r\n")
+
+
+async def test_commands_past_a_reserve_that_gets_a_job_are_not_deferred(
+        new_client: NewClient) -> None:
+    """The pipelining the deferral keeps: delete and delete-many of held jobs go out with the
+    reserve before them when that reserve finds a job, and take effect at once."""
+    worker = new_client()
+    worker.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(4)))
+    await worker.until(lambda o: o.count(b"INSERTED") == 4)
+    worker.send(b"reserve\r\nreserve\r\n")
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+    worker.send(b"reserve\r\ndelete 1\r\nreserve\r\ndelete-many 2\r\n")
+    out = await worker.until(lambda o: o.count(b"DELETED") == 2)
+    assert out.endswith(b"RESERVED 3 1\r\n2\r\nDELETED\r\nRESERVED 4 1\r\n3\r\n"
+                        b"BATCH 1\r\nDELETED\r\n"), out
+
+
+async def test_delete_many_behind_a_waiting_reserve_waits_for_it(new_client: NewClient) -> None:
+    worker, observer = new_client(), new_client()
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    worker.send(b"reserve-with-timeout 1\r\ndelete-many 1\r\n")
+    await asyncio.sleep(0.2)
+    observer.send(b"peek 1\r\nstats\r\n")
+    out = await observer.until(lambda o: o.endswith(b"\n\r\n") and b"OK" in o)
+    assert out.startswith(b"FOUND 1 1\r\nx\r\n"), out
+    await worker.expect(b"TIMED_OUT\r\nBATCH 1\r\nDELETED\r\n")
+    observer.send(b"stats\r\n")
+    out = await observer.until(lambda o: o.count(b"cmd-delete") == 2 and o.endswith(b"\n\r\n"))
+    deletes = [line for line in out.split(b"\n") if line.startswith(b"cmd-delete:")]
+    assert deletes[0] == deletes[1], deletes  # counted once when sent, not again when re-sent
 
 
 async def test_jobs_granted_while_the_client_leaves_go_back(new_client: NewClient) -> None:

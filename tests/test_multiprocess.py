@@ -8,6 +8,7 @@ asserted as durations.
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,9 @@ from tests.wire.grammar import Reply, split_reply
 
 # The bound on every reply; the cross-process wake-up normally takes milliseconds.
 REPLY_TIMEOUT_S = 8.0
+# A pause of one process longer than the reap limit (tubeq.scheduler.REAP_AFTER_MS, 3 s) plus a
+# heartbeat: the other process takes it for dead.
+PAUSE_S = 5.0
 
 pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
 
@@ -203,3 +207,31 @@ def test_use_counts_reach_the_other_process(
     second.close()
     assert _eventually(lambda: using_count() == b"gone")
     assert f"- {tube}\n".encode() not in (observer.call("list-tubes").data or b"")
+
+
+def test_a_process_paused_past_the_reap_limit_serves_its_connections_again(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    """A paused process (a VM pause, swapping) is reaped by the other as dead; when it runs
+    again its heartbeat finds it unregistered and it restores its connections' watches, so a
+    connection opened before the pause is served, and stats count its watch again."""
+    process_a, process_b = two_processes
+    tube = _tube()
+    worker = clients(process_a)
+    assert worker.call(f"watch {tube}").head == b"WATCHING 2"
+    process_a.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(PAUSE_S)  # past REAP_AFTER_MS: process B reaps A meanwhile
+    finally:
+        process_a.send_signal(signal.SIGCONT)
+    producer = clients(process_b)
+    producer.call(f"use {tube}")
+    job_id = producer.put(b"after the pause")
+    worker.send(b"reserve-with-timeout 6\r\n")
+    reserved = worker.reply()
+    assert reserved.words[:2] == [b"RESERVED", str(job_id).encode()], reserved
+    assert "registrations restored" in process_a.log_tail(20000), process_a.log_tail()
+    assert "reaped silent tubeq processes" in process_b.log_tail(20000), process_b.log_tail()
+    tube_stats = producer.call(f"stats-tube {tube}").data or b""
+    assert b"\ncurrent-watching: 1\n" in tube_stats, tube_stats

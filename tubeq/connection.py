@@ -47,7 +47,7 @@ from tubeq.metrics import Metrics, command_label
 from tubeq.protocol import Parser
 from tubeq.scheduler import Scheduler
 from tubeq.stats import CommandCounters, ServerIdentity
-from tubeq.store import NoJob, Reservation, Store
+from tubeq.store import Deferred, NoJob, Reservation, Store
 from tubeq.using import UseLedger
 from tubeq.waiters import Waiter, WaiterRegistry
 
@@ -59,6 +59,10 @@ SAFETY_MARGIN_MS = 1000
 # A blocked reserve re-runs the reserve script about this often (up to 1 s later: a coarse timer)
 # even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
 WAKE_RECHECK_S = 10.0
+
+# A restore of this process's registrations that failed (Redis went away again) is tried again
+# after this pause.
+RESTORE_RETRY_S = 1.0
 
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
 # worker that lets jobs time out does not grow the map forever.
@@ -95,6 +99,7 @@ class PendingReserve:
 
     timeout_s: int | None  # None waits forever
     reply: asyncio.Future[bytes]
+    number: int  # its place among the connection's reserves (1, 2, ...)
     tried: bool = False  # its first try has come back
     failed: bool = False  # ... with a store error
     count: int | None = None  # reserve-many: up to this many jobs, answered as one BATCH
@@ -133,6 +138,9 @@ class ServerContext:
     # puts answer OUT_OF_MEMORY until a count finds room.
     full: bool = False
     connections: dict[str, Connection] = field(default_factory=dict)  # by token
+    # Connections whose connect.lua was sent and whose disconnect.lua was not yet: what
+    # restore_registrations puts back in Redis.
+    registered: dict[str, Connection] = field(default_factory=dict)
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
@@ -143,9 +151,39 @@ class ServerContext:
     grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
+    _restore_scheduled: bool = False
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
+
+    def restore_registrations(self) -> None:
+        """This process was found unregistered in Redis (reaped after a pause, or Redis lost
+        its data: tubeq.scheduler): put back what its live connections need, once per loop
+        turn however many shards said so. Every step is idempotent."""
+        if not self._restore_scheduled:
+            self._restore_scheduled = True
+            asyncio.get_running_loop().call_soon(self._restore)
+
+    def _restore(self) -> None:
+        self._restore_scheduled = False
+        conns = list(self.registered.values())
+        gauges = (len(conns), sum(conn.producer for conn in conns),
+                  sum(conn.worker for conn in conns))
+        restored = self.store.restore([(conn.token, conn.watched) for conn in conns], gauges)
+        restored.add_done_callback(functools.partial(self._restored, len(conns)))
+        resent = self.using.resend()
+        if resent is not None:
+            resent.add_done_callback(discard)
+        for conn in conns:  # after the watches, on the same Redis connection
+            conn.registration_lost()
+
+    def _restored(self, connections: int, f: asyncio.Future[int]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            log.warning("restoring registrations failed; trying again",
+                        error=None if f.cancelled() else repr(f.exception()))
+            asyncio.get_running_loop().call_later(RESTORE_RETRY_S, self.restore_registrations)
+        else:
+            log.warning("registrations restored", connections=connections, watches=f.result())
 
 
 @dataclass(eq=False)
@@ -182,12 +220,13 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_eof", "_flush_scheduled",
-        "_grants", "_handlers", "_held", "_lost", "_pool", "_prune_at", "_pump_scheduled",
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof",
+        "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
+        "_prune_at", "_pump_scheduled",
         "_push_credits", "_push_task", "_push_waiter", "_pushed", "_quit", "_reading",
-        "_replies", "_reserves", "_throttled", "_waiter", "_write_paused", "ctx", "extended",
-        "parser", "producer", "reserved", "store", "token", "transport", "used", "watched",
-        "worker",
+        "_recount_push", "_recount_wait", "_replies", "_reserves", "_throttled", "_waiter",
+        "_write_paused", "ctx", "extended", "parser", "passing", "producer", "replaying",
+        "reserved", "store", "token", "transport", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -219,6 +258,15 @@ class Connection(asyncio.Protocol):
         self._reserves: list[PendingReserve] = []  # unanswered reserves, in order
         self._pool: list[Reservation] = []  # granted, not yet handed to a reserve
         self._held: c.Command | None = None  # parsed, waiting for the reserves before it
+        self._numbered = 0  # reserves so far (PendingReserve.number)
+        # Commands sent past a reserve that Redis deferred (tubeq.store.Deferred): each with
+        # its reply and the number of the last reserve before it; sent again once those reserves
+        # have answered (_replay_deferred). None while there are none.
+        self._deferred: list[tuple[c.Command, asyncio.Future[bytes], int]] | None = None
+        # While a handler runs: the number of the first unanswered reserve the command passes
+        # (0: none), for the store call; and whether the command is a deferred one sent again.
+        self.passing = 0
+        self.replaying = False
         # Store calls that may grant jobs; None while there are none (most of an idle life).
         self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
@@ -227,6 +275,10 @@ class Connection(asyncio.Protocol):
         self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
         self._push_task: asyncio.Task[None] | None = None
         self._push_waiter: Waiter | None = None
+        # Redis lost this connection's wait registration (ServerContext.restore_registrations):
+        # the reserve's wait, or the push loop, counts itself in again before its next try.
+        self._recount_wait = False
+        self._recount_push = False
         self._reading = True  # not paused by flow control
         self._write_paused = False  # the transport's buffer is past its high-water mark
         self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
@@ -262,6 +314,7 @@ class Connection(asyncio.Protocol):
 
     def _register(self) -> None:
         """Count this connection in its namespace: from here on it may store and reserve."""
+        self.ctx.registered[self.token] = self
         self.store.connect(self.token).add_done_callback(discard)
         in_redis = self.ctx.using.acquire(self.used)
         if in_redis is not None:
@@ -344,6 +397,7 @@ class Connection(asyncio.Protocol):
             self._disconnect()
 
     def _disconnect(self) -> None:
+        self.ctx.registered.pop(self.token, None)
         using = self.ctx.using
         using.release(self.used)
         for tube in self.watched:
@@ -419,7 +473,8 @@ class Connection(asyncio.Protocol):
                     self._held = command
                     read_on = self.parser.buffered < HELD_INPUT_MAX
                     break
-            self._dispatch(command)
+            self._dispatch(command, self._reserves[0].number
+                           if self._reserves and type(command) not in _RESERVES else 0)
             budget -= 1
         self._set_reading(read_on)
         self._maybe_close()
@@ -442,32 +497,50 @@ class Connection(asyncio.Protocol):
         """Whether ``command`` may go to Redis while a reserve before it is unanswered.
 
         beanstalkd runs a connection's commands one at a time, so a reserve that blocks holds
-        what follows. tubeq sends a reserve's first try at once and lets through only commands
-        that cannot change what that reserve gets: further reserves, and delete, bury or touch
-        of a job this connection already holds (none of them makes a job ready). The rest wait
-        until every reserve before them has answered. Replies keep their order either way.
+        what follows. tubeq sends a reserve's first try at once and lets through further
+        reserves, and delete, bury or touch of a job this connection already holds: these go to
+        Redis with the number of the first reserve they pass, and if one of those reserves found
+        nothing on its first try (so it waits), the script does nothing and says so (Deferred):
+        the command is sent again once those reserves have answered (_replay_deferred). A bury
+        that ran at once could otherwise be kicked by another connection into the waiting
+        reserve; a delete or touch would change what a TTR time-out returns to it. Once a
+        reserve is known to wait, or where the store cannot defer (a split namespace), they
+        wait in the connection like every other command: until every reserve before them has
+        answered. Replies keep their order either way.
         """
         kind = type(command)
         if kind in _RESERVES:
             return True
+        if self._blocking is not None or not self.store.defers_behind_reserves:
+            return False
         if kind in _ON_HELD_JOBS:
             return cast(c.Delete | c.Bury | c.Touch, command).id in self.reserved
         if kind is c.DeleteMany:  # batches: only when every id is a job this connection holds
             return all(i in self.reserved for i in cast(c.DeleteMany, command).ids)
         return False
 
-    def _dispatch(self, command: c.Command) -> None:
+    def _dispatch(self, command: c.Command, passing: int = 0) -> None:
+        """Run ``command``'s handler and queue its reply; ``passing``: the number of the first
+        unanswered reserve it was let past (see :meth:`_may_pass_a_reserve`)."""
         handlers = self._handlers
         if command.stat is not None and handlers is HANDLERS:  # nothing counted before auth
             self.ctx.counters.incr(command.stat)
         handler = handlers[type(command)]
+        self.passing = passing
         try:
             reply = handler(self, command)
         except Exception:
             log.exception("handler failed", command=type(command).__name__)
             reply = replies.INTERNAL_ERROR
+        finally:
+            self.passing = 0
         if reply is None:
             return
+        if passing and not isinstance(reply, bytes):  # Redis may defer it: see _passed
+            outcome = reply
+            reply = asyncio.get_running_loop().create_future()
+            outcome.add_done_callback(functools.partial(
+                self._passed, command, reply, self._reserves[-1].number))
         self._replies.append(reply)
         observer = self.ctx.observer
         if isinstance(reply, bytes):
@@ -543,14 +616,16 @@ class Connection(asyncio.Protocol):
         """Send this reserve's first try now; it answers in order (see :meth:`_advance`).
         With ``count`` (reserve-many) it takes up to that many jobs, answered as one BATCH."""
         self.mark_worker()
+        self._numbered += 1
         pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future(),
-                                 count=count)
+                                 self._numbered, count=count)
         self._reserves.append(pending)
         attempt: asyncio.Future[Any]
         if count is None:
-            attempt = self.track_grants(self.store.reserve(self.token))
+            attempt = self.track_grants(self.store.reserve(self.token, number=self._numbered))
         else:
-            attempt = self.track_grants(self.store.reserve_many(self.token, count))
+            attempt = self.track_grants(
+                self.store.reserve_many(self.token, count, number=self._numbered))
         attempt.add_done_callback(functools.partial(self._tried, pending))
         return pending.reply
 
@@ -629,6 +704,8 @@ class Connection(asyncio.Protocol):
                 return
             self._reserves.pop(0)
             self._answer(head, answer)
+        if self._deferred is not None:
+            self._replay_deferred()
         if not self._reserves and self._held is not None and not self._lost:
             self._schedule_pump()  # commands held behind them
 
@@ -638,6 +715,43 @@ class Connection(asyncio.Protocol):
             return  # the connection is gone
         self._answer(self._reserves.pop(0), _reply_bytes(task))
         self._advance()
+
+    def _passed(self, command: c.Command, reply: asyncio.Future[bytes], last_reserve: int,
+                outcome: asyncio.Future[bytes]) -> None:
+        """A command sent past reserves up to number ``last_reserve`` came back: its reply,
+        or Deferred (one of those reserves waits), then it is sent again after them."""
+        if reply.done():
+            return
+        if outcome.cancelled():
+            reply.cancel()
+        elif isinstance(outcome.exception(), Deferred):
+            if self._deferred is None:
+                self._deferred = []
+            self._deferred.append((command, reply, last_reserve))
+            self._replay_deferred()
+        else:
+            _chain(outcome, reply)
+
+    def _replay_deferred(self) -> None:
+        """Send again, in order, the deferred commands whose reserves have all answered."""
+        deferred = self._deferred
+        while deferred and not self._lost and (
+                not self._reserves or self._reserves[0].number > deferred[0][2]):
+            command, reply, _ = deferred.pop(0)
+            self.replaying = True
+            try:
+                outcome = self._handlers[type(command)](self, command)
+            except Exception:
+                log.exception("handler failed", command=type(command).__name__)
+                outcome = replies.INTERNAL_ERROR
+            finally:
+                self.replaying = False
+            if outcome is None or isinstance(outcome, bytes):
+                reply.set_result(outcome or replies.INTERNAL_ERROR)
+            else:
+                outcome.add_done_callback(functools.partial(_chain, target=reply))
+        if not deferred:
+            self._deferred = None
 
     def _answer(self, reserve: PendingReserve, answer: bytes) -> None:
         """Resolve a reserve taken off ``_reserves`` and write its reply like any other (a
@@ -693,19 +807,25 @@ class Connection(asyncio.Protocol):
                     self._waiter = waiter
                     registry.register(waiter)
                     counted = True
+                    self._recount_wait = False
                     await self.store.set_waiting(self.token, 1)
                 else:
-                    timeout = WAKE_RECHECK_S
-                    for bound in (remaining, self._next_margin_s(now)):
-                        if bound is not None and bound < timeout:
-                            timeout = max(0.0, bound)
-                    # The periodic re-check needs no precision: no loop timer of its own.
-                    coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
-                    await waiter.event.wait(timeout, coarse)
-                    if self._eof:
-                        return replies.TIMED_OUT
-                    if self._pool:
-                        continue
+                    if not self._recount_wait:
+                        timeout = WAKE_RECHECK_S
+                        for bound in (remaining, self._next_margin_s(now)):
+                            if bound is not None and bound < timeout:
+                                timeout = max(0.0, bound)
+                        # The periodic re-check needs no precision: no loop timer of its own.
+                        coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
+                        await waiter.event.wait(timeout, coarse)
+                        if self._eof:
+                            return replies.TIMED_OUT
+                        if self._pool:
+                            continue
+                    if self._recount_wait:  # count in again (a no-op if Redis still has it)
+                        self._recount_wait = False
+                        if counted:
+                            await self.store.set_waiting(self.token, 1)
                 waiter.rearm()
                 if count is None:
                     call: asyncio.Future[Any] = self.track_grants(
@@ -750,6 +870,17 @@ class Connection(asyncio.Protocol):
             self._waiter.wake()
         self._advance()
 
+    def registration_lost(self) -> None:
+        """Redis lost this connection's registrations and they were just restored (watches
+        first, on the same Redis connection): a wait under way counts itself in again and
+        tries again, as a put may have found no waiter meanwhile."""
+        if self._waiter is not None:
+            self._recount_wait = True
+            self._waiter.wake()
+        if self._push_waiter is not None:
+            self._recount_push = True
+            self._push_waiter.wake()
+
     def job_handed_over(self) -> None:
         """put.lua handed this connection a job while it waited: the next try claims it."""
         for waiter in (self._waiter, self._push_waiter):
@@ -787,6 +918,10 @@ class Connection(asyncio.Protocol):
         counted = False
         try:
             while True:
+                if self._recount_push:
+                    self._recount_push = False
+                    if counted:
+                        await self.store.set_waiting(self.token, 1)
                 now = self.store.clock()
                 for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
                     self.settled(job_id)  # its TTR ran out: the job is back in the queue
@@ -854,6 +989,18 @@ def _peer(transport: asyncio.BaseTransport) -> str | None:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return None if peer is None else str(peer)
+
+
+def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:
+    """Settle ``target`` as ``source`` settled."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:

@@ -156,7 +156,8 @@ def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], byt
 
 
 def _delete(conn: Connection, cmd: c.Delete) -> Reply:
-    return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED))
+    return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
+                             behind=conn.passing)
 
 
 def _release(conn: Connection, cmd: c.Release) -> Reply:
@@ -169,7 +170,7 @@ def _release(conn: Connection, cmd: c.Release) -> Reply:
 
 
 def _bury(conn: Connection, cmd: c.Bury) -> Reply:
-    return then(conn.store.bury(conn.token, cmd.id, cmd.pri),
+    return then(conn.store.bury(conn.token, cmd.id, cmd.pri, behind=conn.passing),
                 _forget_on(conn, cmd.id, replies.BURIED))
 
 
@@ -181,7 +182,7 @@ def _touch(conn: Connection, cmd: c.Touch) -> Reply:
         conn.ctx.scheduler.note_due(deadline)
         return replies.TOUCHED
 
-    return then(conn.store.touch(conn.token, cmd.id), answer)
+    return then(conn.store.touch(conn.token, cmd.id, behind=conn.passing), answer)
 
 
 def _found(job: tuple[int, bytes] | None) -> bytes:
@@ -506,9 +507,10 @@ def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
 
 
 def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
-    counters = conn.ctx.counters
-    for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
-        counters.incr("delete")
+    if not conn.replaying:  # counted when first sent (a deferred one is sent again)
+        counters = conn.ctx.counters
+        for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
+            counters.incr("delete")
     def answer(done: list[bool]) -> bytes:
         out = []
         for job_id, deleted in zip(cmd.ids, done, strict=True):
@@ -517,7 +519,7 @@ def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
             out.append(replies.DELETED if deleted else replies.NOT_FOUND)
         return replies.batch(out)
 
-    return then(conn.store.delete_many(conn.token, cmd.ids), answer)
+    return then(conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing), answer)
 
 
 HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {

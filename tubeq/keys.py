@@ -102,6 +102,12 @@ class Keys:
         """The tokens waiting on a tube, in the order they started waiting."""
         return f"{self.root}t:{tube}:q"
 
+    def blocked(self, token: str) -> str:
+        """The number of the connection's last reserve whose first try found nothing
+        (reserve.lua), read by the commands pipelined right behind it (blocked_ahead in
+        lua/includes/jobs.lua); it expires by itself (BLOCKED_TTL_MS there)."""
+        return f"{self.root}c:{token}:b"
+
     def handed(self, token: str) -> str:
         """Jobs a put handed to a waiting connection that its process has not claimed yet."""
         return f"{self.root}c:{token}:g"

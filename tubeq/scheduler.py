@@ -10,6 +10,22 @@ process that scheduled it dies (the heartbeat period), or sooner when the script
 them announces them on the due channel (a schedule's next tick, a rate window's end), which
 the server turns into :meth:`Scheduler.note_due`. The scripts are atomic, so several
 processes sweeping the same due jobs never promote or expire one twice.
+
+Liveness: each process heart-beats; one silent for REAP_AFTER_MS is taken for dead by the next
+reap of any process (reap.lua). Two rules keep a live process from being lost that way:
+
+* a process reaps only once its own heartbeats have been answered without a gap for
+  REAP_AFTER_MS, so a silence that was Redis's (down, restarting, stalled: every process's
+  beats stopped) is never taken for the others' death;
+* a process that was reaped anyway (it was paused past the limit: a VM pause, swapping), or
+  whose Redis came back empty, learns it from its next heartbeat (heartbeat.lua answers that it
+  was not registered) and calls ``on_registration_lost``, which restores what its live
+  connections need (tubeq.connection.ServerContext.restore_registrations).
+
+Timeline of a pause, processes A and B:
+    t0  A's last beat        t0+5 s  B's reap: A is dead (B beat every second since)
+    t0+6 s  A wakes, beats: "not registered"  ->  A restores its connections' watches, their
+            waits and its gauges; its connections are served again from here on
 """
 
 from __future__ import annotations
@@ -32,6 +48,9 @@ log = structlog.get_logger(__name__)
 # pause, short enough that stats stop counting a dead process's connections within seconds.
 HEARTBEAT_MS = 1000
 REAP_AFTER_MS = 3 * HEARTBEAT_MS
+# Heartbeats answered further apart than this (or one that took longer than HEARTBEAT_MS to
+# answer) break the continuity a process needs before it may reap others.
+BEAT_GAP_MS = 2 * HEARTBEAT_MS
 # On a Redis error the sweep is retried after this pause instead of spinning.
 ERROR_BACKOFF_S = 0.5
 
@@ -40,6 +59,9 @@ class Scheduler:
     def __init__(self, store: Store, registry: WaiterRegistry) -> None:
         self.store = store
         self.registry = registry
+        self.on_registration_lost: Callable[[], None] | None = None
+        self._beat_ms: int | None = None  # when the last heartbeat was answered
+        self._up_since_ms: int | None = None  # heartbeats answered without a gap since then
         self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
         self._noted_ms: int | None = None  # earliest due noted during the current sweep
         self._nudge = asyncio.Event()
@@ -57,14 +79,38 @@ class Scheduler:
         elif due_ms < self._target_ms:
             self._nudge.set()
 
+    async def _heartbeat(self, sent_ms: int) -> None:
+        unregistered = await self.store.heartbeat()
+        answered_ms = self.store.clock()
+        if (self._beat_ms is None or answered_ms - self._beat_ms > BEAT_GAP_MS
+                or answered_ms - sent_ms > HEARTBEAT_MS):
+            self._up_since_ms = answered_ms
+        self._beat_ms = answered_ms
+        if unregistered and self.on_registration_lost is not None:
+            log.warning("this process was not registered in Redis (taken for dead after a "
+                        "pause, or Redis lost its data): restoring its connections")
+            self.on_registration_lost()
+
+    def when_registration_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when a heartbeat finds this process unregistered."""
+        self.on_registration_lost = callback
+
+    def may_reap(self, now_ms: int) -> bool:
+        """Whether this process has heard Redis answer its heartbeats without a gap for long
+        enough to tell others' silence from Redis's own."""
+        return self._up_since_ms is not None and now_ms - self._up_since_ms >= REAP_AFTER_MS
+
     async def run(self) -> None:
         next_heartbeat = 0
         while True:
             try:
                 now = self.store.clock()
                 if now >= next_heartbeat:
-                    await self.store.heartbeat()
-                    await self.store.reap(now - REAP_AFTER_MS)
+                    await self._heartbeat(now)
+                    if self.may_reap(now):
+                        reaped = await self.store.reap(now - REAP_AFTER_MS)
+                        if reaped:
+                            log.warning("reaped silent tubeq processes", count=reaped)
                     trimmed = self.store.trim_events()  # the event stream's cap, once a beat
                     if trimmed is not None:
                         await trimmed

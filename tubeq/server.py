@@ -253,6 +253,7 @@ class Server:
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             capacity=self._capacity, observer=self.metrics,
             extra_keys_always=config.extra_keys_always)
+        scheduler.when_registration_lost(ctx.restore_registrations)
         for each in shard_keys:  # every shard's channels (tubeq.shards), or the one root's
             grants = each.grant_channel(self.instance_id).encode()
             self._grants[grants] = ctx

@@ -113,6 +113,9 @@ class ShardedStore(Store):
     """The Store interface over ``shards`` Stores (see the module header). Every public Store
     method is routed here (tests/test_shards.py checks that none falls through to the base)."""
 
+    # A reserve's shard and a pipelined delete's job may differ: commands wait behind reserves.
+    defers_behind_reserves = False
+
     def __init__(self, client: RedisClient, prefix: str, instance_id: str, shards: int,
                  clock: Clock = wall_clock_ms, *, events_maxlen: int = 0,
                  clients: Sequence[RedisClient] | None = None, functions: bool = True) -> None:
@@ -209,15 +212,15 @@ class ShardedStore(Store):
     def burn_id(self, tube: str = DEFAULT_TUBE) -> asyncio.Future[int]:
         return self.of_tube(tube).burn_id(tube)
 
-    def reserve(self, token: str, *,
-                counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
+    def reserve(self, token: str, *, counted_waiting: bool = False,
+                number: int = 0) -> asyncio.Future[Reservation | NoJob]:
         shards = self._watching(token)
         if len(shards) == 1:
             return self.shards[shards[0]].reserve(token, counted_waiting=counted_waiting)
         return asyncio.ensure_future(self._reserve_across(token, shards, None, counted_waiting))
 
-    def reserve_many(self, token: str, count: int, *,
-                     counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
+    def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
+                     number: int = 0) -> asyncio.Future[list[Reservation]]:
         shards = self._watching(token)
         if len(shards) == 1:
             return self.shards[shards[0]].reserve_many(token, count,
@@ -260,16 +263,18 @@ class ShardedStore(Store):
         return self.of_id(job_id).reserve_job(token, job_id)
 
     def delete(self, token: str, job_id: int,
-               answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
+               answer: Callable[[bool], Any] | None = None, *,
+               behind: int = 0) -> asyncio.Future[Any]:
         return self.of_id(job_id).delete(token, job_id, answer)  # type: ignore[arg-type]
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
         return self.of_id(job_id).release(token, job_id, pri, delay)
 
-    def bury(self, token: str, job_id: int, pri: int) -> asyncio.Future[bool]:
+    def bury(self, token: str, job_id: int, pri: int, *,
+             behind: int = 0) -> asyncio.Future[bool]:
         return self.of_id(job_id).bury(token, job_id, pri)
 
-    def touch(self, token: str, job_id: int) -> asyncio.Future[int]:
+    def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]:
         return self.of_id(job_id).touch(token, job_id)
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
@@ -440,8 +445,22 @@ class ShardedStore(Store):
         calls = [c for c in (s.trim_events() for s in self.shards) if c is not None]
         return self._gather(calls) if calls else None  # type: ignore[return-value]
 
-    def heartbeat(self) -> asyncio.Future[Reply]:
-        return self._gather([s.heartbeat() for s in self.shards])  # type: ignore[return-value]
+    def heartbeat(self) -> asyncio.Future[bool]:
+        return then(self._gather([s.heartbeat() for s in self.shards]), any)
+
+    def restore(self, watches: Sequence[tuple[str, Sequence[str]]],
+                gauges: tuple[int, int, int] | None) -> asyncio.Future[int]:
+        home = self.shards.index(self.home)
+        by_shard: dict[int, list[tuple[str, list[str]]]] = {home: []}
+        for token, tubes in watches:
+            here: dict[int, list[str]] = {home: []}
+            for tube in tubes:
+                here.setdefault(shard_of_tube(tube, self.count), []).append(tube)
+            for k, shard_tubes in here.items():
+                by_shard.setdefault(k, []).append((token, shard_tubes))
+        calls = [self.shards[k].restore(part, gauges if k == home else None)
+                 for k, part in sorted(by_shard.items())]
+        return then(self._gather(calls), sum)
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
         return then(self._gather([s.reap(stale_before_ms) for s in self.shards]), max)
@@ -510,8 +529,10 @@ class ShardedStore(Store):
                  jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).put_many(tube, jobs)
 
-    def delete_many(self, token: str, ids: Sequence[int]) -> asyncio.Future[list[bool]]:
-        """Each shard deletes its own ids in one call; the answers come back in ``ids`` order."""
+    def delete_many(self, token: str, ids: Sequence[int], *,
+                    behind: int = 0) -> asyncio.Future[list[bool]]:
+        """Each shard deletes its own ids in one call; the answers come back in ``ids`` order.
+        Nothing is ever deferred here (``behind`` is 0: see defers_behind_reserves)."""
         by_shard: dict[int, list[int]] = {}
         for job_id in ids:
             by_shard.setdefault(shard_of_id(job_id, self.count), []).append(job_id)
@@ -569,6 +590,10 @@ class ShardSchedulers(Scheduler):
     def __init__(self, store: ShardedStore, registry: WaiterRegistry) -> None:
         super().__init__(store.home, registry)
         self.each = [Scheduler(shard, registry) for shard in store.shards]
+
+    def when_registration_lost(self, callback: Callable[[], None]) -> None:
+        for scheduler in self.each:  # any shard may find the process unregistered
+            scheduler.when_registration_lost(callback)
 
     def rebind(self, shard: int, store: Store) -> None:
         """Shard ``shard``'s Store was replaced (:meth:`ShardedStore.rebind`)."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import structlog
 
 from tubeq import admin
-from tubeq.futures import discard
+from tubeq.futures import discard, then
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
 from tubeq.recurring import DueTick, ScheduleInfo
@@ -41,6 +41,9 @@ T = TypeVar("T")
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
 SWEEP_LIMIT = 1000
 
+# restore.lua takes at most this many connections per call (a process may hold thousands).
+RESTORE_CHUNK = 500
+
 # pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
 PAUSE_FOREVER_MS = 10**15
 # How stats-tube shows such a pause: pause-time-left 4294967295 (the longest pause-tube can ask),
@@ -54,7 +57,7 @@ _FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
 # while replicas are missing. A script not listed here (a new one) waits: the safe default.
 UNACKNOWLEDGED_SCRIPTS = frozenset({
     "best", "tube_list", "peek", "stats", "stats_tube", "heartbeat", "reap", "promote",
-    "expire", "counters", "using", "connect", "tubes", "disconnect"})
+    "expire", "counters", "using", "connect", "tubes", "disconnect", "restore"})
 
 
 def wall_clock_ms() -> int:
@@ -169,8 +172,37 @@ def _text(v: Any) -> str:
     return "" if v is None else bytes(v).decode(errors="replace")
 
 
+class Deferred(Exception):
+    """A command pipelined behind a reserve of its connection did nothing: that reserve waits
+    for a job, and beanstalkd runs what follows a reserve only once it is answered. The
+    connection sends the command again then (tubeq.connection)."""
+
+
+# What a script returns for a deferred command (DEFERRED in lua/includes/jobs.lua).
+DEFERRED_CODE = -1
+
+
+def _numbered(number: int) -> tuple[int, ...]:
+    """The optional trailing argument of a script that takes a reserve's number."""
+    return (number,) if number else ()
+
+
+def _unless_deferred(decode: Callable[[Any], T]) -> Callable[[Any], T]:
+    def checked(r: Any) -> T:
+        if r == DEFERRED_CODE:
+            raise Deferred
+        return decode(r)
+
+    return checked
+
+
 class Store:
     """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
+
+    # A command pipelined behind a reserve may be sent at once, with the reserve's number
+    # (:class:`Deferred`); a split namespace (tubeq.shards) cannot tell, as the reserve and
+    # the job may live in two shards: its connections hold such commands instead.
+    defers_behind_reserves = True
 
     def __init__(self, client: RedisClient, keys: Keys, instance_id: str,
                  clock: Clock = wall_clock_ms, *, events_maxlen: int = 0,
@@ -195,6 +227,7 @@ class Store:
         self._scripts: dict[str, Script] = load_all()
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
+        self._described: dict[str, str] = {}  # describe_instance's fields, for restore
         self._calls = self._bind()
         client.add_reconnect_callback(self._on_reconnect)
 
@@ -279,20 +312,22 @@ class Store:
         ``tube``: the one the put was for (a split namespace burns that shard's next id)."""
         return self.client.call("INCR", self.keys.job_ids, decode=int)
 
-    def reserve(self, token: str, *,
-                counted_waiting: bool = False) -> asyncio.Future[Reservation | NoJob]:
-        """The next job for ``token``; if ``counted_waiting``, a grant also counts it out."""
+    def reserve(self, token: str, *, counted_waiting: bool = False,
+                number: int = 0) -> asyncio.Future[Reservation | NoJob]:
+        """The next job for ``token``; if ``counted_waiting``, a grant also counts it out.
+        ``number``: the reserve's number on its connection, for its first try (one that finds
+        nothing defers the commands pipelined behind it, see :class:`Deferred`)."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return self._eval("reserve", token, now, 1, waiter,
+        return self._eval("reserve", token, now, 1, waiter, *_numbered(number),
                           decode=lambda r: _reservation(r, now, self.metrics))
 
-    def reserve_many(self, token: str, count: int, *,
-                     counted_waiting: bool = False) -> asyncio.Future[list[Reservation]]:
+    def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
+                     number: int = 0) -> asyncio.Future[list[Reservation]]:
         """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return self._eval("reserve", token, now, count, waiter,
+        return self._eval("reserve", token, now, count, waiter, *_numbered(number),
                           decode=lambda r: _reservations(r, now, self.metrics))
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
@@ -301,35 +336,45 @@ class Store:
                           decode=lambda r: _reservation(r, now, self.metrics))
 
     @overload
-    def delete(self, token: str, job_id: int) -> asyncio.Future[bool]:
+    def delete(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[bool]:
         ...
 
     @overload
     def delete(self, token: str, job_id: int,
-               answer: Callable[[bool], T]) -> asyncio.Future[T]:
+               answer: Callable[[bool], T], *, behind: int = 0) -> asyncio.Future[T]:
         ...
 
     def delete(self, token: str, job_id: int,
-               answer: Callable[[bool], Any] | None = None) -> asyncio.Future[Any]:
+               answer: Callable[[bool], Any] | None = None, *,
+               behind: int = 0) -> asyncio.Future[Any]:
+        """``behind``: the number of the first unanswered reserve of ``token`` this delete was
+        pipelined behind (0: none); the delete is then :class:`Deferred` if one of them waits.
+        The same goes for bury, touch and delete_many."""
         metrics = self.metrics
 
         def decode(r: Any) -> Any:
-            # delete.lua: {held_ms, tube} | 0
+            # delete.lua: {held_ms, tube} | 0 | -1 deferred
+            if r == DEFERRED_CODE:
+                raise Deferred
             if r and metrics is not None:
                 metrics.job_deleted(r[1].decode(), int(r[0]))
             return bool(r) if answer is None else answer(bool(r))
 
-        return self._eval("delete", token, job_id, self.clock(), decode=decode)
+        return self._eval("delete", token, job_id, self.clock(), *_numbered(behind),
+                          decode=decode)
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
         return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
 
-    def bury(self, token: str, job_id: int, pri: int) -> asyncio.Future[bool]:
-        return self._eval("bury", token, job_id, pri, self.clock(), decode=bool)
+    def bury(self, token: str, job_id: int, pri: int, *,
+             behind: int = 0) -> asyncio.Future[bool]:
+        return self._eval("bury", token, job_id, pri, self.clock(), *_numbered(behind),
+                          decode=_unless_deferred(bool))
 
-    def touch(self, token: str, job_id: int) -> asyncio.Future[int]:
+    def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]:
         """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
-        return self._eval("touch", token, job_id, self.clock(), decode=int)
+        return self._eval("touch", token, job_id, self.clock(), *_numbered(behind),
+                          decode=_unless_deferred(int))
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
         return self._eval("kick", tube, bound, self.clock(), decode=int)
@@ -489,7 +534,9 @@ class Store:
 
     def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
         """Where this process listens (``addr``, ``http``), for the dashboard's server list;
-        kept in its instance hash, which reap.lua removes with the instance."""
+        kept in its instance hash, which reap.lua removes with the instance (:meth:`restore`
+        writes it again)."""
+        self._described = dict(fields)
         flat = [x for pair in fields.items() for x in pair]
         return self.client.call("HSET", self.keys.instance(self.instance_id), *flat)
 
@@ -515,9 +562,35 @@ class Store:
             return None
         return self.client.call("XTRIM", self.keys.events, "MAXLEN", "~", self.events_maxlen)
 
-    def heartbeat(self) -> asyncio.Future[Reply]:
+    def heartbeat(self) -> asyncio.Future[bool]:
+        """Say this process is alive; True when it was not registered (its first beat, or it
+        was reaped or lost meanwhile: see :meth:`restore`)."""
         return self._eval("heartbeat", self.instance_id, self.clock(),
-                          int(self.holds_default))
+                          int(self.holds_default), decode=lambda r: bool(int(r)))
+
+    def restore(self, watches: Sequence[tuple[str, Sequence[str]]],
+                gauges: tuple[int, int, int] | None) -> asyncio.Future[int]:
+        """Make Redis hold this process's registrations again after a reap or a lost Redis:
+        each connection token's watches (``watches``: token and the tubes it watches in this
+        store), and with ``gauges`` (connections, producers, workers; None: a shard of a split
+        namespace that is not the connections' home) the connection set, the gauges and
+        :meth:`describe_instance`'s fields. Idempotent. Sent in chunks of RESTORE_CHUNK
+        connections, so one call never holds Redis for long; the future gives the number of
+        watches created anew."""
+        home = gauges is not None
+        conns, producers, workers = gauges or (0, 0, 0)
+        chunks = [watches[i:i + RESTORE_CHUNK]
+                  for i in range(0, len(watches), RESTORE_CHUNK)] or [[]]
+        calls: list[asyncio.Future[Any]] = []
+        for chunk in chunks:
+            flat: list[str | int] = []
+            for token, tubes in chunk:
+                flat += [token, len(tubes), *tubes]
+            calls.append(self._eval("restore", self.instance_id, self.clock(), int(home),
+                                    conns, producers, workers, *flat, decode=int))
+        if home and self._described:
+            calls.append(self.describe_instance(self._described))
+        return then(asyncio.gather(*calls), lambda parts: sum(parts[:len(chunks)]))
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
         return self._eval("reap", stale_before_ms, self.clock(), decode=int)
@@ -646,11 +719,12 @@ class Store:
         return self._eval("put_many", tube, self.clock(), *flat,
                           decode=lambda r: [int(v) for v in r])
 
-    def delete_many(self, token: str, ids: Sequence[int]) -> asyncio.Future[list[bool]]:
+    def delete_many(self, token: str, ids: Sequence[int], *,
+                    behind: int = 0) -> asyncio.Future[list[bool]]:
         """Delete each id as :meth:`delete` would, in one script call; per id, whether it was
         deleted."""
-        return self._eval("delete_many", token, self.clock(), *ids,
-                          decode=lambda r: [bool(v) for v in r])
+        return self._eval("delete_many", token, self.clock(), behind, *ids,
+                          decode=_unless_deferred(lambda r: [bool(v) for v in r]))
 
 
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,

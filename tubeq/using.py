@@ -85,6 +85,12 @@ class UseLedger:
         self._dirty.add(tube)
         self._schedule()
 
+    def resend(self) -> asyncio.Future[Any] | None:
+        """Tell Redis every count again (it lost them: a restore, see
+        ServerContext.restore_registrations); counts are absolute, so this is harmless."""
+        self._dirty.update(self._counts)
+        return self.flush()
+
     def flush(self) -> asyncio.Future[Any] | None:
         """Send every changed count now; the returned future settles when Redis has them."""
         if self._timer is not None:

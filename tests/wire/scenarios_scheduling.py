@@ -321,3 +321,46 @@ def disconnect_with_pending_replies(s: Script) -> None:
     s.conn("rude").close()
     s.sleep(0.3)
     s.conn("polite").cmd(f"use {tube}").stats_tube(tube)
+
+
+# --- commands pipelined behind a reserve that waits ----------------------------------------------
+# beanstalkd runs one connection's commands one at a time: what a client pipelines behind a
+# reserve that waits runs once that reserve has answered, whatever other connections do meanwhile.
+
+@scenario()
+def bury_behind_waiting_reserve_is_not_kicked_into_it(s: Script) -> None:
+    tube = s.tube("t")
+    worker = s.conn("worker").on_tube(tube).put(b"held", capture="a").reserve()
+    worker.send("reserve-with-timeout 2\r\nbury {a} 0\r\n")
+    s.sleep(0.2)
+    s.conn("kicker").cmd(f"use {tube}").cmd("kick 10")  # KICKED 0: the job is still reserved
+    worker.expect(timeout=4).expect().stats_job("a")
+
+
+@scenario()
+def bury_behind_waiting_reserve_after_a_ttr_runs_out(s: Script) -> None:
+    tube = s.tube("t")
+    owner = s.conn("owner").on_tube(tube).put(b"owner's", ttr=1, capture="k").reserve()
+    worker = s.conn("worker").on_tube(tube).put(b"held", pri=5, capture="a").reserve()
+    worker.send("reserve-with-timeout 4\r\nbury {a} 0\r\n")
+    s.sleep(1.1)
+    owner.nudge()  # beanstalkd may need it to see the owner's TTR (checklist section 8)
+    worker.expect(timeout=4).expect().stats_job("a").stats_job("k")
+
+
+@scenario()
+def delete_behind_waiting_reserve_keeps_its_deadline_soon(s: Script) -> None:
+    worker = conn_on_fresh_tube(s).put(b"held", ttr=2, capture="a").reserve()
+    worker.send("reserve-with-timeout 3\r\ndelete {a}\r\n")
+    worker.expect(timeout=4).expect().stats_job("a")
+
+
+@scenario()
+def touch_behind_waiting_reserve_after_a_ttr_runs_out(s: Script) -> None:
+    tube = s.tube("t")
+    owner = s.conn("owner").on_tube(tube).put(b"owner's", ttr=1, capture="k").reserve()
+    worker = s.conn("worker").on_tube(tube).put(b"held", pri=5, capture="a").reserve()
+    worker.send("reserve-with-timeout 4\r\ntouch {a}\r\n")
+    s.sleep(1.1)
+    owner.nudge()
+    worker.expect(timeout=4).expect().stats_job("k")

@@ -1,14 +1,16 @@
 --[[ bury: move a reserved job to the end of its tube's buried FIFO, with a new priority.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
-         pri, now (ms)
-Returns  1 buried | 0 not reserved by this connection
+         pri, now (ms), optionally the number of the first reserve it was pipelined behind
+Returns  1 buried | 0 not reserved by this connection | -1 deferred (see blocked_ahead in
+         includes/jobs.lua)
 Events   'buried'
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
 local token, id, pri, now = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 't', 'o')
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end

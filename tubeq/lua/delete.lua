@@ -1,10 +1,11 @@
 --[[ delete: remove a job in any state; a reserved job only by the connection holding it.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
-         now (ms)
+         now (ms), optionally the number of the first reserve it was pipelined behind
 Returns  {held, tube} deleted, where held is how long (ms) the caller had held the job since it
          reserved it ('ra'; -1 when the job was not reserved): tubeq.store reads it for the
-         reserved->deleted metric | 0 not found (or reserved by another connection)
+         reserved->deleted metric | 0 not found (or reserved by another connection) | -1
+         deferred (see blocked_ahead in includes/jobs.lua)
 Events   'deleted'
 ]]
 --- @include "keys"
@@ -12,6 +13,7 @@ Events   'deleted'
 --- @include "jobs"
 --- @include "policies"
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
+if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra', 'k', 'x')
 local state, t = f[1], f[2]

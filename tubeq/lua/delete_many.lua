@@ -2,8 +2,9 @@
 twice is deleted once, then not found).
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, now
-         (ms), then the ids
-Returns  {1|0, ...}: per id, 1 deleted | 0 not found (or reserved by another connection)
+         (ms), the number of the first reserve it was pipelined behind ('0': none), then the ids
+Returns  {1|0, ...}: per id, 1 deleted | 0 not found (or reserved by another connection) | -1
+         deferred, nothing deleted (see blocked_ahead in includes/jobs.lua)
 Events   'deleted' per job deleted
 ]]
 --- @include "keys"
@@ -11,6 +12,7 @@ Events   'deleted' per job deleted
 --- @include "jobs"
 --- @include "policies"
 local token, now = ARGV[3], tonumber(ARGV[4])
+if blocked_ahead(token, ARGV[5]) then return DEFERRED end
 
 local function delete_one(id)
   local jk = k_job(id)
@@ -27,7 +29,7 @@ local function delete_one(id)
 end
 
 local out = {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   out[#out + 1] = delete_one(ARGV[i])
 end
 return out

@@ -40,6 +40,7 @@ end
 for i = 8, #ARGV do give_back(ARGV[i], true) end
 for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do give_back(id, false) end
 rcall('DEL', k_handed(token))
+rcall('DEL', k_blocked(token))
 count_waiting(inst, token, -1)  -- normally done already, when its reserve stopped waiting
 local dropped = {}
 for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do

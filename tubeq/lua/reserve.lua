@@ -4,7 +4,9 @@ Jobs a put already handed to this connection while it waited (put.lua) come firs
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token (the
          connection), now (ms), count, waiter instance ('' unless the connection is counted as
-         waiting: then a grant also counts it out, in the same step)
+         waiting: then a grant also counts it out, in the same step), optionally the
+         reserve's number on its connection (its first try: one that finds nothing records
+         it, see blocked_ahead in includes/jobs.lua)
 Returns  reservations one after another: {id, ttr, body, waited (ms ready), tube, id, ...}
          (see grant in includes/jobs.lua) | {} when nothing is reservable
 Events   'reserved' per job taken here (a job a put handed over had its event then)
@@ -23,4 +25,5 @@ while #granted < 5 * count do
   for _, v in ipairs(take_entry(entry, token, now)) do granted[#granted + 1] = v end
 end
 if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
+if #granted == 0 and ARGV[7] then rcall('SET', k_blocked(token), ARGV[7], 'PX', BLOCKED_TTL_MS) end
 return granted

@@ -1,14 +1,16 @@
 --[[ touch: give a reserved job a full TTR from now.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
-         now (ms)
-Returns  the new deadline (ms) | 0 not reserved by this connection
+         now (ms), optionally the number of the first reserve it was pipelined behind
+Returns  the new deadline (ms) | 0 not reserved by this connection | -1 deferred (see
+         blocked_ahead in includes/jobs.lua)
 Events   'touched'
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
+if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, 's', 'o', 'r')
 if f[1] ~= 'reserved' or f[2] ~= token then return 0 end

@@ -23,6 +23,22 @@ local function bump(hash, field, delta)
   end
 end
 
+-- Whether a command `token` pipelined behind its own unanswered reserves (the first of them
+-- numbered `lo` by the connection; nil: behind none) must wait for them: one of them found
+-- nothing on its first try (reserve.lua records the last such reserve's number), so it waits
+-- for a job, and beanstalkd runs what follows it only once it is answered. The command then
+-- changes nothing and returns DEFERRED; the connection sends it again after that reserve.
+-- The record only has to outlive the round trip of the reserve's try: a command is sent past a
+-- reserve only until that try's reply is back, so a minute is ample, and the key of a
+-- connection that vanished goes by itself.
+local DEFERRED = -1
+local BLOCKED_TTL_MS = 60000
+local function blocked_ahead(token, lo)
+  if not lo or lo == '0' then return false end
+  local b = rcall('GET', k_blocked(token))
+  return b ~= false and tonumber(b) >= tonumber(lo)
+end
+
 -- A tube exists from its first reference (use, watch, put) until gc_tube removes it. Returns
 -- the meta fields index_tube reads ({ix, pause_until, lim}, and 'c') when the tube existed (a
 -- put passes them on: one read for both), nil when it was created here.

@@ -44,6 +44,7 @@ local function k_watch(token) return NS .. 'c:' .. token .. ':w' end
 local function k_wake(t) return NS .. 'wake:' .. t end
 local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
 local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
+local function k_blocked(token) return NS .. 'c:' .. token .. ':b' end
 local function k_grant(i) return NS .. 'grant:' .. i end
 -- Job policies and deduplicated put (includes/policies.lua).
 local K_TTL = NS .. 'ttl'
