@@ -54,6 +54,7 @@ async def test_a_namespace_of_a_newer_layout_refuses_to_start_in_one_line(redis_
         newer = LAYOUT_VERSION + 1
         await raw.set(keys.layout, newer)
         await raw.hset(keys.job(1), mapping={"s": "ready", "t": "default"})  # its data
+        await raw.zadd(keys.ttl, {"A1": 1_700_000_060_000})  # no 'x:' timer: left so
         done = await asyncio.to_thread(run_tubeq, "--redis", redis_url, "--prefix", prefix)
         assert done.returncode == 1, done
         assert done.stdout == ""
@@ -66,7 +67,7 @@ async def test_a_namespace_of_a_newer_layout_refuses_to_start_in_one_line(redis_
         # The refusing process touched nothing: the record and the data are as they were.
         assert await raw.get(keys.layout) == str(newer).encode()
         assert sorted(await raw.keys("{" + prefix + "}*")) == sorted(
-            [keys.layout.encode(), keys.job(1).encode()])
+            [keys.layout.encode(), keys.job(1).encode(), keys.ttl.encode()])
     finally:
         await raw.aclose()
 
@@ -138,3 +139,15 @@ async def test_a_record_this_build_cannot_read_is_refused_and_left_alone(
     with pytest.raises(StartupError, match=message):
         await claim_layout_version(client, keys, "r:1")
     assert await client.call("GET", keys.layout) == recorded.encode()
+
+
+async def test_the_ttl_timer_a_layout_1_process_removed_is_armed_again(
+        layout_client: tuple[RedisClient, Keys]) -> None:
+    # A layout-1 process takes the timer 'x:' for a pause and removes it when it fires: the
+    # jobs put with a TTL would never expire. The next process to start arms it again.
+    client, keys = layout_client
+    await client.call("ZADD", keys.ttl, 1_700_000_090_000, "B12", 1_700_000_060_000, "A7")
+    await client.call("ZADD", keys.timers, 1_700_000_010_000, "d:default")
+    await claim_layout_version(client, keys, "r:1")
+    assert await client.call("ZRANGE", keys.timers, 0, -1, "WITHSCORES") == [
+        b"d:default", b"1700000010000", b"x:", b"1700000060000"]

@@ -119,7 +119,8 @@ async def check_redis(client: RedisClient, where: str, *, allow_eviction: bool,
 async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> None:
     """Record LAYOUT_VERSION for the namespace of ``keys`` (its unsplit root), or take over the
     record of an older layout this build reads as it is; raise :class:`StartupError` when the
-    record is newer than this build, too old for it, or unreadable (lua/layout.lua)."""
+    record is newer than this build, too old for it, or unreadable (lua/layout.lua, which also
+    re-arms the TTL timer a layout-1 process may have removed)."""
     script = load_all()["layout"]
     try:
         before, now = await client.call("EVAL", script.source, 1, keys.root, LAYOUT_VERSION,

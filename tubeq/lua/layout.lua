@@ -5,19 +5,22 @@ starting at once cannot both read "none" or an older version and then write over
 KEYS[1]  namespace root (the unsplit root also for a namespace split into shards)
 ARGV     this build's layout version, the oldest recorded version it may take over in place
 Returns  {recorded before ('' if none), recorded now}: a recorded version newer than this
-         build's, older than the oldest it takes over, or unreadable is left as it was
+         build's, older than the oldest it takes over, or unreadable is left as it was, and
+         nothing else is done
+Also     re-arms the TTL sweep's timer 'x:' from the head of K_TTL: a layout-1 process (0.1.0
+         as first released) takes that timer for a pause and removes it when it fires, after
+         which the jobs put with a TTL before never expire
 Events   none
 ]]
 --- @include "keys"
+--- @include "jobs"
+--- @include "policies"
 local mine, oldest = tonumber(ARGV[1]), tonumber(ARGV[2])
-local recorded = redis.call('GET', K_LAYOUT)
-if not recorded then
-  redis.call('SET', K_LAYOUT, mine)
-  return {'', tostring(mine)}
+local recorded = rcall('GET', K_LAYOUT)
+local version = recorded and string.match(recorded, '^%d+$') and tonumber(recorded)
+if recorded and not (version and version >= oldest and version <= mine) then
+  return {recorded, recorded}
 end
-local version = string.match(recorded, '^%d+$') and tonumber(recorded)
-if version and version >= oldest and version < mine then
-  redis.call('SET', K_LAYOUT, mine)
-  return {recorded, tostring(mine)}
-end
-return {recorded, recorded}
+if version ~= mine then rcall('SET', K_LAYOUT, mine) end
+arm_ttl_timer()
+return {recorded or '', tostring(mine)}
