@@ -9,7 +9,8 @@ Returns  {recorded before ('' if none), recorded now}: a recorded version newer 
          nothing else is done
 Also     re-arms the TTL sweep's timer 'x:' from the head of K_TTL: a layout-1 process (0.1.0
          as first released) takes that timer for a pause and removes it when it fires, after
-         which the jobs put with a TTL before never expire
+         which the jobs put with a TTL before never expire (only on this root: a layout-1
+         process knows no shards, so it never fires a shard root's timers)
 Events   none
 ]]
 --- @include "keys"
