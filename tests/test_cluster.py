@@ -35,7 +35,7 @@ from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client
 from tubeq.client.errors import CommandError
 from tubeq.cluster import ClusterSeeds
-from tubeq.keys import Keys
+from tubeq.keys import LAYOUT_VERSION, Keys
 from tubeq.redis_process import RedisProcess, cluster_port, free_port
 from tubeq.shards import shard_of_id, shard_of_tube, shard_prefix
 
@@ -103,6 +103,10 @@ async def test_shards_spread_over_the_nodes_and_jobs_flow_across_them(
         stats = await worker.stats()
     assert got == [ids[tube] for tube in tubes]
     assert stats["current-jobs-ready"] == 0 and stats["cmd-delete"] >= len(tubes)
+    # The namespace's one data layout record, on the node of its unsplit root (tubeq.keys).
+    layout = Keys(prefix).layout
+    port = cluster.nodes[node_of(cluster, layout)].port
+    assert redis_command(port, "GET", layout).strip() == str(LAYOUT_VERSION).encode()
 
 
 async def test_a_blocked_reserve_is_woken_by_a_put_through_another_process_and_node(

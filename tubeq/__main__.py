@@ -27,11 +27,13 @@ from pathlib import Path
 
 import structlog
 
+from tubeq import __version__
 from tubeq.access import AccessConfig, AccessFileError
 from tubeq.access import load as load_access
 from tubeq.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.durability import StartupError
+from tubeq.keys import LAYOUT_VERSION
 from tubeq.listeners import ListenError, TlsFiles
 from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
@@ -59,6 +61,8 @@ def default_data_dir() -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tubeq", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version",
+                   version=f"tubeq {__version__} (data layout {LAYOUT_VERSION})")
     p.add_argument("-l", dest="host", default="127.0.0.1",
                    help="listen address (127.0.0.1), or unix:/path for a Unix socket; a socket "
                         "passed by systemd (LISTEN_FDS) wins over both")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from tubeq import __version__
 from tubeq.client import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -120,6 +121,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Operate a tubeq or beanstalkd server.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _add_connection_options(parser, in_subcommand=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_Parser)

@@ -1,4 +1,5 @@
-"""What tubeq checks about its Redis before it serves: version and eviction policy.
+"""What tubeq checks about its Redis before it serves: version and eviction policy, and each
+namespace's data layout version.
 
 Owns: the start-up checks and :class:`StartupError`, the one exception whose message the command
 line prints as is (no traceback) before it exits non-zero.
@@ -9,6 +10,11 @@ Rules:
   ``volatile-*`` policies evict keys with a TTL, and tubeq's instance keys have none today, but
   nothing guarantees that of every key a future script writes). ``--allow-eviction`` lets an
   operator who knows better start anyway; the warning stays in the log.
+* A namespace's data layout version (tubeq.keys.LAYOUT_VERSION) is recorded in it. A process
+  records its own in a namespace without one, takes over a record of an older layout it reads
+  as it is, and refuses to start on a newer one (it would misread what that layout wrote) or on
+  one too old to read as it is. There is no flag to override that: README, "Upgrades and
+  rollback", says how to set the record by hand and what that risks.
 * The checks read ``INFO server`` and ``INFO memory``, not ``CONFIG GET``: managed Redis services
   often disable CONFIG, never INFO.
 """
@@ -19,7 +25,10 @@ from dataclasses import dataclass
 
 import structlog
 
+from tubeq import __version__
+from tubeq.keys import LAYOUT_VERSION, UPGRADES_IN_PLACE_FROM, Keys
 from tubeq.resp import RedisClient, RedisReplyError
+from tubeq.scripts import load_all
 
 log = structlog.get_logger(__name__)
 
@@ -105,3 +114,38 @@ async def check_redis(client: RedisClient, where: str, *, allow_eviction: bool,
     except RedisReplyError as error:
         raise StartupError(f"the Redis at {where} refused INFO: {error}") from None
     check_facts(facts, where, allow_eviction=allow_eviction, min_replicas=min_replicas)
+
+
+async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> None:
+    """Record LAYOUT_VERSION for the namespace of ``keys`` (its unsplit root), or take over the
+    record of an older layout this build reads as it is; raise :class:`StartupError` when the
+    record is newer than this build, too old for it, or unreadable (lua/layout.lua, which also
+    re-arms the TTL timer a layout-1 process may have removed)."""
+    script = load_all()["layout"]
+    try:
+        before, now = await client.call("EVAL", script.source, 1, keys.root, LAYOUT_VERSION,
+                                        UPGRADES_IN_PLACE_FROM)
+    except RedisReplyError as error:
+        raise StartupError(f"the Redis at {where} refused the data layout record "
+                           f"{keys.layout}: {error}") from None
+    recorded = now.decode(errors="replace")
+    namespace = f"namespace {keys.prefix!r} at {where}"
+    if not recorded.isdigit():
+        raise StartupError(
+            f"{namespace} has an unreadable data layout record ({keys.layout} = {recorded!r}): "
+            f"set it to the layout its data has (tubeq {__version__} writes {LAYOUT_VERSION}); "
+            "see README, Upgrades and rollback")
+    version = int(recorded)
+    if version > LAYOUT_VERSION:
+        raise StartupError(
+            f"{namespace} has data layout {version}, newer than tubeq {__version__} knows "
+            f"(layout {LAYOUT_VERSION}): run a tubeq that knows layout {version} (the version "
+            "that wrote it, or later); see README, Upgrades and rollback")
+    if version < LAYOUT_VERSION:
+        raise StartupError(
+            f"{namespace} has data layout {version}, older than tubeq {__version__} reads as it "
+            f"is (layouts {UPGRADES_IN_PLACE_FROM} to {LAYOUT_VERSION}): upgrade it with a "
+            "tubeq in between first; see README, Upgrades and rollback")
+    if before and before != now:
+        log.info("namespace data layout upgraded", namespace=keys.prefix,
+                 layout_from=before.decode(errors="replace"), layout_to=version)

@@ -4,7 +4,9 @@ Every key of a tubeq namespace starts with ``{<prefix>}:``. The braces are a Red
 tag, so every key of a namespace lives in one slot and every script touches one slot: a reserve
 that picks across several watched tubes needs that (beanstalkd orders by (pri, id) across all of
 them). Scripts build the same names from the namespace root they receive as ``KEYS[1]``; their
-copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_keys.py`` keeps the two equal.
+copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_lua.py`` keeps the two equal.
+
+The schema's version is :data:`LAYOUT_VERSION`, recorded in each namespace (``Keys.layout``).
 
 Tube names cannot contain ``{``, ``}`` or ``:`` (beanstalkd's alphabet is ``A-Za-z0-9-+/;.$_()``),
 so a tube name can never break out of its place in a key.
@@ -13,6 +15,28 @@ so a tube name can never break out of its place in a key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The version of the data layout this build reads and writes: the key names, what each key
+# holds and what its members mean. It is recorded per namespace (``Keys.layout``, checked at
+# start by tubeq.durability.claim_layout_version) and moves whenever a build writes something an
+# older build would misread; the package version (tubeq.__version__) is not the same number.
+#   1  0.1.0 as first released (772843d): jobs, tubes, pauses ('p:<tube>') and delayed jobs
+#      ('d:<tube>') in {p}:timers, connections, waiters, instances, counters. No layout record.
+#   2  0.2.0, the first build to record its layout. Adds the reserve limits (tube fields
+#      lim/rw/rn; the rate window's end 'l:<tube>' in {p}:timers), job policies and deduplicated
+#      put (put-with: {p}:ttl with its timer 'x:' in {p}:timers, {p}:dedupe, job fields),
+#      tube settings ({p}:s:<tube>), recurring schedules ({p}:schedules, {p}:sc:...), the
+#      lifecycle event stream ({p}:events), shards ({p}:shards, shard roots {p#k/n}:, job field
+#      'cu') and the record itself ({p}:layout). A layout-1 build reads 'l:<tube>' as a pause
+#      that ended and 'x:' as the pause of a tube named "" (it removes that timer: the TTL
+#      jobs already put never expire), and ignores rate limits: a layout-1 build and a
+#      layout-2 build must not serve one namespace together. Later builds that still called
+#      themselves 0.1.0 wrote some or all of layout 2 without recording it.
+LAYOUT_VERSION = 2
+# The oldest recorded layout this build takes over by rewriting the record alone: everything
+# layout 2 added is new keys, members and fields, so layout-1 data is valid layout-2 data. A
+# future layout that cannot read older data as it is moves this up (and ships a migration).
+UPGRADES_IN_PLACE_FROM = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +59,12 @@ class Keys:
         """How many shards the namespace is split into (tubeq.shards), set by its first
         process; on the unsplit root whatever the number."""
         return self.root + "shards"
+
+    @property
+    def layout(self) -> str:
+        """The namespace's data layout version (LAYOUT_VERSION), written by its first process
+        of a build that records it; on the namespace root only, whatever the shards."""
+        return self.root + "layout"
 
     def job(self, job_id: int) -> str:
         return f"{self.root}j:{job_id}"

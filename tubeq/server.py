@@ -36,7 +36,7 @@ from tubeq.connection import (
     Gate,
     ServerContext,
 )
-from tubeq.durability import StartupError, check_redis
+from tubeq.durability import StartupError, check_redis, claim_layout_version
 from tubeq.keys import Keys
 from tubeq.listeners import (
     LISTEN_BACKLOG,
@@ -218,6 +218,8 @@ class Server:
         prefix = namespace_prefix(config.prefix, name)
         keys = Keys(prefix)
         client = await self._client_for(keys.root)
+        # First: a namespace of a newer data layout is not to be touched at all.
+        await claim_layout_version(client, keys, client.address or config.redis_url)
         try:
             await claim_layout(client, prefix, config.shards)
         except LayoutMismatch as error:

@@ -1,4 +1,4 @@
--- Key schema: the Lua mirror of tubeq/keys.py (tests/test_keys.py keeps the two equal).
+-- Key schema: the Lua mirror of tubeq/keys.py (tests/test_lua.py keeps the two equal).
 -- KEYS[1] is the namespace root "{prefix}:"; every key below starts with it, so a script
 -- touches one Redis Cluster slot whatever tubes it works on.
 local NS = KEYS[1]
@@ -13,6 +13,8 @@ local K_SEQS = NS .. 'seq'
 local K_INSTANCES = NS .. 'instances'
 local K_WAITING = NS .. 'waiting'
 local K_EVENTS = NS .. 'events'
+-- The namespace's data layout version (tubeq.keys.LAYOUT_VERSION; lua/layout.lua).
+local K_LAYOUT = NS .. 'layout'
 local function k_job(id) return NS .. 'j:' .. id end
 -- A new job: its id and the key of its hash. A namespace split into shards (tubeq.shards: root
 -- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
