@@ -8,6 +8,7 @@ acknowledged.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -83,5 +84,66 @@ def test_a_watch_redis_did_not_take_is_sent_again(tmp_path: Path) -> None:
         worker.close()
         producer.close()
     finally:
+        server.stop()
+        redis.stop()
+
+
+# A stalled Redis: the reply bounds protocol.md gives ("Redis stalls").
+RESERVE_ONE_BOUND_S = 1.5  # reserve-with-timeout 1: its timeout plus RESERVE_GRACE_S and slack
+# The --redis-timeout this test runs with: longer than the reserve's own bound, so the reserve
+# shows that bound (TIMED_OUT) rather than the connection's (INTERNAL_ERROR, also within 1.5 s).
+REDIS_TIMEOUT_S = 3.0
+OTHER_BOUND_S = REDIS_TIMEOUT_S * 1.25 + 1.0  # detection within a quarter of it, plus slack
+STALL_S = 5.0
+
+
+def test_a_stalled_redis_holds_no_reply_past_its_bound(tmp_path: Path) -> None:
+    """Redis frozen (SIGSTOP) for 5 s: a reserve-with-timeout 1 sent into the stall answers
+    TIMED_OUT within 1.5 s, a put answers INTERNAL_ERROR within the --redis-timeout bound, and
+    after the thaw every acknowledged job is delivered to the connections that were open
+    before the stall. (The reserve's try may still run when Redis thaws: the job it took then
+    comes back by its TTR, 2 s here.)"""
+    redis = RedisProcess(tmp_path / "redis")
+    redis.start()
+    server = start_tubeq(redis.url, unique_prefix(), tmp_path / "logs",
+                         flags=("--redis-timeout", str(REDIS_TIMEOUT_S)))
+    assert redis.proc is not None
+    try:
+        producer, worker = LineClient(server), LineClient(server)
+        kept = set()
+        for n in range(3):
+            reply = producer.call(f"put 0 0 2 6\r\nkept {n}")
+            assert reply.head.startswith(b"INSERTED"), reply
+            kept.add(int(reply.words[1]))
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            worker.sock.settimeout(RESERVE_ONE_BOUND_S)
+            assert worker.call("reserve-with-timeout 1").head == b"TIMED_OUT"
+            assert time.monotonic() - started < RESERVE_ONE_BOUND_S
+            producer.sock.settimeout(OTHER_BOUND_S)
+            put = producer.call("put 0 0 2 4\r\nmay!")  # it may or may not have run
+            assert put.head == b"INTERNAL_ERROR", put
+            assert producer.call("list-tube-used").head == b"USING default"  # needs no Redis
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        worker.sock.settimeout(RECOVERY_BOUND_S)
+        producer.sock.settimeout(RECOVERY_BOUND_S)
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        while producer.call("stats-tube default").head == b"INTERNAL_ERROR":
+            assert time.monotonic() < deadline, "tubeq did not recover"
+            time.sleep(0.1)
+        got: dict[int, bytes] = {}
+        while not kept <= got.keys():
+            reserved = worker.call("reserve-with-timeout 5")
+            assert reserved.head.startswith(b"RESERVED"), (reserved, kept - got.keys())
+            got[int(reserved.words[1])] = reserved.data or b""
+            assert worker.call(f"delete {reserved.words[1].decode()}").head == b"DELETED"
+        assert set(got.values()) <= {b"kept 0", b"kept 1", b"kept 2", b"may!"}, got
+        producer.close()
+        worker.close()
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
         server.stop()
         redis.stop()

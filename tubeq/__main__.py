@@ -37,7 +37,7 @@ from tubeq.keys import LAYOUT_VERSION
 from tubeq.listeners import ListenError, TlsFiles
 from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
-from tubeq.resp import Endpoint
+from tubeq.resp import DEFAULT_CALL_TIMEOUT, Endpoint
 from tubeq.server import (
     DEFAULT_EVENTS_MAXLEN,
     DEFAULT_MAX_JOB_SIZE,
@@ -146,6 +146,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "wait)")
     p.add_argument("--min-replicas-timeout", type=int, default=1000, metavar="MS",
                    help="how long --min-replicas waits for the replicas (1000)")
+    p.add_argument("--redis-timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="S",
+                   help="a command whose Redis call is not answered within S seconds answers "
+                        "INTERNAL_ERROR (it may or may not have run); the Redis connection is "
+                        f"then re-opened; 0: wait for ever ({DEFAULT_CALL_TIMEOUT:g})")
     p.add_argument("--allow-eviction", action="store_true",
                    help="start even if Redis's maxmemory-policy may evict keys (and lose jobs)")
     p.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="S",
@@ -193,6 +197,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--min-replicas and --min-replicas-timeout must not be negative")
     if args.shutdown_grace < 0:
         p.error("--shutdown-grace must not be negative")
+    if args.redis_timeout < 0:
+        p.error("--redis-timeout must be 0 (no bound) or more")
     if args.redis_url is not None:
         try:
             if is_cluster_url(args.redis_url):
@@ -309,6 +315,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            extra_keys_always=args.extra_keys == "always",
                            min_replicas=args.min_replicas,
                            min_replicas_timeout_ms=args.min_replicas_timeout,
+                           redis_timeout_s=args.redis_timeout,
                            allow_eviction=args.allow_eviction,
                            shutdown_grace_s=args.shutdown_grace, shards=args.shards))
     stop = asyncio.Event()

@@ -60,6 +60,11 @@ SAFETY_MARGIN_MS = 1000
 # even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
 WAKE_RECHECK_S = 10.0
 
+# A reserve-with-timeout answers TIMED_OUT at most this long after its timeout, whatever Redis
+# does: a try or a count still in flight then is not waited for (a job it grants later goes to
+# the connection's next reserve, or back to ready by TTR or when the connection closes).
+RESERVE_GRACE_S = 0.25
+
 # A restore of this process's registrations that failed (Redis went away again) is tried again
 # after this pause.
 RESTORE_RETRY_S = 1.0
@@ -103,6 +108,11 @@ class PendingReserve:
     tried: bool = False  # its first try has come back
     failed: bool = False  # ... with a store error
     count: int | None = None  # reserve-many: up to this many jobs, answered as one BATCH
+    # reserve-with-timeout: answers TIMED_OUT if its first try is still out past its timeout
+    overdue: asyncio.TimerHandle | None = None
+    # When it became the next reserve to answer (loop time): its timeout runs from then, as
+    # in beanstalkd, which takes a connection's commands one at a time.
+    started: float = 0.0
 
 
 @dataclass(eq=False)
@@ -620,6 +630,8 @@ class Connection(asyncio.Protocol):
         pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future(),
                                  self._numbered, count=count)
         self._reserves.append(pending)
+        if len(self._reserves) == 1:
+            pending.started = asyncio.get_running_loop().time()
         attempt: asyncio.Future[Any]
         if count is None:
             attempt = self.track_grants(self.store.reserve(self.token, number=self._numbered))
@@ -627,7 +639,22 @@ class Connection(asyncio.Protocol):
             attempt = self.track_grants(
                 self.store.reserve_many(self.token, count, number=self._numbered))
         attempt.add_done_callback(functools.partial(self._tried, pending))
+        if timeout_s is not None:
+            pending.overdue = asyncio.get_running_loop().call_later(
+                timeout_s + RESERVE_GRACE_S, self._first_try_overdue, pending)
         return pending.reply
+
+    def _first_try_overdue(self, pending: PendingReserve) -> None:
+        """A reserve-with-timeout whose first try Redis has not answered by its timeout: it
+        answers TIMED_OUT if it is next to answer (a later one waits for the calls before it,
+        which the Redis client's own bound ends)."""
+        pending.overdue = None
+        if pending.tried or self._lost or not self._reserves or self._reserves[0] is not pending:
+            return
+        pending.tried = True
+        self._reserves.pop(0)
+        self._answer(pending, replies.TIMED_OUT)
+        self._advance()
 
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         """Record the jobs a store call grants as this connection's, whatever becomes of the
@@ -664,6 +691,12 @@ class Connection(asyncio.Protocol):
 
     def _tried(self, pending: PendingReserve,
                f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
+        if pending.overdue is not None:
+            pending.overdue.cancel()
+            pending.overdue = None
+        if pending.tried:  # answered TIMED_OUT while its try was out (_first_try_overdue)
+            self._late_grant(f)
+            return
         pending.tried = True
         if f.cancelled() or f.exception() is not None:
             pending.failed = True
@@ -690,6 +723,8 @@ class Connection(asyncio.Protocol):
         connection's reserves is the grant order, as if they had run one by one."""
         while self._reserves and self._blocking is None and not self._lost:
             head = self._reserves[0]
+            if not head.started:
+                head.started = asyncio.get_running_loop().time()
             if not head.tried:
                 return
             if head.failed:
@@ -698,7 +733,7 @@ class Connection(asyncio.Protocol):
                 answer = self._from_pool(head.count)
             else:
                 task = asyncio.get_running_loop().create_task(
-                    self._wait_for_job(head.timeout_s, head.count))
+                    self._wait_for_job(head.started, head.timeout_s, head.count))
                 self._blocking = task
                 task.add_done_callback(self._waited)  # for head, still _reserves[0] then
                 return
@@ -770,11 +805,12 @@ class Connection(asyncio.Protocol):
                   if d - SAFETY_MARGIN_MS > now]
         return (min(starts) - now) / 1000 if starts else None
 
-    async def _wait_for_job(self, timeout_s: int | None, count: int | None = None) -> bytes:
+    async def _wait_for_job(self, started: float, timeout_s: int | None,
+                            count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
         again (see tubeq.waiters for the timeline). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
+        deadline = None if timeout_s is None else started + timeout_s
         registry = self.ctx.registry
         waiter: Waiter | None = None
         counted = consumed = False
@@ -796,7 +832,7 @@ class Connection(asyncio.Protocol):
                     if counted and not self._eof:
                         # A put may have handed us a job an instant ago: then it is the answer.
                         counted = False
-                        handed = await self._stop_waiting()
+                        handed = await self._stop_waiting(deadline)
                         if handed is not None:
                             consumed = True
                             self._pool.insert(0, handed)
@@ -808,7 +844,7 @@ class Connection(asyncio.Protocol):
                     registry.register(waiter)
                     counted = True
                     self._recount_wait = False
-                    await self.store.set_waiting(self.token, 1)
+                    await self._within(self.store.set_waiting(self.token, 1), deadline)
                 else:
                     if not self._recount_wait:
                         timeout = WAKE_RECHECK_S
@@ -825,7 +861,7 @@ class Connection(asyncio.Protocol):
                     if self._recount_wait:  # count in again (a no-op if Redis still has it)
                         self._recount_wait = False
                         if counted:
-                            await self.store.set_waiting(self.token, 1)
+                            await self._within(self.store.set_waiting(self.token, 1), deadline)
                 waiter.rearm()
                 if count is None:
                     call: asyncio.Future[Any] = self.track_grants(
@@ -833,7 +869,7 @@ class Connection(asyncio.Protocol):
                 else:
                     call = self.track_grants(
                         self.store.reserve_many(self.token, count, counted_waiting=counted))
-                result = await asyncio.shield(call)
+                result = await self._within(call, deadline)
                 if isinstance(result, Reservation) or (isinstance(result, list) and result):
                     consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
@@ -842,6 +878,8 @@ class Connection(asyncio.Protocol):
                     self._pool[:0] = result
                     return self._from_pool(count)
                 del call, result  # not kept alive through the next (long) wait
+        except _Overdue:
+            return replies.TIMED_OUT
         finally:
             if waiter is not None:
                 self._waiter = None
@@ -849,26 +887,44 @@ class Connection(asyncio.Protocol):
             if counted:
                 stopped = self.track_grants(
                     self.store.set_waiting(self.token, -1, claim=not self._lost))
-                stopped.add_done_callback(self._pool_handed)
+                stopped.add_done_callback(self._late_grant)
 
-    async def _stop_waiting(self) -> Reservation | None:
+    async def _stop_waiting(self, deadline: float | None) -> Reservation | None:
         """Count this connection out of the waiters and claim what a put handed it meanwhile
         (at most one job per wait; any more go to the pool)."""
-        handed = await asyncio.shield(
-            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)))
+        handed = await self._within(
+            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)), deadline)
         if not handed:
             return None
         self._pool.extend(handed[1:])
         return handed[0]
 
-    def _pool_handed(self, f: asyncio.Future[list[Reservation]]) -> None:
-        """Jobs claimed after the wait that should have had them ended: the next reserves'."""
-        if f.cancelled() or f.exception() is not None or not f.result() or self._lost:
+    def _late_grant(self, f: asyncio.Future[Any]) -> None:
+        """Jobs granted or claimed after the reserve that asked had answered (its wait ended,
+        or it was overdue): the next reserves' (they are the connection's already)."""
+        if f.cancelled() or f.exception() is not None or self._lost:
             return
-        self._pool.extend(f.result())
+        result = f.result()
+        jobs = [job for job in (result if isinstance(result, list) else [result])
+                if isinstance(job, Reservation)]
+        if not jobs:
+            return
+        self._pool.extend(jobs)
         if self._waiter is not None:
             self._waiter.wake()
         self._advance()
+
+    async def _within(self, call: asyncio.Future[T], deadline: float | None) -> T:
+        """``call``'s result; with a ``deadline`` (loop time), _Overdue once it has passed by
+        RESERVE_GRACE_S (Redis stalled): then what the call grants goes to the next reserves."""
+        if deadline is None:
+            return await asyncio.shield(call)
+        try:
+            async with asyncio.timeout_at(deadline + RESERVE_GRACE_S):
+                return await asyncio.shield(call)
+        except TimeoutError:
+            call.add_done_callback(self._late_grant)
+            raise _Overdue from None
 
     def registration_lost(self) -> None:
         """Redis lost this connection's registrations and they were just restored (watches
@@ -989,6 +1045,10 @@ def _peer(transport: asyncio.BaseTransport) -> str | None:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return None if peer is None else str(peer)
+
+
+class _Overdue(Exception):
+    """A reserve-with-timeout's Redis call outlived its timeout (Connection._within)."""
 
 
 def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:

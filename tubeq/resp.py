@@ -76,6 +76,13 @@ SENTINEL_RECHECK_S = 1.0
 # Bound on the TCP connect plus handshake. Without it a black-holed host hangs for the kernel's
 # SYN retry time (about 2 minutes).
 CONNECT_TIMEOUT = 5.0
+# How long a connection with calls in flight may go without any reply before it is taken for
+# stalled (a frozen or overloaded Redis, a half-dead link) and dropped like a lost one: every
+# call in flight then fails (it may or may not have run), later calls fail at once until a
+# reconnect succeeds. No command tubeq sends runs anywhere near this long in a healthy Redis
+# (the longest, a sweep of SWEEP_LIMIT jobs or a FUNCTION LOAD, take milliseconds); --min-replicas
+# adds its WAIT timeout. --redis-timeout sets it; 0 turns the bound off.
+DEFAULT_CALL_TIMEOUT = 2.0
 
 
 Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
@@ -389,12 +396,22 @@ class RedisClient(ReconnectingProtocol):
     WATCHES_MASTER = True
 
     def __init__(self, url: str, *, flush_at: int = 16, min_replicas: int = 0,
-                 replicas_timeout_ms: int = 1000) -> None:
+                 replicas_timeout_ms: int = 1000,
+                 call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
         if flush_at < 1:
             raise ValueError("flush_at must be at least 1")
-        if min_replicas < 0 or replicas_timeout_ms < 0:
-            raise ValueError("min_replicas and replicas_timeout_ms must not be negative")
+        if min_replicas < 0 or replicas_timeout_ms < 0 or call_timeout < 0:
+            raise ValueError("min_replicas, replicas_timeout_ms and call_timeout must not be "
+                             "negative")
         super().__init__(url)
+        # The stall bound (see DEFAULT_CALL_TIMEOUT), checked by a timer every quarter of it:
+        # no reply for that long while calls are in flight drops the connection. A counter of
+        # replies is all the hot path pays.
+        self.call_timeout = call_timeout + (replicas_timeout_ms / 1000 if min_replicas else 0)
+        self._replies_seen = 0
+        self._replies_at_check = 0
+        self._progress_at = 0.0
+        self._stall_check: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._flush_at = flush_at
         self._pending: deque[_Call] = deque()
@@ -421,12 +438,33 @@ class RedisClient(ReconnectingProtocol):
 
     @classmethod
     async def connect(cls, url: str, *, flush_at: int = 16, min_replicas: int = 0,
-                      replicas_timeout_ms: int = 1000) -> RedisClient:
+                      replicas_timeout_ms: int = 1000,
+                      call_timeout: float = DEFAULT_CALL_TIMEOUT) -> RedisClient:
         """Connect (and AUTH/SELECT) once; raises OSError or RedisReplyError if that fails."""
         client = cls(url, flush_at=flush_at, min_replicas=min_replicas,
-                     replicas_timeout_ms=replicas_timeout_ms)
+                     replicas_timeout_ms=replicas_timeout_ms, call_timeout=call_timeout)
         await client._open()
+        client._check_stalls()
         return client
+
+    def _check_stalls(self) -> None:
+        """Drop the connection when calls have been in flight with no reply for
+        ``call_timeout``; runs every quarter of it until shutdown."""
+        self._stall_check = None
+        if self._closing or not self.call_timeout:
+            return
+        now = self._loop.time()
+        if not self._pending or self._replies_seen != self._replies_at_check \
+                or not self._connected:
+            self._progress_at = now
+        elif now - self._progress_at >= self.call_timeout and self._transport is not None:
+            log.warning("redis did not answer in time: dropping the connection",
+                        endpoint=str(self._endpoint), waited_s=round(now - self._progress_at, 2),
+                        calls_in_flight=len(self._pending))
+            self._progress_at = now
+            self._transport.abort()
+        self._replies_at_check = self._replies_seen
+        self._stall_check = self._loop.call_later(self.call_timeout / 4, self._check_stalls)
 
     @property
     def address(self) -> str:
@@ -497,6 +535,9 @@ class RedisClient(ReconnectingProtocol):
 
     async def close(self) -> None:
         """Close for good: pending and later calls fail with RedisConnectionLost."""
+        if self._stall_check is not None:
+            self._stall_check.cancel()
+            self._stall_check = None
         await self._shutdown()
 
     def _send(self, args: tuple[Arg, ...], decode: Decoder | None = None,
@@ -574,6 +615,7 @@ class RedisClient(ReconnectingProtocol):
                 future.set_exception(error)
 
     def _on_reply(self, reply: Reply | RedisReplyError) -> None:
+        self._replies_seen += 1
         if not self._pending:  # a bug somewhere: nothing on this stream can be trusted now
             if self._transport is not None and not self._transport.is_closing():
                 log.error("redis reply with no pending call, dropping the connection",

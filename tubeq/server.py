@@ -48,7 +48,7 @@ from tubeq.listeners import (
     unix_socket,
 )
 from tubeq.metrics import DEFAULT_MAX_TUBES, Metrics
-from tubeq.resp import RedisClient, RedisReplyError
+from tubeq.resp import DEFAULT_CALL_TIMEOUT, RedisClient, RedisReplyError
 from tubeq.scheduler import Scheduler
 from tubeq.sentinel import MasterNotFound
 from tubeq.shards import (
@@ -136,6 +136,9 @@ class Config:
     # to wait for them (tubeq.resp: "Replica acknowledgement"); 0 waits for none.
     min_replicas: int = 0
     min_replicas_timeout_ms: int = 1000
+    # How long Redis may leave calls unanswered before the connection is dropped as stalled
+    # and they answer INTERNAL_ERROR (tubeq.resp.DEFAULT_CALL_TIMEOUT); 0: no bound.
+    redis_timeout_s: float = DEFAULT_CALL_TIMEOUT
     # Start on a Redis whose maxmemory-policy may evict keys (tubeq.durability).
     allow_eviction: bool = False
     # At shutdown, how long connections that hold reserved jobs get to finish them before they
@@ -320,7 +323,8 @@ class Server:
         try:
             client = await RedisClient.connect(
                 url, flush_at=REDIS_BATCH_CALLS, min_replicas=config.min_replicas,
-                replicas_timeout_ms=config.min_replicas_timeout_ms)
+                replicas_timeout_ms=config.min_replicas_timeout_ms,
+                call_timeout=config.redis_timeout_s)
         except MasterNotFound as error:
             raise StartupError(f"no Redis master: {error}") from None
         except (OSError, RedisReplyError) as error:
