@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -87,6 +88,37 @@ async def test_a_json_put_carries_text_or_base64_and_its_options(api: Api) -> No
     assert status == 201
     _, job = await api.call("GET", f"/api/jobs/{data['id']}")
     assert job["body"] is None and base64.b64decode(job["body_base64"]) == binary
+
+
+async def test_a_json_put_of_any_encoding_up_to_the_job_size_is_taken(api: Api) -> None:
+    limit = api.server.config.max_job_size
+    # Escapes cost up to 6 bytes per byte of body (\u0001), so these requests are far larger
+    # than the bodies they carry; the decoded body is what max-job-size bounds.
+    for text in ("\n" * 50_000, "é" * 30_000, "\x01" * limit):
+        payload = json.dumps({"body": text}).encode()
+        assert len(payload) > limit * 4 // 3 + 4096
+        status, data = await api.call("POST", "/api/tubes/big/jobs", data=payload,
+                                      headers={"Content-Type": "application/json"})
+        assert status == 201, (len(text), data)
+        _, job = await api.call("GET", f"/api/jobs/{data['id']}")
+        assert job["body"] == text
+    status, data = await api.call("POST", "/api/tubes/big/jobs",
+                                  json={"body": "\x01" * (limit + 1)})
+    assert (status, data["error"]) == (413, f"job body too big: {limit + 1} bytes, at most "
+                                            f"{limit}")
+    # The request is still bounded: past six bytes per byte of body (and room for the options)
+    # it is refused before it is decoded.
+    status, data = await api.call("POST", "/api/tubes/big/jobs",
+                                  data=b'{"body": "' + b" " * (6 * limit + 8192) + b'"}',
+                                  headers={"Content-Type": "application/json"})
+    assert status == 413 and "request body too large" in data["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: read up to limit + 1
+        for _ in range(3):
+            yield b"x" * limit
+
+    status, data = await api.call("POST", "/api/tubes/big/jobs", data=chunks())
+    assert (status, data["error"]) == (413, f"job body too big: more bytes, at most {limit}")
 
 
 async def test_a_put_over_http_is_a_put_over_the_protocol(api: Api) -> None:
@@ -315,7 +347,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("POST", "/api/tubes/" + "a" * 201 + "/jobs", {"data": b"x"}, 400, "bad tube name"),
     ("POST", "/api/tubes/t%20x/jobs", {"data": b"x"}, 400, "bad tube name"),
     ("POST", "/api/tubes/t/jobs", {"data": b"x" * 65536}, 413, "too big"),
-    ("POST", "/api/tubes/t/jobs", {"data": b"x" * 200_000}, 413, "too large"),
+    ("POST", "/api/tubes/t/jobs", {"data": b"x" * 600_000}, 413,
+     "job body too big: 600000 bytes, at most 65535"),
     ("GET", "/api/jobs/0", {}, 400, "bad job id"),
     ("GET", "/api/jobs/abc", {}, 400, "bad job id"),
     ("GET", "/api/jobs/18446744073709551616", {}, 400, "bad job id"),
