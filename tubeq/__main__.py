@@ -11,7 +11,8 @@ jobs for ``--shutdown-grace`` seconds, close); SIGUSR1 enters drain mode.
 
 Anything that keeps tubeq from starting (an unreachable Redis or sentinel, an unknown master
 name, a Redis too old or one that may evict keys, a data directory in use) is one line on
-stderr and a non-zero exit, never a traceback.
+stderr in the ``--log-format`` (``tubeq: ...``, or a JSON object) and a non-zero exit, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import structlog
 
@@ -359,14 +361,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runner(serve(args))
     except RedisNotInstalled as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except StartupError as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except (OSError, ListenError, AccessFileError) as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(1)
+        cannot_start(args.log_format, str(exc), 2)
+    except (StartupError, OSError, ListenError, AccessFileError) as exc:
+        cannot_start(args.log_format, str(exc), 1)
+
+
+def cannot_start(fmt: str, message: str, status: int) -> NoReturn:
+    """Say why tubeq cannot start in one line of the chosen log format, and exit: ``tubeq:
+    <message>`` (console), or a JSON object like every other line (event ``cannot start``,
+    ``error`` the message), so a collector that parses JSON lines does not drop it."""
+    if fmt == "json":
+        log.error("cannot start", error=message, exit_status=status)
+    else:
+        print(f"tubeq: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
