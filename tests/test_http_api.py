@@ -366,6 +366,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("GET", "/api/tubes/nosuch/jobs", {}, 404, "not found"),
     ("GET", "/api/tubes/default/jobs?state=lost", {}, 400, "state must be"),
     ("GET", "/api/tubes/default/jobs?limit=100000", {}, 400, "limit must be"),
+    ("GET", "/api/tubes/default/jobs?limit=0", {}, 400,
+     "limit must be a whole number from 1 to 200"),
     ("GET", "/api/tubes/default/peek/reserved", {}, 400, "state must be"),
     ("POST", "/api/tubes/nosuch/pause", {"json": {"delay": 5}}, 404, "not found"),
     ("POST", "/api/tubes/default/pause", {"json": {}}, 400, "'delay'"),

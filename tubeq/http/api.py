@@ -384,7 +384,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     state = options.get("state", "ready")
     if state not in STATES:
         raise HttpError(400, f"state must be one of {', '.join(STATES)}")
-    limit = unsigned("limit", options.get("limit", 20), MAX_LIST)
+    # At least 1: a page of none is surely a mistake (the protocol's list-jobs refuses a count
+    # of 0 too), and browse.lua's ZRANGE 0 -1 would return every job in the state.
+    limit = unsigned("limit", options.get("limit", 20), MAX_LIST, minimum=1)
     await _tube_counts(ctx, tube)
     now = ctx.store.clock()
     jobs = await ctx.store.browse(tube, state, limit)

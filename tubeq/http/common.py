@@ -115,12 +115,13 @@ def job_id(text: str) -> int:
     return int(text)
 
 
-def unsigned(name: str, value: Any, maximum: int = U32_MAX) -> int:
-    """A whole number 0..maximum from JSON (an int) or a query string (digits), else a 400."""
+def unsigned(name: str, value: Any, maximum: int = U32_MAX, minimum: int = 0) -> int:
+    """A whole number minimum..maximum from JSON (an int) or a query string (digits), else a
+    400."""
     if isinstance(value, str) and _DIGITS.fullmatch(value):
         value = int(value)
-    if type(value) is not int or not 0 <= value <= maximum:
-        raise HttpError(400, f"{name} must be a whole number from 0 to {maximum}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise HttpError(400, f"{name} must be a whole number from {minimum} to {maximum}")
     return value
 
 
