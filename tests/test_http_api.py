@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -133,6 +134,81 @@ async def test_a_put_over_http_is_a_put_over_the_protocol(api: Api) -> None:
         assert b"\ncmd-put: 1\n" in stats and b"\ntotal-jobs: 1\n" in stats
     finally:
         await bean.close()
+
+
+def documented_counts() -> dict[str, str]:
+    """protocol.md's HTTP route table: route (its first cell) -> its "counts" cell."""
+    text = (Path(__file__).parents[1] / "protocol.md").read_text()
+    table = text.split("| route | protocol | counts | answer |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    return {row[0][2:]: row[2] for row in rows}
+
+
+async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
+    counters = api.server.ctx.counters if api.server.ctx else None
+    assert counters is not None
+    await api.put("c", b"kicked", delay=100)
+    buried = await api.put("c", b"held")
+    for_kick_job = await api.put("c", b"held twice", delay=100)
+
+    async def held(job_id: int) -> str:
+        status, got = await api.reserve("c")
+        assert status == 200 and got["id"] == job_id, got
+        return str(got["reservation"])
+
+    token = ""
+
+    async def reserve_buried() -> None:
+        nonlocal token
+        token = await held(buried)
+
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "`POST /api/tubes/{tube}/jobs`": lambda: api.put("c", b"x", delay=100),
+        "`GET /api/jobs/{id}`": lambda: api.call("GET", f"/api/jobs/{buried}"),
+        "`POST /api/tubes/{t1,t2,...}/reserve?timeout=S`": reserve_buried,
+        "`POST /api/jobs/{id}/touch` `{\"reservation\"}`": lambda: api.call(
+            "POST", f"/api/jobs/{buried}/touch", json={"reservation": token}),
+        "`POST /api/jobs/{id}/bury` `{\"reservation\", \"pri\"?}`": lambda: api.call(
+            "POST", f"/api/jobs/{buried}/bury", json={"reservation": token}),
+        "`GET /api/tubes/{tube}/peek/{ready,delayed,buried}`": lambda: api.call(
+            "GET", "/api/tubes/c/peek/buried"),
+        "`POST /api/tubes/{tube}/kick` `{\"bound\"?}`": lambda: api.call(
+            "POST", "/api/tubes/c/kick"),
+        "`POST /api/jobs/{id}/release` `{\"reservation\", \"pri\"?, \"delay\"?}`":
+            lambda: release(),
+        "`POST /api/jobs/{id}/kick`": lambda: api.call("POST", f"/api/jobs/{for_kick_job}/kick"),
+        "`DELETE /api/jobs/{id}[?reservation=T]`": lambda: api.call(
+            "DELETE", f"/api/jobs/{for_kick_job}"),
+        "`GET /api/tubes/{tube}/jobs?state=S&limit=N`": lambda: api.call(
+            "GET", "/api/tubes/c/jobs?state=delayed"),
+        "`POST /api/tubes/{tube}/pause` `{\"delay\"}`": lambda: api.call(
+            "POST", "/api/tubes/c/pause", json={"delay": 0}),
+        "`GET /api/tubes/{tube}`": lambda: api.call("GET", "/api/tubes/c"),
+        "`GET /api/tubes`": lambda: api.call("GET", "/api/tubes"),
+        "`GET /api/stats`": lambda: api.call("GET", "/api/stats"),
+        "`GET /api/servers`": lambda: api.call("GET", "/api/servers"),
+    }
+
+    async def release() -> Any:
+        return await api.call("POST", f"/api/jobs/{buried}/release",
+                              json={"reservation": await held(buried)})
+
+    documented = documented_counts()
+    assert set(documented) == set(calls)
+    for route, call in calls.items():
+        counters.flush()
+        before = dict(counters.totals)
+        got = await call()
+        assert not isinstance(got, tuple) or got[0] < 300, (route, got)
+        counters.flush()
+        counted = {name for name, n in counters.totals.items() if n != before.get(name, 0)}
+        if route.startswith("`POST /api/jobs/{id}/release`"):
+            counted -= {"reserve-with-timeout"}  # the reserve that took the job back
+        want = documented[route]
+        if want.endswith(" ..."):  # a family, one per state: peek-ready ... (buried here)
+            assert counted == {"peek-buried"} and want.startswith("`peek-"), (route, counted)
+        else:
+            assert counted == (set() if want == "none" else {want.strip("`")}), (route, counted)
 
 
 async def test_stats_of_server_tube_and_job(api: Api) -> None:

@@ -1,7 +1,9 @@
 """The JSON API: jobs and tubes over HTTP, in the style of lmstfy and camellia.
 
 Every route runs the same store call, so the same Lua script, as the protocol command it
-mirrors, and counts in the same ``cmd-*`` counters (``stats`` shows HTTP puts as puts). Routes,
+mirrors, and counts the ``cmd-*`` counter of that one command (``stats`` shows HTTP puts as
+puts; no ``use`` or ``watch`` is counted, as no connection changed its tubes: protocol.md's
+route table has a "counts" column, which a test holds to this code). Routes,
 bodies and replies are documented in protocol.md ("HTTP API"), each with a curl example.
 
 Input: a route's options come from the query string or from a JSON object body (a put with a
