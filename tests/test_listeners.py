@@ -154,6 +154,32 @@ def test_a_socket_passed_as_systemd_does_is_the_listener(redis_process: RedisPro
         _stop(proc)
 
 
+def test_a_passed_descriptor_that_is_no_listening_socket_is_one_clear_line(
+        redis_process: RedisProcess, tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-socket"
+    plain.write_bytes(b"")
+    unbound = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # a socket, not listening
+    plain_fd = os.open(plain, os.O_RDONLY)
+    argv = [sys.executable, "-m", "tubeq", "--redis", redis_process.url, "--prefix",
+            unique_prefix(), "-p", str(free_port())]
+    try:
+        for fd, told in ((plain_fd, "fd 3 is not a socket"),
+                         (unbound.fileno(), "fd 3 is a socket that is not listening")):
+            shim = (f"import os, sys; os.dup2({fd}, 3); "
+                    "os.environ['LISTEN_PID'] = str(os.getpid()); "
+                    "os.environ['LISTEN_FDS'] = '1'; os.execv(sys.argv[1], sys.argv[1:])")
+            done = subprocess.run([sys.executable, "-c", shim, *argv], pass_fds=(fd,),
+                                  env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  capture_output=True, text=True, timeout=30, check=False)
+            assert done.returncode == 1, done
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+            assert lines[0] == f"tubeq: socket activation (LISTEN_FDS=1): {told}", lines[0]
+    finally:
+        unbound.close()
+        os.close(plain_fd)
+
+
 @pytest.fixture(scope="module")
 def ca() -> trustme.CA:
     return trustme.CA()

@@ -8,7 +8,8 @@ transport. Rules:
   A socket file left by a process that is gone is replaced; one a live server answers on is not.
 * Socket activation (systemd's protocol, ``sd_listen_fds``): when ``LISTEN_PID`` is this
   process and ``LISTEN_FDS`` is at least 1, the first passed descriptor (3) is the listener and
-  ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support.
+  ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support. A descriptor 3 that
+  is not a listening stream socket is a :class:`ListenError` saying so.
 * TLS (``--tls-cert``/``--tls-key``, optional ``--tls-client-ca`` to require client
   certificates signed by that CA) wraps whichever listener it is. A handshake that fails closes
   that connection only (asyncio logs it at debug level); the server goes on.
@@ -17,6 +18,7 @@ transport. Rules:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import ssl
@@ -69,7 +71,20 @@ def activated_socket(environ: dict[str, str] | None = None) -> socket.socket | N
         return None
     if count < 1:
         return None
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    where = f"socket activation (LISTEN_FDS={count}): fd {SD_LISTEN_FDS_START}"
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as exc:
+        if exc.errno == errno.ENOTSOCK:
+            raise ListenError(f"{where} is not a socket") from None
+        if exc.errno == errno.EBADF:
+            raise ListenError(f"{where} is not open") from None
+        raise ListenError(f"{where}: {exc.strerror or exc}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_ACCEPTCONN):
+        sock.detach()  # not ours to close: the message says what it is
+        raise ListenError(f"{where} is a socket that is not listening"
+                          + ("" if sock.type == socket.SOCK_STREAM else " (not a stream)"))
     sock.setblocking(False)
     return sock
 
