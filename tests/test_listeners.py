@@ -7,6 +7,7 @@ talks to it with real clients: raw sockets, greenstalk, Python's ssl module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -212,6 +213,24 @@ def test_tls_serves_the_protocol_and_a_failed_handshake_hurts_no_one(
             assert _exchange(sock, b"put 0 0 60 2\r\nhi\r\n", 11) == b"INSERTED 1\r\n"
             reply = _exchange(sock, b"reserve-with-timeout 0\r\n", 17)
             assert reply == b"RESERVED 1 2\r\nhi\r\n"  # id 1: the plain-text put stored nothing
+    finally:
+        _stop(proc)
+
+
+def test_a_client_that_never_finishes_its_handshake_is_dropped_after_the_timeout(
+        redis_process: RedisProcess, ca: trustme.CA, tmp_path: Path) -> None:
+    cert, key, _ = _tls_files(ca, tmp_path)
+    port = free_port()
+    proc = _tubeq(redis_process, "-p", str(port), "--tls-cert", str(cert), "--tls-key", str(key),
+                  "--tls-handshake-timeout", "0.5")
+    try:
+        # Connected, then silent: no ClientHello ever comes. asyncio's own bound is 60 s, past
+        # this read's 20 s: only the flag closes it in time.
+        idle = _until(lambda: socket.create_connection(("127.0.0.1", port), timeout=20), proc)
+        with idle:
+            idle.settimeout(20)
+            with contextlib.suppress(ConnectionResetError):  # a reset is closed all the same
+                assert idle.recv(1) == b""
     finally:
         _stop(proc)
 

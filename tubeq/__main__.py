@@ -34,7 +34,7 @@ from tubeq.access import load as load_access
 from tubeq.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.durability import StartupError
-from tubeq.listeners import ListenError, TlsFiles
+from tubeq.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError, TlsFiles
 from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
 from tubeq.resp import Endpoint
@@ -104,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
                    help="require client certificates signed by this CA (with --tls-cert)")
+    p.add_argument("--tls-handshake-timeout", type=float,
+                   default=DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, metavar="SECONDS",
+                   help="drop a TLS client that has not finished its handshake this long after "
+                        f"connecting ({DEFAULT_TLS_HANDSHAKE_TIMEOUT_S:g})")
     p.add_argument("--max-connections", type=int, default=0, metavar="N",
                    help="accept at most N connections at once; more get TOO_MANY_CONNECTIONS "
                         "and are closed (0: no limit)")
@@ -173,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-connections must be 0 (no limit) or positive")
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
+    if not 0 < args.tls_handshake_timeout <= 3600:
+        p.error("--tls-handshake-timeout must be more than 0 and at most 3600 seconds")
     if args.tls_client_ca is not None and args.tls_cert is None:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.metrics_max_tubes < 1:
@@ -297,6 +303,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
+                           tls_handshake_timeout_s=args.tls_handshake_timeout,
                            redis_functions=args.redis_functions == "on",
                            access=access, max_connections=args.max_connections,
                            reuse_port=args.reuse_port,

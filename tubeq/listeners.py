@@ -11,8 +11,9 @@ transport. Rules:
   ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support. A descriptor 3 that
   is not a listening stream socket is a :class:`ListenError` saying so.
 * TLS (``--tls-cert``/``--tls-key``, optional ``--tls-client-ca`` to require client
-  certificates signed by that CA) wraps whichever listener it is. A handshake that fails closes
-  that connection only (asyncio logs it at debug level); the server goes on.
+  certificates signed by that CA) wraps whichever listener it is. A handshake that fails, or
+  does not finish within ``--tls-handshake-timeout``, closes that connection only (asyncio logs
+  it at debug level); the server goes on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from pathlib import Path
 # default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
 # by the client after 1 s); 1024 is beanstalkd's.
 LISTEN_BACKLOG = 1024
+# How long a TLS client may take from connect to a finished handshake before it is dropped
+# (--tls-handshake-timeout). 60 s is asyncio's own default: generous for a slow link, and each
+# connection waiting costs a socket and a few KB until then. Lower it where idle connects come
+# in numbers (scanners, a load balancer's health checks that never speak TLS).
+DEFAULT_TLS_HANDSHAKE_TIMEOUT_S = 60.0
 # sd_listen_fds: the first descriptor systemd passes.
 SD_LISTEN_FDS_START = 3
 UNIX_PREFIX = "unix:"
