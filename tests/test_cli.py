@@ -163,6 +163,15 @@ def test_bad_arguments_exit_2(client_beanstalkd: ServerProcess) -> None:
         "tubeq-cli: cannot read /nonexistent/body")
 
 
+def test_a_count_option_says_it_wants_a_count(client_beanstalkd: ServerProcess) -> None:
+    cli = Cli(client_beanstalkd.host, client_beanstalkd.port)
+    refused = cli.fails("put", "x", "--max-tries", "abc", status=2)
+    assert "--max-tries: not an integer from 0 to 4294967295: 'abc'" in refused, refused
+    assert "milliseconds" not in refused
+    refused = cli.fails("put", "x", "--ttl-ms", "soon", status=2)
+    assert "--ttl-ms: not a number of milliseconds from 0 to 4294967295000: 'soon'" in refused
+
+
 def test_connection_refused() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused

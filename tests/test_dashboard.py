@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -146,6 +147,25 @@ def test_a_put_appears_and_a_buried_job_is_kicked_by_clicking(
         assert wire.stat(b"stats-tube web", b"pause") == b"0"
     finally:
         wire.close()
+
+
+def test_a_tube_link_is_percent_encoded_in_the_served_page(
+        dashboard: tuple[ServerProcess, str]) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        for tube in (b"a/b", b"x+y;(1)$"):
+            assert wire.ask(b"use " + tube) == b"USING " + tube + b"\r\n"
+            assert wire.ask(b"put 0 0 60 1", b"x").startswith(b"INSERTED ")
+    finally:
+        wire.close()
+    with urllib.request.urlopen(f"{url}/", timeout=10) as page:  # as served, no script run
+        index = page.read().decode()
+    for tube, href in (("a/b", "/tubes/a%2Fb"), ("x+y;(1)$", "/tubes/x%2By%3B%281%29%24")):
+        assert f'<a href="{href}">{tube}</a>' in index, index
+        with urllib.request.urlopen(url + href, timeout=10) as page:
+            assert page.status == 200
+            assert f'<code id="tube-name">{tube}</code>' in page.read().decode()
 
 
 def test_an_unknown_tube_page_says_so(dashboard: tuple[ServerProcess, str],

@@ -48,6 +48,37 @@ async def test_tokens_choose_the_namespace_and_none_is_a_401(redis_url: str) -> 
             assert r.status == 401
 
 
+async def test_a_token_in_the_query_is_no_option_on_any_route(redis_url: str) -> None:
+    async with running_server(redis_url, access=ACCESS) as server, aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{server.http_port}"
+        t = f"token={BILLING}"
+        async with http.post(f"{base}/api/tubes/e/jobs?{t}&pri=5", data=b"raw") as r:
+            assert r.status == 201, await r.text()
+        async with http.post(f"{base}/api/tubes/e/jobs?{t}", json={"body": "json"}) as r:
+            assert r.status == 201, await r.text()
+        async with http.get(f"{base}/api/tubes/e/jobs?{t}&state=ready") as r:
+            assert r.status == 200, await r.text()
+            assert [j["body"] for j in (await r.json())["jobs"]] == ["raw", "json"]
+        async with http.post(f"{base}/api/tubes/e/reserve?{t}&timeout=1") as r:
+            assert r.status == 200, await r.text()
+            got = await r.json()
+        async with http.delete(f"{base}/api/jobs/{got['id']}?{t}&"
+                               f"reservation={got['reservation']}") as r:
+            assert r.status == 200, await r.text()
+        async with http.post(f"{base}/api/tubes/e/kick?{t}&bound=5") as r:
+            assert r.status == 200, await r.text()
+        async with http.post(f"{base}/api/tubes/e/pause?{t}", json={"delay": 0}) as r:
+            assert r.status == 200, await r.text()
+        # The token picked the namespace: billing holds the job left, emails has no tube e.
+        async with http.get(f"{base}/api/tubes/e?token={EMAILS}") as r:
+            assert r.status == 404
+        async with http.get(f"{base}/api/tubes/e?{t}") as r:
+            assert (await r.json())["current-jobs-ready"] == 1
+        # In a JSON body "token" is not the credential, so it stays an unknown option.
+        async with http.post(f"{base}/api/tubes/e/kick?{t}", json={"token": BILLING}) as r:
+            assert r.status == 400 and "unknown option 'token'" in (await r.json())["error"]
+
+
 async def test_put_with_options_over_http(redis_url: str) -> None:
     async with running_server(redis_url) as server, aiohttp.ClientSession() as http:
         base = f"http://127.0.0.1:{server.http_port}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -89,6 +91,37 @@ async def test_a_json_put_carries_text_or_base64_and_its_options(api: Api) -> No
     assert job["body"] is None and base64.b64decode(job["body_base64"]) == binary
 
 
+async def test_a_json_put_of_any_encoding_up_to_the_job_size_is_taken(api: Api) -> None:
+    limit = api.server.config.max_job_size
+    # Escapes cost up to 6 bytes per byte of body (\u0001), so these requests are far larger
+    # than the bodies they carry; the decoded body is what max-job-size bounds.
+    for text in ("\n" * 50_000, "é" * 30_000, "\x01" * limit):
+        payload = json.dumps({"body": text}).encode()
+        assert len(payload) > limit * 4 // 3 + 4096
+        status, data = await api.call("POST", "/api/tubes/big/jobs", data=payload,
+                                      headers={"Content-Type": "application/json"})
+        assert status == 201, (len(text), data)
+        _, job = await api.call("GET", f"/api/jobs/{data['id']}")
+        assert job["body"] == text
+    status, data = await api.call("POST", "/api/tubes/big/jobs",
+                                  json={"body": "\x01" * (limit + 1)})
+    assert (status, data["error"]) == (413, f"job body too big: {limit + 1} bytes, at most "
+                                            f"{limit}")
+    # The request is still bounded: past six bytes per byte of body (and room for the options)
+    # it is refused before it is decoded.
+    status, data = await api.call("POST", "/api/tubes/big/jobs",
+                                  data=b'{"body": "' + b" " * (6 * limit + 8192) + b'"}',
+                                  headers={"Content-Type": "application/json"})
+    assert status == 413 and "request body too large" in data["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: read up to limit + 1
+        for _ in range(3):
+            yield b"x" * limit
+
+    status, data = await api.call("POST", "/api/tubes/big/jobs", data=chunks())
+    assert (status, data["error"]) == (413, f"job body too big: more bytes, at most {limit}")
+
+
 async def test_a_put_over_http_is_a_put_over_the_protocol(api: Api) -> None:
     job_id = await api.put("shared", b"from http", pri=3)
     bean = await Beanstalk.open(api.server.port)
@@ -101,6 +134,81 @@ async def test_a_put_over_http_is_a_put_over_the_protocol(api: Api) -> None:
         assert b"\ncmd-put: 1\n" in stats and b"\ntotal-jobs: 1\n" in stats
     finally:
         await bean.close()
+
+
+def documented_counts() -> dict[str, str]:
+    """protocol.md's HTTP route table: route (its first cell) -> its "counts" cell."""
+    text = (Path(__file__).parents[1] / "protocol.md").read_text()
+    table = text.split("| route | protocol | counts | answer |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    return {row[0][2:]: row[2] for row in rows}
+
+
+async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
+    counters = api.server.ctx.counters if api.server.ctx else None
+    assert counters is not None
+    await api.put("c", b"kicked", delay=100)
+    buried = await api.put("c", b"held")
+    for_kick_job = await api.put("c", b"held twice", delay=100)
+
+    async def held(job_id: int) -> str:
+        status, got = await api.reserve("c")
+        assert status == 200 and got["id"] == job_id, got
+        return str(got["reservation"])
+
+    token = ""
+
+    async def reserve_buried() -> None:
+        nonlocal token
+        token = await held(buried)
+
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "`POST /api/tubes/{tube}/jobs`": lambda: api.put("c", b"x", delay=100),
+        "`GET /api/jobs/{id}`": lambda: api.call("GET", f"/api/jobs/{buried}"),
+        "`POST /api/tubes/{t1,t2,...}/reserve?timeout=S`": reserve_buried,
+        "`POST /api/jobs/{id}/touch` `{\"reservation\"}`": lambda: api.call(
+            "POST", f"/api/jobs/{buried}/touch", json={"reservation": token}),
+        "`POST /api/jobs/{id}/bury` `{\"reservation\", \"pri\"?}`": lambda: api.call(
+            "POST", f"/api/jobs/{buried}/bury", json={"reservation": token}),
+        "`GET /api/tubes/{tube}/peek/{ready,delayed,buried}`": lambda: api.call(
+            "GET", "/api/tubes/c/peek/buried"),
+        "`POST /api/tubes/{tube}/kick` `{\"bound\"?}`": lambda: api.call(
+            "POST", "/api/tubes/c/kick"),
+        "`POST /api/jobs/{id}/release` `{\"reservation\", \"pri\"?, \"delay\"?}`":
+            lambda: release(),
+        "`POST /api/jobs/{id}/kick`": lambda: api.call("POST", f"/api/jobs/{for_kick_job}/kick"),
+        "`DELETE /api/jobs/{id}[?reservation=T]`": lambda: api.call(
+            "DELETE", f"/api/jobs/{for_kick_job}"),
+        "`GET /api/tubes/{tube}/jobs?state=S&limit=N`": lambda: api.call(
+            "GET", "/api/tubes/c/jobs?state=delayed"),
+        "`POST /api/tubes/{tube}/pause` `{\"delay\"}`": lambda: api.call(
+            "POST", "/api/tubes/c/pause", json={"delay": 0}),
+        "`GET /api/tubes/{tube}`": lambda: api.call("GET", "/api/tubes/c"),
+        "`GET /api/tubes`": lambda: api.call("GET", "/api/tubes"),
+        "`GET /api/stats`": lambda: api.call("GET", "/api/stats"),
+        "`GET /api/servers`": lambda: api.call("GET", "/api/servers"),
+    }
+
+    async def release() -> Any:
+        return await api.call("POST", f"/api/jobs/{buried}/release",
+                              json={"reservation": await held(buried)})
+
+    documented = documented_counts()
+    assert set(documented) == set(calls)
+    for route, call in calls.items():
+        counters.flush()
+        before = dict(counters.totals)
+        got = await call()
+        assert not isinstance(got, tuple) or got[0] < 300, (route, got)
+        counters.flush()
+        counted = {name for name, n in counters.totals.items() if n != before.get(name, 0)}
+        if route.startswith("`POST /api/jobs/{id}/release`"):
+            counted -= {"reserve-with-timeout"}  # the reserve that took the job back
+        want = documented[route]
+        if want.endswith(" ..."):  # a family, one per state: peek-ready ... (buried here)
+            assert counted == {"peek-buried"} and want.startswith("`peek-"), (route, counted)
+        else:
+            assert counted == (set() if want == "none" else {want.strip("`")}), (route, counted)
 
 
 async def test_stats_of_server_tube_and_job(api: Api) -> None:
@@ -315,7 +423,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("POST", "/api/tubes/" + "a" * 201 + "/jobs", {"data": b"x"}, 400, "bad tube name"),
     ("POST", "/api/tubes/t%20x/jobs", {"data": b"x"}, 400, "bad tube name"),
     ("POST", "/api/tubes/t/jobs", {"data": b"x" * 65536}, 413, "too big"),
-    ("POST", "/api/tubes/t/jobs", {"data": b"x" * 200_000}, 413, "too large"),
+    ("POST", "/api/tubes/t/jobs", {"data": b"x" * 600_000}, 413,
+     "job body too big: 600000 bytes, at most 65535"),
     ("GET", "/api/jobs/0", {}, 400, "bad job id"),
     ("GET", "/api/jobs/abc", {}, 400, "bad job id"),
     ("GET", "/api/jobs/18446744073709551616", {}, 400, "bad job id"),
@@ -333,6 +442,8 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("GET", "/api/tubes/nosuch/jobs", {}, 404, "not found"),
     ("GET", "/api/tubes/default/jobs?state=lost", {}, 400, "state must be"),
     ("GET", "/api/tubes/default/jobs?limit=100000", {}, 400, "limit must be"),
+    ("GET", "/api/tubes/default/jobs?limit=0", {}, 400,
+     "limit must be a whole number from 1 to 200"),
     ("GET", "/api/tubes/default/peek/reserved", {}, 400, "state must be"),
     ("POST", "/api/tubes/nosuch/pause", {"json": {"delay": 5}}, 404, "not found"),
     ("POST", "/api/tubes/default/pause", {"json": {}}, 400, "'delay'"),

@@ -7,6 +7,7 @@ talks to it with real clients: raw sockets, greenstalk, Python's ssl module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -154,6 +155,32 @@ def test_a_socket_passed_as_systemd_does_is_the_listener(redis_process: RedisPro
         _stop(proc)
 
 
+def test_a_passed_descriptor_that_is_no_listening_socket_is_one_clear_line(
+        redis_process: RedisProcess, tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-socket"
+    plain.write_bytes(b"")
+    unbound = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # a socket, not listening
+    plain_fd = os.open(plain, os.O_RDONLY)
+    argv = [sys.executable, "-m", "tubeq", "--redis", redis_process.url, "--prefix",
+            unique_prefix(), "-p", str(free_port())]
+    try:
+        for fd, told in ((plain_fd, "fd 3 is not a socket"),
+                         (unbound.fileno(), "fd 3 is a socket that is not listening")):
+            shim = (f"import os, sys; os.dup2({fd}, 3); "
+                    "os.environ['LISTEN_PID'] = str(os.getpid()); "
+                    "os.environ['LISTEN_FDS'] = '1'; os.execv(sys.argv[1], sys.argv[1:])")
+            done = subprocess.run([sys.executable, "-c", shim, *argv], pass_fds=(fd,),
+                                  env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  capture_output=True, text=True, timeout=30, check=False)
+            assert done.returncode == 1, done
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+            assert lines[0] == f"tubeq: socket activation (LISTEN_FDS=1): {told}", lines[0]
+    finally:
+        unbound.close()
+        os.close(plain_fd)
+
+
 @pytest.fixture(scope="module")
 def ca() -> trustme.CA:
     return trustme.CA()
@@ -186,6 +213,24 @@ def test_tls_serves_the_protocol_and_a_failed_handshake_hurts_no_one(
             assert _exchange(sock, b"put 0 0 60 2\r\nhi\r\n", 11) == b"INSERTED 1\r\n"
             reply = _exchange(sock, b"reserve-with-timeout 0\r\n", 17)
             assert reply == b"RESERVED 1 2\r\nhi\r\n"  # id 1: the plain-text put stored nothing
+    finally:
+        _stop(proc)
+
+
+def test_a_client_that_never_finishes_its_handshake_is_dropped_after_the_timeout(
+        redis_process: RedisProcess, ca: trustme.CA, tmp_path: Path) -> None:
+    cert, key, _ = _tls_files(ca, tmp_path)
+    port = free_port()
+    proc = _tubeq(redis_process, "-p", str(port), "--tls-cert", str(cert), "--tls-key", str(key),
+                  "--tls-handshake-timeout", "0.5")
+    try:
+        # Connected, then silent: no ClientHello ever comes. asyncio's own bound is 60 s, past
+        # this read's 20 s: only the flag closes it in time.
+        idle = _until(lambda: socket.create_connection(("127.0.0.1", port), timeout=20), proc)
+        with idle:
+            idle.settimeout(20)
+            with contextlib.suppress(ConnectionResetError):  # a reset is closed all the same
+                assert idle.recv(1) == b""
     finally:
         _stop(proc)
 

@@ -7,6 +7,8 @@ tests/faults/test_sentinel.py, next to the topology they need.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -67,6 +69,31 @@ def test_allow_eviction_starts_anyway(evicting_redis: RedisProcess, tmp_path: Pa
 def test_an_unreachable_redis_is_one_line() -> None:
     done = run_tubeq("--redis", f"redis://127.0.0.1:{free_port()}/0")
     assert_one_clear_line(done, "cannot connect to Redis")
+
+
+def assert_one_json_line(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    """With --log-format json the failure is one JSON object line, like every other line."""
+    assert done.returncode == 1, done
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    failures = [line for line in lines if line["level"] == "error"]
+    assert len(failures) == 1, done.stderr
+    assert failures[0]["event"] == "cannot start", failures[0]
+    for word in words:
+        assert word in failures[0]["error"], failures[0]
+
+
+def test_start_up_failures_follow_log_format_json(redis_url: str) -> None:
+    done = run_tubeq("--redis", f"redis://127.0.0.1:{free_port()}/0", "--log-format", "json")
+    assert_one_json_line(done, "cannot connect to Redis")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "tubeq", "-l", "127.0.0.1", "-p", str(port),
+                               "--redis", redis_url, "--log-format", "json"],
+                              capture_output=True, text=True, timeout=EXIT_TIMEOUT_S,
+                              check=False)
+    assert_one_json_line(done, "in use")
 
 
 def test_a_bad_redis_url_is_refused_by_the_flag_parser() -> None:

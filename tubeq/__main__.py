@@ -11,7 +11,8 @@ jobs for ``--shutdown-grace`` seconds, close); SIGUSR1 enters drain mode.
 
 Anything that keeps tubeq from starting (an unreachable Redis or sentinel, an unknown master
 name, a Redis too old or one that may evict keys, a data directory in use) is one line on
-stderr and a non-zero exit, never a traceback.
+stderr in the ``--log-format`` (``tubeq: ...``, or a JSON object) and a non-zero exit, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import structlog
 
@@ -34,7 +36,7 @@ from tubeq.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
 from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.durability import StartupError
 from tubeq.keys import LAYOUT_VERSION
-from tubeq.listeners import ListenError, TlsFiles
+from tubeq.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError, TlsFiles
 from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
 from tubeq.resp import DEFAULT_CALL_TIMEOUT, Endpoint
@@ -106,6 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
                    help="require client certificates signed by this CA (with --tls-cert)")
+    p.add_argument("--tls-handshake-timeout", type=float,
+                   default=DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, metavar="SECONDS",
+                   help="drop a TLS client that has not finished its handshake this long after "
+                        f"connecting ({DEFAULT_TLS_HANDSHAKE_TIMEOUT_S:g})")
     p.add_argument("--max-connections", type=int, default=0, metavar="N",
                    help="accept at most N connections at once; more get TOO_MANY_CONNECTIONS "
                         "and are closed (0: no limit)")
@@ -179,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-connections must be 0 (no limit) or positive")
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
+    if not 0 < args.tls_handshake_timeout <= 3600:
+        p.error("--tls-handshake-timeout must be more than 0 and at most 3600 seconds")
     if args.tls_client_ca is not None and args.tls_cert is None:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.metrics_max_tubes < 1:
@@ -305,6 +313,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
+                           tls_handshake_timeout_s=args.tls_handshake_timeout,
                            redis_functions=args.redis_functions == "on",
                            access=access, max_connections=args.max_connections,
                            reuse_port=args.reuse_port,
@@ -370,14 +379,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runner(serve(args))
     except RedisNotInstalled as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except StartupError as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except (OSError, ListenError, AccessFileError) as exc:
-        print(f"tubeq: {exc}", file=sys.stderr)
-        sys.exit(1)
+        cannot_start(args.log_format, str(exc), 2)
+    except (StartupError, OSError, ListenError, AccessFileError) as exc:
+        cannot_start(args.log_format, str(exc), 1)
+
+
+def cannot_start(fmt: str, message: str, status: int) -> NoReturn:
+    """Say why tubeq cannot start in one line of the chosen log format, and exit: ``tubeq:
+    <message>`` (console), or a JSON object like every other line (event ``cannot start``,
+    ``error`` the message), so a collector that parses JSON lines does not drop it."""
+    if fmt == "json":
+        log.error("cannot start", error=message, exit_status=status)
+    else:
+        print(f"tubeq: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

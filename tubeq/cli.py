@@ -105,7 +105,8 @@ def _uint(text: str) -> int:
 
 def _ms(text: str) -> int:
     if not text.isdigit() or int(text) > U32_MAX * 1000:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"not a number of milliseconds from 0 to {U32_MAX * 1000}: {text!r}")
     return int(text)
 
 
@@ -188,13 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print one frame (rates measured over one interval) and exit")
 
     # job policies and deduplicated put (tubeq): put's options, peek-key
-    for flag, help_text in (
-            ("--delay-ms", "milliseconds before it is ready (instead of --delay)"),
-            ("--max-tries", "bury it (reason max-tries) after this many timeouts/releases"),
-            ("--backoff-ms", "after a TTR timeout, delay it by this, doubling per try"),
-            ("--backoff-max-ms", "the cap of that delay"),
-            ("--ttl-ms", "expire it this long after the put, unless deleted")):
-        put.add_argument(flag, type=_ms, default=None, help=f"tubeq: {help_text}")
+    for flag, kind, help_text in (
+            ("--delay-ms", _ms, "milliseconds before it is ready (instead of --delay)"),
+            ("--max-tries", _uint, "bury it (reason max-tries) after this many "
+                                   "timeouts/releases"),
+            ("--backoff-ms", _ms, "after a TTR timeout, delay it by this, doubling per try"),
+            ("--backoff-max-ms", _ms, "the cap of that delay"),
+            ("--ttl-ms", _ms, "expire it this long after the put, unless deleted")):
+        put.add_argument(flag, type=kind, default=None, help=f"tubeq: {help_text}")
     put.add_argument("--on-expire", choices=("bury", "delete"), default=None,
                      help="tubeq: what an expired job becomes (the tube's setting, bury)")
     put.add_argument("--key", default=None,

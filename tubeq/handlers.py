@@ -332,11 +332,12 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
     now = store.clock()
 
     def answer(outcome: PutOutcome) -> bytes:
+        if not outcome.id or not outcome.inserted:
+            conn.ctx.counters.job_created(tube, -1)  # nothing stored: take the count back
         if not outcome.id:
             return replies.OUT_OF_MEMORY  # the tube is full (tube-set max-jobs)
         if not outcome.inserted:
             return replies.duplicate(outcome.id)
-        conn.ctx.counters.job_created(tube)
         scheduler = conn.ctx.scheduler
         if delay_ms > 0:
             scheduler.note_due(now + delay_ms)
@@ -344,8 +345,11 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
             scheduler.note_due(now + ttl_ms)
         return replies.inserted(outcome.id)
 
-    return then(store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options),
-                answer)
+    # Counted when sent, as a plain put is, so a stats-tube pipelined after it (which flushes
+    # this process's counts before it reads) sees it.
+    call = store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options)
+    conn.ctx.counters.job_created(tube)
+    return then(call, answer)
 
 
 def _peek_key(conn: Connection, cmd: c.PeekKey) -> Reply:

@@ -8,15 +8,18 @@ transport. Rules:
   A socket file left by a process that is gone is replaced; one a live server answers on is not.
 * Socket activation (systemd's protocol, ``sd_listen_fds``): when ``LISTEN_PID`` is this
   process and ``LISTEN_FDS`` is at least 1, the first passed descriptor (3) is the listener and
-  ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support.
+  ``-l``/``-p`` are ignored, as in beanstalkd built with systemd support. A descriptor 3 that
+  is not a listening stream socket is a :class:`ListenError` saying so.
 * TLS (``--tls-cert``/``--tls-key``, optional ``--tls-client-ca`` to require client
-  certificates signed by that CA) wraps whichever listener it is. A handshake that fails closes
-  that connection only (asyncio logs it at debug level); the server goes on.
+  certificates signed by that CA) wraps whichever listener it is. A handshake that fails, or
+  does not finish within ``--tls-handshake-timeout``, closes that connection only (asyncio logs
+  it at debug level); the server goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import ssl
@@ -28,6 +31,11 @@ from pathlib import Path
 # default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
 # by the client after 1 s); 1024 is beanstalkd's.
 LISTEN_BACKLOG = 1024
+# How long a TLS client may take from connect to a finished handshake before it is dropped
+# (--tls-handshake-timeout). 60 s is asyncio's own default: generous for a slow link, and each
+# connection waiting costs a socket and a few KB until then. Lower it where idle connects come
+# in numbers (scanners, a load balancer's health checks that never speak TLS).
+DEFAULT_TLS_HANDSHAKE_TIMEOUT_S = 60.0
 # sd_listen_fds: the first descriptor systemd passes.
 SD_LISTEN_FDS_START = 3
 UNIX_PREFIX = "unix:"
@@ -69,7 +77,20 @@ def activated_socket(environ: dict[str, str] | None = None) -> socket.socket | N
         return None
     if count < 1:
         return None
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    where = f"socket activation (LISTEN_FDS={count}): fd {SD_LISTEN_FDS_START}"
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as exc:
+        if exc.errno == errno.ENOTSOCK:
+            raise ListenError(f"{where} is not a socket") from None
+        if exc.errno == errno.EBADF:
+            raise ListenError(f"{where} is not open") from None
+        raise ListenError(f"{where}: {exc.strerror or exc}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_ACCEPTCONN):
+        sock.detach()  # not ours to close: the message says what it is
+        raise ListenError(f"{where} is a socket that is not listening"
+                          + ("" if sock.type == socket.SOCK_STREAM else " (not a stream)"))
     sock.setblocking(False)
     return sock
 

@@ -39,6 +39,7 @@ from tubeq.connection import (
 from tubeq.durability import StartupError, check_redis, claim_layout_version
 from tubeq.keys import Keys
 from tubeq.listeners import (
+    DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     LISTEN_BACKLOG,
     TlsFiles,
     activated_socket,
@@ -110,8 +111,10 @@ class Config:
     # Call the Lua scripts as one Redis Functions library (FCALL) where Redis has Functions
     # (7.0+); False, or an older Redis: EVALSHA (tubeq.scripts).
     redis_functions: bool = True
-    # TLS for the protocol listener (tubeq.listeners), None for plain text.
+    # TLS for the protocol listener (tubeq.listeners), None for plain text; a client that has
+    # not finished its handshake this long after connecting is dropped.
     tls: TlsFiles | None = None
+    tls_handshake_timeout_s: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT_S
     # The access file (tubeq.access): tokens, namespaces, bound listeners; None: no auth.
     access: AccessConfig | None = None
     # Connections this process accepts at once (all listeners); 0: no limit, as beanstalkd.
@@ -208,11 +211,14 @@ class Server:
         def factory() -> Connection:
             return Connection(ctx, gated=gated)
 
+        handshake = self.config.tls_handshake_timeout_s if tls is not None else None
         if sock is not None:
-            return await loop.create_server(factory, sock=sock, ssl=tls, backlog=LISTEN_BACKLOG)
+            return await loop.create_server(factory, sock=sock, ssl=tls, backlog=LISTEN_BACKLOG,
+                                            ssl_handshake_timeout=handshake)
         return await loop.create_server(factory, host, port, reuse_address=True,
                                         reuse_port=self.config.reuse_port or None,
-                                        backlog=LISTEN_BACKLOG, ssl=tls)
+                                        backlog=LISTEN_BACKLOG, ssl=tls,
+                                        ssl_handshake_timeout=handshake)
 
     async def _open_namespace(self, name: str) -> ServerContext:
         """A namespace's context: its store, waiters, scheduler, counters and subscriptions."""

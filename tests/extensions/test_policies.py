@@ -113,6 +113,21 @@ def inserted_id(reply: bytes) -> int:
     return int(reply.split()[1])
 
 
+def test_put_with_counts_total_jobs_before_a_pipelined_stats_tube(server: ServerProcess) -> None:
+    # One write: stats-tube flushes this process's counts before it reads, so a job whose put
+    # went out before it is in total-jobs, as for a plain put.
+    for put in (b"put 0 0 60 2\r\nhi\r\n", b"put-with 0 0 60 2 max-tries=3\r\nhi\r\n"):
+        tube = "pw-count-" + put.split()[0].decode()
+        with Wire(server.host, server.port) as w:
+            w.send(b"use " + tube.encode() + b"\r\n" + put + b"stats-tube " + tube.encode()
+                   + b"\r\n")
+            assert w.reply() == b"USING " + tube.encode() + b"\r\n"
+            inserted_id(w.reply())
+            doc = w.yaml(b"")
+            assert (put.split()[0], doc["current-jobs-ready"], doc["total-jobs"]) == (
+                put.split()[0], "1", "1")
+
+
 def test_put_with_inserts_and_a_duplicate_key_answers_the_living_job(
         server: ServerProcess) -> None:
     with Wire(server.host, server.port) as w:

@@ -24,8 +24,14 @@ from tubeq.listeners import tls_context
 if TYPE_CHECKING:
     from tubeq.server import Server
 
-# Room for the largest job a JSON put can carry: base64 makes 4 bytes of 3, plus the JSON
-# around it. A raw put's body is checked against max-job-size itself (413).
+# The largest request read into memory, per byte of max-job-size: a JSON put carries its body
+# as a JSON string, where any byte may be escaped as \u00XX (6 bytes for 1; a 2-byte UTF-8
+# character is 6 bytes for 2, a 4-byte one a surrogate pair, 12 for 4; base64 is 4 for 3, or
+# under 3 per byte with every '/' escaped), so 6 lets every usual encoding of every job through.
+# The decoded body is then checked against max-job-size (413). A raw put never reads more than
+# max-job-size + 1 bytes of its body (tubeq.http.api), whatever this cap.
+JSON_BYTES_PER_BODY_BYTE = 6
+# Room for the JSON around the body: put's options (a 200-byte dedupe key escaped is 1,200).
 BODY_OVERHEAD = 4096
 # How long shutdown lets requests in flight finish; long polls are cancelled (and give back
 # any job granted meanwhile) rather than waited for.
@@ -40,12 +46,17 @@ def make_app(server: Server) -> web.Application:
     if server.config.http_rate > 0:
         middlewares.append(RateLimiter(server.config.http_rate).middleware())
     app = web.Application(middlewares=middlewares,
-                          client_max_size=server.ctx.max_job_size * 4 // 3 + BODY_OVERHEAD)
+                          client_max_size=request_cap(server.ctx.max_job_size))
     app[SERVER] = server
     app.router.add_get("/metrics", prometheus.metrics)
     api.add_routes(app, server)
     dashboard.add_routes(app)
     return app
+
+
+def request_cap(max_job_size: int) -> int:
+    """The most bytes of a request body the listener reads before it answers 413."""
+    return max_job_size * JSON_BYTES_PER_BODY_BYTE + BODY_OVERHEAD
 
 
 class HttpListener:

@@ -1,7 +1,9 @@
 """The JSON API: jobs and tubes over HTTP, in the style of lmstfy and camellia.
 
 Every route runs the same store call, so the same Lua script, as the protocol command it
-mirrors, and counts in the same ``cmd-*`` counters (``stats`` shows HTTP puts as puts). Routes,
+mirrors, and counts the ``cmd-*`` counter of that one command (``stats`` shows HTTP puts as
+puts; no ``use`` or ``watch`` is counted, as no connection changed its tubes: protocol.md's
+route table has a "counts" column, which a test holds to this code). Routes,
 bodies and replies are documented in protocol.md ("HTTP API"), each with a curl example.
 
 Input: a route's options come from the query string or from a JSON object body (a put with a
@@ -100,18 +102,21 @@ async def put(request: web.Request) -> web.Response:
     """put: a job from a raw body (options in the query) or a JSON object."""
     ctx = _ctx(request)
     tube = tube_name(request.match_info["tube"])
+    body: bytes | None
     if request.content_type == "application/json":
         options = await read_options(request, PUT_JSON_KEYS)
         body = _json_job_body(options)
     else:
         options = await read_options(request, PUT_OPTIONS, json_body=False)
-        body = await request.read()
+        body = await _raw_body(request, ctx.max_job_size)
     pri = unsigned("pri", options.get("pri", DEFAULT_PRI))
     delay = unsigned("delay", options.get("delay", 0))
     ttr = unsigned("ttr", options.get("ttr", DEFAULT_TTR))
     ctx.counters.incr("put")
-    if len(body) > ctx.max_job_size:
-        raise HttpError(413, f"job body too big: {len(body)} bytes, at most {ctx.max_job_size}")
+    if body is None or len(body) > ctx.max_job_size:
+        size = len(body) if body is not None else request.content_length
+        told = f"{size} bytes" if size is not None else "more bytes"
+        raise HttpError(413, f"job body too big: {told}, at most {ctx.max_job_size}")
     if ctx.draining:
         raise HttpError(503, "draining: this server takes no new jobs")
     if ctx.full:
@@ -145,6 +150,20 @@ async def put(request: web.Request) -> web.Response:
         ctx.scheduler.note_due(store.clock() + delay * 1000)
     return web.json_response({"id": new_id, "tube": tube,
                               "state": "delayed" if delay > 0 else "ready"}, status=201)
+
+
+async def _raw_body(request: web.Request, limit: int) -> bytes | None:
+    """A raw put's body, or None when it is longer than ``limit``: no more than ``limit + 1``
+    bytes of it are read (aiohttp drops the rest with the connection)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    body = bytearray()
+    while len(body) <= limit:
+        chunk = await request.content.read(limit + 1 - len(body))
+        if not chunk:
+            return bytes(body)
+        body += chunk
+    return None
 
 
 def _put_with_options(options: dict[str, Any]) -> job_options.Options:
@@ -367,7 +386,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     state = options.get("state", "ready")
     if state not in STATES:
         raise HttpError(400, f"state must be one of {', '.join(STATES)}")
-    limit = unsigned("limit", options.get("limit", 20), MAX_LIST)
+    # At least 1: a page of none is surely a mistake (the protocol's list-jobs refuses a count
+    # of 0 too), and browse.lua's ZRANGE 0 -1 would return every job in the state.
+    limit = unsigned("limit", options.get("limit", 20), MAX_LIST, minimum=1)
     await _tube_counts(ctx, tube)
     now = ctx.store.clock()
     jobs = await ctx.store.browse(tube, state, limit)

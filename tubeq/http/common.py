@@ -32,6 +32,9 @@ SERVER: Final[web.AppKey[Server]] = web.AppKey("server")
 _TUBE_NAME: Final = re.compile(
     "(?!-)[" + re.escape(TUBE_NAME_CHARS.decode()) + "]{1," + str(MAX_TUBE_NAME) + "}")
 _DIGITS: Final = re.compile("[0-9]{1,20}")
+# The query parameter that carries a token where no header can (a browser opening the
+# dashboard); every route takes it, so it is read apart from the routes' options.
+TOKEN_PARAM: Final = "token"
 
 
 class HttpError(Exception):
@@ -87,7 +90,7 @@ def namespace_of(request: web.Request) -> ServerContext:
         return ctx
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer":
-        token = request.query.get("token", "")
+        token = request.query.get(TOKEN_PARAM, "")
     token = token.strip()
     if not token:
         raise HttpError(401, "this server requires a token: Authorization: Bearer <token>")
@@ -112,12 +115,13 @@ def job_id(text: str) -> int:
     return int(text)
 
 
-def unsigned(name: str, value: Any, maximum: int = U32_MAX) -> int:
-    """A whole number 0..maximum from JSON (an int) or a query string (digits), else a 400."""
+def unsigned(name: str, value: Any, maximum: int = U32_MAX, minimum: int = 0) -> int:
+    """A whole number minimum..maximum from JSON (an int) or a query string (digits), else a
+    400."""
     if isinstance(value, str) and _DIGITS.fullmatch(value):
         value = int(value)
-    if type(value) is not int or not 0 <= value <= maximum:
-        raise HttpError(400, f"{name} must be a whole number from 0 to {maximum}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise HttpError(400, f"{name} must be a whole number from {minimum} to {maximum}")
     return value
 
 
@@ -125,10 +129,12 @@ async def read_options(request: web.Request, allowed: frozenset[str], *,
                        json_body: bool = True) -> dict[str, Any]:
     """The request's options: its query string, plus the keys of its JSON object body when
     ``json_body`` (a POST sends either or both; a key given twice or not in ``allowed`` is a
-    400, so a misspelt option never passes silently)."""
+    400, so a misspelt option never passes silently). The query's ``token`` is the credential
+    (:func:`namespace_of`), never an option of a route."""
     options: dict[str, Any] = dict(request.query)
     if len(options) != len(request.query):
         raise HttpError(400, "a query parameter is given twice")
+    options.pop(TOKEN_PARAM, None)
     if json_body and request.can_read_body:
         for key, value in (await json_object(request)).items():
             if key in options:

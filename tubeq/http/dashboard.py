@@ -15,6 +15,7 @@ import html
 import time
 from importlib import resources
 from typing import Final
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -34,6 +35,12 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/", index)
     app.router.add_get("/tubes/{tube}", tube_page)
     app.router.add_get("/static/{name}", static)
+
+
+def tube_path(tube: str) -> str:
+    """The path of a tube's page: the name percent-encoded whole (a tube may hold '/', '+',
+    ';' ...), as the script's encodeURIComponent does; the route decodes it back."""
+    return "/tubes/" + quote(tube, safe="")
 
 
 def _page(title: str, body: str, *, data: str = "") -> web.Response:
@@ -73,7 +80,7 @@ async def index(request: web.Request) -> web.Response:
     body_rows = []
     for row in rows:
         name = row.name
-        link = (f'<a href="/tubes/{html.escape(name, quote=True)}">{html.escape(name)}</a>'
+        link = (f'<a href="{html.escape(tube_path(name), quote=True)}">{html.escape(name)}</a>'
                 if name else "<em>other tubes</em>")
         paused = "yes" if row.pause_until_ms > now else ""
         body_rows.append(

@@ -19,7 +19,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from tubeq.http.common import error_response
+from tubeq.http.common import TOKEN_PARAM, error_response
 
 # A bucket not touched for this long is forgotten (it would be full again anyway).
 IDLE_S: Final = 60.0
@@ -71,6 +71,6 @@ def _client(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return "t:" + token.strip()
-    if request.query.get("token"):
-        return "t:" + request.query["token"]
+    if request.query.get(TOKEN_PARAM):
+        return "t:" + request.query[TOKEN_PARAM]
     return "a:" + (request.remote or "")
