@@ -337,15 +337,21 @@ def bury_behind_waiting_reserve_is_not_kicked_into_it(s: Script) -> None:
     worker.expect(timeout=4).expect().stats_job("a")
 
 
-@scenario()
-def bury_behind_waiting_reserve_after_a_ttr_runs_out(s: Script) -> None:
+def _behind_a_reserve_that_gets_a_timed_out_job(s: Script, command: str) -> Client:
+    """The worker holds job a and pipelines ``command`` (on {a}) behind a reserve that waits
+    until another connection's job k runs out of TTR and is given to it."""
     tube = s.tube("t")
     owner = s.conn("owner").on_tube(tube).put(b"owner's", ttr=1, capture="k").reserve()
     worker = s.conn("worker").on_tube(tube).put(b"held", pri=5, capture="a").reserve()
-    worker.send("reserve-with-timeout 4\r\nbury {a} 0\r\n")
+    worker.send(f"reserve-with-timeout 4\r\n{command}\r\n")
     s.sleep(1.1)
     owner.nudge()  # beanstalkd may need it to see the owner's TTR (checklist section 8)
-    worker.expect(timeout=4).expect().stats_job("a").stats_job("k")
+    return worker.expect(timeout=4).expect()
+
+
+@scenario()
+def bury_behind_waiting_reserve_after_a_ttr_runs_out(s: Script) -> None:
+    _behind_a_reserve_that_gets_a_timed_out_job(s, "bury {a} 0").stats_job("a").stats_job("k")
 
 
 @scenario()
@@ -357,10 +363,4 @@ def delete_behind_waiting_reserve_keeps_its_deadline_soon(s: Script) -> None:
 
 @scenario()
 def touch_behind_waiting_reserve_after_a_ttr_runs_out(s: Script) -> None:
-    tube = s.tube("t")
-    owner = s.conn("owner").on_tube(tube).put(b"owner's", ttr=1, capture="k").reserve()
-    worker = s.conn("worker").on_tube(tube).put(b"held", pri=5, capture="a").reserve()
-    worker.send("reserve-with-timeout 4\r\ntouch {a}\r\n")
-    s.sleep(1.1)
-    owner.nudge()
-    worker.expect(timeout=4).expect().stats_job("k")
+    _behind_a_reserve_that_gets_a_timed_out_job(s, "touch {a}").stats_job("k")
