@@ -1,6 +1,11 @@
 """Client connections cut under load by a TCP proxy between the clients and tubeq: a cut
 consumer's reserved job goes back to ready at once (disconnect.lua) and comes again; a put whose
 reply was cut off is unacknowledged and may or may not exist.
+
+An idle connection straight to tubeq (not through the proxy, so never cut), opened before the
+first cut, must be served at once after the cuts, and current-watching must count every
+connection the test holds: each cut connection's close takes out its own watches, and nothing
+of the others'.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ async def test_cut_client_connections_lose_no_job(tmp_path: Path) -> None:
         async with Proxy(*server.address) as proxy:
             load = Load(ledger, lambda: [(LOOPBACK, proxy.port)],
                         f"cut-{secrets.token_hex(3)}", producers=2, consumers=3)
+            await load.open_idle(server.address)
             load.start()
             for cut in range(CUTS):
                 await load.run_for(BETWEEN_CUTS_S)
                 proxy.cut()
                 ledger.fault(f"cut #{cut + 1}")
             await load.run_for(BETWEEN_CUTS_S)
+            await load.verify()
             assert proxy.accepted > CUTS, "the clients did not come back after the cuts"
             assert ledger.inserted_after_fault > 0, "nothing was inserted after the last cut"
             await load.finish()

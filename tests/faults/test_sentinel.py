@@ -16,6 +16,12 @@ and the master, made its replica, resynced from it and dropped everything. The j
 that were on the master but went undelivered (the consumers' watch lists had gone too), under
 ids given out before (the id counter had gone back). See SentinelTopology.rejoin.
 
+Connections outlive each failover: an idle connection opened before the first one must be
+served at once after each recovery, and current-watching must count every connection the test
+holds. The promoted replica has the connections' watch lists as it has the jobs (replicated
+with them), and the one tubeq process has no other to reap it (a process beats its heartbeat
+before it reaps, so never reaps itself): none is expected to go.
+
 Bad input: unreachable sentinels and an unknown master name are one line and exit 1.
 """
 
@@ -89,6 +95,7 @@ async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelT
     ledger = Ledger("Sentinel failover, --min-replicas 1")
     load = Load(ledger, lambda: [server.address], f"sent-{secrets.token_hex(3)}")
     try:
+        await load.open_idle(server.address)
         load.start()
         await load.run_for(PHASE_S)
 
@@ -96,6 +103,7 @@ async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelT
         second = topology.failover()
         ledger.fault(f"SENTINEL FAILOVER {first}->{second}")
         await _until_serving_again(load, ledger)
+        await load.verify()
 
         killed = next(r for r in topology.redises if r.port == second)
         assert killed.proc is not None
@@ -109,6 +117,7 @@ async def test_failovers_under_load_lose_no_acknowledged_job(topology: SentinelT
         await asyncio.to_thread(topology.refuses_to_promote, killed)
         await asyncio.to_thread(topology.promotable_once_synced, killed)
         await _until_serving_again(load, ledger)
+        await load.verify()
         await load.finish()
     finally:
         server.stop()
