@@ -101,7 +101,9 @@ def test_json_lines_per_connection_and_none_per_job(tubeq_with: Callable[..., Se
 
 def test_a_slow_command_and_a_redis_fault_each_get_a_line(
         tubeq_with: Callable[..., ServerProcess], own_redis: RedisProcess) -> None:
-    server = tubeq_with("--log-format", "json", "--slow-ms", "200")
+    # --redis-timeout past the pause: a stalled Redis is what the pause imitates, and the
+    # default bound (2 s) would drop the connection as it ends instead of logging a slow put.
+    server = tubeq_with("--log-format", "json", "--slow-ms", "200", "--redis-timeout", "10")
     with redis.Redis.from_url(own_redis.url) as admin:
         # Redis holds every other client's commands for 2 s: the put below takes at least
         # the rest of that, far past 200 ms.
