@@ -47,7 +47,7 @@ async def test_sigkill_of_tubeq_processes_loses_no_job(redis: RedisProcess,
         for i, port in enumerate(ports)]
     ledger = Ledger("SIGKILL tubeq")
     load = Load(ledger, lambda: [(LOOPBACK, port) for port in ports],
-                f"kill-{secrets.token_hex(3)}", producers=2, consumers=2)
+                f"kill-{secrets.token_hex(3)}", producers=2, consumers=2, max_jobs=20_000)
     try:
         for server in servers:
             await load.open_idle(server.address)
