@@ -104,9 +104,6 @@ class Wire:
     def close(self) -> None:
         self.writer.transport.abort()
 
-    def closed_by_peer(self) -> bool:
-        return self.reader.at_eof() or self.writer.transport.is_closing()
-
 
 @dataclass
 class IdleConnection:
