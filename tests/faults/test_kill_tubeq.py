@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.load import Ledger, Load
+from tests.faults.load import WATCHING_AFTER_KILL_S, Ledger, Load
 from tests.faults.procs import start_tubeq_on
 from tests.servers import LOOPBACK, ServerProcess, unique_prefix
 from tubeq.redis_process import RedisProcess, free_port
@@ -47,7 +47,7 @@ async def test_sigkill_of_tubeq_processes_loses_no_job(redis: RedisProcess,
         for i, port in enumerate(ports)]
     ledger = Ledger("SIGKILL tubeq")
     load = Load(ledger, lambda: [(LOOPBACK, port) for port in ports],
-                f"kill-{secrets.token_hex(3)}", producers=2, consumers=2)
+                f"kill-{secrets.token_hex(3)}", producers=2, consumers=2, max_jobs=20_000)
     try:
         for server in servers:
             await load.open_idle(server.address)
@@ -62,7 +62,7 @@ async def test_sigkill_of_tubeq_processes_loses_no_job(redis: RedisProcess,
             servers[index] = start_tubeq_on(ports[index], redis.url, prefix, tmp_path,
                                             f"tubeq-{index}-again")
             await load.run_for(PHASE_S)
-            await load.verify()
+            await load.verify(watching_s=WATCHING_AFTER_KILL_S)
             if index == 0:
                 await load.open_idle(servers[index].address)  # before the kill of the other
         assert ledger.inserted_after_fault > 0, "nothing was inserted after the last restart"
