@@ -18,6 +18,7 @@ from tubeq import commands as c
 from tubeq.connection import Connection, ServerContext
 from tubeq.server import Config, Server
 from tubeq.stats import COMMAND_COUNTERS
+from tubeq.store import Reservation
 
 REPLY_WAIT_S = 5.0
 
@@ -459,3 +460,15 @@ async def test_one_command_in_flight_at_a_time_still_answers_a_pipeline(
     assert lines[:3] == [f"USING {tube}".encode(), b"WATCHING 2", b"WATCHING 1"]
     assert [line.split()[0] for line in lines[3:6]] == [b"INSERTED"] * 3
     assert lines[6].startswith(b"RESERVED ") and lines[8].startswith(b"RESERVED ")
+
+
+async def test_a_pooled_job_whose_ttr_ran_out_is_not_answered(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    """A job a late call granted waits in the pool for the next reserve; once its TTR has run
+    out, expire.lua has given it back (another connection may hold it, or have deleted it):
+    the reserve must not answer it."""
+    worker = new_client()
+    stale = Reservation(id=424242, ttr=1, body=b"stale", deadline_ms=ctx.store.clock() - 1)
+    worker.conn._pool.append(stale)
+    worker.send(b"reserve-with-timeout 0\r\n")
+    await worker.expect(b"TIMED_OUT\r\n")

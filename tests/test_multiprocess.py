@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.servers import ServerProcess, unique_prefix
+from tests.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.wire.grammar import Reply, split_reply
+from tubeq.shards import shard_of_tube
 
 # The bound on every reply; the cross-process wake-up normally takes milliseconds.
 REPLY_TIMEOUT_S = 8.0
@@ -209,29 +210,45 @@ def test_use_counts_reach_the_other_process(
     assert f"- {tube}\n".encode() not in (observer.call("list-tubes").data or b"")
 
 
+@pytest.mark.parametrize("shards", [1, 4])
 def test_a_process_paused_past_the_reap_limit_serves_its_connections_again(
-    two_processes: tuple[ServerProcess, ServerProcess],
-    clients: Callable[[ServerProcess], LineClient],
+    tubeq_cluster: TubeqCluster, clients: Callable[[ServerProcess], LineClient], shards: int,
 ) -> None:
     """A paused process (a VM pause, swapping) is reaped by the other as dead; when it runs
     again its heartbeat finds it unregistered and it restores its connections' watches, so a
-    connection opened before the pause is served, and stats count its watch again."""
-    process_a, process_b = two_processes
-    tube = _tube()
-    worker = clients(process_a)
-    assert worker.call(f"watch {tube}").head == b"WATCHING 2"
-    process_a.send_signal(signal.SIGSTOP)
+    connection opened before the pause is served, and stats count its watch again. With
+    shards, the tube lives in a shard other than tube default's (the connection's home): the
+    reap there takes the watch counts but not the watch list."""
+    prefix = unique_prefix("tq-pause")
+    flags = ("--shards", str(shards))
+    process_a, process_b = (tubeq_cluster.start(prefix, f"tubeq-pause-{n}", flags)
+                            for n in "ab")
     try:
-        time.sleep(PAUSE_S)  # past REAP_AFTER_MS: process B reaps A meanwhile
+        tube = _tube()
+        while shards > 1 and shard_of_tube(tube, shards) == shard_of_tube("default", shards):
+            tube = _tube()
+        worker = clients(process_a)
+        assert worker.call(f"watch {tube}").head == b"WATCHING 2"
+        process_a.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(PAUSE_S)  # past REAP_AFTER_MS: process B reaps A meanwhile
+        finally:
+            process_a.send_signal(signal.SIGCONT)
+        producer = clients(process_b)
+        producer.call(f"use {tube}")
+        job_id = producer.put(b"after the pause")
+        worker.send(b"reserve-with-timeout 6\r\n")
+        reserved = worker.reply()
+        assert reserved.words[:2] == [b"RESERVED", str(job_id).encode()], reserved
+        assert "registrations restored" in process_a.log_tail(20000), process_a.log_tail()
+        assert "reaped silent tubeq processes" in process_b.log_tail(20000)
+        # Each shard's reap and restore run on that shard's own heartbeat: poll, bounded.
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while b"\ncurrent-watching: 1\n" not in (
+                tube_stats := producer.call(f"stats-tube {tube}").data or b""):
+            assert time.monotonic() < deadline, tube_stats
+            time.sleep(0.1)
     finally:
         process_a.send_signal(signal.SIGCONT)
-    producer = clients(process_b)
-    producer.call(f"use {tube}")
-    job_id = producer.put(b"after the pause")
-    worker.send(b"reserve-with-timeout 6\r\n")
-    reserved = worker.reply()
-    assert reserved.words[:2] == [b"RESERVED", str(job_id).encode()], reserved
-    assert "registrations restored" in process_a.log_tail(20000), process_a.log_tail()
-    assert "reaped silent tubeq processes" in process_b.log_tail(20000), process_b.log_tail()
-    tube_stats = producer.call(f"stats-tube {tube}").data or b""
-    assert b"\ncurrent-watching: 1\n" in tube_stats, tube_stats
+        process_a.stop()
+        process_b.stop()

@@ -147,3 +147,32 @@ def test_a_stalled_redis_holds_no_reply_past_its_bound(tmp_path: Path) -> None:
         redis.proc.send_signal(signal.SIGCONT)
         server.stop()
         redis.stop()
+
+
+def test_a_connection_closed_while_redis_is_down_is_cleaned_up_after(tmp_path: Path) -> None:
+    """Its disconnect clean-up fails while Redis is away and is sent again until Redis takes
+    it: the connection is not left watching (nor counted) for the life of the process."""
+    redis = RedisProcess(tmp_path / "redis", persistent=True, appendfsync="always")
+    redis.start()
+    server = start_tubeq(redis.url, unique_prefix(), tmp_path / "logs")
+    try:
+        leaving = LineClient(server)
+        assert leaving.call("watch gone-while-down").head == b"WATCHING 2"
+        assert redis.proc is not None
+        redis.proc.kill()
+        redis.proc.wait()
+        leaving.close()
+        time.sleep(0.5)  # its clean-up is tried, and fails
+        redis.start()
+        observer = LineClient(server)
+        deadline = time.monotonic() + RECOVERY_BOUND_S
+        while True:
+            reply = observer.call("stats-tube gone-while-down")
+            if reply.head == b"NOT_FOUND":  # its last watcher gone: the tube went with it
+                break
+            assert time.monotonic() < deadline, reply
+            time.sleep(0.2)
+        observer.close()
+    finally:
+        server.stop()
+        redis.stop()

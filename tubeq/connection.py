@@ -65,9 +65,12 @@ WAKE_RECHECK_S = 10.0
 # the connection's next reserve, or back to ready by TTR or when the connection closes).
 RESERVE_GRACE_S = 0.25
 
-# A restore of this process's registrations that failed (Redis went away again) is tried again
-# after this pause.
+# A restore of this process's registrations, or a closed connection's clean-up, that failed
+# (Redis went away) is tried again after this pause; a clean-up at most DISCONNECT_TRIES times
+# (about a minute: a Redis away for longer lost nothing it holds, and a restart of this process
+# is the remedy for what stays counted).
 RESTORE_RETRY_S = 1.0
+DISCONNECT_TRIES = 60
 
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
 # worker that lets jobs time out does not grow the map forever.
@@ -151,6 +154,9 @@ class ServerContext:
     # Connections whose connect.lua was sent and whose disconnect.lua was not yet: what
     # restore_registrations puts back in Redis.
     registered: dict[str, Connection] = field(default_factory=dict)
+    # The HTTP API's reservation tokens and the tubes each watches (tubeq.http.reservations),
+    # restored with the connections.
+    reservation_watches: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # With an access file: the gate between the listener and the namespaces (tubeq.access).
     gate: Gate | None = None
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
@@ -179,7 +185,9 @@ class ServerContext:
         conns = list(self.registered.values())
         gauges = (len(conns), sum(conn.producer for conn in conns),
                   sum(conn.worker for conn in conns))
-        restored = self.store.restore([(conn.token, conn.watched) for conn in conns], gauges)
+        tokens = [(conn.token, True, conn.watched) for conn in conns]
+        tokens += [(token, False, tubes) for token, tubes in self.reservation_watches.items()]
+        restored = self.store.restore(tokens, gauges)
         restored.add_done_callback(functools.partial(self._restored, len(conns)))
         resent = self.using.resend()
         if resent is not None:
@@ -417,12 +425,24 @@ class Connection(asyncio.Protocol):
         if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
             done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
-    def _disconnected(self, f: asyncio.Future[Any]) -> None:
+    def _disconnected(self, f: asyncio.Future[Any], tries: int = 1) -> None:
         if not f.cancelled() and f.exception() is not None:
-            log.warning("disconnect cleanup failed", token=self.token, error=repr(f.exception()))
+            # Redis was away: the connection would stay listed, watching and counted for as
+            # long as this process lives. disconnect.lua is idempotent: send it again.
+            retry = tries < DISCONNECT_TRIES
+            log.warning("disconnect cleanup failed", token=self.token, error=repr(f.exception()),
+                        retry=retry)
+            if retry:
+                asyncio.get_running_loop().call_later(
+                    RESTORE_RETRY_S, self._disconnect_again, tries + 1)
+                return
         self._cleaned_up = True
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+
+    def _disconnect_again(self, tries: int) -> None:
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done.add_done_callback(functools.partial(self._disconnected, tries=tries))
 
     async def wait_closed(self) -> None:
         """Return once the connection is gone and its jobs were handed back."""
@@ -708,6 +728,17 @@ class Connection(asyncio.Protocol):
                 self._waiter.wake()  # the blocked head takes it
         self._advance()
 
+    def _pool_ready(self) -> bool:
+        """Whether a granted job waits in the pool, once those whose TTR ran out meanwhile are
+        dropped: expire.lua gave them back (another connection may have them now), so they
+        are this connection's no more. A job granted by a call that outlived its reserve can
+        wait here that long."""
+        if self._pool:
+            now = self.store.clock()
+            if any(job.deadline_ms <= now for job in self._pool):
+                self._pool = [job for job in self._pool if job.deadline_ms > now]
+        return bool(self._pool)
+
     def _from_pool(self, count: int | None) -> bytes:
         """The answer of a reserve (``count`` None: one job) or a reserve-many (up to
         ``count`` jobs, as one BATCH reply) from the granted jobs; the pool is not empty."""
@@ -729,7 +760,7 @@ class Connection(asyncio.Protocol):
                 return
             if head.failed:
                 answer = replies.INTERNAL_ERROR
-            elif self._pool:
+            elif self._pool_ready():
                 answer = self._from_pool(head.count)
             else:
                 task = asyncio.get_running_loop().create_task(
@@ -816,7 +847,7 @@ class Connection(asyncio.Protocol):
         counted = consumed = False
         try:
             while True:
-                if self._pool:  # a later reserve's try was granted a job: it is ours
+                if self._pool_ready():  # a later reserve's try was granted a job: it is ours
                     consumed = True
                     return self._from_pool(count)
                 # One clock reading decides both "in the margin now" and "when the margin
@@ -856,7 +887,7 @@ class Connection(asyncio.Protocol):
                         await waiter.event.wait(timeout, coarse)
                         if self._eof:
                             return replies.TIMED_OUT
-                        if self._pool:
+                        if self._pool_ready():
                             continue
                     if self._recount_wait:  # count in again (a no-op if Redis still has it)
                         self._recount_wait = False

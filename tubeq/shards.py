@@ -428,8 +428,7 @@ class ShardedStore(Store):
 
     def disconnect(self, token: str, producer: bool, worker: bool,
                    reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
-        self._watched.pop(token, None)
-        touched = self._touched.pop(token, set())
+        touched = self._touched.get(token, set())
         held: dict[int, list[int]] = {}
         for job_id in reserved:
             held.setdefault(shard_of_id(job_id, self.count), []).append(job_id)
@@ -437,7 +436,16 @@ class ShardedStore(Store):
         calls = [self.shards[k].disconnect(token, producer, worker, held.get(k, []),
                                            home=k == home_shard)
                  for k in sorted(touched | held.keys() | {home_shard})]
-        return then(self._gather(calls), lambda parts: sum(int(p) for p in parts))
+        done = self._gather(calls)
+        done.add_done_callback(lambda f: self._forget(token, f))
+        return then(done, lambda parts: sum(int(p) for p in parts))
+
+    def _forget(self, token: str, disconnected: asyncio.Future[Any]) -> None:
+        """A connection's disconnect went through: nothing of it is left to route (one that
+        failed is sent again by the connection, to the same shards)."""
+        if not disconnected.cancelled() and disconnected.exception() is None:
+            self._watched.pop(token, None)
+            self._touched.pop(token, None)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -448,16 +456,17 @@ class ShardedStore(Store):
     def heartbeat(self) -> asyncio.Future[bool]:
         return then(self._gather([s.heartbeat() for s in self.shards]), any)
 
-    def restore(self, watches: Sequence[tuple[str, Sequence[str]]],
+    def restore(self, watches: Sequence[tuple[str, bool, Sequence[str]]],
                 gauges: tuple[int, int, int] | None) -> asyncio.Future[int]:
         home = self.shards.index(self.home)
-        by_shard: dict[int, list[tuple[str, list[str]]]] = {home: []}
-        for token, tubes in watches:
-            here: dict[int, list[str]] = {home: []}
+        by_shard: dict[int, list[tuple[str, bool, list[str]]]] = {k: [] for k in
+                                                                    range(self.count)}
+        for token, connection, tubes in watches:
+            here: dict[int, list[str]] = {home: []} if connection else {}
             for tube in tubes:
                 here.setdefault(shard_of_tube(tube, self.count), []).append(tube)
             for k, shard_tubes in here.items():
-                by_shard.setdefault(k, []).append((token, shard_tubes))
+                by_shard[k].append((token, connection, shard_tubes))
         calls = [self.shards[k].restore(part, gauges if k == home else None)
                  for k, part in sorted(by_shard.items())]
         return then(self._gather(calls), sum)

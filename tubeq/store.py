@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import structlog
 
 from tubeq import admin
-from tubeq.futures import discard, then
+from tubeq.futures import discard
 from tubeq.keys import Keys
 from tubeq.options import DEFAULTS, Options, OptionValue
 from tubeq.recurring import DueTick, ScheduleInfo
@@ -40,9 +40,6 @@ T = TypeVar("T")
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
 SWEEP_LIMIT = 1000
-
-# restore.lua takes at most this many connections per call (a process may hold thousands).
-RESTORE_CHUNK = 500
 
 # pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
 PAUSE_FOREVER_MS = 10**15
@@ -568,29 +565,26 @@ class Store:
         return self._eval("heartbeat", self.instance_id, self.clock(),
                           int(self.holds_default), decode=lambda r: bool(int(r)))
 
-    def restore(self, watches: Sequence[tuple[str, Sequence[str]]],
+    def restore(self, watches: Sequence[tuple[str, bool, Sequence[str]]],
                 gauges: tuple[int, int, int] | None) -> asyncio.Future[int]:
-        """Make Redis hold this process's registrations again after a reap or a lost Redis:
-        each connection token's watches (``watches``: token and the tubes it watches in this
-        store), and with ``gauges`` (connections, producers, workers; None: a shard of a split
-        namespace that is not the connections' home) the connection set, the gauges and
-        :meth:`describe_instance`'s fields. Idempotent. Sent in chunks of RESTORE_CHUNK
-        connections, so one call never holds Redis for long; the future gives the number of
-        watches created anew."""
+        """Make Redis hold this process's registrations again after a reap or a lost Redis
+        (restore.lua): ``watches`` lists every token of the process (its connections, flagged
+        True, and its HTTP reservations) with the tubes it watches in this store; with
+        ``gauges`` (connections, producers, workers; None: a shard of a split namespace that is
+        not the connections' home) also the connection set, the gauges and
+        :meth:`describe_instance`'s fields. Idempotent; the future gives the number of watches
+        created anew. One script call: a process of thousands of connections holds Redis for
+        a few milliseconds, once."""
         home = gauges is not None
         conns, producers, workers = gauges or (0, 0, 0)
-        chunks = [watches[i:i + RESTORE_CHUNK]
-                  for i in range(0, len(watches), RESTORE_CHUNK)] or [[]]
-        calls: list[asyncio.Future[Any]] = []
-        for chunk in chunks:
-            flat: list[str | int] = []
-            for token, tubes in chunk:
-                flat += [token, len(tubes), *tubes]
-            calls.append(self._eval("restore", self.instance_id, self.clock(), int(home),
-                                    conns, producers, workers, *flat, decode=int))
+        flat: list[str | int] = []
+        for token, connection, tubes in watches:
+            flat += [token, "c" if connection else "r", len(tubes), *tubes]
+        restored = self._eval("restore", self.instance_id, self.clock(), int(home),
+                              conns, producers, workers, *flat, decode=int)
         if home and self._described:
-            calls.append(self.describe_instance(self._described))
-        return then(asyncio.gather(*calls), lambda parts: sum(parts[:len(chunks)]))
+            self.describe_instance(self._described).add_done_callback(discard)
+        return restored
 
     def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
         return self._eval("reap", stale_before_ms, self.clock(), decode=int)

@@ -66,6 +66,7 @@ class HttpReservations:
         got: Reservation | None = None
         try:
             # Inside the try: if the request is cancelled here, the watches still go (below).
+            ctx.reservation_watches[token] = tubes
             await store.change_watches(token, [("+w", t) for t in tubes])
             attempt = store.reserve(token)
             result = await asyncio.shield(attempt)
@@ -120,6 +121,7 @@ class HttpReservations:
                     stop = store.set_waiting(token, -1, claim=True)
                     stop.add_done_callback(lambda f: self._give_back_result(token, f))
             store.change_watches(token, [("-w", t) for t in tubes]).add_done_callback(discard)
+            ctx.reservation_watches.pop(token, None)
 
     def _granted(self, token: str, job: Reservation) -> tuple[str, Reservation]:
         self.ctx.scheduler.note_due(job.deadline_ms)  # its TTR expiry is this process's to run

@@ -7,7 +7,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          producer (0|1), was worker (0|1), now (ms), home (1: connect.lua counted it here; 0:
          another shard of a split namespace, tubeq.shards, where it only watched tubes), then
          the ids of the jobs it reserved
-Returns  the number of jobs released
+Returns  the number of jobs released. Idempotent: sent again after a failure (its process
+         retries), it gives back and takes away nothing twice
 Events   'timed-out' per job given back, reason 'disconnect'; a job it held ends a try and
          its policies apply as on a TTR timeout (includes/policies.lua: backoff, max-tries,
          TTL), so it may be delayed, buried or expired instead
@@ -47,8 +48,9 @@ for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
   apply_watch('-w', t, token, ik, now)
   dropped[#dropped + 1] = t
 end
-if home then
-  rcall('SREM', k_instance_conns(inst), token)
+-- The gauges only when the connection was still listed: a disconnect sent again (its first
+-- call's reply was lost) or one after a reap takes nothing twice.
+if home and rcall('SREM', k_instance_conns(inst), token) == 1 then
   bump(ik, 'conns', -1)
   if producer > 0 then bump(ik, 'producers', -1) end
   if worker > 0 then bump(ik, 'workers', -1) end
