@@ -51,9 +51,11 @@ import functools
 import html
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import numpy as np
 from numpy.typing import NDArray
@@ -61,7 +63,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.events import FIELDS, SPARK_DDL, EventName
-from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.session import PipelineError, spark_session
 
 PERCENTILES: Final = (0.5, 0.95, 0.99)
 ALL_TUBES: Final = "*"
@@ -706,12 +708,54 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="where the tables and report.html go")
 
 
+def _local_path(archive: str) -> Path | None:
+    """The local file system path of ``archive`` (a plain path or a ``file:`` URL); None for
+    any other scheme (hdfs://, s3a://, ...), which only Spark can look at."""
+    parts = urlsplit(archive)
+    if parts.scheme == "file":
+        return Path(parts.path)
+    return Path(archive) if not parts.scheme or len(parts.scheme) == 1 else None
+
+
+def _holds_parquet(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file or a directory with one below it, in the places Spark
+    reads (not under ``_`` or ``.`` directories such as ``_spark_metadata``)."""
+    if path.is_file():
+        return True
+    for _, subfolders, files in os.walk(path):
+        subfolders[:] = [name for name in subfolders if not name.startswith(("_", "."))]
+        if any(name.endswith(".parquet") and not name.startswith(("_", "."))
+               for name in files):
+            return True
+    return False
+
+
+def check_archives(archives: Sequence[str]) -> None:
+    """Raise :class:`PipelineError` before Spark starts for a local ``--archive`` that does not
+    exist, or when every archive is local and none holds a Parquet file (an empty archive has
+    nothing to report, and a report of nothing would replace a real one)."""
+    local = [(archive, _local_path(archive)) for archive in archives]
+    for archive, path in local:
+        if path is not None and not path.exists():
+            raise PipelineError(f"--archive {archive}: no such directory")
+    if all(path is not None and not _holds_parquet(path) for _, path in local):
+        raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
+                            "Parquet file")
+
+
 def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run ``tubeq-pipeline report``: read the archive, write the tables and the page."""
-    if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
+    """Run ``tubeq-pipeline report``: read the archive, write the tables and the page; an
+    archive that is missing or holds no event is a :class:`PipelineError`, and no report."""
     archives = [args.archive] if isinstance(args.archive, str) else args.archive
-    tables = build_report(read_archive(spark, *archives))
+    check_archives(archives)
+    if spark is None:
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              jvm_log=getattr(args, "jvm_log", None))
+    events = read_archive(spark, *archives)
+    if events.isEmpty():
+        raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
+                            "events")
+    tables = build_report(events)
     try:
         page = write_report(tables, args.out)
     finally:

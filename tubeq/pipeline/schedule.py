@@ -135,7 +135,8 @@ def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) ->
     """Run ``tubeq-pipeline schedule``; prints the counts; exit status 1 if the write aborted."""
     input_format(args.input)  # a bad --input is said before Spark starts
     if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              jvm_log=getattr(args, "jvm_log", None))
     options = {name: getattr(args, name) for name in ("tube", "priority", "delay", "ttr")
                if getattr(args, name, None) is not None}
     try:
