@@ -266,3 +266,24 @@ async def test_the_scheduler_keeps_the_cap(redis_url: str) -> None:
 def test_a_negative_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="events_maxlen"):
         Store(None, None, "inst", events_maxlen=-1)  # type: ignore[arg-type]
+
+
+def test_protocol_md_documents_each_field_once_in_order() -> None:
+    """protocol.md's event schema: one row per field, in FIELDS order, naming every event a
+    script writes and every reason tubeq gives."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "protocol.md").read_text(encoding="utf-8")
+    section = text.split("\n## Lifecycle events\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| field | holds |", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", table, re.M))
+    names = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert names == list(FIELDS)
+    lua = "\n".join(path.read_text(encoding="utf-8")
+                    for path in (root / "tubeq" / "lua").rglob("*.lua"))
+    written = {name for name in EventName if f"'{name.value}'" in lua}
+    assert {name for name in written if f"`{name.value}`" not in rows["event"]} == set()
+    for reason in ("disconnect", "reaped", "max-tries", "expired", "cleared", "schedule:"):
+        assert f"`{reason}" in rows["reason"], reason

@@ -29,6 +29,7 @@ from tests.servers import TubeqCluster
 from tubeq.client import Client
 from tubeq.pipeline import archive
 from tubeq.pipeline.report import read_archive
+from tubeq.pipeline.session import PipelineError
 from tubeq.redis_process import RedisProcess, free_port
 
 KILL_EVENTS = 12_000
@@ -106,7 +107,9 @@ def test_killed_mid_run_and_run_again_archives_every_event_exactly_once(
             "--checkpoint", str(tmp_path / "checkpoint"), *flags]
     log_path = tmp_path / "first-run.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        # TMPDIR: the killed command's Spark log (tubeq.pipeline.cli) stays with the test's files.
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + KILL_WAIT_S
         while committed_batches(tmp_path) < KILL_AFTER_BATCHES:
@@ -152,9 +155,8 @@ def test_a_gap_stops_the_archive_or_is_reported_and_skipped(
     capsys.readouterr()
     assert archive.run_archive(archive_args(redis_process.url, prefix, tmp_path, "--once"),
                                spark) == 1
-    out = capsys.readouterr().out
     assert (f"archive: failed: {len(lost)} events of {key} after {written[199].stream_id} "
-            f"and before") in out
+            f"and before") in capsys.readouterr().err
     assert len(archived_ids(spark, tmp_path)) == 200  # nothing past the gap was archived
 
     assert archive.run_archive(archive_args(redis_process.url, prefix, tmp_path, "--once",
@@ -177,18 +179,18 @@ def test_a_malformed_entry_stops_the_archive_with_its_id(
     es.write_events(client, key, 5, start=5)
     assert archive.run_archive(archive_args(redis_process.url, prefix, tmp_path, "--once"),
                                spark) == 1
-    out = capsys.readouterr().out
-    assert f"archive: failed: malformed event in {key}: entry {bad[0].stream_id}: missing" in out
+    err = capsys.readouterr().err
+    assert f"archive: failed: malformed event in {key}: entry {bad[0].stream_id}: missing" in err
     assert archive.run_archive(archive_args(redis_process.url, prefix, tmp_path, "--once",
                                             "--skip-malformed"), spark) == 0
     assert len(archived_ids(spark, tmp_path)) == 10
 
 
-def test_unreachable_redis_is_one_clear_error(spark: SparkSession, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_redis_is_one_clear_error(spark: SparkSession, tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
-    assert archive.run_archive(archive_args(url, "tubeq", tmp_path, "--once"), spark) == 1
-    assert f"archive: failed: cannot reach Redis at {url}" in capsys.readouterr().out
+    with pytest.raises(PipelineError, match=f"^cannot reach Redis at {url} "):
+        archive.run_archive(archive_args(url, "tubeq", tmp_path, "--once"), spark)
+    assert not (tmp_path / "checkpoint").exists()
 
 
 async def _workload(host: str, port: int, tube: str, jobs: int, done: int) -> None:

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from tests.pipeline import eventstream, workload
 from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
-from tubeq.events import SPARK_DDL
+from tubeq.events import FIELDS, INT_FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, session
 from tubeq.pipeline.archive import write_archive
 from tubeq.redis_process import RedisProcess, free_port
@@ -214,8 +214,8 @@ def test_only_a_local_master_is_pinned_to_loopback_and_this_interpreter(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_no_java_is_one_line(tmp_path: Path) -> None:
-    done = pipeline("report", "--archive", str(tmp_path / "a"), "--out", str(tmp_path / "o"),
+def test_no_java_is_one_line(tmp_path: Path, archive: Path) -> None:
+    done = pipeline("report", "--archive", str(archive), "--out", str(tmp_path / "o"),
                     env=java_home(tmp_path, None))
     assert done.returncode == 1
     line = one_line(done.stderr)
@@ -236,9 +236,9 @@ def test_old_java_is_one_line(tmp_path: Path, version: str, major: int) -> None:
     assert "Java 17 or newer" in line
 
 
-def test_java_that_does_not_say_its_version_is_one_line(tmp_path: Path) -> None:
+def test_java_that_does_not_say_its_version_is_one_line(tmp_path: Path, archive: Path) -> None:
     env = java_home(tmp_path, "echo 'Error: could not create the Java VM' >&2; exit 1")
-    done = pipeline("report", "--archive", "a", "--out", "o", env=env)
+    done = pipeline("report", "--archive", str(archive), "--out", str(tmp_path / "o"), env=env)
     assert done.returncode == 1
     assert "-version did not say its version (exit 1)" in one_line(done.stderr)
 
@@ -304,23 +304,23 @@ def test_an_import_error_of_a_bug_keeps_its_traceback(monkeypatch: pytest.Monkey
         cli.main(["report", "--archive", "a", "--out", "o"])
 
 
-def test_unreachable_remote_is_one_line(tmp_path: Path) -> None:
+def test_unreachable_remote_is_one_line(tmp_path: Path, archive: Path) -> None:
     # Nothing listens on the port. Spark Connect's own client would retry for minutes; the
     # command probes the port first and says so in one line.
     port = free_port()
     done = pipeline("--remote", f"sc://127.0.0.1:{port}", "report", "--archive",
-                    str(tmp_path / "a"), "--out", str(tmp_path / "o"))
+                    str(archive), "--out", str(tmp_path / "o"))
     assert done.returncode == 1
     line = one_line(done.stderr)
     assert line.startswith(f"tubeq-pipeline: no Spark Connect server answers at 127.0.0.1:{port}")
 
 
 @pytest.mark.parametrize("url", ["sc://127.0.0.1:notaport", "sc://127.0.0.1:99999"])
-def test_a_bad_remote_port_is_one_line(url: str, tmp_path: Path) -> None:
-    done = pipeline("--remote", url, "report", "--archive", str(tmp_path / "a"), "--out",
+def test_a_bad_remote_port_is_one_line(url: str, tmp_path: Path, archive: Path) -> None:
+    done = pipeline("--remote", url, "report", "--archive", str(archive), "--out",
                     str(tmp_path / "o"))
     assert done.returncode == 1
-    assert one_line(done.stderr).startswith("tubeq-pipeline: ")
+    assert one_line(done.stderr).startswith(f"tubeq-pipeline: --remote {url}: bad port ")
 
 
 def test_schedule_input_of_an_unknown_kind_is_one_line(tmp_path: Path) -> None:
@@ -330,6 +330,123 @@ def test_schedule_input_of_an_unknown_kind_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert one_line(done.stderr) == (f"tubeq-pipeline: --input {tmp_path / 'orders.xlsx'}: "
                                      "expected a .parquet, .csv or .json file")
+
+
+def watched_java(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment with JAVA_HOME at a wrapper of the real java that notes each start in a
+    file (returned): a command that says its error before Spark starts leaves no note."""
+    real = session.java_executable()
+    assert real is not None
+    started = tmp_path / "java-started"
+    return java_home(tmp_path / "jdk", f'echo "$@" >> {started}\nexec {real} "$@"'), started
+
+
+def test_a_missing_archive_is_one_line_before_spark_starts(tmp_path: Path) -> None:
+    env, started = watched_java(tmp_path)
+    missing = tmp_path / "no-archive"
+    done = pipeline("--master", "local[1]", "report", "--archive", str(missing), "--out",
+                    str(tmp_path / "o"), env=env, timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    assert one_line(done.stderr) == f"tubeq-pipeline: --archive {missing}: no such directory"
+    assert not started.exists()
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_archive_is_one_line_before_spark_starts(tmp_path: Path) -> None:
+    """An archive directory with no Parquet file in it (a wrong path, or an archive of an empty
+    stream: only _spark_metadata) is an error, not a blank report."""
+    env, started = watched_java(tmp_path)
+    empty = tmp_path / "archive"
+    (empty / "_spark_metadata").mkdir(parents=True)
+    (empty / "_spark_metadata" / "0").write_text("v1\n")
+    done = pipeline("--master", "local[1]", "report", "--archive", str(empty), "--out",
+                    str(tmp_path / "o"), env=env, timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    assert one_line(done.stderr) == (f"tubeq-pipeline: no events to report: --archive {empty} "
+                                     "holds no Parquet file")
+    assert not started.exists()
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["archive", "tail"])
+def test_an_unreachable_redis_is_one_line_before_spark_starts(tmp_path: Path,
+                                                               command: str) -> None:
+    env, started = watched_java(tmp_path)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    flags = (["--once", "--out", str(tmp_path / "archive"), "--checkpoint",
+              str(tmp_path / "checkpoint")] if command == "archive" else ["--seconds", "30"])
+    done = pipeline("--master", "local[1]", command, "--redis", url, *flags, env=env,
+                    timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    assert one_line(done.stderr).startswith(f"tubeq-pipeline: cannot reach Redis at {url} ")
+    assert not started.exists()
+    assert not (tmp_path / "checkpoint").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures found once Spark runs: still one line on stderr, the JVM's own output in a log file
+# that the line names (kept because the command failed).
+# ---------------------------------------------------------------------------------------------
+
+
+def spark_log_of(line: str) -> Path:
+    assert line.endswith(")") and " (Spark's log: " in line, line
+    log = Path(line[line.rindex(" (Spark's log: ") + len(" (Spark's log: "):-1])
+    assert log.is_file(), line
+    return log
+
+
+def corrupt_archive(tmp_path: Path) -> tuple[Path, Path]:
+    """An archive of one good Parquet file and one that is not Parquet: (archive, bad file)."""
+    import pyarrow as pa
+
+    archive = tmp_path / "archive"
+    part = archive / "date=2026-01-01" / "tube=orders"
+    part.mkdir(parents=True)
+    rows = [eventstream.event_fields(i, tube="orders") for i in range(20)]
+    table = pa.table({"stream_id": [f"{1000 + i}-0" for i in range(20)],
+                      **{name: [row[name] for row in rows] for name in FIELDS if name != "tube"}})
+    pq.write_table(table, part / "part-0.parquet")
+    broken = part / "part-1.parquet"
+    broken.write_bytes(b"PAR1" + b"not a parquet file" * 50 + b"PAR1")
+    return archive, broken
+
+
+def test_a_corrupt_parquet_file_is_one_line(tmp_path: Path) -> None:
+    archive, broken = corrupt_archive(tmp_path)
+    # TMPDIR: where the command's log file goes (tempfile), here kept with the test's files.
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path)}
+    done = pipeline("--master", "local[1]", "report", "--archive", str(archive), "--out",
+                    str(tmp_path / "o"), env=env, timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith("tubeq-pipeline: Spark: [FAILED_READ_FILE"), line
+    assert f"{broken}" in line and "corrupted file" in line
+    log = spark_log_of(line)
+    assert log.parent == tmp_path and "FAILED_READ_FILE" in log.read_text()
+
+
+def test_an_archive_of_no_events_is_one_line(tmp_path: Path) -> None:
+    """Parquet files with no rows in them: found empty once Spark reads them."""
+    import pyarrow as pa
+
+    archive = tmp_path / "archive"
+    part = archive / "date=2026-01-01" / "tube=orders"
+    part.mkdir(parents=True)
+    table = pa.table({"stream_id": pa.array([], pa.string()),
+                      **{name: pa.array([], pa.int64() if name in INT_FIELDS else pa.string())
+                         for name in FIELDS if name != "tube"}})
+    pq.write_table(table, part / "part-0.parquet")
+    # TMPDIR: where the command's log file goes (tempfile), here kept with the test's files.
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path)}
+    done = pipeline("--master", "local[1]", "report", "--archive", str(archive), "--out",
+                    str(tmp_path / "o"), env=env, timeout=SPARK_TIMEOUT_S)
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith(f"tubeq-pipeline: no events to report: --archive {archive} holds "
+                           "no events"), line
+    assert spark_log_of(line).parent == tmp_path
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,13 +466,14 @@ def test_report_through_the_dispatcher(spark: SparkSession, archive: Path, tmp_p
 
 def test_a_spark_error_is_one_line(spark: SparkSession, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    missing = tmp_path / "no-archive"
-    status = cli.main(["report", "--archive", str(missing), "--out", str(tmp_path / "o")],
+    archive, broken = corrupt_archive(tmp_path)
+    status = cli.main(["report", "--archive", str(archive), "--out", str(tmp_path / "o")],
                       spark=spark)
     assert status == 1
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("tubeq-pipeline: Spark: [PATH_NOT_FOUND]")
-    assert str(missing) in line
+    assert line.startswith("tubeq-pipeline: Spark: [FAILED_READ_FILE"), line
+    assert str(broken) in line and "corrupted file" in line
+    assert "Spark's log" not in line  # this process did not start the JVM
 
 
 def test_schedule_through_the_dispatcher(spark: SparkSession, tubeq: ServerProcess,
@@ -415,9 +533,14 @@ def test_tail_through_the_dispatcher(spark: SparkSession, redis_process: RedisPr
 
 def test_report_as_its_own_process(archive: Path, tmp_path: Path, record: workload.Record) -> None:
     out = tmp_path / "report"
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(scratch)}
     done = pipeline("--master", "local[1]", "report", "--archive", str(archive), "--out",
                     str(out), env=env, timeout=SPARK_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
+    # The JVM's output went to a log file, removed since the command succeeded.
+    assert done.stderr == ""
+    assert not list(scratch.glob("tubeq-pipeline-*.log"))
     assert "report: 7 tables and" in done.stdout
     assert all_tubes_row(out)["put"] == puts_in(record)

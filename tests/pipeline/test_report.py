@@ -33,6 +33,8 @@ ALL = "*"
 COUNTED = {"put": "put", "promoted": "promoted", "reserved": "reserved",
            "released": "released", "timed-out": "timed_out", "touched": "touched",
            "buried": "buried", "kicked": "kicked", "deleted": "deleted"}
+# A job given back because its connection went away is not a TTR time-out: its own column.
+DISCONNECTED = "disconnected"
 STATES = ("ready", "delayed", "reserved", "buried")
 
 
@@ -91,9 +93,10 @@ def bucket_of(time_ms: int, size: int | None) -> tuple[int, ...]:
 def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[Any, ...], dict]:
     counts: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for job in record.jobs:
-        for event, at, *_ in job.steps:
+        for event, at, _, _, _, reason in job.steps:
+            column = DISCONNECTED if event == "timed-out" and reason else COUNTED[event]
             for tube in (job.tube, ALL):
-                counts[(tube, *bucket_of(at, size))][COUNTED[event]] += 1
+                counts[(tube, *bucket_of(at, size))][column] += 1
     samples: dict[tuple[Any, ...], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for name, measures in (("wait_ms", record.waits), ("processing_ms", record.processing),
                            ("lateness_ms", record.lateness)):
@@ -102,7 +105,8 @@ def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[An
                 samples[(tube, *bucket_of(measure.time_ms, size))][name].append(measure.value)
     out: dict[tuple[Any, ...], dict] = {}
     for key, counter in counts.items():
-        row: dict[str, Any] = {column: counter[column] for column in COUNTED.values()}
+        row: dict[str, Any] = {column: counter[column]
+                               for column in (*COUNTED.values(), DISCONNECTED)}
         for name in ("wait_ms", "processing_ms", "lateness_ms"):
             values = samples[key][name]
             row[f"{name}_n"] = len(values)
@@ -161,6 +165,9 @@ def assert_rows_equal(actual: dict[tuple[Any, ...], dict], expected: dict[tuple[
 def test_workload_covers_every_transition(record: workload.Record) -> None:
     events = Counter(step[0] for job in record.jobs for step in job.steps)
     assert set(events) == set(COUNTED)
+    reasons = Counter(step[5] for job in record.jobs for step in job.steps
+                      if step[0] == "timed-out")
+    assert reasons[""] > 0 and reasons["disconnect"] > 0, reasons
     final = Counter(job.states[-1][0] if job.states[-1][2] is None else "gone"
                     for job in record.jobs)
     assert all(final[state] > 0 for state in (*STATES, "gone")), final
@@ -221,6 +228,35 @@ def test_failing_tubes_and_hours(report_dir: Path, record: workload.Record) -> N
             assert (row["tube"], *(() if size is None else (row["bucket_ms"],))) == key
             assert (row["timed_out"], row["buried"], row["failures"]) == (
                 want["timed_out"], want["buried"], failures)
+
+
+def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession) -> None:
+    """`timed-out` with reason "" is a TTR time-out (the server's job-timeouts); reason
+    `disconnect` (its connection closed) or `reaped` (its process died) is a job given back,
+    counted as `disconnected` and never a failure."""
+    rows = [
+        ("1000-0", "put", 1, "t", 0, 0, 1000, 0, 0, 1000, "p", ""),
+        ("1001-0", "reserved", 1, "t", 0, 0, 1000, 0, 1, 1001, "p", ""),
+        ("2001-0", "timed-out", 1, "t", 0, 0, 1000, 0, 1, 2001, "p", ""),
+        ("2002-0", "reserved", 1, "t", 0, 0, 1000, 0, 2, 2002, "p", ""),
+        ("2003-0", "timed-out", 1, "t", 0, 0, 1000, 0, 2, 2003, "p", "disconnect"),
+        ("2004-0", "reserved", 1, "t", 0, 0, 1000, 0, 3, 2004, "p", ""),
+        ("2005-0", "timed-out", 1, "t", 0, 0, 1000, 0, 3, 2005, "p", "reaped"),
+        ("3000-0", "put", 2, "u", 0, 0, 1000, 0, 0, 3000, "p", ""),
+        ("3001-0", "reserved", 2, "u", 0, 0, 1000, 0, 1, 3001, "p", ""),
+        ("3002-0", "timed-out", 2, "u", 0, 0, 1000, 0, 1, 3002, "p", "disconnect"),
+    ]
+    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    try:
+        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
+        failing = [row.asDict() for row in tables["failing_tubes"].collect()]
+        backlog = {row["tube"]: row["ready"] for row in tables["backlog"].collect()}
+    finally:
+        report.release(tables)
+    assert {tube: (row["timed_out"], row[DISCONNECTED]) for tube, row in by_tube.items()} == {
+        "t": (1, 2), "u": (0, 1), ALL: (1, 3)}
+    assert failing == [{"rank": 1, "tube": "t", "timed_out": 1, "buried": 0, "failures": 1}]
+    assert backlog == {"t": 1, "u": 1, ALL: 2}  # every one of them went back to ready
 
 
 def test_events_before_the_archive_began(spark: SparkSession) -> None:
@@ -319,6 +355,7 @@ def test_report_html_renders_in_chromium(report_dir: Path, tmp_path: Path) -> No
     by_tube = re.search(r'<table id="table-by-tube">(.*?)</table>', dom, re.S)
     assert by_tube is not None
     assert by_tube.group(1).count("<tr>") == 1 + len(workload.TUBES) + 1  # header, tubes, *
+    assert "<th>timed_out</th><th>disconnected</th>" in by_tube.group(1)
     for table in ("table-failing-tubes", "table-failing-hours", "table-tries"):
         assert re.search(rf'<table id="{table}">.*?<td>', dom, re.S), table
 
@@ -410,6 +447,7 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
             assert client.reserve(timeout=5).body == "short-ttr"   # pri 0, back after its TTR
             assert client.reserve(timeout=5).body == "now-2"
             stats = dict(client.stats_tube(tube))
+            server_timeouts = int(client.stats()["job-timeouts"])
             elapsed_ms = (time.monotonic() - started) * 1000
             keys = Keys(prefix)
             with redis.Redis.from_url(server.extra["redis_url"]) as store:
@@ -447,6 +485,14 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     assert by_tube["lateness_ms_n"] == 1 and 0 <= by_tube["lateness_ms_p50"] < 1000
     # short-ttr 2 tries, now-0 1, the released one 3, now-2 1; now-3..5 and late-0 none.
     assert tries == {0: 4, 1: 2, 2: 1, 3: 1}
+    # The whole archive: the two jobs given back at the stop are disconnects, not time-outs.
+    tables = report.build_report(events)
+    try:
+        every = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}[tube]
+    finally:
+        report.release(tables)
+    assert (every["timed_out"], every["disconnected"]) == (server_timeouts, 2) == (1, 2)
+    assert by_tube["disconnected"] == 0
     assert (backlog["ready"], backlog["delayed"], backlog["reserved"], backlog["buried"]) == (
         stats["current-jobs-ready"], stats["current-jobs-delayed"],
         stats["current-jobs-reserved"], stats["current-jobs-buried"]) == (4, 0, 2, 1)

@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
 from tubeq.pipeline import tail
+from tubeq.pipeline.session import PipelineError
 from tubeq.redis_process import RedisProcess, free_port
 
 WINDOW_S = 10
@@ -52,9 +53,9 @@ def test_tail_counts_events_per_tube_and_name_per_window(
     assert got == dict(expected)
 
 
-def test_tail_on_an_unreachable_redis_fails_clearly(
-        spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_on_an_unreachable_redis_fails_clearly(spark: SparkSession) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     args = tail_args(url, "tubeq", "--seconds", "60", "--query-name", "tail_down")
-    assert tail.run_tail(args, spark) == 1
-    assert f"tail: failed: cannot reach Redis at {url}" in capsys.readouterr().out
+    with pytest.raises(PipelineError, match=f"^cannot reach Redis at {url} "):
+        tail.run_tail(args, spark)
+    assert not spark.streams.active

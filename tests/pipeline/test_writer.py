@@ -259,6 +259,28 @@ def test_schedule_command(spark: SparkSession, tubeq: ServerProcess, tmp_path: P
     assert tube_stats(tubeq, tube)["total-jobs"] == 9
 
 
+def test_schedule_command_reads_csv_as_rfc_4180(spark: SparkSession, tubeq: ServerProcess,
+                                              tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A CSV written the usual way (pandas.to_csv: a quote inside a field is doubled, a field
+    with a comma, quote or newline is quoted) gives every body back byte for byte."""
+    import pandas as pd
+
+    bodies = ['{"order": 15}', "plain", "a, b, c", 'say "hi", then\n"bye"', "two\nlines",
+              '""', "\\n is not a newline", "ends with a quote\""]
+    tube = fresh_tube("csv")
+    path = tmp_path / "orders.csv"
+    pd.DataFrame({"body": bodies, "delay": [0] * len(bodies)}).to_csv(path, index=False)
+    assert '"{""order"": 15}"' in path.read_text()  # the file really is RFC 4180's
+    args = argparse.Namespace(input=str(path), address=address(tubeq), tube=tube,
+                              priority=None, delay=None, ttr=None)
+    assert schedule.run_schedule(args, spark) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"put {len(bodies)}, deduplicated 0, failed 0, bad 0")
+    assert Counter(body for body, _ in drain(tubeq, tube)) == Counter(
+        body.encode() for body in bodies)
+
+
 def test_after_a_schedule_the_tubeq_format_still_reads_events(spark: SparkSession,
                                                                tubeq: ServerProcess) -> None:
     # One format reads events and writes jobs: schedule() registering it must not leave the

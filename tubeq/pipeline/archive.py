@@ -12,7 +12,8 @@ readers should read the listed files too.
 
 Rules: the archive prints what it did (events, batches, gaps) from the query's own progress
 reports, so the numbers are Spark's. A gap the source reports fails the run with exit status 1
-and the source's message, unless ``--on-gap continue``, which archives on and prints each gap.
+and the source's message (one line on stderr), unless ``--on-gap continue``, which archives on
+and prints each gap. A Redis that does not answer is said before Spark starts.
 ``--trim`` passes ``trimCommitted=true``: the source trims the stream up to the last batch
 Spark committed (the final batch of a run is committed to the source, and trimmed, when the
 next run starts).
@@ -24,6 +25,7 @@ import argparse
 import contextlib
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,8 +35,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from tubeq.pipeline.session import spark_session
-from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
+from tubeq.pipeline.session import PipelineError, naming_log, spark_session
+from tubeq.pipeline.source import DEFAULT_REDIS, NAME, SourceError, ping, register
 
 DAY_MS: Final = 86_400_000
 DEFAULT_INTERVAL_S: Final = 10.0
@@ -131,6 +133,18 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
+def check_source(options: dict[str, str], remote: str | None) -> None:
+    """Raise :class:`PipelineError` when the source's options are bad or its Redis does not
+    answer, before a query (and Spark) starts. Not with ``--remote``: there the cluster, not this
+    machine, reads Redis."""
+    if remote:
+        return
+    try:
+        ping(options)
+    except SourceError as exc:
+        raise PipelineError(str(exc)) from None
+
+
 def source_error(text: str) -> str:
     """The source's own message out of a Spark error (which wraps it in a Python traceback)."""
     found = re.findall(r"(?:EventGap|SourceError): (.+)", text)
@@ -171,12 +185,15 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_archive(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run ``tubeq-pipeline archive``; prints events, batches and gaps; 1 if the query failed."""
+    """Run ``tubeq-pipeline archive``; prints events, batches and gaps; 1 if the query failed
+    (its reason on stderr)."""
+    options = source_options(args)
+    check_source(options, getattr(args, "remote", None))
+    jvm_log = getattr(args, "jvm_log", None)
     if spark is None:
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
-                              "tubeq-archive")
-    query = start_archive(spark, source_options(args), args.out, args.checkpoint, args.once,
-                          args.interval)
+                              "tubeq-archive", jvm_log=jvm_log)
+    query = start_archive(spark, options, args.out, args.checkpoint, args.once, args.interval)
     tally = ArchiveTally()
     started = time.monotonic()
     try:
@@ -199,6 +216,7 @@ def run_archive(args: argparse.Namespace, spark: SparkSession | None = None) -> 
     print(f"archive: {tally.events} events in {tally.batches} batches, {elapsed:.1f} s, "
           f"to {args.out}" + (f"; {len(tally.gaps)} gap(s)" if tally.gaps else ""), flush=True)
     if error is not None:
-        print(f"archive: failed: {source_error(str(error))}", flush=True)
+        print(naming_log(f"archive: failed: {source_error(str(error))}", jvm_log),
+              file=sys.stderr, flush=True)
         return 1
     return 0

@@ -14,20 +14,29 @@ Rules:
   (``tubeq-pipeline --master spark://h:7077 report ...`` or ``tubeq-pipeline report --master ...``).
 * A failure the user can fix is exactly one line on stderr (``tubeq-pipeline: ...``) and exit
   status 1: no Java or one older than 17, the pipeline extra (or Spark Connect's client, for
-  ``--remote``) not installed, an error Spark reports (a missing archive, an unreachable
-  ``--remote``). Bad arguments exit 2 (argparse). Anything else is a bug and keeps its traceback.
+  ``--remote``) not installed, a missing or empty archive, an unreachable Redis, an unreachable
+  ``--remote``, an error Spark reports (a corrupt Parquet file). What can be checked without
+  Spark is checked before its JVM starts. Bad arguments exit 2 (argparse). Anything else is a
+  bug and keeps its traceback.
+* The JVM a command starts writes its own output (its banner, log4j, the Python workers'
+  stderr) to a temporary log file, not to the terminal: the file is removed when the command
+  succeeds, and kept and named at the end of the error line when it fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from tubeq.pipeline.session import DEFAULT_MASTER, PipelineError
+from tubeq.pipeline.session import DEFAULT_MASTER, PipelineError, naming_log, written
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -148,12 +157,41 @@ def explain(exc: Exception) -> str | None:
         if hint is not None:
             return hint
     try:
+        from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
         from pyspark.errors import PySparkException
     except ImportError:
         return None
     if isinstance(exc, PySparkException):
         return f"Spark: {_first_line(exc)}"
+    if isinstance(exc, Py4JJavaError):
+        try:
+            text = str(exc)  # asks the JVM for the Java exception's text
+        except Exception:
+            return None
+        return spark_error(text)
     return None
+
+
+def spark_error(text: str) -> str | None:
+    """The line of a JVM error's text (a Py4JJavaError's) that Spark wrote for a user, with its
+    deepest cause: ``Spark: [FAILED_READ_FILE.NO_HINT] ... (corrupted file: ...)``. None when
+    the error has no Spark error condition (``[NAME]``): an internal failure, a bug."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    found = next((_SPARK_CONDITION.match(line) for line in lines
+                  if _SPARK_CONDITION.match(line)), None)
+    if found is None:
+        return None
+    message = found.group(1)
+    causes = [line.removeprefix("Caused by: ") for line in lines
+              if line.startswith("Caused by: ")]
+    if causes:
+        message += f" ({causes[-1].partition(': ')[2] or causes[-1]})"
+    return f"Spark: {message}"
+
+
+# A JVM exception line whose message starts with Spark's error condition: ": org.apache.spark.
+# SparkException: [FAILED_READ_FILE.NO_HINT] Encountered error while reading file ...".
+_SPARK_CONDITION: Final = re.compile(r"^:?\s*[\w.$]+(?:Exception|Error): (\[[A-Z_.]+\] .*)$")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -164,14 +202,26 @@ def _first_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     """The ``tubeq-pipeline`` command; returns its exit status (argparse exits 2 itself)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    log: Path | None = None
+    status = 1
     try:
         args = build_parser(chosen_command(arguments)).parse_args(arguments)
-        return run(args, spark)
+        handle, name = tempfile.mkstemp(prefix=f"{PROG}-", suffix=".log")
+        os.close(handle)
+        args.jvm_log = log = Path(name)
+        status = run(args, spark)
+        return status
     except Exception as exc:
         message = explain(exc)
         if message is None:
+            if written(log):
+                print(f"{PROG}: Spark's log: {log}", file=sys.stderr)
             raise
-        print(f"{PROG}: {message}", file=sys.stderr)
+        print(f"{PROG}: {naming_log(message, log)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # tail and a long-running archive stop on ^C
-        return 130
+        status = 130
+        return status
+    finally:
+        if log is not None and (status != 1 or not written(log)):
+            log.unlink(missing_ok=True)

@@ -28,6 +28,10 @@ Rules:
   hour's samples give that hour's minutes and the hour itself, for every tube and for all tubes;
   each tube's histogram of distinct values gives the whole archive. The per-job window (a sort
   of every event) runs once; its narrowed output is cached for the tables that read it.
+* ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
+  server counts in ``job-timeouts``. A ``timed-out`` with a reason (``disconnect``: its
+  connection closed; ``reaped``: the process holding it died) gave the job back without its TTR
+  running out: it is counted as ``disconnected`` and is never a failure.
 * Every table also has rows for all tubes together, with ``tube`` = ``"*"`` (a character no tube
   name may contain).
 * Backlog is derived from the event flow only: per minute, the jobs in each state at the end of
@@ -47,9 +51,11 @@ import functools
 import html
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,7 +63,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.events import FIELDS, SPARK_DDL, EventName
-from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.session import PipelineError, spark_session
 
 PERCENTILES: Final = (0.5, 0.95, 0.99)
 ALL_TUBES: Final = "*"
@@ -72,13 +78,18 @@ GONE: Final = "gone"
 # The states a backlog counts, in the order the tables and charts show them.
 STATES: Final = (READY, DELAYED, RESERVED, BURIED)
 
+# The report's name for a ``timed-out`` event with a reason (disconnect, reaped): a job given
+# back because whoever held it went away, not a TTR time-out. Not an event name of the stream.
+DISCONNECTED: Final = "timed-out+reason"
+
 # Events counted per tube and bucket: (event, column).
 COUNTED: Final = (
     (EventName.PUT, "put"),
     (EventName.PROMOTED, "promoted"),
     (EventName.RESERVED, "reserved"),
     (EventName.RELEASED, "released"),
-    (EventName.TIMED_OUT, "timed_out"),
+    (EventName.TIMED_OUT, "timed_out"),  # reason "": the TTR ran out
+    (DISCONNECTED, "disconnected"),
     (EventName.TOUCHED, "touched"),
     (EventName.BURIED, "buried"),
     (EventName.KICKED, "kicked"),
@@ -106,11 +117,11 @@ MAX_RANKED_ROWS: Final = 20
 
 # The per-job window sorts every event of the archive, so its rows are kept narrow: events and
 # states travel through it as small integer codes (their index in these tuples), not as strings.
-_EVENT_CODES: Final = tuple(EventName)
+_EVENT_CODES: Final[tuple[str, ...]] = (*EventName, DISCONNECTED)
 _STATE_CODES: Final = (*STATES, GONE)
 
 
-def _event(name: EventName) -> Column:
+def _event(name: str) -> Column:
     return F.lit(_EVENT_CODES.index(name))
 
 
@@ -118,10 +129,13 @@ def _state(state: str) -> Column:
     return F.lit(_STATE_CODES.index(state))
 
 
-def _event_code(event: Column) -> Column:
-    """The code of the event named by ``event``; null for a name this module does not know."""
-    return F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
-                          for part in (name.value, code)])[event]
+def _event_code(event: Column, reason: Column) -> Column:
+    """The code of the event named by ``event`` (``DISCONNECTED`` for a ``timed-out`` with a
+    ``reason``); null for a name this module does not know."""
+    by_name = F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
+                             for part in (str(name), code)])[event]
+    given_back = (event == EventName.TIMED_OUT.value) & (F.coalesce(reason, F.lit("")) != "")
+    return F.when(given_back, _event(DISCONNECTED)).otherwise(by_name)
 
 
 def _new_state(event: Column, delay_ms: Column) -> Column:
@@ -176,7 +190,7 @@ def annotate(events: DataFrame) -> DataFrame:
             .select("tube", "id", "due_ms", "tries", "time_ms",
                     F.substring_index(sid, "-", 1).cast("long").alias("sid_ms"),
                     F.coalesce(sid_seq, F.lit(0)).alias("sid_seq"),
-                    _event_code(event).alias("event"),
+                    _event_code(event, F.col("reason")).alias("event"),
                     _new_state(event, F.col("delay_ms")).alias("state_after"))
             .where(state_after.isNotNull()))
     # The job id first: the sort's prefix is then a long that settles nearly every comparison,
@@ -663,6 +677,9 @@ def render_html(tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
         '<svg class="chart" id="chart-backlog" role="img"></svg>',
         "<h2>Per tube</h2>",
         _table(by_tube, metric_columns, "table-by-tube"),
+        '<p class="note">timed_out: TTR time-outs (the server\'s job-timeouts); disconnected: '
+        "jobs given back because their connection closed or their process died, not "
+        "failures.</p>",
         "<h2>Tubes that fail most (timeouts + buries)</h2>",
         _table(failing_tubes[:MAX_RANKED_ROWS], ["rank", "tube", "timed_out", "buried",
                                                  "failures"], "table-failing-tubes"),
@@ -691,12 +708,54 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="where the tables and report.html go")
 
 
+def _local_path(archive: str) -> Path | None:
+    """The local file system path of ``archive`` (a plain path or a ``file:`` URL); None for
+    any other scheme (hdfs://, s3a://, ...), which only Spark can look at."""
+    parts = urlsplit(archive)
+    if parts.scheme == "file":
+        return Path(parts.path)
+    return Path(archive) if not parts.scheme or len(parts.scheme) == 1 else None
+
+
+def _holds_parquet(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file or a directory with one below it, in the places Spark
+    reads (not under ``_`` or ``.`` directories such as ``_spark_metadata``)."""
+    if path.is_file():
+        return True
+    for _, subfolders, files in os.walk(path):
+        subfolders[:] = [name for name in subfolders if not name.startswith(("_", "."))]
+        if any(name.endswith(".parquet") and not name.startswith(("_", "."))
+               for name in files):
+            return True
+    return False
+
+
+def check_archives(archives: Sequence[str]) -> None:
+    """Raise :class:`PipelineError` before Spark starts for a local ``--archive`` that does not
+    exist, or when every archive is local and none holds a Parquet file (an empty archive has
+    nothing to report, and a report of nothing would replace a real one)."""
+    local = [(archive, _local_path(archive)) for archive in archives]
+    for archive, path in local:
+        if path is not None and not path.exists():
+            raise PipelineError(f"--archive {archive}: no such directory")
+    if all(path is not None and not _holds_parquet(path) for _, path in local):
+        raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
+                            "Parquet file")
+
+
 def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run ``tubeq-pipeline report``: read the archive, write the tables and the page."""
-    if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
+    """Run ``tubeq-pipeline report``: read the archive, write the tables and the page; an
+    archive that is missing or holds no event is a :class:`PipelineError`, and no report."""
     archives = [args.archive] if isinstance(args.archive, str) else args.archive
-    tables = build_report(read_archive(spark, *archives))
+    check_archives(archives)
+    if spark is None:
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              jvm_log=getattr(args, "jvm_log", None))
+    events = read_archive(spark, *archives)
+    if events.isEmpty():
+        raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
+                            "events")
+    tables = build_report(events)
     try:
         page = write_report(tables, args.out)
     finally:

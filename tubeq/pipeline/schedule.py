@@ -91,8 +91,8 @@ _CAUSE: Final = re.compile(r"^[A-Za-z_.]*(Error|Exception|Failure): ")
 def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``schedule`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
     parser.add_argument("--input", required=True,
-                        help="a .parquet (file or directory), .csv (with a header) or .json "
-                             "(one object per line) dataset: columns body, and optionally "
+                        help="a .parquet (file or directory), .csv (RFC 4180, with a header) "
+                             "or .json (one object per line) dataset: columns body, and optionally "
                              "tube, priority, delay or due, ttr")
     parser.add_argument("--address", required=True, help="the tubeq or beanstalkd, HOST:PORT")
     parser.add_argument("--tube", help="the tube of rows without a tube column")
@@ -114,11 +114,20 @@ def input_format(path: str) -> str:
     raise PipelineError(f"--input {path}: expected a .parquet, .csv or .json file")
 
 
+# CSV as RFC 4180 writes it (pandas.to_csv, Python's csv module, spreadsheets): a field holding a
+# comma, a quote or a line break is quoted, and a quote inside it is doubled. Spark's own default
+# escape is a backslash, which reads '"{""order"": 15}"' as '"{""order"": 15}"', quotes and all;
+# multiLine lets a quoted field span lines (a body with a newline).
+CSV_OPTIONS: Final = {"header": "true", "inferSchema": "true", "quote": '"', "escape": '"',
+                      "multiLine": "true"}
+
+
 def read_input(spark: SparkSession, path: str) -> DataFrame:
-    """A dataset by its extension: .parquet, .csv (header, types inferred) or .json (lines)."""
+    """A dataset by its extension: .parquet, .csv (RFC 4180, with a header, types inferred) or
+    .json (lines)."""
     kind = input_format(path)
     if kind == "csv":
-        return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
+        return spark.read.options(**CSV_OPTIONS).csv(path)
     return spark.read.format(kind).load(path)
 
 
@@ -126,7 +135,8 @@ def run_schedule(args: argparse.Namespace, spark: SparkSession | None = None) ->
     """Run ``tubeq-pipeline schedule``; prints the counts; exit status 1 if the write aborted."""
     input_format(args.input)  # a bad --input is said before Spark starts
     if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None))
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              jvm_log=getattr(args, "jvm_log", None))
     options = {name: getattr(args, name) for name in ("tube", "priority", "delay", "ttr")
                if getattr(args, name, None) is not None}
     try:

@@ -2,8 +2,8 @@
 
 Owns: the environment a local session needs (workers on this interpreter, every listener on
 loopback; a cluster master gets neither), the settings that suit a laptop-sized local master,
-Spark Connect (``--remote``), and the one clear error when Java is missing or too old, instead
-of a JVM trace.
+Spark Connect (``--remote``), the one clear error when Java is missing or too old, instead
+of a JVM trace, and where the JVM's own output goes (a log file, when the caller names one).
 
 Rules: nothing here starts Spark at import time; every pipeline command builds its session
 through :func:`spark_session`, so a fix to how sessions start is made once.
@@ -11,12 +11,14 @@ through :func:`spark_session`, so a fix to how sessions start is made once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -124,11 +126,44 @@ def check_java() -> int:
     return major
 
 
+@contextlib.contextmanager
+def children_stderr_to(log: Path) -> Iterator[None]:
+    """Processes started inside the block write their stderr to ``log`` (appended), and so does
+    this process meanwhile; this process's stderr is its own again after the block.
+
+    The JVM that ``getOrCreate`` launches inherits file descriptor 2, and keeps it: its banner
+    (``WARNING: Using incubator modules``, which no log4j level silences), log4j's output and
+    progress bars, and the stderr of the Python workers it forks then all land in ``log``.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log, "ab") as sink:
+            os.dup2(sink.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def written(jvm_log: Path | None) -> bool:
+    """Whether a JVM wrote anything to ``jvm_log``."""
+    return jvm_log is not None and jvm_log.is_file() and jvm_log.stat().st_size > 0
+
+
+def naming_log(message: str, jvm_log: Path | None) -> str:
+    """``message``, followed by where the JVM's output is when there is some to read."""
+    return f"{message} (Spark's log: {jvm_log})" if written(jvm_log) else message
+
+
 def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None,
-                  app_name: str = "tubeq-pipeline") -> SparkSession:
+                  app_name: str = "tubeq-pipeline",
+                  jvm_log: Path | None = None) -> SparkSession:
     """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
     on ``master``; a local master gets Python workers on this interpreter and listeners on
-    loopback."""
+    loopback. A JVM this call starts writes its output to ``jvm_log`` if given (else to this
+    process's stderr)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -148,4 +183,9 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         builder = (builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
                    .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
                    .config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS))
-    return builder.getOrCreate()
+    if jvm_log is None:
+        return builder.getOrCreate()
+    # Stage progress bars are for a terminal, not for a log file.
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    with children_stderr_to(jvm_log):
+        return builder.getOrCreate()

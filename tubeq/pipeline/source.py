@@ -236,6 +236,13 @@ def connect(opts: SourceOptions) -> Iterator[redis.Redis]:
         client.close()
 
 
+def ping(options: Mapping[str, str]) -> None:
+    """Raise :class:`SourceError` unless ``options`` are the source's and their Redis answers
+    a PING: what a command checks before it starts Spark."""
+    with connect(SourceOptions.parse(options)) as client:
+        client.ping()
+
+
 @dataclass(frozen=True)
 class StreamInfo:
     """What XINFO STREAM says, or an empty stream when the key does not exist."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from typing import Final
 
@@ -24,8 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from tubeq.pipeline.archive import source_error
-from tubeq.pipeline.session import spark_session
+from tubeq.pipeline.archive import check_source, source_error
+from tubeq.pipeline.session import naming_log, spark_session
 from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
 
 DEFAULT_WINDOW_S: Final = 10
@@ -88,10 +89,8 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run ``tubeq-pipeline tail`` until --seconds or --batches; 1 if the query failed."""
-    if spark is None:
-        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
-                              "tubeq-tail")
+    """Run ``tubeq-pipeline tail`` until --seconds or --batches; 1 if the query failed (its
+    reason on stderr)."""
     options = {"redis": args.redis, "startingId": "earliest" if args.from_start else "latest",
                "onGap": "continue"}  # a view goes on past a trim; the archive is the record
     if args.key:
@@ -100,6 +99,11 @@ def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int
         options["prefix"] = args.prefix
     if args.max_events_per_trigger:
         options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
+    check_source(options, getattr(args, "remote", None))
+    jvm_log = getattr(args, "jvm_log", None)
+    if spark is None:
+        spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
+                              "tubeq-tail", jvm_log=jvm_log)
     query = start_tail(spark, options, args.window, args.late, args.sink, args.query_name,
                        args.interval)
     started = time.monotonic()
@@ -117,6 +121,7 @@ def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int
     error = query.exception() if not query.isActive else None
     query.stop()
     if error is not None:
-        print(f"tail: failed: {source_error(str(error))}", flush=True)
+        print(naming_log(f"tail: failed: {source_error(str(error))}", jvm_log),
+              file=sys.stderr, flush=True)
         return 1
     return 0
