@@ -58,11 +58,13 @@ run: $(STAMP) system-deps
 test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~15-16 min; writes
 # bench/RESULTS.md; then the pipeline section (bench-pipeline below), the peers section

@@ -65,7 +65,7 @@ from bench.profiling import SCRIPT_RUNNERS
 from bench.redisinfo import redis_command
 from bench.run import machine_and_versions
 from bench.servers import BenchCluster, TubeqOn, snapshot_tubeq
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 BENCH_DIR = Path(__file__).resolve().parent
 OUT_DIR = BENCH_DIR / "out"
@@ -189,7 +189,7 @@ def shard_layout(servers: Servers, shards: int) -> dict[str, dict[str, int]]:
     layout = {url: {"shards": 0, "tubes": 0} for url in servers.node_urls}
     for shard in range(shards):
         layout[node_of(shard)]["shards"] += 1
-    for tube in range(TUBES):  # tubeq.shards.shard_of_tube: crc32(name) mod n
+    for tube in range(TUBES):  # tubeq.store.shards.shard_of_tube: crc32(name) mod n
         layout[node_of(zlib.crc32(f"bench.{tube}".encode()) % shards)]["tubes"] += 1
     return layout
 
@@ -242,7 +242,7 @@ def figures(result: LoadResult, node_urls: list[str]) -> dict[str, Any]:
     nodes = []
     for index, url in enumerate(node_urls):
         stats = result.extra.get("redis_nodes", {}).get(url, {})
-        # Script calls, EVALSHA or FCALL (tubeq.scripts): (name, calls, usec) per job.
+        # Script calls, EVALSHA or FCALL (tubeq.store.scripts): (name, calls, usec) per job.
         scripts = [row for row in stats.get("by_command", []) if row[0] in SCRIPT_RUNNERS]
         evalsha = ("scripts", sum(r[1] for r in scripts), sum(r[2] for r in scripts))
         nodes.append({"node": f"node{index + 1}",

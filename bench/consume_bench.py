@@ -121,11 +121,11 @@ PROFILE_MAX_JOBS = 300_000
 # Which source area a sampled innermost frame belongs to (first match wins).
 AREAS = (
     ("tubeq/client/", "tubeq client (worker side)"),
-    ("tubeq/connection.py", "tubeq connection (flow, reserves, push)"),
-    ("tubeq/handlers.py", "tubeq command handlers"),
-    ("tubeq/protocol.py", "tubeq protocol parser"),
-    ("tubeq/store.py", "tubeq store (script calls)"),
-    ("tubeq/resp.py", "tubeq Redis client (RESP)"),
+    ("tubeq/server/connection.py", "tubeq connection (flow, reserves, push)"),
+    ("tubeq/server/handlers.py", "tubeq command handlers"),
+    ("tubeq/protocol/parser.py", "tubeq protocol parser"),
+    ("tubeq/store/store.py", "tubeq store (script calls)"),
+    ("tubeq/redisio/client.py", "tubeq Redis client (RESP)"),
     ("tubeq/", "tubeq other"),
     ("asyncio/", "asyncio (tasks, events, futures)"),
     ("uvloop/", "uvloop event loop (C: epoll, socket I/O, callbacks)"),

@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 
 from bench.machine import cpu_model
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 FIELDS_XADD = ("'event','put','id',ARGV[1],'tube','t1','pri',1024,'delay_ms',0,'ttr_ms',60000,"
                "'due_ms',0,'tries',0,'time_ms',ARGV[2],'by','abcdef123456','reason',''")

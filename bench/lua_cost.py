@@ -4,7 +4,7 @@
 
 One cycle is put + reserve + delete on one tube with no settings (events off), sent pipelined
 to a private redis-server, each script called as the revision's server calls it: as a function
-of its library (FCALL) where the revision has one (tubeq.scripts.library), else by EVALSHA;
+of its library (FCALL) where the revision has one (tubeq.store.scripts.library), else by EVALSHA;
 ``--evalsha`` calls both revisions' scripts by EVALSHA. For each version it reports Redis's own
 time per cycle (INFO commandstats, the script calls' usec: what the scripts cost inside Redis,
 without the network or tubeq's Python) and the redis.call()s the scripts made per cycle (the
@@ -27,7 +27,7 @@ import redis
 
 from bench.ab import snapshot_revision
 from bench.servers import REPO_ROOT
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 SCRIPTS = ("connect", "put", "reserve", "delete")
 SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_fcall_ro")
@@ -47,10 +47,10 @@ def load_version(tree: Path, evalsha: bool) -> Version:
     for name in [m for m in sys.modules if m == "tubeq" or m.startswith("tubeq.")]:
         del sys.modules[name]
     try:
-        import tubeq.scripts
+        import tubeq.store.scripts
 
-        sources = {name: tubeq.scripts.load_script(name).source for name in SCRIPTS}
-        make_library = getattr(tubeq.scripts, "library", None)
+        sources = {name: tubeq.store.scripts.load_script(name).source for name in SCRIPTS}
+        make_library = getattr(tubeq.store.scripts, "library", None)
         if evalsha or make_library is None:
             return Version(sources, None, {})
         lib = make_library()

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from time import perf_counter
 
 from bench.machine import cpu_model
-from tubeq import commands as c
-from tubeq.metrics import Metrics, command_label
+from tubeq.protocol import commands as c
+from tubeq.server.metrics import Metrics, command_label
 
 ROUNDS = 200_000
 
@@ -36,7 +36,7 @@ def per_call_ns(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
 
 async def futures_ns(m: Metrics | None, rounds: int = ROUNDS) -> float:
     """Per reply from Redis: a future resolved and its one done-callback run by the loop, as
-    tubeq.connection does it: plain, or (``m``) through the partial that also tells the
+    tubeq.server.connection does it: plain, or (``m``) through the partial that also tells the
     observer (outcome and slow-command timing)."""
     loop = asyncio.get_running_loop()
     reply = b"INSERTED 123456\r\n"

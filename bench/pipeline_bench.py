@@ -5,8 +5,8 @@
 ``make bench`` runs it after ``bench.run`` (which measures events on/off throughput: not here);
 ``make bench-pipeline`` runs it alone. Three figures, each with the CPU model beside it:
 
-* **Archive rate**: ``--archive-events`` events in the ``tubeq.events`` schema, 4 per job, written
-  to a private Redis stream with pipelined XADD (the entries the Lua scripts write), then
+* **Archive rate**: ``--archive-events`` events in the ``tubeq.model.events`` schema, 4 per job,
+  written to a private Redis stream with pipelined XADD (the entries the Lua scripts write), then
   ``tubeq-pipeline archive --once`` (``archive.run_archive``) on a warm ``local[2]`` session;
   events per second over the run (planning, reading Redis, Parquet by date and tube, commit).
   The archive is read back and counted, so a figure is never of a run that lost events.
@@ -44,9 +44,9 @@ import redis
 
 from bench import pipeline_report_bench as report_bench
 from bench.servers import REPO_ROOT
-from tubeq.events import FIELDS
-from tubeq.keys import Keys
-from tubeq.redis_process import RedisProcess
+from tubeq.model.events import FIELDS
+from tubeq.redisio.process import RedisProcess
+from tubeq.store.keys import Keys
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
 QUICK_RESULTS = REPO_ROOT / "bench" / "out" / "RESULTS-pipeline.md"

@@ -33,10 +33,10 @@ EVENT_LOOP_FRAMES = {("Runner.run", "asyncio/runners.py"), ("run", "uvloop/__ini
 EVENT_LOOP_LABEL = "[uvloop event loop, C: epoll, socket reads, callback dispatch]"
 
 AREAS = (
-    ("tubeq/connection.py", "tubeq connection adapter"),
-    ("tubeq/protocol.py", "tubeq protocol parser"),
-    ("tubeq/store.py", "tubeq store (script calls, futures)"),
-    ("tubeq/resp.py", "tubeq Redis client"),
+    ("tubeq/server/connection.py", "tubeq connection adapter"),
+    ("tubeq/protocol/parser.py", "tubeq protocol parser"),
+    ("tubeq/store/store.py", "tubeq store (script calls, futures)"),
+    ("tubeq/redisio/client.py", "tubeq Redis client"),
     ("tubeq/", "tubeq other"),
     ("asyncio/", "asyncio Python code (tasks, wait_for)"),
     ("uvloop/", "uvloop"),
@@ -86,7 +86,7 @@ class Recording:
 
 
 def _function_of(frame: str) -> tuple[str, str]:
-    """('Store._eval', 'tubeq/store.py') from 'Store._eval (tubeq/store.py:117)'."""
+    """('Store._eval', 'tubeq/store/store.py') from 'Store._eval (tubeq/store/store.py:117)'."""
     name, _, where = frame.rpartition(" (")
     return (name or frame), where.rstrip(")").rsplit(":", 1)[0]
 
@@ -136,7 +136,7 @@ def summarise_collapsed(text: str) -> dict[str, Any]:
 
 # Commands that run a script: their commandstats time includes every command the script ran.
 SCRIPT_RUNNERS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
-LUA_DIR = Path(__file__).resolve().parent.parent / "tubeq" / "lua"
+LUA_DIR = Path(__file__).resolve().parent.parent / "tubeq" / "store" / "lua"
 _LUA_CALL = re.compile(r"""\b(?:redis\.p?call|rcall)\(\s*['"]([A-Za-z]+)['"]""")
 
 

@@ -207,7 +207,7 @@ def _header(results: Results) -> list[str]:
         "* Every run starts a fresh server on a free 127.0.0.1 port and stops it by PID: "
         "`beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq (`python -m tubeq ... --redis "
         "URL --prefix NAME --events on`) on its own private redis-server (no persistence, "
-        "`hash-max-listpack-value 8192`, as `tubeq.redis_process` configures it). Both keep "
+        "`hash-max-listpack-value 8192`, as `tubeq.redisio.process` configures it). Both keep "
         "jobs in memory only. tubeq writes its lifecycle events, as it does by default with "
         "its private redis-server, except in the memory rows (backlog, 4 KiB, idle "
         "connections): the event stream is capped by `--events-maxlen`, not a cost per job.",

@@ -1,4 +1,5 @@
-"""EVALSHA calls/s through tubeq.resp.RedisClient: N tasks, one connection, a `return 1` script.
+"""EVALSHA calls/s through tubeq.redisio.client.RedisClient: N tasks, one connection, a
+`return 1` script.
 
     python -m bench.resp_throughput redis://127.0.0.1:PORT/0 [--tasks 64] [--seconds 3]
         [--flush-at 16] [--loop uvloop|asyncio]
@@ -17,7 +18,7 @@ import argparse
 import asyncio
 import time
 
-from tubeq.resp import RedisClient
+from tubeq.redisio.client import RedisClient
 
 
 async def measure(url: str, tasks: int, seconds: float, flush_at: int) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
 Owns: starting each server on a free loopback port, knowing its PIDs (for CPU and memory), and
 stopping it by those PIDs: SIGTERM, then SIGKILL after a bound. Never by name, and never a Redis
-this module did not start (the private one comes from ``tubeq.redis_process.RedisProcess``).
+this module did not start (the private one comes from ``tubeq.redisio.process.RedisProcess``).
 
 tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
 --prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that
@@ -12,7 +12,7 @@ scenario across processes). The private Redis runs without persistence, as
 beanstalkd runs without its binlog: both keep jobs in memory only.
 
 For the cluster section (bench/cluster_bench.py): :class:`BenchCluster` is a Redis Cluster of
-N nodes on loopback (tubeq.redis_process.RedisClusterNodes: started, joined with ``redis-cli
+N nodes on loopback (tubeq.redisio.process.RedisClusterNodes: started, joined with ``redis-cli
 --cluster create``, stopped by PID); :class:`TubeqOn` is tubeq processes on a Redis (or
 cluster) URL they do not own.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.redisinfo import redis_command
-from tubeq.redis_process import RedisClusterNodes, RedisProcess, free_port
+from tubeq.redisio.process import RedisClusterNodes, RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -271,7 +271,7 @@ def snapshot_tubeq(destination: Path) -> Path:
 
 
 class BenchCluster(RedisClusterNodes):
-    """The cluster section's Redis Cluster (tubeq.redis_process.RedisClusterNodes: no
+    """The cluster section's Redis Cluster (tubeq.redisio.process.RedisClusterNodes: no
     persistence, as the private Redis), with what the bench reads of it."""
 
     @property

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio
 
 from tests.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tubeq.server import Config, Server
+from tubeq.server.process import Config, Server
 
 
 @asynccontextmanager

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
 ServerKind = Literal["beanstalkd", "tubeq"]
@@ -162,7 +162,7 @@ def start_beanstalkd(log_dir: Path, label: str = "beanstalkd") -> ServerProcess:
                                     label)
 
 
-# TUBEQ_TEST_SHARDS=N starts every tubeq of the suite with --shards N (tubeq.shards): how the
+# TUBEQ_TEST_SHARDS=N starts every tubeq of the suite with --shards N (tubeq.store.shards): how the
 # differential suite runs against a split namespace (tests/test_shards.py does so).
 TEST_SHARDS_ENV = "TUBEQ_TEST_SHARDS"
 # TUBEQ_TEST_REDIS=URL points the suite's tubeq processes (TubeqCluster.start) at that Redis

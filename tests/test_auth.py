@@ -1,4 +1,5 @@
-"""Authentication and namespaces (tubeq.access, ``--auth FILE``) through real tubeq processes.
+"""Authentication and namespaces (tubeq.server.access, ``--auth FILE``) through real tubeq
+processes.
 
 Before ``auth`` every command answers AUTH_REQUIRED and stores nothing; a token enters its
 namespace; namespaces isolate tubes; a listener bound to a namespace serves a client that cannot
@@ -24,8 +25,8 @@ import trustme
 
 from tests.extensions.wire import Wire
 from tests.servers import unique_prefix
-from tubeq.access import AccessFileError, load
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
+from tubeq.server.access import AccessFileError, load
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 15.0

@@ -1,5 +1,5 @@
-"""tubeq-cli, run as a subprocess (``python -m tubeq.cli``) against beanstalkd 1.12 and tubeq:
-every command in text and JSON, top --once, and each failure as one line on stderr.
+"""tubeq-cli, run as a subprocess (``python -m tubeq.client.cli``) against beanstalkd 1.12 and
+tubeq: every command in text and JSON, top --once, and each failure as one line on stderr.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class Cli:
     def run(self, *args: str, stdin: bytes = b"", status: int = 0,
             connect: bool = True) -> subprocess.CompletedProcess[str]:
         where = ["-H", self.host, "-p", str(self.port)] if connect else []
-        done = subprocess.run([sys.executable, "-m", "tubeq.cli", *where, *args], input=stdin,
-                              capture_output=True, timeout=RUN_TIMEOUT_S, check=False)
+        done = subprocess.run([sys.executable, "-m", "tubeq.client.cli", *where, *args],
+                              input=stdin, capture_output=True, timeout=RUN_TIMEOUT_S, check=False)
         result = subprocess.CompletedProcess(done.args, done.returncode,
                                              done.stdout.decode(), done.stderr.decode())
         assert done.returncode == status, (args, result.stdout, result.stderr)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tubeq.__main__ import parse_args
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 
 def test_the_defaults_leave_the_listener_and_the_slow_log_off() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tubeq.redis_process import free_port
+from tubeq.redisio.process import free_port
 
 START_TIMEOUT_S = 15.0
 

@@ -34,10 +34,10 @@ from tests.servers import (
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client
 from tubeq.client.errors import CommandError
-from tubeq.cluster import ClusterSeeds
-from tubeq.keys import LAYOUT_VERSION, Keys
-from tubeq.redis_process import RedisProcess, cluster_port, free_port
-from tubeq.shards import shard_of_id, shard_of_tube, shard_prefix
+from tubeq.redisio.cluster import ClusterSeeds
+from tubeq.redisio.process import RedisProcess, cluster_port, free_port
+from tubeq.store.keys import LAYOUT_VERSION, Keys
+from tubeq.store.shards import shard_of_id, shard_of_tube, shard_prefix
 
 SHARDS = 8
 
@@ -103,7 +103,7 @@ async def test_shards_spread_over_the_nodes_and_jobs_flow_across_them(
         stats = await worker.stats()
     assert got == [ids[tube] for tube in tubes]
     assert stats["current-jobs-ready"] == 0 and stats["cmd-delete"] >= len(tubes)
-    # The namespace's one data layout record, on the node of its unsplit root (tubeq.keys).
+    # The namespace's one data layout record, on the node of its unsplit root (tubeq.store.keys).
     layout = Keys(prefix).layout
     port = cluster.nodes[node_of(cluster, layout)].port
     assert redis_command(port, "GET", layout).strip() == str(LAYOUT_VERSION).encode()

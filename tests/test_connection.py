@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tubeq import commands as c
-from tubeq.connection import Connection, ServerContext
-from tubeq.server import Config, Server
-from tubeq.stats import COMMAND_COUNTERS
-from tubeq.store import Reservation
+from tubeq.protocol import commands as c
+from tubeq.server.connection import Connection, ServerContext
+from tubeq.server.process import Config, Server
+from tubeq.server.stats import COMMAND_COUNTERS
+from tubeq.store.store import Reservation
 
 REPLY_WAIT_S = 5.0
 

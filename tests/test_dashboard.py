@@ -19,7 +19,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.servers import ServerProcess, TubeqCluster
-from tubeq.redis_process import free_port
+from tubeq.redisio.process import free_port
 
 # How long the page may take to show a change (it refreshes every second).
 PAGE_WAIT_S = 20

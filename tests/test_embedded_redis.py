@@ -1,5 +1,5 @@
 """The private redis-server of ``tubeq`` without --redis dies with tubeq and never runs twice on
-one data directory (tubeq.redis_process): SIGKILL of tubeq takes its redis-server with it, a
+one data directory (tubeq.redisio.process): SIGKILL of tubeq takes its redis-server with it, a
 second tubeq on the same --data-dir is refused while the first runs, and a redis-server left on
 the directory (an orphan) is stopped before a new one starts.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.servers import ServerProcess, _spawn_and_wait
 from tests.test_multiprocess import LineClient
-from tubeq.redis_process import LOCK_FILE, PID_FILE, RedisProcess, free_port
+from tubeq.redisio.process import LOCK_FILE, PID_FILE, RedisProcess, free_port
 
 WAIT_S = 15.0  # a bound on every wait below, never asserted as a duration
 

@@ -1,8 +1,8 @@
 """Lifecycle events as the Lua scripts write them, on a real Redis with a clock the test moves.
 
-Every transition of ``tubeq.states.TRANSITIONS`` must append exactly one event with every field
-of ``tubeq.events.FIELDS``, in that order, with the values the test expects; a call that changes
-nothing appends nothing; events off append nothing at all; the cap trims the stream.
+Every transition of ``tubeq.model.states.TRANSITIONS`` must append exactly one event with every
+field of ``tubeq.model.events.FIELDS``, in that order, with the values the test expects; a call that
+changes nothing appends nothing; events off append nothing at all; the cap trims the stream.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.test_lua import ALICE, BOB, Env, bring_to, open_env, perform
-from tubeq.events import FIELDS, Event, EventName
-from tubeq.server import Config, Server
-from tubeq.states import TRANSITIONS, JobState
-from tubeq.store import Reservation, Store
+from tubeq.model.events import FIELDS, Event, EventName
+from tubeq.model.states import TRANSITIONS, JobState
+from tubeq.server.process import Config, Server
+from tubeq.store.store import Reservation, Store
 
 TTR_MS = 60_000  # bring_to's jobs: ttr 60 s, pri 0, delayed by 10 s when delayed
 
@@ -282,7 +282,7 @@ def test_protocol_md_documents_each_field_once_in_order() -> None:
     names = re.findall(r"^\| `(\w+)` \|", table, re.M)
     assert names == list(FIELDS)
     lua = "\n".join(path.read_text(encoding="utf-8")
-                    for path in (root / "tubeq" / "lua").rglob("*.lua"))
+                    for path in (root / "tubeq" / "store" / "lua").rglob("*.lua"))
     written = {name for name in EventName if f"'{name.value}'" in lua}
     assert {name for name in written if f"`{name.value}`" not in rows["event"]} == set()
     for reason in ("disconnect", "reaped", "max-tries", "expired", "cleared", "schedule:"):

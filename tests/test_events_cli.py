@@ -15,9 +15,9 @@ import redis
 
 from tests.servers import TubeqCluster, unique_prefix
 from tubeq.__main__ import events_maxlen, parse_args
-from tubeq.events import Event
-from tubeq.keys import Keys
-from tubeq.server import DEFAULT_EVENTS_MAXLEN
+from tubeq.model.events import Event
+from tubeq.server.process import DEFAULT_EVENTS_MAXLEN
+from tubeq.store.keys import Keys
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

@@ -10,8 +10,8 @@ import aiohttp
 import trustme
 
 from tests.http_support import running_server
-from tubeq.access import AccessConfig
-from tubeq.listeners import TlsFiles
+from tubeq.server.access import AccessConfig
+from tubeq.server.listeners import TlsFiles
 
 BILLING = "billing-token-0123456789"
 EMAILS = "emails-token-0123456789a"

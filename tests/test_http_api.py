@@ -15,7 +15,7 @@ import pytest
 
 from tests.client_support import eventually
 from tests.http_support import Beanstalk, running_server
-from tubeq.server import Server
+from tubeq.server.process import Server
 
 
 class Api:

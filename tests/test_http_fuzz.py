@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.servers import ServerProcess, TubeqCluster
-from tubeq.redis_process import free_port
+from tubeq.redisio.process import free_port
 
 ROUTES = [
     "/api/tubes/{a}/jobs", "/api/tubes/{a}", "/api/tubes", "/api/tubes/{a}/peek/{b}",

@@ -1,4 +1,4 @@
-"""The protocol listener's kinds (tubeq.listeners): a Unix socket, a socket handed over by
+"""The protocol listener's kinds (tubeq.server.listeners): a Unix socket, a socket handed over by
 systemd's protocol, TLS with and without client certificates, and their errors.
 
 Each test starts a real tubeq process on the session's private Redis (its own key prefix) and
@@ -23,8 +23,8 @@ import pytest
 import trustme
 
 from tests.servers import unique_prefix
-from tubeq.listeners import ListenError, unix_path, unix_socket
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
+from tubeq.server.listeners import ListenError, unix_path, unix_socket
 
 START_TIMEOUT_S = 15.0
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""When a tubeq process may take another for dead (tubeq.scheduler): only after hearing its own
-heartbeats answered without a gap for REAP_AFTER_MS, so a silence that was Redis's never
+"""When a tubeq process may take another for dead (tubeq.server.scheduler): only after hearing its
+own heartbeats answered without a gap for REAP_AFTER_MS, so a silence that was Redis's never
 counts; and a heartbeat that finds the process unregistered restores its registrations.
 
 Pure logic against a fake store whose clock the test moves.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from tubeq.scheduler import BEAT_GAP_MS, HEARTBEAT_MS, REAP_AFTER_MS, Scheduler
-from tubeq.store import Store
-from tubeq.waiters import WaiterRegistry
+from tubeq.server.scheduler import BEAT_GAP_MS, HEARTBEAT_MS, REAP_AFTER_MS, Scheduler
+from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.store import Store
 
 
 class BeatingStore:

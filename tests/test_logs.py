@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from tests.servers import ServerProcess, start_tubeq, unique_prefix
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 LINE_WAIT_S = 15.0
 

@@ -1,7 +1,7 @@
 """Layer (c): every Lua script against a real Redis, with a clock the test moves.
 
-Walks ``tubeq.states.TRANSITIONS``: for each row, a job is brought into the "before" state, the
-operation's script runs, and the job's state in Redis must be the "after" state. Then the
+Walks ``tubeq.model.states.TRANSITIONS``: for each row, a job is brought into the "before" state,
+the operation's script runs, and the job's state in Redis must be the "after" state. Then the
 finer points of each script: ordering, ownership, counters, tube lifetime, timers, wake-ups.
 """
 
@@ -19,12 +19,12 @@ import redis.asyncio
 import redis.exceptions
 
 from tests.client_support import eventually
-from tubeq.keys import Keys
-from tubeq.redis_process import RedisProcess
-from tubeq.resp import RedisClient, RedisReplyError
-from tubeq.shards import ShardedStore
-from tubeq.states import TRANSITIONS, JobState
-from tubeq.store import NoJob, Reservation, Store
+from tubeq.model.states import TRANSITIONS, JobState
+from tubeq.redisio.client import RedisClient, RedisReplyError
+from tubeq.redisio.process import RedisProcess
+from tubeq.store.keys import Keys
+from tubeq.store.shards import ShardedStore
+from tubeq.store.store import NoJob, Reservation, Store
 
 ALICE = "inst:1"
 BOB = "inst:2"
@@ -86,7 +86,7 @@ async def open_env(redis_url: str, events_maxlen: int, functions: bool = True,
 # Every script test runs with lifecycle events on and off: writing them must change nothing
 # else (what they write is tests/test_events.py's business). And every one runs as a function
 # of the library (FCALL, the default) and as a script by EVALSHA (the fallback, and the path of
-# a Redis before 7.0): the two bind the same text differently (tubeq.scripts).
+# a Redis before 7.0): the two bind the same text differently (tubeq.store.scripts).
 @pytest.fixture(params=[(1000, True), (0, True), (1000, False), (0, False)],
                 ids=["events-on", "events-off", "events-on-evalsha", "events-off-evalsha"])
 async def env(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
@@ -560,7 +560,7 @@ async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
 
 
 async def test_lua_key_schema_matches_python(env: Env) -> None:
-    keys_lua = resources.files("tubeq").joinpath("lua", "includes", "keys.lua").read_text()
+    keys_lua = resources.files("tubeq.store").joinpath("lua", "includes", "keys.lua").read_text()
     probe = keys_lua + """
 return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
@@ -606,8 +606,8 @@ async def test_exact_clock_follows_the_store_clock(env: Env, redis_url: str) -> 
 
 
 async def test_a_redis_out_of_memory_still_answers_reads_and_refuses_writes(env: Env) -> None:
-    # Read-only scripts are no-writes functions (tubeq.scripts): Redis runs them when it is over
-    # maxmemory, as it runs the same scripts by EVALSHA; a write is refused, nothing half-done.
+    # Read-only scripts are no-writes functions (tubeq.store.scripts): Redis runs them when it is
+    # over maxmemory, as it runs the same scripts by EVALSHA; a write is refused, nothing half-done.
     job_id = await env.put(body=b"kept")
     await env.raw.config_set("maxmemory", "1")
     try:
@@ -622,7 +622,7 @@ async def test_a_redis_out_of_memory_still_answers_reads_and_refuses_writes(env:
 
 
 async def test_calls_for_two_namespaces_on_one_connection_keep_their_own_keys(env: Env) -> None:
-    # A library function binds the namespace's key names once per root change (tubeq.scripts):
+    # A library function binds the namespace's key names once per root change (tubeq.store.scripts):
     # calls alternating between two roots must each see their own.
     other = Store(env.store.client, Keys("other"), "inst", env.clock,
                   events_maxlen=env.store.events_maxlen, functions=env.store.wants_functions)

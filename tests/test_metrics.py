@@ -1,5 +1,6 @@
-"""tubeq.metrics and the script results that feed it: how long a job waited in ready, how long
-its holder held it, how late a delayed job became ready (real Redis, a clock the test moves)."""
+"""tubeq.server.metrics and the script results that feed it: how long a job waited in ready, how
+long its holder held it, how late a delayed job became ready (real Redis, a clock the test
+moves)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.test_lua import ALICE, BOB, Env, open_env
-from tubeq import commands as c
-from tubeq.metrics import OTHER_TUBE, Histogram, Metrics, TubeHistograms, command_label, reply_word
-from tubeq.store import Reservation
+from tubeq.protocol import commands as c
+from tubeq.server.metrics import (
+    OTHER_TUBE,
+    Histogram,
+    Metrics,
+    TubeHistograms,
+    command_label,
+    reply_word,
+)
+from tubeq.store.store import Reservation
 
 
 @pytest.fixture

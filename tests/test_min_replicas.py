@@ -1,4 +1,4 @@
-"""The Sentinel URL form; the replica acknowledgement of tubeq.resp (``min_replicas``): a
+"""The Sentinel URL form; the replica acknowledgement of tubeq.redisio.client (``min_replicas``): a
 durable call resolves only after a WAIT confirmed it, one WAIT per batch, and too few replicas
 make it fail (the write itself happened, as the error says); a READONLY reply on a Sentinel
 endpoint makes the client look for the master again."""
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from tubeq.redis_process import RedisProcess
-from tubeq.resp import (
+from tubeq.redisio.client import (
     Endpoint,
     RedisClient,
     RedisConnectionLost,
     RedisReplyError,
     ReplicasBehind,
 )
-from tubeq.sentinel import SentinelTarget
+from tubeq.redisio.process import RedisProcess
+from tubeq.redisio.sentinel import SentinelTarget
 
 SCRIPT = b"return redis.call('INCR', KEYS[1])"
 

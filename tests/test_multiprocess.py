@@ -17,12 +17,12 @@ import pytest
 
 from tests.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.wire.grammar import Reply, split_reply
-from tubeq.shards import shard_of_tube
+from tubeq.store.shards import shard_of_tube
 
 # The bound on every reply; the cross-process wake-up normally takes milliseconds.
 REPLY_TIMEOUT_S = 8.0
-# A pause of one process longer than the reap limit (tubeq.scheduler.REAP_AFTER_MS, 3 s) plus a
-# heartbeat: the other process takes it for dead.
+# A pause of one process longer than the reap limit (tubeq.server.scheduler.REAP_AFTER_MS, 3 s)
+# plus a heartbeat: the other process takes it for dead.
 PAUSE_S = 5.0
 
 pytestmark = pytest.mark.usefixtures("skip_unless_tubeq")
@@ -185,7 +185,7 @@ def test_use_counts_reach_the_other_process(
     two_processes: tuple[ServerProcess, ServerProcess],
     clients: Callable[[ServerProcess], LineClient],
 ) -> None:
-    """A process tells Redis its use counts in batches (tubeq.using): another process sees a
+    """A process tells Redis its use counts in batches (tubeq.server.using): another process sees a
     tube's users come and go, and a tube with no job disappears once its last user leaves."""
     process_a, process_b = two_processes
     tube = _tube()

@@ -13,9 +13,9 @@ import redis.asyncio
 
 from tests.client_support import eventually
 from tests.http_support import Beanstalk, Samples, running_server, sample, scrape
-from tubeq.metrics import OTHER_TUBE
-from tubeq.redis_process import RedisProcess
-from tubeq.server import Server
+from tubeq.redisio.process import RedisProcess
+from tubeq.server.metrics import OTHER_TUBE
+from tubeq.server.process import Server
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 Every input here was replayed against a real beanstalkd 1.12 over loopback (reply class and the
 cmd-put / cmd-pause-tube deltas), and agrees except for the two accidents tubeq deliberately does
-not copy (stray CR, 225-byte lines; see tubeq/protocol.py), whose cases say so. Each input goes
-through ``check``: fed whole, fed one byte at a time, followed by a command (which must still
+not copy (stray CR, 225-byte lines; see tubeq/protocol/parser.py), whose cases say so. Each input
+goes through ``check``: fed whole, fed one byte at a time, followed by a command (which must still
 parse), and followed by garbage without a line end (which must stay buffered, not be misread).
 """
 
@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from tubeq import protocol, replies
-from tubeq.commands import (
+from tubeq.protocol import parser as protocol
+from tubeq.protocol import replies
+from tubeq.protocol.commands import (
     Bury,
     Command,
     Delete,
@@ -46,7 +47,7 @@ from tubeq.commands import (
     Use,
     Watch,
 )
-from tubeq.protocol import (
+from tubeq.protocol.parser import (
     DEFAULT_MAX_JOB_SIZE,
     EXT_LINE_MAX,
     LINE_MAX,

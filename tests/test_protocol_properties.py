@@ -13,7 +13,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tubeq.commands import (
+from tubeq.protocol.commands import (
     Bury,
     Command,
     Delete,
@@ -41,14 +41,7 @@ from tubeq.commands import (
     Use,
     Watch,
 )
-from tubeq.protocol import (
-    LINE_MAX,
-    MAX_TUBE_NAME,
-    TUBE_NAME_CHARS,
-    U32_MAX,
-    U64_MAX,
-    Parser,
-)
+from tubeq.protocol.parser import LINE_MAX, MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX, Parser
 
 
 def encode(command: Command) -> bytes:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.servers import start_tubeq, unique_prefix
 from tests.test_multiprocess import LineClient
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 RECOVERY_BOUND_S = 20.0  # bound on the wait for tubeq to serve again, never asserted as a time
 

@@ -1,4 +1,4 @@
-"""tubeq.resp against the private Redis: reply order and types, errors, write batching,
+"""tubeq.redisio.client against the private Redis: reply order and types, errors, write batching,
 cancellation, and connection loss (CLIENT KILL, a relay that goes down and comes back)."""
 
 from __future__ import annotations
@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from tubeq.redis_process import free_port
-from tubeq.resp import Endpoint, RedisClient, RedisConnectionLost, RedisReplyError, encode_command
+from tubeq.redisio.client import (
+    Endpoint,
+    RedisClient,
+    RedisConnectionLost,
+    RedisReplyError,
+    encode_command,
+)
+from tubeq.redisio.process import free_port
 
 WAIT = 5.0  # bound on every wait; none of these tests measures time
 
@@ -268,7 +274,7 @@ class Relay:
     drops every new connection, counting them in ``refused``, so reconnect attempts are visible
     without timing anything. While ``holding`` is true, bytes from clients to Redis are kept in
     ``held`` until ``release()``: a test can see what a client sent before Redis answers it.
-    Tests of this module and of tubeq.subscriber share it.
+    Tests of this module and of tubeq.redisio.pubsub share it.
     """
 
     def __init__(self, redis_url: str) -> None:

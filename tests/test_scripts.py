@@ -1,4 +1,4 @@
-"""Script assembly (tubeq.scripts): each script carries only the included definitions it uses;
+"""Script assembly (tubeq.store.scripts): each script carries only the included definitions it uses;
 the library holds every script as a function, binding per call what a script reads per call.
 
 That every assembled script and the library compile and run is the business of test_lua.py
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from tubeq.scripts import (
+from tubeq.store.scripts import (
     INCLUDE_ORDER,
     calls_only_reads,
     expand,
@@ -113,5 +113,5 @@ def test_only_scripts_that_call_nothing_but_reads_are_read_only_functions() -> N
 def test_the_library_places_every_include_in_its_order() -> None:
     # A new file under lua/includes/ must be given its place (after what it uses), or the
     # library would lack its definitions: library() refuses to build without it.
-    folder = resources.files("tubeq").joinpath("lua", "includes")
+    folder = resources.files("tubeq.store").joinpath("lua", "includes")
     assert set(INCLUDE_ORDER) == {p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua")}

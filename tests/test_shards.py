@@ -1,4 +1,4 @@
-"""A namespace split into shards (``tubeq --shards N``, tubeq.shards) on one real Redis.
+"""A namespace split into shards (``tubeq --shards N``, tubeq.store.shards) on one real Redis.
 
 What must hold: jobs live under their tube's shard root and their ids name that shard; every
 command that names an id reaches it; a reserve over tubes of several shards takes the best job
@@ -31,10 +31,10 @@ from tests.servers import (
 )
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client, NotFound, TimedOut
-from tubeq.keys import Keys
-from tubeq.resp import RedisClient
-from tubeq.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
-from tubeq.store import Store
+from tubeq.redisio.client import RedisClient
+from tubeq.store.keys import Keys
+from tubeq.store.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
+from tubeq.store.store import Store
 
 SHARDS = 4
 

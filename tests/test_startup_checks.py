@@ -18,8 +18,8 @@ import pytest
 
 from tests.servers import ServerProcess, start_tubeq, unique_prefix
 from tests.test_multiprocess import LineClient
-from tubeq.durability import RedisFacts, StartupError, check_facts, parse_info, parse_version
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.checks import RedisFacts, StartupError, check_facts, parse_info, parse_version
+from tubeq.redisio.process import RedisProcess, free_port
 
 EXIT_TIMEOUT_S = 30.0
 

@@ -1,10 +1,10 @@
-"""Per-process stats counters (tubeq.stats.CommandCounters): what one flush sends."""
+"""Per-process stats counters (tubeq.server.stats.CommandCounters): what one flush sends."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tubeq.stats import CommandCounters
+from tubeq.server.stats import CommandCounters
 
 
 async def test_counts_leave_once_per_tick_as_stats_fields() -> None:

@@ -1,4 +1,4 @@
-"""tubeq.subscriber against the private Redis: PUBLISH from a client and from Lua, patterns,
+"""tubeq.redisio.pubsub against the private Redis: PUBLISH from a client and from Lua, patterns,
 callback errors, and CLIENT KILL TYPE pubsub followed by re-subscription."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import redis.asyncio
 
 from tests.test_resp import WAIT, Relay, until
-from tubeq.resp import RedisClient, encode_command
-from tubeq.subscriber import Subscriber
+from tubeq.redisio.client import RedisClient, encode_command
+from tubeq.redisio.pubsub import Subscriber
 
 
 class Recorder:

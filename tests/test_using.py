@@ -1,4 +1,4 @@
-"""The per-process `use` ledger (tubeq.using): when Redis hears of a tube's use counts.
+"""The per-process `use` ledger (tubeq.server.using): when Redis hears of a tube's use counts.
 
 Pure logic against a recording store; the Lua side (using.lua) is in test_lua.py and the wire
 behaviour in the differential suite (tests/wire).
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tubeq.using import UseLedger
+from tubeq.server.using import UseLedger
 
 
 class RecordingStore:

@@ -1,7 +1,7 @@
 """Versions: the release's (tubeq.__version__, the one source pyproject.toml reads; --version
 of both commands and ``stats`` report it) and the namespace's data layout record
-(``{prefix}:layout``, tubeq.keys.LAYOUT_VERSION), checked by every process at start
-(tubeq.durability.claim_layout_version): written where missing, taken over where older and
+(``{prefix}:layout``, tubeq.store.keys.LAYOUT_VERSION), checked by every process at start
+(tubeq.redisio.checks.claim_layout_version): written where missing, taken over where older and
 readable as it is, left alone and refused where newer, too old or unreadable. A real process
 refused by a newer layout says so in one line and touches nothing.
 """
@@ -22,10 +22,11 @@ from tests.servers import start_tubeq, unique_prefix
 from tests.test_multiprocess import LineClient
 from tests.test_startup_checks import run_tubeq
 from tubeq import __version__
-from tubeq.durability import StartupError, claim_layout_version
-from tubeq.keys import LAYOUT_VERSION, UPGRADES_IN_PLACE_FROM, Keys
-from tubeq.resp import RedisClient
-from tubeq.shards import shard_prefix
+from tubeq.redisio.checks import StartupError
+from tubeq.redisio.client import RedisClient
+from tubeq.store.keys import LAYOUT_VERSION, UPGRADES_IN_PLACE_FROM, Keys
+from tubeq.store.layout import claim_layout_version
+from tubeq.store.shards import shard_prefix
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def test_pyproject_takes_its_version_from_the_package() -> None:
 
 @pytest.mark.parametrize(("module", "printed"), [
     ("tubeq", f"tubeq {__version__} (data layout {LAYOUT_VERSION})\n"),
-    ("tubeq.cli", f"tubeq-cli {__version__}\n"),
+    ("tubeq.client.cli", f"tubeq-cli {__version__}\n"),
 ])
 def test_both_commands_print_their_version(module: str, printed: str) -> None:
     done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,

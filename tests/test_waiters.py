@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tubeq.waiters import CoarseTimer, Signal
+from tubeq.server.waiters import CoarseTimer, Signal
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0

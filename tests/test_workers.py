@@ -1,4 +1,4 @@
-"""``tubeq --workers N`` (tubeq.workers): N processes on one port, sharing one namespace; a
+"""``tubeq --workers N`` (tubeq.server.workers): N processes on one port, sharing one namespace; a
 worker that dies is replaced; SIGTERM stops them all. Real processes, the session's Redis."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.extensions.wire import Wire
 from tests.servers import unique_prefix
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT_S = 20.0

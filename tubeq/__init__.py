@@ -2,7 +2,7 @@
 
 Owns :data:`__version__`, the release's version and its one source (pyproject.toml reads it from
 here). It moves with every release; the data layout a build writes in Redis has a version of
-its own (tubeq.keys.LAYOUT_VERSION), which moves only when that layout changes.
+its own (tubeq.store.keys.LAYOUT_VERSION), which moves only when that layout changes.
 """
 
 __version__ = "0.2.0"

@@ -6,7 +6,7 @@
 The flags are beanstalkd's, so tools that launch a beanstalkd binary can launch tubeq. Without
 ``--redis`` tubeq starts and supervises a private redis-server keeping its data (an append-only
 file) under ``--data-dir``; it holds a lock on that directory and the redis-server dies with it
-(tubeq.redis_process). SIGTERM/SIGINT shut down cleanly (drain, let connections finish their
+(tubeq.redisio.process). SIGTERM/SIGINT shut down cleanly (drain, let connections finish their
 jobs for ``--shutdown-grace`` seconds, close); SIGUSR1 enters drain mode.
 
 Anything that keeps tubeq from starting (an unreachable Redis or sentinel, an unknown master
@@ -30,25 +30,25 @@ from typing import NoReturn
 import structlog
 
 from tubeq import __version__
-from tubeq.access import AccessConfig, AccessFileError
-from tubeq.access import load as load_access
-from tubeq.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
-from tubeq.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
-from tubeq.durability import StartupError
-from tubeq.keys import LAYOUT_VERSION
-from tubeq.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError, TlsFiles
-from tubeq.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
-from tubeq.redis_process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
-from tubeq.resp import DEFAULT_CALL_TIMEOUT, Endpoint
-from tubeq.server import (
+from tubeq.redisio.checks import StartupError
+from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, Endpoint
+from tubeq.redisio.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
+from tubeq.redisio.process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
+from tubeq.server.access import AccessConfig, AccessFileError
+from tubeq.server.access import load as load_access
+from tubeq.server.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
+from tubeq.server.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError, TlsFiles
+from tubeq.server.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
+from tubeq.server.process import (
     DEFAULT_EVENTS_MAXLEN,
     DEFAULT_MAX_JOB_SIZE,
     SHUTDOWN_GRACE_S,
     Config,
     Server,
 )
-from tubeq.shards import MAX_SHARDS
-from tubeq.workers import WorkerPool
+from tubeq.server.workers import WorkerPool
+from tubeq.store.keys import LAYOUT_VERSION
+from tubeq.store.shards import MAX_SHARDS
 
 log = structlog.get_logger("tubeq")
 
@@ -269,7 +269,7 @@ async def supervise(redis: RedisProcess) -> None:
 
 
 async def start_private_redis(redis: RedisProcess, lock: DataDirLock) -> None:
-    """Lock the data dir, stop an orphaned redis-server of it, start ours (tubeq.redis_process)."""
+    """Lock the data dir, stop an orphaned redis-server of it, start ours (redisio.process)."""
     lock.acquire()
     orphan = await asyncio.to_thread(stop_orphan, redis.data_dir)
     if orphan is not None:

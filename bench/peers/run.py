@@ -39,7 +39,7 @@ from bench.peers import envs, report
 from bench.procstat import machine_busy_ticks, process_cpu_ticks, wait_until_quiet
 from bench.run import machine_and_versions
 from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 BENCH_DIR = REPO_ROOT / "bench"
 OUT_DIR = BENCH_DIR / "out"

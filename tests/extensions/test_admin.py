@@ -8,7 +8,7 @@ import pytest
 
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess
-from tubeq import admin
+from tubeq.model import admin
 
 ADMIN_WORDS = ("change-delay", "change-pri", "clear-tube", "list-jobs", "tube-pause",
                "tube-resume")

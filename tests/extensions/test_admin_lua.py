@@ -16,10 +16,10 @@ import pytest
 
 from tests.test_events import Recorder
 from tests.test_lua import ALICE, Env, open_env
-from tubeq import admin
-from tubeq.events import EventName
-from tubeq.states import JobState
-from tubeq.store import PAUSE_FOREVER_MS, NoJob, Reservation
+from tubeq.model import admin
+from tubeq.model.events import EventName
+from tubeq.model.states import JobState
+from tubeq.store.store import PAUSE_FOREVER_MS, NoJob, Reservation
 
 
 @pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])

@@ -12,7 +12,7 @@ import pytest
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess, TubeqCluster
 from tests.test_lua import ALICE, BOB, Env, open_env
-from tubeq.states import JobState
+from tubeq.model.states import JobState
 
 # -- Lua (put_many.lua, delete_many.lua; reserve-many is reserve.lua with a count) ---------------
 
@@ -281,9 +281,9 @@ def test_a_batch_reply_is_bounded_by_the_buffer_cap(tubeq_cluster: TubeqCluster)
 async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url: str) -> None:
     """reserve-many and push hold hundreds of jobs: the map of held jobs is not copied for
     every job taken (it was, past 64), yet jobs whose TTR ran out are still dropped."""
-    from tubeq.connection import PRUNE_RESERVED_AT, Connection
-    from tubeq.server import Config, Server
-    from tubeq.store import Reservation
+    from tubeq.server.connection import PRUNE_RESERVED_AT, Connection
+    from tubeq.server.process import Config, Server
+    from tubeq.store.store import Reservation
 
     server = Server(Config(port=0, redis_url=redis_url, prefix="prune"))
     await server.start()

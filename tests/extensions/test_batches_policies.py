@@ -7,7 +7,7 @@ import redis
 
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess
-from tubeq.keys import Keys
+from tubeq.store.keys import Keys
 
 
 def test_delete_many_frees_dedupe_keys_and_ttl_entries(server: ServerProcess) -> None:

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from tubeq import replies
-from tubeq.batch_framing import PUT_MANY_MAX
-from tubeq.commands import (
+from tubeq.protocol import replies
+from tubeq.protocol.batch_framing import PUT_MANY_MAX
+from tubeq.protocol.commands import (
     Command,
     DeleteMany,
     ListTubeUsed,
@@ -22,7 +22,7 @@ from tubeq.commands import (
     Rejected,
     ReserveMany,
 )
-from tubeq.protocol import EXT_LINE_MAX, U32_MAX, U64_MAX, Parser
+from tubeq.protocol.parser import EXT_LINE_MAX, U32_MAX, U64_MAX, Parser
 
 BAD = Rejected(reply=replies.BAD_FORMAT)
 FOLLOWER = b"list-tube-used\r\n"

@@ -16,10 +16,10 @@ import redis
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.test_lua import ALICE, BOB, Env, open_env
-from tubeq.keys import Keys
-from tubeq.resp import RedisClient
-from tubeq.states import JobState
-from tubeq.store import NoJob, Reservation, Store
+from tubeq.model.states import JobState
+from tubeq.redisio.client import RedisClient
+from tubeq.store.keys import Keys
+from tubeq.store.store import NoJob, Reservation, Store
 
 CAROL = "inst:3"
 

@@ -7,7 +7,7 @@ import redis
 
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess
-from tubeq.keys import Keys
+from tubeq.store.keys import Keys
 
 
 def test_a_full_tube_answers_out_of_memory_and_stores_nothing(server: ServerProcess) -> None:

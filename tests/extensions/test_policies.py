@@ -14,8 +14,8 @@ import pytest
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.test_protocol import BAD, UNKNOWN, cases, check, line
-from tubeq import replies
-from tubeq.commands import (
+from tubeq.protocol import replies
+from tubeq.protocol.commands import (
     PeekKey,
     PutExpectedCrlf,
     PutTooBig,

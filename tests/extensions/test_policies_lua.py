@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.test_lua import ALICE, BOB, Env, open_env
-from tubeq.events import Event
-from tubeq.options import Options
-from tubeq.policies import POLICY_TRANSITIONS, backoff_delay, jitter
-from tubeq.resp import RedisClient
-from tubeq.scripts import expand
-from tubeq.states import JobState
-from tubeq.store import JobInfo, JobPolicies, PutOutcome, Reservation, Store
+from tubeq.model.events import Event
+from tubeq.model.options import Options
+from tubeq.model.policies import POLICY_TRANSITIONS, backoff_delay, jitter
+from tubeq.model.states import JobState
+from tubeq.redisio.client import RedisClient
+from tubeq.store.scripts import expand
+from tubeq.store.store import JobInfo, JobPolicies, PutOutcome, Reservation, Store
 
 
 @pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])

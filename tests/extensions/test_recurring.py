@@ -19,12 +19,12 @@ import redis.asyncio
 
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess, TubeqCluster, unique_prefix
-from tubeq import recurring
-from tubeq.events import Event
-from tubeq.keys import Keys
-from tubeq.resp import RedisClient
-from tubeq.scheduler import tick_schedules
-from tubeq.store import Reservation, Store
+from tubeq.model import recurring
+from tubeq.model.events import Event
+from tubeq.redisio.client import RedisClient
+from tubeq.server.scheduler import tick_schedules
+from tubeq.store.keys import Keys
+from tubeq.store.store import Reservation, Store
 
 EVERY = 1000  # ms, the interval of most schedules here
 START_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
@@ -463,7 +463,7 @@ def test_a_schedule_survives_a_restart_of_every_process(tubeq_cluster: TubeqClus
 
 
 async def test_lua_key_schema_of_schedules_matches_python(pair: Pair) -> None:
-    keys_lua = resources.files("tubeq").joinpath("lua", "includes", "keys.lua").read_text()
+    keys_lua = resources.files("tubeq.store").joinpath("lua", "includes", "keys.lua").read_text()
     probe = keys_lua + "\nreturn {K_SCHEDULES, K_DUE_CHANNEL, k_schedule(ARGV[1], ARGV[2]), " \
         "k_schedule_names(ARGV[1])}"
     k = pair.keys

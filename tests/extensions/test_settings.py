@@ -7,8 +7,8 @@ import pytest
 
 from tests.extensions.wire import Wire
 from tests.servers import ServerProcess
-from tubeq import options
-from tubeq.options import PUT_OPTIONS, TUBE_SETTINGS, BadFormat, BadOption
+from tubeq.model import options
+from tubeq.model.options import PUT_OPTIONS, TUBE_SETTINGS, BadFormat, BadOption
 
 
 def test_options_parse_in_spec_order_whatever_the_order_sent() -> None:

@@ -63,7 +63,7 @@ SERVED_WITHIN_S = 5
 PROBE_S = 30.0  # bound on a probe's retries of INTERNAL_ERROR (a Redis still reconnecting)
 # Bound on the wait for current-watching to match: a closed connection's watches go within
 # milliseconds. A killed process's go when another reaps it, within REAP_AFTER_MS and a
-# heartbeat of its last heartbeat (tubeq.scheduler): a test that kills one waits longer.
+# heartbeat of its last heartbeat (tubeq.server.scheduler): a test that kills one waits longer.
 WATCHING_S = 6.0
 WATCHING_AFTER_KILL_S = 15.0
 POLL_S = 0.25
@@ -222,7 +222,7 @@ class Ledger:
 
 def _idle_tube(tube: bytes) -> bytes:
     """Where the probes of idle connections watching ``tube`` put their marked jobs: in the
-    same group, so the same shard (tubeq.shards)."""
+    same group, so the same shard (tubeq.store.shards)."""
     return tube.split(b"/", 1)[0] + b"/idle"
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
-from tubeq.redis_process import RedisClusterNodes, RedisProcess, free_port
+from tubeq.redisio.process import RedisClusterNodes, RedisProcess, free_port
 
 WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration
 POLL_S = 0.05

@@ -2,7 +2,7 @@
 each with an append-only file fsynced on every write, two tubeq processes on a namespace split
 over them. Each node in turn is killed, left down for a moment and restarted: first the one
 that holds the load's tube, then the others (one holds tube ``default``, its connections'
-home: tubeq.shards). Every put acknowledged before a kill is in that node's file, so none is
+home: tubeq.store.shards). Every put acknowledged before a kill is in that node's file, so none is
 lost; while the node is down its commands answer INTERNAL_ERROR, tubeq reconnects to it by
 itself and the other nodes keep serving.
 
@@ -13,7 +13,7 @@ restarted node comes back with the instances' heartbeats from before its kill: a
 OUTAGE_S, plus the restart and the processes' reconnect, can exceed REAP_AFTER_MS, and the
 first process back then reaps the other there, which is alive (issue 19: with 1.5 s per node
 under load, 14 to 16 of 16 tubes lost their watchers). A connection is listed with its process
-only in its home shard (tube ``default``'s, tubeq.shards), and what a reap takes differs:
+only in its home shard (tube ``default``'s, tubeq.store.shards), and what a reap takes differs:
 
 * in the home shard, its watch lists too (the connection then watches nothing there). The
   load's tube is chosen in that shard, and one idle connection per process watches it;
@@ -33,8 +33,8 @@ import pytest
 from tests.faults.load import Ledger, Load
 from tests.faults.procs import ClusterUnderTest, redis_command
 from tests.servers import start_tubeq, unique_prefix
-from tubeq.keys import Keys
-from tubeq.shards import shard_of_tube, shard_prefix
+from tubeq.store.keys import Keys
+from tubeq.store.shards import shard_of_tube, shard_prefix
 
 PHASE_S = 2.0
 OUTAGE_S = 1.5

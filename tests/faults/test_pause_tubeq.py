@@ -2,7 +2,7 @@
 under load: two processes serve one queue; one of them is stopped for PAUSE_S, then goes on.
 
 While it is stopped its heartbeats stop, so the other process takes it for dead and reaps it
-(tubeq/lua/reap.lua); its clients' commands wait (the load's bound on a reply is longer than
+(tubeq/store/lua/reap.lua); its clients' commands wait (the load's bound on a reply is longer than
 the pause). It is not dead: once resumed it answers them and must serve every connection it
 had as before. Expected: no job lost; its idle connection (opened before the pause) is served
 at once when its tube has a ready job; current-watching counts its connections again. Issue 19:
@@ -21,8 +21,8 @@ import pytest
 
 from tests.faults.load import REPLY_S, Ledger, Load
 from tests.servers import ServerProcess, start_tubeq, unique_prefix
-from tubeq.redis_process import RedisProcess
-from tubeq.scheduler import REAP_AFTER_MS
+from tubeq.redisio.process import RedisProcess
+from tubeq.server.scheduler import REAP_AFTER_MS
 
 PHASE_S = 2.0
 PAUSE_S = 5.0  # REAP_AFTER_MS and then some: the other process's reap comes within the pause

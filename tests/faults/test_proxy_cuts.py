@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.client_support import LOOPBACK, Proxy
 from tests.faults.load import Ledger, Load
 from tests.servers import start_tubeq, unique_prefix
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 CUTS = 6
 BETWEEN_CUTS_S = 1.0

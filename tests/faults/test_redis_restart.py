@@ -21,8 +21,8 @@ import pytest
 
 from tests.faults.load import Ledger, Load
 from tests.servers import start_tubeq, unique_prefix
-from tubeq.redis_process import RedisProcess
-from tubeq.scheduler import REAP_AFTER_MS
+from tubeq.redisio.process import RedisProcess
+from tubeq.server.scheduler import REAP_AFTER_MS
 
 PHASE_S = 2.0
 

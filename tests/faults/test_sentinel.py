@@ -41,7 +41,7 @@ from tests.faults.load import Ledger, Load
 from tests.faults.procs import SentinelTopology, start_tubeq_on
 from tests.servers import LOOPBACK, ServerProcess, unique_prefix
 from tests.test_startup_checks import assert_one_clear_line
-from tubeq.redis_process import free_port
+from tubeq.redisio.process import free_port
 
 PHASE_S = 2.0
 # After a failover the old master must resync from the new one before WAIT can succeed again

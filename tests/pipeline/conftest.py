@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tubeq.redis_process import RedisProcess
+from tubeq.redisio.process import RedisProcess
 
 
 @pytest.fixture

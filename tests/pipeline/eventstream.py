@@ -1,8 +1,8 @@
 """Feeding a tubeq event stream by hand, for the source, archive and tail tests.
 
 Entries are written exactly as the Lua scripts write them: ``XADD key [MAXLEN ~ N] * field value
-...`` with every field of ``tubeq.events.FIELDS`` in order. Each test gets its own stream key on
-the session's private Redis, so no test flushes anything.
+...`` with every field of ``tubeq.model.events.FIELDS`` in order. Each test gets its own stream key
+on the session's private Redis, so no test flushes anything.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from tubeq.keys import Keys
+from tubeq.store.keys import Keys
 
 TUBES = ("orders", "mail", "007")
 NAMES = ("put", "reserved", "released", "deleted", "buried", "kicked", "timed-out")

@@ -30,7 +30,7 @@ from tubeq.client import Client
 from tubeq.pipeline import archive
 from tubeq.pipeline.report import read_archive
 from tubeq.pipeline.session import PipelineError
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 KILL_EVENTS = 12_000
 KILL_BATCH = 400

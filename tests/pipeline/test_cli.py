@@ -27,10 +27,10 @@ from pyspark.sql import SparkSession
 from tests.pipeline import eventstream, workload
 from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
-from tubeq.events import FIELDS, INT_FIELDS, SPARK_DDL
+from tubeq.model.events import FIELDS, INT_FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, session
 from tubeq.pipeline.archive import write_archive
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A pipeline command that fails before Spark starts answers in about a second; one that starts
@@ -284,7 +284,8 @@ def test_help_works_without_the_extra() -> None:
     (ModuleNotFoundError("No module named 'pandas.core'", name="pandas.core"), "tubeq[pipeline]"),
     (ModuleNotFoundError("No module named 'grpc'", name="grpc"), "pyspark[connect]"),
     (ModuleNotFoundError("No module named 'yaml'", name="yaml"), None),
-    (ImportError("cannot import name 'x' from 'tubeq.events'", name="tubeq.events"), None),
+    (ImportError("cannot import name 'x' from 'tubeq.model.events'", name="tubeq.model.events"),
+     None),
 ])
 def test_missing_dependency_names_what_to_install(error: ImportError, hint: str | None) -> None:
     message = cli.missing_dependency(error)
@@ -297,7 +298,8 @@ def test_missing_dependency_names_what_to_install(error: ImportError, hint: str 
 
 def test_an_import_error_of_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(name: str) -> object:
-        raise ImportError("cannot import name 'nothing' from 'tubeq.events'", name="tubeq.events")
+        raise ImportError("cannot import name 'nothing' from 'tubeq.model.events'",
+                          name="tubeq.model.events")
 
     monkeypatch.setattr(cli.importlib, "import_module", broken)
     with pytest.raises(ImportError, match="nothing"):

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline import workload
 from tests.pipeline.sparks import local_spark
-from tubeq.events import FIELDS, SPARK_DDL
+from tubeq.model.events import FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, report
 from tubeq.pipeline.archive import write_archive
 
@@ -416,7 +416,7 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     import redis
 
     from tests.servers import unique_prefix
-    from tubeq.keys import Keys
+    from tubeq.store.keys import Keys
 
     prefix = unique_prefix("report")
     # A shared Redis (--redis) gets events only when asked for.

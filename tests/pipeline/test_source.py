@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
-from tubeq.events import FIELDS
+from tubeq.model.events import FIELDS
 from tubeq.pipeline.source import (
     EventGap,
     Gap,
@@ -29,7 +29,7 @@ from tubeq.pipeline.source import (
     parse_id,
     split_range,
 )
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 
 @pytest.fixture(scope="module")

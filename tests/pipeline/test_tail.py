@@ -14,7 +14,7 @@ from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
 from tubeq.pipeline import tail
 from tubeq.pipeline.session import PipelineError
-from tubeq.redis_process import RedisProcess, free_port
+from tubeq.redisio.process import RedisProcess, free_port
 
 WINDOW_S = 10
 

@@ -19,9 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline.sparks import local_spark
 from tests.servers import ServerProcess
-from tubeq.events import FIELDS
+from tubeq.model.events import FIELDS
 from tubeq.pipeline import schedule
-from tubeq.redis_process import free_port
+from tubeq.redisio.process import free_port
 
 SCHEMA = "body STRING, tube STRING, priority BIGINT, delay BIGINT, ttr BIGINT"
 

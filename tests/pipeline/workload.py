@@ -7,8 +7,8 @@ jobs left ready, delayed, reserved or buried at the end) and keeps two things ap
 * the **record**: what the test did, in its own terms: every wait (reserve time minus the moment
   the simulation made the job ready), every processing time, every promotion's lateness, each
   job's tries, and each job's state as time intervals;
-* the **events** that workload writes to the stream, in the ``tubeq.events`` schema, with stream
-  ids in the order they happened.
+* the **events** that workload writes to the stream, in the ``tubeq.model.events`` schema, with
+  stream ids in the order they happened.
 
 The expected figures in the tests come from the record only, never from the events, so a report
 that reads the events wrong cannot agree with them by accident.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from tubeq.events import FIELDS
+from tubeq.model.events import FIELDS
 
 # 2026-11-29 10:17:00 UTC plus 23.456 s: buckets do not start on the first event.
 BASE_MS = 1_795_947_443_456

@@ -88,7 +88,7 @@ from tubeq.client.wire import U32_MAX as U32_MAX
 from tubeq.client.wire import U64_MAX as U64_MAX
 
 # The names aliased to themselves above are not in __all__ but stay importable from here, as
-# before the split (tubeq.cli and the tests use some); the alias marks them re-exported.
+# before the split (tubeq.client.cli and the tests use some); the alias marks them re-exported.
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_PRIORITY", "DEFAULT_TTR", "ERRORS", "BadFormat", "BadOption",
     "Buried", "Client", "ClientConnectionError", "ClientError", "CommandError", "Consumer",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar, Final
 
-from tubeq import replies
 from tubeq.client.wire import REPLY_ARITY, _word
+from tubeq.protocol import replies
 
 
 class ClientError(Exception):

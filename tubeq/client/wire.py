@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from tubeq import replies
+from tubeq.protocol import replies
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 11300
@@ -43,7 +43,8 @@ def _word(reply: bytes) -> bytes:
     return reply.removesuffix(CRLF)
 
 
-# Success replies. The ones without arguments are the server's own constants (tubeq.replies).
+# Success replies. The ones without arguments are the server's own constants
+# (tubeq.protocol.replies).
 INSERTED: Final = b"INSERTED"
 USING: Final = b"USING"
 RESERVED: Final = b"RESERVED"
@@ -121,7 +122,7 @@ TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})
 # ids as fit its 16 KiB line (8,192 one-digit ids): a larger count is not a tubeq server.
 BATCH: Final = b"BATCH"
 MAX_BATCH_ITEMS: Final = 8192
-# The most jobs one put-many / reserve-many may carry (tubeq.batch_framing.PUT_MANY_MAX).
+# The most jobs one put-many / reserve-many may carry (tubeq.protocol.batch_framing.PUT_MANY_MAX).
 PUT_MANY_MAX: Final = 1000
-# The longest delete-many line a server takes, CRLF included (tubeq.protocol.EXT_LINE_MAX).
+# The longest delete-many line a server takes, CRLF included (tubeq.protocol.parser.EXT_LINE_MAX).
 EXT_LINE_MAX: Final = 16384

@@ -19,10 +19,10 @@ from aiohttp.typedefs import Middleware
 
 from tubeq.http.common import SERVER, json_errors
 from tubeq.http.ratelimit import RateLimiter
-from tubeq.listeners import tls_context
+from tubeq.server.listeners import tls_context
 
 if TYPE_CHECKING:
-    from tubeq.server import Server
+    from tubeq.server.process import Server
 
 # The largest request read into memory, per byte of max-job-size: a JSON put carries its body
 # as a JSON string, where any byte may be escaped as \u00XX (6 bytes for 1; a 2-byte UTF-8

@@ -20,9 +20,6 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from tubeq import options as job_options
-from tubeq import replies
-from tubeq.connection import ServerContext
 from tubeq.http.common import (
     HttpError,
     body_fields,
@@ -34,9 +31,12 @@ from tubeq.http.common import (
     unsigned,
 )
 from tubeq.http.reservations import MAX_POLL_S, HttpReservations
-from tubeq.server import Server
-from tubeq.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store import JobInfo
+from tubeq.model import options as job_options
+from tubeq.protocol import replies
+from tubeq.server.connection import ServerContext
+from tubeq.server.process import Server
+from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
+from tubeq.store.store import JobInfo
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -46,7 +46,7 @@ DEFAULT_TTR: Final = 60
 MAX_LIST: Final = 200
 STATES: Final = ("ready", "delayed", "buried", "reserved")
 
-# put's own three, and put-with's options (tubeq.options.PUT_OPTIONS: delay-ms, max-tries,
+# put's own three, and put-with's options (tubeq.model.options.PUT_OPTIONS: delay-ms, max-tries,
 # backoff-ms, backoff-max-ms, ttl-ms, on-expire, key) under the same names.
 PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr", *job_options.PUT_OPTIONS})
 PUT_JSON_KEYS: Final = PUT_OPTIONS | {"body", "body_base64"}
@@ -168,7 +168,7 @@ async def _raw_body(request: web.Request, limit: int) -> bytes | None:
 
 def _put_with_options(options: dict[str, Any]) -> job_options.Options:
     """put-with's options among a put's, checked as the protocol checks them (a 400 names a
-    refused one), in tubeq.options's order."""
+    refused one), in tubeq.model.options's order."""
     parsed: list[tuple[str, job_options.OptionValue]] = []
     for name, spec in job_options.PUT_OPTIONS.items():
         if name in options:

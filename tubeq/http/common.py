@@ -4,7 +4,7 @@ Rules: every failure a client can cause answers a 4xx with a JSON body ``{"error
 saying what was wrong (the middleware turns aiohttp's own 404/405/413 into the same shape); a
 Redis that is down or refusing is a 503 with the same shape and one warning line; any other
 5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own
-limits (tubeq.protocol), so a value the text protocol refuses is refused here too.
+limits (tubeq.protocol.parser), so a value the text protocol refuses is refused here too.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 from aiohttp import web
 
-from tubeq.protocol import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
-from tubeq.resp import RedisConnectionLost, RedisReplyError
+from tubeq.protocol.parser import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
+from tubeq.redisio.client import RedisConnectionLost, RedisReplyError
 
 if TYPE_CHECKING:
-    from tubeq.connection import ServerContext
-    from tubeq.server import Server
+    from tubeq.server.connection import ServerContext
+    from tubeq.server.process import Server
 
 log = structlog.get_logger("tubeq.http")
 

@@ -1,9 +1,9 @@
 """GET /metrics: the Prometheus exposition of this process's counters and the namespace's jobs.
 
 At scrape time, and only then, this reads what the hot path counted in plain Python
-(tubeq.stats.CommandCounters, tubeq.metrics.Metrics) and what lives in Redis (every tube's job
-counts in one overview.lua call, the shared stats), and hands a snapshot to prometheus_client
-through a custom collector. The hot path never touches prometheus_client.
+(tubeq.server.stats.CommandCounters, tubeq.server.metrics.Metrics) and what lives in Redis (every
+tube's job counts in one overview.lua call, the shared stats), and hands a snapshot to
+prometheus_client through a custom collector. The hot path never touches prometheus_client.
 
 Two kinds of series, named so a dashboard cannot mix them up:
 
@@ -34,9 +34,9 @@ from prometheus_client.registry import Collector
 
 from tubeq import __version__
 from tubeq.http.common import server_of
-from tubeq.metrics import OTHER_TUBE, Histogram, Metrics
-from tubeq.server import Server
-from tubeq.store import TubeCounts
+from tubeq.server.metrics import OTHER_TUBE, Histogram, Metrics
+from tubeq.server.process import Server
+from tubeq.store.store import TubeCounts
 
 STATES = ("ready", "reserved", "delayed", "buried")
 

@@ -8,9 +8,9 @@ the job, unguessable (96 random bits), and it lives until the job's TTR runs out
 expire.lua puts the job back to ready (timeouts + 1), as for a worker that went silent. Nothing
 else ends an HTTP reservation: there is no connection whose close could hand it back.
 
-The long poll follows the connection's wait (tubeq.connection, tubeq.waiters): watch the tubes
-under the token, try once, register as a waiter and count in Redis as waiting (so put.lua may
-hand a new job straight to it and other processes publish wake-ups), try again, then sleep
+The long poll follows the connection's wait (tubeq.server.connection, tubeq.server.waiters): watch
+the tubes under the token, try once, register as a waiter and count in Redis as waiting (so put.lua
+may hand a new job straight to it and other processes publish wake-ups), try again, then sleep
 until woken or the bound, and try again. At the end the token stops waiting and its watches are
 dropped (tubes nobody references are removed, as after an ignore). A request that goes away
 mid-poll (client disconnect, shutdown) gives back, at once, any job granted meanwhile.
@@ -29,12 +29,12 @@ import contextlib
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from tubeq.futures import discard
-from tubeq.store import Reservation
-from tubeq.waiters import Waiter
+from tubeq.redisio.futures import discard
+from tubeq.server.waiters import Waiter
+from tubeq.store.store import Reservation
 
 if TYPE_CHECKING:
-    from tubeq.connection import ServerContext
+    from tubeq.server.connection import ServerContext
 
 # The longest long poll one request may ask for (s); a client polls again after it.
 MAX_POLL_S = 600

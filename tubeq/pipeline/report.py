@@ -3,7 +3,7 @@
 Owns the derivation of a job's life from its events (the state before and after each event, the
 queue wait, the processing time, the delay lateness), the result tables built from it, and
 ``report.html``, the page an operator reads offline. Input is any DataFrame with the
-``tubeq.events.SPARK_DDL`` columns (the archive, read back, is one); everything is PySpark
+``tubeq.model.events.SPARK_DDL`` columns (the archive, read back, is one); everything is PySpark
 DataFrame code, so the same report runs on one laptop or on a cluster.
 
 Rules:
@@ -62,7 +62,7 @@ from numpy.typing import NDArray
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tubeq.events import FIELDS, SPARK_DDL, EventName
+from tubeq.model.events import FIELDS, SPARK_DDL, EventName
 from tubeq.pipeline.session import PipelineError, spark_session
 
 PERCENTILES: Final = (0.5, 0.95, 0.99)
@@ -156,8 +156,8 @@ def _new_state(event: Column, delay_ms: Column) -> Column:
 
 def read_archive(spark: SparkSession, *archives: str | Path) -> DataFrame:
     """The events of one archive or several (Parquet directories, partitioned by ``date`` and
-    ``tube`` or not): a namespace split into shards (tubeq.shards) has one event stream, so one
-    archive, per shard, and its jobs' ids are unique across them.
+    ``tube`` or not): a namespace split into shards (tubeq.store.shards) has one event stream, so
+    one archive, per shard, and its jobs' ids are unique across them.
 
     The schema is given rather than inferred, so a tube named ``007`` stays a string.
     """

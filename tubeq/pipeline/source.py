@@ -3,7 +3,7 @@
 Owns the reader side of the ``tubeq`` format: ``spark.read.format("tubeq")`` (a batch read of the
 stream in parallel partitions) and ``spark.readStream.format("tubeq")`` (a micro-batch source
 whose offsets are stream ids), the trim of what Spark has committed, and the detection of gaps.
-The columns are ``tubeq.events.SPARK_DDL``; a row is one stream entry parsed by
+The columns are ``tubeq.model.events.SPARK_DDL``; a row is one stream entry parsed by
 ``Event.from_entry``. ``df.write.format("tubeq")`` is the same format's writer, which lives in
 ``writer.py`` and is reached through :meth:`TubeqEventSource.writer`.
 
@@ -44,7 +44,7 @@ check once more as they page (the stream's first entry must not have passed the 
 about to read); that check cannot count, so it may report a gap that held no event of its own
 partition, and only when the cap trims the very events being read.
 
-Malformed entries (``Event.from_entry`` raises :class:`tubeq.events.MalformedEvent`): by
+Malformed entries (``Event.from_entry`` raises :class:`tubeq.model.events.MalformedEvent`): by
 default the read fails with the entry's id and what is wrong with it, because an archive that
 leaves an entry out is not a record; ``skipMalformed=true`` leaves them out with one warning
 per entry (its id and reason) and a count per task in the worker's log.
@@ -81,9 +81,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from tubeq.events import FIELDS, INT_FIELDS, SPARK_DDL, Event, MalformedEvent
-from tubeq.keys import Keys
+from tubeq.model.events import FIELDS, INT_FIELDS, SPARK_DDL, Event, MalformedEvent
 from tubeq.pipeline.writer import make_writer
+from tubeq.store.keys import Keys
 
 NAME: Final = "tubeq"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"

@@ -1,0 +1,152 @@
+"""The ``name=value`` options of tubeq's extension commands, sans-IO: grammar and vocabulary.
+
+Owns which option names each extension accepts, the type and range of each value, and the one
+grammar they share (protocol.md, "Extensions"): after a command's positional arguments come
+zero or more ``name=value`` tokens, separated by spaces, the last one ending the line. Rules:
+
+* Nothing is ignored. A token without ``=`` (or a trailing space) is ``BAD_FORMAT``; a name the
+  command does not know, a name given twice, or a value out of its range is ``BAD_OPTION
+  <name>``, so the client learns which option was refused. Nothing is stored in either case.
+* Durations are whole milliseconds and say so in their name (``-ms``); counts are plain
+  integers; ``0`` always means "none" (no limit, no delay, no expiry), so every numeric option
+  can be reset.
+* The parsed options are a tuple of ``(name, value)`` pairs in the order the spec lists them
+  (not the order sent), so equal option sets compare equal and scripts get a fixed layout.
+
+Imports neither asyncio nor redis: the parser (:mod:`tubeq.protocol.parser`) calls :func:`parse`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+OptionValue: TypeAlias = int | str
+Options: TypeAlias = tuple[tuple[str, OptionValue], ...]
+
+# An option name as it may be echoed in BAD_OPTION: short, lowercase words and hyphens. A
+# "name" that is not even shaped like one is BAD_FORMAT (nothing of it is echoed back).
+_NAME: Final = re.compile(rb"[a-z][a-z0-9-]{0,31}")
+_DIGITS: Final = re.compile(rb"[0-9]{1,20}")
+# A dedupe key: 1-200 printable ASCII bytes without space (the line's separator) and without
+# '=' so a token splits unambiguously; 200 as for tube names.
+_KEY: Final = re.compile(rb"[!-<>-~]{1,200}")
+
+# The longest delay or duration: beanstalkd's delays are u32 seconds, so tubeq's in ms reach
+# the same instant (about 136 years); a larger value is surely a mistake.
+MAX_MS: Final = (2**32 - 1) * 1000
+U32_MAX: Final = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One option: an unsigned integer up to ``maximum``, one of ``choices``, or a key."""
+
+    maximum: int = 0
+    choices: tuple[str, ...] = ()
+    key: bool = False
+
+    def convert(self, raw: bytes) -> OptionValue | None:
+        """The value of ``raw``, or None if it is not one this option takes."""
+        if self.key:
+            return raw.decode("ascii") if _KEY.fullmatch(raw) else None
+        if self.choices:
+            text = raw.decode("ascii", "replace")
+            return text if text in self.choices else None
+        if _DIGITS.fullmatch(raw) is None:
+            return None
+        value = int(raw)
+        return value if value <= self.maximum else None
+
+
+_MS: Final = Spec(maximum=MAX_MS)
+_COUNT: Final = Spec(maximum=U32_MAX)
+
+# What a job may carry (put-with) and a tube may set as the default for its jobs (tube-set).
+# Job policies: max-tries (reserves that ended in a TTR timeout or a release before the job is
+# buried with reason max-tries), backoff-ms / backoff-max-ms (exponential retry delay after a
+# TTR timeout, with jitter, capped), ttl-ms (time to live from the put), on-expire (what an
+# expired job becomes).
+JOB_POLICIES: Final[Mapping[str, Spec]] = {
+    "max-tries": _COUNT,
+    "backoff-ms": _MS,
+    "backoff-max-ms": _MS,
+    "ttl-ms": _MS,
+    "on-expire": Spec(choices=("bury", "delete")),
+}
+
+PUT_OPTIONS: Final[Mapping[str, Spec]] = {
+    "delay-ms": _MS,
+    **JOB_POLICIES,
+    "key": Spec(key=True),
+}
+
+# Per tube: the job policies' defaults, plus the tube's reserve rate limit (reserves per second
+# across all processes), concurrency cap (jobs reserved at once) and the most jobs it may hold
+# in every state together (a put past it answers OUT_OF_MEMORY).
+TUBE_SETTINGS: Final[Mapping[str, Spec]] = {
+    **JOB_POLICIES,
+    "rate": _COUNT,
+    "concurrency": _COUNT,
+    "max-jobs": _COUNT,
+}
+
+# The defaults a setting has until a tube-set changes it (and after it is set back to them).
+DEFAULTS: Final[Mapping[str, OptionValue]] = {
+    name: "bury" if name == "on-expire" else 0 for name in TUBE_SETTINGS
+}
+
+
+class BadFormat(Exception):
+    """The options are not ``name=value`` tokens: the reply is BAD_FORMAT."""
+
+
+class BadOption(Exception):
+    """A well-formed option the command refuses: the reply is ``BAD_OPTION <name>``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def parse(text: bytes, specs: Mapping[str, Spec]) -> Options:
+    """The options in ``text`` (the rest of a line after the positional arguments).
+
+    ``text`` is empty or starts with the space(s) that separate it from the last positional
+    argument; tokens are separated by one or more spaces; nothing may follow the last.
+    Raises :class:`BadFormat` or :class:`BadOption`.
+    """
+    if not text:
+        return ()
+    if not text.startswith(b" ") or text.endswith(b" "):
+        raise BadFormat
+    found: dict[str, OptionValue] = {}
+    for token in text.split(b" "):
+        if not token:  # the separator: one or more spaces, as between beanstalkd's arguments
+            continue
+        raw_name, equals, raw_value = token.partition(b"=")
+        if not equals or _NAME.fullmatch(raw_name) is None:
+            raise BadFormat
+        name = raw_name.decode("ascii")
+        spec = specs.get(name)
+        if spec is None or name in found:
+            raise BadOption(name)
+        value = spec.convert(raw_value)
+        if value is None:
+            raise BadOption(name)
+        found[name] = value
+    return tuple((name, found[name]) for name in specs if name in found)
+
+# Recurring jobs (schedule-add, issue 10 part 4): when a schedule ticks and what its job is.
+# `cron` is a cron expression with its fields joined by `_` (checked by tubeq.model.recurring),
+# `every-ms` an interval; a schedule takes exactly one of the two. `pri` and `ttr` are put's
+# (ttr in whole seconds, as put's: it is beanstalkd's unit for it), `delay-ms` delays each job.
+SCHEDULE_OPTIONS: Final[Mapping[str, Spec]] = {
+    "cron": Spec(key=True),
+    "every-ms": _MS,
+    "pri": _COUNT,
+    "ttr": _COUNT,
+    "delay-ms": _MS,
+}

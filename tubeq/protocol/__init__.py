@@ -1,0 +1,8 @@
+"""The beanstalkd protocol, sans-IO: bytes in, command dataclasses out; replies to bytes.
+
+Holds: the parser with its framing, phases and word tables (parser), the commands (commands),
+the reply words and builders (replies) and the framing of a put-many's entries (batch_framing).
+
+Rules: imports only tubeq.model; never asyncio or redis (the import-linter contracts in
+pyproject.toml keep that). Tested byte by byte, and against a real beanstalkd by tests/wire.
+"""

@@ -1,0 +1,1104 @@
+"""One client connection: the thin asyncio adapter between the parser and the store.
+
+Bytes go to the sans-IO parser; each command it yields is dispatched at once to a handler that
+returns its reply, either as bytes or as a future of bytes (a store call in flight). Replies
+leave strictly in command order, coalesced into one write per loop tick. Pipelined commands
+therefore reach Redis without waiting for each other. A reserve's first try goes out at once
+too; as a reserve may have to wait, only commands that cannot change what it gets pass it
+(see ``_may_pass_a_reserve``), and the first reserve that finds nothing waits for a job.
+
+The connection owns its reservations (beanstalkd semantics): only it may delete, release, bury
+or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
+It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
+
+Flow control (protocol.md "Limits"): a connection's unanswered commands are bounded by count
+(``max_in_flight``), the commands taken from it per event-loop turn by ``TURN_BUDGET`` (so one
+pipelined flood cannot starve the other connections), and its unsent replies by the transport's
+high-water mark: whenever any bound is reached, the connection stops reading (pause_reading) and
+the client's own socket fills, as with beanstalkd, which serves one command at a time. Reading
+resumes as replies leave. A connection that holds more than ``max_client_buffer`` bytes all the
+same (unsent replies plus unparsed input: only replies far larger than usual can get there) is
+aborted with a log line, and its reservations go back to ready as on any disconnect.
+
+Push extension (``push <credits>``, tubeq only): the connection then receives RESERVED frames
+for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
+taken several per script call; each delete/release/bury of a pushed job (or its TTR running
+out) frees a credit. The frames join the reply stream between whole replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, TypeVar, cast
+
+import structlog
+
+from tubeq.protocol import commands as c
+from tubeq.protocol import replies
+from tubeq.protocol.parser import Parser
+from tubeq.redisio.futures import discard
+from tubeq.server.access import AccessConfig
+from tubeq.server.handlers import GATE_HANDLERS, HANDLERS, Reply
+from tubeq.server.metrics import Metrics, command_label
+from tubeq.server.scheduler import Scheduler
+from tubeq.server.stats import CommandCounters, ServerIdentity
+from tubeq.server.using import UseLedger
+from tubeq.server.waiters import Waiter, WaiterRegistry
+from tubeq.store.store import Deferred, NoJob, Reservation, Store
+
+log = structlog.get_logger(__name__)
+
+# beanstalkd's safety margin: a reserved job whose TTR ends within this many ms makes a reserve
+# answer DEADLINE_SOON (the worker should finish or touch it instead of taking more work).
+SAFETY_MARGIN_MS = 1000
+# A blocked reserve re-runs the reserve script about this often (up to 1 s later: a coarse timer)
+# even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
+WAKE_RECHECK_S = 10.0
+
+# A reserve-with-timeout answers TIMED_OUT at most this long after its timeout, whatever Redis
+# does: a try or a count still in flight then is not waited for (a job it grants later goes to
+# the connection's next reserve, or back to ready by TTR or when the connection closes).
+RESERVE_GRACE_S = 0.25
+
+# A restore of this process's registrations, or a closed connection's clean-up, that failed
+# (Redis went away) is tried again after this pause; a clean-up at most DISCONNECT_TRIES times
+# (about a minute: a Redis away for longer lost nothing it holds, and a restart of this process
+# is the remedy for what stays counted).
+RESTORE_RETRY_S = 1.0
+DISCONNECT_TRIES = 60
+
+# Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
+# worker that lets jobs time out does not grow the map forever.
+PRUNE_RESERVED_AT = 64
+# The push extension takes at most this many jobs per script call, however many credits a
+# client grants: one call must not hold Redis's single thread for long.
+PUSH_BATCH_MAX = 64
+
+# Commands of one connection parsed and not yet answered (replies not yet written), past which
+# the connection stops reading. beanstalkd keeps one; 128 is twice the deepest pipeline any bench
+# or bundled-client load keeps (64), so pipelining clients keep their throughput, and it bounds
+# what one connection can queue in front of everyone else's commands on the shared Redis link.
+DEFAULT_MAX_IN_FLIGHT = 128
+# Commands dispatched from one connection per event-loop turn before the others get theirs. A
+# turn of 64 lets a client's whole pipeline (or one full Redis batch, REDIS_BATCH_CALLS) through
+# in one go while a flood of small commands yields every few hundred microseconds.
+TURN_BUDGET = 64
+# The hard cap on what one connection may hold in the server: unsent reply bytes plus received,
+# unparsed bytes. With the bounds above a client that does not read holds at most about
+# max_in_flight replies plus the transport's high-water mark (64 KiB): 128 peeks of 64 KiB jobs
+# are 8 MiB. Redis's own limit for pub/sub clients is 32 MiB; so is this one, by default.
+DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
+# A reserve that waits holds the commands sent after it; until this many bytes of them have
+# arrived the connection keeps reading (so a client that closes is noticed, as beanstalkd
+# notices a hang-up while a reserve waits), past it reading stops like any other backpressure.
+HELD_INPUT_MAX = 256 * 1024
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False, slots=True)
+class PendingReserve:
+    """A reserve sent to Redis and not yet answered."""
+
+    timeout_s: int | None  # None waits forever
+    reply: asyncio.Future[bytes]
+    number: int  # its place among the connection's reserves (1, 2, ...)
+    tried: bool = False  # its first try has come back
+    failed: bool = False  # ... with a store error
+    count: int | None = None  # reserve-many: up to this many jobs, answered as one BATCH
+    # reserve-with-timeout: answers TIMED_OUT if its first try is still out past its timeout
+    overdue: asyncio.TimerHandle | None = None
+    # When it became the next reserve to answer (loop time): its timeout runs from then, as
+    # in beanstalkd, which takes a connection's commands one at a time.
+    started: float = 0.0
+
+
+@dataclass(eq=False)
+class Capacity:
+    """The process's connections across its namespaces, against ``--max-connections``."""
+
+    limit: int = 0  # 0: no limit
+    open: int = 0
+
+    def take(self) -> bool:
+        """Count one more connection, or False when the process is full."""
+        if self.limit and self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+
+@dataclass
+class ServerContext:
+    """What every connection of one tubeq process shares."""
+
+    store: Store
+    registry: WaiterRegistry
+    scheduler: Scheduler
+    counters: CommandCounters
+    using: UseLedger
+    identity: ServerIdentity
+    max_job_size: int
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
+    draining: bool = False
+    # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
+    # puts answer OUT_OF_MEMORY until a count finds room.
+    full: bool = False
+    connections: dict[str, Connection] = field(default_factory=dict)  # by token
+    # Connections whose connect.lua was sent and whose disconnect.lua was not yet: what
+    # restore_registrations puts back in Redis.
+    registered: dict[str, Connection] = field(default_factory=dict)
+    # The HTTP API's reservation tokens and the tubes each watches (tubeq.http.reservations),
+    # restored with the connections.
+    reservation_watches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # With an access file: the gate between the listener and the namespaces (tubeq.server.access).
+    gate: Gate | None = None
+    capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
+    # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
+    observer: Metrics | None = None
+    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
+    # when put.lua hands one of them a job.
+    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
+    _restore_scheduled: bool = False
+
+    def next_token(self) -> str:
+        return f"{self.store.instance_id}:{next(self._seq)}"
+
+    def restore_registrations(self) -> None:
+        """This process was found unregistered in Redis (reaped after a pause, or Redis lost
+        its data: tubeq.server.scheduler): put back what its live connections need, once per loop
+        turn however many shards said so. Every step is idempotent."""
+        if not self._restore_scheduled:
+            self._restore_scheduled = True
+            asyncio.get_running_loop().call_soon(self._restore)
+
+    def _restore(self) -> None:
+        self._restore_scheduled = False
+        conns = list(self.registered.values())
+        gauges = (len(conns), sum(conn.producer for conn in conns),
+                  sum(conn.worker for conn in conns))
+        tokens = [(conn.token, True, conn.watched) for conn in conns]
+        tokens += [(token, False, tubes) for token, tubes in self.reservation_watches.items()]
+        restored = self.store.restore(tokens, gauges)
+        restored.add_done_callback(functools.partial(self._restored, len(conns)))
+        resent = self.using.resend()
+        if resent is not None:
+            resent.add_done_callback(discard)
+        for conn in conns:  # after the watches, on the same Redis connection
+            conn.registration_lost()
+
+    def _restored(self, connections: int, f: asyncio.Future[int]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            log.warning("restoring registrations failed; trying again",
+                        error=None if f.cancelled() else repr(f.exception()))
+            asyncio.get_running_loop().call_later(RESTORE_RETRY_S, self.restore_registrations)
+        else:
+            log.warning("registrations restored", connections=connections, watches=f.result())
+
+
+@dataclass(eq=False)
+class Gate:
+    """Which namespace (its context) a token or a client certificate enters."""
+
+    config: AccessConfig
+    namespaces: dict[str, ServerContext]
+
+    def by_token(self, token: str) -> ServerContext | None:
+        name = self.config.namespace_of_token(token)
+        return None if name is None else self.namespaces[name]
+
+    def by_certificate(self, peercert: Any) -> ServerContext | None:
+        """The namespace of a verified client certificate's subject common name, if any."""
+        if not peercert:
+            return None
+        for rdn in peercert.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    name = self.config.namespace_of_certificate(value)
+                    if name is not None:
+                        return self.namespaces[name]
+        return None
+
+
+# The handlers of a connection refused at once (over --max-connections): it gets none.
+_REFUSED: dict[type[c.Command], Any] = {}
+
+# A connection that sends this many bad tokens is closed: tokens are not to be guessed.
+MAX_AUTH_FAILURES = 3
+
+
+class Connection(asyncio.Protocol):
+    # Slots: thousands of idle connections each save their instance dict (~700 B).
+    __slots__ = (
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof",
+        "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
+        "_prune_at", "_pump_scheduled",
+        "_push_credits", "_push_task", "_push_waiter", "_pushed", "_quit", "_reading",
+        "_recount_push", "_recount_wait", "_replies", "_reserves", "_throttled", "_waiter",
+        "_write_paused", "ctx", "extended", "parser", "passing", "producer", "replaying",
+        "reserved", "store", "token", "transport", "used", "watched", "worker",
+    )
+
+    def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
+        """A connection in namespace ``ctx``; ``gated``: in none until ``auth`` (ctx is then the
+        listener's, for its limits only: nothing is stored or counted before auth)."""
+        self.ctx = ctx
+        self._handlers = GATE_HANDLERS if gated else HANDLERS
+        self._auth_failures = 0
+        self.store = ctx.store
+        self.token = ctx.next_token()
+        # A put-many keeps at most half the buffer cap of bodies (tubeq.protocol.batch_framing).
+        self.parser = Parser(ctx.max_job_size, max_batch_bytes=ctx.max_client_buffer // 2)
+        self.used = "default"
+        # A tuple, replaced on watch/ignore: every connection shares the default one, and a
+        # Waiter takes it as it is (tuple() of a tuple is the same object).
+        self.watched: tuple[str, ...] = _WATCH_DEFAULT
+        self.reserved: dict[int, int] = {}  # job id -> TTR deadline (ms)
+        self._prune_at = PRUNE_RESERVED_AT  # see _hold
+        self.producer = False
+        self.worker = False
+        # The client has sent a tubeq extension command: it knows tubeq, so stats documents
+        # carry tubeq's extra keys (a client that never does sees beanstalkd's documents).
+        self.extended = ctx.extra_keys_always
+        self.transport: asyncio.Transport | None = None
+        # Lists, not deques or sets: they stay short, and an empty deque costs ~600 B and an
+        # empty set ~200 B per connection (thousands of idle connections hold these).
+        self._replies: list[Reply] = []
+        self._flush_scheduled = False
+        self._reserves: list[PendingReserve] = []  # unanswered reserves, in order
+        self._pool: list[Reservation] = []  # granted, not yet handed to a reserve
+        self._held: c.Command | None = None  # parsed, waiting for the reserves before it
+        self._numbered = 0  # reserves so far (PendingReserve.number)
+        # Commands sent past a reserve that Redis deferred (tubeq.store.store.Deferred): each with
+        # its reply and the number of the last reserve before it; sent again once those reserves
+        # have answered (_replay_deferred). None while there are none.
+        self._deferred: list[tuple[c.Command, asyncio.Future[bytes], int]] | None = None
+        # While a handler runs: the number of the first unanswered reserve the command passes
+        # (0: none), for the store call; and whether the command is a deferred one sent again.
+        self.passing = 0
+        self.replaying = False
+        # Store calls that may grant jobs; None while there are none (most of an idle life).
+        self._grants: list[asyncio.Future[Any]] | None = None
+        self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
+        self._waiter: Waiter | None = None
+        self._push_credits = 0
+        self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
+        self._push_task: asyncio.Task[None] | None = None
+        self._push_waiter: Waiter | None = None
+        # Redis lost this connection's wait registration (ServerContext.restore_registrations):
+        # the reserve's wait, or the push loop, counts itself in again before its next try.
+        self._recount_wait = False
+        self._recount_push = False
+        self._reading = True  # not paused by flow control
+        self._write_paused = False  # the transport's buffer is past its high-water mark
+        self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
+        self._pump_scheduled = False
+        self._quit = False
+        self._eof = False
+        self._lost = False
+        self._closed: asyncio.Future[None] | None = None  # made when someone waits
+        self._cleaned_up = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        if not self.ctx.capacity.take():
+            # Over --max-connections: one clear line, then closed; nothing registered.
+            self._handlers = _REFUSED
+            self.transport.write(replies.TOO_MANY_CONNECTIONS)
+            self.transport.close()
+            log.warning("connection refused: --max-connections reached", peer=_peer(transport))
+            return
+        self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
+        log.info("connection opened", conn=self.token, peer=_peer(transport))
+        if self.ctx.observer is not None:
+            self.ctx.observer.connections_opened += 1
+        if self._handlers is HANDLERS:
+            self._register()
+        elif self.ctx.gate is not None:
+            ctx = self.ctx.gate.by_certificate(transport.get_extra_info("peercert"))
+            if ctx is not None:
+                self.enter(ctx)
+
+    def _register(self) -> None:
+        """Count this connection in its namespace: from here on it may store and reserve."""
+        self.ctx.registered[self.token] = self
+        self.store.connect(self.token).add_done_callback(discard)
+        in_redis = self.ctx.using.acquire(self.used)
+        if in_redis is not None:
+            in_redis.add_done_callback(discard)
+
+    @property
+    def authenticated(self) -> bool:
+        """In a namespace (always, without an access file)."""
+        return self._handlers is HANDLERS
+
+    def enter(self, ctx: ServerContext) -> None:
+        """Leave the gate for namespace ``ctx`` (a good token or client certificate)."""
+        self.ctx.connections.pop(self.token, None)
+        self.ctx = ctx
+        self.store = ctx.store
+        self.token = ctx.next_token()
+        self._handlers = HANDLERS
+        ctx.connections[self.token] = self
+        self._register()
+
+    def auth_failed(self) -> None:
+        """One more bad token; the last one allowed closes the connection after its reply."""
+        self._auth_failures += 1
+        if self._auth_failures >= MAX_AUTH_FAILURES:
+            log.warning("closing a connection after repeated bad tokens")
+            self.quit()
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        self._pump()
+
+    def eof_received(self) -> bool:
+        # Half-close: answer what was sent, a blocked reserve gets TIMED_OUT, then close.
+        self._eof = True
+        if self._waiter is not None:
+            self._waiter.wake()
+        if self._push_task is not None:
+            self._push_task.cancel()
+        self._maybe_close()
+        return True
+
+    def pause_writing(self) -> None:
+        # The client is not taking its replies: take no more commands from it (the pump stops
+        # at the next command) and stop reading, so its own socket buffer fills.
+        self._write_paused = True
+        self._set_reading(False)
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._push_waiter is not None:
+            self._push_waiter.event.set()
+        # Whether or not the pump stopped for this, reading was paused: the pump decides anew.
+        self._schedule_pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if self._handlers is not _REFUSED:
+            self.ctx.capacity.open -= 1
+            log.info("connection closed", conn=self.token,
+                     error=None if exc is None else repr(exc))
+            if self.ctx.observer is not None:
+                self.ctx.observer.connections_closed += 1
+        self.ctx.connections.pop(self.token, None)
+        if self._handlers is not HANDLERS:  # never entered a namespace: nothing to clean up
+            self._cleaned_up = True
+            if self._closed is not None and not self._closed.done():
+                self._closed.set_result(None)
+            return
+        running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
+        for task in running:
+            task.cancel()
+        # Wait for the tasks' `finally` (it takes the connection out of the waiters) and for
+        # reserve calls still in flight, whose grants must be in `reserved` before
+        # disconnect.lua hands every job back.
+        pending = [*running, *(self._grants or ())]
+        if pending:
+            gathered = asyncio.gather(*pending, return_exceptions=True)
+            gathered.add_done_callback(lambda _: self._disconnect())
+        else:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        self.ctx.registered.pop(self.token, None)
+        using = self.ctx.using
+        using.release(self.used)
+        for tube in self.watched:
+            using.watch(tube, -1)
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done.add_done_callback(self._disconnected)
+        if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
+            done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
+
+    def _disconnected(self, f: asyncio.Future[Any], tries: int = 1) -> None:
+        if not f.cancelled() and f.exception() is not None:
+            # Redis was away: the connection would stay listed, watching and counted for as
+            # long as this process lives. disconnect.lua is idempotent: send it again.
+            retry = tries < DISCONNECT_TRIES
+            log.warning("disconnect cleanup failed", token=self.token, error=repr(f.exception()),
+                        retry=retry)
+            if retry:
+                asyncio.get_running_loop().call_later(
+                    RESTORE_RETRY_S, self._disconnect_again, tries + 1)
+                return
+        self._cleaned_up = True
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def _disconnect_again(self, tries: int) -> None:
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done.add_done_callback(functools.partial(self._disconnected, tries=tries))
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is gone and its jobs were handed back."""
+        if self._cleaned_up:
+            return
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        if self.transport is not None and not self._lost:
+            self.transport.close()
+
+    def mark_producer(self) -> None:
+        """This connection has put a job: it counts in current-producers from now on."""
+        if not self.producer:
+            self.producer = True
+            self.store.bump_gauge("producers", 1)
+
+    def mark_worker(self) -> None:
+        """This connection has reserved (or asked for pushed jobs): it counts in current-workers."""
+        if not self.worker:
+            self.worker = True
+            self.store.bump_gauge("workers", 1)
+
+    def quit(self) -> None:
+        """Stop reading commands; close once the replies before the quit are written."""
+        self._quit = True
+
+    # -- command flow -------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Dispatch parsed commands until the input runs dry or a bound is reached; read on
+        only when the input ran dry (or a reserve holds the rest and little has arrived)."""
+        self._pump_scheduled = False
+        budget = TURN_BUDGET
+        limit = self.ctx.max_in_flight
+        read_on = False
+        while not self._quit and not self._lost:
+            if self._write_paused or len(self._replies) >= limit:
+                self._throttled = True  # _flush or resume_writing pumps again
+                break
+            if not budget:
+                self._schedule_pump()  # the other connections' turn first
+                break
+            if self._held is not None:
+                if self._reserves:
+                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    break
+                command, self._held = self._held, None
+            else:
+                parsed = self.parser.next_command()
+                if parsed is None:
+                    read_on = True
+                    break
+                command = parsed
+                if self._reserves and not self._may_pass_a_reserve(command):
+                    self._held = command
+                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    break
+            self._dispatch(command, self._reserves[0].number
+                           if self._reserves and type(command) not in _RESERVES else 0)
+            budget -= 1
+        self._set_reading(read_on)
+        self._maybe_close()
+
+    def _schedule_pump(self) -> None:
+        self._throttled = False
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _set_reading(self, on: bool) -> None:
+        if on is not self._reading and self.transport is not None and not self._lost:
+            self._reading = on
+            if on:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _may_pass_a_reserve(self, command: c.Command) -> bool:
+        """Whether ``command`` may go to Redis while a reserve before it is unanswered.
+
+        beanstalkd runs a connection's commands one at a time, so a reserve that blocks holds
+        what follows. tubeq sends a reserve's first try at once and lets through further
+        reserves, and delete, bury or touch of a job this connection already holds: these go to
+        Redis with the number of the first reserve they pass, and if one of those reserves found
+        nothing on its first try (so it waits), the script does nothing and says so (Deferred):
+        the command is sent again once those reserves have answered (_replay_deferred). A bury
+        that ran at once could otherwise be kicked by another connection into the waiting
+        reserve; a delete or touch would change what a TTR time-out returns to it. Once a
+        reserve is known to wait, or where the store cannot defer (a split namespace), they
+        wait in the connection like every other command: until every reserve before them has
+        answered. Replies keep their order either way.
+        """
+        kind = type(command)
+        if kind in _RESERVES:
+            return True
+        if self._blocking is not None or not self.store.defers_behind_reserves:
+            return False
+        if kind in _ON_HELD_JOBS:
+            return cast(c.Delete | c.Bury | c.Touch, command).id in self.reserved
+        if kind is c.DeleteMany:  # batches: only when every id is a job this connection holds
+            return all(i in self.reserved for i in cast(c.DeleteMany, command).ids)
+        return False
+
+    def _dispatch(self, command: c.Command, passing: int = 0) -> None:
+        """Run ``command``'s handler and queue its reply; ``passing``: the number of the first
+        unanswered reserve it was let past (see :meth:`_may_pass_a_reserve`)."""
+        handlers = self._handlers
+        if command.stat is not None and handlers is HANDLERS:  # nothing counted before auth
+            self.ctx.counters.incr(command.stat)
+        handler = handlers[type(command)]
+        self.passing = passing
+        try:
+            reply = handler(self, command)
+        except Exception:
+            log.exception("handler failed", command=type(command).__name__)
+            reply = replies.INTERNAL_ERROR
+        finally:
+            self.passing = 0
+        if reply is None:
+            return
+        if passing and not isinstance(reply, bytes):  # Redis may defer it: see _passed
+            outcome = reply
+            reply = asyncio.get_running_loop().create_future()
+            outcome.add_done_callback(functools.partial(
+                self._passed, command, reply, self._reserves[-1].number))
+        self._replies.append(reply)
+        observer = self.ctx.observer
+        if isinstance(reply, bytes):
+            if observer is not None:
+                observer.answered(command_label(type(command)), reply)
+            self._schedule_flush()
+        elif type(command) not in _RESERVES:  # a reserve's reply is written by _answer
+            if observer is None:
+                reply.add_done_callback(self._reply_done)
+            else:  # the same one callback, which also tells the observer (tubeq.server.metrics)
+                reply.add_done_callback(functools.partial(
+                    self._observed_reply_done, command_label(type(command)), perf_counter()))
+
+    def _observed_reply_done(self, label: str, started: float,
+                             reply: asyncio.Future[bytes]) -> None:
+        observer = self.ctx.observer
+        assert observer is not None
+        observer.finished(self.token, label, started, reply)
+        self._reply_done(reply)
+
+    def _reply_done(self, reply: asyncio.Future[bytes]) -> None:
+        # A lone reply (one command in flight: a round-trip-bound client) is written at once;
+        # several wait for the end of the tick and leave in one write.
+        if len(self._replies) == 1 and self._replies[0] is reply and not self._flush_scheduled:
+            self._flush()
+        else:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out: list[bytes] = []
+        for head in self._replies:
+            if isinstance(head, bytes):
+                out.append(head)
+            elif head.done():
+                out.append(_reply_bytes(head))
+            else:
+                break
+        del self._replies[:len(out)]
+        transport = self.transport
+        if out and transport is not None and not self._lost:
+            transport.write(b"".join(out))
+            held = transport.get_write_buffer_size() + self.parser.buffered
+            if held > self.ctx.max_client_buffer:
+                self._over_limit(held)
+                return
+        if self._throttled and not self._write_paused:
+            self._schedule_pump()
+        self._maybe_close()
+
+    def _over_limit(self, held: int) -> None:
+        """Close a connection holding more than the cap; disconnect gives its jobs back."""
+        log.warning("connection over its buffer limit, closed", token=self.token, bytes=held,
+                    limit=self.ctx.max_client_buffer)
+        assert self.transport is not None
+        self.transport.abort()  # the unsent replies go: the client was not taking them
+
+    def _maybe_close(self) -> None:
+        if self._lost or self.transport is None or self._replies or self._reserves:
+            return
+        # After EOF whatever is left in the parser is an incomplete command that cannot finish.
+        if self._quit or self._eof:
+            self.transport.close()
+
+    # -- reserve ------------------------------------------------------------------------------
+
+    def start_reserve(self, timeout_s: int | None, count: int | None = None) -> Reply:
+        """Send this reserve's first try now; it answers in order (see :meth:`_advance`).
+        With ``count`` (reserve-many) it takes up to that many jobs, answered as one BATCH."""
+        self.mark_worker()
+        self._numbered += 1
+        pending = PendingReserve(timeout_s, asyncio.get_running_loop().create_future(),
+                                 self._numbered, count=count)
+        self._reserves.append(pending)
+        if len(self._reserves) == 1:
+            pending.started = asyncio.get_running_loop().time()
+        attempt: asyncio.Future[Any]
+        if count is None:
+            attempt = self.track_grants(self.store.reserve(self.token, number=self._numbered))
+        else:
+            attempt = self.track_grants(
+                self.store.reserve_many(self.token, count, number=self._numbered))
+        attempt.add_done_callback(functools.partial(self._tried, pending))
+        if timeout_s is not None:
+            pending.overdue = asyncio.get_running_loop().call_later(
+                timeout_s + RESERVE_GRACE_S, self._first_try_overdue, pending)
+        return pending.reply
+
+    def _first_try_overdue(self, pending: PendingReserve) -> None:
+        """A reserve-with-timeout whose first try Redis has not answered by its timeout: it
+        answers TIMED_OUT if it is next to answer (a later one waits for the calls before it,
+        which the Redis client's own bound ends)."""
+        pending.overdue = None
+        if pending.tried or self._lost or not self._reserves or self._reserves[0] is not pending:
+            return
+        pending.tried = True
+        self._reserves.pop(0)
+        self._answer(pending, replies.TIMED_OUT)
+        self._advance()
+
+    def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
+        """Record the jobs a store call grants as this connection's, whatever becomes of the
+        command that asked (a disconnect must hand them back)."""
+        if self._grants is None:
+            self._grants = []
+        self._grants.append(call)
+        call.add_done_callback(self._granted)
+        return call
+
+    def _granted(self, f: asyncio.Future[Any]) -> None:
+        assert self._grants is not None
+        self._grants.remove(f)
+        if not self._grants:
+            self._grants = None
+        if f.cancelled() or f.exception() is not None:
+            return
+        result = f.result()
+        for job in result if isinstance(result, list) else [result]:
+            if isinstance(job, Reservation):
+                self._hold(job)
+
+    def _hold(self, job: Reservation) -> None:
+        if len(self.reserved) >= self._prune_at:
+            # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
+            now = self.store.clock()
+            self.reserved = {j: d for j, d in self.reserved.items() if d > now}
+            # The next pruning waits until the map has doubled: a connection that really holds
+            # many jobs (reserve-many, push with many credits) would otherwise copy the whole
+            # map for every job it takes; this way it costs O(1) per job, amortized.
+            self._prune_at = max(PRUNE_RESERVED_AT, 2 * len(self.reserved))
+        self.reserved[job.id] = job.deadline_ms
+        self.ctx.scheduler.note_due(job.deadline_ms)
+
+    def _tried(self, pending: PendingReserve,
+               f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
+        if pending.overdue is not None:
+            pending.overdue.cancel()
+            pending.overdue = None
+        if pending.tried:  # answered TIMED_OUT while its try was out (_first_try_overdue)
+            self._late_grant(f)
+            return
+        pending.tried = True
+        if f.cancelled() or f.exception() is not None:
+            pending.failed = True
+        else:
+            result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
+            granted = result if isinstance(result, list) else [result]
+            self._pool += [job for job in granted if isinstance(job, Reservation)]
+            if self._pool and self._waiter is not None:
+                self._waiter.wake()  # the blocked head takes it
+        self._advance()
+
+    def _pool_ready(self) -> bool:
+        """Whether a granted job waits in the pool, once those whose TTR ran out meanwhile are
+        dropped: expire.lua gave them back (another connection may have them now), so they
+        are this connection's no more. A job granted by a call that outlived its reserve can
+        wait here that long."""
+        if self._pool:
+            now = self.store.clock()
+            if any(job.deadline_ms <= now for job in self._pool):
+                self._pool = [job for job in self._pool if job.deadline_ms > now]
+        return bool(self._pool)
+
+    def _from_pool(self, count: int | None) -> bytes:
+        """The answer of a reserve (``count`` None: one job) or a reserve-many (up to
+        ``count`` jobs, as one BATCH reply) from the granted jobs; the pool is not empty."""
+        if count is None:
+            return _reserved(self._pool.pop(0))
+        jobs = self._pool[:count]
+        del self._pool[:count]
+        return replies.batch([_reserved(job) for job in jobs])
+
+    def _advance(self) -> None:
+        """Answer reserves in order with the jobs granted so far; the first reserve that finds
+        none waits (``_wait_for_job``) and holds the rest. The job order among one
+        connection's reserves is the grant order, as if they had run one by one."""
+        while self._reserves and self._blocking is None and not self._lost:
+            head = self._reserves[0]
+            if not head.started:
+                head.started = asyncio.get_running_loop().time()
+            if not head.tried:
+                return
+            if head.failed:
+                answer = replies.INTERNAL_ERROR
+            elif self._pool_ready():
+                answer = self._from_pool(head.count)
+            else:
+                task = asyncio.get_running_loop().create_task(
+                    self._wait_for_job(head.started, head.timeout_s, head.count))
+                self._blocking = task
+                task.add_done_callback(self._waited)  # for head, still _reserves[0] then
+                return
+            self._reserves.pop(0)
+            self._answer(head, answer)
+        if self._deferred is not None:
+            self._replay_deferred()
+        if not self._reserves and self._held is not None and not self._lost:
+            self._schedule_pump()  # commands held behind them
+
+    def _waited(self, task: asyncio.Task[bytes]) -> None:
+        self._blocking = None
+        if task.cancelled():
+            return  # the connection is gone
+        self._answer(self._reserves.pop(0), _reply_bytes(task))
+        self._advance()
+
+    def _passed(self, command: c.Command, reply: asyncio.Future[bytes], last_reserve: int,
+                outcome: asyncio.Future[bytes]) -> None:
+        """A command sent past reserves up to number ``last_reserve`` came back: its reply,
+        or Deferred (one of those reserves waits), then it is sent again after them."""
+        if reply.done():
+            return
+        if outcome.cancelled():
+            reply.cancel()
+        elif isinstance(outcome.exception(), Deferred):
+            if self._deferred is None:
+                self._deferred = []
+            self._deferred.append((command, reply, last_reserve))
+            self._replay_deferred()
+        else:
+            _chain(outcome, reply)
+
+    def _replay_deferred(self) -> None:
+        """Send again, in order, the deferred commands whose reserves have all answered."""
+        deferred = self._deferred
+        while deferred and not self._lost and (
+                not self._reserves or self._reserves[0].number > deferred[0][2]):
+            command, reply, _ = deferred.pop(0)
+            self.replaying = True
+            try:
+                outcome = self._handlers[type(command)](self, command)
+            except Exception:
+                log.exception("handler failed", command=type(command).__name__)
+                outcome = replies.INTERNAL_ERROR
+            finally:
+                self.replaying = False
+            if outcome is None or isinstance(outcome, bytes):
+                reply.set_result(outcome or replies.INTERNAL_ERROR)
+            else:
+                outcome.add_done_callback(functools.partial(_chain, target=reply))
+        if not deferred:
+            self._deferred = None
+
+    def _answer(self, reserve: PendingReserve, answer: bytes) -> None:
+        """Resolve a reserve taken off ``_reserves`` and write its reply like any other (a
+        reserve's reply future has no done-callback: one object less per waiting reserve)."""
+        reserve.reply.set_result(answer)
+        self._reply_done(reserve.reply)
+        if self.ctx.observer is not None:  # a reserve that waited is not slow: not tracked
+            kind = "reserve" if reserve.timeout_s is None else "reserve-with-timeout"
+            self.ctx.observer.answered(kind, answer)
+
+    def _in_margin(self, now: int) -> bool:
+        return any(d - SAFETY_MARGIN_MS <= now < d for d in self.reserved.values())
+
+    def _next_margin_s(self, now: int) -> float | None:
+        starts = [d - SAFETY_MARGIN_MS for d in self.reserved.values()
+                  if d - SAFETY_MARGIN_MS > now]
+        return (min(starts) - now) / 1000 if starts else None
+
+    async def _wait_for_job(self, started: float, timeout_s: int | None,
+                            count: int | None = None) -> bytes:
+        """A reserve whose first try found nothing: register, try, wait with a bound, try
+        again (see tubeq.server.waiters for the timeline). ``count``: a reserve-many's."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else started + timeout_s
+        registry = self.ctx.registry
+        waiter: Waiter | None = None
+        counted = consumed = False
+        try:
+            while True:
+                if self._pool_ready():  # a later reserve's try was granted a job: it is ours
+                    consumed = True
+                    return self._from_pool(count)
+                # One clock reading decides both "in the margin now" and "when the margin
+                # starts", so no instant falls between the two checks.
+                now = self.store.clock()
+                remaining = None if deadline is None else deadline - loop.time()
+                ending: bytes | None = None
+                if self._in_margin(now):  # and nothing reservable (paused tubes count as empty)
+                    ending = replies.DEADLINE_SOON
+                elif self._eof or (remaining is not None and remaining <= 0):
+                    ending = replies.TIMED_OUT
+                if ending is not None:
+                    if counted and not self._eof:
+                        # A put may have handed us a job an instant ago: then it is the answer.
+                        counted = False
+                        handed = await self._stop_waiting(deadline)
+                        if handed is not None:
+                            consumed = True
+                            self._pool.insert(0, handed)
+                            return self._from_pool(count)
+                    return ending
+                if waiter is None:
+                    waiter = Waiter(self.watched)
+                    self._waiter = waiter
+                    registry.register(waiter)
+                    counted = True
+                    self._recount_wait = False
+                    await self._within(self.store.set_waiting(self.token, 1), deadline)
+                else:
+                    if not self._recount_wait:
+                        timeout = WAKE_RECHECK_S
+                        for bound in (remaining, self._next_margin_s(now)):
+                            if bound is not None and bound < timeout:
+                                timeout = max(0.0, bound)
+                        # The periodic re-check needs no precision: no loop timer of its own.
+                        coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
+                        await waiter.event.wait(timeout, coarse)
+                        if self._eof:
+                            return replies.TIMED_OUT
+                        if self._pool_ready():
+                            continue
+                    if self._recount_wait:  # count in again (a no-op if Redis still has it)
+                        self._recount_wait = False
+                        if counted:
+                            await self._within(self.store.set_waiting(self.token, 1), deadline)
+                waiter.rearm()
+                if count is None:
+                    call: asyncio.Future[Any] = self.track_grants(
+                        self.store.reserve(self.token, counted_waiting=counted))
+                else:
+                    call = self.track_grants(
+                        self.store.reserve_many(self.token, count, counted_waiting=counted))
+                result = await self._within(call, deadline)
+                if isinstance(result, Reservation) or (isinstance(result, list) and result):
+                    consumed = True
+                    counted = False  # the script counted us out of the waiters with the grant
+                    if isinstance(result, Reservation):
+                        return _reserved(result)
+                    self._pool[:0] = result
+                    return self._from_pool(count)
+                del call, result  # not kept alive through the next (long) wait
+        except _Overdue:
+            return replies.TIMED_OUT
+        finally:
+            if waiter is not None:
+                self._waiter = None
+                registry.unregister(waiter, consumed=consumed)
+            if counted:
+                stopped = self.track_grants(
+                    self.store.set_waiting(self.token, -1, claim=not self._lost))
+                stopped.add_done_callback(self._late_grant)
+
+    async def _stop_waiting(self, deadline: float | None) -> Reservation | None:
+        """Count this connection out of the waiters and claim what a put handed it meanwhile
+        (at most one job per wait; any more go to the pool)."""
+        handed = await self._within(
+            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)), deadline)
+        if not handed:
+            return None
+        self._pool.extend(handed[1:])
+        return handed[0]
+
+    def _late_grant(self, f: asyncio.Future[Any]) -> None:
+        """Jobs granted or claimed after the reserve that asked had answered (its wait ended,
+        or it was overdue): the next reserves' (they are the connection's already)."""
+        if f.cancelled() or f.exception() is not None or self._lost:
+            return
+        result = f.result()
+        jobs = [job for job in (result if isinstance(result, list) else [result])
+                if isinstance(job, Reservation)]
+        if not jobs:
+            return
+        self._pool.extend(jobs)
+        if self._waiter is not None:
+            self._waiter.wake()
+        self._advance()
+
+    async def _within(self, call: asyncio.Future[T], deadline: float | None) -> T:
+        """``call``'s result; with a ``deadline`` (loop time), _Overdue once it has passed by
+        RESERVE_GRACE_S (Redis stalled): then what the call grants goes to the next reserves."""
+        if deadline is None:
+            return await asyncio.shield(call)
+        try:
+            async with asyncio.timeout_at(deadline + RESERVE_GRACE_S):
+                return await asyncio.shield(call)
+        except TimeoutError:
+            call.add_done_callback(self._late_grant)
+            raise _Overdue from None
+
+    def registration_lost(self) -> None:
+        """Redis lost this connection's registrations and they were just restored (watches
+        first, on the same Redis connection): a wait under way counts itself in again and
+        tries again, as a put may have found no waiter meanwhile."""
+        if self._waiter is not None:
+            self._recount_wait = True
+            self._waiter.wake()
+        if self._push_waiter is not None:
+            self._recount_push = True
+            self._push_waiter.wake()
+
+    def job_handed_over(self) -> None:
+        """put.lua handed this connection a job while it waited: the next try claims it."""
+        for waiter in (self._waiter, self._push_waiter):
+            if waiter is not None:
+                waiter.wake()
+
+    # -- push extension -----------------------------------------------------------------------
+
+    def start_push(self, credits: int) -> bytes:
+        self.mark_worker()  # a push consumer is a worker, as a reserving one is
+        self._push_credits = credits
+        if self._push_task is None:
+            self._push_task = asyncio.get_running_loop().create_task(self._push())
+        elif self._push_waiter is not None:
+            self._push_waiter.event.set()
+        return replies.pushing(credits)
+
+    def settled(self, job_id: int) -> None:
+        """A job this connection held is no longer its own: free its push credit, if any."""
+        self.reserved.pop(job_id, None)
+        if self._pushed is not None and job_id in self._pushed:
+            del self._pushed[job_id]
+            if self._push_waiter is not None:
+                self._push_waiter.event.set()
+
+    async def _push(self) -> None:
+        """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
+        registry = self.ctx.registry
+        if self._pushed is None:
+            self._pushed = {}
+        pushed = self._pushed
+        waiter = Waiter(self.watched)
+        self._push_waiter = waiter
+        registry.register(waiter)
+        counted = False
+        try:
+            while True:
+                if self._recount_push:
+                    self._recount_push = False
+                    if counted:
+                        await self.store.set_waiting(self.token, 1)
+                now = self.store.clock()
+                for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
+                    self.settled(job_id)  # its TTR ran out: the job is back in the queue
+                free = self._push_credits - len(pushed)
+                if self._write_paused:
+                    free = 0  # the client is not taking frames: take no more jobs for it
+                if free > 0:
+                    waiter.rearm()
+                    call = self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
+                                                   counted_waiting=counted)
+                    jobs = await asyncio.shield(self.track_grants(call))
+                    if jobs:
+                        counted = False  # the script counted us out of the waiters
+                        for job in jobs:
+                            pushed[job.id] = None
+                            self._push_frame(_reserved(job))
+                        continue
+                    if not counted:
+                        counted = True
+                        await self.store.set_waiting(self.token, 1)
+                        continue  # try once more now that a put would wake us
+                elif counted:
+                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
+                    # handing jobs over; one a put handed over while credit was free is sent.
+                    counted = False
+                    handed = await asyncio.shield(self.track_grants(
+                        self.store.set_waiting(self.token, -1, claim=True)))
+                    for job in handed:
+                        pushed[job.id] = None
+                        self._push_frame(_reserved(job))
+                timeout = WAKE_RECHECK_S
+                deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
+                if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
+                    timeout = min(timeout, (min(deadlines) - now) / 1000)
+                coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
+                await waiter.event.wait(max(0.0, timeout), coarse)
+                waiter.event.clear()
+        finally:
+            self._push_waiter = None
+            registry.unregister(waiter, consumed=True)
+            if counted:
+                self.store.set_waiting(self.token, -1).add_done_callback(discard)
+
+    def _push_frame(self, frame: bytes) -> None:
+        self._replies.append(frame)
+        self._schedule_flush()
+
+
+# Command classes by what may overtake a reserve (exact types: a set lookup beats isinstance
+# with a union on this path, which every command behind a reserve takes).
+_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout,
+                                                   c.ReserveMany})  # batches: reserve-many
+_ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
+
+
+_WATCH_DEFAULT: tuple[str, ...] = ("default",)
+
+
+def _reserved(job: Reservation) -> bytes:
+    return replies.reserved(job.id, job.body)
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return None if peer is None else str(peer)
+
+
+class _Overdue(Exception):
+    """A reserve-with-timeout's Redis call outlived its timeout (Connection._within)."""
+
+
+def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:
+    """Settle ``target`` as ``source`` settled."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
+def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
+    if f.cancelled():
+        return replies.INTERNAL_ERROR
+    exc = f.exception()
+    if exc is not None:
+        log.warning("store call failed", error=repr(exc))
+        return replies.INTERNAL_ERROR
+    return f.result()

@@ -1,0 +1,600 @@
+"""The command handlers: one function per command, each returning its reply.
+
+A handler gets the connection and the parsed command and returns the reply bytes, or a future
+of them when the store is involved (a Redis call in flight), or ``None`` for quit. It reads
+and updates the connection's own state (used tube, watch list, held jobs) and calls the store;
+ordering, blocking and writing are the connection's business (tubeq.server.connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tubeq.model import admin, recurring
+from tubeq.protocol import commands as c
+from tubeq.protocol import replies
+from tubeq.protocol.parser import EXTENSION_NAMES
+from tubeq.redisio.futures import discard, then
+from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
+from tubeq.store.store import NoJob, PutOutcome, Reservation
+
+if TYPE_CHECKING:
+    from tubeq.server.connection import Connection
+
+Reply = bytes | asyncio.Future[bytes]
+
+
+def _put(conn: Connection, cmd: c.Put) -> Reply:
+    conn.mark_producer()
+    store = conn.store
+    if conn.ctx.draining:
+        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
+    if conn.ctx.full:  # the namespace reached --max-jobs
+        return replies.OUT_OF_MEMORY
+    tube = conn.used
+
+    def answer(job_id: int) -> bytes:
+        if job_id:
+            return b"INSERTED %d\r\n" % job_id
+        conn.ctx.counters.job_created(tube, -1)  # the tube is full (tube-set max-jobs)
+        return replies.OUT_OF_MEMORY
+
+    reply = store.put(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, answer)
+    conn.ctx.counters.job_created(tube)
+    if cmd.delay > 0:
+        due = store.clock() + cmd.delay * 1000
+        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+    return reply
+
+
+def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
+    conn.mark_producer()
+    return then(conn.store.burn_id(conn.used), lambda _: replies.EXPECTED_CRLF)
+
+
+def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
+    return replies.JOB_TOO_BIG
+
+
+def _rejected(conn: Connection, cmd: c.Rejected) -> Reply:
+    if cmd.counted_as is not None:
+        conn.ctx.counters.incr(cmd.counted_as)
+    return cmd.reply
+
+
+def _use(conn: Connection, cmd: c.Use) -> Reply:
+    reply = replies.using(cmd.tube)
+    if cmd.tube == conn.used:
+        return reply
+    using = conn.ctx.using
+    using.release(conn.used)
+    conn.used = cmd.tube
+    in_redis = using.acquire(cmd.tube)  # None: this process already holds the tube
+    return reply if in_redis is None else then(in_redis, lambda _: reply)
+
+
+def _sync_using(conn: Connection) -> None:
+    """Before a read of tube references or existence: this process's use counts reach Redis
+    first (sent ahead of the read on the same Redis connection)."""
+    in_redis = conn.ctx.using.flush()
+    if in_redis is not None:
+        in_redis.add_done_callback(discard)
+
+
+def _watch(conn: Connection, cmd: c.Watch) -> Reply:
+    if cmd.tube in conn.watched:
+        return replies.watching(len(conn.watched))
+    conn.watched = (*conn.watched, cmd.tube)
+    conn.ctx.using.watch(cmd.tube, 1)
+    count = len(conn.watched)
+    changed = conn.store.change_watches(conn.token, [("+w", cmd.tube)])
+    changed.add_done_callback(lambda f: _undo_watch(conn, f, cmd.tube, added=True))
+    return then(changed, lambda _: replies.watching(count))
+
+
+def _undo_watch(conn: Connection, change: asyncio.Future[Any], tube: str, *,
+                added: bool) -> None:
+    """A watch (``added``) or ignore that Redis did not take (the client got INTERNAL_ERROR):
+    the connection's list is put back, so a retry goes to Redis again instead of being
+    answered from this list."""
+    if change.cancelled() or change.exception() is None:
+        return
+    if added and tube in conn.watched:
+        conn.watched = tuple(t for t in conn.watched if t != tube)
+        conn.ctx.using.watch(tube, -1)
+    elif not added and tube not in conn.watched:
+        conn.watched = (*conn.watched, tube)
+        conn.ctx.using.watch(tube, 1)
+    conn.store.forget_watch_change(conn.token, tube, added=added)
+
+
+def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
+    watched = conn.watched
+    if cmd.tube not in watched:
+        return replies.watching(len(watched))
+    if len(watched) == 1:
+        return replies.NOT_IGNORED
+    # beanstalkd keeps the watch list as an array and fills a hole with the last entry.
+    rest = list(watched)
+    rest[rest.index(cmd.tube)] = rest[-1]
+    rest.pop()
+    conn.watched = tuple(rest)
+    conn.ctx.using.watch(cmd.tube, -1)
+    count = len(rest)
+    changed = conn.store.change_watches(conn.token, [("-w", cmd.tube)])
+    changed.add_done_callback(lambda f: _undo_watch(conn, f, cmd.tube, added=False))
+    return then(changed, lambda _: replies.watching(count))
+
+
+def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:
+    return conn.start_reserve(None)
+
+
+def _reserve_with_timeout(conn: Connection, cmd: c.ReserveWithTimeout) -> Reply:
+    return conn.start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
+
+
+def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
+    def answer(r: Reservation | NoJob) -> bytes:
+        if isinstance(r, NoJob):
+            return replies.NOT_FOUND
+        conn.mark_worker()
+        return replies.reserved(r.id, r.body)
+
+    return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
+
+
+def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+    def answer(done: bool) -> bytes:
+        if not done:
+            return replies.NOT_FOUND
+        conn.settled(job_id)
+        return ok
+
+    return answer
+
+
+def _delete(conn: Connection, cmd: c.Delete) -> Reply:
+    return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
+                             behind=conn.passing)
+
+
+def _release(conn: Connection, cmd: c.Release) -> Reply:
+    reply = then(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
+                 _forget_on(conn, cmd.id, replies.RELEASED))
+    if cmd.delay > 0:
+        due = conn.store.clock() + cmd.delay * 1000
+        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+    return reply
+
+
+def _bury(conn: Connection, cmd: c.Bury) -> Reply:
+    return then(conn.store.bury(conn.token, cmd.id, cmd.pri, behind=conn.passing),
+                _forget_on(conn, cmd.id, replies.BURIED))
+
+
+def _touch(conn: Connection, cmd: c.Touch) -> Reply:
+    def answer(deadline: int) -> bytes:
+        if not deadline:
+            return replies.NOT_FOUND
+        conn.reserved[cmd.id] = deadline
+        conn.ctx.scheduler.note_due(deadline)
+        return replies.TOUCHED
+
+    return then(conn.store.touch(conn.token, cmd.id, behind=conn.passing), answer)
+
+
+def _found(job: tuple[int, bytes] | None) -> bytes:
+    return replies.NOT_FOUND if job is None else replies.found(*job)
+
+
+def _peek(conn: Connection, cmd: c.Peek) -> Reply:
+    return then(conn.store.peek(cmd.id),
+                lambda body: replies.NOT_FOUND if body is None else replies.found(cmd.id, body))
+
+
+def _peek_ready(conn: Connection, cmd: c.PeekReady) -> Reply:
+    return then(conn.store.peek_state("ready", conn.used), _found)
+
+
+def _peek_delayed(conn: Connection, cmd: c.PeekDelayed) -> Reply:
+    return then(conn.store.peek_state("delayed", conn.used), _found)
+
+
+def _peek_buried(conn: Connection, cmd: c.PeekBuried) -> Reply:
+    return then(conn.store.peek_state("buried", conn.used), _found)
+
+
+def _kick(conn: Connection, cmd: c.Kick) -> Reply:
+    return then(conn.store.kick(conn.used, cmd.bound), replies.kicked)
+
+
+def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
+    return then(conn.store.kick_job(cmd.id),
+                lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
+
+
+def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
+    if conn.extended:
+        return _stats_job_extended(conn, cmd)  # job policies: their keys at the end
+    now = conn.store.clock()
+    return then(conn.store.job_info(cmd.id),
+                lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
+
+
+def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
+    def answer(counts: list[int] | None) -> bytes:
+        if counts is None:
+            return replies.NOT_FOUND
+        return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
+
+    conn.ctx.counters.flush()  # this process's counts reach Redis before the read below
+    _sync_using(conn)
+    if conn.extended:
+        return _stats_tube_extended(conn, cmd)
+    return then(conn.store.tube_counts(cmd.tube), answer)
+
+
+def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
+    """stats-tube for a client that knows tubeq: beanstalkd's keys, then the tube's settings."""
+    store = conn.store
+
+    def answer(results: list[Any]) -> bytes:
+        counts, settings, policy_counts, figures = results
+        if counts is None:
+            return replies.NOT_FOUND
+        now = store.clock()
+        extra = list(settings.items())
+        extra += zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True)  # job policies
+        # admin figures (issue 10 part 7): the delay histogram, the oldest ready job's age
+        if figures is not None:
+            extra += figures.stats_keys(now)
+        return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
+
+    return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
+                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube)),
+                answer)
+
+
+def _stats(conn: Connection, cmd: c.Stats) -> Reply:
+    ctx = conn.ctx
+    ctx.counters.flush()  # this process's counts reach Redis before the read below
+    _sync_using(conn)
+    return then(conn.store.server_counts(),
+                lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
+
+
+def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
+    _sync_using(conn)
+    return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
+
+
+def _list_tube_used(conn: Connection, cmd: c.ListTubeUsed) -> Reply:
+    return replies.using(conn.used)
+
+
+def _list_tubes_watched(conn: Connection, cmd: c.ListTubesWatched) -> Reply:
+    return replies.ok(yaml_list(conn.watched))
+
+
+def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
+    def answer(until_ms: int) -> bytes:
+        if until_ms == 0:
+            return replies.NOT_FOUND
+        if until_ms > 0:
+            conn.ctx.scheduler.note_due(until_ms)
+        return replies.PAUSED
+
+    _sync_using(conn)
+    return then(conn.store.pause(cmd.tube, cmd.delay), answer)
+
+
+def _push(conn: Connection, cmd: c.Push) -> Reply:
+    return conn.start_push(cmd.credits)
+
+
+def _extensions(conn: Connection, cmd: c.Extensions) -> Reply:
+    return replies.ok(yaml_list(EXTENSION_NAMES))
+
+
+def _tube_set(conn: Connection, cmd: c.TubeSet) -> Reply:
+    return then(conn.store.set_tube(cmd.tube, cmd.settings), lambda _: replies.SET)
+
+
+def _auth(conn: Connection, cmd: c.Auth) -> Reply:
+    gate = conn.ctx.gate
+    target = gate.by_token(cmd.token) if gate is not None else None
+    if target is None:
+        conn.auth_failed()
+        return replies.UNAUTHORIZED
+    if conn.authenticated:  # once in, a connection stays in its namespace
+        return replies.AUTHENTICATED if target is conn.ctx else replies.UNAUTHORIZED
+    conn.enter(target)
+    return replies.AUTHENTICATED
+# -- job policies and deduplicated put (protocol.md: put-with, peek-key) --------------------------
+
+# stats-tube's extra keys of the job policies, in Store.tube_policy_counts order.
+TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated")
+
+
+def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
+    conn.mark_producer()
+    store = conn.store
+    if conn.ctx.draining:
+        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
+    if conn.ctx.full:  # the namespace reached --max-jobs
+        return replies.OUT_OF_MEMORY
+    opts = dict(cmd.options)
+    delay_ms = int(opts.get("delay-ms", cmd.delay * 1000))
+    ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
+    tube = conn.used
+    now = store.clock()
+
+    def answer(outcome: PutOutcome) -> bytes:
+        if not outcome.id or not outcome.inserted:
+            conn.ctx.counters.job_created(tube, -1)  # nothing stored: take the count back
+        if not outcome.id:
+            return replies.OUT_OF_MEMORY  # the tube is full (tube-set max-jobs)
+        if not outcome.inserted:
+            return replies.duplicate(outcome.id)
+        scheduler = conn.ctx.scheduler
+        if delay_ms > 0:
+            scheduler.note_due(now + delay_ms)
+        if ttl_ms > 0:
+            scheduler.note_due(now + ttl_ms)
+        return replies.inserted(outcome.id)
+
+    # Counted when sent, as a plain put is, so a stats-tube pipelined after it (which flushes
+    # this process's counts before it reads) sees it.
+    call = store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options)
+    conn.ctx.counters.job_created(tube)
+    return then(call, answer)
+
+
+def _peek_key(conn: Connection, cmd: c.PeekKey) -> Reply:
+    return then(conn.store.peek_key(cmd.key), _found)
+
+
+def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
+    """stats-job for a client that knows tubeq: beanstalkd's keys, then the job's policies."""
+    store = conn.store
+    now = store.clock()
+
+    def answer(results: list[Any]) -> bytes:
+        job, policies = results
+        if job is None or policies is None:
+            return replies.NOT_FOUND
+        return replies.ok(job_yaml(job, now, job_policy_keys(policies)))
+
+    return then(asyncio.gather(store.job_info(cmd.id), store.job_policies(cmd.id)), answer)
+# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+
+
+def _clear_tube(conn: Connection, cmd: c.ClearTube) -> Reply:
+    cleared = asyncio.ensure_future(conn.store.clear_tube(cmd.tube, cmd.states))
+    return then(cleared, lambda n: replies.NOT_FOUND if n is None else replies.cleared(n))
+
+
+def _list_jobs(conn: Connection, cmd: c.ListJobs) -> Reply:
+    def answer(page: admin.JobPage | None) -> bytes:
+        if page is None:
+            return replies.NOT_FOUND
+        return replies.ok(admin.jobs_yaml(cmd.tube, cmd.state, page))
+
+    return then(conn.store.list_jobs(cmd.tube, cmd.state, cmd.cursor, cmd.count), answer)
+
+
+def _change_pri(conn: Connection, cmd: c.ChangePri) -> Reply:
+    return then(conn.store.change_pri(cmd.id, cmd.pri),
+                lambda ok: replies.CHANGED if ok else replies.NOT_FOUND)
+
+
+def _change_delay(conn: Connection, cmd: c.ChangeDelay) -> Reply:
+    def answer(due: int) -> bytes:
+        if due == 0:
+            return replies.NOT_FOUND
+        if due > 0:
+            conn.ctx.scheduler.note_due(due)
+        return replies.CHANGED
+
+    return then(conn.store.change_delay(cmd.id, cmd.delay_ms), answer)
+
+
+def _tube_pause(conn: Connection, cmd: c.TubePause) -> Reply:
+    _sync_using(conn)
+    return then(conn.store.tube_pause(cmd.tube, forever=True),
+                lambda ok: replies.PAUSED if ok else replies.NOT_FOUND)
+
+
+def _tube_resume(conn: Connection, cmd: c.TubeResume) -> Reply:
+    _sync_using(conn)  # resume may let the tube go: this process's users must count first
+    return then(conn.store.tube_pause(cmd.tube, forever=False),
+                lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
+# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+
+
+def _schedule_add(conn: Connection, cmd: c.ScheduleAdd) -> Reply:
+    store = conn.store
+    try:
+        first = recurring.first_due(cmd.kind, cmd.spec, store.clock())
+    except recurring.BadSchedule:  # parses, but never ticks (e.g. 0 0 30 2 *)
+        return replies.bad_option("cron")
+
+    def answer(result: tuple[int, bool]) -> bytes:
+        conn.ctx.scheduler.note_due(result[0])
+        return replies.scheduled(result[0])
+
+    return then(store.schedule_add(cmd.tube, cmd.name, cmd.kind, cmd.spec, cmd.pri, cmd.ttr,
+                                   cmd.delay_ms, cmd.body, first), answer)
+
+
+def _schedule_list(conn: Connection, cmd: c.ScheduleList) -> Reply:
+    return then(conn.store.schedule_list(cmd.tube),
+                lambda found: replies.ok(recurring.list_yaml(found)))
+
+
+def _schedule_remove(conn: Connection, cmd: c.ScheduleRemove) -> Reply:
+    return then(conn.store.schedule_remove(cmd.tube, cmd.name),
+                lambda removed: replies.REMOVED if removed else replies.NOT_FOUND)
+
+
+def _extension(handler: Callable[[Connection, Any], Reply | None],
+               ) -> Callable[[Connection, Any], Reply | None]:
+    """An extension command's handler: the connection is marked as one that knows tubeq."""
+
+    def handle(conn: Connection, cmd: Any) -> Reply | None:
+        conn.extended = True
+        return handler(conn, cmd)
+
+    return handle
+
+
+def _quit(conn: Connection, cmd: c.Quit) -> None:
+    conn.quit()
+
+
+# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+
+# The bytes a RESERVED reply adds to its job's body (header line and CRLFs), for the bound on
+# a reserve-many's reply below.
+_RESERVED_FRAMING = 48
+
+
+def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
+    """Insert the entries the parser accepted in one script call; every entry gets its reply
+    (INSERTED <id>, or what the parser refused it with), in order."""
+    entries = cmd.entries
+    jobs = [e for e in entries if isinstance(e, c.PutEntry)]
+    counters = conn.ctx.counters
+    for _ in entries:  # cmd-put counts each entry, as it counts each put (refused ones too)
+        counters.incr("put")
+    if entries:
+        conn.mark_producer()
+    if jobs and conn.ctx.full:  # the namespace reached --max-jobs: every entry refused
+        return replies.batch([replies.OUT_OF_MEMORY if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+    if not jobs or conn.ctx.draining:
+        # Nothing to store (refused entries use no id; while draining no job is taken).
+        return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+    store, tube = conn.store, conn.used
+    call = store.put_many(tube, [(e.pri, e.delay, max(e.ttr, 1), e.body) for e in jobs])
+    for _ in jobs:
+        counters.job_created(tube)
+    delays = [e.delay for e in jobs if e.delay > 0]
+    if delays:
+        due = store.clock() + min(delays) * 1000
+        call.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+
+    def answer(ids: list[int]) -> bytes:
+        for _ in range(ids.count(0)):  # refused: the tube is full (tube-set max-jobs)
+            counters.job_created(tube, -1)
+        given = iter(ids)
+
+        def put_reply(job_id: int) -> bytes:
+            return replies.inserted(job_id) if job_id else replies.OUT_OF_MEMORY
+
+        return replies.batch([put_reply(next(given)) if isinstance(e, c.PutEntry) else e
+                              for e in entries])
+
+    return then(call, answer)
+
+
+def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
+    # One reply of up to count jobs: at most half the connection's buffer cap of job data, so
+    # the batch never gets the connection closed for holding too much (protocol.md).
+    ctx = conn.ctx
+    ctx.counters.incr("reserve-with-timeout")  # one wait with a timeout, however many jobs
+    fits = max(1, ctx.max_client_buffer // 2 // (ctx.max_job_size + _RESERVED_FRAMING))
+    return conn.start_reserve(cmd.seconds, count=min(cmd.count, fits))
+
+
+def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
+    if not conn.replaying:  # counted when first sent (a deferred one is sent again)
+        counters = conn.ctx.counters
+        for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
+            counters.incr("delete")
+    def answer(done: list[bool]) -> bytes:
+        out = []
+        for job_id, deleted in zip(cmd.ids, done, strict=True):
+            if deleted:
+                conn.settled(job_id)
+            out.append(replies.DELETED if deleted else replies.NOT_FOUND)
+        return replies.batch(out)
+
+    return then(conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing), answer)
+
+
+HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+    c.Put: _put,
+    c.PutExpectedCrlf: _put_expected_crlf,
+    c.PutTooBig: _put_too_big,
+    c.Rejected: _rejected,
+    c.Use: _use,
+    c.Reserve: _reserve,
+    c.ReserveWithTimeout: _reserve_with_timeout,
+    c.ReserveJob: _reserve_job,
+    c.Delete: _delete,
+    c.Release: _release,
+    c.Bury: _bury,
+    c.Touch: _touch,
+    c.Watch: _watch,
+    c.Ignore: _ignore,
+    c.Peek: _peek,
+    c.PeekReady: _peek_ready,
+    c.PeekDelayed: _peek_delayed,
+    c.PeekBuried: _peek_buried,
+    c.Kick: _kick,
+    c.KickJob: _kick_job,
+    c.StatsJob: _stats_job,
+    c.StatsTube: _stats_tube,
+    c.Stats: _stats,
+    c.ListTubes: _list_tubes,
+    c.ListTubeUsed: _list_tube_used,
+    c.ListTubesWatched: _list_tubes_watched,
+    c.PauseTube: _pause_tube,
+    c.Push: _extension(_push),
+    c.Extensions: _extension(_extensions),
+    c.TubeSet: _extension(_tube_set),
+    # recurring jobs (issue 10, part 4)
+    c.ScheduleAdd: _extension(_schedule_add),
+    c.ScheduleList: _extension(_schedule_list),
+    c.ScheduleRemove: _extension(_schedule_remove),
+    # admin verbs (issue 10 part 6)
+    c.ClearTube: _extension(_clear_tube),
+    c.ListJobs: _extension(_list_jobs),
+    c.ChangePri: _extension(_change_pri),
+    c.ChangeDelay: _extension(_change_delay),
+    c.TubePause: _extension(_tube_pause),
+    c.TubeResume: _extension(_tube_resume),
+    # batches (issue 10, part 3)
+    c.PutMany: _extension(_put_many),
+    c.ReserveMany: _extension(_reserve_many),
+    c.DeleteMany: _extension(_delete_many),
+    # job policies and deduplicated put
+    c.PutWith: _extension(_put_with),
+    c.PeekKey: _extension(_peek_key),
+    c.Auth: _extension(_auth),
+    c.Quit: _quit,
+}
+
+
+def _auth_required(conn: Connection, cmd: c.Command) -> Reply:
+    return replies.AUTH_REQUIRED
+
+
+def _rejected_before_auth(conn: Connection, cmd: c.Rejected) -> Reply:
+    return cmd.reply  # BAD_FORMAT or UNKNOWN_COMMAND, counted nowhere
+
+
+# A connection that must `auth` first (an access file, a listener bound to no namespace): every
+# command but these answers AUTH_REQUIRED and stores nothing (a put's body is read and dropped).
+GATE_HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+    **{kind: _auth_required for kind in HANDLERS},
+    c.Rejected: _rejected_before_auth,
+    c.Extensions: HANDLERS[c.Extensions],
+    c.Auth: HANDLERS[c.Auth],
+    c.Quit: _quit,
+}

@@ -1,0 +1,186 @@
+"""The scheduler: time-driven transitions, run when they are due, never on a fixed period.
+
+It sleeps until the earliest of: the next delayed job or pause end (``timers``), the next TTR
+deadline (``reserved``), the next recurring schedule's tick (``schedules``, see
+:func:`tick_schedules`), and this process's next heartbeat. Anything in this process that
+creates an earlier due instant (a delayed put, a reserve, a pause) calls :meth:`note_due`,
+which cuts the sleep short. Due instants created by other tubeq processes are theirs to serve;
+this process only learns them at its next wake-up, which bounds how late a job can be when the
+process that scheduled it dies (the heartbeat period), or sooner when the script that created
+them announces them on the due channel (a schedule's next tick, a rate window's end), which
+the server turns into :meth:`Scheduler.note_due`. The scripts are atomic, so several
+processes sweeping the same due jobs never promote or expire one twice.
+
+Liveness: each process heart-beats; one silent for REAP_AFTER_MS is taken for dead by the next
+reap of any process (reap.lua). Two rules keep a live process from being lost that way:
+
+* a process reaps only once its own heartbeats have been answered without a gap for
+  REAP_AFTER_MS, so a silence that was Redis's (down, restarting, stalled: every process's
+  beats stopped) is never taken for the others' death;
+* a process that was reaped anyway (it was paused past the limit: a VM pause, swapping), or
+  whose Redis came back empty, learns it from its next heartbeat (heartbeat.lua answers that it
+  was not registered) and calls ``on_registration_lost``, which restores what its live
+  connections need (tubeq.server.connection.ServerContext.restore_registrations).
+
+Timeline of a pause, processes A and B:
+    t0  A's last beat        t0+5 s  B's reap: A is dead (B beat every second since)
+    t0+6 s  A wakes, beats: "not registered"  ->  A restores its connections' watches, their
+            waits and its gauges; its connections are served again from here on
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from tubeq.model import recurring
+from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.store import SWEEP_LIMIT, Store
+
+log = structlog.get_logger(__name__)
+
+# A process heart-beats this often; one silent for REAP_AFTER_MS is taken for dead and its tube
+# references and gauges are reaped. Three missed beats: long enough for a stalled loop or a GC
+# pause, short enough that stats stop counting a dead process's connections within seconds.
+HEARTBEAT_MS = 1000
+REAP_AFTER_MS = 3 * HEARTBEAT_MS
+# Heartbeats answered further apart than this (or one that took longer than HEARTBEAT_MS to
+# answer) break the continuity a process needs before it may reap others.
+BEAT_GAP_MS = 2 * HEARTBEAT_MS
+# On a Redis error the sweep is retried after this pause instead of spinning.
+ERROR_BACKOFF_S = 0.5
+
+
+class Scheduler:
+    def __init__(self, store: Store, registry: WaiterRegistry) -> None:
+        self.store = store
+        self.registry = registry
+        self.on_registration_lost: Callable[[], None] | None = None
+        self._beat_ms: int | None = None  # when the last heartbeat was answered
+        self._up_since_ms: int | None = None  # heartbeats answered without a gap since then
+        self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
+        self._noted_ms: int | None = None  # earliest due noted during the current sweep
+        self._nudge = asyncio.Event()
+
+    def note_due(self, due_ms: int) -> None:
+        """Something falls due at ``due_ms``: wake up in time for it.
+
+        While a sweep is in flight the note only lowers the next sleep's target (the sweep may
+        have run before the change that created it); re-sweeping at once for every note would
+        spin under load, where every reserve notes its TTR deadline.
+        """
+        if self._target_ms is None:
+            if self._noted_ms is None or due_ms < self._noted_ms:
+                self._noted_ms = due_ms
+        elif due_ms < self._target_ms:
+            self._nudge.set()
+
+    async def _heartbeat(self, sent_ms: int) -> None:
+        unregistered = await self.store.heartbeat()
+        answered_ms = self.store.clock()
+        if (self._beat_ms is None or answered_ms - self._beat_ms > BEAT_GAP_MS
+                or answered_ms - sent_ms > HEARTBEAT_MS):
+            self._up_since_ms = answered_ms
+        self._beat_ms = answered_ms
+        if unregistered and self.on_registration_lost is not None:
+            log.warning("this process was not registered in Redis (taken for dead after a "
+                        "pause, or Redis lost its data): restoring its connections")
+            self.on_registration_lost()
+
+    def when_registration_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when a heartbeat finds this process unregistered."""
+        self.on_registration_lost = callback
+
+    def may_reap(self, now_ms: int) -> bool:
+        """Whether this process has heard Redis answer its heartbeats without a gap for long
+        enough to tell others' silence from Redis's own."""
+        return self._up_since_ms is not None and now_ms - self._up_since_ms >= REAP_AFTER_MS
+
+    async def run(self) -> None:
+        next_heartbeat = 0
+        while True:
+            try:
+                now = self.store.clock()
+                if now >= next_heartbeat:
+                    await self._heartbeat(now)
+                    if self.may_reap(now):
+                        reaped = await self.store.reap(now - REAP_AFTER_MS)
+                        if reaped:
+                            log.warning("reaped silent tubeq processes", count=reaped)
+                    trimmed = self.store.trim_events()  # the event stream's cap, once a beat
+                    if trimmed is not None:
+                        await trimmed
+                    next_heartbeat = now + HEARTBEAT_MS
+                self._nudge.clear()
+                self._noted_ms = None
+                (next_timer, promoted), (next_deadline, expired), next_tick = \
+                    await asyncio.gather(self.store.promote(), self.store.expire(),
+                                         tick_schedules(self.store, self.note_due))
+                # This process's waiters on those tubes need not wait for the PUBLISH to come
+                # back through the subscriber (the scripts publish for other processes).
+                for tube in (*promoted, *expired):
+                    self.registry.wake_one(tube)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("scheduler sweep failed", error=repr(exc))
+                await asyncio.sleep(ERROR_BACKOFF_S)
+                continue
+            dues = (next_timer, next_deadline, next_tick, next_heartbeat, self._noted_ms)
+            target = min(t for t in dues if t is not None and t >= 0)
+            self._target_ms = target
+            # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
+            # made deliveries up to 1 ms later). uvloop rounds a timer to the nearest ms, so it
+            # can fire a fraction early: that sweep finds nothing due and sleeps again.
+            delay = (target - self.store.exact_ms()) / 1000
+            if delay > 0:
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+                # lands as the nudge fires, and the scheduler then outlives Server.stop().
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._nudge.wait()
+            self._target_ms = None
+
+
+async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = None) -> int:
+    """Run every recurring schedule whose tick is due; return the next tick's due time (-1:
+    none). ``note_due`` learns the due time of a delayed job a tick put.
+
+    Each tick is one schedule_tick.lua call with the next due time computed here (Lua has no
+    cron library); the script refuses a tick another process already ran, so every process may
+    race every tick and exactly one job is put. Timeline of two processes racing tick N::
+
+        A: schedule_due (N due) ... next_due(N) ... schedule_tick(N -> N+1): job put
+        B: schedule_due (N due) ........ next_due(N) ....... schedule_tick(N -> N+1): 0
+
+    A crash before A's script ran leaves tick N due for B (or A after its restart); after it,
+    tick N is done and N+1 stored: nothing is lost or doubled in between.
+    """
+    later, due = await store.schedules_due()
+    if not due:
+        return later
+    now = store.clock()
+    nexts: list[int] = []
+    calls: list[asyncio.Future[Any]] = []
+    for tick in due:
+        try:
+            next_ms = recurring.next_due(tick.kind, tick.spec, tick.due_ms, now)
+        except recurring.BadSchedule as exc:  # no future tick left: stop it, never spin on it
+            log.warning("schedule has no next tick: removed", tube=tick.tube,
+                        schedule=tick.name, error=str(exc))
+            calls.append(store.schedule_remove(tick.tube, tick.name))
+            continue
+        nexts.append(next_ms)
+        calls.append(store.schedule_tick(tick, next_ms))
+        if tick.delay_ms > 0 and note_due is not None:
+            note_due(now + tick.delay_ms)
+    await asyncio.gather(*calls)
+    # A tick another process won stored the same next due (or, late, its own); either way
+    # this process wakes in time and schedule_due tells it the rest.
+    if len(due) >= SWEEP_LIMIT:
+        return now  # more are due: sweep again at once
+    return min(t for t in (later, *nexts) if t >= 0) if nexts or later >= 0 else -1

@@ -1,0 +1,215 @@
+"""Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
+
+Command counters (``cmd-*``), ``total-jobs`` and each tube's ``total-jobs`` are counted in
+process memory and added to Redis once per loop tick (counters.lua), so ``stats`` and
+``stats-tube`` from any process see every process's counts (to within one tick for other
+processes; exactly for its own, since they flush before they read). Field names and their
+order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
+``version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import resource
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from tubeq import __version__
+from tubeq.store.store import JobInfo, JobPolicies
+
+COMMAND_COUNTERS = (
+    "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",
+    "reserve-with-timeout", "delete", "release", "use", "watch", "ignore", "bury", "kick",
+    "touch", "stats", "stats-job", "stats-tube", "list-tubes", "list-tube-used",
+    "list-tubes-watched", "pause-tube",
+)
+
+# beanstalkd's default binlog size; reported for compatibility (tubeq has no binlog: Redis's
+# AOF is its durability).
+BINLOG_MAX_SIZE = 10485760
+
+
+class CommandCounters:
+    """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), flushed with
+    ``flush(fields, tube_jobs)`` once per loop tick."""
+
+    def __init__(self, flush: Callable[[dict[str, int], dict[str, int]], None]) -> None:
+        self._flush = flush
+        self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
+        self._tube_jobs: Counter[str] = Counter()
+        self._scheduled = False
+        # Every count this process has flushed, since it started: /metrics renders these
+        # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
+        self.totals: Counter[str] = Counter()
+
+    def incr(self, name: str) -> None:
+        """One more command counted as ``cmd-<name>``."""
+        self._pending[name] += 1
+        if not self._scheduled:
+            self._schedule()
+
+    def job_created(self, tube: str, count: int = 1) -> None:
+        """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
+        takes back one the server refused (a full tube)."""
+        self._tube_jobs[tube] += count
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._pending or self._tube_jobs:
+            self.totals.update(self._pending)
+            fields = {"cmd-" + name: n for name, n in self._pending.items()}
+            tube_jobs = dict(self._tube_jobs)
+            if tube_jobs:
+                fields["total-jobs"] = sum(tube_jobs.values())
+            self._pending, self._tube_jobs = Counter(), Counter()
+            self._flush(fields, tube_jobs)
+
+
+def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:
+    lines = ["---"]
+    for key, value in pairs:
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        lines.append(f"{key}: {value}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def yaml_list(items: Sequence[str]) -> bytes:
+    return ("---\n" + "".join(f"- {item}\n" for item in items)).encode()
+
+
+def _seconds(ms: int) -> int:
+    """Whole seconds, truncated toward zero, as beanstalkd prints durations."""
+    return int(ms / 1000)
+
+
+def _seconds_left(ms: int) -> int:
+    """Whole seconds left until a deadline ``ms`` away, never negative.
+
+    beanstalkd truncates nanoseconds, so a full ``ttr`` just granted already shows ``ttr - 1``;
+    with millisecond timestamps the same reading needs the deadline's own millisecond excluded.
+    """
+    return max(0, (ms - 1) // 1000)
+
+
+# The *_pairs functions are the fields of stats-job, stats-tube and stats in wire order; the
+# YAML replies and the HTTP API's JSON (tubeq.http) both render them.
+Pairs = list[tuple[str, object]]
+
+
+def job_yaml(job: JobInfo, now_ms: int, extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-job's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
+    return _yaml([*job_pairs(job, now_ms), *extra])
+
+
+def job_pairs(job: JobInfo, now_ms: int) -> Pairs:
+    time_left = 0
+    if job.state in ("reserved", "delayed"):
+        time_left = _seconds_left(job.due_ms - now_ms)
+    return [
+        ("id", job.id), ("tube", job.tube), ("state", job.state), ("pri", job.pri),
+        ("age", _seconds(now_ms - job.created_ms)), ("delay", job.delay), ("ttr", job.ttr),
+        ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
+        ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
+        ("kicks", job.kicks),
+    ]
+
+
+def tube_yaml(name: str, counts: Sequence[int], now_ms: int,
+              extra: Sequence[tuple[str, object]] = ()) -> bytes:
+    """stats-tube's document: beanstalkd 1.12's keys, then ``extra`` (tubeq's own, shown to a
+    client that has used an extension: see Connection.extended)."""
+    return _yaml([*tube_pairs(name, counts, now_ms), *extra])
+
+
+def tube_pairs(name: str, counts: Sequence[int], now_ms: int) -> Pairs:
+    (urgent, ready, reserved, delayed, buried, total, using, watching, waiting, deletes,
+     pauses, pause, pause_until) = counts
+    paused = pause_until > now_ms
+    return [
+        ("name", name), ("current-jobs-urgent", urgent), ("current-jobs-ready", ready),
+        ("current-jobs-reserved", reserved), ("current-jobs-delayed", delayed),
+        ("current-jobs-buried", buried), ("total-jobs", total), ("current-using", using),
+        ("current-watching", watching), ("current-waiting", waiting), ("cmd-delete", deletes),
+        ("cmd-pause-tube", pauses), ("pause", pause if paused else 0),
+        ("pause-time-left", _seconds_left(pause_until - now_ms) if paused else 0),
+    ]
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
+    """stats-job's extra keys of the job policies (protocol.md, put-with)."""
+    return [
+        ("reason", policies.reason or '""'), ("tries", policies.tries),
+        ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
+        ("key", yaml_string(policies.key)),
+    ]
+
+
+class ServerIdentity:
+    """The process-specific part of ``stats``."""
+
+    def __init__(self, max_job_size: int) -> None:
+        self.max_job_size = max_job_size
+        self.id = secrets.token_hex(8)
+        self.started = time.monotonic()
+        self.hostname = socket.gethostname()
+        uname = os.uname()
+        self.os = uname.version
+        self.platform = uname.machine or platform.machine()
+
+
+def server_yaml(identity: ServerIdentity, gauges: Sequence[int], named: dict[str, int],
+                draining: bool) -> bytes:
+    # 1.12 quotes the version, and only the version.
+    return _yaml([(k, f'"{v}"' if k == "version" else v)
+                  for k, v in server_pairs(identity, gauges, named, draining)])
+
+
+def server_pairs(identity: ServerIdentity, gauges: Sequence[int], named: dict[str, int],
+                 draining: bool) -> Pairs:
+    urgent, ready, reserved, delayed, buried, tubes, conns, producers, workers, waiting = gauges
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    pairs: list[tuple[str, object]] = [
+        ("current-jobs-urgent", urgent), ("current-jobs-ready", ready),
+        ("current-jobs-reserved", reserved), ("current-jobs-delayed", delayed),
+        ("current-jobs-buried", buried),
+    ]
+    pairs += [(f"cmd-{name}", named.get(f"cmd-{name}", 0)) for name in COMMAND_COUNTERS]
+    pairs += [
+        ("job-timeouts", named.get("job-timeouts", 0)), ("total-jobs", named.get("total-jobs", 0)),
+        ("max-job-size", identity.max_job_size), ("current-tubes", tubes),
+        ("current-connections", conns), ("current-producers", producers),
+        ("current-workers", workers), ("current-waiting", waiting),
+        ("total-connections", named.get("total-connections", 0)), ("pid", os.getpid()),
+        ("version", f"{__version__}-tubeq"),
+        ("rusage-utime", _rusage(usage.ru_utime)), ("rusage-stime", _rusage(usage.ru_stime)),
+        ("uptime", int(time.monotonic() - identity.started)),
+        ("binlog-oldest-index", 0), ("binlog-current-index", 0),
+        ("binlog-records-migrated", 0), ("binlog-records-written", 0),
+        ("binlog-max-size", BINLOG_MAX_SIZE), ("draining", draining), ("id", identity.id),
+        ("hostname", identity.hostname), ("os", identity.os), ("platform", identity.platform),
+    ]
+    return pairs
+
+
+def _rusage(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole}.{int((seconds - whole) * 1_000_000):06d}"

@@ -1,0 +1,194 @@
+"""The Redis key schema: the only Python module that builds a key name.
+
+Every key of a tubeq namespace starts with ``{<prefix>}:``. The braces are a Redis Cluster hash
+tag, so every key of a namespace lives in one slot and every script touches one slot: a reserve
+that picks across several watched tubes needs that (beanstalkd orders by (pri, id) across all of
+them). Scripts build the same names from the namespace root they receive as ``KEYS[1]``; their
+copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_lua.py`` keeps the two equal.
+
+The schema's version is :data:`LAYOUT_VERSION`, recorded in each namespace (``Keys.layout``).
+
+Tube names cannot contain ``{``, ``}`` or ``:`` (beanstalkd's alphabet is ``A-Za-z0-9-+/;.$_()``),
+so a tube name can never break out of its place in a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The version of the data layout this build reads and writes: the key names, what each key
+# holds and what its members mean. It is recorded per namespace (``Keys.layout``, checked at
+# start by tubeq.redisio.checks.claim_layout_version) and moves whenever a build writes something an
+# older build would misread; the package version (tubeq.__version__) is not the same number.
+#   1  0.1.0 as first released (772843d): jobs, tubes, pauses ('p:<tube>') and delayed jobs
+#      ('d:<tube>') in {p}:timers, connections, waiters, instances, counters. No layout record.
+#   2  0.2.0, the first build to record its layout. Adds the reserve limits (tube fields
+#      lim/rw/rn; the rate window's end 'l:<tube>' in {p}:timers), job policies and deduplicated
+#      put (put-with: {p}:ttl with its timer 'x:' in {p}:timers, {p}:dedupe, job fields),
+#      tube settings ({p}:s:<tube>), recurring schedules ({p}:schedules, {p}:sc:...), the
+#      lifecycle event stream ({p}:events), shards ({p}:shards, shard roots {p#k/n}:, job field
+#      'cu') and the record itself ({p}:layout). A layout-1 build reads 'l:<tube>' as a pause
+#      that ended and 'x:' as the pause of a tube named "" (it removes that timer: the TTL
+#      jobs already put never expire), and ignores rate limits: a layout-1 build and a
+#      layout-2 build must not serve one namespace together. Later builds that still called
+#      themselves 0.1.0 wrote some or all of layout 2 without recording it.
+LAYOUT_VERSION = 2
+# The oldest recorded layout this build takes over by rewriting the record alone: everything
+# layout 2 added is new keys, members and fields, so layout-1 data is valid layout-2 data. A
+# future layout that cannot read older data as it is moves this up (and ships a migration).
+UPGRADES_IN_PLACE_FROM = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one namespace (``prefix``); several namespaces can share one Redis."""
+
+    prefix: str = "tubeq"
+
+    @property
+    def root(self) -> str:
+        """The namespace root, passed to every script as ``KEYS[1]``."""
+        return "{" + self.prefix + "}:"
+
+    @property
+    def job_ids(self) -> str:
+        return self.root + "id"
+
+    @property
+    def shards(self) -> str:
+        """How many shards the namespace is split into (tubeq.store.shards), set by its first
+        process; on the unsplit root whatever the number."""
+        return self.root + "shards"
+
+    @property
+    def layout(self) -> str:
+        """The namespace's data layout version (LAYOUT_VERSION), written by its first process
+        of a build that records it; on the namespace root only, whatever the shards."""
+        return self.root + "layout"
+
+    def job(self, job_id: int) -> str:
+        return f"{self.root}j:{job_id}"
+
+    def tube(self, tube: str) -> str:
+        return f"{self.root}t:{tube}"
+
+    def settings(self, tube: str) -> str:
+        """A tube's settings (tube-set): kept when the tube itself goes, so they apply again."""
+        return f"{self.root}s:{tube}"
+
+    def ready(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:r"
+
+    def delayed(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:d"
+
+    def buried(self, tube: str) -> str:
+        return f"{self.root}t:{tube}:b"
+
+    @property
+    def tubes(self) -> str:
+        return self.root + "tubes"
+
+    @property
+    def ready_tubes(self) -> str:
+        return self.root + "ready_tubes"
+
+    @property
+    def timers(self) -> str:
+        return self.root + "timers"
+
+    @property
+    def reserved(self) -> str:
+        return self.root + "reserved"
+
+    @property
+    def stats(self) -> str:
+        return self.root + "stats"
+
+    @property
+    def events(self) -> str:
+        """The lifecycle event stream (schema: tubeq.model.events)."""
+        return self.root + "events"
+
+    @property
+    def seqs(self) -> str:
+        """Sequence counters: tube creation order and bury order."""
+        return self.root + "seq"
+
+    @property
+    def refs(self) -> str:
+        return self.root + "refs"
+
+    @property
+    def instances(self) -> str:
+        return self.root + "instances"
+
+    @property
+    def waiting(self) -> str:
+        """token -> 1 for every connection counted as waiting (makes counting out idempotent)."""
+        return self.root + "waiting"
+
+    def waiters(self, tube: str) -> str:
+        """The tokens waiting on a tube, in the order they started waiting."""
+        return f"{self.root}t:{tube}:q"
+
+    def blocked(self, token: str) -> str:
+        """The number of the connection's last reserve whose first try found nothing
+        (reserve.lua), read by the commands pipelined right behind it (blocked_ahead in
+        lua/includes/jobs.lua); it expires by itself (BLOCKED_TTL_MS there)."""
+        return f"{self.root}c:{token}:b"
+
+    def handed(self, token: str) -> str:
+        """Jobs a put handed to a waiting connection that its process has not claimed yet."""
+        return f"{self.root}c:{token}:g"
+
+    def grant_channel(self, instance_id: str) -> str:
+        """Where put.lua tells a process that one of its waiting connections got a job."""
+        return f"{self.root}grant:{instance_id}"
+
+    def instance(self, instance_id: str) -> str:
+        return f"{self.root}i:{instance_id}"
+
+    def instance_conns(self, instance_id: str) -> str:
+        return f"{self.root}i:{instance_id}:conns"
+
+    def watch(self, token: str) -> str:
+        return f"{self.root}c:{token}:w"
+
+    def wake_channel(self, tube: str) -> str:
+        return f"{self.root}wake:{tube}"
+
+    @property
+    def wake_pattern(self) -> str:
+        return self.root + "wake:*"
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ---------------------------
+
+    @property
+    def ttl(self) -> str:
+        """Jobs with a time to live, scored by the instant they expire (ms)."""
+        return self.root + "ttl"
+
+    @property
+    def dedupe(self) -> str:
+        """Dedupe key -> id of the living job put with it (put-with key=...)."""
+        return self.root + "dedupe"
+    # -- recurring jobs and reserve limits (issue 10, parts 4 and 5) -------------------------
+
+    @property
+    def schedules(self) -> str:
+        """Every recurring schedule, member ``<tube>:<name>``, score = its next due time (ms)."""
+        return self.root + "schedules"
+
+    def schedule(self, tube: str, name: str) -> str:
+        """One schedule's definition and progress (a hash)."""
+        return f"{self.root}sc:{tube}:{name}"
+
+    def schedule_names(self, tube: str) -> str:
+        """The names of a tube's schedules (a set); they outlive the tube, like its settings."""
+        return f"{self.root}sc:{tube}"
+
+    @property
+    def due_channel(self) -> str:
+        """Where a script tells every process's scheduler of a due instant (ms) it created."""
+        return self.root + "due"

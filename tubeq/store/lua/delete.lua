@@ -1,0 +1,28 @@
+--[[ delete: remove a job in any state; a reserved job only by the connection holding it.
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
+         now (ms), optionally the number of the first reserve it was pipelined behind
+Returns  {held, tube} deleted, where held is how long (ms) the caller had held the job since it
+         reserved it ('ra'; -1 when the job was not reserved): tubeq.store.store reads it for the
+         reserved->deleted metric | 0 not found (or reserved by another connection) | -1
+         deferred (see blocked_ahead in includes/jobs.lua)
+Events   'deleted'
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+--- @include "policies"
+local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
+if blocked_ahead(token, ARGV[6]) then return DEFERRED end
+local jk = k_job(id)
+local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra', 'k', 'x')
+local state, t = f[1], f[2]
+if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
+unlink(id, t, state, now)
+forget_job(id, jk, {f[8], f[9]})  -- its dedupe key is free, its TTL entry goes (policies)
+rcall('DEL', jk)
+rcall('HINCRBY', k_tube(t), 'del', 1)
+add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
+gc_tube(t)
+if state == 'reserved' and f[7] then return {now - tonumber(f[7]), t} end
+return {-1, t}

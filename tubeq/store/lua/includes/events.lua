@@ -1,0 +1,28 @@
+-- Lifecycle events: the Lua side of tubeq/model/events.py. A script that changes a job's state
+-- appends its event here, in the same script, so an event exists if and only if its transition
+-- happened. Every entry carries every field of tubeq.model.events.FIELDS in that order ("" or 0 where
+-- one does not apply; tests/test_events.py keeps the two equal), so Redis stores the field
+-- names once per stream node.
+-- A script that includes this receives two bound arguments first (tubeq/store/scripts.py):
+-- ARGV[1] the stream's cap (0: events off; the cap itself is kept by each process's scheduler,
+-- XTRIM MAXLEN ~ once a second, not by every XADD: tubeq.store.store.Store.trim_events) and ARGV[2]
+-- the calling process's instance id (the event's `by`). Its own arguments start at ARGV[3].
+-- Include it before "jobs": grant and requeue there write their events through it.
+local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]
+
+-- Append one event. Durations and times in ms; ttr_s is the job's TTR in seconds.
+local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now, reason)
+  if EVENTS_MAXLEN == 0 then return end
+  redis.call('XADD', K_EVENTS, '*',
+    'event', event, 'id', id, 'tube', t, 'pri', pri, 'delay_ms', delay_ms,
+    'ttr_ms', tonumber(ttr_s) * 1000, 'due_ms', due_ms, 'tries', tries or 0, 'time_ms', now,
+    'by', EVENTS_BY, 'reason', reason)
+end
+
+-- Append one event about a job whose tube, priority, TTR and reserve count its hash holds
+-- (read only when events are on): for the transitions off the hot path.
+local function job_event(event, id, now, delay_ms, due_ms, reason)
+  if EVENTS_MAXLEN == 0 then return end
+  local f = redis.call('HMGET', k_job(id), 't', 'p', 'r', 'nr')
+  add_event(event, id, f[1], f[2], delay_ms, f[3], due_ms, f[4], now, reason)
+end

@@ -1,0 +1,212 @@
+--- @include "limits"
+
+-- Shared pieces of every transition: job members, tube bookkeeping, the ready-tube index,
+-- timers and wake-ups. A state change, its index update and its wake-up happen in one script.
+local rcall = redis.call
+
+-- Sorted-set member of a job id: its digit count as one letter, then the digits. Members of
+-- equal score then sort by numeric id ('A7' < 'B12' < 'B13'), which gives beanstalkd's
+-- (pri, id) order with score = pri, exact in a double.
+local function member(id)
+  local s = tostring(id)
+  return string.char(64 + #s) .. s
+end
+
+local function id_of(m)
+  return string.sub(m, 2)
+end
+
+-- Add delta to a counter field of a hash, removing the field when it reaches zero.
+local function bump(hash, field, delta)
+  if rcall('HINCRBY', hash, field, delta) == 0 then
+    rcall('HDEL', hash, field)
+  end
+end
+
+-- Whether a command `token` pipelined behind its own unanswered reserves (the first of them
+-- numbered `lo` by the connection; nil: behind none) must wait for them: one of them found
+-- nothing on its first try (reserve.lua records the last such reserve's number), so it waits
+-- for a job, and beanstalkd runs what follows it only once it is answered. The command then
+-- changes nothing and returns DEFERRED; the connection sends it again after that reserve.
+-- The record only has to outlive the round trip of the reserve's try: a command is sent past a
+-- reserve only until that try's reply is back, so a minute is ample, and the key of a
+-- connection that vanished goes by itself.
+local DEFERRED = -1
+local BLOCKED_TTL_MS = 60000
+local function blocked_ahead(token, lo)
+  if not lo or lo == '0' then return false end
+  local b = rcall('GET', k_blocked(token))
+  return b ~= false and tonumber(b) >= tonumber(lo)
+end
+
+-- A tube exists from its first reference (use, watch, put) until gc_tube removes it. Returns
+-- the meta fields index_tube reads ({ix, pause_until, lim}, and 'c') when the tube existed (a
+-- put passes them on: one read for both), nil when it was created here.
+local function ensure_tube(t, now)
+  local tk = k_tube(t)
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim', 'c')
+  -- Every tube has 'c' from its creation; a hash without it is looked at the long way.
+  if meta[4] or rcall('EXISTS', tk) == 1 then return meta end
+  -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
+  -- they were created (tubeq.store.shards, list-tubes); the shards' K_TUBES orders do not compare.
+  local clock = rcall('TIME')
+  rcall('HSET', tk, 'c', now, 'cu', clock[1] * 1000000 + clock[2])
+  rcall('ZADD', K_TUBES, rcall('HINCRBY', K_SEQS, 'tube', 1), t)
+  sync_limit_flag(t)  -- reserve limits: its settings outlived it
+end
+
+-- ready_tubes holds one entry per non-paused tube that has ready jobs: score = the priority of
+-- its best job, member = that job's member, ':', the tube. Equal scores sort by member, that is
+-- by job id, so the index is in beanstalkd's (pri, id) order across tubes and the first entry a
+-- connection watches is the job it reserves. The tube's current entry is kept in its meta
+-- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
+-- A caller that knows the new head (member, pri) passes it and saves the lookup; one that has
+-- just read the tube's meta fields (ensure_tube) passes them too.
+-- Returns whether the tube has reserve limits (includes/limits.lua), read on the way.
+local function index_tube(t, now, head_member, head_pri, meta)
+  local tk = k_tube(t)
+  meta = meta or rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
+  local old = meta[1]
+  local entry = false
+  local head = head_member and {head_member, head_pri}
+    or rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
+  if head[1] and not (meta[2] and tonumber(meta[2]) > now)
+      and not (meta[3] and limit_reached(t, now)) then
+    entry = head[1] .. ':' .. t
+  end
+  local limited = meta[3] ~= false
+  if old == entry then return limited end
+  if old then rcall('ZREM', K_READY_TUBES, old) end
+  if entry then
+    rcall('ZADD', K_READY_TUBES, head[2], entry)
+    rcall('HSET', tk, 'ix', entry)
+  else
+    rcall('HDEL', tk, 'ix')
+  end
+  return limited
+end
+
+-- The tube and the job member of a ready_tubes entry.
+local function split_entry(entry)
+  return string.match(entry, '^([^:]*):(.*)$')
+end
+
+-- timers holds 'd:<tube>' scored by the tube's earliest delayed due time.
+local function arm_delay_timer(t)
+  local head = rcall('ZRANGE', k_delayed(t), 0, 0, 'WITHSCORES')
+  if head[1] then
+    rcall('ZADD', K_TIMERS, head[2], 'd:' .. t)
+  else
+    rcall('ZREM', K_TIMERS, 'd:' .. t)
+  end
+end
+
+-- Wake-up hint for processes with reserves blocked on this tube; no PUBLISH when nobody waits.
+local function wake(t)
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  if waiting and tonumber(waiting) > 0 then
+    rcall('PUBLISH', k_wake(t), '')
+  end
+end
+
+-- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
+-- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
+local function enqueue_ready(id, t, pri, now, meta)
+  local m = member(id)
+  rcall('ZADD', k_ready(t), pri, m)
+  if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
+    index_tube(t, now, m, pri, meta)
+  end
+end
+
+local function enqueue_delayed(id, t, due)
+  rcall('ZADD', k_delayed(t), due, member(id))
+  rcall('ZADD', K_TIMERS, 'LT', due, 'd:' .. t)
+end
+
+-- Take a job out of the structure that holds it in its current state.
+local function unlink(id, t, state, now)
+  local m = member(id)
+  if state == 'ready' then
+    rcall('ZREM', k_ready(t), m)
+    index_tube(t, now)
+  elseif state == 'delayed' then
+    rcall('ZREM', k_delayed(t), m)
+    arm_delay_timer(t)
+  elseif state == 'buried' then
+    rcall('ZREM', k_buried(t), m)
+  elseif state == 'reserved' then
+    rcall('ZREM', K_RESERVED, m)
+    -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
+    rcall('HINCRBY', k_tube(t), 'nres', -1)
+    if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: maybe below its cap now
+      index_tube(t, now)
+      wake(t)
+    end
+  end
+end
+
+-- How long (ms) a job that is being reserved at `reserved_at` had been ready: since 'a' (set by
+-- every move into ready but a put's), else since its creation 'c' (a put without delay).
+local function waited_ms(reserved_at, ready_since, created)
+  return reserved_at - tonumber(ready_since or created)
+end
+
+-- Reserve a job (already unlinked) for the connection `token`. Returns the five-element
+-- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
+-- ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and tube for
+-- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
+-- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when
+-- the caller knows it (index_tube's answer); nil looks it up.
+local function grant(id, t, token, now, from_ready, limited)
+  local jk = k_job(id)
+  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c', 'nr')
+  local due = now + tonumber(f[1]) * 1000
+  local tries = tonumber(f[6] or 0) + 1
+  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now, 'nr', tries)
+  rcall('ZADD', K_RESERVED, due, member(id))
+  rcall('HINCRBY', k_tube(t), 'nres', 1)
+  if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
+  if limited then  -- reserve limits: count it, maybe hold
+    count_limited_reserve(t, now)
+    index_tube(t, now)
+  end
+  add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
+  local waited = from_ready and waited_ms(now, f[4], f[5]) or -1
+  return {tonumber(id), tonumber(f[1]), f[2], waited, t}
+end
+
+-- Back to ready without touching its counters (TTR expiry and disconnect differ only there).
+-- Writes the 'timed-out' event with `reason`: '' (TTR ran out), 'disconnect' or 'reaped'.
+local function requeue(id, t, now, reason)
+  local jk = k_job(id)
+  unlink(id, t, 'reserved', now)
+  rcall('HSET', jk, 's', 'ready', 'a', now)
+  rcall('HDEL', jk, 'o', 'u')
+  local f = rcall('HMGET', jk, 'p', 'r', 'nr')
+  enqueue_ready(id, t, tonumber(f[1]), now)
+  add_event('timed-out', id, t, f[1], 0, f[2], 0, f[3], now, reason)
+end
+
+-- pause_until of a tube paused with no end (tube-pause): a time never reached (year 33658), so
+-- index_tube keeps the tube out of ready_tubes (admin verbs: tube_pause.lua).
+local PAUSE_FOREVER = 1e15
+
+-- A tube disappears once nothing references it: no job in any state, nobody using or
+-- watching it (across all processes). 'default' never disappears. Its counters and pause go
+-- with it, as in beanstalkd; a tube paused with no end stays (tube_pause.lua).
+local function gc_tube(t)
+  if t == 'default' then return end
+  local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
+  if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
+  if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
+  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until')
+  if tonumber(meta[1] or 0) > 0 then return end
+  -- A tube paused with no end stays until tube-resume (admin verbs, protocol.md).
+  if tonumber(meta[3] or 0) >= PAUSE_FOREVER then return end
+  if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
+  rcall('DEL', k_tube(t), k_waiters(t))
+  rcall('ZREM', K_TUBES, t)
+  rcall('ZREM', K_TIMERS, 'd:' .. t, 'p:' .. t)
+  rcall('HDEL', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)
+end

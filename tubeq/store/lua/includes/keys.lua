@@ -1,0 +1,60 @@
+-- Key schema: the Lua mirror of tubeq/store/keys.py (tests/test_lua.py keeps the two equal).
+-- KEYS[1] is the namespace root "{prefix}:"; every key below starts with it, so a script
+-- touches one Redis Cluster slot whatever tubes it works on.
+local NS = KEYS[1]
+local K_JOB_IDS = NS .. 'id'
+local K_TUBES = NS .. 'tubes'
+local K_READY_TUBES = NS .. 'ready_tubes'
+local K_TIMERS = NS .. 'timers'
+local K_RESERVED = NS .. 'reserved'
+local K_STATS = NS .. 'stats'
+local K_REFS = NS .. 'refs'
+local K_SEQS = NS .. 'seq'
+local K_INSTANCES = NS .. 'instances'
+local K_WAITING = NS .. 'waiting'
+local K_EVENTS = NS .. 'events'
+-- The namespace's data layout version (tubeq.store.keys.LAYOUT_VERSION; lua/layout.lua).
+local K_LAYOUT = NS .. 'layout'
+local function k_job(id) return NS .. 'j:' .. id end
+-- A new job: its id and the key of its hash. A namespace split into shards (tubeq.store.shards: root
+-- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
+-- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve
+-- over several shards orders jobs of equal priority by it (best.lua), as ids of two shards
+-- tell nothing. An unsplit namespace pays one plain find for it.
+local function new_job()
+  local seq = redis.call('INCR', K_JOB_IDS)
+  if string.find(NS, '#', 1, true) then
+    local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
+    if shards then
+      local id = seq * tonumber(shards) + tonumber(shard)
+      local jk = k_job(id)
+      local clock = redis.call('TIME')
+      redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
+      return id, jk
+    end
+  end
+  return seq, k_job(seq)
+end
+local function k_tube(t) return NS .. 't:' .. t end
+local function k_settings(t) return NS .. 's:' .. t end
+local function k_ready(t) return NS .. 't:' .. t .. ':r' end
+local function k_delayed(t) return NS .. 't:' .. t .. ':d' end
+local function k_buried(t) return NS .. 't:' .. t .. ':b' end
+local function k_instance(i) return NS .. 'i:' .. i end
+local function k_instance_conns(i) return NS .. 'i:' .. i .. ':conns' end
+local function k_watch(token) return NS .. 'c:' .. token .. ':w' end
+local function k_wake(t) return NS .. 'wake:' .. t end
+local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
+local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
+local function k_blocked(token) return NS .. 'c:' .. token .. ':b' end
+local function k_grant(i) return NS .. 'grant:' .. i end
+-- Job policies and deduplicated put (includes/policies.lua).
+local K_TTL = NS .. 'ttl'
+local K_DEDUPE = NS .. 'dedupe'
+-- Recurring jobs (schedule-*): every schedule by its next due time (member '<tube>:<name>'),
+-- one hash per schedule, the names of a tube's schedules; and the channel that tells every
+-- process's scheduler of a due instant another process created (a tick, a rate window's end).
+local K_SCHEDULES = NS .. 'schedules'
+local K_DUE_CHANNEL = NS .. 'due'
+local function k_schedule(t, name) return NS .. 'sc:' .. t .. ':' .. name end
+local function k_schedule_names(t) return NS .. 'sc:' .. t end

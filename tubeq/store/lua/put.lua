@@ -1,0 +1,59 @@
+--[[ put: store a new job in a tube, ready or delayed; a ready job goes straight to the first
+connection waiting on the tube, as beanstalkd hands it over before it answers the put.
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
+         delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
+         (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
+Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
+         and added by counters.lua); put-with key=...: -id of the living job with that key
+         (nothing stored: a duplicate); 0 when the tube is full (tube-set max-jobs: nothing
+         stored, no id used)
+Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
+         'deduplicated' (the existing job) instead for a duplicate.
+Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
+         told on grant:<instance>; without one, reserves blocked on the tube are woken
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+--- @include "waiting"
+--- @include "picking"
+--- @include "handing"
+--- @include "policies"
+local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+
+-- put-with: its options (job policies, delay-ms, dedupe key; includes/policies.lua).
+local delay_ms = tonumber(delay) * 1000
+local opts = #ARGV > 8 and put_options(9)
+if opts then
+  if opts.key then
+    local existing = duplicate_of(opts.key, now)
+    if existing then return -existing end
+  end
+  delay_ms = tonumber(opts['delay-ms'] or delay_ms)
+end
+
+local limits = tube_limits(t)
+if tube_full(t, limits[1]) then return 0 end
+local meta = ensure_tube(t, now)
+local id, jk = new_job()
+if delay_ms > 0 then
+  local due = now + delay_ms
+  rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)
+  start_policies(id, jk, t, opts, now, limits[2])
+  enqueue_delayed(id, t, due)
+  add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
+else
+  -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
+  rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+  start_policies(id, jk, t, opts, now, limits[2])
+  enqueue_ready(id, t, tonumber(pri), now, meta)
+  add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  -- This job still ready (nobody could take a job, or the first waiter got a better one from
+  -- another tube): the other waiters get a wake-up.
+  if waiting and tonumber(waiting) > 0 and hand_over_in(t, now) ~= id then
+    rcall('PUBLISH', k_wake(t), '')
+  end
+end
+return id

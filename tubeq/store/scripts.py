@@ -1,0 +1,269 @@
+"""The Lua scripts: read from package data, includes expanded, called by SHA.
+
+A script file starts with a header (KEYS, ARGV, Returns, Events) and may pull shared pieces with
+``--- @include "name"`` lines (files under ``lua/includes/``); each include is expanded once per
+script. Every script receives exactly one key, the namespace root (see :mod:`tubeq.store.keys`).
+A script that includes ``events`` (it writes lifecycle events, ``lua/includes/events.lua``)
+also receives two bound arguments first, fixed per process: ARGV[1] the event stream's cap (0:
+events off) and ARGV[2] the calling process's instance id; its own arguments follow.
+
+Only the definitions a script uses are kept, with the ones they use in turn: Redis runs a
+script's whole text on every call, and each ``local function`` or key name it defines costs
+time per call (the shared includes define ~30: ~2 us of put.lua's ~11 us before this pruning).
+An include is a sequence of top-level ``local`` definitions, each with the comment above it.
+
+Where Redis has Functions (7.0+), every script is also one function of a single library,
+:func:`library`, loaded once (``FUNCTION LOAD``) and called by name (``FCALL``): the included
+definitions are then made once per load instead of once per call, which measured ~5-8 us of
+Redis time per hot-path call (bench/lua_cost.py). The script texts stay the same, so the library
+and the per-script sources (the fallback, ``EVALSHA``) run the same code. A library function
+has no ``KEYS``/``ARGV`` globals and cannot read ``redis.call`` at load time, so the library
+declares them, and every definition whose value depends on them (the namespace's key names, the
+bound event arguments, ``rcall``), as locals that each call assigns before the script's body:
+the key names only when the namespace root differs from the previous call's.
+A script whose every Redis call is a literal read command is flagged ``no-writes`` (it then runs
+on a Redis out of memory, as the same script run by EVALSHA does).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+_DEFINES = re.compile(r"^local (?:function (\w+)|([\w, ]+?) =)")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# Comments and string literals, dropped before looking for the names a piece of Lua uses.
+_NOT_CODE = re.compile(r"--\[\[.*?\]\]|--[^\n]*|'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"",
+                       re.DOTALL)
+
+
+# The includes in the order the library defines them: each after the ones it uses.
+INCLUDE_ORDER = ("keys", "events", "limits", "jobs", "refs", "waiting", "picking", "handing",
+                 "policies")
+
+# Commands that only read: a script calling nothing else is a read-only function.
+_READ_COMMANDS = frozenset({
+    "EXISTS", "GET", "HEXISTS", "HGET", "HGETALL", "HKEYS", "HLEN", "HMGET", "HVALS", "LLEN",
+    "LRANGE", "MGET", "SCARD", "SISMEMBER", "SMEMBERS", "SRANDMEMBER", "TIME", "TYPE", "XLEN",
+    "XRANGE", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZRANK", "ZREVRANGE", "ZSCORE",
+    "ZMSCORE"})
+_CALL_SITE = re.compile(r"\b(?:rcall|redis\.call|redis\.pcall)\(\s*(?:'(\w+)'|\"(\w+)\")?")
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    name: str
+    source: bytes
+    sha: str
+    records_events: bool  # takes the two bound event arguments first (see the module header)
+    read_only: bool  # calls only read commands (a ``no-writes`` function in the library)
+
+
+@dataclass(frozen=True, slots=True)
+class Library:
+    """Every script as a function of one Redis Functions library (see the module header)."""
+    name: str  # "tubeq_<hash>": tubeq versions sharing a Redis load libraries of their own
+    source: bytes
+    functions: dict[str, str]  # script name -> function name
+
+
+@dataclass(frozen=True, slots=True)
+class _Definition:
+    text: str  # the definition with the comment above it
+    names: frozenset[str]  # what it defines
+    uses: frozenset[str]  # the identifiers its code mentions
+
+
+def _uses(code: str) -> frozenset[str]:
+    return frozenset(_IDENTIFIER.findall(_NOT_CODE.sub(" ", code)))
+
+
+def _definitions(text: str) -> list[_Definition]:
+    """Split an include into its top-level definitions (comment lines above one belong to it)."""
+    pieces: list[tuple[list[str], frozenset[str]]] = []
+    pending: list[str] = []  # comment and blank lines waiting for the next definition
+    for line in text.splitlines(keepends=True):
+        found = _DEFINES.match(line)
+        if found is not None:
+            names = found[1] or found[2]
+            pieces.append(([*pending, line], frozenset(n.strip() for n in names.split(","))))
+            pending = []
+        elif pieces and (line.startswith((" ", "end")) or not line.strip()) and not pending:
+            pieces[-1][0].append(line)  # the body of the definition above
+        elif line.strip():
+            pending.append(line)
+        else:
+            pending = [] if not pieces else pending  # a blank line ends a file header
+    return [_Definition("".join(lines), names, _uses("".join(lines))) for lines, names in pieces]
+
+
+def _include_text(name: str) -> str:
+    return resources.files("tubeq.store").joinpath("lua", "includes", f"{name}.lua").read_text()
+
+
+def _include_definitions(text: str, seen: set[str]) -> list[_Definition]:
+    """The definitions of every include ``text`` names, recursively, each include once."""
+    found: list[_Definition] = []
+    for name in _INCLUDE.findall(text):
+        if name in seen:
+            continue
+        seen.add(name)
+        body = _include_text(name)
+        found += _include_definitions(body, seen)
+        found += _definitions(body)
+    return found
+
+
+def _needed(code: str, by_name: dict[str, _Definition]) -> set[str]:
+    """The names of the definitions ``code`` uses, with the ones those use in turn."""
+    needed: set[str] = set()
+    todo = list(_uses(code))
+    while todo:
+        name = todo.pop()
+        d = by_name.get(name)
+        if d is not None and name not in needed:
+            needed |= d.names
+            todo += d.uses
+    return needed
+
+
+def _split(text: str) -> tuple[str, str]:
+    """A script's text before its first include line (the header), and its body after the
+    include lines."""
+    first = _INCLUDE.search(text)
+    if first is None:
+        return "", text
+    return text[:first.start()], _INCLUDE.sub("", text[first.end():]).lstrip("\n")
+
+
+def expand(text: str) -> str:
+    """``text`` with its includes replaced by the definitions it uses (transitively), in the
+    order the includes define them, where its first include line was."""
+    definitions = _include_definitions(text, set())
+    needed = _needed(_INCLUDE.sub("", text), {n: d for d in definitions for n in d.names})
+    kept = "".join(d.text for d in definitions if d.names & needed)
+    if _INCLUDE.search(text) is None:
+        return text
+    header, body = _split(text)
+    return header + kept + body
+
+
+def calls_only_reads(source: str) -> bool:
+    """Whether every Redis call in ``source`` names a read command literally."""
+    commands = [m[1] or m[2] for m in _CALL_SITE.finditer(_NOT_CODE.sub(
+        lambda m: m[0] if m[0][0] in "'\"" else " ", source))]
+    return all(c is not None and c.upper() in _READ_COMMANDS for c in commands)
+
+
+def _script_text(name: str) -> str:
+    return resources.files("tubeq.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+def load_script(name: str) -> Script:
+    """Read ``lua/<name>.lua`` with the included definitions it uses."""
+    text = _script_text(name)
+    expanded = expand(text)
+    source = expanded.encode()
+    records_events = "events" in _INCLUDE.findall(text)
+    return Script(name, source, hashlib.sha1(source).hexdigest(), records_events,
+                  calls_only_reads(expanded))
+
+
+def script_names() -> list[str]:
+    """Every script shipped in the package, by name."""
+    folder = resources.files("tubeq.store").joinpath("lua")
+    return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua"))
+
+
+@functools.cache
+def load_all() -> dict[str, Script]:
+    """Every script (read once per process; do not mutate)."""
+    return {name: load_script(name) for name in script_names()}
+
+
+# -- the library (Redis Functions) ----------------------------------------------------------
+
+_ASSIGNMENT = re.compile(r"^local ([\w, ]+?) = (.*)$", re.DOTALL)
+# What a definition's value may depend on that changes from call to call.
+_PER_ROOT = frozenset({"KEYS"})
+_PER_CALL = frozenset({"ARGV", "redis"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """A top-level variable the library assigns on a call instead of defining at load."""
+    names: frozenset[str]
+    comment: str  # the comment lines above the definition, kept where it is declared
+    assignment: str  # "A, B = <expression>"
+    per_root: bool  # depends on the namespace root (else on the call's arguments)
+
+
+def _binding(d: _Definition, bound: dict[str, _Binding]) -> _Binding | None:
+    """How ``d`` is bound in the library: None for a function, or a value fixed at load."""
+    lines = d.text.splitlines(keepends=True)
+    code_at = next(i for i, line in enumerate(lines) if line.startswith("local "))
+    found = _ASSIGNMENT.match("".join(lines[code_at:]))
+    if found is None or found[2].startswith("function"):
+        return None
+    per_root = bool(d.uses & _PER_ROOT) or any(bound[n].per_root for n in d.uses & bound.keys())
+    per_call = bool(d.uses & _PER_CALL) or any(n in bound for n in d.uses)
+    if not (per_root or per_call):
+        return None
+    return _Binding(d.names, "".join(lines[:code_at]), f"{found[1]} = {found[2].rstrip()}\n",
+                    per_root)
+
+
+def _include_names() -> set[str]:
+    folder = resources.files("tubeq.store").joinpath("lua", "includes")
+    return {p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua")}
+
+
+def _library_code(function_of: dict[str, str]) -> str:
+    """The library's code (without its name line), each script registered as ``function_of``
+    names it."""
+    if set(INCLUDE_ORDER) != _include_names():  # a new include must be placed in the order
+        raise RuntimeError(f"INCLUDE_ORDER {INCLUDE_ORDER} does not list every file of "
+                           f"lua/includes/: {sorted(_include_names())}")
+    definitions = [d for name in INCLUDE_ORDER for d in _definitions(_include_text(name))]
+    by_name = {n: d for d in definitions for n in d.names}
+    bound: dict[str, _Binding] = {}
+    parts = ["local KEYS, ARGV\n"]
+    for d in definitions:
+        binding = _binding(d, bound)
+        if binding is None:
+            parts.append(d.text)
+            continue
+        for n in binding.names:
+            bound[n] = binding
+        parts.append(f"{binding.comment}local {', '.join(sorted(binding.names))}\n")
+    per_root = list(dict.fromkeys(b for b in bound.values() if b.per_root))
+    per_call = list(dict.fromkeys(b for b in bound.values() if not b.per_root))
+    parts.append("-- The key names, assigned again when a call's root is not the last call's.\n"
+                 "local bound_root\nlocal function bind_root()\n"
+                 "  if KEYS[1] == bound_root then return end\n  bound_root = KEYS[1]\n"
+                 + "".join(f"  {b.assignment}" for b in per_root) + "end\n")
+    for script, function in function_of.items():
+        text = _script_text(script)
+        header, body = _split(text)
+        needed = _needed(body, by_name)
+        assign = "".join(f"  {b.assignment}" for b in per_call if b.names & needed)
+        flags = ", flags = {'no-writes'}" if load_script(script).read_only else ""
+        parts.append(f"{header}redis.register_function{{function_name = '{function}', "
+                     f"callback = function(keys, args)\n  KEYS, ARGV = keys, args\n"
+                     f"  bind_root()\n{assign}{body.rstrip()}\nend{flags}}}\n")
+    return "".join(parts)
+
+
+@functools.cache
+def library() -> Library:
+    """Every script as a function of one library, named after a hash of its code."""
+    names = script_names()
+    draft = _library_code({n: f"tubeq_{n}" for n in names})
+    version = hashlib.sha1(draft.encode()).hexdigest()[:12]
+    functions = {n: f"tq{version}_{n}" for n in names}
+    source = f"#!lua name=tubeq_{version}\n{_library_code(functions)}".encode()
+    return Library(f"tubeq_{version}", source, functions)

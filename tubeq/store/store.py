@@ -1,0 +1,785 @@
+"""The job store: one typed method per Lua script, over the process's one Redis connection.
+
+Methods do not await: each returns a future of its decoded result, so a connection can send the
+commands a client pipelined without waiting for each other (the Redis client batches them per
+loop tick). Calls keep their order on the one connection, which is what keeps a client's replies
+in order. ``now`` (ms) comes from an injectable clock and is passed to every script.
+
+Lifecycle events (:mod:`tubeq.model.events`) are written by the scripts themselves. Whether they
+are, and the stream's cap, is fixed per Store: the scripts that write events get the cap and this
+process's instance id as bound arguments (encoded once, see ``RedisClient.bind_script``), so
+events cost no extra round trip and no per-call lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import structlog
+
+from tubeq.model import admin
+from tubeq.model.options import DEFAULTS, Options, OptionValue
+from tubeq.model.recurring import DueTick, ScheduleInfo
+from tubeq.redisio.client import Decoder, RedisClient, RedisReplyError, Reply, ScriptCall
+from tubeq.redisio.futures import discard
+from tubeq.store.keys import Keys
+from tubeq.store.scripts import Library, Script, library, load_all
+
+if TYPE_CHECKING:
+    from tubeq.server.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+Clock = Callable[[], int]
+T = TypeVar("T")
+
+# Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
+# holds Redis's single thread for long; a sweep that hits the limit is called again at once.
+SWEEP_LIMIT = 1000
+
+# pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
+PAUSE_FOREVER_MS = 10**15
+# How stats-tube shows such a pause: pause-time-left 4294967295 (the longest pause-tube can ask),
+# for as long as it lasts; the extra second absorbs the read-to-render gap of the clock.
+_FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
+
+
+# Scripts whose result acknowledges no state change to a client: reads, and the process's own
+# bookkeeping and sweeps. With --min-replicas every other script's reply waits for the replicas
+# (RedisClient.bind_script(durable=True)); these go at full speed, and the sweeps keep running
+# while replicas are missing. A script not listed here (a new one) waits: the safe default.
+UNACKNOWLEDGED_SCRIPTS = frozenset({
+    "best", "tube_list", "peek", "stats", "stats_tube", "heartbeat", "reap", "promote",
+    "expire", "counters", "using", "connect", "tubes", "disconnect", "restore"})
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: int
+    ttr: int
+    body: bytes
+    deadline_ms: int
+    waited_ms: int = -1  # how long it had been ready (-1: not taken from ready)
+    tube: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NoJob:
+    """Nothing reservable."""
+
+
+JOB_FIELDS = ("t", "s", "p", "c", "d", "r", "u", "nr", "nt", "nl", "nb", "nk")
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The raw fields behind stats-job."""
+
+    id: int
+    tube: str
+    state: str
+    pri: int
+    created_ms: int
+    delay: int
+    ttr: int
+    due_ms: int
+    reserves: int
+    timeouts: int
+    releases: int
+    buries: int
+    kicks: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubeCounts:
+    """One row of overview.lua; ``name`` "" is the sum of the tubes past the limit."""
+
+    name: str
+    urgent: int
+    ready: int
+    reserved: int
+    delayed: int
+    buried: int
+    total: int  # jobs ever put (stats-tube total-jobs)
+    deletes: int  # stats-tube cmd-delete
+    pause_until_ms: int  # 0: never paused (or the summed row); compare with now
+    waiting: int
+    watching: int
+    using: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job of browse.lua: the start of its body, not all of it."""
+
+    id: int
+    pri: int
+    created_ms: int
+    due_ms: int
+    reserves: int
+    body_head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One tubeq process of the namespace: its last heartbeat and gauges."""
+
+    id: str
+    heartbeat_ms: int
+    addr: str
+    http: str
+    connections: int
+    producers: int
+    workers: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
+
+    id: int
+    inserted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicies:
+    """A job's policy state (lua/includes/policies.lua), as stats-job shows it to tubeq clients."""
+
+    reason: str  # why tubeq last buried it: "max-tries", "expired", or ""
+    tries: int  # reservations that ended in a TTR timeout, a release or a disconnect
+    max_tries: int  # its own, else its tube's now; 0: none
+    expires_at_ms: int  # when it expires; 0: no expiry pending
+    key: str  # its dedupe key, or ""
+
+
+def _as_int(v: Any) -> int:
+    return int(v) if v is not None else 0
+
+
+def _text(v: Any) -> str:
+    return "" if v is None else bytes(v).decode(errors="replace")
+
+
+class Deferred(Exception):
+    """A command pipelined behind a reserve of its connection did nothing: that reserve waits
+    for a job, and beanstalkd runs what follows a reserve only once it is answered. The
+    connection sends the command again then (tubeq.server.connection)."""
+
+
+# What a script returns for a deferred command (DEFERRED in lua/includes/jobs.lua).
+DEFERRED_CODE = -1
+
+
+def _numbered(number: int) -> tuple[int, ...]:
+    """The optional trailing argument of a script that takes a reserve's number."""
+    return (number,) if number else ()
+
+
+def _unless_deferred(decode: Callable[[Any], T]) -> Callable[[Any], T]:
+    def checked(r: Any) -> T:
+        if r == DEFERRED_CODE:
+            raise Deferred
+        return decode(r)
+
+    return checked
+
+
+class Store:
+    """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
+
+    # A command pipelined behind a reserve may be sent at once, with the reserve's number
+    # (:class:`Deferred`); a split namespace (tubeq.store.shards) cannot tell, as the reserve and
+    # the job may live in two shards: its connections hold such commands instead.
+    defers_behind_reserves = True
+
+    def __init__(self, client: RedisClient, keys: Keys, instance_id: str,
+                 clock: Clock = wall_clock_ms, *, events_maxlen: int = 0,
+                 functions: bool = True) -> None:
+        """``events_maxlen``: write lifecycle events to ``keys.events``, capped at about that
+        many entries (:meth:`trim_events`); 0 writes none. ``functions``: call the scripts as
+        the functions of one library where Redis has Functions (:meth:`load_scripts`); False
+        keeps EVALSHA."""
+        if events_maxlen < 0:
+            raise ValueError("events_maxlen must be 0 (off) or positive")
+        self.client = client
+        self.keys = keys
+        self.instance_id = instance_id
+        self.clock = clock
+        self.events_maxlen = events_maxlen
+        # Tube "default" lives here (always, unless this is a shard of a split namespace that
+        # does not hold it: tubeq.store.shards); the heartbeat keeps it in existence.
+        self.holds_default = True
+        # Set by the server when metrics are on: told of waits, holds and lateness the scripts
+        # return (tubeq.server.metrics).
+        self.metrics: Metrics | None = None
+        self._scripts: dict[str, Script] = load_all()
+        self._library: Library | None = library() if functions else None
+        self.calls_functions = False  # set by load_scripts (or call_functions)
+        self._described: dict[str, str] = {}  # describe_instance's fields, for restore
+        self._calls = self._bind()
+        client.add_reconnect_callback(self._on_reconnect)
+
+    @property
+    def wants_functions(self) -> bool:
+        """Whether this store calls the library's functions where Redis has them."""
+        return self._library is not None
+
+    def _bind(self) -> dict[str, ScriptCall]:
+        event_args = (self.events_maxlen, self.instance_id)
+        functions = self._library.functions if self.calls_functions and self._library else {}
+        return {
+            name: self.client.bind_script(s.sha, s.source, (self.keys.root,),
+                                          event_args if s.records_events else (),
+                                          durable=name not in UNACKNOWLEDGED_SCRIPTS,
+                                          function=functions.get(name))
+            for name, s in self._scripts.items()}
+
+    async def load_scripts(self) -> bool:
+        """Load the scripts into Redis, so that calls find them: the library (FUNCTION LOAD)
+        where Redis has Functions, then calls go by FCALL; else (a Redis before 7.0, or
+        ``functions=False``) every script for EVALSHA. Returns whether calls go by FCALL."""
+        if self._library is not None:
+            try:
+                await self.client.call("FUNCTION", "LOAD", "REPLACE", self._library.source)
+            except RedisReplyError as error:
+                log.info("redis functions unavailable, scripts go by EVALSHA", reason=str(error))
+            else:
+                self.client.libraries[self._library.name] = self._library.source
+                self.call_functions()
+                return True
+        await asyncio.gather(*(self.client.call("SCRIPT", "LOAD", s.source)
+                               for s in self._scripts.values()))
+        return False
+
+    def call_functions(self) -> None:
+        """Call the scripts as the library's functions from now on: another Store on the same
+        client loaded it (:meth:`load_scripts`)."""
+        if self._library is not None and not self.calls_functions:
+            self.calls_functions = True
+            self._calls = self._bind()
+
+    def exact_ms(self) -> float:
+        """The clock with its fraction of a millisecond (the scheduler aims its timer with it)."""
+        if self.clock is wall_clock_ms:
+            return time.time() * 1000
+        return float(self.clock())
+
+    def _on_reconnect(self) -> None:
+        # Issued before any later call on the fresh connection, so those find their SHAs. The
+        # library of a store that calls functions the client loads itself, once for all stores.
+        if self.calls_functions:
+            return
+        for s in self._scripts.values():
+            self.client.call("SCRIPT", "LOAD", s.source).add_done_callback(discard)
+
+    def _eval(self, name: str, *args: bytes | str | int,
+              decode: Decoder | None = None) -> asyncio.Future[Any]:
+        """Run a script by FCALL or EVALSHA (the client falls back to EVAL if Redis lost it)."""
+        return self._calls[name](*args, decode=decode)
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    # put and delete take an optional ``answer``: the future then resolves to ``answer(result)``
+    # (the handler's reply bytes) straight from the Redis reply, with no second future.
+    @overload
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes) -> asyncio.Future[int]:
+        ...
+
+    @overload
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+            answer: Callable[[int], T]) -> asyncio.Future[T]:
+        ...
+
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+            answer: Callable[[int], Any] | None = None) -> asyncio.Future[Any]:
+        decode: Decoder = int if answer is None else (lambda r: answer(int(r)))
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=decode)
+
+    def burn_id(self, tube: str = "default") -> asyncio.Future[int]:
+        """Use up one job id (a put that failed after its body arrived, as beanstalkd does);
+        ``tube``: the one the put was for (a split namespace burns that shard's next id)."""
+        return self.client.call("INCR", self.keys.job_ids, decode=int)
+
+    def reserve(self, token: str, *, counted_waiting: bool = False,
+                number: int = 0) -> asyncio.Future[Reservation | NoJob]:
+        """The next job for ``token``; if ``counted_waiting``, a grant also counts it out.
+        ``number``: the reserve's number on its connection, for its first try (one that finds
+        nothing defers the commands pipelined behind it, see :class:`Deferred`)."""
+        now = self.clock()
+        waiter = self.instance_id if counted_waiting else ""
+        return self._eval("reserve", token, now, 1, waiter, *_numbered(number),
+                          decode=lambda r: _reservation(r, now, self.metrics))
+
+    def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
+                     number: int = 0) -> asyncio.Future[list[Reservation]]:
+        """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
+        now = self.clock()
+        waiter = self.instance_id if counted_waiting else ""
+        return self._eval("reserve", token, now, count, waiter, *_numbered(number),
+                          decode=lambda r: _reservations(r, now, self.metrics))
+
+    def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
+        now = self.clock()
+        return self._eval("reserve_job", token, job_id, now,
+                          decode=lambda r: _reservation(r, now, self.metrics))
+
+    @overload
+    def delete(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[bool]:
+        ...
+
+    @overload
+    def delete(self, token: str, job_id: int,
+               answer: Callable[[bool], T], *, behind: int = 0) -> asyncio.Future[T]:
+        ...
+
+    def delete(self, token: str, job_id: int,
+               answer: Callable[[bool], Any] | None = None, *,
+               behind: int = 0) -> asyncio.Future[Any]:
+        """``behind``: the number of the first unanswered reserve of ``token`` this delete was
+        pipelined behind (0: none); the delete is then :class:`Deferred` if one of them waits.
+        The same goes for bury, touch and delete_many."""
+        metrics = self.metrics
+
+        def decode(r: Any) -> Any:
+            # delete.lua: {held_ms, tube} | 0 | -1 deferred
+            if r == DEFERRED_CODE:
+                raise Deferred
+            if r and metrics is not None:
+                metrics.job_deleted(r[1].decode(), int(r[0]))
+            return bool(r) if answer is None else answer(bool(r))
+
+        return self._eval("delete", token, job_id, self.clock(), *_numbered(behind),
+                          decode=decode)
+
+    def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
+        return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
+
+    def bury(self, token: str, job_id: int, pri: int, *,
+             behind: int = 0) -> asyncio.Future[bool]:
+        return self._eval("bury", token, job_id, pri, self.clock(), *_numbered(behind),
+                          decode=_unless_deferred(bool))
+
+    def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]:
+        """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
+        return self._eval("touch", token, job_id, self.clock(), *_numbered(behind),
+                          decode=_unless_deferred(int))
+
+    def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
+        return self._eval("kick", tube, bound, self.clock(), decode=int)
+
+    def kick_job(self, job_id: int) -> asyncio.Future[bool]:
+        return self._eval("kick_job", job_id, self.clock(), decode=bool)
+
+    def peek(self, job_id: int) -> asyncio.Future[bytes | None]:
+        return self.client.call("HGET", self.keys.job(job_id), "b", decode=_bytes_or_none)
+
+    def peek_state(self, state: str, tube: str) -> asyncio.Future[tuple[int, bytes] | None]:
+        def decode(r: Any) -> tuple[int, bytes] | None:
+            return (int(r[0]), bytes(r[1])) if r else None
+
+        return self._eval("peek", state, tube, decode=decode)
+
+    def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
+        def decode(r: Any) -> JobInfo | None:
+            if r[0] is None:
+                return None
+            tube, state = r[0].decode(), r[1].decode()
+            n = [_as_int(v) for v in r[2:]]
+            return JobInfo(job_id, tube, state, *n)
+
+        return self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS, decode=decode)
+
+    # -- tubes --------------------------------------------------------------------------------
+
+    def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
+        def decode(r: Any) -> list[int] | None:
+            counts = [int(v) for v in r]
+            # A pause with no end (tube-pause) shows as the longest pause-tube, never ending.
+            if counts and counts[-1] >= PAUSE_FOREVER_MS:
+                counts[-1] = self.clock() + _FOREVER_SHOWN_MS
+            return counts or None
+
+        return self._eval("stats_tube", tube, decode=decode)
+
+    def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]:
+        """Change a tube's settings (tubeq.model.options.TUBE_SETTINGS); defaults remove them."""
+        flat = [x for pair in settings for x in pair]
+        return self._eval("tube_set", tube, self.clock(), *flat)
+
+    def tube_settings(self, tube: str) -> asyncio.Future[dict[str, OptionValue]]:
+        """Every setting of ``tube``: its own value, else the default."""
+        def decode(r: Any) -> dict[str, OptionValue]:
+            values: dict[str, OptionValue] = dict(DEFAULTS)
+            for name, raw in zip(r[::2], r[1::2], strict=True):
+                text = raw.decode()
+                values[name.decode()] = text if not text.isdigit() else int(text)
+            return values
+
+        return self.client.call("HGETALL", self.keys.settings(tube), decode=decode)
+
+    def count_jobs(self) -> asyncio.Future[int]:
+        """Every job of the namespace, in every state (count_jobs.lua: O(tubes))."""
+        return self._eval("count_jobs", decode=int)
+
+    def list_tubes(self) -> asyncio.Future[list[str]]:
+        return self.client.call("ZRANGE", self.keys.tubes, 0, -1,
+                                decode=lambda r: [v.decode() for v in r])
+
+    def tubes_created(self) -> asyncio.Future[list[tuple[str, int]]]:
+        """Every tube in creation order, with its creation time by Redis's clock (us)."""
+        def decode(r: Any) -> list[tuple[str, int]]:
+            return [(r[i].decode(), int(r[i + 1])) for i in range(0, len(r), 2)]
+
+        return self._eval("tube_list", decode=decode)
+
+    def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
+        """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
+        return self._eval("pause", tube, delay, self.clock(), decode=int)
+
+    def server_counts(self) -> asyncio.Future[tuple[list[int], dict[str, int]]]:
+        def decode(r: Any) -> tuple[list[int], dict[str, int]]:
+            pairs = r[10:]
+            named = {pairs[i].decode(): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+            return [int(v) for v in r[:10]], named
+
+        return self._eval("stats", decode=decode)
+
+    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None:
+        """Add one process's counts to the shared counters (fire and forget): server stats
+        fields (cmd-*, total-jobs) and jobs put per tube."""
+        flat: list[str | int] = [len(fields)]
+        for pairs in (fields, tube_jobs):
+            for name, delta in pairs.items():
+                flat += (name, delta)
+        self._eval("counters", *flat).add_done_callback(discard)
+
+    def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
+        """Every tube's counts in one read (overview.lua): the number of tubes, and a row for
+        each of the first ``limit`` tubes in creation order plus, if there are more, one row
+        named "" summing the rest."""
+        def decode(r: Any) -> tuple[int, list[TubeCounts]]:
+            rows = [TubeCounts(r[i].decode(), *(int(v) for v in r[i + 1:i + 12]))
+                    for i in range(1, len(r), 12)]
+            return int(r[0]), rows
+
+        return self._eval("overview", limit, decode=decode)
+
+    def browse(self, tube: str, state: str, limit: int) -> asyncio.Future[list[JobSummary]]:
+        """The first ``limit`` jobs of ``tube`` in ``state``, in that state's order."""
+        def decode(r: Any) -> list[JobSummary]:
+            return [JobSummary(int(r[i]), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]),
+                               int(r[i + 4]), bytes(r[i + 5])) for i in range(0, len(r), 6)]
+
+        return self._eval("browse", tube, state, limit, decode=decode)
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The tubeq processes of this namespace (heartbeat.lua's registry), oldest first."""
+        beats = await self.client.call("ZRANGE", self.keys.instances, 0, -1, "WITHSCORES")
+        names = [beats[i].decode() for i in range(0, len(beats), 2)]
+        fields = ("addr", "http", "conns", "producers", "workers", "waiting")
+        rows = await asyncio.gather(*(self.client.call("HMGET", self.keys.instance(name), *fields)
+                                      for name in names))
+        return [InstanceInfo(name, int(float(beats[2 * i + 1])),
+                             _text(row[0]), _text(row[1]), *(_as_int(v) for v in row[2:]))
+                for i, (name, row) in enumerate(zip(names, rows, strict=True))]
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connect(self, token: str) -> asyncio.Future[Reply]:
+        return self._eval("connect", self.instance_id, token, self.clock())
+
+    def change_watches(self, token: str, ops: Sequence[tuple[str, str]]) -> asyncio.Future[Reply]:
+        """Apply ``(op, tube)`` pairs to a connection's watch list; op is ``+w`` or ``-w``."""
+        flat = [x for op in ops for x in op]
+        return self._eval("tubes", self.instance_id, token, self.clock(), *flat)
+
+    def forget_watch_change(self, token: str, tube: str, *, added: bool) -> None:
+        """A change_watches call failed: nothing here remembers it (a split namespace's store
+        does: tubeq.store.shards)."""
+
+    def set_using(self, counts: Sequence[tuple[str, int]]) -> asyncio.Future[Reply]:
+        """How many of this process's connections use each tube (absolute counts)."""
+        flat = [x for pair in counts for x in pair]
+        return self._eval("using", self.instance_id, self.clock(), *flat)
+
+    def set_waiting(self, token: str, delta: int, *, claim: bool = False,
+                    mode: str = "1") -> asyncio.Future[list[Reservation]]:
+        """Count ``token`` in (1) or out (-1) of the waiters; with ``claim``, also take the jobs
+        a put handed to it while it waited (put.lua), which are its already. ``mode`` (counting
+        in): "1" puts may hand it a job; "h" / "o" wake-ups only, for a connection that waits on
+        several shards (tubeq.store.shards; lua/includes/waiting.lua)."""
+        now = self.clock()
+        return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0", mode,
+                          decode=lambda r: _reservations(r, now, self.metrics))
+
+    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
+        """(pri, created ms, id) of the job :meth:`reserve` would give ``token`` now, without
+        taking it; (-1, 0, 0) when a put handed it one; None when nothing is reservable."""
+        def decode(r: Any) -> tuple[int, int, int] | None:
+            return (int(r[0]), int(r[1]), int(r[2])) if r else None
+
+        return self._eval("best", token, decode=decode)
+
+    def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
+        """Where this process listens (``addr``, ``http``), for the dashboard's server list;
+        kept in its instance hash, which reap.lua removes with the instance (:meth:`restore`
+        writes it again)."""
+        self._described = dict(fields)
+        flat = [x for pair in fields.items() for x in pair]
+        return self.client.call("HSET", self.keys.instance(self.instance_id), *flat)
+
+    def bump_gauge(self, field: str, delta: int) -> None:
+        call = self.client.call("HINCRBY", self.keys.instance(self.instance_id), field, delta)
+        call.add_done_callback(discard)
+
+    def disconnect(self, token: str, producer: bool, worker: bool,
+                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
+        """``home``: :meth:`connect` counted the connection in this store (a split namespace's
+        other shards only saw its watches: tubeq.store.shards)."""
+        return self._eval("disconnect", token, int(producer), int(worker), self.clock(),
+                          int(home), *reserved)
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def trim_events(self) -> asyncio.Future[Reply] | None:
+        """Trim the event stream to about ``events_maxlen`` entries (XTRIM MAXLEN ~: whole
+        stream nodes). The scheduler calls it once a second: a MAXLEN on every XADD cost
+        ~0.35 us of Redis per event (bench/RESULTS-pipeline.md), the stream may now pass the
+        cap by a second's worth of events. None when events are off."""
+        if not self.events_maxlen:
+            return None
+        return self.client.call("XTRIM", self.keys.events, "MAXLEN", "~", self.events_maxlen)
+
+    def heartbeat(self) -> asyncio.Future[bool]:
+        """Say this process is alive; True when it was not registered (its first beat, or it
+        was reaped or lost meanwhile: see :meth:`restore`)."""
+        return self._eval("heartbeat", self.instance_id, self.clock(),
+                          int(self.holds_default), decode=lambda r: bool(int(r)))
+
+    def restore(self, watches: Sequence[tuple[str, bool, Sequence[str]]],
+                gauges: tuple[int, int, int] | None) -> asyncio.Future[int]:
+        """Make Redis hold this process's registrations again after a reap or a lost Redis
+        (restore.lua): ``watches`` lists every token of the process (its connections, flagged
+        True, and its HTTP reservations) with the tubes it watches in this store; with
+        ``gauges`` (connections, producers, workers; None: a shard of a split namespace that is
+        not the connections' home) also the connection set, the gauges and
+        :meth:`describe_instance`'s fields. Idempotent; the future gives the number of watches
+        created anew. One script call: a process of thousands of connections holds Redis for
+        a few milliseconds, once."""
+        home = gauges is not None
+        conns, producers, workers = gauges or (0, 0, 0)
+        flat: list[str | int] = []
+        for token, connection, tubes in watches:
+            flat += [token, "c" if connection else "r", len(tubes), *tubes]
+        restored = self._eval("restore", self.instance_id, self.clock(), int(home),
+                              conns, producers, workers, *flat, decode=int)
+        if home and self._described:
+            self.describe_instance(self._described).add_done_callback(discard)
+        return restored
+
+    def reap(self, stale_before_ms: int) -> asyncio.Future[int]:
+        return self._eval("reap", stale_before_ms, self.clock(), decode=int)
+
+    def leave(self) -> asyncio.Future[int]:
+        """Take this process out of the namespace (clean shutdown)."""
+        return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
+
+    def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
+        metrics = self.metrics
+
+        def decode(r: Any) -> tuple[int, list[str]]:
+            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}}
+            if metrics is not None and r[2]:
+                metrics.jobs_promoted([int(v) for v in r[2]])
+            return int(r[0]), [v.decode() for v in r[1]]
+
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=decode)
+
+    def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
+        return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
+    # -- batches (issue 10, part 3) -----------------------------------------------------------
+    # -- admin verbs and figures (issue 10 parts 6 and 7; tubeq.model.admin) -----------------------
+    # -- recurring jobs (issue 10, part 4: tubeq.model.recurring) ----------------------------------
+
+    def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
+                     delay_ms: int, body: bytes, first_due_ms: int,
+                     ) -> asyncio.Future[tuple[int, bool]]:
+        """Create or replace a schedule; (its first due time, whether it is new)."""
+        return self._eval("schedule_add", tube, name, kind, spec, pri, ttr, delay_ms, body,
+                          first_due_ms, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    def schedule_remove(self, tube: str, name: str) -> asyncio.Future[bool]:
+        return self._eval("schedule_remove", tube, name, decode=bool)
+
+    def schedule_list(self, tube: str) -> asyncio.Future[list[ScheduleInfo]]:
+        def decode(r: Any) -> list[ScheduleInfo]:
+            return [ScheduleInfo(r[i].decode(), r[i + 1].decode(), r[i + 2].decode(),
+                                 *(int(v) for v in r[i + 3:i + 11]))
+                    for i in range(0, len(r), 11)]
+
+        return self._eval("schedule_list", tube, decode=decode)
+
+    def schedules_due(self) -> asyncio.Future[tuple[int, list[DueTick]]]:
+        """The schedules due now, and the earliest due time after now (-1: none)."""
+        def decode(r: Any) -> tuple[int, list[DueTick]]:
+            due = [DueTick(r[i].decode(), r[i + 1].decode(), int(r[i + 2]), int(r[i + 3]),
+                           r[i + 4].decode(), r[i + 5].decode(), int(r[i + 6]))
+                   for i in range(1, len(r), 7)]
+            return int(r[0]), due
+
+        return self._eval("schedule_due", self.clock(), SWEEP_LIMIT, decode=decode)
+
+    def schedule_tick(self, tick: DueTick, next_due_ms: int) -> asyncio.Future[int]:
+        """Run ``tick``: the id of the job it put, or 0 if it was not this caller's to run."""
+        return self._eval("schedule_tick", tick.tube, tick.name, tick.generation, tick.due_ms,
+                          next_due_ms, self.clock(), decode=int)
+
+
+    def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = admin.CLEAR_BATCH,
+                         ) -> asyncio.Future[tuple[int, bool]]:
+        """Delete up to ``limit`` jobs of ``tube`` in ``states`` (ready, delayed, buried);
+        returns (deleted, whether those states are now empty), or (-1, True) with no tube."""
+        letters = "".join(state[0] for state in states)
+        return self._eval("clear_tube", tube, letters, limit, self.clock(),
+                          decode=lambda r: (int(r[0]), bool(r[1])))
+
+    async def clear_tube(self, tube: str, states: Sequence[str]) -> int | None:
+        """Delete every job of ``tube`` in ``states``, a batch per script call, until they are
+        empty (jobs put meanwhile into them go too); the count, or None when no such tube."""
+        total = 0
+        while True:
+            deleted, done = await self.clear_tube_batch(tube, states)
+            if deleted < 0:  # the tube went away after a batch (its last job was deleted)
+                return None if total == 0 else total
+            total += deleted
+            if done:
+                return total
+
+    def list_jobs(self, tube: str, state: str, cursor: tuple[int, int] | None, count: int,
+                  ) -> asyncio.Future[admin.JobPage | None]:
+        """A page of up to ``count`` jobs of ``tube`` in ``state`` after ``cursor`` (None: from
+        the start), in the state's order; None when no such tube."""
+        score, job_id = ("", "") if cursor is None else cursor
+        return self._eval("list_jobs", tube, state, score, job_id, count,
+                          admin.LIST_SCAN_BUDGET,
+                          decode=lambda r: admin.job_page(r[1:]) if int(r[0]) else None)
+
+    def change_pri(self, job_id: int, pri: int) -> asyncio.Future[bool]:
+        """Give a job a new priority (any state); False when there is no such job."""
+        return self._eval("change_pri", job_id, pri, self.clock(), decode=bool)
+
+    def change_delay(self, job_id: int, delay_ms: int) -> asyncio.Future[int]:
+        """A delayed job becomes due ``delay_ms`` from now: its new due time (ms), -1 when it
+        became ready at once (0 ms), 0 when there is no such delayed job."""
+        return self._eval("change_delay", job_id, delay_ms, self.clock(), decode=int)
+
+    def tube_pause(self, tube: str, *, forever: bool) -> asyncio.Future[bool]:
+        """Pause ``tube`` with no end (``forever``), or end its pause; False: no such tube."""
+        return self._eval("tube_pause", tube, "pause" if forever else "resume", self.clock(),
+                          decode=bool)
+
+    def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
+        """tubeq's own stats-tube figures; None when no such tube."""
+        def decode(r: Any) -> admin.TubeFigures | None:
+            if not r:
+                return None
+            oldest = int(r[-1])
+            return admin.TubeFigures(tuple(int(v) for v in r[:-1]),
+                                     None if oldest < 0 else oldest)
+
+        return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
+                          admin.OLDEST_READY_LEVELS, decode=decode)
+
+
+    def put_many(self, tube: str,
+                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+        """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
+        order."""
+        flat: list[bytes | str | int] = []
+        for job in jobs:
+            flat += job
+        return self._eval("put_many", tube, self.clock(), *flat,
+                          decode=lambda r: [int(v) for v in r])
+
+    def delete_many(self, token: str, ids: Sequence[int], *,
+                    behind: int = 0) -> asyncio.Future[list[bool]]:
+        """Delete each id as :meth:`delete` would, in one script call; per id, whether it was
+        deleted."""
+        return self._eval("delete_many", token, self.clock(), behind, *ids,
+                          decode=_unless_deferred(lambda r: [bool(v) for v in r]))
+
+
+    def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                 opts: Options) -> asyncio.Future[PutOutcome]:
+        """A put with options (tubeq.model.options.PUT_OPTIONS): the new job, or the living job
+        whose dedupe key the options name (then nothing was stored)."""
+        flat = [x for pair in opts for x in pair]
+
+        def decode(r: Any) -> PutOutcome:
+            job_id = int(r)
+            return PutOutcome(abs(job_id), inserted=job_id > 0)
+
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), *flat, decode=decode)
+
+    def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]:
+        """The living job put with dedupe ``key``: (id, body), or None."""
+        def decode(r: Any) -> tuple[int, bytes] | None:
+            return (int(r[0]), bytes(r[1])) if r else None
+
+        return self._eval("peek_key", key, decode=decode)
+
+    def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]:
+        """The policy state stats-job shows a tubeq client, or None if the job is gone."""
+        def decode(r: Any) -> JobPolicies | None:
+            if not r:
+                return None
+            return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
+                               bytes(r[4]).decode())
+
+        return self._eval("job_policies", job_id, decode=decode)
+
+    def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
+        """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
+        return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
+                                decode=lambda r: [_as_int(v) for v in r])
+
+
+def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation]:
+    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, waited, tube, ...} (grant
+    in lua/includes/jobs.lua)."""
+    out = []
+    for i in range(0, len(r), 5):
+        ttr, waited, tube = int(r[i + 1]), int(r[i + 3]), r[i + 4].decode()
+        out.append(Reservation(int(r[i]), ttr, bytes(r[i + 2]), now + ttr * 1000, waited, tube))
+        if metrics is not None:
+            metrics.job_reserved(tube, waited)
+    return out
+
+
+def _reservation(r: Any, now: int, metrics: Metrics | None) -> Reservation | NoJob:
+    if not r:
+        return NoJob()
+    ttr, waited, tube = int(r[1]), int(r[3]), r[4].decode()
+    if metrics is not None:
+        metrics.job_reserved(tube, waited)
+    return Reservation(int(r[0]), ttr, bytes(r[2]), now + ttr * 1000, waited, tube)
+
+
+def _sweep(r: Any) -> tuple[int, list[str]]:
+    return int(r[0]), [v.decode() for v in r[1:]]
+
+
+def _bytes_or_none(v: Any) -> bytes | None:
+    return None if v is None else bytes(v)
