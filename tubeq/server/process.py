@@ -57,7 +57,7 @@ from tubeq.server.listeners import (
     unix_socket,
 )
 from tubeq.server.metrics import DEFAULT_MAX_TUBES, Metrics
-from tubeq.server.scheduler import Scheduler
+from tubeq.server.scheduler import Scheduler, ShardSchedulers
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
@@ -66,7 +66,6 @@ from tubeq.store.layout import claim_layout_version
 from tubeq.store.shards import (
     LayoutMismatch,
     ShardedStore,
-    ShardSchedulers,
     claim_layout,
     shard_prefix,
 )

@@ -26,6 +26,9 @@ Timeline of a pause, processes A and B:
     t0  A's last beat        t0+5 s  B's reap: A is dead (B beat every second since)
     t0+6 s  A wakes, beats: "not registered"  ->  A restores its connections' watches, their
             waits and its gauges; its connections are served again from here on
+
+A namespace split into shards (tubeq.store.shards) has one Scheduler per shard, run as one by
+:class:`ShardSchedulers`: the store knows no scheduler.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import structlog
 
 from tubeq.model import recurring
 from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.shards import ShardedStore
 from tubeq.store.store import SWEEP_LIMIT, Store
 
 log = structlog.get_logger(__name__)
@@ -184,3 +188,27 @@ async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = 
     if len(due) >= SWEEP_LIMIT:
         return now  # more are due: sweep again at once
     return min(t for t in (later, *nexts) if t >= 0) if nexts or later >= 0 else -1
+
+
+class ShardSchedulers(Scheduler):
+    """One :class:`Scheduler` per shard, as one: due times go to all of them (a due time says
+    nothing of the shard it belongs to, and a note only shortens a sleep)."""
+
+    def __init__(self, store: ShardedStore, registry: WaiterRegistry) -> None:
+        super().__init__(store.home, registry)
+        self.each = [Scheduler(shard, registry) for shard in store.shards]
+
+    def when_registration_lost(self, callback: Callable[[], None]) -> None:
+        for scheduler in self.each:  # any shard may find the process unregistered
+            scheduler.when_registration_lost(callback)
+
+    def rebind(self, shard: int, store: Store) -> None:
+        """Shard ``shard``'s Store was replaced (:meth:`tubeq.store.shards.ShardedStore.rebind`)."""
+        self.each[shard].store = store
+
+    def note_due(self, due_ms: int) -> None:
+        for scheduler in self.each:
+            scheduler.note_due(due_ms)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(scheduler.run() for scheduler in self.each))

@@ -35,8 +35,8 @@ Rules:
 * Waiting over several shards: the connection is counted in every one of them for wake-ups only
   (modes 'h' at home, 'o' elsewhere: lua/includes/waiting.lua); puts never hand it a job, their
   PUBLISH wakes it and its reserve tries again. So one wait never gets two jobs from two shards.
-* Scheduling: each shard has its own :class:`~tubeq.server.scheduler.Scheduler` (timers, TTRs,
-  heartbeat, reaping); :class:`ShardSchedulers` is the one the connections tell of due times.
+* Scheduling: each shard has its own scheduler (timers, TTRs, heartbeat, reaping), run by the
+  server (tubeq.server.scheduler.ShardSchedulers); the store knows no scheduler.
 
 With n = 1 nothing of this is used: the namespace keeps its one root ``{<prefix>}:``.
 """
@@ -53,8 +53,6 @@ from tubeq.model.options import Options, OptionValue
 from tubeq.model.recurring import DueTick, ScheduleInfo
 from tubeq.redisio.client import RedisClient, Reply
 from tubeq.redisio.futures import discard, then
-from tubeq.server.scheduler import Scheduler
-from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.keys import Keys
 from tubeq.store.store import (
     Clock,
@@ -590,27 +588,3 @@ def _merge_sweeps(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
     """Sweeps of every shard: the earliest next due time (-1: none), every tube they woke."""
     dues = [due for due, _ in parts if due >= 0]
     return (min(dues) if dues else -1), [t for _, tubes in parts for t in tubes]
-
-
-class ShardSchedulers(Scheduler):
-    """One :class:`Scheduler` per shard, as one: due times go to all of them (a due time says
-    nothing of the shard it belongs to, and a note only shortens a sleep)."""
-
-    def __init__(self, store: ShardedStore, registry: WaiterRegistry) -> None:
-        super().__init__(store.home, registry)
-        self.each = [Scheduler(shard, registry) for shard in store.shards]
-
-    def when_registration_lost(self, callback: Callable[[], None]) -> None:
-        for scheduler in self.each:  # any shard may find the process unregistered
-            scheduler.when_registration_lost(callback)
-
-    def rebind(self, shard: int, store: Store) -> None:
-        """Shard ``shard``'s Store was replaced (:meth:`ShardedStore.rebind`)."""
-        self.each[shard].store = store
-
-    def note_due(self, due_ms: int) -> None:
-        for scheduler in self.each:
-            scheduler.note_due(due_ms)
-
-    async def run(self) -> None:
-        await asyncio.gather(*(scheduler.run() for scheduler in self.each))
