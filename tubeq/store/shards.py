@@ -58,6 +58,7 @@ from tubeq.store.store import (
     Clock,
     InstanceInfo,
     JobInfo,
+    JobObserver,
     JobPolicies,
     JobSummary,
     NoJob,
@@ -188,11 +189,11 @@ class ShardedStore(Store):
             shard.call_functions()
 
     @property
-    def metrics(self) -> Any:
+    def metrics(self) -> JobObserver | None:
         return self._metrics
 
     @metrics.setter
-    def metrics(self, value: Any) -> None:
+    def metrics(self, value: JobObserver | None) -> None:
         """Set by the server when metrics are on: every shard reports to them."""
         self._metrics = value
         for shard in getattr(self, "shards", ()):

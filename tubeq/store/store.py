@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import structlog
 
@@ -28,9 +28,6 @@ from tubeq.redisio.client import Decoder, RedisClient, RedisReplyError, Reply, S
 from tubeq.redisio.futures import discard
 from tubeq.store.keys import Keys
 from tubeq.store.scripts import Library, Script, library, load_all
-
-if TYPE_CHECKING:
-    from tubeq.server.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -193,6 +190,20 @@ def _unless_deferred(decode: Callable[[Any], T]) -> Callable[[Any], T]:
     return checked
 
 
+class JobObserver(Protocol):
+    """What the store tells of the figures its scripts return, when metrics are on: the server's
+    Metrics (tubeq.server.metrics) is one. Stated here so the store imports nothing above it."""
+
+    def job_reserved(self, tube: str, waited_ms: int) -> None:
+        """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
+
+    def job_deleted(self, tube: str, held_ms: int) -> None:
+        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
+
+    def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
+        """Delayed jobs made ready, each ``lateness_ms`` after its due time."""
+
+
 class Store:
     """Job state in Redis for one tubeq process (``instance_id``) in namespace ``keys``."""
 
@@ -220,7 +231,7 @@ class Store:
         self.holds_default = True
         # Set by the server when metrics are on: told of waits, holds and lateness the scripts
         # return (tubeq.server.metrics).
-        self.metrics: Metrics | None = None
+        self.metrics: JobObserver | None = None
         self._scripts: dict[str, Script] = load_all()
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
@@ -756,7 +767,7 @@ class Store:
                                 decode=lambda r: [_as_int(v) for v in r])
 
 
-def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation]:
+def _reservations(r: Any, now: int, metrics: JobObserver | None) -> list[Reservation]:
     """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, waited, tube, ...} (grant
     in lua/includes/jobs.lua)."""
     out = []
@@ -768,7 +779,7 @@ def _reservations(r: Any, now: int, metrics: Metrics | None) -> list[Reservation
     return out
 
 
-def _reservation(r: Any, now: int, metrics: Metrics | None) -> Reservation | NoJob:
+def _reservation(r: Any, now: int, metrics: JobObserver | None) -> Reservation | NoJob:
     if not r:
         return NoJob()
     ttr, waited, tube = int(r[1]), int(r[3]), r[4].decode()
