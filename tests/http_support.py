@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tubeq.http import HttpListener
 from tubeq.server.process import Config, Server
 
 
@@ -20,7 +21,7 @@ async def running_server(redis_url: str, **config: Any) -> AsyncIterator[Server]
     """A tubeq on 127.0.0.1 with its HTTP listener, both on ports the OS picks."""
     server = Server(Config(host="127.0.0.1", port=0, redis_url=redis_url,
                            prefix=f"http-{secrets.token_hex(4)}", http_host="127.0.0.1",
-                           http_port=0, **config))
+                           http_port=0, **config), http=HttpListener)
     await server.start()
     try:
         yield server

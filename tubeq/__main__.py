@@ -13,6 +13,9 @@ Anything that keeps tubeq from starting (an unreachable Redis or sentinel, an un
 name, a Redis too old or one that may evict keys, a data directory in use) is one line on
 stderr in the ``--log-format`` (``tubeq: ...``, or a JSON object) and a non-zero exit, never a
 traceback.
+
+This module is the composition root: the one place that puts the server and the HTTP listener
+together (the server imports nothing of tubeq.http; pyproject.toml's import contracts say so).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from tubeq.server.process import (
     DEFAULT_MAX_JOB_SIZE,
     SHUTDOWN_GRACE_S,
     Config,
+    HttpFront,
     Server,
 )
 from tubeq.server.workers import WorkerPool
@@ -307,6 +311,14 @@ async def serve(args: argparse.Namespace) -> None:
             lock.release()
 
 
+def http_listener(server: Server) -> HttpFront:
+    """The HTTP listener of ``--metrics``, composed here so the server never imports tubeq.http;
+    imported only when asked for (aiohttp's import is not free)."""
+    from tubeq.http import HttpListener
+
+    return HttpListener(server)
+
+
 async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | None,
                    access: AccessConfig | None) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
@@ -326,7 +338,8 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            min_replicas_timeout_ms=args.min_replicas_timeout,
                            redis_timeout_s=args.redis_timeout,
                            allow_eviction=args.allow_eviction,
-                           shutdown_grace_s=args.shutdown_grace, shards=args.shards))
+                           shutdown_grace_s=args.shutdown_grace, shards=args.shards),
+                    http=http_listener if args.metrics else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

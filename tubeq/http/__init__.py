@@ -3,7 +3,8 @@
 One aiohttp application on the server's own event loop, so its routes call the same store,
 counters and waiter registry as the protocol connections, with no thread and no second Redis
 connection. Imports run one way: this package reads the server (its context, store, counters,
-metrics); the core imports it only where ``Server.start`` opens the listener.
+metrics); the server never imports it. tubeq.__main__ (the composition root) hands
+:class:`HttpListener` to the Server, which opens it at start (tubeq.server.process.HttpFront).
 
 Modules: ``common`` (JSON errors, input checks), ``api`` (/api/...), ``reservations`` (the
 long-poll reserve and who owns its job), ``prometheus`` (/metrics), ``dashboard`` (/ and

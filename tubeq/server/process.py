@@ -4,7 +4,9 @@ Without an access file there is one namespace, ``--prefix``. With one (``--auth`
 tubeq.server.access) every namespace it names gets its own context (store, waiters, scheduler,
 counters), opened at start; all share this process's Redis connection and its one pub/sub
 connection, whose messages are routed by key root. The main listener then gates its connections
-until ``auth``; the file's bound listeners put theirs straight into a namespace.
+until ``auth``; the file's bound listeners put theirs straight into a namespace. The HTTP
+listener (``--metrics``) is the composition root's (tubeq.__main__): it hands the Server a
+factory (:class:`HttpFront`), and this package imports nothing of tubeq.http.
 
 Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
 connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
@@ -20,9 +22,10 @@ import asyncio
 import contextlib
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
@@ -70,9 +73,6 @@ from tubeq.store.shards import (
     shard_prefix,
 )
 from tubeq.store.store import Store
-
-if TYPE_CHECKING:
-    from tubeq.http import HttpListener
 
 log = structlog.get_logger(__name__)
 
@@ -158,12 +158,29 @@ class Config:
     shards: int = 1
 
 
+class HttpFront(Protocol):
+    """The HTTP listener (tubeq.http.HttpListener) as the Server sees it: built from the started
+    Server by the factory the composition root (tubeq.__main__) hands in, so the server never
+    imports the HTTP layer. Opened before the protocol port, closed first."""
+
+    port: int  # the bound port, once started
+
+    async def start(self, host: str, port: int) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Server:
     """One tubeq process: a context per namespace (just ``--prefix`` without an access file),
     one Redis connection and one pub/sub connection for all of them, and the listeners."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *,
+                 http: Callable[[Server], HttpFront] | None = None) -> None:
+        """``http``: builds the HTTP listener, opened at start when ``config.http_host`` is set."""
+        if config.http_host is not None and http is None:
+            raise ValueError("Config.http_host needs the HTTP listener's factory (http=...)")
         self.config = config
+        self._make_http = http
         self.keys = Keys(config.prefix)
         self.instance_id = secrets.token_hex(6)
         self._listener: asyncio.Server | None = None
@@ -182,7 +199,7 @@ class Server:
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
         self.metrics: Metrics | None = None
-        self._http: HttpListener | None = None
+        self._http: HttpFront | None = None
 
     @property
     def port(self) -> int:
@@ -444,10 +461,9 @@ class Server:
         subscriber = self._subscriber
         client.add_reconnect_callback(lambda: subscriber.follow(client.address))
         listening: dict[str, str] = {}
-        if config.http_host is not None:  # first: a protocol port that accepts means "all up"
-            from tubeq.http import HttpListener  # the one place the core reaches the HTTP layer
-
-            self._http = HttpListener(self)
+        if self._make_http is not None and config.http_host is not None:
+            # first: a protocol port that accepts means "all up"
+            self._http = self._make_http(self)
             await self._http.start(config.http_host, config.http_port)
             listening["http"] = f"{config.http_host}:{self.http_port}"
             log.info("http listening", host=config.http_host, port=self.http_port)
