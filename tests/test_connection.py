@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tubeq.protocol import commands as c
-from tubeq.server.connection import Connection, ServerContext
+from tubeq.server.connection import Connection
+from tubeq.server.context import ServerContext
 from tubeq.server.process import Config, Server
 from tubeq.server.stats import COMMAND_COUNTERS
 from tubeq.store.store import Reservation

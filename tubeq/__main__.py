@@ -39,7 +39,7 @@ from tubeq.redisio.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_clust
 from tubeq.redisio.process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
 from tubeq.server.access import AccessConfig, AccessFileError
 from tubeq.server.access import load as load_access
-from tubeq.server.connection import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
+from tubeq.server.context import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
 from tubeq.server.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError, TlsFiles
 from tubeq.server.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.server.process import (

@@ -33,7 +33,7 @@ from tubeq.http.common import (
 from tubeq.http.reservations import MAX_POLL_S, HttpReservations
 from tubeq.model import options as job_options
 from tubeq.protocol import replies
-from tubeq.server.connection import ServerContext
+from tubeq.server.context import ServerContext
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
 from tubeq.store.store import JobInfo

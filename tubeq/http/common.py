@@ -22,7 +22,7 @@ from tubeq.protocol.parser import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_M
 from tubeq.redisio.client import RedisConnectionLost, RedisReplyError
 
 if TYPE_CHECKING:
-    from tubeq.server.connection import ServerContext
+    from tubeq.server.context import ServerContext
     from tubeq.server.process import Server
 
 log = structlog.get_logger("tubeq.http")

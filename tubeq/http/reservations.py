@@ -34,7 +34,7 @@ from tubeq.server.waiters import Waiter
 from tubeq.store.store import Reservation
 
 if TYPE_CHECKING:
-    from tubeq.server.connection import ServerContext
+    from tubeq.server.context import ServerContext
 
 # The longest long poll one request may ask for (s); a client polls again after it.
 MAX_POLL_S = 600

@@ -43,7 +43,7 @@ CRLF: Final = b"\r\n"
 PUT_MANY_MAX: Final = 1000
 
 # The bodies one put-many may keep in the server at once, when the connection does not say:
-# half of the connection's default buffer cap (tubeq.server.connection.DEFAULT_MAX_CLIENT_BUFFER),
+# half of the connection's default buffer cap (tubeq.server.context.DEFAULT_MAX_CLIENT_BUFFER),
 # so a batch being read plus the replies waiting to leave stay under the cap.
 DEFAULT_MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
 

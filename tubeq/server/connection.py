@@ -24,15 +24,16 @@ Push extension (``push <credits>``, tubeq only): the connection then receives RE
 for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
 taken several per script call; each delete/release/bury of a pushed job (or its TTR running
 out) frees a credit. The frames join the reply stream between whole replies.
+
+What the connections of a namespace share (ServerContext) and what handlers may touch of a
+connection (Session) are tubeq.server.context's; this module implements Session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, TypeVar, cast
 
@@ -42,14 +43,15 @@ from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import Parser
 from tubeq.redisio.futures import discard
-from tubeq.server.access import AccessConfig
-from tubeq.server.handlers import GATE_HANDLERS, HANDLERS, Reply
-from tubeq.server.metrics import Metrics, command_label
-from tubeq.server.scheduler import Scheduler
-from tubeq.server.stats import CommandCounters, ServerIdentity
-from tubeq.server.using import UseLedger
-from tubeq.server.waiters import Waiter, WaiterRegistry
-from tubeq.store.store import Deferred, NoJob, Reservation, Store
+from tubeq.server.context import (
+    RESTORE_RETRY_S,
+    Reply,
+    ServerContext,
+)
+from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
+from tubeq.server.metrics import command_label
+from tubeq.server.waiters import Waiter
+from tubeq.store.store import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -65,11 +67,9 @@ WAKE_RECHECK_S = 10.0
 # the connection's next reserve, or back to ready by TTR or when the connection closes).
 RESERVE_GRACE_S = 0.25
 
-# A restore of this process's registrations, or a closed connection's clean-up, that failed
-# (Redis went away) is tried again after this pause; a clean-up at most DISCONNECT_TRIES times
-# (about a minute: a Redis away for longer lost nothing it holds, and a restart of this process
-# is the remedy for what stays counted).
-RESTORE_RETRY_S = 1.0
+# A closed connection's clean-up that failed (Redis went away) is tried again after
+# RESTORE_RETRY_S, at most DISCONNECT_TRIES times (about a minute: a Redis away for longer lost
+# nothing it holds, and a restart of this process is the remedy for what stays counted).
 DISCONNECT_TRIES = 60
 
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
@@ -79,20 +79,10 @@ PRUNE_RESERVED_AT = 64
 # client grants: one call must not hold Redis's single thread for long.
 PUSH_BATCH_MAX = 64
 
-# Commands of one connection parsed and not yet answered (replies not yet written), past which
-# the connection stops reading. beanstalkd keeps one; 128 is twice the deepest pipeline any bench
-# or bundled-client load keeps (64), so pipelining clients keep their throughput, and it bounds
-# what one connection can queue in front of everyone else's commands on the shared Redis link.
-DEFAULT_MAX_IN_FLIGHT = 128
 # Commands dispatched from one connection per event-loop turn before the others get theirs. A
 # turn of 64 lets a client's whole pipeline (or one full Redis batch, REDIS_BATCH_CALLS) through
 # in one go while a flood of small commands yields every few hundred microseconds.
 TURN_BUDGET = 64
-# The hard cap on what one connection may hold in the server: unsent reply bytes plus received,
-# unparsed bytes. With the bounds above a client that does not read holds at most about
-# max_in_flight replies plus the transport's high-water mark (64 KiB): 128 peeks of 64 KiB jobs
-# are 8 MiB. Redis's own limit for pub/sub clients is 32 MiB; so is this one, by default.
-DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
 # A reserve that waits holds the commands sent after it; until this many bytes of them have
 # arrived the connection keeps reading (so a client that closes is noticed, as beanstalkd
 # notices a hang-up while a reserve waits), past it reading stops like any other backpressure.
@@ -116,116 +106,6 @@ class PendingReserve:
     # When it became the next reserve to answer (loop time): its timeout runs from then, as
     # in beanstalkd, which takes a connection's commands one at a time.
     started: float = 0.0
-
-
-@dataclass(eq=False)
-class Capacity:
-    """The process's connections across its namespaces, against ``--max-connections``."""
-
-    limit: int = 0  # 0: no limit
-    open: int = 0
-
-    def take(self) -> bool:
-        """Count one more connection, or False when the process is full."""
-        if self.limit and self.open >= self.limit:
-            return False
-        self.open += 1
-        return True
-
-
-@dataclass
-class ServerContext:
-    """What every connection of one tubeq process shares."""
-
-    store: Store
-    registry: WaiterRegistry
-    scheduler: Scheduler
-    counters: CommandCounters
-    using: UseLedger
-    identity: ServerIdentity
-    max_job_size: int
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
-    draining: bool = False
-    # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
-    # puts answer OUT_OF_MEMORY until a count finds room.
-    full: bool = False
-    connections: dict[str, Connection] = field(default_factory=dict)  # by token
-    # Connections whose connect.lua was sent and whose disconnect.lua was not yet: what
-    # restore_registrations puts back in Redis.
-    registered: dict[str, Connection] = field(default_factory=dict)
-    # The HTTP API's reservation tokens and the tubes each watches (tubeq.http.reservations),
-    # restored with the connections.
-    reservation_watches: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # With an access file: the gate between the listener and the namespaces (tubeq.server.access).
-    gate: Gate | None = None
-    capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
-    # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
-    observer: Metrics | None = None
-    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
-    # when put.lua hands one of them a job.
-    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
-    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
-    _restore_scheduled: bool = False
-
-    def next_token(self) -> str:
-        return f"{self.store.instance_id}:{next(self._seq)}"
-
-    def restore_registrations(self) -> None:
-        """This process was found unregistered in Redis (reaped after a pause, or Redis lost
-        its data: tubeq.server.scheduler): put back what its live connections need, once per loop
-        turn however many shards said so. Every step is idempotent."""
-        if not self._restore_scheduled:
-            self._restore_scheduled = True
-            asyncio.get_running_loop().call_soon(self._restore)
-
-    def _restore(self) -> None:
-        self._restore_scheduled = False
-        conns = list(self.registered.values())
-        gauges = (len(conns), sum(conn.producer for conn in conns),
-                  sum(conn.worker for conn in conns))
-        tokens = [(conn.token, True, conn.watched) for conn in conns]
-        tokens += [(token, False, tubes) for token, tubes in self.reservation_watches.items()]
-        restored = self.store.restore(tokens, gauges)
-        restored.add_done_callback(functools.partial(self._restored, len(conns)))
-        resent = self.using.resend()
-        if resent is not None:
-            resent.add_done_callback(discard)
-        for conn in conns:  # after the watches, on the same Redis connection
-            conn.registration_lost()
-
-    def _restored(self, connections: int, f: asyncio.Future[int]) -> None:
-        if f.cancelled() or f.exception() is not None:
-            log.warning("restoring registrations failed; trying again",
-                        error=None if f.cancelled() else repr(f.exception()))
-            asyncio.get_running_loop().call_later(RESTORE_RETRY_S, self.restore_registrations)
-        else:
-            log.warning("registrations restored", connections=connections, watches=f.result())
-
-
-@dataclass(eq=False)
-class Gate:
-    """Which namespace (its context) a token or a client certificate enters."""
-
-    config: AccessConfig
-    namespaces: dict[str, ServerContext]
-
-    def by_token(self, token: str) -> ServerContext | None:
-        name = self.config.namespace_of_token(token)
-        return None if name is None else self.namespaces[name]
-
-    def by_certificate(self, peercert: Any) -> ServerContext | None:
-        """The namespace of a verified client certificate's subject common name, if any."""
-        if not peercert:
-            return None
-        for rdn in peercert.get("subject", ()):
-            for key, value in rdn:
-                if key == "commonName":
-                    name = self.config.namespace_of_certificate(value)
-                    if name is not None:
-                        return self.namespaces[name]
-        return None
 
 
 # The handlers of a connection refused at once (over --max-connections): it gets none.

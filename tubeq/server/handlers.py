@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import EXTENSION_NAMES
 from tubeq.redisio.futures import discard, then
+from tubeq.server.context import Reply, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.store import NoJob, PutOutcome, Reservation
 
-if TYPE_CHECKING:
-    from tubeq.server.connection import Connection
 
-Reply = bytes | asyncio.Future[bytes]
-
-
-def _put(conn: Connection, cmd: c.Put) -> Reply:
+def _put(conn: Session, cmd: c.Put) -> Reply:
     conn.mark_producer()
     store = conn.store
     if conn.ctx.draining:
@@ -49,22 +45,22 @@ def _put(conn: Connection, cmd: c.Put) -> Reply:
     return reply
 
 
-def _put_expected_crlf(conn: Connection, cmd: c.PutExpectedCrlf) -> Reply:
+def _put_expected_crlf(conn: Session, cmd: c.PutExpectedCrlf) -> Reply:
     conn.mark_producer()
     return then(conn.store.burn_id(conn.used), lambda _: replies.EXPECTED_CRLF)
 
 
-def _put_too_big(conn: Connection, cmd: c.PutTooBig) -> Reply:
+def _put_too_big(conn: Session, cmd: c.PutTooBig) -> Reply:
     return replies.JOB_TOO_BIG
 
 
-def _rejected(conn: Connection, cmd: c.Rejected) -> Reply:
+def _rejected(conn: Session, cmd: c.Rejected) -> Reply:
     if cmd.counted_as is not None:
         conn.ctx.counters.incr(cmd.counted_as)
     return cmd.reply
 
 
-def _use(conn: Connection, cmd: c.Use) -> Reply:
+def _use(conn: Session, cmd: c.Use) -> Reply:
     reply = replies.using(cmd.tube)
     if cmd.tube == conn.used:
         return reply
@@ -75,7 +71,7 @@ def _use(conn: Connection, cmd: c.Use) -> Reply:
     return reply if in_redis is None else then(in_redis, lambda _: reply)
 
 
-def _sync_using(conn: Connection) -> None:
+def _sync_using(conn: Session) -> None:
     """Before a read of tube references or existence: this process's use counts reach Redis
     first (sent ahead of the read on the same Redis connection)."""
     in_redis = conn.ctx.using.flush()
@@ -83,7 +79,7 @@ def _sync_using(conn: Connection) -> None:
         in_redis.add_done_callback(discard)
 
 
-def _watch(conn: Connection, cmd: c.Watch) -> Reply:
+def _watch(conn: Session, cmd: c.Watch) -> Reply:
     if cmd.tube in conn.watched:
         return replies.watching(len(conn.watched))
     conn.watched = (*conn.watched, cmd.tube)
@@ -94,7 +90,7 @@ def _watch(conn: Connection, cmd: c.Watch) -> Reply:
     return then(changed, lambda _: replies.watching(count))
 
 
-def _undo_watch(conn: Connection, change: asyncio.Future[Any], tube: str, *,
+def _undo_watch(conn: Session, change: asyncio.Future[Any], tube: str, *,
                 added: bool) -> None:
     """A watch (``added``) or ignore that Redis did not take (the client got INTERNAL_ERROR):
     the connection's list is put back, so a retry goes to Redis again instead of being
@@ -110,7 +106,7 @@ def _undo_watch(conn: Connection, change: asyncio.Future[Any], tube: str, *,
     conn.store.forget_watch_change(conn.token, tube, added=added)
 
 
-def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
+def _ignore(conn: Session, cmd: c.Ignore) -> Reply:
     watched = conn.watched
     if cmd.tube not in watched:
         return replies.watching(len(watched))
@@ -128,15 +124,15 @@ def _ignore(conn: Connection, cmd: c.Ignore) -> Reply:
     return then(changed, lambda _: replies.watching(count))
 
 
-def _reserve(conn: Connection, cmd: c.Reserve) -> Reply:
+def _reserve(conn: Session, cmd: c.Reserve) -> Reply:
     return conn.start_reserve(None)
 
 
-def _reserve_with_timeout(conn: Connection, cmd: c.ReserveWithTimeout) -> Reply:
+def _reserve_with_timeout(conn: Session, cmd: c.ReserveWithTimeout) -> Reply:
     return conn.start_reserve(cmd.seconds if cmd.seconds >= 0 else None)
 
 
-def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
+def _reserve_job(conn: Session, cmd: c.ReserveJob) -> Reply:
     def answer(r: Reservation | NoJob) -> bytes:
         if isinstance(r, NoJob):
             return replies.NOT_FOUND
@@ -146,7 +142,7 @@ def _reserve_job(conn: Connection, cmd: c.ReserveJob) -> Reply:
     return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
 
 
-def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
@@ -156,12 +152,12 @@ def _forget_on(conn: Connection, job_id: int, ok: bytes) -> Callable[[bool], byt
     return answer
 
 
-def _delete(conn: Connection, cmd: c.Delete) -> Reply:
+def _delete(conn: Session, cmd: c.Delete) -> Reply:
     return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
                              behind=conn.passing)
 
 
-def _release(conn: Connection, cmd: c.Release) -> Reply:
+def _release(conn: Session, cmd: c.Release) -> Reply:
     reply = then(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
                  _forget_on(conn, cmd.id, replies.RELEASED))
     if cmd.delay > 0:
@@ -170,12 +166,12 @@ def _release(conn: Connection, cmd: c.Release) -> Reply:
     return reply
 
 
-def _bury(conn: Connection, cmd: c.Bury) -> Reply:
+def _bury(conn: Session, cmd: c.Bury) -> Reply:
     return then(conn.store.bury(conn.token, cmd.id, cmd.pri, behind=conn.passing),
                 _forget_on(conn, cmd.id, replies.BURIED))
 
 
-def _touch(conn: Connection, cmd: c.Touch) -> Reply:
+def _touch(conn: Session, cmd: c.Touch) -> Reply:
     def answer(deadline: int) -> bytes:
         if not deadline:
             return replies.NOT_FOUND
@@ -190,33 +186,33 @@ def _found(job: tuple[int, bytes] | None) -> bytes:
     return replies.NOT_FOUND if job is None else replies.found(*job)
 
 
-def _peek(conn: Connection, cmd: c.Peek) -> Reply:
+def _peek(conn: Session, cmd: c.Peek) -> Reply:
     return then(conn.store.peek(cmd.id),
                 lambda body: replies.NOT_FOUND if body is None else replies.found(cmd.id, body))
 
 
-def _peek_ready(conn: Connection, cmd: c.PeekReady) -> Reply:
+def _peek_ready(conn: Session, cmd: c.PeekReady) -> Reply:
     return then(conn.store.peek_state("ready", conn.used), _found)
 
 
-def _peek_delayed(conn: Connection, cmd: c.PeekDelayed) -> Reply:
+def _peek_delayed(conn: Session, cmd: c.PeekDelayed) -> Reply:
     return then(conn.store.peek_state("delayed", conn.used), _found)
 
 
-def _peek_buried(conn: Connection, cmd: c.PeekBuried) -> Reply:
+def _peek_buried(conn: Session, cmd: c.PeekBuried) -> Reply:
     return then(conn.store.peek_state("buried", conn.used), _found)
 
 
-def _kick(conn: Connection, cmd: c.Kick) -> Reply:
+def _kick(conn: Session, cmd: c.Kick) -> Reply:
     return then(conn.store.kick(conn.used, cmd.bound), replies.kicked)
 
 
-def _kick_job(conn: Connection, cmd: c.KickJob) -> Reply:
+def _kick_job(conn: Session, cmd: c.KickJob) -> Reply:
     return then(conn.store.kick_job(cmd.id),
                 lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
 
 
-def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
+def _stats_job(conn: Session, cmd: c.StatsJob) -> Reply:
     if conn.extended:
         return _stats_job_extended(conn, cmd)  # job policies: their keys at the end
     now = conn.store.clock()
@@ -224,7 +220,7 @@ def _stats_job(conn: Connection, cmd: c.StatsJob) -> Reply:
                 lambda job: replies.NOT_FOUND if job is None else replies.ok(job_yaml(job, now)))
 
 
-def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
+def _stats_tube(conn: Session, cmd: c.StatsTube) -> Reply:
     def answer(counts: list[int] | None) -> bytes:
         if counts is None:
             return replies.NOT_FOUND
@@ -237,7 +233,7 @@ def _stats_tube(conn: Connection, cmd: c.StatsTube) -> Reply:
     return then(conn.store.tube_counts(cmd.tube), answer)
 
 
-def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
+def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
     """stats-tube for a client that knows tubeq: beanstalkd's keys, then the tube's settings."""
     store = conn.store
 
@@ -258,7 +254,7 @@ def _stats_tube_extended(conn: Connection, cmd: c.StatsTube) -> Reply:
                 answer)
 
 
-def _stats(conn: Connection, cmd: c.Stats) -> Reply:
+def _stats(conn: Session, cmd: c.Stats) -> Reply:
     ctx = conn.ctx
     ctx.counters.flush()  # this process's counts reach Redis before the read below
     _sync_using(conn)
@@ -266,20 +262,20 @@ def _stats(conn: Connection, cmd: c.Stats) -> Reply:
                 lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
 
 
-def _list_tubes(conn: Connection, cmd: c.ListTubes) -> Reply:
+def _list_tubes(conn: Session, cmd: c.ListTubes) -> Reply:
     _sync_using(conn)
     return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
 
 
-def _list_tube_used(conn: Connection, cmd: c.ListTubeUsed) -> Reply:
+def _list_tube_used(conn: Session, cmd: c.ListTubeUsed) -> Reply:
     return replies.using(conn.used)
 
 
-def _list_tubes_watched(conn: Connection, cmd: c.ListTubesWatched) -> Reply:
+def _list_tubes_watched(conn: Session, cmd: c.ListTubesWatched) -> Reply:
     return replies.ok(yaml_list(conn.watched))
 
 
-def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
+def _pause_tube(conn: Session, cmd: c.PauseTube) -> Reply:
     def answer(until_ms: int) -> bytes:
         if until_ms == 0:
             return replies.NOT_FOUND
@@ -291,19 +287,19 @@ def _pause_tube(conn: Connection, cmd: c.PauseTube) -> Reply:
     return then(conn.store.pause(cmd.tube, cmd.delay), answer)
 
 
-def _push(conn: Connection, cmd: c.Push) -> Reply:
+def _push(conn: Session, cmd: c.Push) -> Reply:
     return conn.start_push(cmd.credits)
 
 
-def _extensions(conn: Connection, cmd: c.Extensions) -> Reply:
+def _extensions(conn: Session, cmd: c.Extensions) -> Reply:
     return replies.ok(yaml_list(EXTENSION_NAMES))
 
 
-def _tube_set(conn: Connection, cmd: c.TubeSet) -> Reply:
+def _tube_set(conn: Session, cmd: c.TubeSet) -> Reply:
     return then(conn.store.set_tube(cmd.tube, cmd.settings), lambda _: replies.SET)
 
 
-def _auth(conn: Connection, cmd: c.Auth) -> Reply:
+def _auth(conn: Session, cmd: c.Auth) -> Reply:
     gate = conn.ctx.gate
     target = gate.by_token(cmd.token) if gate is not None else None
     if target is None:
@@ -319,7 +315,7 @@ def _auth(conn: Connection, cmd: c.Auth) -> Reply:
 TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated")
 
 
-def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
+def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
     store = conn.store
     if conn.ctx.draining:
@@ -353,11 +349,11 @@ def _put_with(conn: Connection, cmd: c.PutWith) -> Reply:
     return then(call, answer)
 
 
-def _peek_key(conn: Connection, cmd: c.PeekKey) -> Reply:
+def _peek_key(conn: Session, cmd: c.PeekKey) -> Reply:
     return then(conn.store.peek_key(cmd.key), _found)
 
 
-def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
+def _stats_job_extended(conn: Session, cmd: c.StatsJob) -> Reply:
     """stats-job for a client that knows tubeq: beanstalkd's keys, then the job's policies."""
     store = conn.store
     now = store.clock()
@@ -372,12 +368,12 @@ def _stats_job_extended(conn: Connection, cmd: c.StatsJob) -> Reply:
 # -- admin verbs (issue 10 part 6) -------------------------------------------------------------
 
 
-def _clear_tube(conn: Connection, cmd: c.ClearTube) -> Reply:
+def _clear_tube(conn: Session, cmd: c.ClearTube) -> Reply:
     cleared = asyncio.ensure_future(conn.store.clear_tube(cmd.tube, cmd.states))
     return then(cleared, lambda n: replies.NOT_FOUND if n is None else replies.cleared(n))
 
 
-def _list_jobs(conn: Connection, cmd: c.ListJobs) -> Reply:
+def _list_jobs(conn: Session, cmd: c.ListJobs) -> Reply:
     def answer(page: admin.JobPage | None) -> bytes:
         if page is None:
             return replies.NOT_FOUND
@@ -386,12 +382,12 @@ def _list_jobs(conn: Connection, cmd: c.ListJobs) -> Reply:
     return then(conn.store.list_jobs(cmd.tube, cmd.state, cmd.cursor, cmd.count), answer)
 
 
-def _change_pri(conn: Connection, cmd: c.ChangePri) -> Reply:
+def _change_pri(conn: Session, cmd: c.ChangePri) -> Reply:
     return then(conn.store.change_pri(cmd.id, cmd.pri),
                 lambda ok: replies.CHANGED if ok else replies.NOT_FOUND)
 
 
-def _change_delay(conn: Connection, cmd: c.ChangeDelay) -> Reply:
+def _change_delay(conn: Session, cmd: c.ChangeDelay) -> Reply:
     def answer(due: int) -> bytes:
         if due == 0:
             return replies.NOT_FOUND
@@ -402,20 +398,20 @@ def _change_delay(conn: Connection, cmd: c.ChangeDelay) -> Reply:
     return then(conn.store.change_delay(cmd.id, cmd.delay_ms), answer)
 
 
-def _tube_pause(conn: Connection, cmd: c.TubePause) -> Reply:
+def _tube_pause(conn: Session, cmd: c.TubePause) -> Reply:
     _sync_using(conn)
     return then(conn.store.tube_pause(cmd.tube, forever=True),
                 lambda ok: replies.PAUSED if ok else replies.NOT_FOUND)
 
 
-def _tube_resume(conn: Connection, cmd: c.TubeResume) -> Reply:
+def _tube_resume(conn: Session, cmd: c.TubeResume) -> Reply:
     _sync_using(conn)  # resume may let the tube go: this process's users must count first
     return then(conn.store.tube_pause(cmd.tube, forever=False),
                 lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
 # -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
 
 
-def _schedule_add(conn: Connection, cmd: c.ScheduleAdd) -> Reply:
+def _schedule_add(conn: Session, cmd: c.ScheduleAdd) -> Reply:
     store = conn.store
     try:
         first = recurring.first_due(cmd.kind, cmd.spec, store.clock())
@@ -430,28 +426,28 @@ def _schedule_add(conn: Connection, cmd: c.ScheduleAdd) -> Reply:
                                    cmd.delay_ms, cmd.body, first), answer)
 
 
-def _schedule_list(conn: Connection, cmd: c.ScheduleList) -> Reply:
+def _schedule_list(conn: Session, cmd: c.ScheduleList) -> Reply:
     return then(conn.store.schedule_list(cmd.tube),
                 lambda found: replies.ok(recurring.list_yaml(found)))
 
 
-def _schedule_remove(conn: Connection, cmd: c.ScheduleRemove) -> Reply:
+def _schedule_remove(conn: Session, cmd: c.ScheduleRemove) -> Reply:
     return then(conn.store.schedule_remove(cmd.tube, cmd.name),
                 lambda removed: replies.REMOVED if removed else replies.NOT_FOUND)
 
 
-def _extension(handler: Callable[[Connection, Any], Reply | None],
-               ) -> Callable[[Connection, Any], Reply | None]:
+def _extension(handler: Callable[[Session, Any], Reply | None],
+               ) -> Callable[[Session, Any], Reply | None]:
     """An extension command's handler: the connection is marked as one that knows tubeq."""
 
-    def handle(conn: Connection, cmd: Any) -> Reply | None:
+    def handle(conn: Session, cmd: Any) -> Reply | None:
         conn.extended = True
         return handler(conn, cmd)
 
     return handle
 
 
-def _quit(conn: Connection, cmd: c.Quit) -> None:
+def _quit(conn: Session, cmd: c.Quit) -> None:
     conn.quit()
 
 
@@ -462,7 +458,7 @@ def _quit(conn: Connection, cmd: c.Quit) -> None:
 _RESERVED_FRAMING = 48
 
 
-def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
+def _put_many(conn: Session, cmd: c.PutMany) -> Reply:
     """Insert the entries the parser accepted in one script call; every entry gets its reply
     (INSERTED <id>, or what the parser refused it with), in order."""
     entries = cmd.entries
@@ -502,7 +498,7 @@ def _put_many(conn: Connection, cmd: c.PutMany) -> Reply:
     return then(call, answer)
 
 
-def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
+def _reserve_many(conn: Session, cmd: c.ReserveMany) -> Reply:
     # One reply of up to count jobs: at most half the connection's buffer cap of job data, so
     # the batch never gets the connection closed for holding too much (protocol.md).
     ctx = conn.ctx
@@ -511,7 +507,7 @@ def _reserve_many(conn: Connection, cmd: c.ReserveMany) -> Reply:
     return conn.start_reserve(cmd.seconds, count=min(cmd.count, fits))
 
 
-def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
+def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
     if not conn.replaying:  # counted when first sent (a deferred one is sent again)
         counters = conn.ctx.counters
         for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
@@ -527,7 +523,7 @@ def _delete_many(conn: Connection, cmd: c.DeleteMany) -> Reply:
     return then(conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing), answer)
 
 
-HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Put: _put,
     c.PutExpectedCrlf: _put_expected_crlf,
     c.PutTooBig: _put_too_big,
@@ -581,17 +577,17 @@ HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
 }
 
 
-def _auth_required(conn: Connection, cmd: c.Command) -> Reply:
+def _auth_required(conn: Session, cmd: c.Command) -> Reply:
     return replies.AUTH_REQUIRED
 
 
-def _rejected_before_auth(conn: Connection, cmd: c.Rejected) -> Reply:
+def _rejected_before_auth(conn: Session, cmd: c.Rejected) -> Reply:
     return cmd.reply  # BAD_FORMAT or UNKNOWN_COMMAND, counted nowhere
 
 
 # A connection that must `auth` first (an access file, a listener bound to no namespace): every
 # command but these answers AUTH_REQUIRED and stores nothing (a put's body is read and dropped).
-GATE_HANDLERS: dict[type[c.Command], Callable[[Connection, Any], Reply | None]] = {
+GATE_HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     **{kind: _auth_required for kind in HANDLERS},
     c.Rejected: _rejected_before_auth,
     c.Extensions: HANDLERS[c.Extensions],

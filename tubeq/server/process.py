@@ -41,11 +41,11 @@ from tubeq.redisio.cluster import (
 from tubeq.redisio.pubsub import Subscriber
 from tubeq.redisio.sentinel import MasterNotFound
 from tubeq.server.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
-from tubeq.server.connection import (
+from tubeq.server.connection import Connection
+from tubeq.server.context import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
     Capacity,
-    Connection,
     Gate,
     ServerContext,
 )

@@ -20,7 +20,7 @@ reap of any process (reap.lua). Two rules keep a live process from being lost th
 * a process that was reaped anyway (it was paused past the limit: a VM pause, swapping), or
   whose Redis came back empty, learns it from its next heartbeat (heartbeat.lua answers that it
   was not registered) and calls ``on_registration_lost``, which restores what its live
-  connections need (tubeq.server.connection.ServerContext.restore_registrations).
+  connections need (tubeq.server.context.ServerContext.restore_registrations).
 
 Timeline of a pause, processes A and B:
     t0  A's last beat        t0+5 s  B's reap: A is dead (B beat every second since)

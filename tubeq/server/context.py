@@ -1,0 +1,211 @@
+"""What the connections of one namespace share, and what handlers may touch of a connection.
+
+Owns: :class:`ServerContext` (a namespace's store, waiters, scheduler, counters and limits),
+:class:`Capacity` (``--max-connections``), :class:`Gate` (which namespace a token or client
+certificate enters), the two per-connection limits' defaults, the :data:`Reply` a handler
+returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers)
+and the process (tubeq.server.process) use.
+
+Rules: imports nothing of tubeq.server.connection or tubeq.server.handlers. The handlers are
+typed against :class:`Session`, not the Connection class, so the connection imports the
+handlers and nothing imports back (no ring, not even of type imports); a fake session is
+enough to call a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from tubeq.redisio.futures import discard
+from tubeq.server.access import AccessConfig
+from tubeq.server.metrics import Metrics
+from tubeq.server.scheduler import Scheduler
+from tubeq.server.stats import CommandCounters, ServerIdentity
+from tubeq.server.using import UseLedger
+from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# What a handler answers: the reply's bytes, or a future of them (a store call in flight).
+Reply = bytes | asyncio.Future[bytes]
+
+# A restore of this process's registrations that failed (Redis went away) is tried again
+# after this pause.
+RESTORE_RETRY_S = 1.0
+
+# Commands of one connection parsed and not yet answered (replies not yet written), past which
+# the connection stops reading. beanstalkd keeps one; 128 is twice the deepest pipeline any bench
+# or bundled-client load keeps (64), so pipelining clients keep their throughput, and it bounds
+# what one connection can queue in front of everyone else's commands on the shared Redis link.
+DEFAULT_MAX_IN_FLIGHT = 128
+# The hard cap on what one connection may hold in the server: unsent reply bytes plus received,
+# unparsed bytes. With the bounds above a client that does not read holds at most about
+# max_in_flight replies plus the transport's high-water mark (64 KiB): 128 peeks of 64 KiB jobs
+# are 8 MiB. Redis's own limit for pub/sub clients is 32 MiB; so is this one, by default.
+DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class Capacity:
+    """The process's connections across its namespaces, against ``--max-connections``."""
+
+    limit: int = 0  # 0: no limit
+    open: int = 0
+
+    def take(self) -> bool:
+        """Count one more connection, or False when the process is full."""
+        if self.limit and self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+
+@dataclass
+class ServerContext:
+    """What every connection of one tubeq process shares."""
+
+    store: Store
+    registry: WaiterRegistry
+    scheduler: Scheduler
+    counters: CommandCounters
+    using: UseLedger
+    identity: ServerIdentity
+    max_job_size: int
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
+    draining: bool = False
+    # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
+    # puts answer OUT_OF_MEMORY until a count finds room.
+    full: bool = False
+    connections: dict[str, Session] = field(default_factory=dict)  # by token
+    # Connections whose connect.lua was sent and whose disconnect.lua was not yet: what
+    # restore_registrations puts back in Redis.
+    registered: dict[str, Session] = field(default_factory=dict)
+    # The HTTP API's reservation tokens and the tubes each watches (tubeq.http.reservations),
+    # restored with the connections.
+    reservation_watches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # With an access file: the gate between the listener and the namespaces (tubeq.server.access).
+    gate: Gate | None = None
+    capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
+    # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
+    observer: Metrics | None = None
+    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
+    # when put.lua hands one of them a job.
+    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    extra_keys_always: bool = False  # --extra-keys always: every connection is extended
+    _restore_scheduled: bool = False
+
+    def next_token(self) -> str:
+        return f"{self.store.instance_id}:{next(self._seq)}"
+
+    def restore_registrations(self) -> None:
+        """This process was found unregistered in Redis (reaped after a pause, or Redis lost
+        its data: tubeq.server.scheduler): put back what its live connections need, once per loop
+        turn however many shards said so. Every step is idempotent."""
+        if not self._restore_scheduled:
+            self._restore_scheduled = True
+            asyncio.get_running_loop().call_soon(self._restore)
+
+    def _restore(self) -> None:
+        self._restore_scheduled = False
+        conns = list(self.registered.values())
+        gauges = (len(conns), sum(conn.producer for conn in conns),
+                  sum(conn.worker for conn in conns))
+        tokens = [(conn.token, True, conn.watched) for conn in conns]
+        tokens += [(token, False, tubes) for token, tubes in self.reservation_watches.items()]
+        restored = self.store.restore(tokens, gauges)
+        restored.add_done_callback(functools.partial(self._restored, len(conns)))
+        resent = self.using.resend()
+        if resent is not None:
+            resent.add_done_callback(discard)
+        for conn in conns:  # after the watches, on the same Redis connection
+            conn.registration_lost()
+
+    def _restored(self, connections: int, f: asyncio.Future[int]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            log.warning("restoring registrations failed; trying again",
+                        error=None if f.cancelled() else repr(f.exception()))
+            asyncio.get_running_loop().call_later(RESTORE_RETRY_S, self.restore_registrations)
+        else:
+            log.warning("registrations restored", connections=connections, watches=f.result())
+
+
+@dataclass(eq=False)
+class Gate:
+    """Which namespace (its context) a token or a client certificate enters."""
+
+    config: AccessConfig
+    namespaces: dict[str, ServerContext]
+
+    def by_token(self, token: str) -> ServerContext | None:
+        name = self.config.namespace_of_token(token)
+        return None if name is None else self.namespaces[name]
+
+    def by_certificate(self, peercert: Any) -> ServerContext | None:
+        """The namespace of a verified client certificate's subject common name, if any."""
+        if not peercert:
+            return None
+        for rdn in peercert.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    name = self.config.namespace_of_certificate(value)
+                    if name is not None:
+                        return self.namespaces[name]
+        return None
+
+
+class Session(Protocol):
+    """What handlers and the process may touch of one client connection
+    (tubeq.server.connection.Connection is the one implementation)."""
+
+    ctx: ServerContext  # the namespace it is in (it changes once, on ``auth``)
+    store: Store  # ctx.store
+    token: str  # its reservation token in Redis
+    used: str  # the tube ``use`` chose
+    watched: tuple[str, ...]  # the watch list, in watch order
+    reserved: dict[int, int]  # job id -> TTR deadline (ms)
+    extended: bool  # asked for the extended keys (or --extra-keys always)
+    producer: bool  # has put (the stats gauge)
+    worker: bool  # has reserved (the stats gauge)
+    passing: int  # the reserves the command being handled passed (0: none)
+    replaying: bool  # the command is a deferred one, replayed
+
+    @property
+    def authenticated(self) -> bool: ...
+
+    def enter(self, ctx: ServerContext) -> None: ...
+
+    def auth_failed(self) -> None: ...
+
+    def mark_producer(self) -> None: ...
+
+    def mark_worker(self) -> None: ...
+
+    def quit(self) -> None: ...
+
+    def start_reserve(self, timeout_s: int | None, count: int | None = None) -> Reply: ...
+
+    def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]: ...
+
+    def start_push(self, credits: int) -> bytes: ...
+
+    def settled(self, job_id: int) -> None: ...
+
+    def registration_lost(self) -> None: ...
+
+    def job_handed_over(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
