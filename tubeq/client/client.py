@@ -614,7 +614,7 @@ class Client:
             _expect(reply, "tube-resume", RESUMED)
 
         await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
-    # -- recurring jobs (tubeq; issue 10, part 4) ----------------------------------------------
+    # -- recurring jobs (tubeq) ----------------------------------------------------------------
 
     async def schedule_add(self, tube: str, name: str, body: bytes | str, *,
                            cron: str | None = None, every_ms: int | None = None,

@@ -1,5 +1,5 @@
-"""The admin verbs and the statistics beanstalkd lacks (issue 10, parts 6 and 7): their limits,
-the documents they answer with, and tubeq's own stats-tube figures.
+"""The admin verbs and the statistics beanstalkd lacks: their limits, the documents they answer
+with, and tubeq's own stats-tube figures.
 
 Owns the vocabulary the store and the handlers share for clear-tube, list-jobs and the figures
 appended to stats-tube for extended connections: the batch and page limits (each with why), the

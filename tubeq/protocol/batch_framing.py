@@ -1,5 +1,5 @@
 """The framing of ``put-many``, sans-IO: the entries that follow its line, read from the parser's
-buffer as they arrive (issue 10, batches; protocol.md "put-many").
+buffer as they arrive (protocol.md "put-many").
 
 ``put-many <count>\\r\\n`` is followed by ``<count>`` entries, each ``<pri> <delay> <ttr>
 <bytes>\\r\\n<data>\\r\\n`` (the put line without its word). :class:`PutManyReader` turns them

@@ -236,7 +236,7 @@ class Auth(Command):
     """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.server.access)."""
 
     token: str
-# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+# -- admin verbs -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +288,7 @@ class TubeResume(Command):
     tube: str
 
 
-# -- recurring jobs (issue 10, part 4) ----------------------------------------------------------
+# -- recurring jobs -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +328,7 @@ class Quit(Command):
     """Any line starting with ``quit``: no reply, the connection closes."""
 
 
-# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+# -- batches: put-many, reserve-many, delete-many -----------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

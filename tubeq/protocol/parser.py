@@ -482,7 +482,7 @@ def _peek_key(args: bytes) -> Command:
     if not isinstance(key, str):
         raise _BadFormat
     return PeekKey(key)
-# -- batches (issue 10, part 3): put-many's line (its entries are tubeq.protocol.batch_framing's),
+# -- batches: put-many's line (its entries are tubeq.protocol.batch_framing's),
 # reserve-many and delete-many.
 
 
@@ -512,7 +512,7 @@ def _delete_many(args: bytes) -> Command:
             raise _BadFormat
         ids.append(job_id)
     return DeleteMany(tuple(ids))
-# -- admin verbs (issue 10 part 6): clear-tube, list-jobs, change-pri, change-delay, tube-pause,
+# -- admin verbs: clear-tube, list-jobs, change-pri, change-delay, tube-pause,
 # tube-resume. Positional arguments only, separated by spaces as beanstalkd's are.
 
 # The most jobs one list-jobs page may ask for: a page is one script call (1,000 jobs measured
@@ -583,7 +583,7 @@ def _change_pri(args: bytes) -> Command:
 def _change_delay(args: bytes) -> Command:
     job_id, pos = _read_unsigned(args, 0, U64_MAX)
     return ChangeDelay(job_id, _read_last_unsigned(args, pos, options.MAX_MS))
-# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+# -- recurring jobs ----------------------------------------------------------------------------
 
 # schedule-add's positional arguments: tube, schedule name, body size (options follow).
 _SCHEDULE_ADD: Final = re.compile(b"(" + _NAME_RUN + b"++) (" + _NAME_RUN + b"++) ([0-9]++)")

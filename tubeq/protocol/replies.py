@@ -72,7 +72,7 @@ def ok(data: bytes) -> bytes:
     return b"OK %d\r\n%s\r\n" % (len(data), data)
 
 
-# -- batches (issue 10, part 3) -----------------------------------------------------------------
+# -- batches ------------------------------------------------------------------------------------
 
 
 def batch(items: list[bytes]) -> bytes:
@@ -81,7 +81,7 @@ def batch(items: list[bytes]) -> bytes:
 # admin verbs (issue 10 part 6)
 def cleared(count: int) -> bytes:
     return b"CLEARED %d\r\n" % count
-# -- recurring jobs (issue 10, part 4) -------------------------------------------------------------
+# -- recurring jobs --------------------------------------------------------------------------------
 REMOVED = b"REMOVED\r\n"
 
 

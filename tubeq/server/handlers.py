@@ -1,6 +1,7 @@
 """The command handlers: one function per command, each returning its reply.
 
-A handler gets the connection and the parsed command and returns the reply bytes, or a future
+A handler gets the connection (as a :class:`~tubeq.server.context.Session`: the members it may
+touch) and the parsed command and returns the reply bytes, or a future
 of them when the store is involved (a Redis call in flight), or ``None`` for quit. It reads
 and updates the connection's own state (used tube, watch list, held jobs) and calls the store;
 ordering, blocking and writing are the connection's business (tubeq.server.connection).
@@ -365,7 +366,7 @@ def _stats_job_extended(conn: Session, cmd: c.StatsJob) -> Reply:
         return replies.ok(job_yaml(job, now, job_policy_keys(policies)))
 
     return then(asyncio.gather(store.job_info(cmd.id), store.job_policies(cmd.id)), answer)
-# -- admin verbs (issue 10 part 6) -------------------------------------------------------------
+# -- admin verbs -------------------------------------------------------------------------------
 
 
 def _clear_tube(conn: Session, cmd: c.ClearTube) -> Reply:
@@ -408,7 +409,7 @@ def _tube_resume(conn: Session, cmd: c.TubeResume) -> Reply:
     _sync_using(conn)  # resume may let the tube go: this process's users must count first
     return then(conn.store.tube_pause(cmd.tube, forever=False),
                 lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
-# -- recurring jobs (issue 10, part 4) ---------------------------------------------------------
+# -- recurring jobs ----------------------------------------------------------------------------
 
 
 def _schedule_add(conn: Session, cmd: c.ScheduleAdd) -> Reply:
@@ -451,7 +452,7 @@ def _quit(conn: Session, cmd: c.Quit) -> None:
     conn.quit()
 
 
-# -- batches (issue 10, part 3): put-many, reserve-many, delete-many ----------------------------
+# -- batches: put-many, reserve-many, delete-many -----------------------------------------------
 
 # The bytes a RESERVED reply adds to its job's body (header line and CRLFs), for the bound on
 # a reserve-many's reply below.

@@ -173,7 +173,7 @@ class Keys:
     def dedupe(self) -> str:
         """Dedupe key -> id of the living job put with it (put-with key=...)."""
         return self.root + "dedupe"
-    # -- recurring jobs and reserve limits (issue 10, parts 4 and 5) -------------------------
+    # -- recurring jobs and reserve limits ---------------------------------------------------
 
     @property
     def schedules(self) -> str:

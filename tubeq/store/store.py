@@ -619,9 +619,9 @@ class Store:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
-    # -- batches (issue 10, part 3) -----------------------------------------------------------
-    # -- admin verbs and figures (issue 10 parts 6 and 7; tubeq.model.admin) -----------------------
-    # -- recurring jobs (issue 10, part 4: tubeq.model.recurring) ----------------------------------
+    # -- batches ------------------------------------------------------------------------------
+    # -- admin verbs and figures (tubeq.model.admin) -----------------------------------------------
+    # -- recurring jobs (tubeq.model.recurring) ----------------------------------------------------
 
     def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
                      delay_ms: int, body: bytes, first_due_ms: int,
