@@ -98,7 +98,7 @@ __all__ = [
     "touch_interval",
 ]
 
-# tubeq's extensions: a refused option; recurring jobs (issue 10, part 4)
+# tubeq's extensions: a refused option; recurring jobs
 from tubeq.client.schedules import Schedule
 
 __all__ += ["BadOption", "Schedule"]

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("list", "list the tubes", aliases=["list-tubes"])
 
-    # batches (issue 10, part 3)
+    # batches
     put_many = command("put-many", "put one job per non-blank line of stdin (or --file), in one "
                                    "round trip")
     put_many.add_argument("-f", "--file", type=Path, help="read the lines from FILE ('-': stdin)")
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = command("resume", "end a tube's pause, with or without an end")
     resume.add_argument("tube")
-    # recurring jobs (tubeq only; issue 10, part 4)
+    # recurring jobs (tubeq only)
     schedule = command("schedule", "a tube's recurring jobs (tubeq): add, list, remove")
     actions = schedule.add_subparsers(dest="action", required=True, metavar="ACTION",
                                       parser_class=_Parser)

@@ -109,7 +109,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     CLEARED: frozenset({1}),
     CHANGED: frozenset({0}),
     RESUMED: frozenset({0}),
-    # recurring jobs (issue 10, part 4)
+    # recurring jobs
     SCHEDULED: frozenset({1}),
     REMOVED: frozenset({0}),
 }

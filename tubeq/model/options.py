@@ -139,7 +139,7 @@ def parse(text: bytes, specs: Mapping[str, Spec]) -> Options:
         found[name] = value
     return tuple((name, found[name]) for name in specs if name in found)
 
-# Recurring jobs (schedule-add, issue 10 part 4): when a schedule ticks and what its job is.
+# Recurring jobs (schedule-add): when a schedule ticks and what its job is.
 # `cron` is a cron expression with its fields joined by `_` (checked by tubeq.model.recurring),
 # `every-ms` an interval; a schedule takes exactly one of the two. `pri` and `ttr` are put's
 # (ttr in whole seconds, as put's: it is beanstalkd's unit for it), `delay-ms` delays each job.

@@ -654,18 +654,18 @@ EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
     # job policies and deduplicated put
     b"put-with ": _put_with,
     b"peek-key ": _peek_key,
-    # batches (issue 10, part 3)
+    # batches
     b"put-many ": _put_many,
     b"reserve-many ": _reserve_many,
     b"delete-many ": _delete_many,
-    # admin verbs (issue 10 part 6)
+    # admin verbs
     b"clear-tube ": _clear_tube,
     b"list-jobs ": _list_jobs,
     b"change-pri ": _change_pri,
     b"change-delay ": _change_delay,
     b"tube-pause ": _tube(TubePause),
     b"tube-resume ": _tube(TubeResume),
-    # recurring jobs (issue 10, part 4)
+    # recurring jobs
     b"schedule-add ": _schedule_add,
     b"schedule-list ": _tube(ScheduleList),
     b"schedule-remove ": _schedule_remove,

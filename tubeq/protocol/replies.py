@@ -24,7 +24,7 @@ AUTHENTICATED = b"AUTHENTICATED\r\n"
 UNAUTHORIZED = b"UNAUTHORIZED\r\n"
 AUTH_REQUIRED = b"AUTH_REQUIRED\r\n"
 TOO_MANY_CONNECTIONS = b"TOO_MANY_CONNECTIONS\r\n"
-# admin verbs (issue 10 part 6)
+# admin verbs
 CHANGED = b"CHANGED\r\n"
 RESUMED = b"RESUMED\r\n"
 
@@ -78,7 +78,7 @@ def ok(data: bytes) -> bytes:
 def batch(items: list[bytes]) -> bytes:
     """``BATCH <n>`` followed by the n whole replies of a batch command, in order."""
     return b"BATCH %d\r\n%s" % (len(items), b"".join(items))
-# admin verbs (issue 10 part 6)
+# admin verbs
 def cleared(count: int) -> bytes:
     return b"CLEARED %d\r\n" % count
 # -- recurring jobs --------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
         now = store.clock()
         extra = list(settings.items())
         extra += zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True)  # job policies
-        # admin figures (issue 10 part 7): the delay histogram, the oldest ready job's age
+        # admin figures: the delay histogram, the oldest ready job's age
         if figures is not None:
             extra += figures.stats_keys(now)
         return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
@@ -555,18 +555,18 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
-    # recurring jobs (issue 10, part 4)
+    # recurring jobs
     c.ScheduleAdd: _extension(_schedule_add),
     c.ScheduleList: _extension(_schedule_list),
     c.ScheduleRemove: _extension(_schedule_remove),
-    # admin verbs (issue 10 part 6)
+    # admin verbs
     c.ClearTube: _extension(_clear_tube),
     c.ListJobs: _extension(_list_jobs),
     c.ChangePri: _extension(_change_pri),
     c.ChangeDelay: _extension(_change_delay),
     c.TubePause: _extension(_tube_pause),
     c.TubeResume: _extension(_tube_resume),
-    # batches (issue 10, part 3)
+    # batches
     c.PutMany: _extension(_put_many),
     c.ReserveMany: _extension(_reserve_many),
     c.DeleteMany: _extension(_delete_many),

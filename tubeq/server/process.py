@@ -294,7 +294,7 @@ class Server:
             self._by_root[each.root.encode()] = ctx
             self._subscriber.psubscribe(each.wake_pattern.encode())
             self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
-            dues = each.due_channel.encode()  # recurring ticks, rate windows (issue 10)
+            dues = each.due_channel.encode()  # recurring ticks, rate windows
             self._dues[dues] = ctx
             self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
