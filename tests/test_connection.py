@@ -316,19 +316,36 @@ async def test_commands_past_a_reserve_that_gets_a_job_are_not_deferred(
 
 
 async def test_delete_many_behind_a_waiting_reserve_waits_for_it(new_client: NewClient) -> None:
+    """The job's TTR (2 s) reaches its safety margin while the reserve (timeout 3 s) waits, so
+    the delete-many could change what it returns: it is deferred, the reserve answers
+    DEADLINE_SOON, then the delete runs (and is counted once)."""
     worker, observer = new_client(), new_client()
-    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    worker.send(b"put 0 0 2 1\r\nx\r\nreserve\r\n")
     await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
-    worker.send(b"reserve-with-timeout 1\r\ndelete-many 1\r\n")
+    worker.send(b"reserve-with-timeout 3\r\ndelete-many 1\r\n")
     await asyncio.sleep(0.2)
     observer.send(b"peek 1\r\nstats\r\n")
     out = await observer.until(lambda o: o.endswith(b"\n\r\n") and b"OK" in o)
     assert out.startswith(b"FOUND 1 1\r\nx\r\n"), out
-    await worker.expect(b"TIMED_OUT\r\nBATCH 1\r\nDELETED\r\n")
+    await worker.expect(b"DEADLINE_SOON\r\nBATCH 1\r\nDELETED\r\n")
     observer.send(b"stats\r\n")
     out = await observer.until(lambda o: o.count(b"cmd-delete") == 2 and o.endswith(b"\n\r\n"))
     deletes = [line for line in out.split(b"\n") if line.startswith(b"cmd-delete:")]
     assert deletes[0] == deletes[1], deletes  # counted once when sent, not again when re-sent
+
+
+async def test_a_delete_that_cannot_change_the_reserve_ahead_goes_at_once(
+        new_client: NewClient) -> None:
+    """A held job whose TTR (60 s) cannot reach its margin before the reserve ahead (timeout
+    1 s) ends, even waiting: its delete takes effect at once, its reply comes after."""
+    worker, observer = new_client(), new_client()
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    worker.send(b"reserve-with-timeout 1\r\ndelete 1\r\n")
+    await asyncio.sleep(0.2)
+    observer.send(b"peek 1\r\n")
+    await observer.expect(b"NOT_FOUND\r\n")
+    await worker.expect(b"TIMED_OUT\r\nDELETED\r\n")
 
 
 async def test_jobs_granted_while_the_client_leaves_go_back(new_client: NewClient) -> None:

@@ -383,8 +383,7 @@ class Connection(asyncio.Protocol):
                     self._held = command
                     read_on = self.parser.buffered < HELD_INPUT_MAX
                     break
-            self._dispatch(command, self._reserves[0].number
-                           if self._reserves and type(command) not in _RESERVES else 0)
+            self._dispatch(command, self._passing(command) if self._reserves else 0)
             budget -= 1
         self._set_reading(read_on)
         self._maybe_close()
@@ -402,6 +401,31 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
             else:
                 self.transport.pause_reading()
+
+    def _passing(self, command: c.Command) -> int:
+        """For a command let past unanswered reserves: the number of the first of them, which
+        it tells Redis (it is deferred if one of them waits), or 0 when it cannot change what
+        any of them returns, whatever they do: a delete or touch of jobs whose TTR cannot reach
+        its safety margin before every reserve ahead has ended, even waiting to its timeout.
+        (A bury always tells: another connection's kick could hand the job to the reserve.)
+        A pipelining consumer with a long TTR and a short reserve timeout so pays nothing."""
+        kind = type(command)
+        if kind in _RESERVES:
+            return 0
+        first = self._reserves[0].number
+        if kind is c.Bury:
+            return first
+        horizon = self.store.clock()
+        for reserve in self._reserves:
+            if reserve.timeout_s is None:
+                return first
+            horizon += reserve.timeout_s * 1000 + int(RESERVE_GRACE_S * 1000)
+        ids = cast(c.DeleteMany, command).ids if kind is c.DeleteMany else (
+            cast(c.Delete | c.Touch, command).id,)
+        reserved = self.reserved
+        if all(reserved.get(i, 0) - SAFETY_MARGIN_MS > horizon for i in ids):
+            return 0
+        return first
 
     def _may_pass_a_reserve(self, command: c.Command) -> bool:
         """Whether ``command`` may go to Redis while a reserve before it is unanswered.
