@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tubeq.server.waiters import CoarseTimer, Signal
+from tubeq.server.waiters import CoarseTimer, Deadlines, Signal
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0
@@ -63,3 +63,19 @@ async def test_a_bucket_emptied_early_lets_its_timer_fire_harmlessly() -> None:
     coarse.add(kept, 0.2)
     await asyncio.wait_for(kept, BOUND_S)
     assert not gone.done() and len(coarse) == 0
+
+
+async def test_deadlines_call_back_once_due_and_not_when_discarded() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(resolution_s=0.01)
+    fired: list[str] = []
+    deadlines.add("due", loop.time() + 0.02, fired.append)
+    deadlines.add("discarded", loop.time() + 0.02, fired.append)
+    deadlines.add("later", loop.time() + 60, fired.append)
+    deadlines.discard("discarded")
+    for _ in range(200):  # bounded: the first is due within a few resolutions
+        if fired:
+            break
+        await asyncio.sleep(0.01)
+    assert fired == ["due"]
+    deadlines.discard("later")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class Signal:
@@ -163,12 +164,49 @@ class Waiter:
         self.event.clear()
 
 
+class Deadlines:
+    """Calls due at an instant (loop time), all checked by one loop timer every
+    ``resolution_s`` that runs only while some are pending.
+
+    What bounds a reserve-with-timeout over a stalled Redis: each reserve adds its bound and
+    takes it away when Redis answers (microseconds later, normally). A dict entry costs a
+    fraction of what a loop timer of its own would (2.2 us per reserve to arm and cancel, on
+    the AMD EPYC machine), and the bound is met up to ``resolution_s`` late.
+    """
+
+    __slots__ = ("_due", "_handle", "resolution_s")
+
+    def __init__(self, resolution_s: float = 0.05) -> None:
+        self.resolution_s = resolution_s
+        self._due: dict[object, tuple[float, Callable[[Any], None]]] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, key: object, due: float, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(key)`` once the loop's time passes ``due``, unless discarded."""
+        self._due[key] = (due, callback)
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.resolution_s, self._fire)
+
+    def discard(self, key: object) -> None:
+        self._due.pop(key, None)
+
+    def _fire(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for key in [key for key, (due, _) in self._due.items() if due <= now]:
+            entry = self._due.pop(key, None)  # an earlier callback may have discarded it
+            if entry is not None:
+                entry[1](key)
+        self._handle = loop.call_later(self.resolution_s, self._fire) if self._due else None
+
+
 class WaiterRegistry:
     """tube -> waiters in arrival order (a dict used as an ordered set)."""
 
     def __init__(self) -> None:
         self._by_tube: dict[str, dict[Waiter, None]] = {}
         self.rechecks = CoarseTimer()  # the waiters' periodic re-checks
+        self.overdue = Deadlines()  # reserve-with-timeout's bounds over a stalled Redis
 
     def register(self, waiter: Waiter) -> None:
         for tube in waiter.tubes:
