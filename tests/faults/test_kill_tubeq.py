@@ -16,10 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.faults.load import WATCHING_AFTER_KILL_S, Ledger, Load
 from tests.faults.procs import start_tubeq_on
@@ -28,14 +25,6 @@ from tubeq.redisio.process import RedisProcess, free_port
 
 # Seconds of load between faults: enough for a few hundred jobs on the shared 2-core box.
 PHASE_S = 2.0
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path / "redis")
-    process.start()
-    yield process
-    process.stop()
 
 
 async def test_sigkill_of_tubeq_processes_loses_no_job(redis: RedisProcess,

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import secrets
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.faults.load import REPLY_S, Ledger, Load
 from tests.servers import ServerProcess, start_tubeq, unique_prefix
@@ -27,14 +24,6 @@ from tubeq.server.scheduler import REAP_AFTER_MS
 PHASE_S = 2.0
 PAUSE_S = 5.0  # REAP_AFTER_MS and then some: the other process's reap comes within the pause
 assert REAP_AFTER_MS / 1000 < PAUSE_S < REPLY_S
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path / "redis")
-    process.start()
-    yield process
-    process.stop()
 
 
 async def test_a_paused_tubeq_serves_its_connections_after(redis: RedisProcess,

@@ -18,10 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.faults.load import REPLY_S, Ledger, Load
 from tests.servers import start_tubeq, unique_prefix
@@ -31,14 +28,6 @@ from tubeq.server.scheduler import REAP_AFTER_MS
 PHASE_S = 2.0
 FREEZE_S = 5.0
 assert REAP_AFTER_MS / 1000 < FREEZE_S < REPLY_S
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path / "redis")
-    process.start()
-    yield process
-    process.stop()
 
 
 async def test_a_frozen_redis_loses_no_job_and_no_watcher(redis: RedisProcess,
