@@ -33,6 +33,7 @@ from typing import NoReturn
 import structlog
 
 from tubeq import __version__
+from tubeq.protocol.parser import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError
 from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, Endpoint
 from tubeq.redisio.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url
@@ -44,7 +45,6 @@ from tubeq.server.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError,
 from tubeq.server.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.server.process import (
     DEFAULT_EVENTS_MAXLEN,
-    DEFAULT_MAX_JOB_SIZE,
     SHUTDOWN_GRACE_S,
     Config,
     HttpFront,

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import structlog
 
+from tubeq.protocol.parser import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError, check_redis
 from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, RedisClient, RedisReplyError
 from tubeq.redisio.cluster import (
@@ -76,8 +77,6 @@ from tubeq.store.store import Store
 
 log = structlog.get_logger(__name__)
 
-# beanstalkd's -z default: the largest job body, in bytes.
-DEFAULT_MAX_JOB_SIZE = 65535
 # The Redis client sends its buffer once this many calls are waiting in it (else at the end of
 # the loop tick). Measured on the 2-core box with 64 connections x 16 in flight: 64 carried
 # 66k puts/s against 34-47k with 16, by cutting the write syscalls per call.
