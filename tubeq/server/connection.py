@@ -766,9 +766,10 @@ class Connection(asyncio.Protocol):
                         counted = False
                         handed = await self._stop_waiting(deadline)
                         if handed is not None:
-                            consumed = True
                             self._pool.insert(0, handed)
-                            return self._from_pool(count)
+                            if self._pool_ready():
+                                consumed = True
+                                return self._from_pool(count)
                     return ending
                 if waiter is None:
                     waiter = Waiter(self.watched)
@@ -803,12 +804,15 @@ class Connection(asyncio.Protocol):
                         self.store.reserve_many(self.token, count, counted_waiting=counted))
                 result = await self._within(call, deadline)
                 if isinstance(result, Reservation) or (isinstance(result, list) and result):
-                    consumed = True
                     counted = False  # the script counted us out of the waiters with the grant
-                    if isinstance(result, Reservation):
-                        return _reserved(result)
-                    self._pool[:0] = result
-                    return self._from_pool(count)
+                    self._pool[:0] = [result] if isinstance(result, Reservation) else result
+                    if self._pool_ready():
+                        consumed = True
+                        return self._from_pool(count)
+                    # Granted, but its TTR ran out before the reply was read (this process was
+                    # paused): expire.lua gave it back. Wait on, counted in again.
+                    counted = True
+                    await self._within(self.store.set_waiting(self.token, 1), deadline)
                 del call, result  # not kept alive through the next (long) wait
         except _Overdue:
             return replies.TIMED_OUT
@@ -933,9 +937,11 @@ class Connection(asyncio.Protocol):
                     jobs = await asyncio.shield(self.track_grants(call))
                     if jobs:
                         counted = False  # the script counted us out of the waiters
+                        now = self.store.clock()
                         for job in jobs:
-                            pushed[job.id] = None
-                            self._push_frame(_reserved(job))
+                            if job.deadline_ms > now:  # else its TTR ran out on the way here
+                                pushed[job.id] = None
+                                self._push_frame(_reserved(job))
                         continue
                     if not counted:
                         counted = True
@@ -947,9 +953,11 @@ class Connection(asyncio.Protocol):
                     counted = False
                     handed = await asyncio.shield(self.track_grants(
                         self.store.set_waiting(self.token, -1, claim=True)))
+                    now = self.store.clock()
                     for job in handed:
-                        pushed[job.id] = None
-                        self._push_frame(_reserved(job))
+                        if job.deadline_ms > now:
+                            pushed[job.id] = None
+                            self._push_frame(_reserved(job))
                 timeout = WAKE_RECHECK_S
                 deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
                 if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
