@@ -391,10 +391,17 @@ async def test_a_poll_whose_client_went_away_gives_its_job_back(api: Api) -> Non
     assert status == 200 and got["id"] == job_id
 
 
-async def test_draining_refuses_http_puts(api: Api) -> None:
+async def test_draining_refuses_http_puts_and_uses_their_ids(api: Api) -> None:
+    first = await api.put("default", b"before")
     api.server.drain()
     status, data = await api.call("POST", "/api/tubes/default/jobs", data=b"x")
     assert status == 503 and "draining" in data["error"]
+    status, data = await api.call("POST", "/api/tubes/default/jobs?key=k", data=b"x")
+    assert status == 503 and "draining" in data["error"]
+    # Each refused put used up an id, as a protocol put does (tubeq.server.ops).
+    for ctx in api.server.namespaces.values():
+        ctx.draining = False
+    assert await api.put("default", b"after") == first + 3
 
 
 # -- bad input: a 4xx with a JSON error, and the server serves on -------------------------------

@@ -14,9 +14,10 @@ and a new check, and an unknown or misspelt one is a 400 today rather than silen
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from typing import Any, Final
+from typing import Any, Final, NoReturn, TypeVar
 
 from aiohttp import web
 
@@ -33,6 +34,7 @@ from tubeq.http.common import (
 from tubeq.http.reservations import MAX_POLL_S, HttpReservations
 from tubeq.model import options as job_options
 from tubeq.protocol import replies
+from tubeq.server import ops
 from tubeq.server.context import ServerContext
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
@@ -59,6 +61,8 @@ PAUSE_OPTIONS: Final = frozenset({"delay"})
 LIST_OPTIONS: Final = frozenset({"state", "limit"})
 
 # One registry of HTTP reservations per namespace context, by its key root.
+T = TypeVar("T")
+
 RESERVATIONS: Final = web.AppKey("reservations", dict[str, HttpReservations])
 
 
@@ -117,39 +121,37 @@ async def put(request: web.Request) -> web.Response:
         size = len(body) if body is not None else request.content_length
         told = f"{size} bytes" if size is not None else "more bytes"
         raise HttpError(413, f"job body too big: {told}, at most {ctx.max_job_size}")
-    if ctx.draining:
-        raise HttpError(503, "draining: this server takes no new jobs")
-    if ctx.full:
-        raise HttpError(507, "the namespace is full (--max-jobs)")
-    store = ctx.store
     extras = _put_with_options(options)
     if extras:
         opts = dict(extras)
         if delay and "delay-ms" in opts:
             raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
-        now = store.clock()
-        outcome = await store.put_with(tube, pri, delay, max(ttr, 1), body, extras)
-        if not outcome.id:
-            raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
-        if not outcome.inserted:
+        outcome = await ops.put_with(ctx, tube, pri, delay, ttr, body, extras)
+        if outcome.id > 0 and not outcome.inserted:
             return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
-        _outcome(request, "put", replies.inserted(outcome.id))
-        delay_ms = int(opts.get("delay-ms", delay * 1000))
-        for due in (delay_ms, int(opts.get("ttl-ms", 0))):
-            if due > 0:
-                ctx.scheduler.note_due(now + due)
-        ctx.counters.job_created(tube)
-        return web.json_response({"id": outcome.id, "tube": tube,
-                                  "state": "delayed" if delay_ms > 0 else "ready"}, status=201)
-    new_id = await store.put(tube, pri, delay, max(ttr, 1), body)
-    if not new_id:
-        raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
+        new_id = outcome.id
+        delayed = int(opts.get("delay-ms", delay * 1000)) > 0
+    else:
+        new_id = await _settled(ops.put(ctx, tube, pri, delay, ttr, body, int))
+        delayed = delay > 0
+    if new_id <= 0:
+        _refuse_put(new_id, tube)
     _outcome(request, "put", replies.inserted(new_id))
-    ctx.counters.job_created(tube)
-    if delay > 0:
-        ctx.scheduler.note_due(store.clock() + delay * 1000)
     return web.json_response({"id": new_id, "tube": tube,
-                              "state": "delayed" if delay > 0 else "ready"}, status=201)
+                              "state": "delayed" if delayed else "ready"}, status=201)
+
+
+def _refuse_put(refusal: int, tube: str) -> NoReturn:
+    if refusal == ops.DRAINING:
+        raise HttpError(503, "draining: this server takes no new jobs")
+    if refusal == ops.NAMESPACE_FULL:
+        raise HttpError(507, "the namespace is full (--max-jobs)")
+    raise HttpError(507, f"tube {tube} is full (its max-jobs setting)")
+
+
+async def _settled(result: T | asyncio.Future[T]) -> T:
+    """An operation's outcome, whether it was known at once or a store call was needed."""
+    return await result if isinstance(result, asyncio.Future) else result
 
 
 async def _raw_body(request: web.Request, limit: int) -> bytes | None:
@@ -222,7 +224,7 @@ async def delete(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     options = await read_options(request, OWNER_OPTIONS, json_body=False)
     ctx.counters.incr("delete")
-    deleted = await ctx.store.delete(_reservation(options, required=False), jid)
+    deleted = await ops.delete(ctx, _reservation(options, required=False), jid, bool)
     _outcome(request, "delete", replies.DELETED if deleted else replies.NOT_FOUND)
     if not deleted:
         raise HttpError(404, f"job {jid} not found (or reserved under another reservation)")
@@ -234,7 +236,7 @@ async def kick_job(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     jid = job_id(request.match_info["id"])
     await read_options(request, frozenset())
-    kicked = await ctx.store.kick_job(jid)
+    kicked = await ops.kick_job(ctx, jid)
     _outcome(request, "kick-job", replies.KICKED if kicked else replies.NOT_FOUND)
     if not kicked:
         raise HttpError(404, f"job {jid} not found, or neither buried nor delayed")
@@ -250,13 +252,10 @@ async def release(request: web.Request) -> web.Response:
     delay = unsigned("delay", options.get("delay", 0))
     pri = await _priority(ctx, jid, options)
     ctx.counters.incr("release")
-    store = ctx.store
-    released = await store.release(token, jid, pri, delay)
+    released = await ops.release(ctx, token, jid, pri, delay)
     _outcome(request, "release", replies.RELEASED if released else replies.NOT_FOUND)
     if not released:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
-    if delay > 0:
-        ctx.scheduler.note_due(store.clock() + delay * 1000)
     return web.json_response({"released": jid, "state": "delayed" if delay else "ready"})
 
 
@@ -268,7 +267,7 @@ async def bury(request: web.Request) -> web.Response:
     token = _reservation(options)
     pri = await _priority(ctx, jid, options)
     ctx.counters.incr("bury")
-    buried = await ctx.store.bury(token, jid, pri)
+    buried = await ops.bury(ctx, token, jid, pri)
     _outcome(request, "bury", replies.BURIED if buried else replies.NOT_FOUND)
     if not buried:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
@@ -281,11 +280,10 @@ async def touch(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     token = _reservation(await read_options(request, OWNER_OPTIONS))
     ctx.counters.incr("touch")
-    deadline = await ctx.store.touch(token, jid)
+    deadline = await ops.touch(ctx, token, jid)
     _outcome(request, "touch", replies.TOUCHED if deadline else replies.NOT_FOUND)
     if not deadline:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
-    ctx.scheduler.note_due(deadline)
     return web.json_response({"touched": jid, "deadline_ms": deadline})
 
 
@@ -362,16 +360,14 @@ async def tubes(request: web.Request) -> web.Response:
 async def stats_tube(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     tube = tube_name(request.match_info["tube"])
-    ctx.counters.flush()
     ctx.counters.incr("stats-tube")
+    ops.sync_counts(ctx)
     counts = await _tube_counts(ctx, tube)
     return web.json_response(dict(tube_pairs(tube, counts, ctx.store.clock())))
 
 
 async def _tube_counts(ctx: ServerContext, tube: str) -> list[int]:
-    in_redis = ctx.using.flush()
-    if in_redis is not None:
-        await in_redis
+    ops.sync_using(ctx)
     counts: list[int] | None = await ctx.store.tube_counts(tube)
     if counts is None:
         raise HttpError(404, f"tube {tube!r} not found")
@@ -419,7 +415,7 @@ async def kick(request: web.Request) -> web.Response:
     options = await read_options(request, KICK_OPTIONS)
     bound = unsigned("bound", options.get("bound", 1))
     ctx.counters.incr("kick")
-    kicked = await ctx.store.kick(tube, bound)
+    kicked = await ops.kick(ctx, tube, bound)
     _outcome(request, "kick", replies.kicked(kicked))
     return web.json_response({"kicked": kicked})
 
@@ -433,14 +429,9 @@ async def pause(request: web.Request) -> web.Response:
         raise HttpError(400, "'delay' (seconds; 0 resumes) is required")
     delay = unsigned("delay", options["delay"])
     ctx.counters.incr("pause-tube")
-    in_redis = ctx.using.flush()
-    if in_redis is not None:
-        await in_redis
-    until = await ctx.store.pause(tube, delay)
+    until = await ops.pause(ctx, tube, delay)
     if until == 0:
         raise HttpError(404, f"tube {tube!r} not found")
-    if until > 0:
-        ctx.scheduler.note_due(until)
     return web.json_response({"paused": tube, "delay": delay})
 
 
@@ -449,11 +440,8 @@ async def pause(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     """stats: the namespace's counts and this process's identity, as the YAML has them."""
     ctx = _ctx(request)
-    ctx.counters.flush()
     ctx.counters.incr("stats")
-    in_redis = ctx.using.flush()
-    if in_redis is not None:
-        await in_redis
+    ops.sync_counts(ctx)
     gauges, named = await ctx.store.server_counts()
     return web.json_response(dict(server_pairs(ctx.identity, gauges, named, ctx.draining)))
 

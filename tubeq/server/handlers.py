@@ -17,7 +17,8 @@ from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import EXTENSION_NAMES
-from tubeq.redisio.futures import discard, then
+from tubeq.redisio.futures import then
+from tubeq.server import ops
 from tubeq.server.context import Reply, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.store import NoJob, PutOutcome, Reservation
@@ -25,25 +26,19 @@ from tubeq.store.store import NoJob, PutOutcome, Reservation
 
 def _put(conn: Session, cmd: c.Put) -> Reply:
     conn.mark_producer()
-    store = conn.store
-    if conn.ctx.draining:
-        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
-    if conn.ctx.full:  # the namespace reached --max-jobs
-        return replies.OUT_OF_MEMORY
-    tube = conn.used
+    return ops.put(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body, _put_reply)
 
-    def answer(job_id: int) -> bytes:
-        if job_id:
-            return b"INSERTED %d\r\n" % job_id
-        conn.ctx.counters.job_created(tube, -1)  # the tube is full (tube-set max-jobs)
-        return replies.OUT_OF_MEMORY
 
-    reply = store.put(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, answer)
-    conn.ctx.counters.job_created(tube)
-    if cmd.delay > 0:
-        due = store.clock() + cmd.delay * 1000
-        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
-    return reply
+def _put_reply(job_id: int) -> bytes:
+    return b"INSERTED %d\r\n" % job_id if job_id > 0 else _PUT_REFUSED[job_id]
+
+
+# What a refused put answers (tubeq.server.ops's refusals).
+_PUT_REFUSED: dict[int, bytes] = {
+    ops.TUBE_FULL: replies.OUT_OF_MEMORY,
+    ops.NAMESPACE_FULL: replies.OUT_OF_MEMORY,
+    ops.DRAINING: replies.DRAINING,
+}
 
 
 def _put_expected_crlf(conn: Session, cmd: c.PutExpectedCrlf) -> Reply:
@@ -70,14 +65,6 @@ def _use(conn: Session, cmd: c.Use) -> Reply:
     conn.used = cmd.tube
     in_redis = using.acquire(cmd.tube)  # None: this process already holds the tube
     return reply if in_redis is None else then(in_redis, lambda _: reply)
-
-
-def _sync_using(conn: Session) -> None:
-    """Before a read of tube references or existence: this process's use counts reach Redis
-    first (sent ahead of the read on the same Redis connection)."""
-    in_redis = conn.ctx.using.flush()
-    if in_redis is not None:
-        in_redis.add_done_callback(discard)
 
 
 def _watch(conn: Session, cmd: c.Watch) -> Reply:
@@ -154,21 +141,17 @@ def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]
 
 
 def _delete(conn: Session, cmd: c.Delete) -> Reply:
-    return conn.store.delete(conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
-                             behind=conn.passing)
+    return ops.delete(conn.ctx, conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
+                      behind=conn.passing)
 
 
 def _release(conn: Session, cmd: c.Release) -> Reply:
-    reply = then(conn.store.release(conn.token, cmd.id, cmd.pri, cmd.delay),
-                 _forget_on(conn, cmd.id, replies.RELEASED))
-    if cmd.delay > 0:
-        due = conn.store.clock() + cmd.delay * 1000
-        reply.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
-    return reply
+    return then(ops.release(conn.ctx, conn.token, cmd.id, cmd.pri, cmd.delay),
+                _forget_on(conn, cmd.id, replies.RELEASED))
 
 
 def _bury(conn: Session, cmd: c.Bury) -> Reply:
-    return then(conn.store.bury(conn.token, cmd.id, cmd.pri, behind=conn.passing),
+    return then(ops.bury(conn.ctx, conn.token, cmd.id, cmd.pri, behind=conn.passing),
                 _forget_on(conn, cmd.id, replies.BURIED))
 
 
@@ -177,10 +160,9 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         conn.reserved[cmd.id] = deadline
-        conn.ctx.scheduler.note_due(deadline)
         return replies.TOUCHED
 
-    return then(conn.store.touch(conn.token, cmd.id, behind=conn.passing), answer)
+    return then(ops.touch(conn.ctx, conn.token, cmd.id, behind=conn.passing), answer)
 
 
 def _found(job: tuple[int, bytes] | None) -> bytes:
@@ -205,11 +187,11 @@ def _peek_buried(conn: Session, cmd: c.PeekBuried) -> Reply:
 
 
 def _kick(conn: Session, cmd: c.Kick) -> Reply:
-    return then(conn.store.kick(conn.used, cmd.bound), replies.kicked)
+    return then(ops.kick(conn.ctx, conn.used, cmd.bound), replies.kicked)
 
 
 def _kick_job(conn: Session, cmd: c.KickJob) -> Reply:
-    return then(conn.store.kick_job(cmd.id),
+    return then(ops.kick_job(conn.ctx, cmd.id),
                 lambda ok: replies.KICKED if ok else replies.NOT_FOUND)
 
 
@@ -227,8 +209,7 @@ def _stats_tube(conn: Session, cmd: c.StatsTube) -> Reply:
             return replies.NOT_FOUND
         return replies.ok(tube_yaml(cmd.tube, counts, conn.store.clock()))
 
-    conn.ctx.counters.flush()  # this process's counts reach Redis before the read below
-    _sync_using(conn)
+    ops.sync_counts(conn.ctx)  # this process's counts reach Redis before the read below
     if conn.extended:
         return _stats_tube_extended(conn, cmd)
     return then(conn.store.tube_counts(cmd.tube), answer)
@@ -257,14 +238,13 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
 
 def _stats(conn: Session, cmd: c.Stats) -> Reply:
     ctx = conn.ctx
-    ctx.counters.flush()  # this process's counts reach Redis before the read below
-    _sync_using(conn)
+    ops.sync_counts(ctx)  # this process's counts reach Redis before the read below
     return then(conn.store.server_counts(),
                 lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
 
 
 def _list_tubes(conn: Session, cmd: c.ListTubes) -> Reply:
-    _sync_using(conn)
+    ops.sync_using(conn.ctx)
     return then(conn.store.list_tubes(), lambda tubes: replies.ok(yaml_list(tubes)))
 
 
@@ -277,15 +257,8 @@ def _list_tubes_watched(conn: Session, cmd: c.ListTubesWatched) -> Reply:
 
 
 def _pause_tube(conn: Session, cmd: c.PauseTube) -> Reply:
-    def answer(until_ms: int) -> bytes:
-        if until_ms == 0:
-            return replies.NOT_FOUND
-        if until_ms > 0:
-            conn.ctx.scheduler.note_due(until_ms)
-        return replies.PAUSED
-
-    _sync_using(conn)
-    return then(conn.store.pause(cmd.tube, cmd.delay), answer)
+    return then(ops.pause(conn.ctx, cmd.tube, cmd.delay),
+                lambda until_ms: replies.NOT_FOUND if until_ms == 0 else replies.PAUSED)
 
 
 def _push(conn: Session, cmd: c.Push) -> Reply:
@@ -318,36 +291,14 @@ TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplica
 
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
-    store = conn.store
-    if conn.ctx.draining:
-        return then(store.burn_id(conn.used), lambda _: replies.DRAINING)
-    if conn.ctx.full:  # the namespace reached --max-jobs
-        return replies.OUT_OF_MEMORY
-    opts = dict(cmd.options)
-    delay_ms = int(opts.get("delay-ms", cmd.delay * 1000))
-    ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
-    tube = conn.used
-    now = store.clock()
+    return then(ops.put_with(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
+                             cmd.options), _put_with_reply)
 
-    def answer(outcome: PutOutcome) -> bytes:
-        if not outcome.id or not outcome.inserted:
-            conn.ctx.counters.job_created(tube, -1)  # nothing stored: take the count back
-        if not outcome.id:
-            return replies.OUT_OF_MEMORY  # the tube is full (tube-set max-jobs)
-        if not outcome.inserted:
-            return replies.duplicate(outcome.id)
-        scheduler = conn.ctx.scheduler
-        if delay_ms > 0:
-            scheduler.note_due(now + delay_ms)
-        if ttl_ms > 0:
-            scheduler.note_due(now + ttl_ms)
-        return replies.inserted(outcome.id)
 
-    # Counted when sent, as a plain put is, so a stats-tube pipelined after it (which flushes
-    # this process's counts before it reads) sees it.
-    call = store.put_with(tube, cmd.pri, cmd.delay, max(cmd.ttr, 1), cmd.body, cmd.options)
-    conn.ctx.counters.job_created(tube)
-    return then(call, answer)
+def _put_with_reply(outcome: PutOutcome) -> bytes:
+    if outcome.id <= 0:
+        return _PUT_REFUSED[outcome.id]
+    return replies.inserted(outcome.id) if outcome.inserted else replies.duplicate(outcome.id)
 
 
 def _peek_key(conn: Session, cmd: c.PeekKey) -> Reply:
@@ -400,13 +351,13 @@ def _change_delay(conn: Session, cmd: c.ChangeDelay) -> Reply:
 
 
 def _tube_pause(conn: Session, cmd: c.TubePause) -> Reply:
-    _sync_using(conn)
+    ops.sync_using(conn.ctx)
     return then(conn.store.tube_pause(cmd.tube, forever=True),
                 lambda ok: replies.PAUSED if ok else replies.NOT_FOUND)
 
 
 def _tube_resume(conn: Session, cmd: c.TubeResume) -> Reply:
-    _sync_using(conn)  # resume may let the tube go: this process's users must count first
+    ops.sync_using(conn.ctx)  # resume may let the tube go: this process's users count first
     return then(conn.store.tube_pause(cmd.tube, forever=False),
                 lambda ok: replies.RESUMED if ok else replies.NOT_FOUND)
 # -- recurring jobs ----------------------------------------------------------------------------
@@ -476,18 +427,9 @@ def _put_many(conn: Session, cmd: c.PutMany) -> Reply:
         # Nothing to store (refused entries use no id; while draining no job is taken).
         return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e
                               for e in entries])
-    store, tube = conn.store, conn.used
-    call = store.put_many(tube, [(e.pri, e.delay, max(e.ttr, 1), e.body) for e in jobs])
-    for _ in jobs:
-        counters.job_created(tube)
-    delays = [e.delay for e in jobs if e.delay > 0]
-    if delays:
-        due = store.clock() + min(delays) * 1000
-        call.add_done_callback(lambda _: conn.ctx.scheduler.note_due(due))
+    call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs])
 
     def answer(ids: list[int]) -> bytes:
-        for _ in range(ids.count(0)):  # refused: the tube is full (tube-set max-jobs)
-            counters.job_created(tube, -1)
         given = iter(ids)
 
         def put_reply(job_id: int) -> bytes:

@@ -1,0 +1,191 @@
+"""The job verbs, once for every front: the protocol handlers and the HTTP API call these.
+
+Owns what a verb does around its store call: the draining and ``--max-jobs`` refusals of a put,
+the ``total-jobs`` count of a put (taken when the put is sent, so a ``stats`` pipelined after
+it sees it, and taken back when Redis refused the job), telling the scheduler of an instant it
+must act at (a delayed put's or release's due time, a touched job's new deadline, a pause's
+end), and sending this process's ``use`` counts ahead of a read that depends on them.
+
+Not here: the ``cmd-*`` counter of the command (the protocol counts each parsed command, the
+HTTP API each route's one command), the connection's own state (its held jobs, its tubes) and
+how an outcome is rendered (reply bytes, JSON). Each verb returns the store call's future, or,
+where it was given an ``answer``, a future of what ``answer`` made of the outcome (for put, the
+answer runs in the Redis reply's decoder: no future hop of its own on the hot path).
+
+Rule: a put refused while draining uses up a job id, over either front, as beanstalkd's
+does (its id is taken before the draining check): ids then follow one sequence whichever
+front a put came by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+from tubeq.model.options import Options
+from tubeq.redisio.futures import discard, then
+from tubeq.server.context import ServerContext
+from tubeq.store.store import PutOutcome
+
+T = TypeVar("T")
+
+# What a put's answer gets instead of a new job's id (ids start at 1).
+TUBE_FULL: Final = 0  # Redis refused it: the tube holds its max-jobs (tube-set)
+NAMESPACE_FULL: Final = -1  # the namespace held --max-jobs jobs at its last count
+DRAINING: Final = -2  # the server is draining (an id was used up, as beanstalkd does)
+
+
+def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+        answer: Callable[[int], T]) -> T | asyncio.Future[T]:
+    """Store a job; ``answer`` gets its id or why there is none (TUBE_FULL, NAMESPACE_FULL,
+    DRAINING). A TTR of 0 is stored as 1, as beanstalkd does."""
+    store = ctx.store
+    if ctx.draining:
+        return then(store.burn_id(tube), lambda _: answer(DRAINING))
+    if ctx.full:
+        return answer(NAMESPACE_FULL)
+    counters = ctx.counters
+
+    def stored(job_id: int) -> T:
+        if not job_id:
+            counters.job_created(tube, -1)  # refused: the count sent with it is taken back
+        return answer(job_id)
+
+    call = store.put(tube, pri, delay, max(ttr, 1), body, stored)
+    counters.job_created(tube)
+    if delay > 0:
+        _note_due_when_done(ctx, call, store.clock() + delay * 1000)
+    return call
+
+
+def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+             options: Options) -> asyncio.Future[PutOutcome]:
+    """Store a job with options (tubeq.model.options.PUT_OPTIONS): the outcome names the new
+    job, or the living job whose dedupe key it carries; ``PutOutcome(DRAINING | NAMESPACE_FULL
+    | TUBE_FULL, False)`` when refused."""
+    store = ctx.store
+    if ctx.draining:
+        return then(store.burn_id(tube), lambda _: PutOutcome(DRAINING, False))
+    if ctx.full:
+        refused: asyncio.Future[PutOutcome] = asyncio.get_running_loop().create_future()
+        refused.set_result(PutOutcome(NAMESPACE_FULL, False))
+        return refused
+    opts = dict(options)
+    delay_ms = int(opts.get("delay-ms", delay * 1000))
+    ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
+    now = store.clock()
+    counters = ctx.counters
+
+    def stored(outcome: PutOutcome) -> PutOutcome:
+        if not outcome.id or not outcome.inserted:
+            counters.job_created(tube, -1)  # nothing stored: take the count back
+        elif delay_ms > 0 or ttl_ms > 0:
+            for due in (delay_ms, ttl_ms):
+                if due > 0:
+                    ctx.scheduler.note_due(now + due)
+        return outcome
+
+    call = store.put_with(tube, pri, delay, max(ttr, 1), body, options)
+    counters.job_created(tube)
+    return then(call, stored)
+
+
+def put_many(ctx: ServerContext, tube: str,
+             jobs: list[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+    """Store ``(pri, delay, ttr, body)`` jobs in one script call: their ids, 0 for each the
+    tube refused (its max-jobs). The caller checks draining and --max-jobs first: a batch
+    refused whole uses no id."""
+    store, counters = ctx.store, ctx.counters
+    call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
+                                 for pri, delay, ttr, body in jobs])
+    for _ in jobs:
+        counters.job_created(tube)
+    delays = [delay for _, delay, _, _ in jobs if delay > 0]
+    if delays:
+        _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)
+
+    def stored(ids: list[int]) -> list[int]:
+        for _ in range(ids.count(0)):  # refused: the tube is full (tube-set max-jobs)
+            counters.job_created(tube, -1)
+        return ids
+
+    return then(call, stored)
+
+
+def delete(ctx: ServerContext, token: str, job_id: int, answer: Callable[[bool], T], *,
+           behind: int = 0) -> asyncio.Future[T]:
+    """Delete a job ``token`` holds (or, with no token, one nobody holds)."""
+    return ctx.store.delete(token, job_id, answer, behind=behind)
+
+
+def release(ctx: ServerContext, token: str, job_id: int, pri: int,
+            delay: int) -> asyncio.Future[bool]:
+    """Put a job ``token`` holds back to ready, or delayed by ``delay`` seconds."""
+    store = ctx.store
+    call = store.release(token, job_id, pri, delay)
+    if delay > 0:
+        _note_due_when_done(ctx, call, store.clock() + delay * 1000)
+    return call
+
+
+def bury(ctx: ServerContext, token: str, job_id: int, pri: int, *,
+         behind: int = 0) -> asyncio.Future[bool]:
+    """Put a job ``token`` holds aside (buried)."""
+    return ctx.store.bury(token, job_id, pri, behind=behind)
+
+
+def touch(ctx: ServerContext, token: str, job_id: int, *,
+          behind: int = 0) -> asyncio.Future[int]:
+    """A full TTR again from now for a job ``token`` holds: its new deadline (ms), 0 if not
+    held. The deadline is this process's to act on (expire.lua at that instant)."""
+
+    def touched(deadline: int) -> int:
+        if deadline:
+            ctx.scheduler.note_due(deadline)
+        return deadline
+
+    return then(ctx.store.touch(token, job_id, behind=behind), touched)
+
+
+def kick(ctx: ServerContext, tube: str, bound: int) -> asyncio.Future[int]:
+    """Up to ``bound`` buried jobs of ``tube`` (none buried: delayed ones) to ready."""
+    return ctx.store.kick(tube, bound)
+
+
+def kick_job(ctx: ServerContext, job_id: int) -> asyncio.Future[bool]:
+    """One buried or delayed job to ready."""
+    return ctx.store.kick_job(job_id)
+
+
+def pause(ctx: ServerContext, tube: str, delay: int) -> asyncio.Future[int]:
+    """No reserves from ``tube`` for ``delay`` seconds (0 resumes): the pause's end (ms), -1
+    when resumed at once, 0 when the tube does not exist."""
+    sync_using(ctx)
+
+    def paused(until_ms: int) -> int:
+        if until_ms > 0:
+            ctx.scheduler.note_due(until_ms)
+        return until_ms
+
+    return then(ctx.store.pause(tube, delay), paused)
+
+
+def sync_using(ctx: ServerContext) -> None:
+    """Before a read of tube references or existence: this process's ``use`` counts reach
+    Redis first (sent ahead of the read, on the same Redis connection)."""
+    in_redis = ctx.using.flush()
+    if in_redis is not None:
+        in_redis.add_done_callback(discard)
+
+
+def sync_counts(ctx: ServerContext) -> None:
+    """Before a read of the namespace's counts (stats, stats-tube): this process's command
+    counters and ``use`` counts reach Redis first."""
+    ctx.counters.flush()
+    sync_using(ctx)
+
+
+def _note_due_when_done(ctx: ServerContext, call: asyncio.Future[Any], due_ms: int) -> None:
+    """Tell the scheduler of ``due_ms`` once ``call`` is answered (the job is in Redis then)."""
+    call.add_done_callback(lambda _: ctx.scheduler.note_due(due_ms))
