@@ -13,17 +13,25 @@ layers run one way, as in the server (socket -> parser -> conversion -> caller),
   The YAML readers of the stats and list documents live there too.
 * :mod:`~tubeq.client.args`: the checks of a command's arguments before it is sent, and
   ``_expect``, the one check of its answer.
+* :mod:`~tubeq.client._contracts`: the Protocols the modules below :class:`Client` know it and
+  its connection by (a command's ``Connection`` and reply converter, what a :class:`Job` needs
+  of its client), so that none of them imports the client back.
+* :mod:`~tubeq.client.job`: :class:`Job`, and the commands on one job id.
 * :mod:`~tubeq.client.link`: ``_Link`` is one TCP connection, a thin :class:`asyncio.Protocol`:
   it writes commands, feeds the parser and hands each reply, in wire order, to the command that
   asked for it. Replies are converted (state updated, :class:`Job` built, error raised)
   synchronously as they are routed, whether or not the caller is still waiting, so pipelined
   calls and cancelled calls cannot disturb the connection's state.
-* :mod:`~tubeq.client.job`: :class:`Job`, and the commands on one job id.
-* :mod:`~tubeq.client.client`: :class:`Client` holds one link at a time: typed methods,
-  reconnect, and the ``use``/``watch`` state replayed on a new connection.
 * :mod:`~tubeq.client.consume`: :class:`Consumer` (``client.consume()``) keeps jobs in flight
   over long-lived connections of its own, with a server-side push extension when the server has
   one and pipelined ``reserve-with-timeout`` otherwise.
+* :mod:`~tubeq.client.client`: :class:`Client` holds one link at a time: typed methods,
+  reconnect, and the ``use``/``watch`` state replayed on a new connection.
+
+A module imports only the ones listed before it. tubeq's command families (batches, admin,
+policies, schedules) sit beside job, and only client (and cli, on top) imports them.
+pyproject's ``client-layers`` contract holds that order. What a lower module needs of a higher
+one is a Protocol it declares and the higher one satisfies.
 
 Import from ``tubeq.client`` itself; the modules are its implementation.
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _uint
 from tubeq.client.errors import CommandError, NotFound, ProtocolError, UnknownCommand
 from tubeq.client.parser import Reply, parse_yaml_list
@@ -32,9 +33,6 @@ from tubeq.client.wire import (
     OK,
     PUT_MANY_MAX,
 )
-
-if TYPE_CHECKING:
-    from tubeq.client.link import Convert, _Link
 
 # The bodies one put-many carries at most, as the client splits them: well under what a tubeq
 # server keeps for one batch (half its --max-client-buffer, 16 MiB by default), so no job of a
@@ -100,7 +98,7 @@ def _items(reply: Reply, command: str, count: int | None = None) -> tuple[Reply,
 
 
 def put_many_command(chunk: list[bytes]) -> tuple[bytes, Convert[list[PutResult]]]:
-    def convert(reply: Reply, link: _Link) -> list[PutResult]:
+    def convert(reply: Reply, link: Connection) -> list[PutResult]:
         return [item.int_arg(0) if item.word == INSERTED else _error_of(item, "put-many")
                 for item in _items(reply, "put-many", len(chunk))]
 
@@ -109,7 +107,7 @@ def put_many_command(chunk: list[bytes]) -> tuple[bytes, Convert[list[PutResult]
 
 def put_command(entry: bytes) -> tuple[bytes, Convert[PutResult]]:
     """A plain put of one entry, its error returned as the result (a server without batches)."""
-    def convert(reply: Reply, link: _Link) -> PutResult:
+    def convert(reply: Reply, link: Connection) -> PutResult:
         return reply.int_arg(0) if reply.word == INSERTED else _error_of(reply, "put")
 
     return b"put " + entry, convert
@@ -133,7 +131,7 @@ def delete_many_lines(ids: Iterable[int]) -> list[list[int]]:
 
 
 def delete_many_command(ids: list[int]) -> tuple[bytes, Convert[list[bool]]]:
-    def convert(reply: Reply, link: _Link) -> list[bool]:
+    def convert(reply: Reply, link: Connection) -> list[bool]:
         out = []
         for item in _items(reply, "delete-many", len(ids)):
             if item.word == DELETED:
@@ -149,7 +147,7 @@ def delete_many_command(ids: list[int]) -> tuple[bytes, Convert[list[bool]]]:
 
 def delete_command(job_id: int) -> tuple[bytes, Convert[bool]]:
     """A plain delete, NOT_FOUND as False (a server without batches)."""
-    def convert(reply: Reply, link: _Link) -> bool:
+    def convert(reply: Reply, link: Connection) -> bool:
         if reply.word == DELETED:
             return True
         error = _error_of(reply, "delete")
@@ -162,7 +160,7 @@ def delete_command(job_id: int) -> tuple[bytes, Convert[bool]]:
 
 def extensions_command(*, probe: bool) -> tuple[bytes, Convert[list[str]]]:
     """``extensions``; with ``probe``, UNKNOWN_COMMAND (beanstalkd) is an empty list."""
-    def convert(reply: Reply, link: _Link) -> list[str]:
+    def convert(reply: Reply, link: Connection) -> list[str]:
         if probe and reply.word != OK and isinstance(_error_of(reply, "extensions"),
                                                      UnknownCommand):
             link.extensions = frozenset()

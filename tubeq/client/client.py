@@ -4,6 +4,13 @@ A client holds one connection (``_Link``) at a time. It owns connecting and reco
 ``use``/``watch`` state the server confirmed and its replay on a new connection, the release of
 jobs granted to cancelled reserves ("orphans"), the push extension, and ``consume()``/``work()``,
 which hand over to :class:`Consumer`.
+
+Rules: this is the top of the client, the one module that knows the concrete classes (``_Link``,
+:class:`Job`, :class:`Consumer`) and puts them together. The modules below it know a client
+only as the Protocols they declare, which :class:`Client` satisfies (mypy checks it where a
+``Client`` is handed down): ``_contracts.JobClient`` for a job, ``link.LinkClient`` for a
+connection, ``consume.ConsumerClient`` for a consumer; and a connection only as
+``_contracts.Connection``, which is how the reply converters here see it too.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from tubeq.client import admin, batches
+from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
 from tubeq.client.errors import (
@@ -35,7 +43,7 @@ from tubeq.client.job import (
     _stats_job_command,
     _touch_command,
 )
-from tubeq.client.link import Convert, _Link
+from tubeq.client.link import _Link
 from tubeq.client.parser import (
     SERVER_TEXT_KEYS,
     TUBE_TEXT_KEYS,
@@ -250,13 +258,13 @@ class Client:
     async def _call(self, data: bytes, convert: Convert[T], *, reserves: bool = False) -> T:
         return await self._call_on(await self._current_link(), data, convert, reserves=reserves)
 
-    async def _call_on(self, link: _Link, data: bytes, convert: Convert[T], *,
+    async def _call_on(self, link: Connection, data: bytes, convert: Convert[T], *,
                        reserves: bool = False) -> T:
         future = link.send(data, convert, reserves=reserves)
         await link.wait_writable()
         return await future
 
-    def _job_from(self, reply: Reply, link: _Link | None, tube: str | None) -> Job:
+    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None) -> Job:
         assert reply.body is not None
         job = Job(self, reply.int_arg(0), reply.body, tube=tube, link=link)
         if link is not None and tube is None and len(self._watched) == 1:
@@ -277,7 +285,7 @@ class Client:
         task.add_done_callback(self._background.discard)
 
     def _use_command(self, tube: str) -> tuple[bytes, Convert[str]]:
-        def convert(reply: Reply, link: _Link) -> str:
+        def convert(reply: Reply, link: Connection) -> str:
             _expect(reply, "use", USING)
             self._used = reply.args[0].decode("ascii", "replace")
             return self._used
@@ -285,7 +293,7 @@ class Client:
         return b"use %s\r\n" % _tube(tube), convert
 
     def _watch_command(self, tube: str) -> tuple[bytes, Convert[int]]:
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "watch", WATCHING)
             if tube not in self._watched:
                 self._watched.append(tube)
@@ -294,7 +302,7 @@ class Client:
         return b"watch %s\r\n" % _tube(tube), convert
 
     def _ignore_command(self, tube: str) -> tuple[bytes, Convert[int]]:
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "ignore", WATCHING)
             if tube in self._watched:
                 # beanstalkd keeps the watch list as an array and fills a hole with the last.
@@ -306,14 +314,14 @@ class Client:
         return b"ignore %s\r\n" % _tube(tube), convert
 
     def _reserved(self, command: str) -> Convert[Job]:
-        def convert(reply: Reply, link: _Link) -> Job:
+        def convert(reply: Reply, link: Connection) -> Job:
             _expect(reply, command, RESERVED)
             return self._job_from(reply, link, None)
 
         return convert
 
     def _found(self, command: str, tube: Callable[[], str | None]) -> Convert[Job]:
-        def convert(reply: Reply, link: _Link) -> Job:
+        def convert(reply: Reply, link: Connection) -> Job:
             _expect(reply, command, FOUND)
             return self._job_from(reply, None, tube())
 
@@ -329,7 +337,7 @@ class Client:
         """
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
 
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "put", INSERTED)
             return reply.int_arg(0)
 
@@ -421,7 +429,7 @@ class Client:
         """Kick up to ``bound`` jobs of the used tube (buried ones if any, else delayed ones);
         returns how many were kicked."""
 
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "kick", KICKED)
             return reply.int_arg(0)
 
@@ -430,7 +438,7 @@ class Client:
     async def kick_job(self, job_id: int) -> None:
         """Kick one buried or delayed job of any tube; :class:`NotFound` otherwise."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "kick-job", KICKED)
 
         await self._call(b"kick-job %d\r\n" % _job_id(job_id), convert)
@@ -457,7 +465,7 @@ class Client:
     async def list_tube_used(self) -> str:
         """The used tube, as the server sees it."""
 
-        def convert(reply: Reply, link: _Link) -> str:
+        def convert(reply: Reply, link: Connection) -> str:
             _expect(reply, "list-tube-used", USING)
             return reply.args[0].decode("ascii", "replace")
 
@@ -471,7 +479,7 @@ class Client:
     async def pause_tube(self, tube: str, delay: int) -> None:
         """Hold every reserve from ``tube`` for ``delay`` s (0 resumes now)."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "pause-tube", PAUSED)
 
         await self._call(b"pause-tube %s %d\r\n" % (_tube(tube), _uint(delay, "delay")), convert)
@@ -490,7 +498,7 @@ class Client:
         """
         link = await self._current_link()
 
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             if reply.word != PUSHING:
                 link.push_requested = False
             _expect(reply, "push", PUSHING)
@@ -532,7 +540,7 @@ class Client:
                              backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
                              ttl_ms=ttl_ms, on_expire=on_expire, key=key)
 
-        def convert(reply: Reply, link: _Link) -> PutResult:
+        def convert(reply: Reply, link: Connection) -> PutResult:
             _expect(reply, "put-with", INSERTED, DUPLICATE)
             return PutResult(reply.int_arg(0), inserted=reply.word == INSERTED)
 
@@ -550,7 +558,7 @@ class Client:
         line = b"clear-tube %s %s\r\n" % (_tube(tube), admin.check_state(state,
                                                                           admin.CLEAR_STATES))
 
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "clear-tube", CLEARED)
             return reply.int_arg(0)
 
@@ -583,7 +591,7 @@ class Client:
     async def change_pri(self, job_id: int, pri: int) -> None:
         """Give a job a new priority, in any state. :class:`NotFound` if no such job."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "change-pri", CHANGED)
 
         await self._call(b"change-pri %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri")), convert)
@@ -592,7 +600,7 @@ class Client:
         """Make a delayed job due ``delay_ms`` ms from now (0: ready at once).
         :class:`NotFound` if no such job or it is not delayed."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "change-delay", CHANGED)
 
         line = b"change-delay %d %d\r\n" % (_job_id(job_id),
@@ -602,7 +610,7 @@ class Client:
     async def tube_pause(self, tube: str) -> None:
         """Pause ``tube`` with no end (until :meth:`tube_resume`); it outlives its users."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "tube-pause", PAUSED)
 
         await self._call(b"tube-pause %s\r\n" % _tube(tube), convert)
@@ -610,7 +618,7 @@ class Client:
     async def tube_resume(self, tube: str) -> None:
         """End the tube's pause, with or without an end."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "tube-resume", RESUMED)
 
         await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
@@ -638,7 +646,7 @@ class Client:
             _tube(tube), _tube(name), len(data), when, _uint(pri, "pri"), _uint(ttr, "ttr"),
             _uint(delay_ms, "delay_ms", 2**64 - 1))
 
-        def convert(reply: Reply, link: _Link) -> int:
+        def convert(reply: Reply, link: Connection) -> int:
             _expect(reply, "schedule-add", SCHEDULED)
             return reply.int_arg(0)
 
@@ -653,7 +661,7 @@ class Client:
         """Stop one of ``tube``'s schedules (its jobs already put stay); :class:`NotFound`
         when it has none of that name."""
 
-        def convert(reply: Reply, link: _Link) -> None:
+        def convert(reply: Reply, link: Connection) -> None:
             _expect(reply, "schedule-remove", REMOVED)
 
         await self._call(b"schedule-remove %s %s\r\n" % (_tube(tube), _tube(name)), convert)
@@ -682,7 +690,7 @@ class Client:
         """The server's extension commands (tubeq); :class:`UnknownCommand` from beanstalkd."""
         return await self._call(*batches.extensions_command(probe=False))
 
-    async def _extensions_of(self, link: _Link) -> frozenset[str]:
+    async def _extensions_of(self, link: Connection) -> frozenset[str]:
         """What ``link``'s server offers, asked once per connection (beanstalkd: nothing)."""
         if link.extensions is None:
             await self._call_on(link, *batches.extensions_command(probe=True))
@@ -723,7 +731,7 @@ class Client:
         if not 1 <= count <= PUT_MANY_MAX:
             raise ValueError(f"count must be from 1 to {PUT_MANY_MAX}, not {count!r}")
 
-        def convert(reply: Reply, link: _Link) -> list[Job]:
+        def convert(reply: Reply, link: Connection) -> list[Job]:
             items = batches._items(reply, "reserve-many")
             if not 1 <= len(items) <= count or any(i.word != RESERVED for i in items):
                 raise ProtocolError(f"reserve-many: a BATCH of {len(items)} replies that are "
@@ -743,7 +751,7 @@ class Client:
         has it, pipelined ``delete`` commands otherwise."""
         return await self._delete_many_on(await self._current_link(), list(job_ids))
 
-    async def _delete_many_on(self, link: _Link, ids: list[int]) -> list[bool]:
+    async def _delete_many_on(self, link: Connection, ids: list[int]) -> list[bool]:
         if not ids:
             return []
         if "delete-many" in await self._extensions_of(link):

@@ -6,7 +6,13 @@ one and through pipelined ``reserve-with-timeout`` otherwise. A held job carries
 claim on it (``_Hold``) until it is settled: deleted, released with :func:`backoff_delay`, or
 buried. ``auto_touch`` touches held jobs every :func:`touch_interval`. The deletes of the jobs
 that succeeded within one loop tick leave together, as one ``delete-many`` where the server has
-it (``_Acks``).
+it (``Consumer._ack``).
+
+Rules: a consumer drives clients it knows only as :class:`ConsumerClient` (declared here, as it
+names :class:`Job`; ``client.Client`` satisfies it), and their connections only as a
+:class:`~tubeq.client._contracts.Connection`, so this module imports nothing of ``client`` or
+``link``. A job sees its ``_Hold`` only as a ``job.Hold``; this module alone sets ``Job._hold``,
+and reads it back through :func:`_hold_of`.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, cast
 
+from tubeq.client._contracts import Connection
 from tubeq.client.args import _tube, _uint
 from tubeq.client.errors import (
     ClientConnectionError,
@@ -32,9 +39,6 @@ from tubeq.client.errors import (
 )
 from tubeq.client.job import Job
 from tubeq.client.wire import DEFAULT_TTR, DEFAULT_TUBE
-
-if TYPE_CHECKING:
-    from tubeq.client.client import Client
 
 log = logging.getLogger("tubeq.client")
 
@@ -53,6 +57,41 @@ RECONNECT_MAX_S: Final = 5.0
 # Connections a consumer opens unless told: enough to spread pipelined reserves, few enough
 # that a server with many workers is not flooded with idle connections.
 DEFAULT_CONNECTIONS: Final = 4
+
+
+class ConsumerClient(Protocol):
+    """What a :class:`Consumer` needs of a client (``client.Client``): the commands its lanes
+    send, and a sibling client per lane with a connection of its own."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def connect(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def watch(self, tube: str) -> int: ...
+
+    async def ignore(self, tube: str) -> int: ...
+
+    async def push(self, credits: int) -> int: ...
+
+    async def next_pushed(self) -> Job: ...
+
+    async def reserve_with_timeout(self, seconds: int) -> Job: ...
+
+    def _sibling(self) -> ConsumerClient: ...
+
+    async def _current_link(self) -> Connection: ...
+
+    async def _extensions_of(self, link: Connection) -> frozenset[str]: ...
+
+    async def _delete_many_on(self, link: Connection, ids: list[int]) -> list[bool]: ...
 
 
 def backoff_delay(reserves: int, base: int, maximum: int) -> int:
@@ -74,7 +113,7 @@ class _Lane:
     """One long-lived consumer connection and the jobs reserved through it."""
 
     index: int
-    client: Client
+    client: ConsumerClient
     share: int  # reserves in flight (or push credits) this connection may hold
     slots: asyncio.Semaphore  # share minus the jobs held (and reserves in flight) here
     held: set[Job] = field(default_factory=set)
@@ -103,6 +142,12 @@ class _Hold:
     uses_slot: bool
     handed: bool = False
     keep_alive: asyncio.Task[None] | None = None
+
+
+def _hold_of(job: Job) -> _Hold | None:
+    """The consumer's claim on ``job``: a ``_Hold`` whenever it is set, as only
+    :meth:`Consumer._take` sets it (the job itself sees a ``job.Hold``)."""
+    return cast("_Hold | None", job._hold)
 
 
 class Consumer:
@@ -169,8 +214,8 @@ class Consumer:
     left by ``break`` or an exception: the connections are then closed when the block ends.
     """
 
-    def __init__(self, client: Client, tubes: str | Iterable[str], *, concurrency: int = 32,
-                 connections: int | None = None, auto_touch: bool = False,
+    def __init__(self, client: ConsumerClient, tubes: str | Iterable[str], *,
+                 concurrency: int = 32, connections: int | None = None, auto_touch: bool = False,
                  max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
                  push: bool | None = None, reserve_timeout: int = 1,
                  grace: float = 30.0) -> None:
@@ -277,7 +322,7 @@ class Consumer:
                 raise StopAsyncIteration
             while self._ready:
                 job = self._ready.popleft()
-                hold = job._hold
+                hold = _hold_of(job)
                 if hold is not None:  # else its connection was lost while it waited here
                     hold.handed = True
                     self._handed.add(job)
@@ -560,7 +605,7 @@ class Consumer:
 
     def _forget(self, job: Job) -> None:
         """The job is no longer held: settled, or its connection is gone."""
-        hold = job._hold
+        hold = _hold_of(job)
         if hold is None:
             return
         job._hold = None
@@ -577,7 +622,7 @@ class Consumer:
     def _drop_unhanded(self, lane: _Lane) -> None:
         """A lane's connection is gone: the jobs it held that nobody got are gone with it."""
         for job in list(lane.held):
-            hold = job._hold
+            hold = _hold_of(job)
             if hold is not None and not hold.handed:
                 self._forget(job)
 
@@ -632,7 +677,7 @@ class Consumer:
     async def _ack(self, job: Job) -> bool:
         """Delete a job that succeeded along with the others of this loop tick; whether it was
         deleted (False: not found). Raises ClientError when the delete was not answered."""
-        hold = job._hold
+        hold = _hold_of(job)
         assert hold is not None
         lane = hold.lane
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

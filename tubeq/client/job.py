@@ -3,8 +3,13 @@
 The command builders (delete, release, bury, touch, stats-job) each return the command's bytes and
 the converter of its reply; :class:`Client` methods send them on the current connection,
 :class:`Job` methods on the connection that holds the reservation. A job handed out by
-``consume()`` also carries the consumer's claim on it (``_Hold``), which ``async with job``
-settles.
+``consume()`` also carries the consumer's claim on it (``consume._Hold``), which ``async with
+job`` settles.
+
+Rules: a job knows the client that made it only as a :class:`JobClient`, its connection only as
+a :class:`Connection` (both in ``_contracts``), and the consumer holding it only as a
+:class:`Hold`, declared here because it names :class:`Job`. So this module imports nothing of
+``client``, ``link`` or ``consume``, which all build or hold jobs.
 """
 
 from __future__ import annotations
@@ -12,19 +17,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
+from tubeq.client._contracts import Connection, Convert, JobClient
 from tubeq.client.args import _expect, _job_id, _uint
 from tubeq.client.errors import ClientConnectionError, NotFound, ProtocolError
 from tubeq.client.parser import JOB_TEXT_KEYS, Reply, Stats, parse_yaml_mapping
 from tubeq.client.wire import BURIED, DELETED, OK, RELEASED, TOUCHED
 
-if TYPE_CHECKING:
-    from tubeq.client.client import Client
-    from tubeq.client.consume import _Hold
-    from tubeq.client.link import Convert, _Link
-
 T = TypeVar("T")
+
+
+class Holder(Protocol):
+    """What a job handed out by ``consume()`` needs of the consumer holding it
+    (:class:`Consumer`): to let go of it, and to settle it when ``async with job`` ends."""
+
+    def _forget(self, job: Job) -> None: ...
+
+    async def _settle_block(self, job: Job, exc: BaseException | None) -> bool: ...
+
+
+class Hold(Protocol):
+    """A consumer's claim on a job (``consume._Hold``), as the job sees it."""
+
+    @property
+    def consumer(self) -> Holder: ...
 
 
 class Job:
@@ -45,8 +62,8 @@ class Job:
 
     __slots__ = ("_client", "_hold", "_link", "_pri", "_ttr", "body", "id", "reserved_at", "tube")
 
-    def __init__(self, client: Client, job_id: int, body: bytes, *, tube: str | None = None,
-                 link: _Link | None = None) -> None:
+    def __init__(self, client: JobClient, job_id: int, body: bytes, *, tube: str | None = None,
+                 link: Connection | None = None) -> None:
         self._client = client
         self.id = job_id
         self.body = body
@@ -54,7 +71,7 @@ class Job:
         self._link = link
         self._pri: int | None = None
         self._ttr: int | None = None
-        self._hold: _Hold | None = None
+        self._hold: Hold | None = None
         self.reserved_at = asyncio.get_running_loop().time()
 
     def __repr__(self) -> str:
@@ -143,14 +160,14 @@ class Job:
 
 
 def _delete_command(job_id: int) -> tuple[bytes, Convert[None]]:
-    def convert(reply: Reply, link: _Link) -> None:
+    def convert(reply: Reply, link: Connection) -> None:
         _expect(reply, "delete", DELETED)
 
     return b"delete %d\r\n" % _job_id(job_id), convert
 
 
 def _release_command(job_id: int, pri: int, delay: int) -> tuple[bytes, Convert[None]]:
-    def convert(reply: Reply, link: _Link) -> None:
+    def convert(reply: Reply, link: Connection) -> None:
         _expect(reply, "release", RELEASED)
 
     return (b"release %d %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri"), _uint(delay, "delay")),
@@ -158,21 +175,21 @@ def _release_command(job_id: int, pri: int, delay: int) -> tuple[bytes, Convert[
 
 
 def _bury_command(job_id: int, pri: int) -> tuple[bytes, Convert[None]]:
-    def convert(reply: Reply, link: _Link) -> None:
+    def convert(reply: Reply, link: Connection) -> None:
         _expect(reply, "bury", BURIED)
 
     return b"bury %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri")), convert
 
 
 def _touch_command(job_id: int) -> tuple[bytes, Convert[None]]:
-    def convert(reply: Reply, link: _Link) -> None:
+    def convert(reply: Reply, link: Connection) -> None:
         _expect(reply, "touch", TOUCHED)
 
     return b"touch %d\r\n" % _job_id(job_id), convert
 
 
 def _ok(command: str, parse: Callable[[bytes], T]) -> Convert[T]:
-    def convert(reply: Reply, link: _Link) -> T:
+    def convert(reply: Reply, link: Connection) -> T:
         _expect(reply, command, OK)
         assert reply.body is not None
         return parse(reply.body)

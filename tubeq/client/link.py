@@ -5,6 +5,10 @@ command that asked for it (``_Pending``: its future and the converter of its rep
 converted (state updated, :class:`Job` built, error raised) synchronously as they are routed,
 whether or not the caller is still waiting, so pipelined calls and cancelled calls cannot
 disturb the connection's state. On a link in push mode every RESERVED frame is a pushed job.
+
+Rules: a link knows the client that opened it only as a :class:`LinkClient` (declared here, as
+it names :class:`Job`), so this module imports nothing of ``client``; it is the
+:class:`~tubeq.client._contracts.Connection` the commands and jobs see.
 """
 
 from __future__ import annotations
@@ -13,25 +17,36 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from tubeq.client._contracts import Connection, Convert
 from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
 from tubeq.client.job import Job
 from tubeq.client.parser import Reply, ReplyParser
 from tubeq.client.wire import RESERVED
 
-if TYPE_CHECKING:
-    from tubeq.client.client import Client
-
 T = TypeVar("T")
 
-Convert = Callable[[Reply, "_Link"], T]
+
+class LinkClient(Protocol):
+    """What a link needs of the client that opened it (``client.Client``): its name for errors,
+    its body limit, and the jobs it builds from RESERVED frames and puts back when orphaned."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def max_body(self) -> int: ...
+
+    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None) -> Job: ...
+
+    def _release_orphan(self, job: Job) -> None: ...
 
 
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[Any]
-    convert: Callable[[Reply, _Link], Any]
+    convert: Callable[[Reply, Connection], Any]
 
 
 class _Link(asyncio.Protocol):
@@ -42,7 +57,7 @@ class _Link(asyncio.Protocol):
     queue, wherever it falls between replies.
     """
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: LinkClient) -> None:
         self._client = client
         self._parser = ReplyParser(client.max_body)
         self._transport: asyncio.Transport | None = None
