@@ -42,8 +42,8 @@ _NOT_CODE = re.compile(r"--\[\[.*?\]\]|--[^\n]*|'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\
 
 
 # The includes in the order the library defines them: each after the ones it uses.
-INCLUDE_ORDER = ("keys", "events", "limits", "jobs", "refs", "waiting", "picking", "handing",
-                 "policies")
+INCLUDE_ORDER = ("job_record", "keys", "events", "limits", "jobs", "refs", "waiting", "picking",
+                 "handing", "policies")
 
 # Commands that only read: a script calling nothing else is a read-only function.
 _READ_COMMANDS = frozenset({
