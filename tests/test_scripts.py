@@ -50,6 +50,17 @@ def test_a_definition_comes_with_the_comment_above_it() -> None:
     assert source.index("local rcall") < source.index("local function bump(")
 
 
+def test_string_constants_are_written_in_by_script_and_defined_once_in_the_library() -> None:
+    source = expand('--- @include "keys"\n'
+                    "return {JOB_TUBE, 'JOB_TUBE', x.JOB_TUBE} -- JOB_TUBE\n")
+    assert "local JOB_TUBE" not in source
+    assert source.endswith("return {'t', 'JOB_TUBE', x.JOB_TUBE} -- JOB_TUBE\n")
+    put = load_all()["put"].source
+    assert b"local JOB_STATE" not in put and b"JOB_STATE, 'ready'" not in put
+    assert b"redis.call('HSET', jk, 't', t, 's', 'ready', 'p', pri," in put  # in store_job
+    assert "local JOB_STATE = 's'" in library().source.decode()
+
+
 def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
     recording = {name for name, s in load_all().items() if s.records_events}
     assert recording == {"put", "promote", "reserve", "reserve_job", "release", "bury", "touch",
