@@ -1,7 +1,8 @@
 -- The job record: one hash per living job, k_job(id), holding everything tubeq knows of the job
 -- (a tube's sets hold only its member, includes/jobs.lua). Scripts name its fields through the
--- JOB_* constants below, never by their letters; tubeq.store.keys.JobField mirrors them for
--- Python's reads (tests/test_lua.py keeps the two equal). Field names are one or two letters:
+-- JOB_* constants below, never by their letters (a script's own source has the letters written
+-- in, tubeq.store.scripts); tubeq.store.keys.JobField mirrors them for Python's reads
+-- (tests/test_lua.py keeps the two equal). Field names are one or two letters:
 -- they are stored in every job, and a small hash stays a compact listpack in Redis.
 -- Encoding: Redis keeps every value as a string. "ms" is an integer instant or span of the
 -- scripts' clock (the `now` a caller passes); "s" a whole number of seconds; a count starts
@@ -47,8 +48,8 @@ local JOB_BACKOFF_MAX = 'bx'  -- ms
 local JOB_ON_EXPIRE = 'oe'  -- 'bury' | 'delete'
 local JOB_DEDUPE_KEY = 'k'  -- its dedupe key (K_DEDUPE maps it back while the job lives)
 local JOB_EXPIRES_AT = 'x'  -- ms, its TTL's end, while that is pending (start_policies)
-local JOB_TRIES = 'ny'  -- reservations that ended in a TTR timeout, a release or a disconnect
-local JOB_BURIED_FOR = 'why'  -- why tubeq last buried it: 'max-tries' | 'expired'
+local JOB_TRIES = 'ny'  -- end_try: reservations ended by a TTR timeout, a release or a disconnect
+local JOB_BURIED_FOR = 'why'  -- bury_for: why tubeq last buried it, 'max-tries' | 'expired'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs
