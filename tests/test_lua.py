@@ -7,6 +7,7 @@ finer points of each script: ordering, ownership, counters, tube lifetime, timer
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from tests.client_support import eventually
 from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.redisio.client import RedisClient, RedisReplyError
 from tubeq.redisio.process import RedisProcess
-from tubeq.store.keys import Keys
+from tubeq.store.keys import JobField, Keys
 from tubeq.store.shards import ShardedStore
 from tubeq.store.store import NoJob, Reservation, Store
 
@@ -575,6 +576,20 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
         k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout]
+
+
+async def test_lua_job_record_matches_python(env: Env) -> None:
+    """Every field of the job record (lua/includes/job_record.lua, JOB_<NAME>) is a JobField of
+    the same name and value, and every JobField is one of them; no two share a hash field."""
+    record_lua = resources.files("tubeq.store").joinpath(
+        "lua", "includes", "job_record.lua").read_text()
+    names = re.findall(r"^local (JOB_\w+) = ", record_lua, re.MULTILINE)
+    probe = record_lua + "\nreturn {" + ", ".join(names) + "}"
+    values = await env.raw.eval(probe, 0)  # a name whose value is no string ends the list early
+    lua = dict(zip((n.removeprefix("JOB_") for n in names), (v.decode() for v in values),
+                   strict=True))
+    assert lua == {f.name: f.value for f in JobField}
+    assert len(set(lua.values())) == len(lua)
 
 
 async def test_index_follows_the_head_of_each_tube(env: Env) -> None:

@@ -50,6 +50,17 @@ def test_a_definition_comes_with_the_comment_above_it() -> None:
     assert source.index("local rcall") < source.index("local function bump(")
 
 
+def test_string_constants_are_written_in_by_script_and_defined_once_in_the_library() -> None:
+    source = expand('--- @include "keys"\n'
+                    "return {JOB_TUBE, 'JOB_TUBE', x.JOB_TUBE} -- JOB_TUBE\n")
+    assert "local JOB_TUBE" not in source
+    assert source.endswith("return {'t', 'JOB_TUBE', x.JOB_TUBE} -- JOB_TUBE\n")
+    put = load_all()["put"].source
+    assert b"local JOB_STATE" not in put and b"JOB_STATE, 'ready'" not in put
+    assert b"redis.call('HSET', jk, 't', t, 's', 'ready', 'p', pri," in put  # in store_job
+    assert "local JOB_STATE = 's'" in library().source.decode()
+
+
 def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
     recording = {name for name, s in load_all().items() if s.records_events}
     assert recording == {"put", "promote", "reserve", "reserve_job", "release", "bury", "touch",
@@ -108,6 +119,37 @@ def test_only_scripts_that_call_nothing_but_reads_are_read_only_functions() -> N
     assert not calls_only_reads("rcall('HGET', k, 'f') rcall('HSET', k, 'f', 1)")
     assert not calls_only_reads("local cmd = 'HGET' return rcall(cmd, k, 'f')")  # not literal
     assert calls_only_reads("-- rcall('DEL', k) in a comment\nreturn rcall('GET', k)")
+
+
+# A Redis call on a job's hash (its key `jk` or k_job(...)), up to where its parentheses close.
+_JOB_HASH_CALL = re.compile(r"(?:rcall|redis\.call)\('H[A-Z]+', (?:jk|k_job\()")
+
+
+def _job_hash_calls(text: str) -> list[str]:
+    calls = []
+    for found in _JOB_HASH_CALL.finditer(text):
+        depth, end = 0, found.start()
+        while True:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+            if depth == 0 and text[end - 1] == ")":
+                break
+        calls.append(text[found.start():end])
+    return calls
+
+
+def test_scripts_name_the_job_records_fields_by_their_constants() -> None:
+    # The job record's fields are named once (lua/includes/job_record.lua); a letter written
+    # at a call site would be a field that table does not document. The only quoted words
+    # left in such a call are state names ('ready', 'delayed', 'reserved', 'buried').
+    folder = resources.files("tubeq.store").joinpath("lua")
+    files = [*folder.iterdir(), *folder.joinpath("includes").iterdir()]
+    calls = [c for f in files if f.name.endswith(".lua") for c in _job_hash_calls(f.read_text())]
+    assert len(calls) > 50  # the scan finds them
+    for call in calls:
+        assert set(re.findall(r"'(\w*)'", call)) <= {"HSET", "HMGET", "HGET", "HDEL", "HINCRBY",
+                                                       "HEXISTS", "ready", "delayed", "reserved",
+                                                       "buried"}, call
 
 
 def test_the_library_places_every_include_in_its_order() -> None:

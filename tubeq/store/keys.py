@@ -1,10 +1,15 @@
-"""The Redis key schema: the only Python module that builds a key name.
+"""The Redis key schema: the only Python module that builds a key name, and the names of the
+job record's fields (:class:`JobField`).
 
 Every key of a tubeq namespace starts with ``{<prefix>}:``. The braces are a Redis Cluster hash
 tag, so every key of a namespace lives in one slot and every script touches one slot: a reserve
 that picks across several watched tubes needs that (beanstalkd orders by (pri, id) across all of
 them). Scripts build the same names from the namespace root they receive as ``KEYS[1]``; their
 copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_lua.py`` keeps the two equal.
+
+A job is one hash, ``Keys.job(id)``; its fields are documented in ``lua/includes/job_record.lua``
+(name, meaning, encoding, writers), the scripts name them by its ``JOB_*`` constants, and
+:class:`JobField` mirrors them for Python's reads (``tests/test_lua.py`` keeps the two equal).
 
 The schema's version is :data:`LAYOUT_VERSION`, recorded in each namespace (``Keys.layout``).
 
@@ -15,6 +20,7 @@ so a tube name can never break out of its place in a key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 # The version of the data layout this build reads and writes: the key names, what each key
 # holds and what its members mean. It is recorded per namespace (``Keys.layout``, checked at
@@ -37,6 +43,39 @@ LAYOUT_VERSION = 2
 # layout 2 added is new keys, members and fields, so layout-1 data is valid layout-2 data. A
 # future layout that cannot read older data as it is moves this up (and ships a migration).
 UPGRADES_IN_PLACE_FROM = 1
+
+
+class JobField(StrEnum):
+    """A field of a job's hash (``Keys.job``): ``JOB_<NAME>`` in ``lua/includes/job_record.lua``,
+    where each is described."""
+
+    TUBE = "t"
+    STATE = "s"
+    PRI = "p"
+    DELAY = "d"
+    TTR = "r"
+    CREATED = "c"
+    DUE = "u"
+    BODY = "b"
+    CREATED_US = "cu"
+    SCHEDULE = "sn"
+    TICK_DUE = "st"
+    OWNER = "o"
+    RESERVED_AT = "ra"
+    READY_SINCE = "a"
+    RESERVES = "nr"
+    TIMEOUTS = "nt"
+    RELEASES = "nl"
+    BURIES = "nb"
+    KICKS = "nk"
+    MAX_TRIES = "mt"
+    BACKOFF = "bo"
+    BACKOFF_MAX = "bx"
+    ON_EXPIRE = "oe"
+    DEDUPE_KEY = "k"
+    EXPIRES_AT = "x"
+    TRIES = "ny"
+    BURIED_FOR = "why"
 
 
 @dataclass(frozen=True, slots=True)

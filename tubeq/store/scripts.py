@@ -11,6 +11,10 @@ Only the definitions a script uses are kept, with the ones they use in turn: Red
 script's whole text on every call, and each ``local function`` or key name it defines costs
 time per call (the shared includes define ~30: ~2 us of put.lua's ~11 us before this pruning).
 An include is a sequence of top-level ``local`` definitions, each with the comment above it.
+A definition that is a string and nothing else (``local JOB_TUBE = 't'``: the job record's
+field names, ``lua/includes/job_record.lua``) is written in where a script uses it instead: as
+a local, every function of the script that reads it would capture it on every call (measured
+~2-3 us of Redis time per put+reserve+delete cycle by EVALSHA, bench/lua_cost.py).
 
 Where Redis has Functions (7.0+), every script is also one function of a single library,
 :func:`library`, loaded once (``FUNCTION LOAD``) and called by name (``FCALL``): the included
@@ -39,11 +43,16 @@ _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 # Comments and string literals, dropped before looking for the names a piece of Lua uses.
 _NOT_CODE = re.compile(r"--\[\[.*?\]\]|--[^\n]*|'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"",
                        re.DOTALL)
+# A definition whose value is one string literal (a comment may follow it on its line).
+_STRING_CONSTANT = re.compile(r"^local (\w+) = ('[^'\\\n]*')[ \t]*(?:--[^\n]*)?\s*\Z", re.MULTILINE)
+# What a script's code is made of for writing constants in: comments and strings, kept as they
+# are, and names (one after a '.' or ':' is a table's field, never a constant).
+_NAME_OR_NOT_CODE = re.compile(_NOT_CODE.pattern + r"|(?<![.:\w])[A-Za-z_]\w*", re.DOTALL)
 
 
 # The includes in the order the library defines them: each after the ones it uses.
-INCLUDE_ORDER = ("keys", "events", "limits", "jobs", "refs", "waiting", "picking", "handing",
-                 "policies")
+INCLUDE_ORDER = ("job_record", "keys", "events", "limits", "jobs", "refs", "waiting", "picking",
+                 "handing", "policies")
 
 # Commands that only read: a script calling nothing else is a read-only function.
 _READ_COMMANDS = frozenset({
@@ -140,16 +149,32 @@ def _split(text: str) -> tuple[str, str]:
     return text[:first.start()], _INCLUDE.sub("", text[first.end():]).lstrip("\n")
 
 
+def _write_in(constants: dict[str, str], code: str) -> str:
+    """``code`` with each use of a name of ``constants`` replaced by its value."""
+    if not constants:
+        return code
+    return _NAME_OR_NOT_CODE.sub(lambda m: constants.get(m[0], m[0]), code)
+
+
 def expand(text: str) -> str:
     """``text`` with its includes replaced by the definitions it uses (transitively), in the
-    order the includes define them, where its first include line was."""
+    order the includes define them, where its first include line was; the string constants
+    among them written in where they are used (see the module header)."""
     definitions = _include_definitions(text, set())
     needed = _needed(_INCLUDE.sub("", text), {n: d for d in definitions for n in d.names})
-    kept = "".join(d.text for d in definitions if d.names & needed)
     if _INCLUDE.search(text) is None:
         return text
+    constants: dict[str, str] = {}
+    kept = []
+    for d in definitions:
+        if d.names & needed:
+            found = _STRING_CONSTANT.search(d.text)
+            if found is None:
+                kept.append(d.text)
+            else:
+                constants[found[1]] = found[2]
     header, body = _split(text)
-    return header + kept + body
+    return header + _write_in(constants, "".join(kept) + body)
 
 
 def calls_only_reads(source: str) -> bool:

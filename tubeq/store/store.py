@@ -26,7 +26,7 @@ from tubeq.model.options import DEFAULTS, Options, OptionValue
 from tubeq.model.recurring import DueTick, ScheduleInfo
 from tubeq.redisio.client import Decoder, RedisClient, RedisReplyError, Reply, ScriptCall
 from tubeq.redisio.futures import discard
-from tubeq.store.keys import Keys
+from tubeq.store.keys import JobField, Keys
 from tubeq.store.scripts import Library, Script, library, load_all
 
 log = structlog.get_logger(__name__)
@@ -73,7 +73,10 @@ class NoJob:
     """Nothing reservable."""
 
 
-JOB_FIELDS = ("t", "s", "p", "c", "d", "r", "u", "nr", "nt", "nl", "nb", "nk")
+# What job_info reads of a job's hash, in JobInfo's order.
+JOB_INFO_FIELDS = (JobField.TUBE, JobField.STATE, JobField.PRI, JobField.CREATED, JobField.DELAY,
+                   JobField.TTR, JobField.DUE, JobField.RESERVES, JobField.TIMEOUTS,
+                   JobField.RELEASES, JobField.BURIES, JobField.KICKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +394,8 @@ class Store:
         return self._eval("kick_job", job_id, self.clock(), decode=bool)
 
     def peek(self, job_id: int) -> asyncio.Future[bytes | None]:
-        return self.client.call("HGET", self.keys.job(job_id), "b", decode=_bytes_or_none)
+        return self.client.call("HGET", self.keys.job(job_id), JobField.BODY,
+                                decode=_bytes_or_none)
 
     def peek_state(self, state: str, tube: str) -> asyncio.Future[tuple[int, bytes] | None]:
         def decode(r: Any) -> tuple[int, bytes] | None:
@@ -407,7 +411,7 @@ class Store:
             n = [_as_int(v) for v in r[2:]]
             return JobInfo(job_id, tube, state, *n)
 
-        return self.client.call("HMGET", self.keys.job(job_id), *JOB_FIELDS, decode=decode)
+        return self.client.call("HMGET", self.keys.job(job_id), *JOB_INFO_FIELDS, decode=decode)
 
     # -- tubes --------------------------------------------------------------------------------
 

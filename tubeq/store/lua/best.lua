@@ -23,6 +23,6 @@ local _, t = split_entry(entry)
 if rcall('SISMEMBER', k_watch(token), t) == 0 then entry = best_entry(token) end
 if not entry then return {} end
 local id = id_of(split_entry(entry))
-local put = rcall('HMGET', k_job(id), 'cu', 'c')
+local put = rcall('HMGET', k_job(id), JOB_CREATED_US, JOB_CREATED)
 return {tonumber(rcall('ZSCORE', K_READY_TUBES, entry)),
         tonumber(put[1] or (tonumber(put[2]) * 1000)), tonumber(id)}

@@ -20,7 +20,9 @@ if state == 'reserved' then
     local page = rcall('ZRANGE', K_RESERVED, start, start + 99)
     if #page == 0 then break end
     for _, m in ipairs(page) do
-      if #ids < limit and rcall('HGET', k_job(id_of(m)), 't') == t then ids[#ids + 1] = id_of(m) end
+      if #ids < limit and rcall('HGET', k_job(id_of(m)), JOB_TUBE) == t then
+        ids[#ids + 1] = id_of(m)
+      end
     end
     start = start + 100
   end
@@ -30,7 +32,7 @@ else
 end
 local out = {}
 for _, id in ipairs(ids) do
-  local f = rcall('HMGET', k_job(id), 'p', 'c', 'u', 'nr', 'b')
+  local f = rcall('HMGET', k_job(id), JOB_PRI, JOB_CREATED, JOB_DUE, JOB_RESERVES, JOB_BODY)
   out[#out + 1] = tonumber(id)
   out[#out + 1] = tonumber(f[1] or 0)
   out[#out + 1] = tonumber(f[2] or 0)

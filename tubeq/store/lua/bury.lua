@@ -12,13 +12,13 @@ Events   'buried'
 local token, id, pri, now = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
 unlink(id, t, 'reserved', now)
 rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id))
-rcall('HSET', jk, 's', 'buried', 'p', pri)
-rcall('HDEL', jk, 'o', 'u')
-rcall('HINCRBY', jk, 'nb', 1)
+rcall('HSET', jk, JOB_STATE, 'buried', JOB_PRI, pri)
+rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
+rcall('HINCRBY', jk, JOB_BURIES, 1)
 job_event('buried', id, now, 0, 0, '')
 return 1

@@ -16,24 +16,24 @@ seconds (truncated).
 --- @include "jobs"
 local id, delay_ms, now = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'p')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_PRI)
 local state, t = f[1], f[2]
 if state ~= 'delayed' then return 0 end
 local due = now + delay_ms
 local delay_s = math.floor(delay_ms / 1000)
-if delay_s > 0 then rcall('HSET', jk, 'd', delay_s) else rcall('HDEL', jk, 'd') end
+if delay_s > 0 then rcall('HSET', jk, JOB_DELAY, delay_s) else rcall('HDEL', jk, JOB_DELAY) end
 job_event('rescheduled', id, now, delay_ms, due, '')
 if delay_ms == 0 then
   rcall('ZREM', k_delayed(t), member(id))
   arm_delay_timer(t)
-  rcall('HSET', jk, 's', 'ready')
-  rcall('HDEL', jk, 'u')
+  rcall('HSET', jk, JOB_STATE, 'ready')
+  rcall('HDEL', jk, JOB_DUE)
   enqueue_ready(id, t, tonumber(f[3]), now)
   job_event('promoted', id, now, 0, due, '')
   wake(t)
   return -1
 end
-rcall('HSET', jk, 'u', due)
+rcall('HSET', jk, JOB_DUE, due)
 rcall('ZADD', k_delayed(t), due, member(id))
 arm_delay_timer(t)
 return due

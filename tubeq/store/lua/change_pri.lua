@@ -17,10 +17,10 @@ name their own).
 --- @include "jobs"
 local id, pri, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE)
 local state, t = f[1], f[2]
 if not state then return 0 end
-rcall('HSET', jk, 'p', pri)
+rcall('HSET', jk, JOB_PRI, pri)
 if state == 'ready' then
   local m, rk = member(id), k_ready(t)
   local was_best = rcall('ZRANK', rk, m) == 0

@@ -15,7 +15,8 @@ Events   'deleted'
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr', 'ra', 'k', 'x')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
+  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT)
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
 unlink(id, t, state, now)

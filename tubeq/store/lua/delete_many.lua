@@ -16,7 +16,7 @@ if blocked_ahead(token, ARGV[5]) then return DEFERRED end
 
 local function delete_one(id)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 's', 't', 'o', 'p', 'r', 'nr')
+  local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
   unlink(id, t, state, now)

@@ -26,7 +26,7 @@ local ik = k_instance(inst)
 local released, woken = 0, {}
 -- `held`: the connection had the job (it ends a try); else a put handed it and it never knew.
 local function give_back(id, held)
-  local f = rcall('HMGET', k_job(id), 's', 't', 'o')
+  local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE, JOB_OWNER)
   if f[1] == 'reserved' and f[3] == token then
     local fate = 'ready'
     if held then

@@ -21,8 +21,8 @@ local retry_due = false  -- the earliest retry a backoff delayed
 for _, m in ipairs(rcall('ZRANGEBYSCORE', K_RESERVED, '-inf', now, 'LIMIT', 0, limit)) do
   local id = id_of(m)
   local jk = k_job(id)
-  local t = rcall('HGET', jk, 't')
-  rcall('HINCRBY', jk, 'nt', 1)
+  local t = rcall('HGET', jk, JOB_TUBE)
+  rcall('HINCRBY', jk, JOB_TIMEOUTS, 1)
   rcall('HINCRBY', K_STATS, 'job-timeouts', 1)
   local fate = retry(id, t, now, '')  -- policies first (includes/policies.lua)
   if fate ~= 'ready' then

@@ -6,7 +6,8 @@ Returns  {} when the job does not exist, else {reason ('' | 'max-tries' | 'expir
          dedupe key ('' if none)}
 ]]
 --- @include "keys"
-local f = redis.call('HMGET', k_job(ARGV[1]), 't', 'why', 'ny', 'mt', 'x', 'k')
+local f = redis.call('HMGET', k_job(ARGV[1]), JOB_TUBE, JOB_BURIED_FOR, JOB_TRIES, JOB_MAX_TRIES,
+  JOB_EXPIRES_AT, JOB_DEDUPE_KEY)
 if not f[1] then return {} end
 local max_tries = f[4] or redis.call('HGET', k_settings(f[1]), 'max-tries') or 0
 return {f[2] or '', tonumber(f[3] or 0), tonumber(max_tries), tonumber(f[5] or 0), f[6] or ''}

@@ -21,10 +21,10 @@ for _, m in ipairs(members) do
   local id = id_of(m)
   local jk = k_job(id)
   rcall('ZREM', from, m)
-  rcall('HSET', jk, 's', 'ready', 'a', now)
-  rcall('HDEL', jk, 'u')
-  rcall('HINCRBY', jk, 'nk', 1)
-  enqueue_ready(id, t, tonumber(rcall('HGET', jk, 'p')), now)
+  rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
+  rcall('HDEL', jk, JOB_DUE)
+  rcall('HINCRBY', jk, JOB_KICKS, 1)
+  enqueue_ready(id, t, tonumber(rcall('HGET', jk, JOB_PRI)), now)
   job_event('kicked', id, now, 0, 0, '')
 end
 if #members > 0 then

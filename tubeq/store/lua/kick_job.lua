@@ -10,13 +10,13 @@ Wakes    reserves blocked on the tube
 --- @include "jobs"
 local id, now = ARGV[3], tonumber(ARGV[4])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'p')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_PRI)
 local state, t = f[1], f[2]
 if state ~= 'buried' and state ~= 'delayed' then return 0 end
 unlink(id, t, state, now)
-rcall('HSET', jk, 's', 'ready', 'a', now)
-rcall('HDEL', jk, 'u')
-rcall('HINCRBY', jk, 'nk', 1)
+rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
+rcall('HDEL', jk, JOB_DUE)
+rcall('HINCRBY', jk, JOB_KICKS, 1)
 enqueue_ready(id, t, tonumber(f[3]), now)
 job_event('kicked', id, now, 0, 0, '')
 wake(t)

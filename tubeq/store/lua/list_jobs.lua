@@ -45,7 +45,7 @@ if cursor_score ~= '' then start = first_after(cursor_score, member(cursor_id)) 
 local out = {1, '', ''}
 local function add(m, score)
   local id = id_of(m)
-  local pri = state == 'ready' and score or rcall('HGET', k_job(id), 'p')
+  local pri = state == 'ready' and score or rcall('HGET', k_job(id), JOB_PRI)
   local due = (state == 'delayed' or state == 'reserved') and score or 0
   out[#out + 1] = id
   out[#out + 1] = pri
@@ -67,7 +67,7 @@ local page = rcall('ZRANGE', key, start, start + budget - 1, 'WITHSCORES')
 local found = 0
 for i = 1, #page, 2 do
   local m, score = page[i], page[i + 1]
-  if rcall('HGET', k_job(id_of(m)), 't') == t then
+  if rcall('HGET', k_job(id_of(m)), JOB_TUBE) == t then
     add(m, score)
     found = found + 1
     if found == count then

@@ -10,4 +10,4 @@ local key_of = {ready = k_ready, delayed = k_delayed, buried = k_buried}
 local m = rcall('ZRANGE', key_of[ARGV[1]](ARGV[2]), 0, 0)[1]
 if not m then return {} end
 local id = id_of(m)
-return {tonumber(id), rcall('HGET', k_job(id), 'b')}
+return {tonumber(id), rcall('HGET', k_job(id), JOB_BODY)}

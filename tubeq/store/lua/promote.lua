@@ -28,10 +28,10 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     for _, m in ipairs(rcall('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, limit)) do
       local id = id_of(m)
       local jk = k_job(id)
-      local f = rcall('HMGET', jk, 'p', 'u')
+      local f = rcall('HMGET', jk, JOB_PRI, JOB_DUE)
       rcall('ZREM', dk, m)
-      rcall('HSET', jk, 's', 'ready', 'a', now)
-      rcall('HDEL', jk, 'u')
+      rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
+      rcall('HDEL', jk, JOB_DUE)
       enqueue_ready(id, t, tonumber(f[1]), now)
       job_event('promoted', id, now, 0, f[2], '')
       late[#late + 1] = now - tonumber(f[2])

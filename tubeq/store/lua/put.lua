@@ -39,13 +39,12 @@ local meta = ensure_tube(t, now)
 local id, jk = new_job()
 if delay_ms > 0 then
   local due = now + delay_ms
-  rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr, 'c', now, 'u', due, 'b', body)
+  store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due)
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
 else
-  -- no 'd' field: a delay of 0 is the default every reader assumes (a field less per job)
-  rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+  store_job(jk, t, pri, ttr, body, now)
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_ready(id, t, tonumber(pri), now, meta)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')

@@ -30,13 +30,12 @@ local function put_one(pri, delay, ttr, body)
   local id, jk = new_job()
   if tonumber(delay) > 0 then
     local due = now + tonumber(delay) * 1000
-    rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', delay, 'r', ttr, 'c', now, 'u', due, 'b', body)
+    store_job(jk, t, pri, ttr, body, now, delay, due)
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_delayed(id, t, due)
     add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
   else
-    -- no 'd' field: a delay of 0 is the default every reader assumes (as put.lua)
-    rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body)
+    store_job(jk, t, pri, ttr, body, now)
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_ready(id, t, tonumber(pri), now)
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')

@@ -32,7 +32,7 @@ for _, inst in ipairs(dead) do
     end
     rcall('HDEL', K_WAITING, token)
     for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do
-      local f = rcall('HMGET', k_job(id), 's', 't', 'o')
+      local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE, JOB_OWNER)
       if f[1] == 'reserved' and f[3] == token then
         requeue(id, f[2], now, 'reaped')
         woken[f[2]] = true

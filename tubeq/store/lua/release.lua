@@ -14,22 +14,22 @@ Wakes    reserves blocked on the tube when the job is ready
 --- @include "policies"
 local token, id, pri, delay, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 't', 'o')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
-rcall('HINCRBY', jk, 'nl', 1)
-rcall('HSET', jk, 'p', pri)
+rcall('HINCRBY', jk, JOB_RELEASES, 1)
+rcall('HSET', jk, JOB_PRI, pri)
 if end_try(id, t, jk, now, 'release') then return 1 end  -- dead-lettered or expired
 unlink(id, t, 'reserved', now)
-rcall('HDEL', jk, 'o')
+rcall('HDEL', jk, JOB_OWNER)
 if tonumber(delay) > 0 then
   local due = now + tonumber(delay) * 1000
-  rcall('HSET', jk, 's', 'delayed', 'p', pri, 'd', delay, 'u', due)
+  rcall('HSET', jk, JOB_STATE, 'delayed', JOB_PRI, pri, JOB_DELAY, delay, JOB_DUE, due)
   enqueue_delayed(id, t, due)
   job_event('released', id, now, tonumber(delay) * 1000, due, '')
 else
-  rcall('HSET', jk, 's', 'ready', 'p', pri, 'a', now)
-  rcall('HDEL', jk, 'u', 'd')  -- delay 0: the default
+  rcall('HSET', jk, JOB_STATE, 'ready', JOB_PRI, pri, JOB_READY_SINCE, now)
+  rcall('HDEL', jk, JOB_DUE, JOB_DELAY)  -- delay 0: the default
   enqueue_ready(id, t, tonumber(pri), now)
   job_event('released', id, now, 0, 0, '')
   wake(t)

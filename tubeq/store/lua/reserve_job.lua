@@ -10,7 +10,7 @@ Events   'reserved'
 --- @include "events"
 --- @include "jobs"
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
-local f = rcall('HMGET', k_job(id), 's', 't')
+local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE)
 local state, t = f[1], f[2]
 if not state or state == 'reserved' then return {} end
 unlink(id, t, state, now)

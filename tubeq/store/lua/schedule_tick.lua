@@ -34,14 +34,13 @@ local tube_ttl = tube_limits(t)[2]
 local id, jk = new_job()
 if delay_ms > 0 then
   local job_due = now + delay_ms
-  rcall('HSET', jk, 't', t, 's', 'delayed', 'p', pri, 'd', math.floor(delay_ms / 1000), 'r', ttr,
-    'c', now, 'u', job_due, 'b', body, 'sn', name, 'st', ARGV[6])
+  store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), job_due,
+    JOB_SCHEDULE, name, JOB_TICK_DUE, ARGV[6])
   start_policies(id, jk, t, false, now, tube_ttl)
   enqueue_delayed(id, t, job_due)
   add_event('put', id, t, pri, delay_ms, ttr, job_due, 0, now, 'schedule:' .. name)
 else
-  rcall('HSET', jk, 't', t, 's', 'ready', 'p', pri, 'r', ttr, 'c', now, 'b', body, 'sn', name,
-    'st', ARGV[6])
+  store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_SCHEDULE, name, JOB_TICK_DUE, ARGV[6])
   start_policies(id, jk, t, false, now, tube_ttl)
   enqueue_ready(id, t, tonumber(pri), now)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, 'schedule:' .. name)

@@ -12,10 +12,10 @@ Events   'touched'
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, 's', 'o', 'r')
+local f = rcall('HMGET', jk, JOB_STATE, JOB_OWNER, JOB_TTR)
 if f[1] ~= 'reserved' or f[2] ~= token then return 0 end
 local due = now + tonumber(f[3]) * 1000
-rcall('HSET', jk, 'u', due)
+rcall('HSET', jk, JOB_DUE, due)
 rcall('ZADD', K_RESERVED, due, member(id))
 job_event('touched', id, now, 0, 0, '')
 return due

@@ -31,7 +31,7 @@ local oldest = -1
 local head = rcall('ZRANGE', rk, 0, 0, 'WITHSCORES')
 for _ = 1, tonumber(ARGV[#ARGV]) do
   if not head[1] then break end
-  local created = tonumber(rcall('HGET', k_job(id_of(head[1])), 'c'))
+  local created = tonumber(rcall('HGET', k_job(id_of(head[1])), JOB_CREATED))
   if created and (oldest < 0 or created < oldest) then oldest = created end
   head = rcall('ZRANGE', rk, '(' .. head[2], '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 end

@@ -23,6 +23,6 @@ end
 -- (read only when events are on): for the transitions off the hot path.
 local function job_event(event, id, now, delay_ms, due_ms, reason)
   if EVENTS_MAXLEN == 0 then return end
-  local f = redis.call('HMGET', k_job(id), 't', 'p', 'r', 'nr')
+  local f = redis.call('HMGET', k_job(id), JOB_TUBE, JOB_PRI, JOB_TTR, JOB_RESERVES)
   add_event(event, id, f[1], f[2], delay_ms, f[3], due_ms, f[4], now, reason)
 end

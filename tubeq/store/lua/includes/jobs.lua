@@ -160,10 +160,12 @@ end
 -- the caller knows it (index_tube's answer); nil looks it up.
 local function grant(id, t, token, now, from_ready, limited)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, 'r', 'b', 'p', 'a', 'c', 'nr')
+  local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
+    JOB_RESERVES)
   local due = now + tonumber(f[1]) * 1000
   local tries = tonumber(f[6] or 0) + 1
-  rcall('HSET', jk, 's', 'reserved', 'o', token, 'u', due, 'ra', now, 'nr', tries)
+  rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT, now,
+    JOB_RESERVES, tries)
   rcall('ZADD', K_RESERVED, due, member(id))
   rcall('HINCRBY', k_tube(t), 'nres', 1)
   if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
@@ -181,9 +183,9 @@ end
 local function requeue(id, t, now, reason)
   local jk = k_job(id)
   unlink(id, t, 'reserved', now)
-  rcall('HSET', jk, 's', 'ready', 'a', now)
-  rcall('HDEL', jk, 'o', 'u')
-  local f = rcall('HMGET', jk, 'p', 'r', 'nr')
+  rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
+  rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
+  local f = rcall('HMGET', jk, JOB_PRI, JOB_TTR, JOB_RESERVES)
   enqueue_ready(id, t, tonumber(f[1]), now)
   add_event('timed-out', id, t, f[1], 0, f[2], 0, f[3], now, reason)
 end

@@ -1,3 +1,5 @@
+--- @include "job_record"
+
 -- Key schema: the Lua mirror of tubeq/store/keys.py (tests/test_lua.py keeps the two equal).
 -- KEYS[1] is the namespace root "{prefix}:"; every key below starts with it, so a script
 -- touches one Redis Cluster slot whatever tubes it works on.
@@ -29,7 +31,7 @@ local function new_job()
       local id = seq * tonumber(shards) + tonumber(shard)
       local jk = k_job(id)
       local clock = redis.call('TIME')
-      redis.call('HSET', jk, 'cu', clock[1] * 1000000 + clock[2])
+      redis.call('HSET', jk, JOB_CREATED_US, clock[1] * 1000000 + clock[2])
       return id, jk
     end
   end

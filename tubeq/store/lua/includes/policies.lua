@@ -4,10 +4,8 @@
 -- backoff-ms, backoff-max-ms and on-expire are read from the tube when the check runs (a
 -- tube-set applies at once to the jobs already in the tube); ttl-ms is read at put time (the
 -- expiry instant is fixed then: it is what the TTL sweep is scheduled by).
--- Job hash fields: 'mt', 'bo', 'bx', 'oe' the job's own max-tries, backoff-ms, backoff-max-ms,
--- on-expire (only when the put gave them); 'x' when it expires (ms, while that is pending);
--- 'k' its dedupe key; 'ny' tries: reservations that ended in a TTR timeout, a release or a
--- disconnect; 'why' why tubeq last buried it ('max-tries' | 'expired').
+-- The job's own policies and its policy state are fields of the job record (the put-with group
+-- of includes/job_record.lua: JOB_MAX_TRIES ... JOB_BURIED_FOR).
 -- Tube hash counters (they go with the tube, as beanstalkd's do): 'nexp' expired, 'ndl'
 -- dead-lettered (max-tries), 'ndd' duplicate puts refused.
 
@@ -15,7 +13,8 @@
 local MAX_DELAY_MS = 4294967295000
 
 -- put-with's option names -> the job hash fields that keep them.
-local JOB_POLICY_FIELDS = {['max-tries'] = 'mt', ['backoff-ms'] = 'bo', ['backoff-max-ms'] = 'bx', ['on-expire'] = 'oe', key = 'k'}
+local JOB_POLICY_FIELDS = {['max-tries'] = JOB_MAX_TRIES, ['backoff-ms'] = JOB_BACKOFF,
+  ['backoff-max-ms'] = JOB_BACKOFF_MAX, ['on-expire'] = JOB_ON_EXPIRE, key = JOB_DEDUPE_KEY}
 
 -- A deterministic fraction in [0, 1) from a job id and a try number: the backoff's jitter.
 -- tubeq.model.policies.jitter computes the same, so a test knows the schedule. (Redis gives a script
@@ -47,7 +46,8 @@ end
 
 -- The job's expiry (0: none) and its policies: its own, else its tube's, else the defaults.
 local function policies_of(jk, t)
-  local f = rcall('HMGET', jk, 'x', 'mt', 'bo', 'bx', 'oe')
+  local f = rcall('HMGET', jk, JOB_EXPIRES_AT, JOB_MAX_TRIES, JOB_BACKOFF, JOB_BACKOFF_MAX,
+    JOB_ON_EXPIRE)
   if not (f[2] and f[3] and f[4] and f[5]) then
     local s = rcall('HMGET', k_settings(t), 'max-tries', 'backoff-ms', 'backoff-max-ms', 'on-expire')
     for i = 2, 5 do f[i] = f[i] or s[i - 1] end
@@ -80,7 +80,7 @@ local function start_policies(id, jk, t, opts, now, tube_ttl)
   ttl = tonumber(ttl or tube_ttl or 0)
   if ttl > 0 then
     local x = now + ttl
-    rcall('HSET', jk, 'x', x)
+    rcall('HSET', jk, JOB_EXPIRES_AT, x)
     rcall('ZADD', K_TTL, x, member(id))
     rcall('ZADD', K_TIMERS, 'LT', x, 'x:')
   end
@@ -105,7 +105,7 @@ end
 local function duplicate_of(key, now)
   local id = rcall('HGET', K_DEDUPE, key)
   if not id then return false end
-  local t = rcall('HGET', k_job(id), 't')
+  local t = rcall('HGET', k_job(id), JOB_TUBE)
   if not t then  -- not reachable (a key goes with its job); never let a stale key refuse puts
     rcall('HDEL', K_DEDUPE, key)
     return false
@@ -118,7 +118,7 @@ end
 -- A job is going away for good: its dedupe key is free again and its TTL entry goes. `known`:
 -- its fields {'k', 'x'} when the caller has read them.
 local function forget_job(id, jk, known)
-  local f = known or rcall('HMGET', jk, 'k', 'x')
+  local f = known or rcall('HMGET', jk, JOB_DEDUPE_KEY, JOB_EXPIRES_AT)
   if f[1] and rcall('HGET', K_DEDUPE, f[1]) == tostring(id) then
     rcall('HDEL', K_DEDUPE, f[1])
   end
@@ -129,9 +129,9 @@ end
 -- in the tube's `counter`. Writes 'buried' with the reason.
 local function bury_for(id, t, jk, now, reason, counter)
   rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id))
-  rcall('HSET', jk, 's', 'buried', 'why', reason)
-  rcall('HDEL', jk, 'o', 'u')
-  rcall('HINCRBY', jk, 'nb', 1)
+  rcall('HSET', jk, JOB_STATE, 'buried', JOB_BURIED_FOR, reason)
+  rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
+  rcall('HINCRBY', jk, JOB_BURIES, 1)
   rcall('HINCRBY', k_tube(t), counter, 1)
   job_event('buried', id, now, 0, 0, reason)
 end
@@ -141,7 +141,7 @@ end
 local function expire_job(id, t, jk, state, now, on_expire)
   rcall('ZREM', K_TTL, member(id))
   if state == 'buried' and on_expire ~= 'delete' then
-    rcall('HDEL', jk, 'x')
+    rcall('HDEL', jk, JOB_EXPIRES_AT)
     return
   end
   unlink(id, t, state, now)
@@ -152,7 +152,7 @@ local function expire_job(id, t, jk, state, now, on_expire)
     rcall('HINCRBY', k_tube(t), 'nexp', 1)
     gc_tube(t)
   else
-    rcall('HDEL', jk, 'x')
+    rcall('HDEL', jk, JOB_EXPIRES_AT)
     bury_for(id, t, jk, now, 'expired', 'nexp')
   end
 end
@@ -163,7 +163,7 @@ end
 -- a policy took the job (its events written, it is no longer reserved), else false and the
 -- backoff delay (ms, 0 for none): the caller puts the job back as usual.
 local function end_try(id, t, jk, now, how)
-  local tries = rcall('HINCRBY', jk, 'ny', 1)
+  local tries = rcall('HINCRBY', jk, JOB_TRIES, 1)
   local x, max_tries, backoff, backoff_max, on_expire = policies_of(jk, t)
   if x > 0 and x <= now then
     expire_job(id, t, jk, 'reserved', now, on_expire)
@@ -193,10 +193,10 @@ local function retry(id, t, now, reason)
   end
   unlink(id, t, 'reserved', now)
   local due = now + delay_ms
-  rcall('HSET', jk, 's', 'delayed', 'u', due)
-  rcall('HDEL', jk, 'o')
+  rcall('HSET', jk, JOB_STATE, 'delayed', JOB_DUE, due)
+  rcall('HDEL', jk, JOB_OWNER)
   enqueue_delayed(id, t, due)
-  local f = rcall('HMGET', jk, 'p', 'r', 'nr')
+  local f = rcall('HMGET', jk, JOB_PRI, JOB_TTR, JOB_RESERVES)
   add_event('timed-out', id, t, f[1], delay_ms, f[2], due, f[3], now, reason)
   return due
 end
@@ -208,7 +208,7 @@ local function sweep_ttl(now, limit)
   for _, m in ipairs(rcall('ZRANGEBYSCORE', K_TTL, '-inf', now, 'LIMIT', 0, limit)) do
     local id = id_of(m)
     local jk = k_job(id)
-    local f = rcall('HMGET', jk, 's', 't')
+    local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE)
     if f[1] == 'reserved' or not f[1] then
       rcall('ZREM', K_TTL, m)
     else

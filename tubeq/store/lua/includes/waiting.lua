@@ -50,7 +50,8 @@ local function claim_handed(token, limit)
   while limit == nil or #out < 5 * limit do
     local id = rcall('LPOP', hk)
     if not id then break end
-    local f = rcall('HMGET', k_job(id), 's', 'o', 'r', 'b', 'ra', 'a', 'c', 't')
+    local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_OWNER, JOB_TTR, JOB_BODY, JOB_RESERVED_AT,
+      JOB_READY_SINCE, JOB_CREATED, JOB_TUBE)
     if f[1] == 'reserved' and f[2] == token then
       out[#out + 1] = tonumber(id)
       out[#out + 1] = tonumber(f[3])
