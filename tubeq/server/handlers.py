@@ -552,6 +552,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.ListTubeUsed: _list_tube_used,
     c.ListTubesWatched: _list_tubes_watched,
     c.PauseTube: _pause_tube,
+    c.Quit: _quit,
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
@@ -574,7 +575,6 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.PutWith: _extension(_put_with),
     c.PeekKey: _extension(_peek_key),
     c.Auth: _extension(_auth),
-    c.Quit: _quit,
 }
 
 

@@ -294,6 +294,8 @@ class ShardedStore:
     def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
         return self.of_id(job_id).job_info(job_id)
 
+    # -- tubes --------------------------------------------------------------------------------
+
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
         return self.of_tube(tube).tube_counts(tube)
 
@@ -422,6 +424,13 @@ class ShardedStore:
                                             mode="h" if k == first else "o") for k in shards]
         return then(self._gather(calls), lambda parts: [job for part in parts for job in part])
 
+    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
+        def first(parts: list[tuple[int, int, int] | None]) -> tuple[int, int, int] | None:
+            return min((p for p in parts if p is not None), default=None)
+
+        return then(self._gather([self.shards[k].best(token) for k in self._watching(token)]),
+                    first)
+
     def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
         return self.home.describe_instance(fields)
 
@@ -534,7 +543,7 @@ class ShardedStore:
     def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
         return self.of_tube(tube).tube_figures(tube)
 
-    # -- batches, policies, dedupe ------------------------------------------------------------
+    # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str,
                  jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
@@ -557,6 +566,8 @@ class ShardedStore:
         return then(self._gather([self.shards[k].delete_many(token, by_shard[k])
                                   for k in shards]), merge)
 
+    # -- job policies and deduplicated put ----------------------------------------------------
+
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]:
         return self.of_tube(tube).put_with(tube, pri, delay, ttr, body, opts)
@@ -574,13 +585,6 @@ class ShardedStore:
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).tube_policy_counts(tube)
-
-    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
-        def first(parts: list[tuple[int, int, int] | None]) -> tuple[int, int, int] | None:
-            return min((p for p in parts if p is not None), default=None)
-
-        return then(self._gather([self.shards[k].best(token) for k in self._watching(token)]),
-                    first)
 
 
 # TubeCounts fields summed into the "" row, in order, without pause_until_ms.
