@@ -1,8 +1,9 @@
 """The job store as the layers above hold it: :class:`JobStore`, a typing Protocol.
 
-Owns: the list of what a store offers the server and the HTTP API (every public member of
-:class:`tubeq.store.store.Store`), in the store's feature order: jobs, tubes, connections,
-time, recurring jobs, admin verbs, batches, job policies.
+Owns: the list of what a store offers the server and the HTTP API: every public method of
+:class:`tubeq.store.store.Store` and the attributes the server reads, in the store's feature
+order (jobs, tubes, connections, time, recurring jobs, admin verbs, batches, job policies).
+What belongs to one Redis root only (its client, its script loading state) is not listed.
 
 Rules:
 

@@ -2,9 +2,9 @@
 nodes of a Redis Cluster), one :class:`~tubeq.store.store.Store` per shard behind the one
 :class:`~tubeq.store.base.JobStore` interface.
 
-Owns: the layout (which shard holds a tube, which holds a job), the routing of every Store call
-to the shard it concerns, the merging of the shards' answers for the namespace-wide ones (stats,
-list-tubes, the job count), and a reserve over tubes of several shards.
+Owns: the layout (which shard holds a tube, which holds a job), the routing of every JobStore
+call to the shard it concerns, the merging of the shards' answers for the namespace-wide ones
+(stats, list-tubes, the job count), and a reserve over tubes of several shards.
 
 Rules:
 
@@ -112,8 +112,8 @@ async def claim_layout(client: RedisClient, prefix: str, shards: int) -> None:
 class ShardedStore:
     """A :class:`JobStore` over ``shards`` Stores (see the module header), by composition:
     each method routes to the shard of its tube or job id, or gathers every shard's answer.
-    It inherits nothing, so a JobStore member it does not route is a mypy error wherever it
-    is held as a JobStore (tubeq.server.process)."""
+    It inherits nothing, so a JobStore member it does not route is a mypy error (checked at
+    the end of this module, and wherever the server holds it as a JobStore)."""
 
     # A reserve's shard and a pipelined delete's job may differ: commands wait behind reserves.
     defers_behind_reserves = False
