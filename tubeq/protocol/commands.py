@@ -216,18 +216,18 @@ class ListTubesWatched(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Quit(Command):
+    """Any line starting with ``quit``: no reply, the connection closes."""
+
+    word: ClassVar[bytes | None] = b"quit"
+
+
+@dataclass(frozen=True, slots=True)
 class PauseTube(Command):
     word: ClassVar[bytes | None] = b"pause-tube"
     stat: ClassVar[str | None] = "pause-tube"
     tube: str
     delay: int
-
-
-@dataclass(frozen=True, slots=True)
-class Quit(Command):
-    """Any line starting with ``quit``: no reply, the connection closes."""
-
-    word: ClassVar[bytes | None] = b"quit"
 
 
 # -- tubeq's extensions (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND ---
@@ -430,12 +430,12 @@ class Auth(Command):
 # -- the one list ------------------------------------------------------------------------------
 
 # beanstalkd's commands: a put and what a put line may end in instead (its body too big, or not
-# ended by CRLF), a refused line, then the words in doc/protocol.txt's order.
+# ended by CRLF), a refused line, then the others in the order doc/protocol.txt describes them.
 BEANSTALKD_COMMANDS: Final[tuple[type[Command], ...]] = (
     Put, PutExpectedCrlf, PutTooBig, Rejected, Use, Reserve, ReserveWithTimeout, ReserveJob,
     Delete, Release, Bury, Touch, Watch, Ignore, Peek, PeekReady, PeekDelayed, PeekBuried, Kick,
-    KickJob, StatsJob, StatsTube, Stats, ListTubes, ListTubeUsed, ListTubesWatched, PauseTube,
-    Quit,
+    KickJob, StatsJob, StatsTube, Stats, ListTubes, ListTubeUsed, ListTubesWatched, Quit,
+    PauseTube,
 )
 # tubeq's own, by feature: push, extensions, tube settings; recurring jobs; admin verbs;
 # batches; job policies and deduplicated put; namespaces.

@@ -423,8 +423,8 @@ _BEANSTALKD_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     ListTubes: _no_args(ListTubes),
     ListTubeUsed: _no_args(ListTubeUsed),
     ListTubesWatched: _no_args(ListTubesWatched),
-    PauseTube: _pause_tube,
     Quit: _quit,
+    PauseTube: _pause_tube,
 }
 
 
