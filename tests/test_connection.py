@@ -17,6 +17,7 @@ import pytest
 from tubeq.protocol import commands as c
 from tubeq.server.connection import Connection
 from tubeq.server.context import ServerContext
+from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.process import Config, Server
 from tubeq.server.stats import COMMAND_COUNTERS
 from tubeq.store.store import Reservation
@@ -490,3 +491,10 @@ async def test_a_pooled_job_whose_ttr_ran_out_is_not_answered(
     worker.conn._pool.append(stale)
     worker.send(b"reserve-with-timeout 0\r\n")
     await worker.expect(b"TIMED_OUT\r\n")
+
+
+def test_the_server_handles_exactly_the_command_list_in_its_order() -> None:
+    """HANDLERS (tubeq.server.handlers) has one handler per parseable command, in the order of
+    the one list, so a command added to the list and not to the server fails here."""
+    assert list(HANDLERS) == list(c.COMMANDS)
+    assert set(GATE_HANDLERS) == set(c.COMMANDS)

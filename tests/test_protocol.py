@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from tubeq.protocol import commands, replies
 from tubeq.protocol import parser as protocol
-from tubeq.protocol import replies
 from tubeq.protocol.commands import (
     Bury,
     Command,
@@ -691,3 +691,86 @@ def test_an_extension_line_past_its_limit_is_one_bad_format() -> None:
 def test_a_beanstalkd_line_keeps_line_max() -> None:
     """Only extension words get the long limit: a put line past 224 bytes is BAD_FORMAT."""
     check(line(b"put " + b"0" * LINE_MAX + b" 0 1 1") + line(b"x"), [BAD, UNKNOWN])
+
+
+# -- the one command list ------------------------------------------------------------------------
+
+# Bytes that parse into each command of tubeq.protocol.commands.COMMANDS (with a max job size
+# of 1 byte, so a too-big put is short).
+ONE_OF_EACH: dict[type[Command], bytes] = {
+    commands.Put: line(b"put 0 0 1 1") + line(b"x"),
+    commands.PutExpectedCrlf: line(b"put 0 0 1 1") + b"xyz",
+    commands.PutTooBig: line(b"put 0 0 1 2") + line(b"xy"),
+    commands.Rejected: line(b"nonsense"),
+    commands.Use: line(b"use t"),
+    commands.Reserve: line(b"reserve"),
+    commands.ReserveWithTimeout: line(b"reserve-with-timeout 0"),
+    commands.ReserveJob: line(b"reserve-job 1"),
+    commands.Delete: line(b"delete 1"),
+    commands.Release: line(b"release 1 0 0"),
+    commands.Bury: line(b"bury 1 0"),
+    commands.Touch: line(b"touch 1"),
+    commands.Watch: line(b"watch t"),
+    commands.Ignore: line(b"ignore t"),
+    commands.Peek: line(b"peek 1"),
+    commands.PeekReady: line(b"peek-ready"),
+    commands.PeekDelayed: line(b"peek-delayed"),
+    commands.PeekBuried: line(b"peek-buried"),
+    commands.Kick: line(b"kick 1"),
+    commands.KickJob: line(b"kick-job 1"),
+    commands.StatsJob: line(b"stats-job 1"),
+    commands.StatsTube: line(b"stats-tube t"),
+    commands.Stats: line(b"stats"),
+    commands.ListTubes: line(b"list-tubes"),
+    commands.ListTubeUsed: line(b"list-tube-used"),
+    commands.ListTubesWatched: line(b"list-tubes-watched"),
+    commands.Quit: line(b"quit"),
+    commands.PauseTube: line(b"pause-tube t 1"),
+    commands.Push: line(b"push 1"),
+    commands.Extensions: line(b"extensions"),
+    commands.TubeSet: line(b"tube-set t rate=5"),
+    commands.ScheduleAdd: line(b"schedule-add t s 1 every-ms=60000") + line(b"x"),
+    commands.ScheduleList: line(b"schedule-list t"),
+    commands.ScheduleRemove: line(b"schedule-remove t s"),
+    commands.ClearTube: line(b"clear-tube t all"),
+    commands.ListJobs: line(b"list-jobs t ready 0 10"),
+    commands.ChangePri: line(b"change-pri 1 0"),
+    commands.ChangeDelay: line(b"change-delay 1 10"),
+    commands.TubePause: line(b"tube-pause t"),
+    commands.TubeResume: line(b"tube-resume t"),
+    commands.PutMany: line(b"put-many 1") + line(b"0 0 1 1") + line(b"x"),
+    commands.ReserveMany: line(b"reserve-many 2 0"),
+    commands.DeleteMany: line(b"delete-many 1 2"),
+    commands.PutWith: line(b"put-with 0 0 1 1 key=k") + line(b"x"),
+    commands.PeekKey: line(b"peek-key k"),
+    commands.Auth: line(b"auth token"),
+}
+
+
+def test_the_command_list_is_every_command_the_parser_makes() -> None:
+    """COMMANDS lists each command class once, each parses from bytes, and its classes are
+    every command tubeq.protocol.commands defines, in the order they are defined."""
+    assert list(ONE_OF_EACH) == list(commands.COMMANDS)
+    for kind, data in ONE_OF_EACH.items():
+        parser = Parser(1)
+        parser.feed(data)
+        assert [type(command) for command in drain(parser)] == [kind], data
+    defined = [value for value in vars(commands).values()
+               if isinstance(value, type) and issubclass(value, Command) and value is not Command]
+    assert defined == list(commands.COMMANDS)
+
+
+def test_the_word_tables_follow_the_command_list() -> None:
+    """The parser's word tables hold each command's word, in the list's order: beanstalkd's
+    words, then tubeq's extensions by feature."""
+    def words(kinds: Sequence[type[Command]]) -> list[bytes]:
+        return [kind.word for kind in kinds if kind.word is not None]
+
+    assert list(protocol.COMMAND_WORDS) == words(commands.BEANSTALKD_COMMANDS)
+    assert list(protocol.EXTENSION_WORDS) == words(commands.EXTENSION_COMMANDS)
+    names = sorted(word.decode().strip() for word in words(commands.EXTENSION_COMMANDS))
+    assert tuple(names) == protocol.EXTENSION_NAMES
+    for kind in commands.COMMANDS:  # a line of just the word goes to that word's parser
+        if kind.word is not None:
+            found = protocol._COMMAND_WORD.match(kind.word)
+            assert found is not None and found[0] == kind.word

@@ -11,7 +11,6 @@ runs against a split namespace too (the last test: a nested pytest run).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from tests.servers import (
 from tests.test_startup_checks import assert_one_clear_line
 from tubeq.client import Client, NotFound, TimedOut
 from tubeq.redisio.client import RedisClient
+from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
 from tubeq.store.store import Store
@@ -67,14 +67,42 @@ async def admin(split_server: ServerProcess) -> AsyncIterator[Client]:
         yield client
 
 
-def test_every_store_call_is_routed() -> None:
-    """No public Store method falls through to the base class, whose keys are the unsplit
-    namespace's (where a split namespace keeps nothing)."""
-    public = {name for name, member in inspect.getmembers(Store)
-              if not name.startswith("_") and callable(member)}
-    clock_only = {"exact_ms"}  # reads the clock, touches no key
-    missing = {name for name in public - clock_only if name not in ShardedStore.__dict__}
+def _public(cls: type) -> set[str]:
+    """The public members ``cls`` defines or inherits (methods, properties, class attributes)."""
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def _declared(protocol: type) -> set[str]:
+    """What a Protocol lists: its methods and properties, and its annotated attributes."""
+    return {name for name in (*vars(protocol), *protocol.__annotations__)
+            if not name.startswith("_")}
+
+
+# The split store's own members, which no other layer reaches through a JobStore: routing by
+# tube and by id, and the swap of a shard's client when a cluster slot moves (Server).
+SPLIT_ONLY = {"count", "home", "shards", "of_tube", "of_id", "rebind"}
+# Store's own members: one Redis root's client, keys and script loading, which a split store
+# holds per shard.
+ROOT_ONLY = {"client", "events_maxlen", "holds_default", "wants_functions", "calls_functions"}
+
+
+async def test_every_store_call_is_routed() -> None:
+    """JobStore lists every public Store member, and ShardedStore defines each one itself (it
+    inherits nothing: composition, so mypy rejects a member it lacks wherever it is held as a
+    JobStore), none falling through to keys of the unsplit namespace, where a split namespace
+    keeps nothing. And the split store has no public member the interface does not declare,
+    beyond its routing."""
+    declared = _declared(JobStore)
+    assert ShardedStore.__mro__ == (ShardedStore, object)
+    store_members = _public(Store) | {"keys", "instance_id", "clock", "metrics"}
+    assert store_members - ROOT_ONLY == declared
+    own = set(vars(ShardedStore)) | {"keys", "instance_id", "clock"}  # set by its __init__
+    missing = declared - own
     assert not missing, f"ShardedStore does not route: {sorted(missing)}"
+    store = ShardedStore(RedisClient("redis://127.0.0.1:1"), "tq-routing", "inst", SHARDS)
+    assert {"keys", "instance_id", "clock"} <= set(vars(store))  # never connected: no I/O here
+    members = {name for name in (*dir(ShardedStore), *vars(store)) if not name.startswith("_")}
+    assert members == declared | SPLIT_ONLY
 
 
 def test_layout() -> None:

@@ -1,20 +1,29 @@
 """The commands a client can send, as frozen dataclasses: the parser's output, the server's input.
 
-Each class carries ``stat``: the name of the beanstalkd ``cmd-*`` counter the command increments
-(``None`` for commands beanstalkd does not count: reserve-job, kick-job, quit). A command is counted
-once it has parsed, whatever its outcome (NOT_FOUND, TIMED_OUT ... included).
+Owns: the command vocabulary. Each class carries ``word``, the command word a line starts with
+(with its space when arguments must follow; ``None`` for what a line or a put's body turns into
+without a word of its own: a refusal, a put's bad ending), and ``stat``, the name of the
+beanstalkd ``cmd-*`` counter the command increments (``None`` for commands beanstalkd does not
+count: reserve-job, kick-job, quit). A command is counted once it has parsed, whatever its outcome
+(NOT_FOUND, TIMED_OUT ... included).
+
+Rules: :data:`COMMANDS` is the one list of commands, in the one order every registry of them
+follows: beanstalkd's (doc/protocol.txt's order), then tubeq's extensions by feature. The
+parser's word tables are built from it (tubeq.protocol.parser) and tests check that the
+server's handler table follows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from tubeq.model.options import Options
 
 
 @dataclass(frozen=True, slots=True)
 class Command:
+    word: ClassVar[bytes | None] = None
     stat: ClassVar[str | None] = None
 
 
@@ -22,6 +31,7 @@ class Command:
 class Put(Command):
     """A complete put (body and CRLF arrived); ``ttr`` as sent: the server raises 0 to 1."""
 
+    word: ClassVar[bytes | None] = b"put "
     stat: ClassVar[str | None] = "put"
     pri: int
     delay: int
@@ -58,12 +68,14 @@ class Rejected(Command):
 
 @dataclass(frozen=True, slots=True)
 class Use(Command):
+    word: ClassVar[bytes | None] = b"use "
     stat: ClassVar[str | None] = "use"
     tube: str
 
 
 @dataclass(frozen=True, slots=True)
 class Reserve(Command):
+    word: ClassVar[bytes | None] = b"reserve"
     stat: ClassVar[str | None] = "reserve"
 
 
@@ -71,23 +83,27 @@ class Reserve(Command):
 class ReserveWithTimeout(Command):
     """``seconds`` < 0 waits forever (beanstalkd 1.12's strtol-and-truncate semantics)."""
 
+    word: ClassVar[bytes | None] = b"reserve-with-timeout "
     stat: ClassVar[str | None] = "reserve-with-timeout"
     seconds: int
 
 
 @dataclass(frozen=True, slots=True)
 class ReserveJob(Command):
+    word: ClassVar[bytes | None] = b"reserve-job "
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Delete(Command):
+    word: ClassVar[bytes | None] = b"delete "
     stat: ClassVar[str | None] = "delete"
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Release(Command):
+    word: ClassVar[bytes | None] = b"release "
     stat: ClassVar[str | None] = "release"
     id: int
     pri: int
@@ -96,6 +112,7 @@ class Release(Command):
 
 @dataclass(frozen=True, slots=True)
 class Bury(Command):
+    word: ClassVar[bytes | None] = b"bury "
     stat: ClassVar[str | None] = "bury"
     id: int
     pri: int
@@ -103,97 +120,124 @@ class Bury(Command):
 
 @dataclass(frozen=True, slots=True)
 class Touch(Command):
+    word: ClassVar[bytes | None] = b"touch "
     stat: ClassVar[str | None] = "touch"
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Watch(Command):
+    word: ClassVar[bytes | None] = b"watch "
     stat: ClassVar[str | None] = "watch"
     tube: str
 
 
 @dataclass(frozen=True, slots=True)
 class Ignore(Command):
+    word: ClassVar[bytes | None] = b"ignore "
     stat: ClassVar[str | None] = "ignore"
     tube: str
 
 
 @dataclass(frozen=True, slots=True)
 class Peek(Command):
+    word: ClassVar[bytes | None] = b"peek "
     stat: ClassVar[str | None] = "peek"
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class PeekReady(Command):
+    word: ClassVar[bytes | None] = b"peek-ready"
     stat: ClassVar[str | None] = "peek-ready"
 
 
 @dataclass(frozen=True, slots=True)
 class PeekDelayed(Command):
+    word: ClassVar[bytes | None] = b"peek-delayed"
     stat: ClassVar[str | None] = "peek-delayed"
 
 
 @dataclass(frozen=True, slots=True)
 class PeekBuried(Command):
+    word: ClassVar[bytes | None] = b"peek-buried"
     stat: ClassVar[str | None] = "peek-buried"
 
 
 @dataclass(frozen=True, slots=True)
 class Kick(Command):
+    word: ClassVar[bytes | None] = b"kick "
     stat: ClassVar[str | None] = "kick"
     bound: int
 
 
 @dataclass(frozen=True, slots=True)
 class KickJob(Command):
+    word: ClassVar[bytes | None] = b"kick-job "
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class StatsJob(Command):
+    word: ClassVar[bytes | None] = b"stats-job "
     stat: ClassVar[str | None] = "stats-job"
     id: int
 
 
 @dataclass(frozen=True, slots=True)
 class StatsTube(Command):
+    word: ClassVar[bytes | None] = b"stats-tube "
     stat: ClassVar[str | None] = "stats-tube"
     tube: str
 
 
 @dataclass(frozen=True, slots=True)
 class Stats(Command):
+    word: ClassVar[bytes | None] = b"stats"
     stat: ClassVar[str | None] = "stats"
 
 
 @dataclass(frozen=True, slots=True)
 class ListTubes(Command):
+    word: ClassVar[bytes | None] = b"list-tubes"
     stat: ClassVar[str | None] = "list-tubes"
 
 
 @dataclass(frozen=True, slots=True)
 class ListTubeUsed(Command):
+    word: ClassVar[bytes | None] = b"list-tube-used"
     stat: ClassVar[str | None] = "list-tube-used"
 
 
 @dataclass(frozen=True, slots=True)
 class ListTubesWatched(Command):
+    word: ClassVar[bytes | None] = b"list-tubes-watched"
     stat: ClassVar[str | None] = "list-tubes-watched"
 
 
 @dataclass(frozen=True, slots=True)
+class Quit(Command):
+    """Any line starting with ``quit``: no reply, the connection closes."""
+
+    word: ClassVar[bytes | None] = b"quit"
+
+
+@dataclass(frozen=True, slots=True)
 class PauseTube(Command):
+    word: ClassVar[bytes | None] = b"pause-tube"
     stat: ClassVar[str | None] = "pause-tube"
     tube: str
     delay: int
+
+
+# -- tubeq's extensions (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND ---
 
 
 @dataclass(frozen=True, slots=True)
 class Push(Command):
     """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding."""
 
+    word: ClassVar[bytes | None] = b"push "
     credits: int
 
 
@@ -201,94 +245,19 @@ class Push(Command):
 class Extensions(Command):
     """tubeq's ``extensions``: list the extension words; the connection then sees extra keys."""
 
+    word: ClassVar[bytes | None] = b"extensions"
+
 
 @dataclass(frozen=True, slots=True)
 class TubeSet(Command):
     """tubeq's ``tube-set``: change a tube's settings (tubeq.model.options.TUBE_SETTINGS)."""
 
+    word: ClassVar[bytes | None] = b"tube-set "
     tube: str
     settings: Options
 
 
-# -- job policies and deduplicated put ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PutWith(Command):
-    """tubeq's ``put-with``: a put with options (tubeq.model.options.PUT_OPTIONS), as parsed."""
-
-    pri: int
-    delay: int
-    ttr: int
-    body: bytes
-    options: Options
-
-
-@dataclass(frozen=True, slots=True)
-class PeekKey(Command):
-    """tubeq's ``peek-key``: the living job put with a dedupe key."""
-
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class Auth(Command):
-    """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.server.access)."""
-
-    token: str
-# -- admin verbs -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClearTube(Command):
-    """tubeq's ``clear-tube``: delete a tube's jobs in ``states`` (never reserved ones)."""
-
-    tube: str
-    states: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ListJobs(Command):
-    """tubeq's ``list-jobs``: a page of up to ``count`` jobs of one state after ``cursor``
-    (``None``: from the start; else the (score, id) of the last job seen)."""
-
-    tube: str
-    state: str
-    cursor: tuple[int, int] | None
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class ChangePri(Command):
-    """tubeq's ``change-pri``: a job's new priority, in any state."""
-
-    id: int
-    pri: int
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeDelay(Command):
-    """tubeq's ``change-delay``: a delayed job becomes due ``delay_ms`` from now."""
-
-    id: int
-    delay_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class TubePause(Command):
-    """tubeq's ``tube-pause``: pause a tube with no end."""
-
-    tube: str
-
-
-@dataclass(frozen=True, slots=True)
-class TubeResume(Command):
-    """tubeq's ``tube-resume``: end a tube's pause, with or without an end."""
-
-    tube: str
-
-
-# -- recurring jobs -----------------------------------------------------------------------------
+# -- recurring jobs ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +267,7 @@ class ScheduleAdd(Command):
     ``kind`` is ``cron`` (``spec``: the expression, fields joined by spaces) or ``every-ms``
     (``spec``: the interval in ms, as digits); the rest is what each tick puts."""
 
+    word: ClassVar[bytes | None] = b"schedule-add "
     tube: str
     name: str
     kind: str
@@ -312,6 +282,7 @@ class ScheduleAdd(Command):
 class ScheduleList(Command):
     """tubeq's ``schedule-list``: a tube's schedules."""
 
+    word: ClassVar[bytes | None] = b"schedule-list "
     tube: str
 
 
@@ -319,16 +290,70 @@ class ScheduleList(Command):
 class ScheduleRemove(Command):
     """tubeq's ``schedule-remove``: stop one of a tube's schedules."""
 
+    word: ClassVar[bytes | None] = b"schedule-remove "
     tube: str
     name: str
 
 
+# -- admin verbs -------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
-class Quit(Command):
-    """Any line starting with ``quit``: no reply, the connection closes."""
+class ClearTube(Command):
+    """tubeq's ``clear-tube``: delete a tube's jobs in ``states`` (never reserved ones)."""
+
+    word: ClassVar[bytes | None] = b"clear-tube "
+    tube: str
+    states: tuple[str, ...]
 
 
-# -- batches: put-many, reserve-many, delete-many -----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ListJobs(Command):
+    """tubeq's ``list-jobs``: a page of up to ``count`` jobs of one state after ``cursor``
+    (``None``: from the start; else the (score, id) of the last job seen)."""
+
+    word: ClassVar[bytes | None] = b"list-jobs "
+    tube: str
+    state: str
+    cursor: tuple[int, int] | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePri(Command):
+    """tubeq's ``change-pri``: a job's new priority, in any state."""
+
+    word: ClassVar[bytes | None] = b"change-pri "
+    id: int
+    pri: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeDelay(Command):
+    """tubeq's ``change-delay``: a delayed job becomes due ``delay_ms`` from now."""
+
+    word: ClassVar[bytes | None] = b"change-delay "
+    id: int
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubePause(Command):
+    """tubeq's ``tube-pause``: pause a tube with no end."""
+
+    word: ClassVar[bytes | None] = b"tube-pause "
+    tube: str
+
+
+@dataclass(frozen=True, slots=True)
+class TubeResume(Command):
+    """tubeq's ``tube-resume``: end a tube's pause, with or without an end."""
+
+    word: ClassVar[bytes | None] = b"tube-resume "
+    tube: str
+
+
+# -- batches: put-many, reserve-many, delete-many ----------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +371,7 @@ class PutMany(Command):
     """tubeq's ``put-many``: per entry, a job to insert or the reply of a refused entry
     (JOB_TOO_BIG, EXPECTED_CRLF, BAD_FORMAT), in the order sent."""
 
+    word: ClassVar[bytes | None] = b"put-many "
     entries: tuple[PutEntry | bytes, ...]
 
 
@@ -354,6 +380,7 @@ class ReserveMany(Command):
     """tubeq's ``reserve-many``: up to ``count`` jobs once at least one is reservable, waiting
     at most ``seconds``."""
 
+    word: ClassVar[bytes | None] = b"reserve-many "
     count: int
     seconds: int
 
@@ -362,4 +389,63 @@ class ReserveMany(Command):
 class DeleteMany(Command):
     """tubeq's ``delete-many``: delete each id, in the order given."""
 
+    word: ClassVar[bytes | None] = b"delete-many "
     ids: tuple[int, ...]
+
+
+# -- job policies and deduplicated put ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutWith(Command):
+    """tubeq's ``put-with``: a put with options (tubeq.model.options.PUT_OPTIONS), as parsed."""
+
+    word: ClassVar[bytes | None] = b"put-with "
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+    options: Options
+
+
+@dataclass(frozen=True, slots=True)
+class PeekKey(Command):
+    """tubeq's ``peek-key``: the living job put with a dedupe key."""
+
+    word: ClassVar[bytes | None] = b"peek-key "
+    key: str
+
+
+# -- namespaces (tubeq.server.access) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Auth(Command):
+    """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.server.access)."""
+
+    word: ClassVar[bytes | None] = b"auth "
+    token: str
+
+
+# -- the one list ------------------------------------------------------------------------------
+
+# beanstalkd's commands: a put and what a put line may end in instead (its body too big, or not
+# ended by CRLF), a refused line, then the others in the order doc/protocol.txt describes them.
+BEANSTALKD_COMMANDS: Final[tuple[type[Command], ...]] = (
+    Put, PutExpectedCrlf, PutTooBig, Rejected, Use, Reserve, ReserveWithTimeout, ReserveJob,
+    Delete, Release, Bury, Touch, Watch, Ignore, Peek, PeekReady, PeekDelayed, PeekBuried, Kick,
+    KickJob, StatsJob, StatsTube, Stats, ListTubes, ListTubeUsed, ListTubesWatched, Quit,
+    PauseTube,
+)
+# tubeq's own, by feature: push, extensions, tube settings; recurring jobs; admin verbs;
+# batches; job policies and deduplicated put; namespaces.
+EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
+    Push, Extensions, TubeSet,
+    ScheduleAdd, ScheduleList, ScheduleRemove,
+    ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
+    PutMany, ReserveMany, DeleteMany,
+    PutWith, PeekKey,
+    Auth,
+)
+# Every command a client's bytes can parse into, in the order of the classes above.
+COMMANDS: Final = BEANSTALKD_COMMANDS + EXTENSION_COMMANDS

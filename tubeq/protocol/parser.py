@@ -54,6 +54,8 @@ from tubeq.protocol.batch_framing import (
     PutManyReader,
 )
 from tubeq.protocol.commands import (
+    BEANSTALKD_COMMANDS,
+    EXTENSION_COMMANDS,
     Auth,
     Bury,
     ChangeDelay,
@@ -387,42 +389,46 @@ def _quit(args: bytes) -> Command:
     return Quit()  # 1.12 closes on any line that starts with "quit"
 
 
-# Every command word with its argument parser. Recognition rule (reproduces beanstalkd 1.12's
-# which_cmd, an ordered case-sensitive prefix match): a line belongs to the LONGEST word it starts
-# with, and the rest of the line goes to that word's parser; no word at all is UNKNOWN_COMMAND.
+# Every beanstalkd command's argument parser; its word is the command's (``word``, in
+# tubeq.protocol.commands, whose COMMANDS order the word tables below follow). Recognition rule
+# (reproduces beanstalkd 1.12's which_cmd, an ordered case-sensitive prefix match): a line belongs
+# to the LONGEST word it starts with, and the rest of the line goes to that word's parser; no word
+# at all is UNKNOWN_COMMAND.
 # Longest-first is 1.12's order wherever two words are prefixes of each other (reserve-job,
 # reserve-with-timeout before reserve; stats-job, stats-tube before stats; list-tubes-watched
 # before list-tubes). So a word spelled with its space ("put ") needs the space, a word without
 # ("stats", "reserve", "pause-tube", "quit") also claims longer lines, which its parser rejects with
 # BAD_FORMAT (or, for quit and pause-tube, accepts: "quitnow" quits, "pause-tubefoo 0" pauses foo).
-COMMAND_WORDS: Final[dict[bytes, _ArgParser]] = {
-    b"put ": _put,
-    b"peek ": _job_id(Peek),
-    b"peek-ready": _no_args(PeekReady),
-    b"peek-delayed": _no_args(PeekDelayed),
-    b"peek-buried": _no_args(PeekBuried),
-    b"reserve-with-timeout ": _reserve_with_timeout,
-    b"reserve-job ": _job_id(ReserveJob),
-    b"reserve": _no_args(Reserve),
-    b"delete ": _job_id(Delete),
-    b"release ": _release,
-    b"bury ": _bury,
-    b"kick ": _kick,
-    b"kick-job ": _job_id(KickJob),
-    b"touch ": _job_id(Touch),
-    b"stats-job ": _job_id(StatsJob),
-    b"stats-tube ": _tube(StatsTube),
-    b"stats": _no_args(Stats),
-    b"use ": _tube(Use),
-    b"watch ": _tube(Watch),
-    b"ignore ": _tube(Ignore),
-    b"list-tubes-watched": _no_args(ListTubesWatched),
-    b"list-tube-used": _no_args(ListTubeUsed),
-    b"list-tubes": _no_args(ListTubes),
-    b"quit": _quit,
-    b"pause-tube": _pause_tube,
+_BEANSTALKD_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
+    Put: _put,
+    Use: _tube(Use),
+    Reserve: _no_args(Reserve),
+    ReserveWithTimeout: _reserve_with_timeout,
+    ReserveJob: _job_id(ReserveJob),
+    Delete: _job_id(Delete),
+    Release: _release,
+    Bury: _bury,
+    Touch: _job_id(Touch),
+    Watch: _tube(Watch),
+    Ignore: _tube(Ignore),
+    Peek: _job_id(Peek),
+    PeekReady: _no_args(PeekReady),
+    PeekDelayed: _no_args(PeekDelayed),
+    PeekBuried: _no_args(PeekBuried),
+    Kick: _kick,
+    KickJob: _job_id(KickJob),
+    StatsJob: _job_id(StatsJob),
+    StatsTube: _tube(StatsTube),
+    Stats: _no_args(Stats),
+    ListTubes: _no_args(ListTubes),
+    ListTubeUsed: _no_args(ListTubeUsed),
+    ListTubesWatched: _no_args(ListTubesWatched),
+    Quit: _quit,
+    PauseTube: _pause_tube,
 }
 
+
+# -- tubeq's extensions: push, tube-set (protocol.md, "Extensions") ---------------------------
 
 
 def _push(args: bytes) -> Command:
@@ -431,16 +437,6 @@ def _push(args: bytes) -> Command:
 
 # A tube name token inside a line (then a space or the end): the longest run of name bytes.
 _TUBE_TOKEN: Final = re.compile(_NAME_RUN + b"++")
-
-
-# A token: printable ASCII without spaces, as long as a tube name may be.
-_TOKEN: Final = re.compile(rb"[!-~]{1,200}")
-
-
-def _auth(args: bytes) -> Command:
-    if _TOKEN.fullmatch(args) is None:
-        raise _BadFormat
-    return Auth(args.decode("ascii"))
 
 
 def _tube_set(args: bytes) -> Command:
@@ -453,65 +449,67 @@ def _tube_set(args: bytes) -> Command:
     return TubeSet(_tube_name(token[0]), settings)
 
 
-# -- job policies and deduplicated put (put-with, peek-key) --------------------------------------
+# -- recurring jobs ----------------------------------------------------------------------------
+
+# schedule-add's positional arguments: tube, schedule name, body size (options follow).
+_SCHEDULE_ADD: Final = re.compile(b"(" + _NAME_RUN + b"++) (" + _NAME_RUN + b"++) ([0-9]++)")
 
 
-def _put_with(args: bytes) -> _PutHeader:
-    # put's four numbers, then options. Once the numbers parse the size is known, so the body
-    # is read (or swallowed) whatever the options: a refused option is answered after it, and
-    # the body is never taken for commands (put's trailing-garbage accident is not copied).
-    pri, pos = _read_unsigned(args, 0, U32_MAX)
-    delay, pos = _read_unsigned(args, pos, U32_MAX)
-    ttr, pos = _read_unsigned(args, pos, U32_MAX)
-    size, pos = _read_unsigned(args, pos, U32_MAX)
-    header = _PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
+def _schedule_add(args: bytes) -> _BodyHeader:
+    match = _SCHEDULE_ADD.match(args)
+    if match is None:
+        raise _BadFormat
+    size = int(match[3])
+    if size > U32_MAX:
+        raise _BadFormat
     try:
-        header.options = _options(args[pos:], options.PUT_OPTIONS)
+        command = _schedule(match[1], match[2], args[match.end():])
     except _BadFormat:
-        header.refusal = replies.BAD_FORMAT
+        return _BodyHeader(size, lambda _: _BAD_FORMAT)
     except _Refused as refused:
-        header.refusal = refused.reply
+        refusal = Rejected(reply=refused.reply)
+        return _BodyHeader(size, lambda _: refusal)
+    return _BodyHeader(size, lambda body: command(body))
+
+
+def _schedule(tube: bytes, name: bytes, rest: bytes) -> Callable[[bytes], ScheduleAdd]:
+    """schedule-add's line, checked: a function of the body making the command."""
+    tube_name, schedule_name = _tube_name(tube), _tube_name(name)
+    given = dict(_options(rest, options.SCHEDULE_OPTIONS))
+    cron, every = given.get("cron"), given.get("every-ms")
+    if cron is None and every is None:
+        raise _BadFormat  # a schedule needs one or the other
+    if cron is not None and every is not None:
+        raise _Refused(replies.bad_option("every-ms"))
+    if cron is not None:
+        try:
+            kind, spec = recurring.CRON, recurring.cron_expression(str(cron))
+        except recurring.BadSchedule:
+            raise _Refused(replies.bad_option("cron")) from None
     else:
-        if delay and any(name == "delay-ms" for name, _ in header.options):
-            header.refusal = replies.bad_option("delay-ms")  # two delays: which one?
-    return header
+        if int(every or 0) < recurring.MIN_EVERY_MS:
+            raise _Refused(replies.bad_option("every-ms"))
+        kind, spec = recurring.EVERY_MS, str(every)
+    pri = int(given.get("pri", SCHEDULE_DEFAULT_PRI))
+    ttr = max(int(given.get("ttr", SCHEDULE_DEFAULT_TTR)), 1)  # as put: 0 is raised to 1
+    delay_ms = int(given.get("delay-ms", 0))
+    return lambda body: ScheduleAdd(tube_name, schedule_name, kind, spec, pri, ttr, delay_ms,
+                                    body)
 
 
-def _peek_key(args: bytes) -> Command:
-    key = options.PUT_OPTIONS["key"].convert(args)
-    if not isinstance(key, str):
+# What a schedule's jobs get when schedule-add names no pri / ttr: the bundled client's put
+# defaults (tubeq.client.wire), so a scheduled job looks like a job put with that client.
+SCHEDULE_DEFAULT_PRI: Final = 2**31
+SCHEDULE_DEFAULT_TTR: Final = 60
+
+
+def _schedule_remove(args: bytes) -> Command:
+    tube, space, name = args.partition(b" ")
+    if not space:
         raise _BadFormat
-    return PeekKey(key)
-# -- batches: put-many's line (its entries are tubeq.protocol.batch_framing's),
-# reserve-many and delete-many.
+    return ScheduleRemove(_tube_name(tube), _tube_name(name))
 
 
-def _put_many(args: bytes) -> Command:
-    return PutManyHeader(_read_last_unsigned(args, 0, U32_MAX))
-
-
-def _reserve_many(args: bytes) -> Command:
-    count, pos = _read_unsigned(args, 0, U32_MAX)
-    seconds = _read_last_unsigned(args, pos, U32_MAX)
-    if not 1 <= count <= PUT_MANY_MAX:
-        raise _BadFormat
-    return ReserveMany(count, seconds)
-
-
-# One job id of delete-many: 1-20 digits (any u64), ids separated by exactly one space.
-_ID_TOKEN: Final = re.compile(rb"[0-9]{1,20}")
-
-
-def _delete_many(args: bytes) -> Command:
-    ids = []
-    for token in args.split(b" "):
-        if _ID_TOKEN.fullmatch(token) is None:
-            raise _BadFormat
-        job_id = int(token)
-        if job_id > U64_MAX:
-            raise _BadFormat
-        ids.append(job_id)
-    return DeleteMany(tuple(ids))
 # -- admin verbs: clear-tube, list-jobs, change-pri, change-delay, tube-pause,
 # tube-resume. Positional arguments only, separated by spaces as beanstalkd's are.
 
@@ -583,93 +581,125 @@ def _change_pri(args: bytes) -> Command:
 def _change_delay(args: bytes) -> Command:
     job_id, pos = _read_unsigned(args, 0, U64_MAX)
     return ChangeDelay(job_id, _read_last_unsigned(args, pos, options.MAX_MS))
-# -- recurring jobs ----------------------------------------------------------------------------
-
-# schedule-add's positional arguments: tube, schedule name, body size (options follow).
-_SCHEDULE_ADD: Final = re.compile(b"(" + _NAME_RUN + b"++) (" + _NAME_RUN + b"++) ([0-9]++)")
 
 
-def _schedule_add(args: bytes) -> _BodyHeader:
-    match = _SCHEDULE_ADD.match(args)
-    if match is None:
+# -- batches: put-many's line (its entries are tubeq.protocol.batch_framing's),
+# reserve-many and delete-many.
+
+
+def _put_many(args: bytes) -> Command:
+    return PutManyHeader(_read_last_unsigned(args, 0, U32_MAX))
+
+
+def _reserve_many(args: bytes) -> Command:
+    count, pos = _read_unsigned(args, 0, U32_MAX)
+    seconds = _read_last_unsigned(args, pos, U32_MAX)
+    if not 1 <= count <= PUT_MANY_MAX:
         raise _BadFormat
-    size = int(match[3])
-    if size > U32_MAX:
-        raise _BadFormat
+    return ReserveMany(count, seconds)
+
+
+# One job id of delete-many: 1-20 digits (any u64), ids separated by exactly one space.
+_ID_TOKEN: Final = re.compile(rb"[0-9]{1,20}")
+
+
+def _delete_many(args: bytes) -> Command:
+    ids = []
+    for token in args.split(b" "):
+        if _ID_TOKEN.fullmatch(token) is None:
+            raise _BadFormat
+        job_id = int(token)
+        if job_id > U64_MAX:
+            raise _BadFormat
+        ids.append(job_id)
+    return DeleteMany(tuple(ids))
+
+
+# -- job policies and deduplicated put (put-with, peek-key) --------------------------------------
+
+
+def _put_with(args: bytes) -> _PutHeader:
+    # put's four numbers, then options. Once the numbers parse the size is known, so the body
+    # is read (or swallowed) whatever the options: a refused option is answered after it, and
+    # the body is never taken for commands (put's trailing-garbage accident is not copied).
+    pri, pos = _read_unsigned(args, 0, U32_MAX)
+    delay, pos = _read_unsigned(args, pos, U32_MAX)
+    ttr, pos = _read_unsigned(args, pos, U32_MAX)
+    size, pos = _read_unsigned(args, pos, U32_MAX)
+    header = _PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
     try:
-        command = _schedule(match[1], match[2], args[match.end():])
+        header.options = _options(args[pos:], options.PUT_OPTIONS)
     except _BadFormat:
-        return _BodyHeader(size, lambda _: _BAD_FORMAT)
+        header.refusal = replies.BAD_FORMAT
     except _Refused as refused:
-        refusal = Rejected(reply=refused.reply)
-        return _BodyHeader(size, lambda _: refusal)
-    return _BodyHeader(size, lambda body: command(body))
-
-
-def _schedule(tube: bytes, name: bytes, rest: bytes) -> Callable[[bytes], ScheduleAdd]:
-    """schedule-add's line, checked: a function of the body making the command."""
-    tube_name, schedule_name = _tube_name(tube), _tube_name(name)
-    given = dict(_options(rest, options.SCHEDULE_OPTIONS))
-    cron, every = given.get("cron"), given.get("every-ms")
-    if cron is None and every is None:
-        raise _BadFormat  # a schedule needs one or the other
-    if cron is not None and every is not None:
-        raise _Refused(replies.bad_option("every-ms"))
-    if cron is not None:
-        try:
-            kind, spec = recurring.CRON, recurring.cron_expression(str(cron))
-        except recurring.BadSchedule:
-            raise _Refused(replies.bad_option("cron")) from None
+        header.refusal = refused.reply
     else:
-        if int(every or 0) < recurring.MIN_EVERY_MS:
-            raise _Refused(replies.bad_option("every-ms"))
-        kind, spec = recurring.EVERY_MS, str(every)
-    pri = int(given.get("pri", SCHEDULE_DEFAULT_PRI))
-    ttr = max(int(given.get("ttr", SCHEDULE_DEFAULT_TTR)), 1)  # as put: 0 is raised to 1
-    delay_ms = int(given.get("delay-ms", 0))
-    return lambda body: ScheduleAdd(tube_name, schedule_name, kind, spec, pri, ttr, delay_ms,
-                                    body)
+        if delay and any(name == "delay-ms" for name, _ in header.options):
+            header.refusal = replies.bad_option("delay-ms")  # two delays: which one?
+    return header
 
 
-# What a schedule's jobs get when schedule-add names no pri / ttr: the bundled client's put
-# defaults (tubeq.client.wire), so a scheduled job looks like a job put with that client.
-SCHEDULE_DEFAULT_PRI: Final = 2**31
-SCHEDULE_DEFAULT_TTR: Final = 60
-
-
-def _schedule_remove(args: bytes) -> Command:
-    tube, space, name = args.partition(b" ")
-    if not space:
+def _peek_key(args: bytes) -> Command:
+    key = options.PUT_OPTIONS["key"].convert(args)
+    if not isinstance(key, str):
         raise _BadFormat
-    return ScheduleRemove(_tube_name(tube), _tube_name(name))
+    return PeekKey(key)
 
 
-# tubeq's own commands (protocol.md, "Extensions"): words beanstalkd answers UNKNOWN_COMMAND, so
-# a client that never sends them sees beanstalkd 1.12 exactly.
-EXTENSION_WORDS: Final[dict[bytes, _ArgParser]] = {
-    b"push ": _push,
-    b"extensions": _no_args(Extensions),
-    b"tube-set ": _tube_set,
-    b"auth ": _auth,
-    # job policies and deduplicated put
-    b"put-with ": _put_with,
-    b"peek-key ": _peek_key,
-    # batches
-    b"put-many ": _put_many,
-    b"reserve-many ": _reserve_many,
-    b"delete-many ": _delete_many,
-    # admin verbs
-    b"clear-tube ": _clear_tube,
-    b"list-jobs ": _list_jobs,
-    b"change-pri ": _change_pri,
-    b"change-delay ": _change_delay,
-    b"tube-pause ": _tube(TubePause),
-    b"tube-resume ": _tube(TubeResume),
+# -- namespaces: auth -------------------------------------------------------------------------
+
+# A token: printable ASCII without spaces, as long as a tube name may be.
+_TOKEN: Final = re.compile(rb"[!-~]{1,200}")
+
+
+def _auth(args: bytes) -> Command:
+    if _TOKEN.fullmatch(args) is None:
+        raise _BadFormat
+    return Auth(args.decode("ascii"))
+
+
+# tubeq's own commands' argument parsers (protocol.md, "Extensions").
+_EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
+    Push: _push,
+    Extensions: _no_args(Extensions),
+    TubeSet: _tube_set,
     # recurring jobs
-    b"schedule-add ": _schedule_add,
-    b"schedule-list ": _tube(ScheduleList),
-    b"schedule-remove ": _schedule_remove,
+    ScheduleAdd: _schedule_add,
+    ScheduleList: _tube(ScheduleList),
+    ScheduleRemove: _schedule_remove,
+    # admin verbs
+    ClearTube: _clear_tube,
+    ListJobs: _list_jobs,
+    ChangePri: _change_pri,
+    ChangeDelay: _change_delay,
+    TubePause: _tube(TubePause),
+    TubeResume: _tube(TubeResume),
+    # batches
+    PutMany: _put_many,
+    ReserveMany: _reserve_many,
+    DeleteMany: _delete_many,
+    # job policies and deduplicated put
+    PutWith: _put_with,
+    PeekKey: _peek_key,
+    # namespaces
+    Auth: _auth,
 }
+
+
+def _word_table(commands: tuple[type[Command], ...],
+                grammar: Mapping[type[Command], _ArgParser]) -> dict[bytes, _ArgParser]:
+    """Each of ``commands`` that has a word, in their order: its word and its parser. A worded
+    command without a parser, or a parser of no such command, fails the import."""
+    table = {command.word: grammar[command] for command in commands if command.word is not None}
+    if len(table) != len(grammar):
+        raise LookupError(f"parsers of unlisted commands: {set(grammar).difference(commands)}")
+    return table
+
+
+# The word tables: beanstalkd's words, and tubeq's own (words beanstalkd answers UNKNOWN_COMMAND,
+# so a client that never sends them sees beanstalkd 1.12 exactly).
+COMMAND_WORDS: Final = _word_table(BEANSTALKD_COMMANDS, _BEANSTALKD_GRAMMAR)
+EXTENSION_WORDS: Final = _word_table(EXTENSION_COMMANDS, _EXTENSION_GRAMMAR)
 _ALL_WORDS: Final = {**COMMAND_WORDS, **EXTENSION_WORDS}
 
 # The extension commands by name, as the ``extensions`` command lists them.
@@ -680,7 +710,8 @@ _LONG_LINE_WORDS: Final = tuple(EXTENSION_WORDS)
 
 _SPACED_WORDS: Final = {word: parse for word, parse in _ALL_WORDS.items() if word.endswith(b" ")}
 
-# The rule above as one regex: alternatives are tried in order, so longest first wins.
+# The recognition rule (above _BEANSTALKD_GRAMMAR) as one regex: alternatives are tried in
+# order, so longest first wins.
 _COMMAND_WORD: Final = re.compile(
     b"|".join(re.escape(word) for word in sorted(_ALL_WORDS, key=len, reverse=True))
 )

@@ -30,7 +30,7 @@ from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
-from tubeq.store.store import Store
+from tubeq.store.base import JobStore
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +74,7 @@ class Capacity:
 class ServerContext:
     """What every connection of one tubeq process shares."""
 
-    store: Store
+    store: JobStore
     registry: WaiterRegistry
     scheduler: Scheduler
     counters: CommandCounters
@@ -170,7 +170,7 @@ class Session(Protocol):
     (tubeq.server.connection.Connection is the one implementation)."""
 
     ctx: ServerContext  # the namespace it is in (it changes once, on ``auth``)
-    store: Store  # ctx.store
+    store: JobStore  # ctx.store
     token: str  # its reservation token in Redis
     used: str  # the tube ``use`` chose
     watched: tuple[str, ...]  # the watch list, in watch order

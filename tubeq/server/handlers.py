@@ -493,6 +493,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.ListTubes: _list_tubes,
     c.ListTubeUsed: _list_tube_used,
     c.ListTubesWatched: _list_tubes_watched,
+    c.Quit: _quit,
     c.PauseTube: _pause_tube,
     c.Push: _extension(_push),
     c.Extensions: _extension(_extensions),
@@ -516,7 +517,6 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.PutWith: _extension(_put_with),
     c.PeekKey: _extension(_peek_key),
     c.Auth: _extension(_auth),
-    c.Quit: _quit,
 }
 
 

@@ -255,7 +255,7 @@ class Server:
             await claim_layout(client, prefix, config.shards)
         except LayoutMismatch as error:
             raise StartupError(str(error)) from None
-        store: Store
+        store: Store | ShardedStore
         if config.shards > 1:
             roots = [Keys(shard_prefix(prefix, k, config.shards)).root
                      for k in range(config.shards)]

@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 
 from tubeq.redisio.futures import discard
-from tubeq.store.store import Store
+from tubeq.store.base import JobStore
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,7 @@ USING_FLUSH_S = 0.1
 class UseLedger:
     """This process's count of connections per used tube, and what Redis was last told."""
 
-    def __init__(self, store: Store, flush_after_s: float = USING_FLUSH_S) -> None:
+    def __init__(self, store: JobStore, flush_after_s: float = USING_FLUSH_S) -> None:
         self._store = store
         self._flush_after_s = flush_after_s
         self._counts: Counter[str] = Counter()

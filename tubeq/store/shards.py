@@ -1,10 +1,10 @@
 """A namespace split into shards: its tubes spread over several Redis hash tags (so over the
-nodes of a Redis Cluster), one :class:`~tubeq.store.store.Store` per shard behind the one Store
-interface.
+nodes of a Redis Cluster), one :class:`~tubeq.store.store.Store` per shard behind the one
+:class:`~tubeq.store.base.JobStore` interface.
 
-Owns: the layout (which shard holds a tube, which holds a job), the routing of every Store call
-to the shard it concerns, the merging of the shards' answers for the namespace-wide ones (stats,
-list-tubes, the job count), and a reserve over tubes of several shards.
+Owns: the layout (which shard holds a tube, which holds a job), the routing of every JobStore
+call to the shard it concerns, the merging of the shards' answers for the namespace-wide ones
+(stats, list-tubes, the job count), and a reserve over tubes of several shards.
 
 Rules:
 
@@ -46,13 +46,14 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tubeq.model import admin
 from tubeq.model.options import Options, OptionValue
 from tubeq.model.recurring import DueTick, ScheduleInfo
 from tubeq.redisio.client import RedisClient, Reply
 from tubeq.redisio.futures import discard, then
+from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.store import (
     Clock,
@@ -108,9 +109,11 @@ async def claim_layout(client: RedisClient, prefix: str, shards: int) -> None:
             f"so); this process was started with --shards {shards}: use the same number")
 
 
-class ShardedStore(Store):
-    """The Store interface over ``shards`` Stores (see the module header). Every public Store
-    method is routed here (tests/test_shards.py checks that none falls through to the base)."""
+class ShardedStore:
+    """A :class:`JobStore` over ``shards`` Stores (see the module header), by composition:
+    each method routes to the shard of its tube or job id, or gathers every shard's answer.
+    It inherits nothing, so a JobStore member it does not route is a mypy error (checked at
+    the end of this module, and wherever the server holds it as a JobStore)."""
 
     # A reserve's shard and a pipelined delete's job may differ: commands wait behind reserves.
     defers_behind_reserves = False
@@ -122,8 +125,10 @@ class ShardedStore(Store):
         by default all use ``client``. ``functions``: as for Store."""
         if shards < 2:
             raise ValueError("a split namespace has 2 shards or more")
-        super().__init__(client, Keys(prefix), instance_id, clock, events_maxlen=events_maxlen,
-                         functions=functions)
+        self.keys = Keys(prefix)  # the unsplit root: only its layout record, claim_layout's
+        self.instance_id = instance_id
+        self.clock = clock
+        self._metrics: JobObserver | None = None
         self.count = shards
         self.shards = [
             Store(clients[k] if clients is not None else client,
@@ -143,7 +148,7 @@ class ShardedStore(Store):
         resharding or a failover, tubeq.redisio.cluster); returns the shard's new Store."""
         old = self.shards[shard]
         new = Store(client, old.keys, self.instance_id, self.clock,
-                    events_maxlen=self.events_maxlen, functions=self.wants_functions)
+                    events_maxlen=old.events_maxlen, functions=old.wants_functions)
         new.holds_default = old.holds_default
         new.metrics = old.metrics
         self.shards[shard] = new
@@ -177,16 +182,14 @@ class ShardedStore(Store):
                 functions[id(store.client)] = await store.load_scripts()
             elif functions[id(store.client)]:
                 store.call_functions()
-        if id(self.client) not in functions:  # this facade's own client (a seed node)
-            await super().load_scripts()
-        elif functions[id(self.client)]:
-            super().call_functions()
         return functions[id(self.home.client)]
 
     def call_functions(self) -> None:
-        super().call_functions()
         for shard in self.shards:
             shard.call_functions()
+
+    def exact_ms(self) -> float:
+        return self.home.exact_ms()
 
     @property
     def metrics(self) -> JobObserver | None:
@@ -196,7 +199,7 @@ class ShardedStore(Store):
     def metrics(self, value: JobObserver | None) -> None:
         """Set by the server when metrics are on: every shard reports to them."""
         self._metrics = value
-        for shard in getattr(self, "shards", ()):
+        for shard in self.shards:
             shard.metrics = value
 
     # -- jobs ---------------------------------------------------------------------------------
@@ -290,6 +293,8 @@ class ShardedStore(Store):
 
     def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]:
         return self.of_id(job_id).job_info(job_id)
+
+    # -- tubes --------------------------------------------------------------------------------
 
     def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]:
         return self.of_tube(tube).tube_counts(tube)
@@ -419,6 +424,13 @@ class ShardedStore(Store):
                                             mode="h" if k == first else "o") for k in shards]
         return then(self._gather(calls), lambda parts: [job for part in parts for job in part])
 
+    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
+        def first(parts: list[tuple[int, int, int] | None]) -> tuple[int, int, int] | None:
+            return min((p for p in parts if p is not None), default=None)
+
+        return then(self._gather([self.shards[k].best(token) for k in self._watching(token)]),
+                    first)
+
     def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]:
         return self.home.describe_instance(fields)
 
@@ -531,7 +543,7 @@ class ShardedStore(Store):
     def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
         return self.of_tube(tube).tube_figures(tube)
 
-    # -- batches, policies, dedupe ------------------------------------------------------------
+    # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str,
                  jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
@@ -554,6 +566,8 @@ class ShardedStore(Store):
         return then(self._gather([self.shards[k].delete_many(token, by_shard[k])
                                   for k in shards]), merge)
 
+    # -- job policies and deduplicated put ----------------------------------------------------
+
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]:
         return self.of_tube(tube).put_with(tube, pri, delay, ttr, body, opts)
@@ -572,13 +586,6 @@ class ShardedStore(Store):
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).tube_policy_counts(tube)
 
-    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
-        def first(parts: list[tuple[int, int, int] | None]) -> tuple[int, int, int] | None:
-            return min((p for p in parts if p is not None), default=None)
-
-        return then(self._gather([self.shards[k].best(token) for k in self._watching(token)]),
-                    first)
-
 
 # TubeCounts fields summed into the "" row, in order, without pause_until_ms.
 _SUMMED = ("urgent", "ready", "reserved", "delayed", "buried", "total", "deletes", "waiting",
@@ -589,3 +596,9 @@ def _merge_sweeps(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
     """Sweeps of every shard: the earliest next due time (-1: none), every tube they woke."""
     dues = [due for due, _ in parts if due >= 0]
     return (min(dues) if dues else -1), [t for _, tubes in parts for t in tubes]
+
+
+if TYPE_CHECKING:
+    def _routes_every_member(store: ShardedStore) -> JobStore:
+        """mypy's check that the split store implements the whole JobStore (never run)."""
+        return store

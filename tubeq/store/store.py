@@ -622,10 +622,7 @@ class Store:
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)
 
-    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
-    # -- batches ------------------------------------------------------------------------------
-    # -- admin verbs and figures (tubeq.model.admin) -----------------------------------------------
-    # -- recurring jobs (tubeq.model.recurring) ----------------------------------------------------
+    # -- recurring jobs (tubeq.model.recurring) -----------------------------------------------
 
     def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
                      delay_ms: int, body: bytes, first_due_ms: int,
@@ -661,6 +658,7 @@ class Store:
         return self._eval("schedule_tick", tick.tube, tick.name, tick.generation, tick.due_ms,
                           next_due_ms, self.clock(), decode=int)
 
+    # -- admin verbs and figures (tubeq.model.admin) ------------------------------------------
 
     def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = admin.CLEAR_BATCH,
                          ) -> asyncio.Future[tuple[int, bool]]:
@@ -717,6 +715,7 @@ class Store:
         return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
                           admin.OLDEST_READY_LEVELS, decode=decode)
 
+    # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str,
                  jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
@@ -735,6 +734,7 @@ class Store:
         return self._eval("delete_many", token, self.clock(), behind, *ids,
                           decode=_unless_deferred(lambda r: [bool(v) for v in r]))
 
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
 
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]:

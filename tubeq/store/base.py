@@ -1,0 +1,232 @@
+"""The job store as the layers above hold it: :class:`JobStore`, a typing Protocol.
+
+Owns: the list of what a store offers the server and the HTTP API: every public method of
+:class:`tubeq.store.store.Store` and the attributes the server reads, in the store's feature
+order (jobs, tubes, connections, time, recurring jobs, admin verbs, batches, job policies).
+What belongs to one Redis root only (its client, its script loading state) is not listed.
+
+Rules:
+
+* Two classes implement it, neither by inheritance: :class:`~tubeq.store.store.Store` (one
+  Redis root) and :class:`~tubeq.store.shards.ShardedStore` (a namespace split into shards,
+  holding a Store per shard). mypy checks both wherever one is held as a JobStore, so a member
+  added here and not routed by the split store is a type error, not a runtime surprise.
+* Typing only: code above the store annotates ``JobStore`` and calls the object it was given,
+  so an unsplit namespace's put, reserve and delete call Store's methods directly.
+* The result records are those of tubeq.store.store, where their decoders are; this module
+  imports it, never the other way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar, overload
+
+from tubeq.model import admin
+from tubeq.model.options import Options, OptionValue
+from tubeq.model.recurring import DueTick, ScheduleInfo
+from tubeq.redisio.client import Reply
+from tubeq.store.keys import Keys
+from tubeq.store.store import (
+    Clock,
+    InstanceInfo,
+    JobInfo,
+    JobObserver,
+    JobPolicies,
+    JobSummary,
+    NoJob,
+    PutOutcome,
+    Reservation,
+    Store,
+    TubeCounts,
+)
+
+T = TypeVar("T")
+
+
+class JobStore(Protocol):
+    """Job state in Redis for one tubeq process in one namespace (the method contracts are
+    Store's, tubeq.store.store)."""
+
+    keys: Keys  # the namespace's own root (a split namespace keeps its shards' elsewhere)
+    instance_id: str
+    clock: Clock
+    # Whether a command pipelined behind a reserve may be sent at once (tubeq.store.store.Deferred).
+    defers_behind_reserves: bool
+    metrics: JobObserver | None
+
+    async def load_scripts(self) -> bool: ...
+
+    def call_functions(self) -> None: ...
+
+    def exact_ms(self) -> float: ...
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    @overload
+    def put(self, tube: str, pri: int, delay: int, ttr: int,
+            body: bytes) -> asyncio.Future[int]: ...
+
+    @overload
+    def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+            answer: Callable[[int], T]) -> asyncio.Future[T]: ...
+
+    def burn_id(self, tube: str = ...) -> asyncio.Future[int]: ...
+
+    def reserve(self, token: str, *, counted_waiting: bool = False,
+                number: int = 0) -> asyncio.Future[Reservation | NoJob]: ...
+
+    def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
+                     number: int = 0) -> asyncio.Future[list[Reservation]]: ...
+
+    def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]: ...
+
+    @overload
+    def delete(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[bool]: ...
+
+    @overload
+    def delete(self, token: str, job_id: int,
+               answer: Callable[[bool], T], *, behind: int = 0) -> asyncio.Future[T]: ...
+
+    def release(self, token: str, job_id: int, pri: int,
+                delay: int) -> asyncio.Future[bool]: ...
+
+    def bury(self, token: str, job_id: int, pri: int, *,
+             behind: int = 0) -> asyncio.Future[bool]: ...
+
+    def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]: ...
+
+    def kick(self, tube: str, bound: int) -> asyncio.Future[int]: ...
+
+    def kick_job(self, job_id: int) -> asyncio.Future[bool]: ...
+
+    def peek(self, job_id: int) -> asyncio.Future[bytes | None]: ...
+
+    def peek_state(self, state: str,
+                   tube: str) -> asyncio.Future[tuple[int, bytes] | None]: ...
+
+    def job_info(self, job_id: int) -> asyncio.Future[JobInfo | None]: ...
+
+    # -- tubes --------------------------------------------------------------------------------
+
+    def tube_counts(self, tube: str) -> asyncio.Future[list[int] | None]: ...
+
+    def set_tube(self, tube: str, settings: Options) -> asyncio.Future[Reply]: ...
+
+    def tube_settings(self, tube: str) -> asyncio.Future[dict[str, OptionValue]]: ...
+
+    def count_jobs(self) -> asyncio.Future[int]: ...
+
+    def list_tubes(self) -> asyncio.Future[list[str]]: ...
+
+    def tubes_created(self) -> asyncio.Future[list[tuple[str, int]]]: ...
+
+    def pause(self, tube: str, delay: int) -> asyncio.Future[int]: ...
+
+    def server_counts(self) -> asyncio.Future[tuple[list[int], dict[str, int]]]: ...
+
+    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None: ...
+
+    def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]: ...
+
+    def browse(self, tube: str, state: str, limit: int) -> asyncio.Future[list[JobSummary]]: ...
+
+    async def instances(self) -> list[InstanceInfo]: ...
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connect(self, token: str) -> asyncio.Future[Reply]: ...
+
+    def change_watches(self, token: str,
+                       ops: Sequence[tuple[str, str]]) -> asyncio.Future[Reply]: ...
+
+    def forget_watch_change(self, token: str, tube: str, *, added: bool) -> None: ...
+
+    def set_using(self, counts: Sequence[tuple[str, int]]) -> asyncio.Future[Reply]: ...
+
+    def set_waiting(self, token: str, delta: int, *, claim: bool = False,
+                    mode: str = "1") -> asyncio.Future[list[Reservation]]: ...
+
+    def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]: ...
+
+    def describe_instance(self, fields: dict[str, str]) -> asyncio.Future[Reply]: ...
+
+    def bump_gauge(self, field: str, delta: int) -> None: ...
+
+    def disconnect(self, token: str, producer: bool, worker: bool,
+                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]: ...
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def trim_events(self) -> asyncio.Future[Reply] | None: ...
+
+    def heartbeat(self) -> asyncio.Future[bool]: ...
+
+    def restore(self, watches: Sequence[tuple[str, bool, Sequence[str]]],
+                gauges: tuple[int, int, int] | None) -> asyncio.Future[int]: ...
+
+    def reap(self, stale_before_ms: int) -> asyncio.Future[int]: ...
+
+    def leave(self) -> asyncio.Future[int]: ...
+
+    def promote(self) -> asyncio.Future[tuple[int, list[str]]]: ...
+
+    def expire(self) -> asyncio.Future[tuple[int, list[str]]]: ...
+
+    # -- recurring jobs (tubeq.model.recurring) -----------------------------------------------
+
+    def schedule_add(self, tube: str, name: str, kind: str, spec: str, pri: int, ttr: int,
+                     delay_ms: int, body: bytes,
+                     first_due_ms: int) -> asyncio.Future[tuple[int, bool]]: ...
+
+    def schedule_remove(self, tube: str, name: str) -> asyncio.Future[bool]: ...
+
+    def schedule_list(self, tube: str) -> asyncio.Future[list[ScheduleInfo]]: ...
+
+    def schedules_due(self) -> asyncio.Future[tuple[int, list[DueTick]]]: ...
+
+    def schedule_tick(self, tick: DueTick, next_due_ms: int) -> asyncio.Future[int]: ...
+
+    # -- admin verbs (tubeq.model.admin) ------------------------------------------------------
+
+    def clear_tube_batch(self, tube: str, states: Sequence[str], limit: int = ...,
+                         ) -> asyncio.Future[tuple[int, bool]]: ...
+
+    async def clear_tube(self, tube: str, states: Sequence[str]) -> int | None: ...
+
+    def list_jobs(self, tube: str, state: str, cursor: tuple[int, int] | None, count: int,
+                  ) -> asyncio.Future[admin.JobPage | None]: ...
+
+    def change_pri(self, job_id: int, pri: int) -> asyncio.Future[bool]: ...
+
+    def change_delay(self, job_id: int, delay_ms: int) -> asyncio.Future[int]: ...
+
+    def tube_pause(self, tube: str, *, forever: bool) -> asyncio.Future[bool]: ...
+
+    def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]: ...
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def put_many(self, tube: str,
+                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]: ...
+
+    def delete_many(self, token: str, ids: Sequence[int], *,
+                    behind: int = 0) -> asyncio.Future[list[bool]]: ...
+
+    # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
+
+    def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                 opts: Options) -> asyncio.Future[PutOutcome]: ...
+
+    def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]: ...
+
+    def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]: ...
+
+    def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]: ...
+
+
+if TYPE_CHECKING:
+    def _one_root_is_a_job_store(store: Store) -> JobStore:
+        """mypy's check that Store implements the whole JobStore (never run)."""
+        return store
