@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from tests.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
+from tests.support.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
 from tubeq.redisio.process import RedisProcess
 
 
@@ -174,7 +174,7 @@ def skip_unless_tubeq(wire_target_kind: ServerKind) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The bundled client and tubeq-cli (tests/test_client.py, test_consume.py, test_cli.py): a
+# The bundled client and tubeq-cli (tests/client/: test_client.py, test_consume.py, test_cli.py): a
 # private beanstalkd and a private tubeq (fresh prefix on the session's tubeq Redis) of their
 # own, so their jobs, tubes and counters never meet the differential suite's shared servers.
 # ---------------------------------------------------------------------------------------------

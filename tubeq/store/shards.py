@@ -110,7 +110,7 @@ async def claim_layout(client: RedisClient, prefix: str, shards: int) -> None:
 
 class ShardedStore(Store):
     """The Store interface over ``shards`` Stores (see the module header). Every public Store
-    method is routed here (tests/test_shards.py checks that none falls through to the base)."""
+    method is routed here (tests/store/test_shards.py checks none falls through to the base)."""
 
     # A reserve's shard and a pipelined delete's job may differ: commands wait behind reserves.
     defers_behind_reserves = False
