@@ -61,6 +61,12 @@ test: $(STAMP) system-deps client-deps
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
+# The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
+# refused if they try; seconds, not the whole suite's quarter of an hour.
+.PHONY: test-fast
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m unit
+
 lint: $(STAMP)
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
