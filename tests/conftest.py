@@ -51,6 +51,17 @@ def is_unit_test(path: Path) -> bool:
                for unit in UNIT_TESTS)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` (make test-fast), a test module outside UNIT_TESTS is not even imported:
+    its tests would all be deselected, and the imports (Spark, selenium) cost more than the unit
+    tests themselves."""
+    if (config.getoption("markexpr") == "unit" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and TESTS_DIR in collection_path.parents
+            and not is_unit_test(collection_path)):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_unit_test(item.path):
