@@ -46,6 +46,8 @@ OFFLINE_GUARD = pytest.StashKey[OfflineGuard]()
 
 def is_unit_test(path: Path) -> bool:
     """Whether the test module at ``path`` is in UNIT_TESTS (itself or its folder)."""
+    if TESTS_DIR not in path.parents:
+        return False
     relative = path.relative_to(TESTS_DIR).as_posix()
     return any(relative == unit or (unit.endswith("/") and relative.startswith(unit))
                for unit in UNIT_TESTS)
@@ -56,8 +58,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     its tests would all be deselected, and the imports (Spark, selenium) cost more than the unit
     tests themselves."""
     if (config.getoption("markexpr") == "unit" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_") and TESTS_DIR in collection_path.parents
-            and not is_unit_test(collection_path)):
+            and collection_path.name.startswith("test_") and not is_unit_test(collection_path)):
         return True
     return None
 
@@ -66,6 +67,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_unit_test(item.path):
             item.add_marker(pytest.mark.unit)
+        elif item.get_closest_marker("unit"):
+            raise pytest.UsageError(f"{item.nodeid} is marked unit by hand: UNIT_TESTS is the list "
+                                    "(make test-fast does not even import modules outside it)")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
