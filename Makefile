@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 # Debian packages the suite runs against: beanstalkd (the reference), redis-server, and chromium
 # (headless, for the pipeline report's page: tests/pipeline/test_report.py) with its driver
-# (selenium drives the dashboard: tests/test_dashboard.py).
+# (selenium drives the dashboard: tests/http/test_dashboard.py).
 system-deps:
 	@missing=""; \
 	command -v beanstalkd >/dev/null 2>&1 || missing="$$missing beanstalkd"; \
@@ -27,9 +27,9 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-# The foreign beanstalkd clients tests/test_clients_foreign.py runs for real: PHP pheanstalk and Ruby
-# beaneater from Debian (their packages pull in no interpreter, hence php-cli and ruby), and the Node
-# clients from the committed lock file. A client that cannot be installed fails here, loudly.
+# The foreign beanstalkd clients tests/clients/test_clients_foreign.py runs for real: PHP
+# pheanstalk and Ruby beaneater from Debian (their packages pull in no interpreter, hence php-cli
+# and ruby), and the Node clients from the committed lock file. A client that cannot be installed fails here, loudly.
 CLIENT_APT_PACKAGES := php-cli php-pda-pheanstalk ruby ruby-beaneater
 NODE_CLIENTS := tests/clients/node
 NODE_STAMP := $(NODE_CLIENTS)/node_modules/.installed
@@ -60,6 +60,12 @@ test: $(STAMP) system-deps client-deps
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
+
+# The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
+# refused if they try; seconds, not the whole suite's quarter of an hour.
+.PHONY: test-fast
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check tubeq tests bench

@@ -1,4 +1,5 @@
-"""Shared fixtures: private servers started and stopped by the tests themselves.
+"""Shared fixtures: private servers started and stopped by the tests themselves; and which tests
+are unit tests, kept offline.
 
 Nothing here touches a server the suite did not start: each Redis is a private redis-server on a
 free loopback port in a temp directory (so flushing it is ours to do).
@@ -15,8 +16,83 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from tests.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
+from tests.support.offline import OfflineGuard
+from tests.support.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
 from tubeq.redisio.process import RedisProcess
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests: no Redis, no subprocess, no network (fakeredis would do), so `make test-fast`
+# (pytest -m unit) runs them all in seconds. A folder (ending in /) or a module, relative to
+# tests/; each gets the `unit` marker. When every test a run selected is a unit test, the run is
+# offline (tests.support.offline): a socket connect or bind, or a process started, fails the test
+# even where the code under test catches the error. So a unit test that starts to need Redis
+# fails `make test-fast` at once and belongs in a module of its own, outside this list.
+# ---------------------------------------------------------------------------------------------
+
+UNIT_TESTS: tuple[str, ...] = (
+    "protocol/",
+    "store/test_scripts.py",
+    "server/test_liveness.py",
+    "server/test_stats_counters.py",
+    "server/test_using.py",
+    "server/test_waiters.py",
+    "extensions/test_batches_protocol.py",
+    "pipeline/test_report_percentiles.py",
+    "bench/",
+)
+TESTS_DIR = Path(__file__).parent
+OFFLINE_GUARD = pytest.StashKey[OfflineGuard]()
+
+
+def is_unit_test(path: Path) -> bool:
+    """Whether the test module at ``path`` is in UNIT_TESTS (itself or its folder)."""
+    if TESTS_DIR not in path.parents:
+        return False
+    relative = path.relative_to(TESTS_DIR).as_posix()
+    return any(relative == unit or (unit.endswith("/") and relative.startswith(unit))
+               for unit in UNIT_TESTS)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` (make test-fast), a test module outside UNIT_TESTS is not even imported:
+    its tests would all be deselected, and the imports (Spark, selenium) cost more than the unit
+    tests themselves."""
+    if (config.getoption("markexpr") == "unit" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and not is_unit_test(collection_path)):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_unit_test(item.path):
+            item.add_marker(pytest.mark.unit)
+        elif item.get_closest_marker("unit"):
+            raise pytest.UsageError(f"{item.nodeid} is marked unit by hand: UNIT_TESTS is the list "
+                                    "(make test-fast does not even import modules outside it)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.items and all(item.get_closest_marker("unit") for item in session.items):
+        guard = OfflineGuard()
+        guard.install()
+        session.config.stash[OFFLINE_GUARD] = guard
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    guard = session.config.stash.get(OFFLINE_GUARD, None)
+    if guard is not None:
+        guard.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def offline_unless_refused(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In an offline run, fail the test that reached for the network or a process, even if the
+    code under test caught the refusal."""
+    yield
+    guard = request.config.stash.get(OFFLINE_GUARD, None)
+    if guard is not None and (refused := guard.take_violations()):
+        pytest.fail("\n".join(refused), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -174,7 +250,7 @@ def skip_unless_tubeq(wire_target_kind: ServerKind) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The bundled client and tubeq-cli (tests/test_client.py, test_consume.py, test_cli.py): a
+# The bundled client and tubeq-cli (tests/client/: test_client.py, test_consume.py, test_cli.py): a
 # private beanstalkd and a private tubeq (fresh prefix on the session's tubeq Redis) of their
 # own, so their jobs, tubes and counters never meet the differential suite's shared servers.
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.servers import ServerProcess, TubeqCluster
+from tests.support.servers import ServerProcess, TubeqCluster
 
 
 @pytest.fixture(scope="module")

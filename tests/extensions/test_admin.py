@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess
+from tests.support.servers import ServerProcess
+from tests.support.wire import Wire
 from tubeq.model import admin
 
 ADMIN_WORDS = ("change-delay", "change-pri", "clear-tube", "list-jobs", "tube-pause",

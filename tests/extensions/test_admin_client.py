@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.servers import ServerProcess
-from tests.test_cli import Cli
+from tests.client.test_cli import Cli
+from tests.support.servers import ServerProcess
 from tubeq.client import BadFormat, Client, JobPage, ListedJob, NotFound, ProtocolError
 from tubeq.client.admin import parse_job_page
 

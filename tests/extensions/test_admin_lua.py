@@ -1,5 +1,5 @@
 """The admin verbs and figures (issue 10 parts 6 and 7) at the Lua level: each script against a
-real Redis with a clock the test moves (tests/test_lua.py's Env), events on and off.
+real Redis with a clock the test moves (tests/store/test_lua.py's Env), events on and off.
 
 clear_tube, list_jobs (and its cursor under concurrent puts and deletes), change_pri,
 change_delay (re-arming the tube's delay timer), tube_pause (no end, resume, tube lifetime) and
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.test_events import Recorder
-from tests.test_lua import ALICE, Env, open_env
+from tests.store.test_events import Recorder
+from tests.store.test_lua import ALICE, Env, open_env
 from tubeq.model import admin
 from tubeq.model.events import EventName
 from tubeq.model.states import JobState

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess, TubeqCluster
-from tests.test_lua import ALICE, BOB, Env, open_env
+from tests.store.test_lua import ALICE, BOB, Env, open_env
+from tests.support.servers import ServerProcess, TubeqCluster
+from tests.support.wire import Wire
 from tubeq.model.states import JobState
 
 # -- Lua (put_many.lua, delete_many.lua; reserve-many is reserve.lua with a count) ---------------

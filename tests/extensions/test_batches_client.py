@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.client_support import WAIT_S, connected, tube_settles
-from tests.servers import ServerProcess
-from tests.test_cli import Cli
+from tests.client.test_cli import Cli
+from tests.support.client_support import WAIT_S, connected, tube_settles
+from tests.support.servers import ServerProcess
 from tubeq.client import (
     Client,
     Job,

@@ -1,7 +1,7 @@
 """put-many, reserve-many and delete-many at the parser (layer a): bytes in, commands out.
 
-Every input goes through ``check`` as in tests/test_protocol.py: fed whole, one byte at a time,
-followed by a command (which must still parse: the batch ended where it should), and followed
+Every input goes through ``check`` as in tests/protocol/test_protocol.py: fed whole, one byte at a
+time, followed by a command (which must still parse: the batch ended where it should), and followed
 by garbage without a line end (which must stay buffered).
 """
 

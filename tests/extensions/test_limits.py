@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess, TubeqCluster, unique_prefix
-from tests.test_lua import ALICE, BOB, Env, open_env
+from tests.store.test_lua import ALICE, BOB, Env, open_env
+from tests.support.servers import ServerProcess, TubeqCluster, unique_prefix
+from tests.support.wire import Wire
 from tubeq.model.states import JobState
 from tubeq.redisio.client import RedisClient
 from tubeq.store.keys import Keys

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess
+from tests.support.servers import ServerProcess
+from tests.support.wire import Wire
 from tubeq.store.keys import Keys
 
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess, TubeqCluster, unique_prefix
-from tests.test_protocol import BAD, UNKNOWN, cases, check, line
+from tests.protocol.test_protocol import BAD, UNKNOWN, cases, check, line
+from tests.support.servers import ServerProcess, TubeqCluster, unique_prefix
+from tests.support.wire import Wire
 from tubeq.protocol import replies
 from tubeq.protocol.commands import (
     PeekKey,

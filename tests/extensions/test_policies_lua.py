@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.test_lua import ALICE, BOB, Env, open_env
+from tests.store.test_lua import ALICE, BOB, Env, open_env
 from tubeq.model.events import Event
 from tubeq.model.options import Options
 from tubeq.model.policies import POLICY_TRANSITIONS, backoff_delay, jitter

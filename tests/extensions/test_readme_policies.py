@@ -8,8 +8,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.servers import ServerProcess, unique_prefix
-from tests.test_readme_session import PROMPT, REPLY_TIMEOUT_S, ReplyReader
+from tests.differential.test_readme_session import PROMPT, REPLY_TIMEOUT_S, ReplyReader
+from tests.support.servers import ServerProcess, unique_prefix
 
 SESSION_FILE = Path(__file__).parent / "readme_policies.txt"
 README = Path(__file__).parents[2] / "README.md"

@@ -17,8 +17,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess, TubeqCluster, unique_prefix
+from tests.support.servers import ServerProcess, TubeqCluster, unique_prefix
+from tests.support.wire import Wire
 from tubeq.model import recurring
 from tubeq.model.events import Event
 from tubeq.redisio.client import RedisClient

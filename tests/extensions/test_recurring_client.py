@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess
-from tests.test_cli import Cli
+from tests.client.test_cli import Cli
+from tests.support.servers import ServerProcess
+from tests.support.wire import Wire
 from tubeq.client import BadOption, Client, NotFound, Schedule, UnknownCommand
 from tubeq.client.errors import ProtocolError
 from tubeq.client.schedules import cron_on_the_wire, parse_schedule_list

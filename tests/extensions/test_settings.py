@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.extensions.wire import Wire
-from tests.servers import ServerProcess
+from tests.support.servers import ServerProcess
+from tests.support.wire import Wire
 from tubeq.model import options
 from tubeq.model.options import PUT_OPTIONS, TUBE_SETTINGS, BadFormat, BadOption
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
+from tests.support.servers import LOOPBACK, ServerProcess, ServerStartError, _spawn_and_wait
 from tubeq.redisio.process import RedisClusterNodes, RedisProcess, free_port
 
 WAIT_S = 60.0  # bound on each wait for a topology to settle; never asserted as a duration

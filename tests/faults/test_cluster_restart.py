@@ -32,7 +32,7 @@ import pytest
 
 from tests.faults.load import Ledger, Load
 from tests.faults.procs import ClusterUnderTest, redis_command
-from tests.servers import start_tubeq, unique_prefix
+from tests.support.servers import start_tubeq, unique_prefix
 from tubeq.store.keys import Keys
 from tubeq.store.shards import shard_of_tube, shard_prefix
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.faults.load import WATCHING_AFTER_KILL_S, Ledger, Load
 from tests.faults.procs import start_tubeq_on
-from tests.servers import LOOPBACK, ServerProcess, unique_prefix
+from tests.support.servers import LOOPBACK, ServerProcess, unique_prefix
 from tubeq.redisio.process import RedisProcess, free_port
 
 # Seconds of load between faults: enough for a few hundred jobs on the shared 2-core box.

@@ -13,9 +13,9 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from tests.client_support import LOOPBACK, Proxy
 from tests.faults.load import Ledger, Load
-from tests.servers import start_tubeq, unique_prefix
+from tests.support.client_support import LOOPBACK, Proxy
+from tests.support.servers import start_tubeq, unique_prefix
 from tubeq.redisio.process import RedisProcess
 
 CUTS = 6

@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 
 from tests.faults.load import REPLY_S, Ledger, Load
-from tests.servers import start_tubeq, unique_prefix
+from tests.support.servers import start_tubeq, unique_prefix
 from tubeq.redisio.process import RedisProcess
 from tubeq.server.scheduler import REAP_AFTER_MS
 

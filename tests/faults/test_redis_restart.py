@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.load import Ledger, Load
-from tests.servers import start_tubeq, unique_prefix
+from tests.support.servers import start_tubeq, unique_prefix
 from tubeq.redisio.process import RedisProcess
 from tubeq.server.scheduler import REAP_AFTER_MS
 

@@ -39,8 +39,8 @@ import pytest
 
 from tests.faults.load import Ledger, Load
 from tests.faults.procs import SentinelTopology, start_tubeq_on
-from tests.servers import LOOPBACK, ServerProcess, unique_prefix
-from tests.test_startup_checks import assert_one_clear_line
+from tests.redisio.test_startup_checks import assert_one_clear_line
+from tests.support.servers import LOOPBACK, ServerProcess, unique_prefix
 from tubeq.redisio.process import free_port
 
 PHASE_S = 2.0

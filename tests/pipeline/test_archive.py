@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
-from tests.servers import TubeqCluster
+from tests.support.servers import TubeqCluster
 from tubeq.client import Client
 from tubeq.pipeline import archive
 from tubeq.pipeline.report import read_archive

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream, workload
 from tests.pipeline.sparks import local_spark
-from tests.servers import ServerProcess
+from tests.support.servers import ServerProcess
 from tubeq.model.events import FIELDS, INT_FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, session
 from tubeq.pipeline.archive import write_archive

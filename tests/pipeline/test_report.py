@@ -415,7 +415,7 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     import greenstalk
     import redis
 
-    from tests.servers import unique_prefix
+    from tests.support.servers import unique_prefix
     from tubeq.store.keys import Keys
 
     prefix = unique_prefix("report")

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline.sparks import local_spark
-from tests.servers import ServerProcess
+from tests.support.servers import ServerProcess
 from tubeq.model.events import FIELDS
 from tubeq.pipeline import schedule
 from tubeq.redisio.process import free_port

@@ -1,6 +1,6 @@
 """Job states and the transitions between them: the state machine the Lua scripts implement.
 
-``TRANSITIONS`` is the table ``protocol.md`` draws and ``tests/test_lua.py`` walks: each row is
+``TRANSITIONS`` is the table protocol.md draws and ``tests/store/test_lua.py`` walks: each row is
 (state before, operation) -> state after, and each operation is one Lua script.
 """
 

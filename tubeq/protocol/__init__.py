@@ -4,5 +4,5 @@ Holds: the parser with its framing, phases and word tables (parser), the command
 the reply words and builders (replies) and the framing of a put-many's entries (batch_framing).
 
 Rules: imports only tubeq.model; never asyncio or redis (the import-linter contracts in
-pyproject.toml keep that). Tested byte by byte, and against a real beanstalkd by tests/wire.
+pyproject.toml keep that). Tested byte by byte, and against a real beanstalkd by tests/differential.
 """

@@ -5,11 +5,11 @@ Every key of a tubeq namespace starts with ``{<prefix>}:``. The braces are a Red
 tag, so every key of a namespace lives in one slot and every script touches one slot: a reserve
 that picks across several watched tubes needs that (beanstalkd orders by (pri, id) across all of
 them). Scripts build the same names from the namespace root they receive as ``KEYS[1]``; their
-copy of this schema is ``lua/includes/keys.lua`` and ``tests/test_lua.py`` keeps the two equal.
+copy of this schema is ``lua/includes/keys.lua`` and ``tests/store/test_lua.py`` keeps them equal.
 
 A job is one hash, ``Keys.job(id)``; its fields are documented in ``lua/includes/job_record.lua``
 (name, meaning, encoding, writers), the scripts name them by its ``JOB_*`` constants, and
-:class:`JobField` mirrors them for Python's reads (``tests/test_lua.py`` keeps the two equal).
+:class:`JobField` mirrors them for Python's reads (``tests/store/test_lua.py`` keeps the two equal).
 
 The schema's version is :data:`LAYOUT_VERSION`, recorded in each namespace (``Keys.layout``).
 

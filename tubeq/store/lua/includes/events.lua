@@ -1,7 +1,7 @@
 -- Lifecycle events: the Lua side of tubeq/model/events.py. A script that changes a job's state
 -- appends its event here, in the same script, so an event exists if and only if its transition
 -- happened. Every entry carries every field of tubeq.model.events.FIELDS in that order ("" or 0 where
--- one does not apply; tests/test_events.py keeps the two equal), so Redis stores the field
+-- one does not apply; tests/store/test_events.py keeps the two equal), so Redis stores the field
 -- names once per stream node.
 -- A script that includes this receives two bound arguments first (tubeq/store/scripts.py):
 -- ARGV[1] the stream's cap (0: events off; the cap itself is kept by each process's scheduler,

@@ -2,7 +2,7 @@
 -- (a tube's sets hold only its member, includes/jobs.lua). Scripts name its fields through the
 -- JOB_* constants below, never by their letters (a script's own source has the letters written
 -- in, tubeq.store.scripts); tubeq.store.keys.JobField mirrors them for Python's reads
--- (tests/test_lua.py keeps the two equal). Field names are one or two letters:
+-- (tests/store/test_lua.py keeps the two equal). Field names are one or two letters:
 -- they are stored in every job, and a small hash stays a compact listpack in Redis.
 -- Encoding: Redis keeps every value as a string. "ms" is an integer instant or span of the
 -- scripts' clock (the `now` a caller passes); "s" a whole number of seconds; a count starts

@@ -1,6 +1,6 @@
 --- @include "job_record"
 
--- Key schema: the Lua mirror of tubeq/store/keys.py (tests/test_lua.py keeps the two equal).
+-- Key schema: the Lua mirror of tubeq/store/keys.py (tests/store/test_lua.py keeps the two equal).
 -- KEYS[1] is the namespace root "{prefix}:"; every key below starts with it, so a script
 -- touches one Redis Cluster slot whatever tubes it works on.
 local NS = KEYS[1]

@@ -1,0 +1,328 @@
+"""consume(): success deletes, failure releases with backoff then buries, auto_touch, the
+concurrency bound, and stopping or cancelling with no job left reserved.
+
+Every test runs three ways: beanstalkd 1.12 with pipelined reserves, tubeq with pipelined
+reserves (``push=False``: the fallback path), and tubeq with the push extension (``push=True``).
+Each checks the server's view from a separate connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.support.client_support import WAIT_S, Proxy, connected, eventually, tube_settles
+from tests.support.servers import ServerProcess
+from tubeq.client import Client, Consumer, Job, NotFound, UnknownCommand
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass(frozen=True)
+class Target:
+    server: ServerProcess
+    push: bool
+
+    @property
+    def mode(self) -> str:
+        return "push" if self.push else "reserve"
+
+    def consume(self, client: Client, tube: str, **options: object) -> Consumer:
+        return client.consume(tube, push=self.push, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=[("beanstalkd", False), ("tubeq", False), ("tubeq", True)],
+                ids=["beanstalkd-reserve", "tubeq-reserve", "tubeq-push"])
+def target(request: pytest.FixtureRequest) -> Target:
+    kind, push = request.param
+    return Target(request.getfixturevalue(f"client_{kind}"), push)
+
+
+@pytest.fixture
+async def admin(target: Target, tube_name: str) -> AsyncIterator[Client]:
+    """A separate connection that puts jobs into the test's tube and reads its stats."""
+    async with connected(*target.server.address, tube_name) as client:
+        yield client
+
+
+async def test_success_deletes(target: Target, admin: Client, tube_name: str) -> None:
+    bodies = {await admin.put(b"job %d" % i): b"job %d" % i for i in range(6)}
+    ids = list(bodies)
+    seen: list[int] = []
+    client = Client(*target.server.address)
+    async with asyncio.timeout(WAIT_S), \
+            target.consume(client, tube_name, concurrency=3) as jobs:
+        async for job in jobs:
+            async with job:
+                assert job.body == bodies[job.id]
+                assert job.tube == tube_name and job.reserved
+                seen.append(job.id)
+            if len(seen) == len(ids):
+                jobs.stop()
+        assert jobs.modes == [target.mode] * 3
+    assert sorted(seen) == ids
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert (stats["current-jobs-ready"], stats["cmd-delete"], stats["total-jobs"]) == (0, 6, 6)
+
+
+async def test_run_respects_the_concurrency_bound(target: Target, admin: Client,
+                                                  tube_name: str) -> None:
+    total, concurrency = 20, 4
+    for i in range(total):
+        await admin.put(b"%d" % i)
+    active = peak = done = 0
+    reserved_seen: list[int] = []
+    async with Client(*target.server.address) as client:
+        consumer = target.consume(client, tube_name, concurrency=concurrency, connections=2)
+
+        async def handler(job: Job) -> None:
+            nonlocal active, peak, done
+            active += 1
+            peak = max(peak, active)
+            assert consumer.held <= concurrency
+            reserved_seen.append(int((await admin.stats_tube(tube_name))["current-jobs-reserved"]))
+            await asyncio.sleep(0.01)
+            active -= 1
+            done += 1
+            if done == total:
+                consumer.stop()
+
+        async with asyncio.timeout(WAIT_S):
+            await consumer.run(handler)
+    assert done == total
+    assert 1 < peak <= concurrency
+    assert max(reserved_seen) <= concurrency
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert (stats["cmd-delete"], stats["current-jobs-ready"]) == (total, 0)
+
+
+async def test_failure_releases_with_backoff_then_buries(target: Target, admin: Client,
+                                                         tube_name: str) -> None:
+    job_id = await admin.put(b"flaky", pri=7)
+    seen: list[tuple[str, int, int, int]] = []
+    client = Client(*target.server.address)
+    async with asyncio.timeout(WAIT_S), \
+            target.consume(client, tube_name, concurrency=2, max_tries=4, backoff_base=1,
+                           backoff_max=3) as jobs:
+        async for job in jobs:
+            async with job:
+                raise RuntimeError("the job fails")  # logged and swallowed
+            # here the job has been released (or buried): look at it from outside
+            stats = await admin.stats_job(job.id)
+            seen.append((str(stats["state"]), int(stats["delay"]),
+                         int(stats["reserves"]), int(stats["pri"])))
+            if stats["state"] == "buried":
+                jobs.stop()
+            else:
+                await admin.kick_job(job.id)  # end the backoff early
+    assert seen == [("delayed", 1, 1, 7), ("delayed", 2, 2, 7), ("delayed", 3, 3, 7),
+                    ("buried", 3, 4, 7)]
+    stats = await admin.stats_job(job_id)
+    assert (stats["releases"], stats["buries"]) == (3, 1)
+    await admin.delete(job_id)
+
+
+async def test_auto_touch_keeps_a_short_ttr_job_alive(target: Target, admin: Client,
+                                                      tube_name: str) -> None:
+    job_id = await admin.put(b"slow", ttr=1)
+    client = Client(*target.server.address)
+    async with asyncio.timeout(WAIT_S), \
+            target.consume(client, tube_name, concurrency=1, auto_touch=True) as jobs:
+        async for job in jobs:
+            async with job:
+                await asyncio.sleep(2.2)  # more than twice its TTR
+                stats = await admin.stats_job(job.id)
+                assert (stats["state"], stats["reserves"], stats["timeouts"]) == (
+                    "reserved", 1, 0)
+            jobs.stop()
+    with pytest.raises(NotFound):  # it was deleted: the block ended normally
+        await admin.stats_job(job_id)
+
+
+async def test_cancel_while_iterating_leaves_no_job_reserved(
+        target: Target, admin: Client, tube_name: str) -> None:
+    for i in range(6):
+        await admin.put(b"%d" % i)
+    client = Client(*target.server.address)
+    consumer = target.consume(client, tube_name, concurrency=3)
+    started = asyncio.Event()
+
+    async def work() -> None:
+        async for job in consumer:
+            async with job:
+                started.set()
+                await asyncio.Event().wait()  # never finishes
+
+    task = asyncio.ensure_future(work())
+    async with asyncio.timeout(WAIT_S):
+        await started.wait()
+    await eventually(lambda: _held(consumer, 3), "the consumer holds 3 jobs")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert (stats["current-jobs-ready"], stats["cmd-delete"]) == (6, 0)
+    await _delete_all(admin, tube_name)
+
+
+async def test_cancel_run_leaves_no_job_reserved(target: Target, admin: Client,
+                                                 tube_name: str) -> None:
+    for i in range(6):
+        await admin.put(b"%d" % i)
+    started: set[int] = set()
+    three = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        started.add(job.id)
+        if len(started) == 3:
+            three.set()
+        await asyncio.Event().wait()
+
+    async with Client(*target.server.address) as client:
+        consumer = target.consume(client, tube_name, concurrency=3)
+        task = asyncio.ensure_future(consumer.run(handler))
+        async with asyncio.timeout(WAIT_S):
+            await three.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert (stats["current-jobs-ready"], stats["cmd-delete"]) == (6, 0)
+    stats = await admin.stats_job(min(started))
+    assert (stats["releases"], stats["buries"]) == (0, 0)  # put back, not failed
+    await _delete_all(admin, tube_name)
+
+
+async def test_stop_lets_handed_out_jobs_finish_and_puts_back_the_rest(
+        target: Target, admin: Client, tube_name: str) -> None:
+    for i in range(8):
+        await admin.put(b"%d" % i)
+    gate = asyncio.Event()
+    started: list[int] = []
+    finished: list[int] = []
+
+    async def handler(job: Job) -> None:
+        started.append(job.id)
+        await gate.wait()
+        finished.append(job.id)
+
+    async with Client(*target.server.address) as client:
+        consumer = target.consume(client, tube_name, concurrency=3)
+        task = asyncio.ensure_future(consumer.run(handler))
+        await eventually(lambda: _count(started, 3), "3 handlers are running")
+        consumer.stop()
+        gate.set()
+        async with asyncio.timeout(WAIT_S):
+            await task
+    assert sorted(finished) == sorted(started) and len(started) >= 3
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert stats["cmd-delete"] == len(finished)
+    assert stats["current-jobs-ready"] == 8 - len(finished)
+    await _delete_all(admin, tube_name)
+
+
+async def test_a_lost_connection_is_reopened(target: Target, admin: Client,
+                                             tube_name: str) -> None:
+    seen: list[bytes] = []
+    async with Proxy(*target.server.address) as proxy, asyncio.timeout(WAIT_S):
+        client = Client("127.0.0.1", proxy.port)  # never connects itself: the consumer does
+        consumer = target.consume(client, tube_name, concurrency=1)
+        async with consumer:
+            await admin.put(b"before")
+            async for job in consumer:
+                async with job:
+                    seen.append(job.body)
+                if len(seen) == 1:
+                    proxy.cut()
+                    # Put the next job once the consumer is back (the admin and the new
+                    # connection watch the tube): a job granted at the very moment a connection
+                    # drops is a server-side race, not what this test is about.
+                    await eventually(lambda: _watchers(admin, tube_name, 2),
+                                     "the consumer reconnected")
+                    await admin.put(b"after")
+                else:
+                    consumer.stop()
+        assert proxy.accepted == 2  # the consumer's connection, then its reconnection
+    assert seen == [b"before", b"after"]
+    await tube_settles(admin, tube_name, current_jobs_reserved=0, cmd_delete=2)
+
+
+async def test_push_required_but_unknown_raises(client_beanstalkd: ServerProcess,
+                                                tube_name: str) -> None:
+    async with Client(*client_beanstalkd.address) as client, asyncio.timeout(WAIT_S):
+        with pytest.raises(UnknownCommand):
+            async for _ in client.consume(tube_name, push=True):
+                pass
+
+
+async def test_push_by_default_when_the_server_has_it(any_server: ServerProcess,
+                                                      tube_name: str) -> None:
+    expected = "push" if any_server.kind == "tubeq" else "reserve"
+    async with connected(*any_server.address, tube_name) as admin, \
+            Client(*any_server.address) as client, asyncio.timeout(WAIT_S):
+        await admin.put(b"x")
+        async with client.consume(tube_name, concurrency=4, connections=2) as jobs:
+            async for job in jobs:
+                async with job:
+                    pass
+                jobs.stop()
+            assert jobs.modes == [expected, expected]
+        await tube_settles(admin, tube_name, current_jobs_reserved=0, cmd_delete=1)
+
+
+async def _watchers(admin: Client, tube: str, count: int) -> bool:
+    return (await admin.stats_tube(tube))["current-watching"] == count
+
+
+async def _held(consumer: Consumer, count: int) -> bool:
+    return consumer.held == count
+
+
+async def _count(items: list[int], count: int) -> bool:
+    return len(items) >= count
+
+
+async def _delete_all(admin: Client, tube: str) -> None:
+    while True:
+        try:
+            job = await admin.peek_ready()
+        except NotFound:
+            return
+        await admin.delete(job.id)
+
+
+# A reserve timeout far beyond the test's own bound (WAIT_S): a delete queued behind a waiting
+# reserve on beanstalkd is answered only when that reserve ends, i.e. after RESERVE_WAIT_S.
+RESERVE_WAIT_S = 30
+
+
+async def test_acks_are_not_held_behind_a_waiting_reserve(client_beanstalkd: ServerProcess,
+                                                          tube_name: str) -> None:
+    """beanstalkd answers a connection's commands in order: every delete of a drained queue is
+    answered while the reserve timeout (30 s) is far from over, so no reserve was waiting in
+    front of it. The old consumer sent its waiting reserve again right after each job came and
+    before the job's delete, so the last deletes of the queue waited the full 30 s."""
+    assert WAIT_S < RESERVE_WAIT_S / 2
+    total = 12
+    async with connected(*client_beanstalkd.address, tube_name) as admin:
+        for i in range(total):
+            await admin.put(b"%d" % i)
+        deleted: list[int] = []
+        async with Client(*client_beanstalkd.address) as client:
+            consumer = client.consume(tube_name, concurrency=4, connections=1,
+                                      reserve_timeout=RESERVE_WAIT_S)
+            async with asyncio.timeout(WAIT_S), consumer as jobs:
+                async for job in jobs:
+                    async with job:  # ends once the delete was answered
+                        pass
+                    deleted.append(job.id)
+                    if len(deleted) == total:
+                        jobs.stop()
+                assert jobs.modes == ["reserve"]
+        assert len(deleted) == total
+        stats = await admin.stats_tube(tube_name)
+        assert (stats["cmd-delete"], stats["current-jobs-ready"],
+                stats["current-jobs-reserved"]) == (total, 0, 0)

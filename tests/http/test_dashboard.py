@@ -1,0 +1,175 @@
+"""The web dashboard in a real headless browser (Debian chromium + chromium-driver, driven by
+selenium) against a real tubeq process: the page loads, a put shows up by itself, a buried job
+is kicked, a job deleted and the tube paused by clicking."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.support.servers import ServerProcess, TubeqCluster
+from tubeq.redisio.process import free_port
+
+# How long the page may take to show a change (it refreshes every second).
+PAGE_WAIT_S = 20
+
+
+class Wire:
+    """A blocking text-protocol connection (selenium is synchronous, so this test is too)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def ask(self, line: bytes, body: bytes | None = None) -> bytes:
+        self.sock.sendall(line + b"\r\n" + (b"" if body is None else body + b"\r\n"))
+        while b"\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        reply, self.buf = self.buf.split(b"\r\n", 1)
+        words = reply.split()
+        if words and words[0] in (b"RESERVED", b"FOUND", b"OK"):
+            size = int(words[-1]) + 2
+            while len(self.buf) < size:
+                self.buf += self.sock.recv(65536)
+            data, self.buf = self.buf[:size], self.buf[size:]
+            return reply + b"\r\n" + data
+        return reply + b"\r\n"
+
+    def stat(self, line: bytes, field: bytes) -> bytes:
+        for row in self.ask(line).split(b"\n"):
+            if row.startswith(field + b": "):
+                return row.split(b": ", 1)[1].strip()
+        raise AssertionError(f"no {field!r} in {line!r}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def dashboard(tubeq_cluster: TubeqCluster) -> Iterator[tuple[ServerProcess, str]]:
+    http_port = free_port("127.0.0.1")
+    server = tubeq_cluster.start(label="tubeq-dashboard",
+                                 flags=("--metrics", f"127.0.0.1:{http_port}"))
+    yield server, f"http://127.0.0.1:{http_port}"
+    server.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "needs Debian's chromium and chromium-driver (make system-deps)"
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900"):
+        options.add_argument(arg)
+    chrome = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    yield chrome
+    chrome.quit()
+
+
+def wait_for(browser: WebDriver, css: str, text: str | None = None) -> None:
+    """Until an element matching ``css`` exists (and contains ``text``)."""
+    def seen(d: WebDriver) -> bool:
+        return any(text is None or text in el.text
+                   for el in d.find_elements(By.CSS_SELECTOR, css))
+
+    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
+                  ignored_exceptions=[StaleElementReferenceException]).until(
+        seen, f"{css} {'containing ' + repr(text) if text else ''} never appeared")
+
+
+def click(browser: WebDriver, element_id: str) -> None:
+    """Click the element with this id; the page rebuilds its tables every second, so an
+    element found a moment ago may be replaced before the click lands: find it again."""
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(By.ID, element_id).click()
+        return True
+
+    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.1,
+                  ignored_exceptions=[StaleElementReferenceException]).until(
+        clicked, f"#{element_id} could not be clicked")
+
+
+def test_a_put_appears_and_a_buried_job_is_kicked_by_clicking(
+        dashboard: tuple[ServerProcess, str], browser: WebDriver) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        browser.get(url + "/")
+        wait_for(browser, '#tubes tr[data-tube="default"]')
+        assert "tubeq" in browser.title
+
+        # A put over the protocol shows up on the open page, without a reload.
+        wire.ask(b"use web")
+        put = wire.ask(b"put 0 0 60 5", b"hello")
+        assert put.startswith(b"INSERTED")
+        wait_for(browser, '#tubes tr[data-tube="web"] td.ready', "1")
+        # The servers of the namespace: this one.
+        wait_for(browser, "#servers tbody tr", "(this one)")
+
+        # Bury a job, then kick it from the tube's page.
+        wire.ask(b"watch web")
+        reserved = wire.ask(b"reserve-with-timeout 0")
+        job_id = reserved.split()[1]
+        assert wire.ask(b"bury " + job_id + b" 0") == b"BURIED\r\n"
+        browser.get(f"{url}/tubes/web")
+        wait_for(browser, f"#jobs-buried #kick-{job_id.decode()}")
+        click(browser, f"kick-{job_id.decode()}")
+        wait_for(browser, f"#jobs-ready #job-{job_id.decode()}")
+        assert wire.stat(b"stats-job " + job_id, b"state") == b"ready"
+        assert wire.stat(b"stats-job " + job_id, b"kicks") == b"1"
+
+        # Peek shows the body; delete removes the job.
+        click(browser, f"peek-{job_id.decode()}")
+        wait_for(browser, "#peek", "hello")
+        click(browser, f"delete-{job_id.decode()}")
+        wait_for(browser, "#status", f"deleted job {job_id.decode()}")
+        assert wire.ask(b"peek " + job_id) == b"NOT_FOUND\r\n"
+
+        # Pause the tube from the page.
+        click(browser, "pause")
+        wait_for(browser, "#status", "paused for 60 s")
+        assert int(wire.stat(b"stats-tube web", b"pause-time-left")) > 0
+        click(browser, "resume")
+        wait_for(browser, "#status", "resumed")
+        assert wire.stat(b"stats-tube web", b"pause") == b"0"
+    finally:
+        wire.close()
+
+
+def test_a_tube_link_is_percent_encoded_in_the_served_page(
+        dashboard: tuple[ServerProcess, str]) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        for tube in (b"a/b", b"x+y;(1)$"):
+            assert wire.ask(b"use " + tube) == b"USING " + tube + b"\r\n"
+            assert wire.ask(b"put 0 0 60 1", b"x").startswith(b"INSERTED ")
+    finally:
+        wire.close()
+    with urllib.request.urlopen(f"{url}/", timeout=10) as page:  # as served, no script run
+        index = page.read().decode()
+    for tube, href in (("a/b", "/tubes/a%2Fb"), ("x+y;(1)$", "/tubes/x%2By%3B%281%29%24")):
+        assert f'<a href="{href}">{tube}</a>' in index, index
+        with urllib.request.urlopen(url + href, timeout=10) as page:
+            assert page.status == 200
+            assert f'<code id="tube-name">{tube}</code>' in page.read().decode()
+
+
+def test_an_unknown_tube_page_says_so(dashboard: tuple[ServerProcess, str],
+                                      browser: WebDriver) -> None:
+    _, url = dashboard
+    browser.get(f"{url}/tubes/nosuch")
+    wait_for(browser, "p.error", "No tube named 'nosuch'")

@@ -1,0 +1,67 @@
+"""Process-wide limits: ``--max-connections`` (issue 12 part 8), against a real tubeq."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from tests.support.servers import TubeqCluster
+from tests.support.wire import Wire
+
+WAIT_S = 10.0
+
+
+def test_connections_past_the_limit_get_one_line_and_are_closed(
+        tubeq_cluster: TubeqCluster) -> None:
+    server = tubeq_cluster.start(label="tubeq-max-conn", flags=("--max-connections", "2"))
+    try:
+        with Wire(server.host, server.port) as a, Wire(server.host, server.port) as b:
+            assert a.ask("use a") == b"USING a\r\n"
+            assert b.ask("use b") == b"USING b\r\n"
+            with socket.create_connection((server.host, server.port), timeout=WAIT_S) as c:
+                out = b""
+                while chunk := c.recv(100):
+                    out += chunk
+                assert out == b"TOO_MANY_CONNECTIONS\r\n"  # then closed
+            assert a.ask("list-tube-used") == b"USING a\r\n"  # the others go on
+        # Both closed: room again (the server sees the closes shortly after).
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            with Wire(server.host, server.port) as d:
+                reply = d.ask("list-tube-used")
+            if reply == b"USING default\r\n" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert reply == b"USING default\r\n"
+    finally:
+        server.stop()
+
+
+def test_a_namespace_at_max_jobs_refuses_puts_until_it_has_room(
+        tubeq_cluster: TubeqCluster) -> None:
+    server = tubeq_cluster.start(label="tubeq-max-jobs", flags=("--max-jobs", "3"))
+    try:
+        with Wire(server.host, server.port) as w:
+            ids = []
+            for tube in ("a", "b", "a"):  # the cap is the namespace's, across tubes
+                assert w.ask(f"use {tube}").startswith(b"USING")
+                reply = w.ask(b"put 0 0 60 1\r\nx\r\n")
+                assert reply.startswith(b"INSERTED ")
+                ids.append(reply.split()[1].decode())
+            # Counted once a second: within a few seconds puts are refused, nothing stored.
+            deadline = time.monotonic() + WAIT_S
+            while (reply := w.ask(b"put 0 0 60 1\r\ny\r\n")) != b"OUT_OF_MEMORY\r\n":
+                assert reply.startswith(b"INSERTED ") and time.monotonic() < deadline
+                ids.append(reply.split()[1].decode())
+                time.sleep(0.05)
+            held = len(ids)
+            assert w.ask(b"put-with 0 0 60 1 key=z\r\nz\r\n") == b"OUT_OF_MEMORY\r\n"
+            for job_id in ids[: held - 2]:  # room again
+                assert w.ask(f"delete {job_id}") == b"DELETED\r\n"
+            deadline = time.monotonic() + WAIT_S
+            while (reply := w.ask(b"put 0 0 60 1\r\nw\r\n")) == b"OUT_OF_MEMORY\r\n":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert reply.startswith(b"INSERTED ")
+    finally:
+        server.stop()

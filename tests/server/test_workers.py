@@ -1,0 +1,95 @@
+"""``tubeq --workers N`` (tubeq.server.workers): N processes on one port, sharing one namespace; a
+worker that dies is replaced; SIGTERM stops them all. Real processes, the session's Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.servers import unique_prefix
+from tests.support.wire import Wire
+from tubeq.redisio.process import RedisProcess, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 20.0
+
+
+def _pid_behind(port: int) -> int:
+    with Wire("127.0.0.1", port) as w:
+        return int(w.yaml("stats")["pid"])
+
+
+def _pids(port: int, connections: int = 24) -> set[int]:
+    return {_pid_behind(port) for _ in range(connections)}
+
+
+def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        assert proc.poll() is None, "the supervisor exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "no worker listened"
+            time.sleep(0.05)
+
+
+def test_two_workers_share_the_port_and_the_tubes(redis_process: RedisProcess) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "tubeq", "--workers", "2", "-p", str(port), "--redis",
+            redis_process.url, "--prefix", unique_prefix()]
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(port, proc)
+        deadline = time.monotonic() + WAIT_S
+        pids = _pids(port)
+        while len(pids) < 2 and time.monotonic() < deadline:  # the second may still be starting
+            time.sleep(0.1)
+            pids |= _pids(port)
+        assert len(pids) == 2 and proc.pid not in pids  # two workers, the supervisor serves none
+        # A job put through one worker is reserved through the other.
+        with Wire("127.0.0.1", port) as a:
+            first = int(a.yaml("stats")["pid"])
+            assert a.ask(b"put 0 0 60 5\r\nshare\r\n") == b"INSERTED 1\r\n"
+        while True:
+            with Wire("127.0.0.1", port) as b:
+                if int(b.yaml("stats")["pid"]) != first:
+                    assert b.ask("reserve-with-timeout 5") == b"RESERVED 1 5\r\nshare\r\n"
+                    break
+        # A worker killed is replaced by a new process.
+        victim = first
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                now = _pids(port, 8)
+            except (OSError, AssertionError):
+                now = set()
+            if len(now - pids) >= 1 and victim not in now:
+                break
+            time.sleep(0.2)
+        assert victim not in now and len(now - pids) >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    # Every worker went with the supervisor: nothing listens any more.
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        refused = False
+    except OSError:
+        refused = True
+    assert refused
+
+
+def test_workers_need_a_fixed_tcp_port() -> None:
+    out = subprocess.run([sys.executable, "-m", "tubeq", "--workers", "2", "-p", "0"],
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                         timeout=60, check=False)
+    assert out.returncode == 2 and b"--workers needs a TCP port" in out.stderr

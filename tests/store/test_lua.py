@@ -1,0 +1,710 @@
+"""Layer (c): every Lua script against a real Redis, with a clock the test moves.
+
+Walks ``tubeq.model.states.TRANSITIONS``: for each row, a job is brought into the "before" state,
+the operation's script runs, and the job's state in Redis must be the "after" state. Then the
+finer points of each script: ordering, ownership, counters, tube lifetime, timers, wake-ups.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio
+import redis.exceptions
+
+from tests.support.client_support import eventually
+from tubeq.model.states import TRANSITIONS, JobState
+from tubeq.redisio.client import RedisClient, RedisReplyError
+from tubeq.redisio.process import RedisProcess
+from tubeq.store.keys import JobField, Keys
+from tubeq.store.shards import ShardedStore
+from tubeq.store.store import NoJob, Reservation, Store
+
+ALICE = "inst:1"
+BOB = "inst:2"
+
+
+@dataclass
+class FakeClock:
+    now_ms: int = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+
+
+@dataclass
+class Env:
+    store: Store
+    clock: FakeClock
+    raw: redis.asyncio.Redis
+    keys: Keys
+
+    async def state(self, job_id: int) -> JobState | None:
+        info = await self.store.job_info(job_id)
+        return None if info is None else JobState(info.state)
+
+    async def put(self, tube: str = "default", pri: int = 0, delay: int = 0, ttr: int = 60,
+                  body: bytes = b"x") -> int:
+        return await self.store.put(tube, pri, delay, ttr, body)
+
+    async def reserve(self, token: str = ALICE) -> Reservation:
+        r = await self.store.reserve(token)
+        assert isinstance(r, Reservation), r
+        return r
+
+
+@asynccontextmanager
+async def open_env(redis_url: str, events_maxlen: int, functions: bool = True,
+                   ) -> AsyncIterator[Env]:
+    """A store of instance "inst" with connections ALICE and BOB, on a fake clock; its scripts
+    called as the library's functions (FCALL), or each by EVALSHA (``functions=False``)."""
+    clock = FakeClock()
+    client = await RedisClient.connect(redis_url)
+    keys = Keys("test")
+    store = Store(client, keys, "inst", clock, events_maxlen=events_maxlen, functions=functions)
+    assert await store.load_scripts() is functions  # the private Redis is 7.x
+    await store.heartbeat()
+    for token in (ALICE, BOB):
+        await store.connect(token)
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        yield Env(store, clock, raw, keys)
+    finally:
+        await raw.aclose()
+        await client.close()
+
+
+# Every script test runs with lifecycle events on and off: writing them must change nothing
+# else (what they write is tests/store/test_events.py's business). And every one runs as a function
+# of the library (FCALL, the default) and as a script by EVALSHA (the fallback, and the path of
+# a Redis before 7.0): the two bind the same text differently (tubeq.store.scripts).
+@pytest.fixture(params=[(1000, True), (0, True), (1000, False), (0, False)],
+                ids=["events-on", "events-off", "events-on-evalsha", "events-off-evalsha"])
+async def env(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    async with open_env(redis_url, *request.param) as opened:
+        yield opened
+
+
+async def bring_to(env: Env, state: JobState | None) -> int:
+    """A job in ``state`` (reserved by ALICE when reserved)."""
+    if state is JobState.DELAYED:
+        return await env.put(delay=10)
+    job_id = await env.put()
+    if state is JobState.READY:
+        return job_id
+    r = await env.reserve()
+    assert r.id == job_id
+    if state is JobState.BURIED:
+        assert await env.store.bury(ALICE, job_id, 0)
+    return job_id
+
+
+async def perform(env: Env, op: str, job_id: int) -> None:
+    s = env.store
+    if op == "promote":
+        env.clock.advance(11)
+        await s.promote()
+    elif op == "expire":
+        env.clock.advance(61)
+        await s.expire()
+    elif op == "reserve":
+        assert (await env.reserve()).id == job_id
+    elif op == "reserve_job":
+        assert isinstance(await s.reserve_job(BOB, job_id), Reservation)
+    elif op == "release":
+        assert await s.release(ALICE, job_id, 5, 0)
+    elif op == "release delay>0":
+        assert await s.release(ALICE, job_id, 5, 3)
+    elif op == "bury":
+        assert await s.bury(ALICE, job_id, 5)
+    elif op == "touch":
+        assert await s.touch(ALICE, job_id)
+    elif op == "kick":
+        assert await s.kick("default", 10) == 1
+    elif op == "kick_job":
+        assert await s.kick_job(job_id)
+    elif op == "disconnect":
+        assert await s.disconnect(ALICE, False, False, [job_id]) == 1
+    elif op == "delete":
+        assert await s.delete(ALICE, job_id)
+    else:
+        raise AssertionError(op)
+
+
+@pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])
+async def test_transition_table(env: Env, before: JobState, op: str) -> None:
+    job_id = await bring_to(env, before)
+    assert await env.state(job_id) is before
+    await perform(env, op, job_id)
+    assert await env.state(job_id) is TRANSITIONS[(before, op)]
+
+
+async def test_put_states(env: Env) -> None:
+    assert await env.state(await env.put()) is TRANSITIONS[(None, "put")]
+    assert await env.state(await env.put(delay=1)) is TRANSITIONS[(None, "put delay>0")]
+
+
+async def test_ids_are_sequential_and_burned_ids_are_skipped(env: Env) -> None:
+    assert await env.put() == 1
+    assert await env.store.burn_id() == 2
+    assert await env.put() == 3
+
+
+async def test_reserve_orders_by_priority_then_id_across_tubes(env: Env) -> None:
+    await env.store.change_watches(ALICE, [("+w", "a"), ("+w", "b")])
+    ids = [await env.put("a", 5), await env.put("b", 1), await env.put("a", 1),
+           await env.put("default", 3)]
+    order = [(await env.reserve()).id for _ in ids]
+    assert order == [ids[1], ids[2], ids[3], ids[0]]
+    assert isinstance(await env.store.reserve(ALICE), NoJob)
+
+
+async def test_reserve_only_from_watched_tubes(env: Env) -> None:
+    await env.put("other")
+    assert await env.store.reserve(ALICE) == NoJob()
+
+
+@pytest.mark.parametrize("unwatched_ready", [0, 1, 5, 35, 60])
+async def test_reserve_across_many_watched_tubes(env: Env, unwatched_ready: int) -> None:
+    # 40 watched tubes: reserve walks the ready-tube index, its head alone and then pages of
+    # 32 (0: found at the head; 1 and 5: on the second page; 35: on the third), falling back
+    # to per-tube lookups when the index is crowded with tubes the connection does not watch
+    # (60: more than the 40 it watches).
+    await env.store.change_watches(ALICE, [("+w", f"t{i}") for i in range(40)])
+    for i in range(unwatched_ready):
+        await env.put(f"other{i}", 0)
+    low = await env.put("t7", 9)
+    best = await env.put("t30", 4)
+    tie = await env.put("t2", 4)
+    assert [(await env.reserve()).id for _ in range(3)] == [best, tie, low]
+    assert isinstance(await env.store.reserve(ALICE), NoJob)
+
+
+async def test_ids_compare_numerically_not_as_strings(env: Env) -> None:
+    for _ in range(9):
+        await env.put(pri=7)
+    ten = await env.put(pri=7)
+    assert ten == 10
+    assert [(await env.reserve()).id for _ in range(10)] == list(range(1, 11))
+
+
+async def test_paused_tube_is_skipped_then_resumes_on_time(env: Env) -> None:
+    job_id = await env.put()
+    until = await env.store.pause("default", 2)
+    assert until == env.clock.now_ms + 2000
+    assert await env.store.reserve(ALICE) == NoJob()
+    env.clock.advance(2)
+    next_due, woken = await env.store.promote()
+    assert woken == ["default"] and next_due == -1
+    assert (await env.reserve()).id == job_id
+
+
+async def test_pause_of_missing_tube_is_not_found_and_creates_nothing(env: Env) -> None:
+    assert await env.store.pause("nosuch", 5) == 0
+    assert "nosuch" not in await env.store.list_tubes()
+
+
+async def test_delayed_jobs_become_ready_in_due_order_then_id(env: Env) -> None:
+    late = await env.put(delay=5)
+    early_b = await env.put(delay=2, pri=9)
+    early_a = await env.put(delay=2, pri=1)
+    assert (await env.store.peek_state("delayed", "default")) == (early_b, b"x")
+    env.clock.advance(2)
+    next_due, woken = await env.store.promote()
+    assert woken == ["default"]
+    assert next_due == env.clock.now_ms + 3000
+    assert (await env.reserve()).id == early_a
+    assert (await env.reserve()).id == early_b
+    assert await env.state(late) is JobState.DELAYED
+
+
+async def test_expire_counts_a_timeout_and_the_owner_loses_the_job(env: Env) -> None:
+    job_id = await env.put(ttr=1)
+    await env.reserve()
+    env.clock.advance(1)
+    next_due, woken = await env.store.expire()
+    assert woken == ["default"] and next_due == -1
+    info = await env.store.job_info(job_id)
+    assert info is not None and (info.state, info.timeouts, info.reserves) == ("ready", 1, 1)
+    assert not await env.store.release(ALICE, job_id, 0, 0)
+    _, named = await env.store.server_counts()
+    assert named["job-timeouts"] == 1
+
+
+async def test_only_the_owner_may_touch_release_bury_or_delete(env: Env) -> None:
+    job_id = await env.put()
+    await env.reserve(ALICE)
+    s = env.store
+    assert not await s.release(BOB, job_id, 0, 0)
+    assert not await s.bury(BOB, job_id, 0)
+    assert await s.touch(BOB, job_id) == 0
+    assert not await s.delete(BOB, job_id)
+    assert isinstance(await s.reserve_job(BOB, job_id), NoJob)
+    assert await s.delete(ALICE, job_id)
+
+
+async def test_touch_gives_a_full_ttr_from_now(env: Env) -> None:
+    job_id = await env.put(ttr=10)
+    await env.reserve()
+    env.clock.advance(8)
+    assert await env.store.touch(ALICE, job_id) == env.clock.now_ms + 10_000
+    env.clock.advance(8)
+    await env.store.expire()
+    assert await env.state(job_id) is JobState.RESERVED
+
+
+async def test_release_and_bury_count_and_set_priority(env: Env) -> None:
+    job_id = await env.put(pri=1)
+    await env.reserve()
+    assert await env.store.release(ALICE, job_id, 7, 0)
+    await env.reserve()
+    assert await env.store.bury(ALICE, job_id, 9)
+    info = await env.store.job_info(job_id)
+    assert info is not None
+    assert (info.pri, info.releases, info.buries, info.reserves) == (9, 1, 1, 2)
+
+
+async def test_kick_takes_buried_before_delayed_and_never_both(env: Env) -> None:
+    buried = []
+    for _ in range(2):
+        await env.put()
+        r = await env.reserve()
+        await env.store.bury(ALICE, r.id, 0)
+        buried.append(r.id)
+    delayed = await env.put(delay=100)
+    assert await env.store.peek_state("buried", "default") == (buried[0], b"x")
+    assert await env.store.kick("default", 1) == 1
+    assert await env.state(buried[0]) is JobState.READY
+    assert await env.store.kick("default", 10) == 1
+    assert await env.state(delayed) is JobState.DELAYED
+    assert await env.store.kick("default", 10) == 1
+    assert await env.state(delayed) is JobState.READY
+    assert await env.store.kick("default", 10) == 0
+
+
+async def test_kick_job_only_buried_or_delayed(env: Env) -> None:
+    ready = await env.put()
+    assert not await env.store.kick_job(ready)
+    assert not await env.store.kick_job(999)
+
+
+async def test_disconnect_releases_without_counting(env: Env) -> None:
+    job_id = await env.put()
+    await env.reserve()
+    assert await env.store.disconnect(ALICE, False, False, [job_id]) == 1
+    info = await env.store.job_info(job_id)
+    assert info is not None and (info.state, info.timeouts, info.releases) == ("ready", 0, 0)
+
+
+async def test_tube_lives_while_referenced_and_forgets_its_counters(env: Env) -> None:
+    s = env.store
+    await s.set_using([("t", 1)])
+    job_id = await env.put("t")
+    await s.pause("t", 100)
+    await s.set_using([("t", 0)])
+    assert "t" in await s.list_tubes()  # it still has a job
+    assert await s.delete(ALICE, job_id)
+    assert "t" not in await s.list_tubes()
+    await s.change_watches(ALICE, [("+w", "t")])
+    counts = await s.tube_counts("t")
+    assert counts is not None
+    assert counts[5] == 0 and counts[11] == 0 and counts[12] == 0  # total-jobs, pause, pause end
+
+
+async def test_default_tube_is_never_collected(env: Env) -> None:
+    await env.store.set_using([("default", 2)])
+    await env.store.set_using([("default", 0), ("x", 2)])
+    await env.store.change_watches(ALICE, [("+w", "x"), ("-w", "default")])
+    await env.store.change_watches(BOB, [("+w", "x"), ("-w", "default")])
+    assert "default" in await env.store.list_tubes()
+
+
+async def test_using_counts_are_absolute_per_instance_and_summed(env: Env) -> None:
+    other = Store(env.store.client, env.keys, "other", env.clock)
+    await other.heartbeat()
+    await env.store.set_using([("u", 2)])
+    await env.store.set_using([("u", 2)])  # sent again (a retry): no double count
+    await other.set_using([("u", 3)])
+    counts = await env.store.tube_counts("u")
+    assert counts is not None and counts[6] == 5  # current-using
+    await env.store.set_using([("u", 0)])
+    counts = await env.store.tube_counts("u")
+    assert counts is not None and counts[6] == 3
+    await other.set_using([("u", 0)])
+    assert "u" not in await env.store.list_tubes()
+
+
+async def test_reap_takes_back_a_dead_instance_use_counts(env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.set_using([("spooky", 4)])
+    assert "spooky" in await env.store.list_tubes()
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert "spooky" not in await env.store.list_tubes()
+
+
+async def test_wake_is_published_only_when_someone_waits_and_nobody_took_the_job(
+        env: Env) -> None:
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    await env.put()
+    assert await pubsub.get_message(timeout=0.2) is None
+    await env.store.pause("default", 60)  # a waiter cannot take a job from a paused tube
+    await env.store.set_waiting(ALICE, 1)
+    job_id = await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["channel"] == env.keys.wake_channel("default").encode()
+    assert await env.state(job_id) is JobState.READY
+    assert await env.store.set_waiting(ALICE, -1, claim=True) == []
+    counts = await env.store.tube_counts("default")
+    assert counts is not None and counts[8] == 0  # current-waiting back to 0
+    await pubsub.aclose()
+
+
+async def _grant_listener(env: Env) -> Any:
+    pubsub = env.raw.pubsub()
+    await pubsub.subscribe(env.keys.grant_channel("inst"))
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    return pubsub
+
+
+async def test_put_hands_the_job_to_the_first_waiting_connection(env: Env) -> None:
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.set_waiting(BOB, 1)
+    await s.set_waiting(ALICE, 1)
+    first = await env.put(body=b"first")
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    info = await s.job_info(first)
+    assert info is not None and (info.state, info.reserves) == ("reserved", 1)
+    counts = await s.tube_counts("default")
+    assert counts is not None and (counts[1], counts[2], counts[8]) == (0, 1, 1)
+    second = await env.put(body=b"second")  # the next waiter in line
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == ALICE.encode()
+    # Each claims its own with its next reserve; nothing else is taken with it.
+    third = await env.put(body=b"third")
+    bob = await env.reserve(BOB)
+    assert (bob.id, bob.body) == (first, b"first")
+    alice = await env.reserve(ALICE)
+    assert (alice.id, alice.body) == (second, b"second")
+    assert await env.state(third) is JobState.READY
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 0
+    await pubsub.aclose()
+
+
+async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None:
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    await s.set_waiting(ALICE, 1)
+    job_id = await env.put()
+    # BOB's reserve timed out at the same instant: counting out claims the job instead, and
+    # the put's counting out is not done twice.
+    claimed = await s.set_waiting(BOB, -1, claim=True)
+    assert [r.id for r in claimed] == [job_id]
+    assert await s.set_waiting(BOB, -1, claim=True) == []
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 1  # ALICE still waits
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 1  # current-waiting
+
+
+async def test_a_waiter_watching_several_tubes_gets_its_best_job(env: Env) -> None:
+    s = env.store
+    await s.change_watches(BOB, [("+w", "urgent")])
+    await s.pause("urgent", 60)
+    urgent = await env.put("urgent", pri=0)
+    await s.pause("urgent", 0)  # ready again; the hint for it may not have reached BOB yet
+    await s.set_waiting(BOB, 1)
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)
+    own = await env.put("default", pri=10)
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [urgent]
+    # The put's own job is still ready: the other waiters of its tube get a wake-up.
+    assert await env.state(own) is JobState.READY
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["channel"] == env.keys.wake_channel("default").encode()
+    await pubsub.aclose()
+
+
+async def test_a_waiting_connection_that_changes_its_watch_list_waits_on_the_new_tubes(
+        env: Env) -> None:
+    s = env.store  # a push consumer can watch and ignore while it counts as waiting
+    await s.set_waiting(BOB, 1)
+    await s.change_watches(BOB, [("+w", "other"), ("-w", "default")])
+    default, other = await s.tube_counts("default"), await s.tube_counts("other")
+    assert default is not None and other is not None
+    assert (default[8], other[8]) == (0, 1)  # current-waiting
+    assert await env.raw.zrange(env.keys.waiters("default"), 0, -1) == []
+    job_id = await env.put("other")
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [job_id]
+    other = await s.tube_counts("other")
+    assert other is not None and other[8] == 0
+
+
+async def test_disconnect_gives_back_a_job_handed_and_never_claimed(env: Env) -> None:
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    job_id = await env.put()
+    assert await s.disconnect(BOB, False, False, []) == 1
+    info = await s.job_info(job_id)
+    assert info is not None and (info.state, info.reserves, info.releases) == ("ready", 1, 0)
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 0  # current-waiting
+
+
+async def test_waiters_of_a_silent_process_are_skipped_and_its_handed_jobs_reaped(
+        env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.set_waiting("ghost:1", 1)
+    handed = await env.put()  # the ghost is alive: it gets this one
+    assert await env.state(handed) is JobState.RESERVED
+    await ghost.set_waiting("ghost:1", 1)  # and waits again
+    env.clock.advance(2.5)  # ... then falls silent
+    await env.store.heartbeat()
+    await env.store.set_waiting(BOB, 1)
+    skipped = await env.put()
+    assert [r.id for r in await env.store.set_waiting(BOB, -1, claim=True)] == [skipped]
+    env.clock.advance(1)
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert await env.state(handed) is JobState.READY  # back at once, not after its TTR
+
+
+@pytest.mark.parametrize("path", ["release", "kick", "kick_job", "promote", "expire",
+                                  "disconnect", "pause0"])
+async def test_every_path_to_ready_wakes_waiters(env: Env, path: str) -> None:
+    s = env.store
+    if path in ("kick", "kick_job"):
+        job_id = await bring_to(env, JobState.BURIED)
+    elif path == "promote":
+        job_id = await env.put(delay=1)
+    elif path == "pause0":
+        job_id = await env.put()
+        await s.pause("default", 100)
+    else:
+        job_id = await bring_to(env, JobState.RESERVED)
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)
+    await s.set_waiting(BOB, 1)
+    if path == "release":
+        await s.release(ALICE, job_id, 0, 0)
+    elif path == "kick":
+        await s.kick("default", 1)
+    elif path == "kick_job":
+        await s.kick_job(job_id)
+    elif path == "promote":
+        env.clock.advance(1)
+        await s.promote()
+    elif path == "expire":
+        env.clock.advance(61)
+        await s.expire()
+    elif path == "disconnect":
+        await s.disconnect(ALICE, False, False, [job_id])
+    else:
+        assert await s.pause("default", 0) == -1
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["type"] == "pmessage"
+    await pubsub.aclose()
+
+
+async def test_reap_takes_back_a_dead_instance_share(env: Env) -> None:
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.change_watches("ghost:1", [("+w", "haunted")])
+    await ghost.set_waiting("ghost:1", 1)
+    assert "haunted" in await env.store.list_tubes()
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert "haunted" not in await env.store.list_tubes()
+    gauges, _ = await env.store.server_counts()
+    assert gauges[6] == 2  # current-connections: ALICE and BOB only
+    assert gauges[9] == 0  # current-waiting
+
+
+async def test_urgent_counts_ready_jobs_below_1024_only(env: Env) -> None:
+    await env.put(pri=1023)
+    await env.put(pri=1024)
+    await env.put(pri=0, delay=5)
+    counts = await env.store.tube_counts("default")
+    assert counts is not None and counts[0] == 1
+
+
+async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
+    await env.raw.script_flush()
+    await env.raw.function_flush()
+    # NOSCRIPT or no such function: EVAL of the full source, and the library is loaded again
+    assert await env.put() == 1
+    assert await env.put() == 2
+    libraries = await env.raw.function_list()
+    assert len(libraries) == (1 if env.store.calls_functions else 0)  # none by EVALSHA
+
+
+async def test_lua_key_schema_matches_python(env: Env) -> None:
+    keys_lua = resources.files("tubeq.store").joinpath("lua", "includes", "keys.lua").read_text()
+    probe = keys_lua + """
+return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
+        K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
+        k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
+        k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3]),
+        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT}"""
+    k = env.keys
+    names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
+    assert [n.decode() for n in names] == [
+        k.job_ids, k.tubes, k.ready_tubes, k.timers, k.reserved, k.stats, k.refs, k.seqs,
+        k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
+        k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
+        k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
+        k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout]
+
+
+async def test_lua_job_record_matches_python(env: Env) -> None:
+    """Every field of the job record (lua/includes/job_record.lua, JOB_<NAME>) is a JobField of
+    the same name and value, and every JobField is one of them; no two share a hash field."""
+    record_lua = resources.files("tubeq.store").joinpath(
+        "lua", "includes", "job_record.lua").read_text()
+    names = re.findall(r"^local (JOB_\w+) = ", record_lua, re.MULTILINE)
+    probe = record_lua + "\nreturn {" + ", ".join(names) + "}"
+    values = await env.raw.eval(probe, 0)  # a name whose value is no string ends the list early
+    lua = dict(zip((n.removeprefix("JOB_") for n in names), (v.decode() for v in values),
+                   strict=True))
+    assert lua == {f.name: f.value for f in JobField}
+    assert len(set(lua.values())) == len(lua)
+
+
+async def test_index_follows_the_head_of_each_tube(env: Env) -> None:
+    """ready_tubes holds exactly one entry per non-paused tube with ready jobs, naming its head."""
+    await env.put("a", 3)
+    await env.put("a", 1)
+    await env.put("b", 1)
+    await env.store.pause("b", 60)
+    entries = await env.raw.zrange(env.keys.ready_tubes, 0, -1, withscores=True)
+    assert entries == [(b"A2:a", 1.0)]
+    await env.store.pause("b", 0)
+    entries = await env.raw.zrange(env.keys.ready_tubes, 0, -1, withscores=True)
+    assert entries == [(b"A2:a", 1.0), (b"A3:b", 1.0)]
+
+
+async def test_exact_clock_follows_the_store_clock(env: Env, redis_url: str) -> None:
+    # The scheduler aims its timer with exact_ms: the injected clock as is, or the wall clock
+    # with its fraction of a millisecond (never behind the whole-ms clock the scripts get).
+    env.clock.advance(1.5)
+    assert env.store.exact_ms() == float(env.clock.now_ms)
+    client = await RedisClient.connect(redis_url)
+    try:
+        wall = Store(client, Keys("exact"), "inst")
+        before = wall.clock()
+        exact = wall.exact_ms()
+        assert before <= exact < wall.clock() + 1
+    finally:
+        await client.close()
+
+
+async def test_a_redis_out_of_memory_still_answers_reads_and_refuses_writes(env: Env) -> None:
+    # Read-only scripts are no-writes functions (tubeq.store.scripts): Redis runs them when it is
+    # over maxmemory, as it runs the same scripts by EVALSHA; a write is refused, nothing half-done.
+    job_id = await env.put(body=b"kept")
+    await env.raw.config_set("maxmemory", "1")
+    try:
+        assert await env.store.peek(job_id) == b"kept"
+        counts = await env.store.tube_counts("default")
+        assert counts is not None and counts[1] == 1  # current-jobs-ready
+        with pytest.raises(RedisReplyError, match="OOM"):
+            await env.put()
+    finally:
+        await env.raw.config_set("maxmemory", "0")
+    assert await env.put() == job_id + 1  # the refused put used no id
+
+
+async def test_calls_for_two_namespaces_on_one_connection_keep_their_own_keys(env: Env) -> None:
+    # A library function binds the namespace's key names once per root change (tubeq.store.scripts):
+    # calls alternating between two roots must each see their own.
+    other = Store(env.store.client, Keys("other"), "inst", env.clock,
+                  events_maxlen=env.store.events_maxlen, functions=env.store.wants_functions)
+    if env.store.calls_functions:
+        other.call_functions()
+    await other.heartbeat()
+    await other.connect(ALICE)
+    ids = [await s.put("default", 0, 0, 60, name) for _ in range(2)
+           for s, name in ((env.store, b"mine"), (other, b"theirs"))]
+    assert ids == [1, 1, 2, 2]
+    assert (await env.reserve()).body == b"mine"
+    r = await other.reserve(ALICE)
+    assert isinstance(r, Reservation) and r.body == b"theirs"
+    assert await env.raw.exists("{test}:j:2", "{other}:j:2") == 2
+
+
+@pytest.mark.parametrize("renamed", ["FUNCTION", "FCALL"])
+async def test_a_redis_without_functions_runs_the_scripts_by_evalsha(
+        tmp_path: Path, renamed: str) -> None:
+    # As a Redis before 7.0: without FUNCTION the library cannot load and calls go by EVALSHA;
+    # without FCALL (a Redis that lost it under a running tubeq) each call falls back to EVAL.
+    own = RedisProcess(tmp_path / "redis", extra=("--rename-command", renamed, ""))
+    own.start()
+    client = await RedisClient.connect(own.url)
+    try:
+        store = Store(client, Keys("test"), "inst", FakeClock(), events_maxlen=1000)
+        assert await store.load_scripts() is (renamed == "FCALL")
+        await store.connect(ALICE)
+        job_id = await store.put("default", 0, 0, 60, b"still")
+        r = await store.reserve(ALICE)
+        assert isinstance(r, Reservation) and (r.id, r.body) == (job_id, b"still")
+        assert await store.delete(ALICE, job_id)
+    finally:
+        await client.close()
+        own.stop()
+
+
+async def test_a_restarted_redis_gets_the_library_back_once_for_every_store(
+        tmp_path: Path) -> None:
+    # A split namespace has a Store per shard on one connection: after a reconnect the client
+    # loads the library once, before any store's call, and calls go by FCALL again at once.
+    own = RedisProcess(tmp_path / "redis")
+    own.start()
+    client = await RedisClient.connect(own.url)
+    raw = redis.asyncio.Redis.from_url(own.url)
+    try:
+        store = ShardedStore(client, "split", "inst", 4, FakeClock())
+        assert await store.load_scripts()
+        await raw.function_flush()  # restarted without it (its data files would keep it)
+        await raw.aclose()
+        own.stop()
+        own.start()  # same port: the client reconnects
+        raw = redis.asyncio.Redis.from_url(own.url)
+
+        async def loaded() -> bool:
+            try:
+                return bool(await raw.function_list())
+            except redis.exceptions.ConnectionError:
+                return False
+
+        await eventually(loaded, "the client loaded the library again")
+        await store.connect(ALICE)
+        assert await store.put("default", 0, 0, 60, b"back") > 0
+        stats = await raw.info("commandstats")
+        assert stats["cmdstat_function|load"]["calls"] == 1  # not once per shard's store
+        assert "cmdstat_eval" not in stats  # no call needed the EVAL fallback
+    finally:
+        await raw.aclose()
+        await client.close()
+        own.stop()

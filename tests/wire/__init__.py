@@ -1,1 +1,0 @@
-"""Differential wire tests: scripted raw-TCP conversations run against beanstalkd and tubeq."""
