@@ -41,16 +41,6 @@ from bench.servers import REPO_ROOT, snapshot_tubeq
 SHARED_CORES = 0.5
 
 
-def snapshot_revision(revision: str, destination: Path) -> Path:
-    """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
-    archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],
-                             cwd=REPO_ROOT, check=True, capture_output=True).stdout
-    destination.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(destination, filter="data")
-    return destination
-
-
 def rows_for(only: list[str] | None) -> list[Row]:
     rows = [*throughput_rows(FULL), *many_tube_rows(FULL), delayed_row(FULL), wake_row(FULL)]
     if only:

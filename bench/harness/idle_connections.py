@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.redisinfo import redis_info
-from bench.servers import LOOPBACK, Beanstalkd, Server, Tubeq
+from bench.harness.redisinfo import redis_info
+from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq
 
 WARM_CONNECTIONS = 100
 # How long the server may take to count every connection as waiting.

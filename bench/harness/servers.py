@@ -20,21 +20,23 @@ cluster) URL they do not own.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.redisinfo import redis_command
+from bench.harness.paths import REPO_ROOT
+from bench.harness.redisinfo import redis_command
 from tubeq.redisio.process import RedisClusterNodes, RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # tubeq imports its package and connects to Redis before it listens; on two busy cores that can
 # take a few seconds.
 STARTUP_TIMEOUT_S = 20.0
@@ -225,6 +227,44 @@ class Tubeq:
 Server = Beanstalkd | Tubeq
 
 
+# -- the server kinds a scenario names ---------------------------------------------------------
+
+# tubeq's lifecycle events, as its private redis-server would have them, and off (issue 9).
+EVENTS_ON = ("--events", "on")
+EVENTS_OFF = ("--events", "off")
+# Issue 12: every metrics hook on (the HTTP listener on a free port), against none at all (no
+# listener, no slow-command tracking either); both with events on, as the other tubeq rows.
+METRICS_ON = ("--metrics", "127.0.0.1:0")
+METRICS_OFF = ("--slow-ms", "0")
+# Issue 13 part 3: the EVENTS_COMPARED rows on one Redis, one tubeq process against
+# `tubeq --workers 2` (two processes on one port, SO_REUSEPORT), both with events on.
+WORKERS_1 = "tubeq --workers 1"
+WORKERS_2 = "tubeq --workers 2"
+
+
+def make_server(kind: str, log_dir: Path, code_dir: Path = REPO_ROOT,
+                flags: tuple[str, ...] = ()) -> Server:
+    """A server of ``kind`` (a server label of the RESULTS tables); ``flags`` go to tubeq
+    ("tubeq events off" and the metrics pair set their own)."""
+    if kind == "beanstalkd":
+        return Beanstalkd(log_dir)
+    if kind == "tubeq":
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags)
+    if kind == "tubeq x2":
+        return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
+    if kind == "tubeq events off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
+    if kind == "tubeq metrics on":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
+    if kind == "tubeq metrics off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
+    if kind == WORKERS_1:
+        return Tubeq(log_dir, code_dir=code_dir, flags=(*flags, "--workers", "1"))
+    if kind == WORKERS_2:
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags, workers=2)
+    raise ValueError(kind)
+
+
 def _listening_sockets(port: int) -> int:
     """How many IPv4 sockets listen on ``port`` (SO_REUSEPORT: one per worker)."""
     with open("/proc/net/tcp") as f:
@@ -267,6 +307,16 @@ def snapshot_tubeq(destination: Path) -> Path:
     to run it from (``Tubeq.code_dir``)."""
     shutil.copytree(REPO_ROOT / "tubeq", destination / "tubeq",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
+
+
+def snapshot_revision(revision: str, destination: Path) -> Path:
+    """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],
+                             cwd=REPO_ROOT, check=True, capture_output=True).stdout
+    destination.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(destination, filter="data")
     return destination
 
 
