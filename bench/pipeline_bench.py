@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from bench import pipeline_report_bench as report_bench
-from bench.servers import REPO_ROOT
+from bench.harness.paths import REPO_ROOT
 from tubeq.model.events import FIELDS
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import Keys

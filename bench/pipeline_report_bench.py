@@ -34,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
+from bench.harness.paths import REPO_ROOT
+from bench.harness.servers import Beanstalkd, Tubeq
 
 RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
 REPORT_TIMEOUT_S = 600

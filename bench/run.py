@@ -51,6 +51,7 @@ from bench.harness.bench import (
     BUSY_STREAK_GIVE_UP,
     QUIET_CORES,
     RUN_SLACK_S,
+    WINDOW_JOB_CAP,
     Bench,
     Row,
     Scale,
@@ -78,8 +79,6 @@ from bench.harness.servers import (
 )
 from bench.report import BATCH_BODY, MANY_TUBES_64, MANY_TUBES_64_BASE, render
 
-# Upper bound on jobs in a time-window run; never reached at these servers' speeds.
-WINDOW_JOB_CAP = 2_000_000
 BACKLOG_REQUESTED = 10_000_000
 # A backlog row smaller than this multiple of the 1M row would say little: skip it instead.
 BACKLOG_MIN_FACTOR = 1.5

@@ -1,5 +1,5 @@
-"""The batch loads of bench.harness.loadgen (issue 10 batches): tubeq's put-many, reserve-many and
-delete-many under load. tubeq only: beanstalkd has none of these commands.
+"""The batch loads of bench.harness.loadgen (issue 10 batches): tubeq's put-many, reserve-many
+and delete-many under load. tubeq only: beanstalkd has none of these commands.
 
 Modes (``--batch B`` jobs per command):
   put-batch     N connections keep P put-many commands of B jobs in flight each; a job counts at
@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from bench.harness.loadgen import (
+from bench.harness.load_core import (
     BODY_HEADER,
     PRIORITY,
     RESERVE_TIMEOUT_S,

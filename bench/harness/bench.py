@@ -31,6 +31,8 @@ QUIET_CORES = 0.3
 BUSY_STREAK_GIVE_UP = 5
 # Hard bound on one load beyond its own planned length (setup, tails, a slow machine).
 RUN_SLACK_S = 30.0
+# Upper bound on jobs in a time-window run; never reached at these servers' speeds.
+WINDOW_JOB_CAP = 2_000_000
 
 T = TypeVar("T")
 

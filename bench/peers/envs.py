@@ -17,7 +17,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from bench.servers import REPO_ROOT
+from bench.harness.paths import REPO_ROOT
 
 VENV_DIR = REPO_ROOT / "bench" / "out" / "peer-venvs"
 NODE_DIR = REPO_ROOT / "bench" / "peers" / "node"

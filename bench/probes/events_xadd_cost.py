@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from bench.machine import cpu_model
+from bench.harness.machine import cpu_model
 from tubeq.redisio.process import RedisProcess
 
 FIELDS_XADD = ("'event','put','id',ARGV[1],'tube','t1','pri',1024,'delay_ms',0,'ttr_ms',60000,"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import redis
 
-from bench.ab import snapshot_revision
-from bench.servers import REPO_ROOT
+from bench.harness.paths import REPO_ROOT
+from bench.harness.servers import snapshot_revision
 from tubeq.redisio.process import RedisProcess
 
 SCRIPTS = ("connect", "put", "reserve", "delete")

@@ -17,11 +17,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.loadgen import LoadSpec, run_load
-from bench.machine import cpu_model
-from bench.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
-from bench.run import EVENTS_ON, METRICS_OFF, METRICS_ON, OUT_DIR
-from bench.servers import Tubeq
+from bench.harness.loadgen import LoadSpec, run_load
+from bench.harness.machine import cpu_model
+from bench.harness.paths import OUT_DIR
+from bench.harness.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
+from bench.harness.servers import EVENTS_ON, METRICS_OFF, METRICS_ON, Tubeq
 
 # on: every hook; slow: the slow-command timing only (no listener); off: none (the default).
 KINDS = {"on": EVENTS_ON + METRICS_ON, "slow": (*EVENTS_ON, "--slow-ms", "1000"),

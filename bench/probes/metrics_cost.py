@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from time import perf_counter
 
-from bench.machine import cpu_model
+from bench.harness.machine import cpu_model
 from tubeq.protocol import commands as c
 from tubeq.server.metrics import Metrics, command_label
 

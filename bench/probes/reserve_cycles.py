@@ -18,15 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.idle_connections import (
+from bench.harness.idle_connections import (
     SETTLE_TIMEOUT_S,
     _open_blocked,
     _settle,
     raise_fd_limit,
     rss_kb,
 )
-from bench.machine import cpu_model
-from bench.servers import LOOPBACK, Tubeq
+from bench.harness.machine import cpu_model
+from bench.harness.servers import LOOPBACK, Tubeq
 
 
 def _stat(port: int, name: str) -> int:
