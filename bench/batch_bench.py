@@ -91,9 +91,10 @@ def render(results: dict[str, Any]) -> str:
                  f"{runs.server_cpu_cell(key, 'beanstalkd')}; "
                  f"{runs.server_cpu_cell(key, 'tubeq')}",
                  noise_cell(runs, key, ("beanstalkd", "tubeq"))] for key in REFERENCE_ROWS]
-    lines += ["The single-job reference rows (bench/loadgen.py put and cycle modes), same run:", ""]
+    lines += ["The single-job reference rows (bench/harness/loadgen.py put and cycle modes), "
+              "same run:", ""]
     lines += table(["row", "beanstalkd jobs/s", "tubeq jobs/s",
-                            "CPU % beanstalkd; tubeq / redis", "other cores b / t"], ref_rows)
+                    "CPU % beanstalkd; tubeq / redis", "other cores b / t"], ref_rows)
     if results.get("notes"):
         lines += ["## Notes", ""] + [f"* {note}" for note in results["notes"]] + [""]
     return "\n".join(lines).rstrip() + "\n"

@@ -5,9 +5,9 @@ the Lua work splits across the nodes -> bench/RESULTS-cluster.md.
     .venv/bin/python -m bench.cluster_bench --quick    1 repetition, 1 s windows (bench/out/)
 
 Owns: the cluster section's configurations, loads, repetitions and its report. Every run starts
-fresh servers on free loopback ports (bench/servers.py: plain or cluster-enabled redis-servers
-without persistence, two tubeq processes on them with ``--events off``, tubeq's default with
-``--redis``) and stops them by PID; nothing here touches a Redis it did not start.
+fresh servers on free loopback ports (bench/harness/servers.py: plain or cluster-enabled
+redis-servers without persistence, two tubeq processes on them with ``--events off``, tubeq's
+default with ``--redis``) and stops them by PID; nothing here touches a Redis it did not start.
 
 Configurations (two tubeq processes each, on one prefix; generator process i talks to tubeq i):
 
@@ -17,11 +17,11 @@ Configurations (two tubeq processes each, on one prefix; generator process i tal
 * ``3-node cluster, --shards 16``: ``redis-cli --cluster create`` over three nodes (masters
   only, slots split evenly); the 16 shards' slots fall on the nodes as crc16 puts them.
 
-Loads (bench.loadgen, 100 B bodies, 64 connections x 16 in flight, 2 generator processes): the
-put and cycle loads of bench.run's matrix, but over 64 tubes so that they reach every shard:
-connection n uses (and, in cycle, consumer n watches) tube ``bench.<n mod 64>`` only. And
-``cycle, watch all``: the many-tubes load (producers use the 64 tubes round robin, every
-consumer watches all 64), where a reserve on a split namespace asks every shard (best.lua).
+Loads (bench.harness.loadgen, 100 B bodies, 64 connections x 16 in flight, 2 generator processes):
+the put and cycle loads of bench.run's matrix, but over 64 tubes so that they reach every shard:
+connection n uses (and, in cycle, consumer n watches) tube ``bench.<n mod 64>`` only. And ``cycle,
+watch all``: the many-tubes load (producers use the 64 tubes round robin, every consumer watches all
+64), where a reserve on a split namespace asks every shard (best.lua).
 
 Measured per run, over the measurement window: CPU of each redis-server and each tubeq process
 (``/proc/PID/stat``, before and after), divided by the jobs counted in the window (us per job);

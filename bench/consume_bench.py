@@ -5,17 +5,18 @@
 
 Owns: the consume benchmark's rows, its worker processes, its time budget and its report,
 bench/RESULTS-consume.md (``--quick`` writes bench/out/RESULTS-consume-quick.md). Servers come
-from bench/servers.py (fresh beanstalkd, or tubeq on its own private redis-server, each on a free
-loopback port, stopped by PID), loads and the CPU arithmetic from bench/loadgen.py and
-bench/procstat.py; this module imports them and changes none of them.
+from bench/harness/servers.py (fresh beanstalkd, or tubeq on its own private redis-server, each
+on a free loopback port, stopped by PID), loads and the CPU arithmetic from
+bench/harness/loadgen.py and bench/harness/procstat.py, the run's clock, records and quiet gate
+from bench/harness/bench.py; this module imports them and changes none of them.
 
 Rows, each run against a fresh server, repetitions interleaved (each repetition walks every row,
 the order reversed every other repetition):
 
-* ``cycle 64x16`` and ``cycle 8x16``: beanstalkd's pipelined put+reserve+delete rate, bench.loadgen
-  cycle mode (64 connections use 2 generator processes, as in bench/run.py). The best median of
-  the two is the reference every consume row is divided by; issue 3's target is a push row at
-  >= 1.5x that reference.
+* ``cycle 64x16`` and ``cycle 8x16``: beanstalkd's pipelined put+reserve+delete rate,
+  bench.harness.loadgen cycle mode (64 connections use 2 generator processes, as in bench/run.py).
+  The best median of the two is the reference every consume row is divided by; issue 3's target is a
+  push row at >= 1.5x that reference.
 * consume rows: the tube is pre-filled with ``jobs`` jobs of 100 B (loadgen put mode, 8
   connections x 64 in flight; that fill rate is reported on its own), then 1 or 2 worker
   processes each run ``Client.consume(tube, concurrency=C)`` with a handler that only returns (so
@@ -100,7 +101,7 @@ QUICK_RESULTS_PATH = OUT_DIR / "RESULTS-consume-quick.md"
 HAND_MARKER = "<!-- hand-written below this line: kept when consume_bench rewrites the file -->"
 
 BODY_SIZE = 100
-# Pre-fill: as bench.loadgen's backlog fill (beanstalkd and Redis saturate well below this).
+# Pre-fill: as bench.harness.loadgen's backlog fill (beanstalkd and Redis saturate well below this).
 FILL_CONNECTIONS = 8
 FILL_IN_FLIGHT = 64
 # Issue 3's target: consume() with push >= this times beanstalkd's best pipelined cycle rate.
@@ -172,7 +173,7 @@ QUICK = ConsumeScale("quick", repetitions=1, jobs=10_000, cycle_window_s=0.5,
 
 @dataclass(frozen=True)
 class CycleRow:
-    """beanstalkd's pipelined put+reserve+delete (bench.loadgen cycle mode)."""
+    """beanstalkd's pipelined put+reserve+delete (bench.harness.loadgen cycle mode)."""
 
     key: str
     connections: int
@@ -967,11 +968,12 @@ def render(results: dict[str, Any]) -> str:
         "",
         "## Method",
         "",
-        "* Every run starts a fresh server on a free 127.0.0.1 port (bench/servers.py) and stops "
-        "it by PID: `beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq (`python -m tubeq "
-        "... --redis URL`) on its own private redis-server (no persistence).",
-        "* **Reference**: beanstalkd's pipelined put+reserve+delete rate, bench/loadgen.py cycle "
-        "mode (N producer + N consumer connections, 16 commands in flight each, 100 B; 64 "
+        "* Every run starts a fresh server on a free 127.0.0.1 port (bench/harness/servers.py) "
+        "and stops it by PID: `beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq "
+        "(`python -m tubeq ... --redis URL`) on its own private redis-server (no persistence).",
+        "* **Reference**: beanstalkd's pipelined put+reserve+delete rate, "
+        "bench/harness/loadgen.py cycle mode (N producer + N consumer connections, 16 commands "
+        "in flight each, 100 B; 64 "
         "connections are driven by 2 generator processes). The best of the two rows' medians "
         "is the reference of every ratio.",
         f"* **consume rows**: the tube is first filled with {scale.jobs:,} jobs of 100 B "

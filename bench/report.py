@@ -81,7 +81,7 @@ def _header(results: Results) -> list[str]:
         "jobs in memory only. tubeq writes its lifecycle events, as it does by default with "
         "its private redis-server, except in the memory rows (backlog, 4 KiB, idle "
         "connections): the event stream is capped by `--events-maxlen`, not a cost per job.",
-        "* The load generator is `bench/loadgen.py` (asyncio + uvloop, one Protocol per "
+        "* The load generator is `bench/harness/loadgen.py` (asyncio + uvloop, one Protocol per "
         "connection, one write per connection per read). Rows with 64 connections use 2 "
         "generator processes, each on its own tube.",
         "* Throughput = jobs completed inside the measurement window / window. A put counts at "
@@ -707,7 +707,7 @@ def batches_section(results: dict[str, Any], runs: Runs) -> list[str]:
     own_cycle, own_cycle_key = _best_single(runs, results, "cycle ", "tubeq")
     lines = ["## Batches: put-many, reserve-many, delete-many (issue 10)", "",
              "tubeq only (beanstalkd has no batch commands). Rows are `mode connections x "
-             "in-flight commands, b<jobs per command>, body` (bench/batch_load.py): "
+             "in-flight commands, b<jobs per command>, body` (bench/harness/batch_load.py): "
              "`put-batch` counts a job at its INSERTED (latency: the put-many round trip); "
              "`reserve-batch` fills the tube first, then consumers keep reserve-many in flight "
              "and answer each batch with one delete-many, a job counts at its DELETED (latency: "

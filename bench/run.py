@@ -9,7 +9,7 @@
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
 server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
-briefly for the machine to be quiet, drives it with bench.loadgen, and stops it by PID.
+briefly for the machine to be quiet, drives it with bench.harness.loadgen, and stops it by PID.
 Repetitions are interleaved: each repetition walks every row, alternating which server goes
 first, so a noisy minute hurts one repetition of many rows rather than every repetition of one.
 
@@ -509,7 +509,7 @@ def run(scale: CoreScale, output: Path, only: str | None = None) -> Path:
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
-    idle_connections = bench.idle_connections()
+    idle_connections = bench.harness.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
     return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
                    profiles, idle_connections, batches_consume, committed)

@@ -1,6 +1,6 @@
 """A beanstalkd-protocol load generator: asyncio + uvloop, one Protocol per connection.
 
-    python -m bench.loadgen MODE --port PORT [options]      (from the repository root)
+    python -m bench.harness.loadgen MODE --port PORT [options]      (from the repository root)
 
 Modes (research/perf-baseline.md section 1 has the method they follow):
   put         N connections keep P puts in flight each; latency = the put round trip.
@@ -27,7 +27,7 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
               on the same tubes at the same priority (consumers drain the oldest jobs first).
   put-batch, reserve-batch, cycle-batch
               tubeq's put-many / reserve-many + delete-many, --batch jobs per command (tubeq
-              only; bench/batch_load.py says what each measures).
+              only; bench/harness/batch_load.py says what each measures).
 
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
@@ -670,7 +670,7 @@ def _pid_label(text: str) -> tuple[str, int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.loadgen",
+    p = argparse.ArgumentParser(prog="python -m bench.harness.loadgen",
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("mode", choices=MODES)
     p.add_argument("--host", default="127.0.0.1")

@@ -1,6 +1,6 @@
 """Metrics on against off as CPU per job, for a machine too busy for throughput figures.
 
-    .venv/bin/python -m bench.metrics_ab [--jobs N] [--repetitions R]
+    .venv/bin/python -m bench.probes.metrics_ab [--jobs N] [--repetitions R]
 
 Each repetition starts a fresh tubeq (events on, as in ``make bench``) with ``--metrics``, one
 with ``--slow-ms 1000`` alone (the slow-command timing only) and one with ``--slow-ms 0`` (no
@@ -49,7 +49,7 @@ def one_run(flags: tuple[str, ...], jobs: int, log_dir: Path) -> dict[str, float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.metrics_ab")
+    p = argparse.ArgumentParser(prog="python -m bench.probes.metrics_ab")
     p.add_argument("--jobs", type=int, default=30_000)
     p.add_argument("--repetitions", type=int, default=5)
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """The CPU cost of the metrics hooks per command, measured in process (issue 12).
 
-    .venv/bin/python -m bench.metrics_cost
+    .venv/bin/python -m bench.probes.metrics_cost
 
 Times each hook the hot path calls with metrics on, many times over, in CPU time of this
 process (``process_time``: time other tenants take from the core is not counted; the best of 5
