@@ -83,7 +83,7 @@ from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
 from bench.harness.procstat import CpuSnapshot, CpuWindow
 from bench.harness.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
 from bench.harness.redisinfo import command_stats
-from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server
+from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server, stop_process
 from bench.harness.summary import (
     SHARED_BOX_CORES,
     fmt_pct,
@@ -386,17 +386,7 @@ class Spy:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_popen(self.proc)
-
-
-def _stop_popen(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(JOIN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(JOIN_TIMEOUT_S)
+            stop_process(self.proc)
 
 
 def area_shares(collapsed: str) -> list[tuple[str, float]]:

@@ -1,9 +1,12 @@
 """RESULTS.md from a results file of bench/run.py: tables, ratios, targets met or missed.
 
-Owns: how figures are summarised (median and min-max over repetitions, ratio = tubeq median /
-beanstalkd median from the same run), which figure each target of issue 4 is judged on, and the
-layout of the report. It computes nothing that is not in the results file, and it never fills a
-missing figure: an absent or failed row shows as "n/a" with the reason in the notes.
+Owns: which figure each target of issue 4 is judged on, the layout of the report and every
+section of it, the batches section included (bench/batch_bench.py renders it in
+RESULTS-batches.md too), and the names of the rows it judges by name (MANY_TUBES_64...). Figures
+are summarised as bench/harness/summary.py does (median and min-max over repetitions, ratio =
+tubeq median / beanstalkd median from the same run). It computes nothing that is not in the
+results file, and it never fills a missing figure: an absent or failed row shows as "n/a" with
+the reason in the notes. It imports the harness only, never a scenario: scenarios import it.
 
 The section "What the profile points to" is bench/PROFILE_NOTES.md, written by hand from a run's
 profile. It names the tubeq source fingerprint it was read from; when this run measured other

@@ -19,8 +19,9 @@ put and cycle rows on tubeq with events on and off, interleaved), the cost of me
 the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
 metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
 put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
-put-many, reserve-many, delete-many, and consume() deleting in batches; bench/batch_bench.py,
-about a minute and a half more), a py-spy profile of the main
+put-many, reserve-many, delete-many, and consume() deleting in batches, through
+bench/consume_bench.py's worker; `python -m bench.batch_bench` runs them alone, about a minute
+and a half more), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -87,9 +88,6 @@ BACKLOG_MIN_FACTOR = 1.5
 BACKLOG_BYTES_PER_JOB_BOTH = 900
 # The rows run once more on tubeq alone, events on against off.
 EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
-# Issue 13 part 4 (MANY_TUBES_64, bench/report.py names the rows): 64 producers `use` one of
-# 100 tubes before every put, 64 consumers watch all 100, 16 in flight each; judged against the
-# same load on one tube (MANY_TUBES_64_BASE), in the same pass.
 # Batches (issue 10): jobs each reserve-batch run fills its tubes with first: enough for
 # warm-up plus window at rates up to ~150k jobs/s (the run ends early, and says so, if the
 # consumers drain them).
@@ -117,13 +115,13 @@ class CoreScale(Scale):
 
 
 FULL = CoreScale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.5,
-             delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
-             backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
-             profile_s=4.0,
-             budget_s=14.5 * 60)  # issue 13 added ~1.5 min of rows before the backlog
+                 delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
+                 backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
+                 profile_s=4.0,
+                 budget_s=14.5 * 60)  # issue 13 added ~1.5 min of rows before the backlog
 QUICK = CoreScale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
-              delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
-              memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
+                  delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
+                  memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
 
 
 # -- the rows ---------------------------------------------------------------------------------
@@ -166,7 +164,8 @@ def wake_row(scale: CoreScale) -> Row:
 
 
 def many_tube_rows(scale: CoreScale) -> list[Row]:
-    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair: 64
+    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair
+    (MANY_TUBES_64_BASE and MANY_TUBES_64, named by bench/report.py, which judges them): 64
     producer connections (2 generator processes, as the 64-connection rows of section 1) that
     each `use` the next of 100 tubes before every put, 64 consumers that watch all 100 (the
     processes share the tubes), and the same load on 1 tube as its reference."""

@@ -5,9 +5,11 @@ stopping it by those PIDs: SIGTERM, then SIGKILL after a bound. Never by name, a
 this module did not start (the private one comes from ``tubeq.redisio.process.RedisProcess``).
 
 tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
---prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that
-bench/run.py takes when it starts, so a run measures one version of tubeq even while the
-working tree changes under it. Several tubeq processes can share one Redis and prefix (the wake
+--prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that a
+scenario takes when it starts (:func:`snapshot_tubeq`; :func:`snapshot_revision` for a git
+revision's), so a run measures one version of tubeq even while the working tree changes under
+it. :func:`make_server` builds a server from its kind, the server label the RESULTS tables use
+("tubeq events off", "tubeq x2", ...). Several tubeq processes can share one Redis and prefix (the wake
 scenario across processes). The private Redis runs without persistence, as
 beanstalkd runs without its binlog: both keep jobs in memory only.
 
@@ -55,7 +57,8 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def _stop_pid(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process this harness started, by its PID: SIGTERM, then SIGKILL after a bound."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -78,7 +81,7 @@ def _spawn(command: list[str], port: int, log_path: Path, env: dict[str, str] | 
         if _accepts(port):
             return proc
         time.sleep(0.02)
-    _stop_pid(proc)
+    stop_process(proc)
     tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
     raise ServerStartError(f"{command[0]} on port {port} did not start: {tail}")
 
@@ -126,7 +129,7 @@ class Beanstalkd:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_pid(self.proc)
+            stop_process(self.proc)
             self.proc = None
 
 
@@ -215,7 +218,7 @@ class Tubeq:
 
     def stop(self) -> None:
         for proc in self.procs:
-            _stop_pid(proc)  # a supervisor stops its workers (and they die with it)
+            stop_process(proc)  # a supervisor stops its workers (and they die with it)
         self.procs.clear()
         self.worker_pids.clear()
         if self.redis is not None:
@@ -297,7 +300,7 @@ def _wait_for_workers(proc: subprocess.Popen[bytes], port: int, count: int) -> l
         if len(children) >= count and _listening_sockets(port) >= count:
             return children
         time.sleep(0.05)
-    _stop_pid(proc)
+    stop_process(proc)
     raise ServerStartError(f"tubeq --workers {count} on port {port}: the workers did not all "
                            "listen in time")
 
@@ -388,6 +391,6 @@ class TubeqOn:
 
     def stop(self) -> None:
         for proc in self.procs:
-            _stop_pid(proc)
+            stop_process(proc)
         self.procs.clear()
         self.ports.clear()
