@@ -7,11 +7,11 @@ this module did not start (the private one comes from ``tubeq.redisio.process.Re
 tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
 --prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that a
 scenario takes when it starts (:func:`snapshot_tubeq`; :func:`snapshot_revision` for a git
-revision's), so a run measures one version of tubeq even while the working tree changes under
-it. :func:`make_server` builds a server from its kind, the server label the RESULTS tables use
-("tubeq events off", "tubeq x2", ...). Several tubeq processes can share one Redis and prefix (the wake
-scenario across processes). The private Redis runs without persistence, as
-beanstalkd runs without its binlog: both keep jobs in memory only.
+revision's), so a run measures one version of tubeq even while the working tree changes under it.
+:func:`make_server` builds a server from its kind, the server label the RESULTS tables use ("tubeq
+events off", "tubeq x2", ...). Several tubeq processes can share one Redis and prefix (the wake
+scenario across processes). The private Redis runs without persistence, as beanstalkd runs without
+its binlog: both keep jobs in memory only.
 
 For the cluster section (bench/cluster_bench.py): :class:`BenchCluster` is a Redis Cluster of
 N nodes on loopback (tubeq.redisio.process.RedisClusterNodes: started, joined with ``redis-cli
