@@ -508,7 +508,7 @@ def run(scale: CoreScale, output: Path, only: str | None = None) -> Path:
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
-    idle_connections = bench.harness.idle_connections()
+    idle_connections = bench.idle_connections()
     backlog = bench.backlog(reserve_s=15.0)
     return _finish(bench, scale, started_at, machine, fingerprint, output, memory_4k, backlog,
                    profiles, idle_connections, batches_consume, committed)
