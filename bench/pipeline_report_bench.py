@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness.paths import REPO_ROOT
+from bench.harness.paths import BENCH_DIR, REPO_ROOT
 from bench.harness.servers import Beanstalkd, Tubeq
 
-RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
+RESULTS = BENCH_DIR / "RESULTS-pipeline.md"
 REPORT_TIMEOUT_S = 600
 DAY_MS = 86_400_000
 
