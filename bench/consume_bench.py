@@ -80,7 +80,7 @@ from bench.harness.bench import (
 from bench.harness.loadgen import LoadResult, LoadSpec, run_load
 from bench.harness.machine import machine_and_versions
 from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
-from bench.harness.procstat import CpuSnapshot, CpuWindow
+from bench.harness.procstat import CpuSnapshot, CpuWindow, watched_pids
 from bench.harness.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
 from bench.harness.redisinfo import command_stats
 from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server, stop_process
@@ -538,11 +538,7 @@ class ConsumeBench(Bench):
                 workers.append(child)
             for pipe in pipes:
                 _expect(pipe, "ready", WORKER_READY_TIMEOUT_S)
-            watched = dict(server.pids)
-            for index, process in enumerate(workers):
-                assert process.pid is not None
-                watched[f"worker{index}"] = process.pid
-            watched["coordinator"] = os.getpid()
+            watched = watched_pids(server.pids, workers, "worker")
             go_at = time.monotonic() + 0.05
             for pipe in pipes:
                 pipe.send(("go", go_at))

@@ -151,10 +151,7 @@ class BatchConsumer(BeanstalkConnection):
         self._ids: list[bytes] = []
 
     async def prepare(self) -> None:
-        commands = [b"watch %s\r\n" % t for t in self.watch]
-        if b"default" not in self.watch:
-            commands.append(b"ignore default\r\n")
-        check_setup(await self.request(commands), (b"WATCHING",))
+        await self.watch_only(self.watch)
 
     def begin(self) -> None:
         self._out.extend([self._reserve] * self.in_flight)

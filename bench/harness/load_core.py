@@ -281,6 +281,13 @@ class BeanstalkConnection(asyncio.Protocol):
             out.clear()
 
     # setup phase
+    async def watch_only(self, tubes: Sequence[bytes]) -> None:
+        """Watch ``tubes`` and nothing else (``default`` is ignored unless among them)."""
+        commands = [b"watch %s\r\n" % t for t in tubes]
+        if b"default" not in tubes:
+            commands.append(b"ignore default\r\n")
+        check_setup(await self.request(commands), (b"WATCHING",))
+
     async def request(self, commands: Sequence[bytes]) -> list[bytes]:
         """Send ``commands`` in one write and return their reply lines."""
         assert self.transport is not None

@@ -79,7 +79,7 @@ from bench.harness.load_core import (
     put_command,
     put_ms_command,
 )
-from bench.harness.procstat import CpuSnapshot, CpuWindow, rss_bytes
+from bench.harness.procstat import CpuSnapshot, CpuWindow, rss_bytes, watched_pids
 from bench.harness.profiling import redis_per_job
 from bench.harness.redisinfo import command_stats, redis_command, redis_info
 
@@ -184,10 +184,7 @@ class Consumer(BeanstalkConnection):
         self._reserve = b"reserve-with-timeout %d\r\n" % RESERVE_TIMEOUT_S
 
     async def prepare(self) -> None:
-        commands = [b"watch %s\r\n" % t for t in self.watch]
-        if b"default" not in self.watch:
-            commands.append(b"ignore default\r\n")
-        check_setup(await self.request(commands), (b"WATCHING",))
+        await self.watch_only(self.watch)
 
     def begin(self) -> None:
         self._out.extend([self._reserve] * self.in_flight)
@@ -348,15 +345,10 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
         roles += [(Consumer(state, tubes, spec.in_flight, completes_on=b"DELETED"), port)
                   for _ in range(conns)]
         return roles
-    if spec.mode == "delayed":
-        roles = [(PacedProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
-                                spec.body_size), producer_port)]
-        roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
-                  for _ in range(conns)]
-        return roles
-    if spec.mode == "delayed-ms":
-        roles = [(PacedMsProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
-                                  spec.body_size), producer_port)]
+    if spec.mode in ("delayed", "delayed-ms"):
+        paced = PacedProducer if spec.mode == "delayed" else PacedMsProducer
+        roles = [(paced(state, tube, spec.rate / spec.procs, spec.max_delay, spec.body_size),
+                  producer_port)]
         roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
                   for _ in range(conns)]
         return roles
@@ -529,11 +521,7 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
     setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + 5
     for pipe in pipes:
         _receive(pipe, setup_deadline - time.monotonic())
-    watched = dict(server_pids)
-    for index, process in enumerate(processes):
-        assert process.pid is not None
-        watched[f"generator{index}"] = process.pid
-    watched["coordinator"] = os.getpid()
+    watched = watched_pids(server_pids, processes, "generator")
     go_at = time.monotonic() + 0.02
     for pipe in pipes:
         pipe.send(("go", go_at))
