@@ -217,15 +217,13 @@ class Consumer(BeanstalkConnection):
             self.state.error(f"reserve/delete answered {line[:60]!r}")
 
 
-class PacedProducer(BeanstalkConnection):
-    """delayed mode: puts at ``rate`` jobs/s, each with a random delay of 0..``max_delay`` s."""
+class DrivenProducer(BeanstalkConnection):
+    """A producer on one tube whose puts come from a task of its own (:meth:`_drive`, started
+    when the load begins and cancelled on close); every reply it gets must be INSERTED."""
 
-    def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
-                 body_size: int) -> None:
+    def __init__(self, state: RunState, tube: str) -> None:
         super().__init__(state)
         self.tube = tube.encode()
-        self.rate = rate
-        self._makers = [put_command(body_size, delay) for delay in range(max_delay + 1)]
         self._task: asyncio.Task[None] | None = None
 
     async def prepare(self) -> None:
@@ -233,6 +231,28 @@ class PacedProducer(BeanstalkConnection):
 
     def begin(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        raise NotImplementedError
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if not line.startswith(b"INSERTED"):
+            self.state.error(f"put answered {line[:60]!r}")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
+
+
+class PacedProducer(DrivenProducer):
+    """delayed mode: puts at ``rate`` jobs/s, each with a random delay of 0..``max_delay`` s."""
+
+    def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
+                 body_size: int) -> None:
+        super().__init__(state, tube)
+        self.rate = rate
+        self._makers = [put_command(body_size, delay) for delay in range(max_delay + 1)]
 
     async def _drive(self) -> None:
         state, rng = self.state, self.state.rng()
@@ -245,15 +265,6 @@ class PacedProducer(BeanstalkConnection):
             self.flush()
             await asyncio.sleep(PACE_TICK_S)
 
-    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
-        if not line.startswith(b"INSERTED"):
-            self.state.error(f"put answered {line[:60]!r}")
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        super().close()
-
 
 class PacedMsProducer(PacedProducer):
     """delayed-ms mode: as PacedProducer, each put a put-with delay-ms of 0..``max_delay`` s in
@@ -265,24 +276,16 @@ class PacedMsProducer(PacedProducer):
         self._makers = [put_ms_command(body_size, ms) for ms in range(max_delay * 1000 + 1)]
 
 
-class StepProducer(BeanstalkConnection):
+class StepProducer(DrivenProducer):
     """wake mode: one put at a time, the next 1-3 ms after the previous one was delivered."""
 
     def __init__(self, state: RunState, tube: str, body_size: int) -> None:
-        super().__init__(state)
-        self.tube = tube.encode()
+        super().__init__(state, tube)
         self._make_put = put_command(body_size)
         self._delivered = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def prepare(self) -> None:
-        check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
 
     def delivered(self) -> None:
         self._delivered.set()
-
-    def begin(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._drive())
 
     async def _drive(self) -> None:
         state, rng = self.state, self.state.rng()
@@ -298,15 +301,6 @@ class StepProducer(BeanstalkConnection):
                 state.error("a put was not delivered within "
                             f"{WAKE_DELIVERY_TIMEOUT_S} s to a blocked consumer")
                 state.complete(time.monotonic())
-
-    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
-        if not line.startswith(b"INSERTED"):
-            self.state.error(f"put answered {line[:60]!r}")
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        super().close()
 
 
 # -- roles per mode ---------------------------------------------------------------------------
