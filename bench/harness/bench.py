@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from bench.harness.loadgen import LoadSpec
+from bench.harness.load_core import LoadSpec
 from bench.harness.paths import OUT_DIR
 from bench.harness.procstat import QuietGate
 
