@@ -13,42 +13,22 @@ new / base; rows whose runs shared the machine (other processes >= 0.5 cores) ar
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import subprocess
 import sys
-import tarfile
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import run_load
-from bench.machine import cpu_model
-from bench.run import (
-    FULL,
-    OUT_DIR,
-    Bench,
-    Row,
-    delayed_row,
-    make_server,
-    many_tube_rows,
-    throughput_rows,
-    wake_row,
-)
-from bench.servers import REPO_ROOT, snapshot_tubeq
+from bench.harness.bench import Row
+from bench.harness.loadgen import run_load
+from bench.harness.machine import cpu_model
+from bench.harness.paths import OUT_DIR, REPO_ROOT
+from bench.harness.servers import make_server, snapshot_revision, snapshot_tubeq
+from bench.run import FULL, CoreBench, delayed_row, many_tube_rows, throughput_rows, wake_row
 
 SHARED_CORES = 0.5
-
-
-def snapshot_revision(revision: str, destination: Path) -> Path:
-    """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
-    archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],
-                             cwd=REPO_ROOT, check=True, capture_output=True).stdout
-    destination.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(destination, filter="data")
-    return destination
 
 
 def rows_for(only: list[str] | None) -> list[Row]:
@@ -58,7 +38,7 @@ def rows_for(only: list[str] | None) -> list[Row]:
     return rows
 
 
-def measure(bench: Bench, row: Row, code_dir: Path) -> dict[str, Any]:
+def measure(bench: CoreBench, row: Row, code_dir: Path) -> dict[str, Any]:
     kind = "tubeq x2" if row.scenario == "wake" else "tubeq"
     server = make_server(kind, bench.log_dir, code_dir)
     try:
@@ -125,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated row key prefixes")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
-    bench = Bench(FULL, lambda message: print(message, file=sys.stderr, flush=True))
+    bench = CoreBench(FULL, lambda message: print(message, file=sys.stderr, flush=True))
     stamp = bench.stamp
     work = OUT_DIR / f"ab-{stamp}"
     base_dir = snapshot_revision(args.base, work / "base")

@@ -5,9 +5,9 @@ the Lua work splits across the nodes -> bench/RESULTS-cluster.md.
     .venv/bin/python -m bench.cluster_bench --quick    1 repetition, 1 s windows (bench/out/)
 
 Owns: the cluster section's configurations, loads, repetitions and its report. Every run starts
-fresh servers on free loopback ports (bench/servers.py: plain or cluster-enabled redis-servers
-without persistence, two tubeq processes on them with ``--events off``, tubeq's default with
-``--redis``) and stops them by PID; nothing here touches a Redis it did not start.
+fresh servers on free loopback ports (bench/harness/servers.py: plain or cluster-enabled
+redis-servers without persistence, two tubeq processes on them with ``--events off``, tubeq's
+default with ``--redis``) and stops them by PID; nothing here touches a Redis it did not start.
 
 Configurations (two tubeq processes each, on one prefix; generator process i talks to tubeq i):
 
@@ -17,11 +17,11 @@ Configurations (two tubeq processes each, on one prefix; generator process i tal
 * ``3-node cluster, --shards 16``: ``redis-cli --cluster create`` over three nodes (masters
   only, slots split evenly); the 16 shards' slots fall on the nodes as crc16 puts them.
 
-Loads (bench.loadgen, 100 B bodies, 64 connections x 16 in flight, 2 generator processes): the
-put and cycle loads of bench.run's matrix, but over 64 tubes so that they reach every shard:
-connection n uses (and, in cycle, consumer n watches) tube ``bench.<n mod 64>`` only. And
-``cycle, watch all``: the many-tubes load (producers use the 64 tubes round robin, every
-consumer watches all 64), where a reserve on a split namespace asks every shard (best.lua).
+Loads (bench.harness.loadgen, 100 B bodies, 64 connections x 16 in flight, 2 generator processes):
+the put and cycle loads of bench.run's matrix, but over 64 tubes so that they reach every shard:
+connection n uses (and, in cycle, consumer n watches) tube ``bench.<n mod 64>`` only. And ``cycle,
+watch all``: the many-tubes load (producers use the 64 tubes round robin, every consumer watches all
+64), where a reserve on a split namespace asks every shard (best.lua).
 
 Measured per run, over the measurement window: CPU of each redis-server and each tubeq process
 (``/proc/PID/stat``, before and after), divided by the jobs counted in the window (us per job);
@@ -58,17 +58,17 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from bench.loadgen import LoadResult, LoadSpec, run_load
-from bench.machine import cpu_model
-from bench.procstat import QuietGate
-from bench.profiling import SCRIPT_RUNNERS
-from bench.redisinfo import redis_command
-from bench.run import machine_and_versions
-from bench.servers import BenchCluster, TubeqOn, snapshot_tubeq
+from bench.harness.bench import QUIET_CORES, RUN_SLACK_S, WINDOW_JOB_CAP, Scale, alternate
+from bench.harness.loadgen import LoadResult, LoadSpec, run_load
+from bench.harness.machine import cpu_model, machine_and_versions
+from bench.harness.paths import BENCH_DIR, OUT_DIR
+from bench.harness.procstat import QuietGate
+from bench.harness.profiling import SCRIPT_RUNNERS
+from bench.harness.redisinfo import redis_command
+from bench.harness.servers import BenchCluster, TubeqOn, snapshot_tubeq
+from bench.harness.summary import median_of
 from tubeq.redisio.process import RedisProcess
 
-BENCH_DIR = Path(__file__).resolve().parent
-OUT_DIR = BENCH_DIR / "out"
 RESULTS = BENCH_DIR / "RESULTS-cluster.md"
 TUBEQ_PROCESSES = 2
 CLUSTER_NODES = 3
@@ -78,25 +78,21 @@ CONNECTIONS = 64
 IN_FLIGHT = 16
 BODY_SIZE = 100
 GENERATOR_PROCS = 2
-# Upper bound on jobs in a window run; never reached at these speeds.
-WINDOW_JOB_CAP = 2_000_000
-RUN_SLACK_S = 30.0
-QUIET_CORES = 0.3
+# After this many runs in a row found the machine busy, stop waiting for quiet (QuietGate):
+# sooner than the other sections, as each of these runs starts several processes.
 BUSY_STREAK_GIVE_UP = 3
 TARGET_RATES = (100_000, 500_000)
 
 
 @dataclass(frozen=True)
-class Scale:
-    name: str
-    repetitions: int
+class ClusterScale(Scale):
     window_s: float
     warmup_s: float
     quiet_wait_s: float
 
 
-FULL = Scale("full", repetitions=3, window_s=2.0, warmup_s=0.5, quiet_wait_s=1.5)
-QUICK = Scale("quick", repetitions=1, window_s=1.0, warmup_s=0.3, quiet_wait_s=0.3)
+FULL = ClusterScale("full", repetitions=3, window_s=2.0, warmup_s=0.5, quiet_wait_s=1.5)
+QUICK = ClusterScale("quick", repetitions=1, window_s=1.0, warmup_s=0.3, quiet_wait_s=0.3)
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,7 @@ LOADS = (Load("put 64x16, 64 tubes", "put"),
          Load("cycle 64x16, every consumer watches all 64 tubes", "many-tubes"))
 
 
-def spec_for(load: Load, scale: Scale, ports: list[int]) -> LoadSpec:
+def spec_for(load: Load, scale: ClusterScale, ports: list[int]) -> LoadSpec:
     return LoadSpec(mode=load.mode, port=ports[0], ports=tuple(ports), connections=CONNECTIONS,
                     in_flight=IN_FLIGHT, body_size=BODY_SIZE, jobs=WINDOW_JOB_CAP,
                     seconds=scale.window_s, warmup=scale.warmup_s, procs=GENERATOR_PROCS,
@@ -215,7 +211,7 @@ def loadavg() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def measure(config: Config, load: Load, scale: Scale, work_dir: Path, code_dir: Path,
+def measure(config: Config, load: Load, scale: ClusterScale, work_dir: Path, code_dir: Path,
             gate: QuietGate) -> dict[str, Any]:
     with running(config, work_dir, code_dir) as servers:
         layout = shard_layout(servers, config.shards)
@@ -268,7 +264,7 @@ def _summed_per_job(pcts: list[float | None],
 
 # -- the whole section ------------------------------------------------------------------------
 
-def run_all(scale: Scale, stamp: str) -> dict[str, Any]:
+def run_all(scale: ClusterScale, stamp: str) -> dict[str, Any]:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     gate = QuietGate(QUIET_CORES, scale.quiet_wait_s, BUSY_STREAK_GIVE_UP)
     runs: list[dict[str, Any]] = []
@@ -276,9 +272,8 @@ def run_all(scale: Scale, stamp: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tubeq-cluster-bench-") as tmp:
         code_dir = snapshot_tubeq(Path(tmp) / "code")
         for repetition in range(scale.repetitions):
-            order = [(c, ld) for c in CONFIGS for ld in LOADS]
-            if repetition % 2:
-                order.reverse()  # interleaved: a noisy minute hurts one repetition of each row
+            # interleaved: a noisy minute hurts one repetition of each row
+            order = alternate([(c, ld) for c in CONFIGS for ld in LOADS], repetition)
             for number, (config, load) in enumerate(order):
                 work = Path(tmp) / f"r{repetition}-{number}"
                 try:
@@ -324,10 +319,6 @@ def _n(v: float | None, digits: int = 1) -> str:
     if v is None:
         return "n/a"
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}f}"
-
-
-def _med(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def _spread(values: list[float]) -> str:
@@ -441,10 +432,10 @@ def _split_table(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {load.label} | node{index + 1} | {layout['shards']} / {layout['tubes']} | "
                 f"{_spread(_node_fig(runs, index, 'cpu_us_per_job'))} | "
-                f"{_n(_med(shares), 0)} % | "
-                f"{_n(_med(_node_fig(runs, index, 'evalsha_calls_per_job')), 2)} | "
-                f"{_n(_med(per_call))} | "
-                f"{_n(_med(_node_fig(runs, index, 'evalsha_us_per_job')), 1)} |")
+                f"{_n(median_of(shares), 0)} % | "
+                f"{_n(median_of(_node_fig(runs, index, 'evalsha_calls_per_job')), 2)} | "
+                f"{_n(median_of(per_call))} | "
+                f"{_n(median_of(_node_fig(runs, index, 'evalsha_us_per_job')), 1)} |")
     return lines
 
 
@@ -458,13 +449,14 @@ def _split_cost(data: dict[str, Any]) -> list[str]:
         a, b = _runs(data, one, load), _runs(data, sixteen, load)
         if not a or not b:
             continue
-        ra, rb = _med(_fig(a, "redis_us_per_job")), _med(_fig(b, "redis_us_per_job"))
+        ra, rb = median_of(_fig(a, "redis_us_per_job")), median_of(_fig(b, "redis_us_per_job"))
         ratio = f"{rb / ra:.2f}x" if ra and rb else "n/a"
         lines.append(
             f"| {load.label} | {_n(ra)} | {_n(rb)} | {ratio} | "
-            f"{_n(_med(_node_fig(a, 0, 'evalsha_calls_per_job')), 2)} | "
-            f"{_n(_med(_node_fig(b, 0, 'evalsha_calls_per_job')), 2)} | "
-            f"{_n(_med(_fig(a, 'tubeq_us_per_job')))} | {_n(_med(_fig(b, 'tubeq_us_per_job')))} |")
+            f"{_n(median_of(_node_fig(a, 0, 'evalsha_calls_per_job')), 2)} | "
+            f"{_n(median_of(_node_fig(b, 0, 'evalsha_calls_per_job')), 2)} | "
+            f"{_n(median_of(_fig(a, 'tubeq_us_per_job')))} | "
+            f"{_n(median_of(_fig(b, 'tubeq_us_per_job')))} |")
     return lines
 
 
@@ -493,10 +485,10 @@ def _capacity(data: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|---|" + "---|" * len(TARGET_RATES)]
     for load in LOADS:
         runs = _runs(data, cluster, load)
-        r, t = _med(_fig(runs, "redis_us_per_job")), _med(_fig(runs, "tubeq_us_per_job"))
+        r, t = median_of(_fig(runs, "redis_us_per_job")), median_of(_fig(runs, "tubeq_us_per_job"))
         if not r or not t:
             continue
-        busiest = _med([max(n["tubes"] for n in run["layout"].values()) / TUBES
+        busiest = median_of([max(n["tubes"] for n in run["layout"].values()) / TUBES
                         for run in runs])
         assert busiest is not None
         needed = [str(math.ceil(target * r / 1e6)) for target in TARGET_RATES]

@@ -5,17 +5,18 @@
 
 Owns: the consume benchmark's rows, its worker processes, its time budget and its report,
 bench/RESULTS-consume.md (``--quick`` writes bench/out/RESULTS-consume-quick.md). Servers come
-from bench/servers.py (fresh beanstalkd, or tubeq on its own private redis-server, each on a free
-loopback port, stopped by PID), loads and the CPU arithmetic from bench/loadgen.py and
-bench/procstat.py; this module imports them and changes none of them.
+from bench/harness/servers.py (fresh beanstalkd, or tubeq on its own private redis-server, each
+on a free loopback port, stopped by PID), loads and the CPU arithmetic from
+bench/harness/loadgen.py and bench/harness/procstat.py, the run's clock, records and quiet gate
+from bench/harness/bench.py; this module imports them and changes none of them.
 
 Rows, each run against a fresh server, repetitions interleaved (each repetition walks every row,
 the order reversed every other repetition):
 
-* ``cycle 64x16`` and ``cycle 8x16``: beanstalkd's pipelined put+reserve+delete rate, bench.loadgen
-  cycle mode (64 connections use 2 generator processes, as in bench/run.py). The best median of
-  the two is the reference every consume row is divided by; issue 3's target is a push row at
-  >= 1.5x that reference.
+* ``cycle 64x16`` and ``cycle 8x16``: beanstalkd's pipelined put+reserve+delete rate,
+  bench.harness.loadgen cycle mode (64 connections use 2 generator processes, as in bench/run.py).
+  The best median of the two is the reference every consume row is divided by; issue 3's target is a
+  push row at >= 1.5x that reference.
 * consume rows: the tube is pre-filled with ``jobs`` jobs of 100 B (loadgen put mode, 8
   connections x 64 in flight; that fill rate is reported on its own), then 1 or 2 worker
   processes each run ``Client.consume(tube, concurrency=C)`` with a handler that only returns (so
@@ -59,7 +60,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,16 +69,31 @@ from typing import Any
 
 import uvloop
 
-from bench.loadgen import LoadResult, LoadSpec, run_load
-from bench.procstat import CpuSnapshot, CpuWindow, QuietGate
-from bench.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
-from bench.redisinfo import command_stats
-from bench.run import BUSY_STREAK_GIVE_UP, QUIET_CORES, machine_and_versions
-from bench.servers import LOOPBACK, REPO_ROOT, Beanstalkd, Server, Tubeq
+from bench.harness.bench import (
+    BUSY_STREAK_GIVE_UP,
+    QUIET_CORES,
+    RUN_SLACK_S,
+    Bench,
+    Scale,
+    alternate,
+)
+from bench.harness.loadgen import LoadResult, LoadSpec, run_load
+from bench.harness.machine import machine_and_versions
+from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
+from bench.harness.procstat import CpuSnapshot, CpuWindow, watched_pids
+from bench.harness.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
+from bench.harness.redisinfo import command_stats
+from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server, stop_process
+from bench.harness.summary import (
+    SHARED_BOX_CORES,
+    fmt_pct,
+    fmt_x,
+    median_of,
+    ratio_of,
+    table,
+)
 from tubeq.client import Client, Job
 
-BENCH_DIR = Path(__file__).resolve().parent
-OUT_DIR = BENCH_DIR / "out"
 RESULTS_PATH = BENCH_DIR / "RESULTS-consume.md"
 QUICK_RESULTS_PATH = OUT_DIR / "RESULTS-consume-quick.md"
 # Everything after this line of an existing report is kept when the report is rewritten: the
@@ -85,13 +101,11 @@ QUICK_RESULTS_PATH = OUT_DIR / "RESULTS-consume-quick.md"
 HAND_MARKER = "<!-- hand-written below this line: kept when consume_bench rewrites the file -->"
 
 BODY_SIZE = 100
-# Pre-fill: as bench.loadgen's backlog fill (beanstalkd and Redis saturate well below this).
+# Pre-fill: as bench.harness.loadgen's backlog fill (beanstalkd and Redis saturate well below this).
 FILL_CONNECTIONS = 8
 FILL_IN_FLIGHT = 64
 # Issue 3's target: consume() with push >= this times beanstalkd's best pipelined cycle rate.
 TARGET_RATIO = 1.5
-# A run whose other tenants used at least this many cores shared the box (perf-baseline.md §1).
-SHARED_BOX_CORES = 0.5
 CORES = os.cpu_count() or 2
 # A process above this share of one core is (close to) saturated.
 SATURATED_PCT = 90.0
@@ -109,8 +123,6 @@ POLL_S = 0.005
 WORKER_READY_TIMEOUT_S = 20.0
 WORKER_STOP_TIMEOUT_S = 10.0
 JOIN_TIMEOUT_S = 5.0
-# Slack on a cycle run beyond its planned length (setup, tails, a slow machine).
-RUN_SLACK_S = 30.0
 # py-spy is told -d seconds; it gets this much longer to write its output.
 PY_SPY_SLACK_S = 20.0
 TOP_FUNCTIONS = 10
@@ -139,11 +151,9 @@ LOOP_RUNNERS = ("Runner.run", "run")
 # -- scale and rows -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Scale:
+class ConsumeScale(Scale):
     """Counts and durations of one kind of run (full or quick)."""
 
-    name: str
-    repetitions: int
     jobs: int  # per consume run
     cycle_window_s: float
     cycle_warmup_s: float
@@ -153,15 +163,17 @@ class Scale:
     budget_s: float
 
 
-FULL = Scale("full", repetitions=3, jobs=50_000, cycle_window_s=1.0, cycle_warmup_s=0.25,
-             quiet_wait_s=1.0, consume_limit_s=25.0, profile_s=4, budget_s=280.0)
-QUICK = Scale("quick", repetitions=1, jobs=10_000, cycle_window_s=0.5, cycle_warmup_s=0.15,
-              quiet_wait_s=0.3, consume_limit_s=10.0, profile_s=2, budget_s=100.0)
+FULL = ConsumeScale("full", repetitions=3, jobs=50_000, cycle_window_s=1.0,
+                    cycle_warmup_s=0.25, quiet_wait_s=1.0, consume_limit_s=25.0, profile_s=4,
+                    budget_s=280.0)
+QUICK = ConsumeScale("quick", repetitions=1, jobs=10_000, cycle_window_s=0.5,
+                     cycle_warmup_s=0.15, quiet_wait_s=0.3, consume_limit_s=10.0, profile_s=2,
+                     budget_s=100.0)
 
 
 @dataclass(frozen=True)
 class CycleRow:
-    """beanstalkd's pipelined put+reserve+delete (bench.loadgen cycle mode)."""
+    """beanstalkd's pipelined put+reserve+delete (bench.harness.loadgen cycle mode)."""
 
     key: str
     connections: int
@@ -205,16 +217,12 @@ TARGET_LABELS = {
 }
 
 
-def consume_rows(scale: Scale) -> list[ConsumeRow]:
+def consume_rows(scale: ConsumeScale) -> list[ConsumeRow]:
     shapes = ((64, 1), (256, 1), (128, 2)) if scale.name == "full" else ((256, 1), (128, 2))
     return [ConsumeRow(t, c, w) for t in TARGETS for c, w in shapes]
 
 
-Row = CycleRow | ConsumeRow
-
-
-def make_server(kind: str, log_dir: Path) -> Server:
-    return Beanstalkd(log_dir) if kind == "beanstalkd" else Tubeq(log_dir)
+ConsumeBenchRow = CycleRow | ConsumeRow
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -378,17 +386,7 @@ class Spy:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_popen(self.proc)
-
-
-def _stop_popen(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(JOIN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(JOIN_TIMEOUT_S)
+            stop_process(self.proc)
 
 
 def area_shares(collapsed: str) -> list[tuple[str, float]]:
@@ -422,39 +420,24 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Stop(f"signal {signum}")
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def _us_per_job(pct: float | None, seconds: float, jobs: int) -> float | None:
     if pct is None or jobs <= 0:
         return None
     return pct / 100.0 * seconds / jobs * 1e6
 
 
-class Bench:
-    def __init__(self, scale: Scale, log: Callable[[str], None]) -> None:
-        self.scale = scale
-        self.log = log
-        self.started = time.monotonic()
-        self.stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        self.log_dir = OUT_DIR / f"consume-logs-{self.stamp}"
-        self.runs: list[dict[str, Any]] = []
-        self.notes: list[str] = []
-        self.gate = QuietGate(QUIET_CORES, self.scale.quiet_wait_s, BUSY_STREAK_GIVE_UP)
+class ConsumeBench(Bench):
+    """beanstalkd's cycle rows and the consume rows, each on a fresh server, within the scale's
+    time budget; then the best push row under py-spy."""
+
+    def __init__(self, scale: ConsumeScale, log: Callable[[str], None]) -> None:
+        super().__init__(scale, log, log_name="consume-logs", quiet_wait_s=scale.quiet_wait_s)
+        self.scale: ConsumeScale = scale
         self.rep_seconds: list[float] = []
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def quiet(self) -> float:
-        """Wait (bounded) for the machine to be quiet; returns the load seen last, in cores."""
-        return self.gate.wait()
 
     # -- repetitions ---------------------------------------------------------------------------
 
-    def repetitions(self, rows: Sequence[Row]) -> None:
+    def repetitions(self, rows: Sequence[ConsumeBenchRow]) -> None:
         reserve_s = 12.0 + 2 * self.scale.profile_s  # the profile run at the end
         for rep in range(self.scale.repetitions):
             if rep and self.rep_seconds:
@@ -467,8 +450,7 @@ class Bench:
                     self.log(self.notes[-1])
                     return
             began = self.elapsed()
-            order = list(rows) if rep % 2 == 0 else list(reversed(rows))
-            for row in order:
+            for row in alternate(rows, rep):
                 if isinstance(row, CycleRow):
                     self.cycle(row, rep)
                 else:
@@ -556,11 +538,7 @@ class Bench:
                 workers.append(child)
             for pipe in pipes:
                 _expect(pipe, "ready", WORKER_READY_TIMEOUT_S)
-            watched = dict(server.pids)
-            for index, process in enumerate(workers):
-                assert process.pid is not None
-                watched[f"worker{index}"] = process.pid
-            watched["coordinator"] = os.getpid()
+            watched = watched_pids(server.pids, workers, "worker")
             go_at = time.monotonic() + 0.05
             for pipe in pipes:
                 pipe.send(("go", go_at))
@@ -678,7 +656,7 @@ class Bench:
     def profile(self, rows: Sequence[ConsumeRow]) -> dict[str, Any] | None:
         """The best push row once more, under py-spy (tubeq and one worker) and commandstats."""
         push_rows = [r for r in rows if r.target == "tubeq push"]
-        medians = {r.key: _median(x["jobs_per_s"] for x in self.runs
+        medians = {r.key: median_of(x["jobs_per_s"] for x in self.runs
                                   if x["kind"] == "consume" and x["row"] == r.key and x["ok"])
                    for r in push_rows}
         measured = {k: v for k, v in medians.items() if v}
@@ -750,7 +728,7 @@ def _script_stats(stats: dict[str, dict[str, float]], jobs: int) -> dict[str, fl
 # -- summary -----------------------------------------------------------------------------------
 
 @dataclass
-class Summary:
+class RowSummary:
     """One row over its repetitions: medians and min-max."""
 
     key: str
@@ -765,7 +743,7 @@ class Summary:
 
     @property
     def median(self) -> float | None:
-        return _median(self.rates())
+        return median_of(self.rates())
 
     def spread(self) -> str:
         rates = self.rates()
@@ -774,22 +752,22 @@ class Summary:
         return f"{statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
 
     def cpu(self, label: str) -> float | None:
-        return _median((r.get("cpu_pct") or {}).get(label) for r in self.ok_runs)
+        return median_of((r.get("cpu_pct") or {}).get(label) for r in self.ok_runs)
 
     def worker_cpu(self, index: int) -> float | None:
-        return _median((r.get("worker_cpu_pct") or [None] * (index + 1))[index]
+        return median_of((r.get("worker_cpu_pct") or [None] * (index + 1))[index]
                        for r in self.ok_runs)
 
     def us(self, label: str) -> float | None:
-        return _median((r.get("us_per_job") or {}).get(label) for r in self.ok_runs)
+        return median_of((r.get("us_per_job") or {}).get(label) for r in self.ok_runs)
 
     def other(self) -> tuple[float | None, float | None]:
         values = [r.get("other_cores") for r in self.ok_runs]
         present = [v for v in values if v is not None]
-        return _median(present), (max(present) if present else None)
+        return median_of(present), (max(present) if present else None)
 
     def fill(self) -> float | None:
-        return _median(r.get("fill_jobs_per_s") for r in self.ok_runs)
+        return median_of(r.get("fill_jobs_per_s") for r in self.ok_runs)
 
     def shared(self) -> bool:
         median, _ = self.other()
@@ -800,13 +778,14 @@ class Summary:
                 if (r.get("other_cores") or 0.0) >= SHARED_BOX_CORES]
 
 
-def summarise(results: dict[str, Any], rows: Sequence[Row]) -> dict[str, Summary]:
+def summarise(results: dict[str, Any],
+              rows: Sequence[ConsumeBenchRow]) -> dict[str, RowSummary]:
     measured = [r for r in results["runs"] if r["kind"] in ("cycle", "consume")]
-    return {row.key: Summary(row.key, [r for r in measured if r["row"] == row.key])
+    return {row.key: RowSummary(row.key, [r for r in measured if r["row"] == row.key])
             for row in rows}
 
 
-def reference(summaries: dict[str, Summary]) -> tuple[str | None, float | None]:
+def reference(summaries: dict[str, RowSummary]) -> tuple[str | None, float | None]:
     """beanstalkd's best pipelined cycle rate (median) and its row."""
     cycles = [(s.median, key) for key, s in summaries.items()
               if key.startswith("cycle") and s.median]
@@ -818,25 +797,11 @@ def reference(summaries: dict[str, Summary]) -> tuple[str | None, float | None]:
 
 # -- the report --------------------------------------------------------------------------------
 
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0f}"
-
-
 def _us(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.1f}"
 
 
-def _ratio(v: float | None, ref: float | None) -> str:
-    return "n/a" if v is None or not ref else f"{v / ref:.2f}x"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
-def _other(summary: Summary) -> str:
+def _other(summary: RowSummary) -> str:
     median, worst = summary.other()
     if median is None:
         return "n/a"
@@ -849,7 +814,7 @@ def _other(summary: Summary) -> str:
     return text
 
 
-def _bottleneck(row: ConsumeRow, s: Summary) -> str:
+def _bottleneck(row: ConsumeRow, s: RowSummary) -> str:
     """Which process ran at (close to) a full core, from the medians."""
     labels: list[tuple[str, float | None]] = []
     if row.server == "beanstalkd":
@@ -870,14 +835,14 @@ def _bottleneck(row: ConsumeRow, s: Summary) -> str:
     return "; ".join(parts) or "no process saturated"
 
 
-def all_us_per_job(row: ConsumeRow, s: Summary) -> float | None:
+def all_us_per_job(row: ConsumeRow, s: RowSummary) -> float | None:
     """CPU per job of server, Redis and workers together (medians of each)."""
     parts = [s.us("beanstalkd")] if row.server == "beanstalkd" else [s.us("tubeq"), s.us("redis")]
     parts.append(s.us("workers"))
     return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
 
 
-def consume_table(rows: Sequence[ConsumeRow], summaries: dict[str, Summary],
+def consume_table(rows: Sequence[ConsumeRow], summaries: dict[str, RowSummary],
                   ref: float | None) -> list[str]:
     header = ["row", "jobs/s median (min-max)", "/ bs cycle", "all jobs/s", "fill jobs/s",
               "CPU % server (tubeq / redis)", "CPU % worker(s)", "server us/job",
@@ -887,42 +852,42 @@ def consume_table(rows: Sequence[ConsumeRow], summaries: dict[str, Summary],
     for row in rows:
         s = summaries[row.key]
         if row.server == "beanstalkd":
-            server_cpu = _pct(s.cpu("beanstalkd"))
+            server_cpu = fmt_pct(s.cpu("beanstalkd"))
             server_us = _us(s.us("beanstalkd"))
             scripts = "-"
         else:
-            server_cpu = f"{_pct(s.cpu('tubeq'))} / {_pct(s.cpu('redis'))}"
+            server_cpu = f"{fmt_pct(s.cpu('tubeq'))} / {fmt_pct(s.cpu('redis'))}"
             tq, rd = s.us("tubeq"), s.us("redis")
             server_us = (f"{_us(tq)} + {_us(rd)}" if tq is not None and rd is not None
                          else "n/a")
-            calls = _median(r.get("redis_scripts", {}).get("calls_per_job") for r in s.ok_runs)
-            usec = _median(r.get("redis_scripts", {}).get("usec_per_job") for r in s.ok_runs)
+            calls = median_of(r.get("redis_scripts", {}).get("calls_per_job") for r in s.ok_runs)
+            usec = median_of(r.get("redis_scripts", {}).get("usec_per_job") for r in s.ok_runs)
             scripts = "n/a" if calls is None or usec is None else f"{calls:.2f}, {usec:.1f}"
-        workers = " + ".join(_pct(s.worker_cpu(i)) for i in range(row.workers))
+        workers = " + ".join(fmt_pct(s.worker_cpu(i)) for i in range(row.workers))
         failed = len(s.runs) - len(s.ok_runs)
         rate = s.spread() + (f" ({failed} failed)" if failed else "")
         fill = s.fill()
         total = all_us_per_job(row, s)
         ceiling = "n/a" if not total else f"{total:.1f} ({CORES * 1e6 / total:,.0f})"
-        drained = _median(r.get("all_jobs_per_s") for r in s.ok_runs)
-        out.append([row.key, rate, _ratio(s.median, ref),
+        drained = median_of(r.get("all_jobs_per_s") for r in s.ok_runs)
+        out.append([row.key, rate, fmt_x(ratio_of(s.median, ref)),
                     "n/a" if drained is None else f"{drained:,.0f}",
                     "n/a" if fill is None else f"{fill:,.0f}", server_cpu, workers, server_us,
                     _us(s.us("workers")), ceiling, scripts, _other(s), _bottleneck(row, s)])
-    return _table(header, out)
+    return table(header, out, blank_after=False)
 
 
-def cycle_table(summaries: dict[str, Summary]) -> list[str]:
+def cycle_table(summaries: dict[str, RowSummary]) -> list[str]:
     out = []
     for row in CYCLE_ROWS:
         s = summaries[row.key]
-        gens = [_median((r.get("generator_cpu_pct") or [None] * row.procs)[i]
+        gens = [median_of((r.get("generator_cpu_pct") or [None] * row.procs)[i]
                         for r in s.ok_runs) for i in range(row.procs)]
         out.append([f"beanstalkd {row.key} ({row.procs} generator process"
-                    f"{'es' if row.procs > 1 else ''})", s.spread(), _pct(s.cpu("beanstalkd")),
-                    " + ".join(_pct(g) for g in gens), _other(s)])
-    return _table(["row", "jobs/s median (min-max)", "CPU % beanstalkd", "CPU % generator(s)",
-                   "other cores"], out)
+                    f"{'es' if row.procs > 1 else ''})", s.spread(), fmt_pct(s.cpu("beanstalkd")),
+                    " + ".join(fmt_pct(g) for g in gens), _other(s)])
+    return table(["row", "jobs/s median (min-max)", "CPU % beanstalkd", "CPU % generator(s)",
+                  "other cores"], out, blank_after=False)
 
 
 def _profile_lines(profile: dict[str, Any] | None, ref: float | None) -> list[str]:
@@ -930,10 +895,11 @@ def _profile_lines(profile: dict[str, Any] | None, ref: float | None) -> list[st
         return ["No profile: no push row succeeded."]
     lines = [f"Row `{profile['row']}`, {profile['jobs']:,} jobs, run once more with py-spy "
              f"attached to the tubeq process and to the worker: {profile.get('jobs_per_s', 0):,.0f}"
-             f" jobs/s under py-spy ({_ratio(profile.get('jobs_per_s'), ref)}; not used above). "
+             f" jobs/s under py-spy ({fmt_x(ratio_of(profile.get('jobs_per_s'), ref))}; not used "
+             "above). "
              f"CPU % in that run: "
-             + ", ".join(f"{k} {_pct(v)}" for k, v in (profile.get("cpu_pct") or {}).items())
-             + ", worker(s) " + " + ".join(_pct(v) for v in profile.get("worker_cpu_pct") or [])
+             + ", ".join(f"{k} {fmt_pct(v)}" for k, v in (profile.get("cpu_pct") or {}).items())
+             + ", worker(s) " + " + ".join(fmt_pct(v) for v in profile.get("worker_cpu_pct") or [])
              + f", other {profile.get('other_cores')} cores."]
     scripts = profile.get("redis_scripts")
     if scripts:
@@ -951,20 +917,21 @@ def _profile_lines(profile: dict[str, Any] | None, ref: float | None) -> list[st
         lines.append(f"{spy['samples']} samples; raw stacks in `{spy['raw']}`.")
         lines.append("")
         rows = [[name, f"{share:.1f}"] for name, share in spy["own"][:TOP_FUNCTIONS]]
-        lines += _table(["top functions by own time", "% of samples"], rows)
+        lines += table(["top functions by own time", "% of samples"], rows, blank_after=False)
         lines.append("")
         rows = [[name, f"{share:.1f}"] for name, share in
                 spy.get("inclusive_tubeq", [])[:TOP_FUNCTIONS]]
-        lines += _table(["tubeq functions, including callees", "% of samples"], rows)
+        lines += table(["tubeq functions, including callees", "% of samples"], rows,
+                       blank_after=False)
         lines.append("")
-        lines += _table(["source area of the innermost frame", "% of samples"],
-                        [[a, f"{v:.1f}"] for a, v in spy.get("areas", [])])
+        lines += table(["source area of the innermost frame", "% of samples"],
+                       [[a, f"{v:.1f}"] for a, v in spy.get("areas", [])], blank_after=False)
     return lines
 
 
 def render(results: dict[str, Any]) -> str:
-    scale = Scale(**results["meta"]["scale"])
-    rows: list[Row] = [*CYCLE_ROWS, *consume_rows(scale)]
+    scale = ConsumeScale(**results["meta"]["scale"])
+    rows: list[ConsumeBenchRow] = [*CYCLE_ROWS, *consume_rows(scale)]
     summaries = summarise(results, rows)
     ref_key, ref = reference(summaries)
     crows = consume_rows(scale)
@@ -982,15 +949,17 @@ def render(results: dict[str, Any]) -> str:
         "",
         "## Machine and versions",
         "",
-        *_table(["what", "value"], [[k, str(v)] for k, v in meta["machine"].items()]),
+        *table(["what", "value"], [[k, str(v)] for k, v in meta["machine"].items()],
+               blank_after=False),
         "",
         "## Method",
         "",
-        "* Every run starts a fresh server on a free 127.0.0.1 port (bench/servers.py) and stops "
-        "it by PID: `beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq (`python -m tubeq "
-        "... --redis URL`) on its own private redis-server (no persistence).",
-        "* **Reference**: beanstalkd's pipelined put+reserve+delete rate, bench/loadgen.py cycle "
-        "mode (N producer + N consumer connections, 16 commands in flight each, 100 B; 64 "
+        "* Every run starts a fresh server on a free 127.0.0.1 port (bench/harness/servers.py) "
+        "and stops it by PID: `beanstalkd -l 127.0.0.1 -p PORT` (no binlog), or tubeq "
+        "(`python -m tubeq ... --redis URL`) on its own private redis-server (no persistence).",
+        "* **Reference**: beanstalkd's pipelined put+reserve+delete rate, "
+        "bench/harness/loadgen.py cycle mode (N producer + N consumer connections, 16 commands "
+        "in flight each, 100 B; 64 "
         "connections are driven by 2 generator processes). The best of the two rows' medians "
         "is the reference of every ratio.",
         f"* **consume rows**: the tube is first filled with {scale.jobs:,} jobs of 100 B "
@@ -1038,12 +1007,12 @@ def render(results: dict[str, Any]) -> str:
         best, best_key, _ = max(push)
         single = [(v, k) for v, k, workers in push if workers == 1]
         met = best >= TARGET_RATIO * ref
-        lines += _table(
+        lines += table(
             ["target", "needed", "measured", "", "row"],
             [[f"consume() with push >= {TARGET_RATIO}x beanstalkd's best pipelined cycle "
               f"({ref:,.0f} jobs/s, `{ref_key}`)", f"{TARGET_RATIO * ref:,.0f} jobs/s",
               f"{best:,.0f} jobs/s = {best / ref:.2f}x", "**met**" if met else "**missed**",
-              best_key]])
+              best_key]], blank_after=False)
         best_row = next(r for r in crows if r.key == best_key)
         spent = all_us_per_job(best_row, summaries[best_key])
         if spent:
@@ -1106,11 +1075,11 @@ def write_report(results: dict[str, Any], output: Path) -> None:
 
 # -- main --------------------------------------------------------------------------------------
 
-def run(scale: Scale, output: Path) -> dict[str, Any]:
+def run(scale: ConsumeScale, output: Path) -> dict[str, Any]:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    bench = Bench(scale, log)
+    bench = ConsumeBench(scale, log)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now(UTC)
     crows = consume_rows(scale)

@@ -43,13 +43,13 @@ from typing import Any
 import redis
 
 from bench import pipeline_report_bench as report_bench
-from bench.servers import REPO_ROOT
+from bench.harness.paths import OUT_DIR, REPO_ROOT
 from tubeq.model.events import FIELDS
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import Keys
 
-RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
-QUICK_RESULTS = REPO_ROOT / "bench" / "out" / "RESULTS-pipeline.md"
+RESULTS = report_bench.RESULTS
+QUICK_RESULTS = OUT_DIR / "RESULTS-pipeline.md"
 XADD_BATCH = 10_000
 WARM_UP_EVENTS = 2_000
 TUBES = 50

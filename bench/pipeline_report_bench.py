@@ -13,9 +13,9 @@
   Python workers, sampled from /proc) are recorded too, since on a shared 2-core machine the
   wall time alone says more about the neighbours than about the code.
 * **Write rate of df.write.format("tubeq")**: ``--rows`` rows of 100-byte bodies in 2 partitions
-  into a fresh private tubeq (bench/servers.py: its own redis-server, free loopback port), and the
-  same into a fresh beanstalkd for reference; the clock covers the write only (the session is
-  warm). Each write's jobs are counted on the server afterwards.
+  into a fresh private tubeq (bench/harness/servers.py: its own redis-server, free loopback port),
+  and the same into a fresh beanstalkd for reference; the clock covers the write only (the session
+  is warm). Each write's jobs are counted on the server afterwards.
 
 Appends a dated section to bench/RESULTS-pipeline.md (``--no-record`` prints it only). Rules:
 loopback only; every server started here is stopped by its PID; the report subprocess is bounded
@@ -34,9 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
+from bench.harness.paths import BENCH_DIR, REPO_ROOT
+from bench.harness.servers import Beanstalkd, Tubeq
 
-RESULTS = REPO_ROOT / "bench" / "RESULTS-pipeline.md"
+RESULTS = BENCH_DIR / "RESULTS-pipeline.md"
 REPORT_TIMEOUT_S = 600
 DAY_MS = 86_400_000
 

@@ -1,9 +1,12 @@
 """RESULTS.md from a results file of bench/run.py: tables, ratios, targets met or missed.
 
-Owns: how figures are summarised (median and min-max over repetitions, ratio = tubeq median /
-beanstalkd median from the same run), which figure each target of issue 4 is judged on, and the
-layout of the report. It computes nothing that is not in the results file, and it never fills a
-missing figure: an absent or failed row shows as "n/a" with the reason in the notes.
+Owns: which figure each target of issue 4 is judged on, the layout of the report and every
+section of it, the batches section included (bench/batch_bench.py renders it in
+RESULTS-batches.md too), and the names of the rows it judges by name (MANY_TUBES_64...). Figures
+are summarised as bench/harness/summary.py does (median and min-max over repetitions, ratio =
+tubeq median / beanstalkd median from the same run). It computes nothing that is not in the
+results file, and it never fills a missing figure: an absent or failed row shows as "n/a" with
+the reason in the notes. It imports the harness only, never a scenario: scenarios import it.
 
 The section "What the profile points to" is bench/PROFILE_NOTES.md, written by hand from a run's
 profile. It names the tubeq source fingerprint it was read from; when this run measured other
@@ -12,17 +15,32 @@ code, the report says so above it, so a stale reading is visible.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from bench import machine
-from bench.profiling import SCRIPT_RUNNERS
+from bench.harness import machine
+from bench.harness.paths import BENCH_DIR
+from bench.harness.profiling import SCRIPT_RUNNERS
+from bench.harness.summary import (
+    SHARED_BOX_CORES,
+    Results,
+    Runs,
+    fmt_ms,
+    fmt_pct,
+    fmt_rate,
+    fmt_x,
+    median_of,
+    noise_cell,
+    ratio_of,
+    redis_cpu_pct,
+    table,
+    tubeq_cpu_pct,
+)
 
-PROFILE_NOTES = Path(__file__).resolve().parent / "PROFILE_NOTES.md"
-# A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
-SHARED_BOX_CORES = 0.5
+PROFILE_NOTES = BENCH_DIR / "PROFILE_NOTES.md"
+# The batch rows' body size (bench/batch_bench.py): the single-job rows they are judged against
+# are the 100 B ones.
+BATCH_BODY = 100
 # Issue 8: tubeq's memory per connection blocked in reserve, at most 4 kB.
 IDLE_TARGET_B = 4000
 # Issue 9: put and cycle throughput with lifecycle events on, at least this share of events off.
@@ -30,151 +48,6 @@ EVENTS_TARGET = 0.85
 # Issue 12: "near-zero cost": throughput with every metrics hook on, at least this share of
 # none (within this machine's run-to-run noise, which is itself a few percent).
 METRICS_TARGET = 0.95
-
-Results = dict[str, Any]
-Run = dict[str, Any]
-
-
-# -- small formatting helpers -----------------------------------------------------------------
-
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def _rate(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.0f}"
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:,.0f}"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def _x(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0f}"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return [*lines, ""]
-
-
-# -- selecting and summarising runs -----------------------------------------------------------
-
-class Runs:
-    """The runs of one results file, looked up by (row, server)."""
-
-    def __init__(self, results: Results) -> None:
-        self.all: list[Run] = results["runs"]
-
-    def of(self, row: str, server: str) -> list[Run]:
-        return [r for r in self.all if r["row"] == row and r["server"] == server]
-
-    def ok(self, row: str, server: str) -> list[dict[str, Any]]:
-        return [r["result"] for r in self.of(row, server) if r["result"]["ok"]]
-
-    def rate(self, row: str, server: str) -> float | None:
-        return _median(r["jobs_per_s"] for r in self.ok(row, server))
-
-    def rate_cell(self, row: str, server: str) -> str:
-        runs = self.of(row, server)
-        ok = self.ok(row, server)
-        if not ok:
-            return f"n/a ({len(runs)} runs, none ok)" if runs else "n/a"
-        rates = [r["jobs_per_s"] for r in ok]
-        cell = _rate(statistics.median(rates))
-        if len(rates) > 1:
-            cell += f" ({_rate(min(rates))}-{_rate(max(rates))})"
-        if len(ok) < len(runs):
-            cell += f", {len(runs) - len(ok)} of {len(runs)} runs failed"
-        return cell
-
-    def latency(self, row: str, server: str, key: str = "latency") -> dict[str, float | None]:
-        ok = [r[key] for r in self.ok(row, server) if r.get(key)]
-        return {q: _median(lat.get(q) for lat in ok)
-                for q in ("p50_ms", "p90_ms", "p99_ms", "max_ms")}
-
-    def cpu(self, row: str, server: str, label: str) -> float | None:
-        return _median(r["cpu_pct"].get(label) for r in self.ok(row, server))
-
-    def server_cpu_total(self, result: dict[str, Any]) -> float | None:
-        values = [v for v in result["cpu_pct"].values() if v is not None]
-        return sum(values) if values else None
-
-    def us_per_job(self, row: str, server: str) -> float | None:
-        per_run = []
-        for r in self.ok(row, server):
-            total = self.server_cpu_total(r)
-            if total is not None and r["jobs_per_s"] > 0:
-                per_run.append(total / 100.0 / r["jobs_per_s"] * 1e6)
-        return _median(per_run)
-
-    def generator_cpu(self, row: str, server: str) -> str:
-        ok = self.ok(row, server)
-        if not ok:
-            return "n/a"
-        procs = len(ok[0]["generator_cpu_pct"])
-        medians = [_median(r["generator_cpu_pct"][i] for r in ok
-                           if len(r["generator_cpu_pct"]) > i) for i in range(procs)]
-        bound = any(r["generator_bound"] for r in ok)
-        return "+".join(_pct(m) for m in medians) + (" (bound)" if bound else "")
-
-    def other_cores(self, row: str, server: str) -> float | None:
-        return _median(r["result"]["other_cores"] for r in self.of(row, server))
-
-    def per_job_us(self, row: str, server: str,
-                   cpu_pct: Callable[[dict[str, Any]], float | None]) -> float | None:
-        """Median over the row's ok runs of ``cpu_pct(result)`` (% of a core) per job, in us."""
-        per_run = []
-        for r in self.ok(row, server):
-            pct = cpu_pct(r)
-            if pct is not None and r["jobs_per_s"] > 0:
-                per_run.append(pct / 100.0 / r["jobs_per_s"] * 1e6)
-        return _median(per_run)
-
-    def redis_command_us(self, row: str, server: str) -> float | None:
-        """Median of Redis's own command time per job in the window (top-level commands)."""
-        return _median(r["extra"]["redis"].get("top_level_usec_per_job")
-                       for r in self.ok(row, server)
-                       if r.get("extra", {}).get("redis"))
-
-    def server_cpu_cell(self, row: str, server: str) -> str:
-        if server == "beanstalkd":
-            return _pct(self.cpu(row, server, "beanstalkd"))
-        tubeq = [self.cpu(row, server, label) for label in ("tubeq", "tubeq2")]
-        parts = "+".join(_pct(v) for v in tubeq if v is not None) or "n/a"
-        return f"{parts} / {_pct(self.cpu(row, server, 'redis'))}"
-
-
-def tubeq_cpu_pct(result: dict[str, Any]) -> float | None:
-    """CPU % of every tubeq process of a run (a --workers supervisor and its workers)."""
-    values = [v for k, v in result["cpu_pct"].items() if k.startswith("tubeq")]
-    return None if not values or None in values else sum(values)
-
-
-def redis_cpu_pct(result: dict[str, Any]) -> float | None:
-    value: float | None = result["cpu_pct"].get("redis")
-    return value
-
-
-def _noise(runs: Runs, row: str, servers: Sequence[str]) -> str:
-    values = [runs.other_cores(row, s) for s in servers]
-    cell = " / ".join("n/a" if v is None else f"{v:.2f}" for v in values)
-    if any(v is not None and v >= SHARED_BOX_CORES for v in values):
-        cell += " (shared)"
-    return cell
-
 
 # -- sections ---------------------------------------------------------------------------------
 
@@ -197,7 +70,7 @@ def _header(results: Results) -> list[str]:
     if meta.get("tubeq_source_sha256"):
         machine_rows.append(["tubeq source (sha256 of tubeq/, first 12)",
                              meta["tubeq_source_sha256"]])
-    lines += _table(["what", "value"], machine_rows)
+    lines += table(["what", "value"], machine_rows)
     for note in results.get("notes", []):
         if "tubeq/" in note:
             lines += [f"> {note}", ""]
@@ -211,7 +84,7 @@ def _header(results: Results) -> list[str]:
         "jobs in memory only. tubeq writes its lifecycle events, as it does by default with "
         "its private redis-server, except in the memory rows (backlog, 4 KiB, idle "
         "connections): the event stream is capped by `--events-maxlen`, not a cost per job.",
-        "* The load generator is `bench/loadgen.py` (asyncio + uvloop, one Protocol per "
+        "* The load generator is `bench/harness/loadgen.py` (asyncio + uvloop, one Protocol per "
         "connection, one write per connection per read). Rows with 64 connections use 2 "
         "generator processes, each on its own tube.",
         "* Throughput = jobs completed inside the measurement window / window. A put counts at "
@@ -241,18 +114,19 @@ def _throughput(results: Results, runs: Runs) -> list[str]:
     keys = [r["row"] for r in results["runs"] if r["scenario"] == "throughput"]
     for key in dict.fromkeys(keys):
         lat_b, lat_t = runs.latency(key, "beanstalkd"), runs.latency(key, "tubeq")
-        ratio = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
+        ratio = ratio_of(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
         rows.append([
             key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
-            f"**{_x(ratio)}**",
-            f"{_ms(lat_b['p50_ms'])} / {_ms(lat_b['p99_ms'])}",
-            f"{_ms(lat_t['p50_ms'])} / {_ms(lat_t['p99_ms'])}",
+            f"**{fmt_x(ratio)}**",
+            f"{fmt_ms(lat_b['p50_ms'])} / {fmt_ms(lat_b['p99_ms'])}",
+            f"{fmt_ms(lat_t['p50_ms'])} / {fmt_ms(lat_t['p99_ms'])}",
             f"{runs.server_cpu_cell(key, 'beanstalkd')} | {runs.server_cpu_cell(key, 'tubeq')}",
-            f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / {_rate(runs.us_per_job(key, 'tubeq'))}",
+            f"{fmt_rate(runs.us_per_job(key, 'beanstalkd'))} / "
+            f"{fmt_rate(runs.us_per_job(key, 'tubeq'))}",
             f"{runs.generator_cpu(key, 'beanstalkd')} / {runs.generator_cpu(key, 'tubeq')}",
-            _noise(runs, key, ("beanstalkd", "tubeq")),
+            noise_cell(runs, key, ("beanstalkd", "tubeq")),
         ])
-    lines += _table(["row", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+    lines += table(["row", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
                      "latency beanstalkd", "latency tubeq", "CPU %", "us/job b / t",
                      "gen CPU % b / t", "other cores b / t"], rows)
     cycle_keys = [k for k in dict.fromkeys(keys) if k.startswith("cycle")]
@@ -264,10 +138,10 @@ def _throughput(results: Results, runs: Runs) -> list[str]:
     for key in cycle_keys:
         cells = [key]
         for server in ("beanstalkd", "tubeq"):
-            puts = _median(r["puts_per_s"] for r in runs.ok(key, server))
-            cells += [_rate(puts), _rate(runs.rate(key, server))]
+            puts = median_of(r["puts_per_s"] for r in runs.ok(key, server))
+            cells += [fmt_rate(puts), fmt_rate(runs.rate(key, server))]
         fairness.append(cells)
-    lines += _table(["row", "beanstalkd puts/s", "beanstalkd cycles/s", "tubeq puts/s",
+    lines += table(["row", "beanstalkd puts/s", "beanstalkd cycles/s", "tubeq puts/s",
                      "tubeq cycles/s"], fairness)
     return lines
 
@@ -283,14 +157,15 @@ def _delayed(runs: Runs) -> list[str]:
         all_jobs = runs.latency(key, server)
         later = runs.latency(key, server, "later_latency")
         p99s = [r["latency"]["p99_ms"] for r in runs.ok(key, server)]
-        spread = f" ({_ms(min(p99s))}-{_ms(max(p99s))})" if len(p99s) > 1 else ""
-        delivered = _median(r["completed"] for r in runs.ok(key, server))
-        rows.append([server, _ms(all_jobs["p50_ms"]), _ms(all_jobs["p99_ms"]) + spread,
-                     _ms(all_jobs["max_ms"]),
-                     f"{_ms(later['p50_ms'])} / {_ms(later['p99_ms'])} / {_ms(later['max_ms'])}",
-                     _rate(delivered), runs.server_cpu_cell(key, server),
-                     _noise(runs, key, (server,))])
-    return lines + _table(["server", "p50", "p99", "max", "delay >= 1 s: p50 / p99 / max",
+        spread = f" ({fmt_ms(min(p99s))}-{fmt_ms(max(p99s))})" if len(p99s) > 1 else ""
+        delivered = median_of(r["completed"] for r in runs.ok(key, server))
+        rows.append([server, fmt_ms(all_jobs["p50_ms"]), fmt_ms(all_jobs["p99_ms"]) + spread,
+                     fmt_ms(all_jobs["max_ms"]),
+                     f"{fmt_ms(later['p50_ms'])} / {fmt_ms(later['p99_ms'])} / "
+                     f"{fmt_ms(later['max_ms'])}",
+                     fmt_rate(delivered), runs.server_cpu_cell(key, server),
+                     noise_cell(runs, key, (server,))])
+    return lines + table(["server", "p50", "p99", "max", "delay >= 1 s: p50 / p99 / max",
                            "jobs delivered", "CPU %", "other cores"], rows)
 
 
@@ -303,11 +178,13 @@ def _delayed_ms(runs: Runs) -> list[str]:
     if all_jobs["p99_ms"] is None:
         return []  # an older results file, without the row
     later = runs.latency(key, "tubeq", "later_latency")
-    delivered = _median(r["completed"] for r in runs.ok(key, "tubeq"))
-    row = ["tubeq", _ms(all_jobs["p50_ms"]), _ms(all_jobs["p99_ms"]), _ms(all_jobs["max_ms"]),
-           f"{_ms(later['p50_ms'])} / {_ms(later['p99_ms'])} / {_ms(later['max_ms'])}",
-           _rate(delivered), runs.server_cpu_cell(key, "tubeq"), _noise(runs, key, ("tubeq",))]
-    return lines + _table(["server", "p50", "p99", "max", "delay > 0: p50 / p99 / max",
+    delivered = median_of(r["completed"] for r in runs.ok(key, "tubeq"))
+    row = ["tubeq", fmt_ms(all_jobs["p50_ms"]), fmt_ms(all_jobs["p99_ms"]),
+           fmt_ms(all_jobs["max_ms"]),
+           f"{fmt_ms(later['p50_ms'])} / {fmt_ms(later['p99_ms'])} / {fmt_ms(later['max_ms'])}",
+           fmt_rate(delivered), runs.server_cpu_cell(key, "tubeq"),
+           noise_cell(runs, key, ("tubeq",))]
+    return lines + table(["server", "p50", "p99", "max", "delay > 0: p50 / p99 / max",
                            "jobs delivered", "CPU %", "other cores"], [row])
 
 
@@ -322,9 +199,9 @@ def _wake(runs: Runs) -> list[str]:
     rows = []
     for server in ("beanstalkd", "tubeq", "tubeq x2"):
         lat = runs.latency(key, server)
-        rows.append([server, _ms(lat["p50_ms"]), _ms(lat["p99_ms"]), _ms(lat["max_ms"]),
-                     runs.server_cpu_cell(key, server), _noise(runs, key, (server,))])
-    return lines + _table(["server", "p50", "p99", "max", "CPU %", "other cores"], rows)
+        rows.append([server, fmt_ms(lat["p50_ms"]), fmt_ms(lat["p99_ms"]), fmt_ms(lat["max_ms"]),
+                     runs.server_cpu_cell(key, server), noise_cell(runs, key, (server,))])
+    return lines + table(["server", "p50", "p99", "max", "CPU %", "other cores"], rows)
 
 
 MANY_TUBES_64 = "64x16, 100 tubes"
@@ -353,23 +230,23 @@ def _many_tubes(results: Results, runs: Runs) -> list[str]:
         rate_b, rate_t = runs.rate(key, "beanstalkd"), runs.rate(key, "tubeq")
         lat_t = runs.latency(key, "tubeq")
         rows.append([key, runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
-                     f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),
-                     f"**{_x(_ratio(rate_t, base_t))}**",
-                     f"{_ms(lat_t['p50_ms'])} / {_ms(lat_t['p99_ms'])}",
+                     f"**{fmt_x(ratio_of(rate_t, rate_b))}**", fmt_x(ratio_of(rate_b, base_b)),
+                     f"**{fmt_x(ratio_of(rate_t, base_t))}**",
+                     f"{fmt_ms(lat_t['p50_ms'])} / {fmt_ms(lat_t['p99_ms'])}",
                      f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
                      f"{runs.server_cpu_cell(key, 'tubeq')}",
-                     f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / "
-                     f"{_rate(runs.us_per_job(key, 'tubeq'))}",
-                     _noise(runs, key, ("beanstalkd", "tubeq"))])
-    lines += _table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                     f"{fmt_rate(runs.us_per_job(key, 'beanstalkd'))} / "
+                     f"{fmt_rate(runs.us_per_job(key, 'tubeq'))}",
+                     noise_cell(runs, key, ("beanstalkd", "tubeq"))])
+    lines += table(["tubes", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
                      "beanstalkd vs 1 tube", "tubeq vs 1 tube", "tubeq latency p50/p99",
                      "CPU %", "us/job b / t", "other cores b / t"], rows)
     if MANY_TUBES_64 in keys:
         cells = []
         for server in ("beanstalkd", "tubeq"):
-            ratio = _ratio(runs.rate(MANY_TUBES_64, server), runs.rate("cycle 64x16 100B",
+            ratio = ratio_of(runs.rate(MANY_TUBES_64, server), runs.rate("cycle 64x16 100B",
                                                                         server))
-            cells.append(f"{server} {_x(ratio)}")
+            cells.append(f"{server} {fmt_x(ratio)}")
         lines += ["The 100-tube 64x16 row against section 1's `cycle 64x16 100B` instead (the "
                   "same connections, but each generator process on a tube of its own, measured "
                   "in another pass): " + ", ".join(cells) + ".", ""]
@@ -389,13 +266,14 @@ def _events(results: Results, runs: Runs) -> list[str]:
         lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
         rows.append([key.removeprefix("events "), runs.rate_cell(key, on),
                      runs.rate_cell(key, off),
-                     f"**{_x(_ratio(runs.rate(key, on), runs.rate(key, off)))}**",
-                     f"{_ms(lat_on['p50_ms'])} / {_ms(lat_on['p99_ms'])}",
-                     f"{_ms(lat_off['p50_ms'])} / {_ms(lat_off['p99_ms'])}",
+                     f"**{fmt_x(ratio_of(runs.rate(key, on), runs.rate(key, off)))}**",
+                     f"{fmt_ms(lat_on['p50_ms'])} / {fmt_ms(lat_on['p99_ms'])}",
+                     f"{fmt_ms(lat_off['p50_ms'])} / {fmt_ms(lat_off['p99_ms'])}",
                      f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
-                     f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
-                     _noise(runs, key, (on, off))])
-    return lines + _table(["row", "events on jobs/s", "events off jobs/s", "on / off",
+                     f"{fmt_rate(runs.us_per_job(key, on))} / "
+                     f"{fmt_rate(runs.us_per_job(key, off))}",
+                     noise_cell(runs, key, (on, off))])
+    return lines + table(["row", "events on jobs/s", "events off jobs/s", "on / off",
                            "latency on", "latency off", "CPU % tubeq / redis, on vs off",
                            "us/job on / off", "other cores on / off"], rows)
 
@@ -416,13 +294,14 @@ def _metrics(results: Results, runs: Runs) -> list[str]:
         lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
         rows.append([key.removeprefix("metrics "), runs.rate_cell(key, on),
                      runs.rate_cell(key, off),
-                     f"**{_x(_ratio(runs.rate(key, on), runs.rate(key, off)))}**",
-                     f"{_ms(lat_on['p50_ms'])} / {_ms(lat_on['p99_ms'])}",
-                     f"{_ms(lat_off['p50_ms'])} / {_ms(lat_off['p99_ms'])}",
+                     f"**{fmt_x(ratio_of(runs.rate(key, on), runs.rate(key, off)))}**",
+                     f"{fmt_ms(lat_on['p50_ms'])} / {fmt_ms(lat_on['p99_ms'])}",
+                     f"{fmt_ms(lat_off['p50_ms'])} / {fmt_ms(lat_off['p99_ms'])}",
                      f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
-                     f"{_rate(runs.us_per_job(key, on))} / {_rate(runs.us_per_job(key, off))}",
-                     _noise(runs, key, (on, off))])
-    return lines + _table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
+                     f"{fmt_rate(runs.us_per_job(key, on))} / "
+                     f"{fmt_rate(runs.us_per_job(key, off))}",
+                     noise_cell(runs, key, (on, off))])
+    return lines + table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
                            "latency on", "latency off", "CPU % tubeq / redis, on vs off",
                            "us/job on / off", "other cores on / off"], rows)
 
@@ -499,14 +378,14 @@ def _cpu_per_job(results: Results, runs: Runs) -> list[str]:
                          if pattern.format(load=load) == key and srv == server)
             total = None if fig["tubeq"] is None or fig["redis"] is None else \
                 fig["tubeq"] + fig["redis"]
-            rows.append([f"{load} 64x16 100B", label, _rate(fig["jobs_per_s"]),
+            rows.append([f"{load} 64x16 100B", label, fmt_rate(fig["jobs_per_s"]),
                          _judged(fig["tubeq"], load, "tubeq"),
                          _judged(fig["redis"], load, "redis"),
                          "n/a" if fig["redis_commands"] is None
                          else f"{fig['redis_commands']:.1f}",
                          "n/a" if total is None else f"{total:.1f}",
-                         _noise(runs, key, (server,))])
-    return lines + _table(["load", "tubeq", "jobs/s", "tubeq CPU us/job", "Redis CPU us/job",
+                         noise_cell(runs, key, (server,))])
+    return lines + table(["load", "tubeq", "jobs/s", "tubeq CPU us/job", "Redis CPU us/job",
                            "Redis commands us/job", "tubeq + Redis us/job", "other cores"],
                           rows)
 
@@ -532,13 +411,13 @@ def _workers(results: Results, runs: Runs) -> list[str]:
     for key in keys:
         cells = [key.removeprefix("workers ")]
         for server in (one, two):
-            tubeq = _median(tubeq_cpu_pct(r) for r in runs.ok(key, server))
+            tubeq = median_of(tubeq_cpu_pct(r) for r in runs.ok(key, server))
             cells += [runs.rate_cell(key, server),
-                      f"{_pct(tubeq)} / {_pct(runs.cpu(key, server, 'redis'))}"]
-        cells += [f"**{_x(_ratio(runs.rate(key, two), runs.rate(key, one)))}**",
-                  _noise(runs, key, (one, two))]
+                      f"{fmt_pct(tubeq)} / {fmt_pct(runs.cpu(key, server, 'redis'))}"]
+        cells += [f"**{fmt_x(ratio_of(runs.rate(key, two), runs.rate(key, one)))}**",
+                  noise_cell(runs, key, (one, two))]
         rows.append(cells)
-    return lines + _table(["row", "1 worker jobs/s", "CPU % tubeq / redis", "2 workers jobs/s",
+    return lines + table(["row", "1 worker jobs/s", "CPU % tubeq / redis", "2 workers jobs/s",
                            "CPU % tubeq / redis", "2 / 1", "other cores 1 / 2"], rows)
 
 
@@ -573,19 +452,19 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
         redis = [r["redis"] for r in runs.of(key, "tubeq") if r.get("redis")]
         redis_cell = "n/a"
         if redis:
-            usec = _median(r["total_usec_per_job"] for r in redis)
-            evalsha = _median(next((u / c for n, c, u in r["by_command"]
+            usec = median_of(r["total_usec_per_job"] for r in redis)
+            evalsha = median_of(next((u / c for n, c, u in r["by_command"]
                                     if n in SCRIPT_RUNNERS and c), None) for r in redis)
             redis_cell = f"{usec:.1f} / {evalsha:.1f}" if usec and evalsha else "n/a"
         rows.append([f"{size:,}", runs.rate_cell(key, "beanstalkd"), runs.rate_cell(key, "tubeq"),
-                     f"**{_x(_ratio(rate_t, rate_b))}**", _x(_ratio(rate_b, base_b)),
-                     f"**{_x(_ratio(rate_t, base_t))}**",
+                     f"**{fmt_x(ratio_of(rate_t, rate_b))}**", fmt_x(ratio_of(rate_b, base_b)),
+                     f"**{fmt_x(ratio_of(rate_t, base_t))}**",
                      f"{runs.server_cpu_cell(key, 'beanstalkd')} | "
                      f"{runs.server_cpu_cell(key, 'tubeq')}",
-                     f"{_rate(runs.us_per_job(key, 'beanstalkd'))} / "
-                     f"{_rate(runs.us_per_job(key, 'tubeq'))}", redis_cell,
-                     _noise(runs, key, ("beanstalkd", "tubeq"))])
-    lines += _table(["queued jobs", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
+                     f"{fmt_rate(runs.us_per_job(key, 'beanstalkd'))} / "
+                     f"{fmt_rate(runs.us_per_job(key, 'tubeq'))}", redis_cell,
+                     noise_cell(runs, key, ("beanstalkd", "tubeq"))])
+    lines += table(["queued jobs", "beanstalkd jobs/s", "tubeq jobs/s", "tubeq / beanstalkd",
                      "beanstalkd vs empty", "tubeq vs empty", "CPU %", "us/job b / t",
                      "Redis us/job / per script", "other cores b / t"], rows)
     lines += ["Memory per queued job = (after filling - before) / N: beanstalkd's VmRSS; for "
@@ -605,10 +484,10 @@ def _backlog(results: Results, runs: Runs) -> list[str]:
         mem_rows.append([f"{body} B", f"{n:,}", _bytes(rss_b), _bytes(used),
                          _bytes(tq["bytes_per_job"].get("redis:used_memory_rss") if tq else None),
                          _bytes(tq["bytes_per_job"].get("rss:tubeq") if tq else None),
-                         f"**{_x(_ratio(used, rss_b))}**",
-                         f"{_rate(bs['fill_jobs_per_s'] if bs else None)} / "
-                         f"{_rate(tq['fill_jobs_per_s'] if tq else None)}"])
-    return lines + _table(["body", "jobs", "beanstalkd RSS B/job", "Redis used_memory B/job",
+                         f"**{fmt_x(ratio_of(used, rss_b))}**",
+                         f"{fmt_rate(bs['fill_jobs_per_s'] if bs else None)} / "
+                         f"{fmt_rate(tq['fill_jobs_per_s'] if tq else None)}"])
+    return lines + table(["body", "jobs", "beanstalkd RSS B/job", "Redis used_memory B/job",
                            "Redis RSS B/job", "tubeq RSS B/job", "used_memory / beanstalkd",
                            "fill jobs/s b / t"], mem_rows)
 
@@ -627,7 +506,7 @@ def _idle_connections(results: Results) -> list[str]:
              f"{m['rss_after_kb'] / 1024:.1f}", f"**{_bytes(m['bytes_per_connection'])}**",
              _bytes(m.get("redis_bytes_per_connection")), f"{m['open_and_settle_s']}"]
             for m in measured]
-    return lines + _table(["server", "connections", "RSS before MiB", "RSS after MiB",
+    return lines + table(["server", "connections", "RSS before MiB", "RSS after MiB",
                            "B per connection", "Redis B per connection",
                            "open + settle s"], rows)
 
@@ -646,8 +525,8 @@ def _profiles(results: Results) -> list[str]:
         cpu = result["cpu_pct"]
         lines += [f"### {profile['row']}", "",
                   f"{result['jobs_per_s']:,.0f} jobs/s; CPU: tubeq process "
-                  f"{_pct(cpu.get('tubeq'))} %, redis-server {_pct(cpu.get('redis'))} %, "
-                  f"generators {'+'.join(_pct(v) for v in result['generator_cpu_pct'])} %, "
+                  f"{fmt_pct(cpu.get('tubeq'))} %, redis-server {fmt_pct(cpu.get('redis'))} %, "
+                  f"generators {'+'.join(fmt_pct(v) for v in result['generator_cpu_pct'])} %, "
                   f"other {result['other_cores']:.2f} cores.", ""]
         if redis:
             by_command = redis["by_command"][:6]
@@ -674,7 +553,7 @@ def _profiles(results: Results) -> list[str]:
             b = inclusive[i] if i < len(inclusive) else ("", "")
             rows.append([f"`{a[0]}`" if a[0] else "", f"{a[1]}" if a[0] else "",
                          f"`{b[0]}`" if b[0] else "", f"{b[1]}" if b[0] else ""])
-        lines += _table(["top own time", "%", "top tubeq functions incl. callees", "%"], rows)
+        lines += table(["top own time", "%", "top tubeq functions incl. callees", "%"], rows)
     return lines
 
 
@@ -688,8 +567,8 @@ def targets(results: Results, runs: Runs) -> list[Target]:
     out: list[Target] = []
 
     def ratio_target(label: str, key: str, floor: float) -> None:
-        ratio = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
-        out.append((f"{label} >= {floor}x", _x(ratio), None if ratio is None else ratio >= floor,
+        ratio = ratio_of(runs.rate(key, "tubeq"), runs.rate(key, "beanstalkd"))
+        out.append((f"{label} >= {floor}x", fmt_x(ratio), None if ratio is None else ratio >= floor,
                     key))
 
     ratio_target("64 x 16 cycles, 100 B", "cycle 64x16 100B", 0.85)
@@ -699,7 +578,7 @@ def targets(results: Results, runs: Runs) -> list[Target]:
 
     def latency_target(label: str, key: str, server: str, ceiling: float) -> None:
         p99 = runs.latency(key, server)["p99_ms"]
-        out.append((f"{label} p99 <= {ceiling:g} ms", "n/a" if p99 is None else f"{_ms(p99)} ms",
+        out.append((f"{label} p99 <= {ceiling:g} ms", "n/a" if p99 is None else f"{fmt_ms(p99)} ms",
                     None if p99 is None else p99 <= ceiling, f"{key}, {server}"))
 
     latency_target("delayed-job lateness", "delayed 0-2 s, 1000/s", "tubeq", 2.0)
@@ -707,25 +586,25 @@ def targets(results: Results, runs: Runs) -> list[Target]:
     latency_target("wake latency, one process", "wake, 4 blocked consumers", "tubeq", 2.0)
     latency_target("wake latency, across processes", "wake, 4 blocked consumers", "tubeq x2", 5.0)
     for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"):
-        kept = _ratio(runs.rate(key, "tubeq"), runs.rate(key, "tubeq events off"))
+        kept = ratio_of(runs.rate(key, "tubeq"), runs.rate(key, "tubeq events off"))
         out.append((f"{key.removeprefix('events ')} with events on >= {EVENTS_TARGET}x events "
-                    "off", _x(kept), None if kept is None else kept >= EVENTS_TARGET,
+                    "off", fmt_x(kept), None if kept is None else kept >= EVENTS_TARGET,
                     f"{key}, tubeq"))
     for key in dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"):
-        kept = _ratio(runs.rate(key, "tubeq metrics on"), runs.rate(key, "tubeq metrics off"))
+        kept = ratio_of(runs.rate(key, "tubeq metrics on"), runs.rate(key, "tubeq metrics off"))
         out.append((f"{key.removeprefix('metrics ')} with metrics on >= {METRICS_TARGET}x "
-                    "metrics off", _x(kept), None if kept is None else kept >= METRICS_TARGET,
+                    "metrics off", fmt_x(kept), None if kept is None else kept >= METRICS_TARGET,
                     f"{key}, tubeq"))
-    tubes = _ratio(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
-    out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", _x(tubes),
+    tubes = ratio_of(runs.rate("100 tubes", "tubeq"), runs.rate("1 tube", "tubeq"))
+    out.append(("100 watched tubes >= 0.8x tubeq's 1-tube throughput", fmt_x(tubes),
                 None if tubes is None else tubes >= 0.8, "many-tubes, tubeq"))
     if runs.of(MANY_TUBES_64, "tubeq"):  # issue 13 part 4
-        kept = _ratio(runs.rate(MANY_TUBES_64, "tubeq"), runs.rate(MANY_TUBES_64_BASE, "tubeq"))
-        own_b = _ratio(runs.rate(MANY_TUBES_64, "beanstalkd"),
+        kept = ratio_of(runs.rate(MANY_TUBES_64, "tubeq"), runs.rate(MANY_TUBES_64_BASE, "tubeq"))
+        own_b = ratio_of(runs.rate(MANY_TUBES_64, "beanstalkd"),
                        runs.rate(MANY_TUBES_64_BASE, "beanstalkd"))
         out.append((f"64x16 cycles over 100 tubes (a `use` before every put) >= "
                     f"{MANY_TUBES_64_TARGET}x tubeq's own 64x16 on 1 tube",
-                    f"{_x(kept)} (beanstalkd: {_x(own_b)} of its own)",
+                    f"{fmt_x(kept)} (beanstalkd: {fmt_x(own_b)} of its own)",
                     None if kept is None else kept >= MANY_TUBES_64_TARGET,
                     f"{MANY_TUBES_64}, tubeq"))
     for load, part, label in (("put", "tubeq", "tubeq CPU per put"),
@@ -744,16 +623,16 @@ def targets(results: Results, runs: Runs) -> list[Target]:
     sizes = [s for s in section.get("sizes", []) if s]
     if sizes:
         largest = max(sizes)
-        kept = _ratio(runs.rate(f"backlog {largest:,}", "tubeq"), runs.rate("backlog 0", "tubeq"))
+        kept = ratio_of(runs.rate(f"backlog {largest:,}", "tubeq"), runs.rate("backlog 0", "tubeq"))
         note = "" if largest >= 10_000_000 else f" (measured at {largest:,}, not 10M)"
-        out.append((f"throughput with 10M queued >= 0.9x empty{note}", _x(kept),
+        out.append((f"throughput with 10M queued >= 0.9x empty{note}", fmt_x(kept),
                     None if kept is None else kept >= 0.9, f"backlog {largest:,}, tubeq"))
     step = [f for f in section.get("fills", []) if f["size"] == min(sizes, default=0)]
     rss_b = next((f["bytes_per_job"].get("rss:beanstalkd") for f in step
                   if f["server"] == "beanstalkd"), None)
     used = next((f["bytes_per_job"].get("redis:used_memory") for f in step
                  if f["server"] == "tubeq"), None)
-    mem = _ratio(used, rss_b)
+    mem = ratio_of(used, rss_b)
     out.append(("Redis memory per queued 100 B job <= 1.3x beanstalkd RSS per job",
                 f"{'n/a' if mem is None else f'{mem:.3f}x'} ({_bytes(used)} vs {_bytes(rss_b)} B)",
                 None if mem is None else mem <= 1.3,
@@ -772,7 +651,7 @@ def _targets(results: Results, runs: Runs) -> list[str]:
     rows = [[label, measured, "n/a" if met is None else "**met**" if met else "**missed**",
              basis] for label, measured, met, basis in targets(results, runs)]
     return ["## Targets of issues 4, 8, 9 and 13 (measured in this run)", "",
-            *_table(["target", "measured", "", "row"], rows),
+            *table(["target", "measured", "", "row"], rows),
             "Why each missed target is missed, and the change its profile points to: section 7.",
             ""]
 
@@ -802,10 +681,106 @@ def _notes_section(results: Results) -> list[str]:
     return lines
 
 
-def _batches(results: Results, runs: Runs) -> list[str]:
-    """Issue 10's batch rows (bench/batch_bench.py renders them)."""
-    from bench import batch_bench
-    return batch_bench.section(results, runs)
+# -- batches (issue 10): tubeq's batch rows and consume() deleting in batches; bench/batch_bench.py
+# renders this section in RESULTS-batches.md too ----------------------------------------------
+
+def _best_single(runs: Runs, results: dict[str, Any], prefix: str,
+          server: str = "beanstalkd") -> tuple[float | None, str]:
+    """The best median among ``server``'s single-job rows of ``prefix`` ("put ", "cycle ")."""
+    keys = dict.fromkeys(r["row"] for r in results["runs"]
+                         if r["server"] == server and r["row"].startswith(prefix)
+                         and r["row"].endswith(f" {BATCH_BODY}B") and r["scenario"] == "throughput")
+    rates = {key: runs.rate(key, server) for key in keys}
+    measured = {k: v for k, v in rates.items() if v}
+    if not measured:
+        return None, "n/a"
+    key = max(measured, key=lambda k: measured[k])
+    return measured[key], key
+
+
+def batches_section(results: dict[str, Any], runs: Runs) -> list[str]:
+    """The batches section: each batch row against beanstalkd's best pipelined put / cycle."""
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "batches"))
+    consume = results.get("batches_consume") or []
+    if not keys and not consume:
+        return []
+    best_put, put_key = _best_single(runs, results, "put ")
+    best_cycle, cycle_key = _best_single(runs, results, "cycle ")
+    own_put, own_put_key = _best_single(runs, results, "put ", "tubeq")
+    own_cycle, own_cycle_key = _best_single(runs, results, "cycle ", "tubeq")
+    lines = ["## Batches: put-many, reserve-many, delete-many (issue 10)", "",
+             "tubeq only (beanstalkd has no batch commands). Rows are `mode connections x "
+             "in-flight commands, b<jobs per command>, body` (bench/harness/batch_load.py): "
+             "`put-batch` counts a job at its INSERTED (latency: the put-many round trip); "
+             "`reserve-batch` fills the tube first, then consumers keep reserve-many in flight "
+             "and answer each batch with one delete-many, a job counts at its DELETED (latency: "
+             "put -> RESERVED, so it includes the time queued); `cycle-batch` runs put-many "
+             "producers and reserve-many consumers together (one reserve-many in flight per "
+             "consumer, so no delete-many waits behind a waiting reserve-many). The ratio "
+             "divides by beanstalkd's "
+             f"best pipelined put ({fmt_rate(best_put)} jobs/s, `{put_key}`) for put rows "
+             f"and best pipelined cycle ({fmt_rate(best_cycle)} jobs/s, `{cycle_key}`) for "
+             "the others, same run; `/ tubeq single` divides by tubeq's own best single-job "
+             f"row (put: {fmt_rate(own_put)} jobs/s, `{own_put_key}`; cycle: "
+             f"{fmt_rate(own_cycle)} jobs/s, `{own_cycle_key}`): what batching gains.", ""]
+    rows = []
+    for key in keys:
+        ref = best_put if key.startswith("put") else best_cycle
+        own = own_put if key.startswith("put") else own_cycle
+        lat = runs.latency(key, "tubeq")
+        rows.append([key, runs.rate_cell(key, "tubeq"),
+                     f"**{fmt_x(ratio_of(runs.rate(key, 'tubeq'), ref))}**",
+                     fmt_x(ratio_of(runs.rate(key, "tubeq"), own)),
+                     f"{fmt_ms(lat['p50_ms'])} / {fmt_ms(lat['p99_ms'])}",
+                     runs.server_cpu_cell(key, "tubeq"),
+                     fmt_rate(runs.us_per_job(key, "tubeq")),
+                     runs.generator_cpu(key, "tubeq"),
+                     noise_cell(runs, key, ("tubeq",))])
+    lines += table(["row", "tubeq jobs/s", "/ beanstalkd best", "/ tubeq single",
+                            "latency p50 / p99 ms",
+                            "CPU % tubeq / redis", "us/job", "gen CPU %", "other cores"], rows)
+    if consume:
+        lines += _consume_table(consume, best_cycle, cycle_key)
+    return lines
+
+
+def _consume_table(entries: list[dict[str, Any]], best_cycle: float | None,
+                   cycle_key: str) -> list[str]:
+    lines = ["consume() with batched deletes: one worker process, `Client.consume(tube, "
+             "concurrency=256)`, a handler that only returns, on a pre-filled tube (bench/"
+             "consume_bench.py's worker and clock: 90 % of the jobs). The deletes of the jobs "
+             "finished in one loop turn leave as one delete-many per connection (tubeq) or as "
+             "pipelined deletes (beanstalkd, which has no delete-many). Ratio: against "
+             f"beanstalkd's best pipelined cycle ({fmt_rate(best_cycle)} jobs/s, "
+             f"`{cycle_key}`).", ""]
+    rows = []
+    for key in dict.fromkeys(e["row"] for e in entries):
+        ok = [e for e in entries if e["row"] == key and e.get("ok")]
+        done = [e for e in entries if e["row"] == key]
+        rates = [e["jobs_per_s"] for e in ok]
+        cell = "n/a" if not rates else fmt_rate(median_of(rates))
+        if len(rates) > 1:
+            cell += f" ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})"
+        if len(ok) < len(done):
+            cell += f", {len(done) - len(ok)} of {len(done)} runs failed"
+        scripts = median_of((e.get("redis_scripts") or {}).get("calls_per_job")
+                                 for e in ok)
+        cpu = [(e.get("cpu_pct") or {}) for e in ok]
+        server = " / ".join(fmt_pct(median_of(c.get(label) for c in cpu))
+                            for label in (("beanstalkd",) if key.startswith("beanstalkd")
+                                          else ("tubeq", "redis")))
+        worker = fmt_pct(median_of((e.get("worker_cpu_pct") or [None])[0]
+                                            for e in ok))
+        other = median_of(e.get("other_cores") for e in done)
+        ratio = ratio_of(median_of(rates), best_cycle)
+        rows.append([key, cell, f"**{fmt_x(ratio)}**",
+                     "-" if scripts is None else f"{scripts:.2f}", server, worker,
+                     "n/a" if other is None else f"{other:.2f}"])
+    return lines + table(["row", "jobs/s", "/ beanstalkd best cycle",
+                                  "Redis script calls/job", "CPU % server (tubeq / redis)",
+                                  "CPU % worker", "other cores"], rows)
+
+
 # The figures a RESULTS.md carries in its summary line, for later runs on the same CPU model.
 COMPARED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 64x1 100B",
                  "put 1x1 100B", "cycle 1x1 100B")
@@ -849,7 +824,7 @@ def render(results: Results) -> str:
         lambda: _metrics(results, runs),
         lambda: _cpu_per_job(results, runs),
         lambda: _workers(results, runs),
-        lambda: _batches(results, runs),
+        lambda: batches_section(results, runs),
         lambda: _backlog(results, runs),
         lambda: _idle_connections(results),
         lambda: _profiles(results),

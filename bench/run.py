@@ -9,7 +9,7 @@
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
 server (beanstalkd, or tubeq on its own private redis-server) on a free loopback port, waits
-briefly for the machine to be quiet, drives it with bench.loadgen, and stops it by PID.
+briefly for the machine to be quiet, drives it with bench.harness.loadgen, and stops it by PID.
 Repetitions are interleaved: each repetition walks every row, alternating which server goes
 first, so a noisy minute hurts one repetition of many rows rather than every repetition of one.
 
@@ -19,8 +19,9 @@ put and cycle rows on tubeq with events on and off, interleaved), the cost of me
 the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
 metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
 put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
-put-many, reserve-many, delete-many, and consume() deleting in batches; bench/batch_bench.py,
-about a minute and a half more), a py-spy profile of the main
+put-many, reserve-many, delete-many, and consume() deleting in batches, through
+bench/consume_bench.py's worker; `python -m bench.batch_bench` runs them alone, about a minute
+and a half more), a py-spy profile of the main
 rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
 jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
 row; RESULTS.md says when it was reduced and why.
@@ -36,70 +37,70 @@ Raw results go to bench/out/results-<stamp>.json (ignored by git); bench/report.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import idle_connections as idle
-from bench import report
-from bench.loadgen import LoadResult, LoadSpec, run_backlog, run_load
-from bench.machine import committed_summary, cpu_model
-from bench.procstat import QuietGate
-from bench.profiling import Recording, redis_per_job
-from bench.redisinfo import command_stats
-from bench.servers import REPO_ROOT, Beanstalkd, Server, Tubeq, snapshot_tubeq
+from bench import consume_bench
+from bench.harness import idle_connections as idle
+from bench.harness.bench import (
+    BUSY_STREAK_GIVE_UP,
+    QUIET_CORES,
+    RUN_SLACK_S,
+    WINDOW_JOB_CAP,
+    Bench,
+    Row,
+    Scale,
+    alternate,
+)
+from bench.harness.loadgen import LoadResult, LoadSpec, run_backlog, run_load
+from bench.harness.machine import (
+    committed_summary,
+    cpu_model,
+    machine_and_versions,
+    source_fingerprint,
+)
+from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
+from bench.harness.profiling import Recording, redis_per_job
+from bench.harness.redisinfo import command_stats
+from bench.harness.servers import (
+    EVENTS_ON,
+    WORKERS_1,
+    WORKERS_2,
+    Beanstalkd,
+    Server,
+    Tubeq,
+    make_server,
+    snapshot_tubeq,
+)
+from bench.report import BATCH_BODY, MANY_TUBES_64, MANY_TUBES_64_BASE, render
 
-BENCH_DIR = Path(__file__).resolve().parent
-OUT_DIR = BENCH_DIR / "out"
-# The machine counts as quiet below this many busy cores (research/perf-baseline.md: 0.3).
-QUIET_CORES = 0.3
-# After this many runs in a row found the machine busy, stop waiting for quiet (QuietGate).
-BUSY_STREAK_GIVE_UP = 5
-# Hard bound on one load beyond its own planned length (setup, tails, a slow machine).
-RUN_SLACK_S = 30.0
-# Upper bound on jobs in a time-window run; never reached at these servers' speeds.
-WINDOW_JOB_CAP = 2_000_000
 BACKLOG_REQUESTED = 10_000_000
 # A backlog row smaller than this multiple of the 1M row would say little: skip it instead.
 BACKLOG_MIN_FACTOR = 1.5
 # Memory a queued 100-byte job takes in both servers together, with headroom (beanstalkd ~300 B,
 # Redis ~400 B): the big backlog row never asks for more than 60 % of MemAvailable.
 BACKLOG_BYTES_PER_JOB_BOTH = 900
-# tubeq's lifecycle events, as its private redis-server would have them, and off (issue 9).
-EVENTS_ON = ("--events", "on")
-EVENTS_OFF = ("--events", "off")
 # The rows run once more on tubeq alone, events on against off.
 EVENTS_COMPARED = ("put 64x16 100B", "cycle 64x16 100B")
-# Issue 12: every metrics hook on (the HTTP listener on a free port), against none at all (no
-# listener, no slow-command tracking either); both with events on, as the other tubeq rows.
-METRICS_ON = ("--metrics", "127.0.0.1:0")
-METRICS_OFF = ("--slow-ms", "0")
-# Issue 13 part 3: the EVENTS_COMPARED rows on one Redis, one tubeq process against
-# `tubeq --workers 2` (two processes on one port, SO_REUSEPORT), both with events on.
-WORKERS_1 = "tubeq --workers 1"
-WORKERS_2 = "tubeq --workers 2"
-# Issue 13 part 4: 64 producers `use` one of 100 tubes before every put, 64 consumers watch all
-# 100, 16 in flight each; judged against the same load on one tube, in the same pass.
-MANY_TUBES_64 = "64x16, 100 tubes"
-MANY_TUBES_64_BASE = "64x16, 1 tube"
+# Batches (issue 10): jobs each reserve-batch run fills its tubes with first: enough for
+# warm-up plus window at rates up to ~150k jobs/s (the run ends early, and says so, if the
+# consumers drain them).
+RESERVE_FILL = {"full": 200_000, "quick": 50_000}
+# consume rows: one worker process of concurrency 256 (consume_bench's best single-worker shape)
+CONSUME_SHAPES = (("tubeq push", 256, 1), ("tubeq reserve", 256, 1), ("beanstalkd", 256, 1))
+CONSUME_JOBS = {"full": 30_000, "quick": 10_000}
 
 
 @dataclass(frozen=True)
-class Scale:
+class CoreScale(Scale):
     """Counts and durations of one kind of run (full or quick)."""
 
-    name: str
-    repetitions: int
     window_s: float
     warmup_s: float
     quiet_wait_s: float
@@ -113,51 +114,19 @@ class Scale:
     budget_s: float  # the whole run should end within this
 
 
-FULL = Scale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.5,
-             delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
-             backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
-             profile_s=4.0,
-             budget_s=14.5 * 60)  # issue 13 added ~1.5 min of rows before the backlog
-QUICK = Scale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
-              delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
-              memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One scenario row: a load, and the servers it runs against."""
-
-    scenario: str
-    key: str
-    spec: LoadSpec  # port 0: filled in per run
-    servers: tuple[str, ...] = ("beanstalkd", "tubeq")
-
-
-def make_server(kind: str, log_dir: Path, code_dir: Path,
-                flags: tuple[str, ...] = ()) -> Server:
-    """A server of ``kind``; ``flags`` go to tubeq ("tubeq events off" sets its own)."""
-    if kind == "beanstalkd":
-        return Beanstalkd(log_dir)
-    if kind == "tubeq":
-        return Tubeq(log_dir, code_dir=code_dir, flags=flags)
-    if kind == "tubeq x2":
-        return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
-    if kind == "tubeq events off":
-        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
-    if kind == "tubeq metrics on":
-        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
-    if kind == "tubeq metrics off":
-        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
-    if kind == WORKERS_1:
-        return Tubeq(log_dir, code_dir=code_dir, flags=(*flags, "--workers", "1"))
-    if kind == WORKERS_2:
-        return Tubeq(log_dir, code_dir=code_dir, flags=flags, workers=2)
-    raise ValueError(kind)
+FULL = CoreScale("full", repetitions=3, window_s=1.0, warmup_s=0.25, quiet_wait_s=1.5,
+                 delayed_jobs=3000, wake_jobs=1000, backlog_step=1_000_000,
+                 backlog_cap=BACKLOG_REQUESTED, memory_4k_jobs=200_000, idle_connections=10_000,
+                 profile_s=4.0,
+                 budget_s=14.5 * 60)  # issue 13 added ~1.5 min of rows before the backlog
+QUICK = CoreScale("quick", repetitions=1, window_s=0.4, warmup_s=0.15, quiet_wait_s=0.3,
+                  delayed_jobs=400, wake_jobs=150, backlog_step=20_000, backlog_cap=100_000,
+                  memory_4k_jobs=5_000, idle_connections=2_000, profile_s=2.0, budget_s=4 * 60)
 
 
 # -- the rows ---------------------------------------------------------------------------------
 
-def throughput_rows(scale: Scale) -> list[Row]:
+def throughput_rows(scale: CoreScale) -> list[Row]:
     rows = []
     for mode in ("put", "cycle"):
         for conns in (1, 8, 64):
@@ -171,13 +140,13 @@ def throughput_rows(scale: Scale) -> list[Row]:
     return rows
 
 
-def delayed_row(scale: Scale) -> Row:
+def delayed_row(scale: CoreScale) -> Row:
     spec = LoadSpec(mode="delayed", port=0, connections=8, jobs=scale.delayed_jobs, rate=1000.0,
                     max_delay=2, time_limit=scale.delayed_jobs / 1000.0 + 2 + RUN_SLACK_S)
     return Row("delayed", "delayed 0-2 s, 1000/s", spec)
 
 
-def delayed_ms_row(scale: Scale) -> Row:
+def delayed_ms_row(scale: CoreScale) -> Row:
     """delayed, with put-with delay-ms (a tubeq extension: beanstalkd has no such put)."""
     spec = LoadSpec(mode="delayed-ms", port=0, connections=8, jobs=scale.delayed_jobs,
                     rate=1000.0, max_delay=2,
@@ -188,14 +157,15 @@ def delayed_ms_row(scale: Scale) -> Row:
 DELAYED_MS_KEY = "delayed-ms 0-2000 ms, 1000/s"
 
 
-def wake_row(scale: Scale) -> Row:
+def wake_row(scale: CoreScale) -> Row:
     spec = LoadSpec(mode="wake", port=0, connections=4, jobs=scale.wake_jobs,
                     time_limit=scale.wake_jobs * 0.01 + RUN_SLACK_S)
     return Row("wake", "wake, 4 blocked consumers", spec, ("beanstalkd", "tubeq", "tubeq x2"))
 
 
-def many_tube_rows(scale: Scale) -> list[Row]:
-    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair: 64
+def many_tube_rows(scale: CoreScale) -> list[Row]:
+    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair
+    (MANY_TUBES_64_BASE and MANY_TUBES_64, named by bench/report.py, which judges them): 64
     producer connections (2 generator processes, as the 64-connection rows of section 1) that
     each `use` the next of 100 tubes before every put, 64 consumers that watch all 100 (the
     processes share the tubes), and the same load on 1 tube as its reference."""
@@ -215,7 +185,7 @@ def many_tube_rows(scale: Scale) -> list[Row]:
     return rows
 
 
-def events_rows(scale: Scale) -> list[Row]:
+def events_rows(scale: CoreScale) -> list[Row]:
     """The rows of EVENTS_COMPARED on tubeq with lifecycle events on (its "tubeq" runs) and
     off, interleaved in their own pass so the ratio compares runs minutes apart at most."""
     by_key = {r.key: r for r in throughput_rows(scale)}
@@ -223,14 +193,14 @@ def events_rows(scale: Scale) -> list[Row]:
             for key in EVENTS_COMPARED]
 
 
-def metrics_rows(scale: Scale) -> list[Row]:
+def metrics_rows(scale: CoreScale) -> list[Row]:
     """The rows of EVENTS_COMPARED on tubeq with metrics on and off, in a pass of their own."""
     by_key = {r.key: r for r in throughput_rows(scale)}
     return [Row("metrics", f"metrics {key}", by_key[key].spec,
                 ("tubeq metrics on", "tubeq metrics off")) for key in EVENTS_COMPARED]
 
 
-def workers_rows(scale: Scale) -> list[Row]:
+def workers_rows(scale: CoreScale) -> list[Row]:
     """The rows of EVENTS_COMPARED on one tubeq process and on ``--workers 2`` (one Redis)."""
     by_key = {r.key: r for r in throughput_rows(scale)}
     return [Row("workers", f"workers {key}", by_key[key].spec, (WORKERS_1, WORKERS_2))
@@ -241,33 +211,58 @@ PROFILED_ROWS = ("put 64x16 100B", "cycle 64x16 100B", "put 64x1 100B", "cycle 6
                  "100 tubes", MANY_TUBES_64)
 
 
-def backlog_cycle_spec(scale: Scale) -> LoadSpec:
+def backlog_cycle_spec(scale: CoreScale) -> LoadSpec:
     """The load measured on top of a backlog: ordinary clients (1 in flight), one tube."""
     return LoadSpec(mode="cycle", port=0, connections=8, in_flight=1, body_size=100,
                     jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
                     tube="backlog", time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
 
 
+# -- batches (issue 10): put-many, reserve-many, delete-many; consume() deleting in batches ----
+
+def batch_rows(scale: CoreScale) -> list[Row]:
+    """The tubeq batch rows: `mode connections x in-flight, batch size, body`."""
+    # In flight: 3,200-4,000 jobs per row, more than beanstalkd's deepest single-job rows
+    # (64x16 = 1,024), so a round trip's latency does not bound the rate.
+    shapes = (("put-batch", 8, 4, 100), ("put-batch", 1, 4, 1000), ("reserve-batch", 8, 4, 100),
+              ("cycle-batch", 8, 4, 100))
+    rows = []
+    for mode, conns, in_flight, batch in shapes:
+        fill = mode == "reserve-batch"
+        jobs = RESERVE_FILL.get(scale.name, RESERVE_FILL["quick"]) if fill else 2_000_000
+        spec = LoadSpec(mode=mode, port=0, connections=conns, in_flight=in_flight,
+                        body_size=BATCH_BODY, batch=batch, jobs=jobs, seconds=scale.window_s,
+                        warmup=scale.warmup_s,
+                        time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+        rows.append(Row("batches", f"{mode} {conns}x{in_flight} b{batch} {BATCH_BODY}B", spec,
+                        ("tubeq",)))
+    return rows
+
+
+def consume_runs(scale: CoreScale, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The consume rows, interleaved over ``scale.repetitions``; consume_bench's entries."""
+    name = "full" if scale.name == "full" else "quick"
+    base = consume_bench.FULL if name == "full" else consume_bench.QUICK
+    c_scale = replace(base, repetitions=scale.repetitions, jobs=CONSUME_JOBS[name])
+    bench = consume_bench.ConsumeBench(c_scale, log)
+    rows = [consume_bench.ConsumeRow(target, concurrency, workers)
+            for target, concurrency, workers in CONSUME_SHAPES]
+    for rep in range(c_scale.repetitions):
+        for row in alternate(rows, rep):
+            bench.consume(row, rep)
+    return bench.runs
+
+
 # -- running ----------------------------------------------------------------------------------
 
-class Bench:
-    def __init__(self, scale: Scale, log: Callable[[str], None]) -> None:
-        self.scale = scale
-        self.log = log
-        self.started = time.monotonic()
-        self.stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        self.log_dir = OUT_DIR / f"logs-{self.stamp}"
-        self.runs: list[dict[str, Any]] = []
-        self.notes: list[str] = []
-        self.gate = QuietGate(QUIET_CORES, self.scale.quiet_wait_s, BUSY_STREAK_GIVE_UP)
+class CoreBench(Bench):
+    """The rows of `make bench`, each on a fresh server, and the profile, memory and backlog
+    sections after them."""
+
+    def __init__(self, scale: CoreScale, log: Callable[[str], None]) -> None:
+        super().__init__(scale, log, quiet_wait_s=scale.quiet_wait_s)
+        self.scale: CoreScale = scale
         self.code_dir = REPO_ROOT  # run() points it at the snapshot of tubeq/
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def quiet(self) -> float:
-        """Wait (bounded) for the machine to be quiet; returns the load seen last, in cores."""
-        return self.gate.wait()
 
     def record(self, row: Row, server: str, rep: int, quiet: float, result: LoadResult,
                **extra: Any) -> None:
@@ -299,8 +294,7 @@ class Bench:
     def interleaved(self, rows: list[Row]) -> None:
         for rep in range(self.scale.repetitions):
             for row in rows:
-                servers = row.servers if rep % 2 == 0 else tuple(reversed(row.servers))
-                for kind in servers:
+                for kind in alternate(row.servers, rep):
                     self.fresh_run(row, kind, rep)
 
     # -- profile ----------------------------------------------------------------------------
@@ -477,78 +471,13 @@ def _mem_available() -> int:
     return 0
 
 
-# -- machine and versions ---------------------------------------------------------------------
-
-def source_fingerprint(root: Path) -> str:
-    """A hash of every file of the tubeq package under ``root``: the code tubeq runs."""
-    digest = hashlib.sha256()
-    package = root / "tubeq"
-    for path in sorted(package.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(package)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def _first_line(command: list[str]) -> str:
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
-    except OSError:
-        return "not found"
-    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) \
-        else "unknown"
-
-
-def _package(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def machine_and_versions() -> dict[str, str]:
-    commit = _first_line(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
-    status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "tubeq"],
-                            capture_output=True, text=True, check=False).stdout.strip()
-    os_release = "unknown"
-    for line in Path("/etc/os-release").read_text().splitlines():
-        if line.startswith("PRETTY_NAME="):
-            os_release = line.split("=", 1)[1].strip('"')
-    return {
-        "cpu": f"{cpu_model()}, {_cores()} cores",
-        "memory": f"{_mem_total_gib():.0f} GiB",
-        "os": f"{os_release}, kernel {platform.release()}",
-        "python": platform.python_version(),
-        "uvloop": _package("uvloop"), "hiredis": _package("hiredis"),
-        "redis-py": _package("redis"), "py-spy": _package("py-spy"),
-        "redis-server": _first_line(["redis-server", "--version"]),
-        "beanstalkd": _first_line(["beanstalkd", "-v"]),
-        "tubeq": f"{_package_version()} at commit {commit}"
-                 + (" with uncommitted changes under tubeq/" if status else ""),
-    }
-
-
-def _cores() -> int:
-    return os.cpu_count() or 0
-
-
-def _mem_total_gib() -> float:
-    with open("/proc/meminfo") as f:
-        return int(f.readline().split()[1]) / (1 << 20)
-
-
-def _package_version() -> str:
-    from tubeq import __version__
-    return __version__
-
-
 # -- main -------------------------------------------------------------------------------------
 
-def run(scale: Scale, output: Path, only: str | None = None) -> Path:
+def run(scale: CoreScale, output: Path, only: str | None = None) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    bench = Bench(scale, log)
+    bench = CoreBench(scale, log)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now(UTC)
     # Every row runs this snapshot of tubeq/, so the run measures one version of the code even
@@ -574,9 +503,8 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
     bench.interleaved(workers_rows(scale))
     # batches (issue 10): tubeq's put-many / reserve-many / delete-many rows, then consume()
     # deleting in batches (bench/batch_bench.py)
-    from bench import batch_bench
-    bench.interleaved(batch_bench.batch_rows(scale))
-    batches_consume = batch_bench.consume_runs(scale, log)
+    bench.interleaved(batch_rows(scale))
+    batches_consume = consume_runs(scale, log)
     by_key = {r.key: r for r in [*throughput_rows(scale), *tube_rows]}
     profiles = bench.profile([by_key[k] for k in PROFILED_ROWS])
     memory_4k = bench.memory_4k()
@@ -586,12 +514,12 @@ def run(scale: Scale, output: Path, only: str | None = None) -> Path:
                    profiles, idle_connections, batches_consume, committed)
 
 
-def _main_64x16_rows(scale: Scale) -> list[Row]:
+def _main_64x16_rows(scale: CoreScale) -> list[Row]:
     return [r for r in throughput_rows(scale) if r.key in EVENTS_COMPARED]
 
 
 # `--only NAME`: some passes alone, for development (bench/out/, never RESULTS.md).
-ONLY: dict[str, Callable[[Scale], list[list[Row]]]] = {
+ONLY: dict[str, Callable[[CoreScale], list[list[Row]]]] = {
     "metrics": lambda scale: [metrics_rows(scale)],
     "many-tubes": lambda scale: [[r for r in many_tube_rows(scale)
                                   if r.key in (MANY_TUBES_64_BASE, MANY_TUBES_64)]],
@@ -600,7 +528,7 @@ ONLY: dict[str, Callable[[Scale], list[list[Row]]]] = {
 }
 
 
-def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str, Any],
+def _finish(bench: CoreBench, scale: CoreScale, started_at: datetime, machine: dict[str, Any],
             fingerprint: str, output: Path, memory_4k: Any, backlog: Any, profiles: Any,
             idle_connections: Any, batches_consume: Any = None,
             committed: Any = None) -> Path:
@@ -627,7 +555,7 @@ def _finish(bench: Bench, scale: Scale, started_at: datetime, machine: dict[str,
     }
     raw = OUT_DIR / f"results-{bench.stamp}.json"
     raw.write_text(json.dumps(results, indent=1))
-    output.write_text(report.render(results))
+    output.write_text(render(results))
     log(f"bench: done in {bench.elapsed() / 60:.1f} min; raw results {raw.relative_to(REPO_ROOT)}"
         f", report {output.relative_to(REPO_ROOT) if output.is_relative_to(REPO_ROOT) else output}")
     return output
@@ -655,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                              else BENCH_DIR / "RESULTS.md")
     if args.render is not None:
         results = json.loads(args.render.read_text())
-        output.write_text(report.render(results))
+        output.write_text(render(results))
         return 0
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     scale = QUICK if args.quick else FULL

@@ -8,7 +8,8 @@ Modules, one way (orchestrator -> driver processes -> each system's own client):
 * :mod:`bench.peers.run`: the orchestrator. Per system and repetition it starts the system's
   servers fresh (a private redis-server on a free loopback port; beanstalkd; tubeq on its own
   Redis), runs one producer process and then one worker process, samples the servers' CPU from
-  /proc, stops everything by PID, and writes the raw results and the report.
+  /proc, stops everything by PID, and writes the raw results and the report. Its servers, run
+  state and machine table are bench/harness/'s, as every scenario's.
 * :mod:`bench.peers.envs`: where each system's client comes from. The Python peers are pinned
   in pyproject.toml (extras ``bench-peer-<system>``) and each gets a virtualenv of its own under
   bench/out/ (their redis-py pins conflict: arq < 6, kombu >= 6.4, saq < 8); BullMQ comes from

@@ -17,10 +17,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from bench.servers import REPO_ROOT
+from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
 
-VENV_DIR = REPO_ROOT / "bench" / "out" / "peer-venvs"
-NODE_DIR = REPO_ROOT / "bench" / "peers" / "node"
+VENV_DIR = OUT_DIR / "peer-venvs"
+NODE_DIR = BENCH_DIR / "peers" / "node"
 NODE_DRIVER = NODE_DIR / "bullmq_driver.js"
 NODE_STAMP = NODE_DIR / "node_modules" / ".installed"
 INSTALL_TIMEOUT_S = 900.0

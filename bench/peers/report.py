@@ -10,16 +10,14 @@ an existing report is kept when the report is rewritten: the reading written by 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import machine
+from bench.harness import machine
+from bench.harness.summary import SHARED_BOX_CORES, fmt_rate, median_of, table
 
 HAND_MARKER = "<!-- hand-written below this line: kept when bench.peers rewrites the file -->"
 TARGET = 2.0
-# A run whose other processes used at least this many cores shared the box (perf-baseline.md).
-SHARED_BOX_CORES = 0.5
 REPORT_NAME = "bench/RESULTS-peers.md"
 
 Run = dict[str, Any]
@@ -107,33 +105,22 @@ def run_line(run: Run) -> str:
     """One line for the console."""
     if run.get("error"):
         return f"FAILED: {run['error'][:300]}"
-    return (f"one at a time {_n(enqueue_rate(run, 'single'))}/s, batched "
-            f"{_n(enqueue_rate(run, 'batched'))}/s, processing {_n(processing_rate(run))}/s, "
-            f"settled +{_n(settle_ms(run))} ms, server us/job {_n(server_us(run, 'processing'))}"
+    return (f"one at a time {fmt_rate(enqueue_rate(run, 'single'))}/s, batched "
+            f"{fmt_rate(enqueue_rate(run, 'batched'))}/s, processing "
+            f"{fmt_rate(processing_rate(run))}/s, settled +{fmt_rate(settle_ms(run))} ms, "
+            f"server us/job {fmt_rate(server_us(run, 'processing'))}"
             f", other cores {_f(other_cores(run))}")
 
 
 # -- summaries ----------------------------------------------------------------------------------
 
-def _n(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.0f}"
-
-
 def _f(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+class SystemRuns:
+    """The runs of a results file by system, with medians, bests and cells over the ok ones."""
 
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
-
-
-class Summary:
     def __init__(self, results: dict[str, Any]) -> None:
         self.results = results
         self.names = [s["name"] for s in results["systems"]]
@@ -148,7 +135,7 @@ class Summary:
         return [r for r in self.by_system[name] if r.get("error")]
 
     def median(self, name: str, figure: Any) -> float | None:
-        return _median(figure(r) for r in self.ok(name))
+        return median_of(figure(r) for r in self.ok(name))
 
     def best(self, name: str, figure: Any) -> float | None:
         values = [v for v in (figure(r) for r in self.ok(name)) if v is not None]
@@ -159,9 +146,9 @@ class Summary:
         values = [v for v in (figure(r) for r in self.ok(name)) if v is not None]
         if not values:
             return "**FAILED**" if runs and not self.ok(name) else "n/a"
-        text = _n(statistics.median(values))
+        text = fmt_rate(statistics.median(values))
         if spread and len(values) > 1:
-            text += f" ({_n(min(values))}-{_n(max(values))})"
+            text += f" ({fmt_rate(min(values))}-{fmt_rate(max(values))})"
         if self.failed(name):
             text += f", {len(self.failed(name))} of {len(runs)} runs FAILED"
         return text
@@ -173,7 +160,7 @@ def _system(results: dict[str, Any], name: str) -> dict[str, Any]:
     return next(s for s in results["systems"] if s["name"] == name)
 
 
-def _api(summary: Summary, name: str, phase: str) -> str:
+def _api(summary: SystemRuns, name: str, phase: str) -> str:
     for run in summary.by_system[name]:
         p = (run.get("produce") or {}).get(phase)
         if p:
@@ -183,7 +170,7 @@ def _api(summary: Summary, name: str, phase: str) -> str:
 
 def figures(results: dict[str, Any]) -> dict[str, float | None]:
     """The headline figures the summary line carries (for later runs on the same CPU)."""
-    s = Summary(results)
+    s = SystemRuns(results)
     out: dict[str, float | None] = {}
     for name in s.names:
         out[f"{name} enqueue one at a time jobs/s"] = s.median(name, lambda r: enqueue_rate(
@@ -195,7 +182,7 @@ def figures(results: dict[str, Any]) -> dict[str, float | None]:
 
 
 def targets(results: dict[str, Any]) -> list[list[str]]:
-    s = Summary(results)
+    s = SystemRuns(results)
     peers = [n for n in s.names if _system(results, n)["server"] == "redis"]
     rows = []
     for label, figure in (
@@ -213,9 +200,9 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                   default=(None, "none"))
         top_ratio = None if top_tubeq is None or top[0] is None else top_tubeq / top[0]
         rows.append([f"{label}: tubeq >= {TARGET:g}x the fastest Redis-backed peer",
-                     _n(tubeq), f"{best[1]} {_n(best[0])}",
+                     fmt_rate(tubeq), f"{best[1]} {fmt_rate(best[0])}",
                      "n/a" if ratio is None else f"{ratio:.2f}x", met,
-                     f"{_n(top_tubeq)} vs {top[1]} {_n(top[0])}: "
+                     f"{fmt_rate(top_tubeq)} vs {top[1]} {fmt_rate(top[0])}: "
                      + ("n/a" if top_ratio is None else f"{top_ratio:.2f}x")])
     return rows
 
@@ -223,7 +210,7 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
 def render(results: dict[str, Any]) -> str:
     meta = results["meta"]
     scale = meta["scale"]
-    s = Summary(results)
+    s = SystemRuns(results)
     minutes, seconds = divmod(int(meta.get("elapsed_s", 0)), 60)
     command = "make bench-peers" if scale["name"] == "full" else "python -m bench.peers --quick"
     lines = [
@@ -250,7 +237,7 @@ def render(results: dict[str, Any]) -> str:
     lines += ["Judged on medians over repetitions. The last column compares each system's "
               "best repetition instead: on a busy machine the best run is the one that got "
               "the most of it, the closest to a quiet figure; it is shown, not judged.", ""]
-    lines += _table(["target", "tubeq jobs/s", "fastest Redis-backed peer", "tubeq / peer",
+    lines += table(["target", "tubeq jobs/s", "fastest Redis-backed peer", "tubeq / peer",
                      "", "best repetitions"], targets(results))
     lines += ["## Results", "",
               "Medians over repetitions (min-max). **Enqueue** = jobs / wall time of the "
@@ -282,7 +269,7 @@ def render(results: dict[str, Any]) -> str:
             f"{_f(s.median(name, lambda r, e=enqueue: other_cores(r, e)))} / "
             f"{_f(s.median(name, other_cores))}",
         ])
-    lines += _table(["system", "enqueue one at a time jobs/s", "enqueue batched jobs/s",
+    lines += table(["system", "enqueue one at a time jobs/s", "enqueue batched jobs/s",
                      "processing jobs/s", "settled after, ms",
                      "server us/job: enqueue (batched) / processing",
                      "client us/job: producer (batched) / worker",
@@ -303,8 +290,8 @@ def render(results: dict[str, Any]) -> str:
                          system.get("concurrency_note") or f"concurrency {meta['concurrency']}",
                          ", ".join(f"{k} {v}" for k, v in versions.items())
                          or setup.get("error", "n/a")])
-    lines += _table(["system", "one at a time", "batched", "worker", "versions"], api_rows)
-    tail = [[name, str(r["rep"]), _n(settle_ms(r)), str((r.get("consume") or {}).get("modes",
+    lines += table(["system", "one at a time", "batched", "worker", "versions"], api_rows)
+    tail = [[name, str(r["rep"]), fmt_rate(settle_ms(r)), str((r.get("consume") or {}).get("modes",
                                                                                     ""))]
             for name in ("tubeq", "beanstalkd") if name in s.names for r in s.ok(name)]
     if tail:
@@ -312,7 +299,7 @@ def render(results: dict[str, Any]) -> str:
                   "Per run of the bundled client: how long after the last handler returned the "
                   "tube read empty (every job deleted), and how each consumer connection got "
                   "its jobs (push, or pipelined reserve-with-timeout).", ""]
-        lines += _table(["system", "repetition", "settled after, ms", "modes"], tail)
+        lines += table(["system", "repetition", "settled after, ms", "modes"], tail)
     failures = [r for r in results["runs"] if r.get("error")]
     installs = {n: v["error"] for n, v in results["setup"].items() if v.get("error")}
     if failures or installs:
@@ -326,7 +313,7 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cpu_split(results: dict[str, Any], s: Summary) -> list[str]:
+def _cpu_split(results: dict[str, Any], s: SystemRuns) -> list[str]:
     """Server CPU per job by process, for the systems with more than one server process."""
     rows = []
     for name in s.names:
@@ -343,7 +330,7 @@ def _cpu_split(results: dict[str, Any], s: Summary) -> list[str]:
     if not rows:
         return []
     return ["### Server CPU per job, by process", "",
-            *_table(["system", "process", "enqueue (batched) us/job", "processing us/job"],
+            *table(["system", "process", "enqueue (batched) us/job", "processing us/job"],
                     rows)]
 
 

@@ -29,32 +29,35 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import machine
+from bench.harness import machine
+from bench.harness.bench import QUIET_CORES, Bench, Scale, alternate
+from bench.harness.machine import machine_and_versions
+from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
+from bench.harness.procstat import (
+    CLOCK_TICKS_PER_S,
+    machine_busy_ticks,
+    process_cpu_ticks,
+    wait_until_quiet,
+)
+from bench.harness.servers import EVENTS_ON, Beanstalkd, Tubeq
 from bench.peers import envs, report
-from bench.procstat import machine_busy_ticks, process_cpu_ticks, wait_until_quiet
-from bench.run import machine_and_versions
-from bench.servers import REPO_ROOT, Beanstalkd, Tubeq
 from tubeq.redisio.process import RedisProcess
 
-BENCH_DIR = REPO_ROOT / "bench"
-OUT_DIR = BENCH_DIR / "out"
 RESULTS_PATH = BENCH_DIR / "RESULTS-peers.md"
 QUICK_RESULTS_PATH = OUT_DIR / "RESULTS-peers-quick.md"
 CONCURRENCY = 32
 CHUNK = 1000
 SAMPLE_S = 0.02
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # Before each system, wait this long at most for the machine to use < QUIET_CORES.
-QUIET_CORES = 0.3
+QUIET_WAIT_S = 2.0
 # A driver process is killed this long after its own time limit.
 KILL_SLACK_S = 15.0
-# tubeq as RESULTS.md runs it: lifecycle events on, as with its embedded private Redis.
-TUBEQ_FLAGS = ("--events", "on")
 
 
 @dataclass(frozen=True)
@@ -85,16 +88,14 @@ REDIS_PEERS = tuple(s.name for s in SYSTEMS if s.server == "redis")
 
 
 @dataclass(frozen=True)
-class Scale:
-    name: str
-    repetitions: int
+class PeersScale(Scale):
     single: int  # jobs enqueued one at a time (systems with a batch API)
     batched: int  # jobs enqueued through the batch API
     time_limit_s: float  # per driver process
 
 
-FULL = Scale("full", repetitions=3, single=2_000, batched=20_000, time_limit_s=420.0)
-QUICK = Scale("quick", repetitions=1, single=300, batched=2_000, time_limit_s=60.0)
+FULL = PeersScale("full", repetitions=3, single=2_000, batched=20_000, time_limit_s=420.0)
+QUICK = PeersScale("quick", repetitions=1, single=300, batched=2_000, time_limit_s=60.0)
 
 
 # -- CPU sampling -------------------------------------------------------------------------------
@@ -166,7 +167,8 @@ class Servers:
         if kind == "redis":
             self.redis = RedisProcess(Path(tempfile.mkdtemp(prefix="tubeq-peers-redis-")))
         elif kind == "tubeq":
-            self.other = Tubeq(log_dir, flags=TUBEQ_FLAGS)
+            # tubeq as RESULTS.md runs it: lifecycle events on, as with its private Redis.
+            self.other = Tubeq(log_dir, flags=EVENTS_ON)
         else:
             self.other = Beanstalkd(log_dir)
 
@@ -229,14 +231,12 @@ def _run_driver(command: list[str], log: Path, out: Path, time_limit: float) -> 
     return result
 
 
-class Bench:
-    def __init__(self, scale: Scale, log: Any) -> None:
-        self.scale = scale
-        self.log = log
-        self.started = time.monotonic()
-        self.stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        self.log_dir = OUT_DIR / f"peers-logs-{self.stamp}"
-        self.runs: list[dict[str, Any]] = []
+class PeersBench(Bench):
+    """Each system's producer then worker, on fresh servers, repetitions interleaved."""
+
+    def __init__(self, scale: PeersScale, log: Callable[[str], None]) -> None:
+        super().__init__(scale, log, log_name="peers-logs", quiet_wait_s=QUIET_WAIT_S)
+        self.scale: PeersScale = scale
         self.setup: dict[str, dict[str, Any]] = {}
 
     def prepare(self, system: System) -> tuple[Path | None, list[str] | None]:
@@ -266,7 +266,7 @@ class Bench:
         if not system.batch_api:
             single, batched = single + batched, 0
         entry["sizes"] = {"single": single, "batched": batched}
-        entry["quiet_before"] = round(wait_until_quiet(QUIET_CORES, 2.0), 3)
+        entry["quiet_before"] = round(wait_until_quiet(QUIET_CORES, QUIET_WAIT_S), 3)
         servers = Servers(system.server, self.log_dir)
         log = self.log_dir / f"{system.name}-{rep}.log"
         out = self.log_dir / f"{system.name}-{rep}.json"
@@ -302,14 +302,13 @@ class Bench:
     def _record(self, entry: dict[str, Any]) -> None:
         self.runs.append(entry)
         summary = report.run_line(entry)
-        self.log(f"[{time.monotonic() - self.started:6.0f}s] {entry['system']:<10} rep "
+        self.log(f"[{self.elapsed():6.0f}s] {entry['system']:<10} rep "
                  f"{entry['rep']}: {summary}")
 
     def run(self, systems: tuple[System, ...]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for rep in range(self.scale.repetitions):
-            order = systems if rep % 2 == 0 else tuple(reversed(systems))
-            for system in order:
+            for system in alternate(systems, rep):
                 self.run_system(system, rep)
 
 
@@ -327,12 +326,12 @@ def uptime() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def run(scale: Scale, output: Path, systems: tuple[System, ...]) -> Path:
+def run(scale: PeersScale, output: Path, systems: tuple[System, ...]) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    bench = Bench(scale, log)
+    bench = PeersBench(scale, log)
     started_at = datetime.now(UTC)
     meta = {"scale": asdict(scale), "started": started_at.isoformat(timespec="seconds"),
             "cpu_model": machine.cpu_model(), "machine": machine_and_versions(),
@@ -371,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     scale = QUICK if args.quick else FULL
     if args.repetitions:
-        scale = Scale(scale.name, args.repetitions, scale.single, scale.batched,
-                      scale.time_limit_s)
+        scale = PeersScale(scale.name, args.repetitions, scale.single, scale.batched,
+                           scale.time_limit_s)
     systems = SYSTEMS
     if args.systems:
         wanted = {name.strip().lower() for name in args.systems.split(",")}

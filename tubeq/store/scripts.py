@@ -19,12 +19,12 @@ a local, every function of the script that reads it would capture it on every ca
 Where Redis has Functions (7.0+), every script is also one function of a single library,
 :func:`library`, loaded once (``FUNCTION LOAD``) and called by name (``FCALL``): the included
 definitions are then made once per load instead of once per call, which measured ~5-8 us of
-Redis time per hot-path call (bench/lua_cost.py). The script texts stay the same, so the library
-and the per-script sources (the fallback, ``EVALSHA``) run the same code. A library function
+Redis time per hot-path call (bench/probes/lua_cost.py). The script texts stay the same, so the
+library and the per-script sources (the fallback, ``EVALSHA``) run the same code. A library function
 has no ``KEYS``/``ARGV`` globals and cannot read ``redis.call`` at load time, so the library
 declares them, and every definition whose value depends on them (the namespace's key names, the
-bound event arguments, ``rcall``), as locals that each call assigns before the script's body:
-the key names only when the namespace root differs from the previous call's.
+bound event arguments, ``rcall``), as locals that each call assigns before the script's body: the
+key names only when the namespace root differs from the previous call's.
 A script whose every Redis call is a literal read command is flagged ``no-writes`` (it then runs
 on a Redis out of memory, as the same script run by EVALSHA does).
 """

@@ -1,7 +1,8 @@
 """Memory per idle connection (issue 8): N connections each blocked in ``reserve`` on an empty
 tube, the server's RSS before and after, per connection; for tubeq also Redis's used_memory.
 
-    .venv/bin/python -m bench.idle_connections [--connections 10000]   one measurement, printed
+    .venv/bin/python -m bench.harness.idle_connections [--connections 10000]
+                                                            one measurement, printed
 
 ``make bench`` runs it for beanstalkd and tubeq (section "Idle connections" of RESULTS.md).
 The target of issue 8 is at most 4 kB of tubeq RSS per connection. 100 connections are opened
@@ -19,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.redisinfo import redis_info
-from bench.servers import LOOPBACK, Beanstalkd, Server, Tubeq
+from bench.harness.redisinfo import redis_info
+from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq
 
 WARM_CONNECTIONS = 100
 # How long the server may take to count every connection as waiting.
@@ -109,7 +110,7 @@ def measure(server: Server, count: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.idle_connections",
+    p = argparse.ArgumentParser(prog="python -m bench.harness.idle_connections",
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("--connections", type=int, default=10_000)
     p.add_argument("--log-dir", type=Path, default=Path("bench/out/logs-idle"))

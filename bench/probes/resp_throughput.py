@@ -1,10 +1,10 @@
 """EVALSHA calls/s through tubeq.redisio.client.RedisClient: N tasks, one connection, a
 `return 1` script.
 
-    python -m bench.resp_throughput redis://127.0.0.1:PORT/0 [--tasks 64] [--seconds 3]
+    python -m bench.probes.resp_throughput redis://127.0.0.1:PORT/0 [--tasks 64] [--seconds 3]
         [--flush-at 16] [--loop uvloop|asyncio]
 
-(from the repository root; ``python bench/resp_throughput.py`` also works once tubeq is
+(from the repository root; ``python bench/probes/resp_throughput.py`` also works once tubeq is
 installed, e.g. by ``make``.)
 
 Point it only at a Redis you own: it loads one script and runs it, nothing else. The figure

@@ -1,6 +1,6 @@
 """The CPU cost of the metrics hooks per command, measured in process (issue 12).
 
-    .venv/bin/python -m bench.metrics_cost
+    .venv/bin/python -m bench.probes.metrics_cost
 
 Times each hook the hot path calls with metrics on, many times over, in CPU time of this
 process (``process_time``: time other tenants take from the core is not counted; the best of 5
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from time import perf_counter
 
-from bench.machine import cpu_model
+from bench.harness.machine import cpu_model
 from tubeq.protocol import commands as c
 from tubeq.server.metrics import Metrics, command_label
 

@@ -1,6 +1,6 @@
 """The Redis-side cost of the hot path's scripts: a base revision's against the working tree's.
 
-    .venv/bin/python -m bench.lua_cost --base REV [--cycles 3000] [--reps 10] [--evalsha]
+    .venv/bin/python -m bench.probes.lua_cost --base REV [--cycles 3000] [--reps 10] [--evalsha]
 
 One cycle is put + reserve + delete on one tube with no settings (events off), sent pipelined
 to a private redis-server, each script called as the revision's server calls it: as a function
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import redis
 
-from bench.ab import snapshot_revision
-from bench.servers import REPO_ROOT
+from bench.harness.paths import REPO_ROOT
+from bench.harness.servers import snapshot_revision
 from tubeq.redisio.process import RedisProcess
 
 SCRIPTS = ("connect", "put", "reserve", "delete")

@@ -1,5 +1,5 @@
-"""The batch loads of bench.loadgen (issue 10 batches): tubeq's put-many, reserve-many and
-delete-many under load. tubeq only: beanstalkd has none of these commands.
+"""The batch loads of bench.harness.loadgen (issue 10 batches): tubeq's put-many, reserve-many
+and delete-many under load. tubeq only: beanstalkd has none of these commands.
 
 Modes (``--batch B`` jobs per command):
   put-batch     N connections keep P put-many commands of B jobs in flight each; a job counts at
@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from bench.loadgen import (
+from bench.harness.load_core import (
     BODY_HEADER,
     PRIORITY,
     RESERVE_TIMEOUT_S,
@@ -34,7 +34,7 @@ from bench.loadgen import (
     LoadSpec,
     Role,
     RunState,
-    _check_setup,
+    check_setup,
 )
 
 BATCH_MODES = ("put-batch", "reserve-batch", "cycle-batch")
@@ -75,7 +75,7 @@ class BatchProducer(BeanstalkConnection):
 
     async def prepare(self) -> None:
         replies = await self.request([b"use %s\r\n" % self.tube])
-        _check_setup(replies, (b"USING",))
+        check_setup(replies, (b"USING",))
         if self.fill:
             assert self.transport is not None
             self._filling = asyncio.get_running_loop().create_future()
@@ -151,10 +151,7 @@ class BatchConsumer(BeanstalkConnection):
         self._ids: list[bytes] = []
 
     async def prepare(self) -> None:
-        commands = [b"watch %s\r\n" % t for t in self.watch]
-        if b"default" not in self.watch:
-            commands.append(b"ignore default\r\n")
-        _check_setup(await self.request(commands), (b"WATCHING",))
+        await self.watch_only(self.watch)
 
     def begin(self) -> None:
         self._out.extend([self._reserve] * self.in_flight)

@@ -1,8 +1,11 @@
-"""Which CPU a benchmark ran on, and whether a run may be compared with the committed results.
+"""Which machine and code a benchmark ran on, and whether a run may be compared with the
+committed results.
 
-Owns (issue 13 part 6): the CPU model (lscpu's "Model name"), the machine-readable summary line
-a RESULTS file carries (an HTML comment: the CPU model and the run's headline figures), and the
-rule: a run compares its figures with the committed file's only when the CPU models are the
+Owns: the machine and versions table a RESULTS file opens with (CPU, memory, OS, Python, the
+client libraries, redis-server, beanstalkd, tubeq's version and commit); the fingerprint of the
+tubeq source a run measured; the CPU model (lscpu's "Model name"); the machine-readable summary
+line a RESULTS file carries (an HTML comment: the CPU model and the run's headline figures); and
+the rule: a run compares its figures with the committed file's only when the CPU models are the
 same; otherwise it says so and compares nothing (the same code measured 0.72x of beanstalkd on
 an AMD EPYC and 0.36x on an Intel Xeon of the same machine kind).
 
@@ -13,12 +16,17 @@ line existed is read for its CPU only (the ``| cpu | <model>, N cores |`` row of
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import platform
 import re
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from bench.harness.paths import REPO_ROOT
 
 SUMMARY_PREFIX = "<!-- bench-summary: "
 SUMMARY_SUFFIX = " -->"
@@ -63,7 +71,7 @@ def read_summary(text: str) -> dict[str, Any] | None:
 
 def committed_summary(path: Path) -> dict[str, Any] | None:
     """The summary of ``path`` as committed at HEAD (None: not committed, or no CPU named)."""
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     try:
         done = subprocess.run(["git", "-C", str(root), "show",
                                f"HEAD:{path.resolve().relative_to(root)}"],
@@ -116,3 +124,68 @@ def comparison(name: str, cpu: str, figures: dict[str, float | None],
 
 def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+
+
+# -- the machine and versions a run names ----------------------------------------------------
+
+def source_fingerprint(root: Path) -> str:
+    """A hash of every file of the tubeq package under ``root``: the code tubeq runs."""
+    digest = hashlib.sha256()
+    package = root / "tubeq"
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(package)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _first_line(command: list[str]) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except OSError:
+        return "not found"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) \
+        else "unknown"
+
+
+def _package(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_and_versions() -> dict[str, str]:
+    commit = _first_line(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
+    status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "tubeq"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    os_release = "unknown"
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("PRETTY_NAME="):
+            os_release = line.split("=", 1)[1].strip('"')
+    return {
+        "cpu": f"{cpu_model()}, {_cores()} cores",
+        "memory": f"{_mem_total_gib():.0f} GiB",
+        "os": f"{os_release}, kernel {platform.release()}",
+        "python": platform.python_version(),
+        "uvloop": _package("uvloop"), "hiredis": _package("hiredis"),
+        "redis-py": _package("redis"), "py-spy": _package("py-spy"),
+        "redis-server": _first_line(["redis-server", "--version"]),
+        "beanstalkd": _first_line(["beanstalkd", "-v"]),
+        "tubeq": f"{_package_version()} at commit {commit}"
+                 + (" with uncommitted changes under tubeq/" if status else ""),
+    }
+
+
+def _cores() -> int:
+    return os.cpu_count() or 0
+
+
+def _mem_total_gib() -> float:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) / (1 << 20)
+
+
+def _package_version() -> str:
+    from tubeq import __version__
+    return __version__

@@ -5,11 +5,13 @@ stopping it by those PIDs: SIGTERM, then SIGKILL after a bound. Never by name, a
 this module did not start (the private one comes from ``tubeq.redisio.process.RedisProcess``).
 
 tubeq is launched as a user would launch it, ``python -m tubeq -l 127.0.0.1 -p PORT --redis URL
---prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that
-bench/run.py takes when it starts, so a run measures one version of tubeq even while the
-working tree changes under it. Several tubeq processes can share one Redis and prefix (the wake
-scenario across processes). The private Redis runs without persistence, as
-beanstalkd runs without its binlog: both keep jobs in memory only.
+--prefix NAME``, from ``code_dir``: the repository root, or a snapshot of the package that a
+scenario takes when it starts (:func:`snapshot_tubeq`; :func:`snapshot_revision` for a git
+revision's), so a run measures one version of tubeq even while the working tree changes under it.
+:func:`make_server` builds a server from its kind, the server label the RESULTS tables use ("tubeq
+events off", "tubeq x2", ...). Several tubeq processes can share one Redis and prefix (the wake
+scenario across processes). The private Redis runs without persistence, as beanstalkd runs without
+its binlog: both keep jobs in memory only.
 
 For the cluster section (bench/cluster_bench.py): :class:`BenchCluster` is a Redis Cluster of
 N nodes on loopback (tubeq.redisio.process.RedisClusterNodes: started, joined with ``redis-cli
@@ -20,21 +22,23 @@ cluster) URL they do not own.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.redisinfo import redis_command
+from bench.harness.paths import REPO_ROOT
+from bench.harness.redisinfo import redis_command
 from tubeq.redisio.process import RedisClusterNodes, RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # tubeq imports its package and connects to Redis before it listens; on two busy cores that can
 # take a few seconds.
 STARTUP_TIMEOUT_S = 20.0
@@ -53,7 +57,8 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def _stop_pid(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process this harness started, by its PID: SIGTERM, then SIGKILL after a bound."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -76,7 +81,7 @@ def _spawn(command: list[str], port: int, log_path: Path, env: dict[str, str] | 
         if _accepts(port):
             return proc
         time.sleep(0.02)
-    _stop_pid(proc)
+    stop_process(proc)
     tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
     raise ServerStartError(f"{command[0]} on port {port} did not start: {tail}")
 
@@ -124,7 +129,7 @@ class Beanstalkd:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_pid(self.proc)
+            stop_process(self.proc)
             self.proc = None
 
 
@@ -213,7 +218,7 @@ class Tubeq:
 
     def stop(self) -> None:
         for proc in self.procs:
-            _stop_pid(proc)  # a supervisor stops its workers (and they die with it)
+            stop_process(proc)  # a supervisor stops its workers (and they die with it)
         self.procs.clear()
         self.worker_pids.clear()
         if self.redis is not None:
@@ -223,6 +228,44 @@ class Tubeq:
 
 
 Server = Beanstalkd | Tubeq
+
+
+# -- the server kinds a scenario names ---------------------------------------------------------
+
+# tubeq's lifecycle events, as its private redis-server would have them, and off (issue 9).
+EVENTS_ON = ("--events", "on")
+EVENTS_OFF = ("--events", "off")
+# Issue 12: every metrics hook on (the HTTP listener on a free port), against none at all (no
+# listener, no slow-command tracking either); both with events on, as the other tubeq rows.
+METRICS_ON = ("--metrics", "127.0.0.1:0")
+METRICS_OFF = ("--slow-ms", "0")
+# Issue 13 part 3: the EVENTS_COMPARED rows on one Redis, one tubeq process against
+# `tubeq --workers 2` (two processes on one port, SO_REUSEPORT), both with events on.
+WORKERS_1 = "tubeq --workers 1"
+WORKERS_2 = "tubeq --workers 2"
+
+
+def make_server(kind: str, log_dir: Path, code_dir: Path = REPO_ROOT,
+                flags: tuple[str, ...] = ()) -> Server:
+    """A server of ``kind`` (a server label of the RESULTS tables); ``flags`` go to tubeq
+    ("tubeq events off" and the metrics pair set their own)."""
+    if kind == "beanstalkd":
+        return Beanstalkd(log_dir)
+    if kind == "tubeq":
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags)
+    if kind == "tubeq x2":
+        return Tubeq(log_dir, processes=2, code_dir=code_dir, flags=flags)
+    if kind == "tubeq events off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_OFF)
+    if kind == "tubeq metrics on":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_ON)
+    if kind == "tubeq metrics off":
+        return Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON + METRICS_OFF)
+    if kind == WORKERS_1:
+        return Tubeq(log_dir, code_dir=code_dir, flags=(*flags, "--workers", "1"))
+    if kind == WORKERS_2:
+        return Tubeq(log_dir, code_dir=code_dir, flags=flags, workers=2)
+    raise ValueError(kind)
 
 
 def _listening_sockets(port: int) -> int:
@@ -257,7 +300,7 @@ def _wait_for_workers(proc: subprocess.Popen[bytes], port: int, count: int) -> l
         if len(children) >= count and _listening_sockets(port) >= count:
             return children
         time.sleep(0.05)
-    _stop_pid(proc)
+    stop_process(proc)
     raise ServerStartError(f"tubeq --workers {count} on port {port}: the workers did not all "
                            "listen in time")
 
@@ -267,6 +310,16 @@ def snapshot_tubeq(destination: Path) -> Path:
     to run it from (``Tubeq.code_dir``)."""
     shutil.copytree(REPO_ROOT / "tubeq", destination / "tubeq",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
+
+
+def snapshot_revision(revision: str, destination: Path) -> Path:
+    """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],
+                             cwd=REPO_ROOT, check=True, capture_output=True).stdout
+    destination.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(destination, filter="data")
     return destination
 
 
@@ -338,6 +391,6 @@ class TubeqOn:
 
     def stop(self) -> None:
         for proc in self.procs:
-            _stop_pid(proc)
+            stop_process(proc)
         self.procs.clear()
         self.ports.clear()

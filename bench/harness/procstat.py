@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # Fields of the /proc/stat cpu line that are not busy time: idle and iowait.
@@ -139,3 +140,15 @@ class QuietGate:
         else:
             self.busy_streak = 0
         return load
+
+
+def watched_pids(server_pids: Mapping[str, int], children: Sequence[BaseProcess],
+                 label: str) -> dict[str, int]:
+    """The PIDs a CPU window watches: the servers', each child process's (``<label><index>``)
+    and this process's (``coordinator``)."""
+    watched = dict(server_pids)
+    for index, process in enumerate(children):
+        assert process.pid is not None
+        watched[f"{label}{index}"] = process.pid
+    watched["coordinator"] = os.getpid()
+    return watched

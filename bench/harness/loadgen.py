@@ -1,6 +1,6 @@
 """A beanstalkd-protocol load generator: asyncio + uvloop, one Protocol per connection.
 
-    python -m bench.loadgen MODE --port PORT [options]      (from the repository root)
+    python -m bench.harness.loadgen MODE --port PORT [options]      (from the repository root)
 
 Modes (research/perf-baseline.md section 1 has the method they follow):
   put         N connections keep P puts in flight each; latency = the put round trip.
@@ -27,7 +27,7 @@ Modes (research/perf-baseline.md section 1 has the method they follow):
               on the same tubes at the same priority (consumers drain the oldest jobs first).
   put-batch, reserve-batch, cycle-batch
               tubeq's put-many / reserve-many + delete-many, --batch jobs per command (tubeq
-              only; bench/batch_load.py says what each measures).
+              only; bench/harness/batch_load.py says what each measures).
 
 Every run is bounded: at most --jobs jobs, a measurement window of --seconds (after --warmup),
 and a hard --time-limit after which it stops and reports failure. Only loopback addresses are
@@ -50,11 +50,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
-import random
 import sys
 import time
 from collections import deque
@@ -64,29 +62,30 @@ from typing import Any
 
 import uvloop
 
-from bench.procstat import CpuSnapshot, CpuWindow, rss_bytes
-from bench.profiling import redis_per_job
-from bench.redisinfo import command_stats, redis_command, redis_info
+from bench.harness import batch_load
+from bench.harness.load_core import (
+    BODY_HEADER,
+    MS_DIGITS,
+    MS_MARK,
+    PRIORITY,
+    RESERVE_TIMEOUT_S,
+    TIMESTAMP_DIGITS,
+    BeanstalkConnection,
+    LoadSpec,
+    Role,
+    RunState,
+    check_setup,
+    latency_summary,
+    put_command,
+    put_ms_command,
+)
+from bench.harness.procstat import CpuSnapshot, CpuWindow, rss_bytes, watched_pids
+from bench.harness.profiling import redis_per_job
+from bench.harness.redisinfo import command_stats, redis_command, redis_info
 
 MODES = ("put", "cycle", "delayed", "wake", "many-tubes", "backlog",
-         "delayed-ms", "put-batch", "reserve-batch", "cycle-batch")  # batches: bench/batch_load.py
-
-# Body layout: monotonic_ns as 19 ASCII digits (enough for 300 years of uptime), then the job's
-# delay in whole seconds as one digit, then padding up to --body-size.
-TIMESTAMP_DIGITS = 19
-BODY_HEADER = TIMESTAMP_DIGITS + 1
+         "delayed-ms", "put-batch", "reserve-batch", "cycle-batch")  # batches: batch_load.py
 MIN_BODY_SIZE = BODY_HEADER
-# delayed-ms: the delay digit is MS_MARK and the delay follows as MS_DIGITS ms digits.
-MS_MARK = ord("m")
-MS_DIGITS = 5
-PRIORITY = 1024
-# TTR long enough that no job of a run ever times out and comes back.
-TTR_S = 120
-# reserve-with-timeout's timeout: short, so idle consumers notice the end of a run, long enough
-# not to add a noticeable stream of TIMED_OUT round trips.
-RESERVE_TIMEOUT_S = 1
-# Each process keeps at most this many latency samples (reservoir sampling beyond that).
-LATENCY_SAMPLES_PER_PROC = 200_000
 # Connections are opened in groups of this size: tubeq's listen backlog is asyncio's 100.
 CONNECT_GROUP = 32
 # Bound on connecting and preparing (use/watch) all connections of one process.
@@ -106,291 +105,6 @@ FILL_CONNECTIONS = 8
 FILL_IN_FLIGHT = 64
 LOOPBACK_PREFIX = "127."
 
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """One load, as given on the command line (totals over all generator processes)."""
-
-    mode: str
-    port: int
-    host: str = "127.0.0.1"
-    producer_port: int | None = None
-    connections: int = 8
-    in_flight: int = 1
-    body_size: int = 100
-    jobs: int = 100_000
-    seconds: float | None = None
-    warmup: float = 0.0
-    time_limit: float = 60.0
-    procs: int = 1
-    tube: str = "bench"
-    tubes: int = 1
-    puts_per_use: int = 1
-    rate: float = 1000.0
-    max_delay: int = 2
-    backlog: int = 0
-    seed: int = 1
-    batch: int = 1  # batch modes: jobs per put-many / reserve-many
-    # Several servers (tubeq processes on one namespace): generator process i connects to
-    # ports[i % len(ports)] instead of ``port``.
-    ports: tuple[int, ...] = ()
-
-    def share(self, total: int, index: int) -> int:
-        """Process ``index``'s part of ``total`` (the first ones take the remainder)."""
-        base, extra = divmod(total, self.procs)
-        return base + (1 if index < extra else 0)
-
-    def tube_of(self, index: int) -> str:
-        return f"{self.tube}-{index}"
-
-    def port_of(self, index: int) -> int:
-        """The port generator process ``index`` connects to."""
-        return self.ports[index % len(self.ports)] if self.ports else self.port
-
-    def spread_tube(self, connection: int) -> str:
-        """put and cycle with ``tubes`` > 1: the one tube of connection number ``connection``
-        (counted over all processes)."""
-        return f"{self.tube}.{connection % self.tubes}"
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending sequence (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[rank]
-
-
-def latency_summary(samples: list[float]) -> dict[str, float | int | None]:
-    """p50/p90/p99/max in milliseconds of latency samples given in seconds."""
-    values = sorted(samples)
-
-    def ms(v: float | None) -> float | None:
-        return None if v is None else round(v * 1000, 4)
-
-    return {"n": len(values), "p50_ms": ms(percentile(values, 0.50)),
-            "p90_ms": ms(percentile(values, 0.90)), "p99_ms": ms(percentile(values, 0.99)),
-            "max_ms": ms(values[-1] if values else None)}
-
-
-# -- one generator process's run state --------------------------------------------------------
-
-class RunState:
-    """Counters shared by the connections of one generator process.
-
-    ``window_start``/``window_end`` bound the measurement: a completion counts, and a latency is
-    kept, only inside it. ``budget`` is how many jobs may still be sent.
-    """
-
-    def __init__(self, spec: LoadSpec, index: int, jobs: int) -> None:
-        self.spec = spec
-        self.index = index
-        self.jobs = jobs
-        self.budget = jobs
-        self.completed = 0
-        self.counted = 0
-        self.puts_counted = 0  # INSERTED inside the window (the producers' side of a cycle)
-        self.window_start = float("inf")
-        self.window_end = float("inf")
-        self.first_completion: float | None = None
-        self.last_completion: float | None = None
-        self.latencies: list[float] = []
-        self.latencies_seen = 0
-        self.later_latencies: list[float] = []  # delayed mode: jobs with a delay >= 1 s
-        self.later_seen = 0
-        self.errors = 0
-        self.error_samples: list[str] = []
-        self.lost = 0
-        self.stopped = False
-        self.stop_reason = ""
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._rng = random.Random(spec.seed * 1000 + index)
-
-    def take(self, wanted: int) -> int:
-        """Reserve up to ``wanted`` jobs of the budget; returns how many may be sent."""
-        if self.stopped:
-            return 0
-        granted = min(wanted, self.budget)
-        self.budget -= granted
-        return granted
-
-    def complete(self, now: float) -> None:
-        self.completed += 1
-        if self.window_start <= now <= self.window_end:
-            self.counted += 1
-            if self.first_completion is None:
-                self.first_completion = now
-            self.last_completion = now
-        if self.completed >= self.jobs:
-            self.stop("jobs done")
-
-    def in_window(self, now: float) -> bool:
-        return self.window_start <= now <= self.window_end
-
-    def record_latency(self, seconds: float, delayed: bool = False) -> None:
-        self.latencies_seen = self._keep(self.latencies, self.latencies_seen, seconds)
-        if delayed:
-            self.later_seen = self._keep(self.later_latencies, self.later_seen, seconds)
-
-    def _keep(self, samples: list[float], seen: int, value: float) -> int:
-        if seen < LATENCY_SAMPLES_PER_PROC:
-            samples.append(value)
-        else:
-            slot = self._rng.randrange(seen + 1)
-            if slot < LATENCY_SAMPLES_PER_PROC:
-                samples[slot] = value
-        return seen + 1
-
-    def error(self, what: str) -> None:
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(what)
-
-    def stop(self, reason: str) -> None:
-        if not self.stopped:
-            self.stopped = True
-            self.stop_reason = reason
-            if not self.finished.done():
-                self.finished.set_result(None)
-
-    def rng(self) -> random.Random:
-        return self._rng
-
-
-# -- connections ----------------------------------------------------------------------------
-
-def put_command(body_size: int, delay: int = 0, priority: int = PRIORITY) -> Callable[[], bytes]:
-    """A function returning one timestamped put command (header + body + CRLF)."""
-    header = b"put %d %d %d %d\r\n" % (priority, delay, TTR_S, body_size)
-    tail = b"%d" % delay + b"x" * (body_size - BODY_HEADER) + b"\r\n"
-
-    def make() -> bytes:
-        return header + b"%019d" % time.monotonic_ns() + tail
-
-    return make
-
-
-def put_ms_command(body_size: int, delay_ms: int,
-                   priority: int = PRIORITY) -> Callable[[], bytes]:
-    """A function returning one timestamped put-with command with delay-ms (delayed-ms mode)."""
-    assert body_size >= BODY_HEADER + MS_DIGITS and delay_ms < 10**MS_DIGITS
-    header = b"put-with %d 0 %d %d delay-ms=%d\r\n" % (priority, TTR_S, body_size, delay_ms)
-    tail = (b"m%0*d" % (MS_DIGITS, delay_ms) + b"x" * (body_size - BODY_HEADER - MS_DIGITS)
-            + b"\r\n")
-
-    def make() -> bytes:
-        return header + b"%019d" % time.monotonic_ns() + tail
-
-    return make
-
-
-class BeanstalkConnection(asyncio.Protocol):
-    """Reply parsing and batching shared by every role.
-
-    Replies are parsed in a loop over the bytes of one read; whatever the role sends in answer
-    is collected and written once per read. Before the load starts, ``request`` sends setup
-    commands (use, watch, ignore) and waits for their reply lines.
-    """
-
-    def __init__(self, state: RunState) -> None:
-        self.state = state
-        self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._out: list[bytes] = []
-        self._setup_replies: list[bytes] | None = None
-        self._setup_expected = 0
-        self._setup_done: asyncio.Future[list[bytes]] | None = None
-        self._closing = False
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        if not self._closing and not self.state.stopped:
-            self.state.error(f"connection lost: {exc!r}")
-            self.state.stop("connection lost")
-        if self._setup_done is not None and not self._setup_done.done():
-            self._setup_done.set_exception(ConnectionError("connection lost during setup"))
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        now = time.monotonic()
-        out = self._out
-        pos, size = 0, len(buffer)
-        while pos < size:
-            eol = buffer.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            if buffer.startswith(b"RESERVED ", pos):
-                _, job_id, length = bytes(buffer[pos:eol]).split()
-                body_end = eol + 2 + int(length)
-                if body_end + 2 > size:
-                    break
-                self.on_reserved(job_id, bytes(buffer[eol + 2:body_end]), now, out)
-                pos = body_end + 2
-            else:
-                line = bytes(buffer[pos:eol])
-                pos = eol + 2
-                if self._setup_replies is not None:
-                    self._on_setup_reply(line)
-                else:
-                    self.on_line(line, now, out)
-        if pos:
-            del buffer[:pos]
-        self.flush()
-
-    def flush(self) -> None:
-        out = self._out
-        if out:
-            if self.transport is not None and not self.state.stopped:
-                self.transport.write(b"".join(out))
-            out.clear()
-
-    # setup phase
-    async def request(self, commands: Sequence[bytes]) -> list[bytes]:
-        """Send ``commands`` in one write and return their reply lines."""
-        assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        self._setup_replies, self._setup_expected = [], len(commands)
-        self._setup_done = loop.create_future()
-        self.transport.write(b"".join(commands))
-        try:
-            return await self._setup_done
-        finally:
-            self._setup_replies, self._setup_done = None, None
-
-    def _on_setup_reply(self, line: bytes) -> None:
-        assert self._setup_replies is not None and self._setup_done is not None
-        self._setup_replies.append(line)
-        if len(self._setup_replies) == self._setup_expected and not self._setup_done.done():
-            self._setup_done.set_result(self._setup_replies)
-
-    async def prepare(self) -> None:
-        """Setup commands before the load (use/watch); none by default."""
-
-    def begin(self) -> None:
-        """Start sending load (the measurement clock is already running)."""
-
-    def close(self) -> None:
-        self._closing = True
-        if self.transport is not None:
-            self.transport.close()
-
-    # role hooks
-    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
-        self.state.error(f"unexpected reply {line[:60]!r}")
-
-    def on_reserved(self, job_id: bytes, body: bytes, now: float, out: list[bytes]) -> None:
-        self.state.error("unexpected RESERVED")
-
-
-def _check_setup(replies: list[bytes], expected_prefixes: tuple[bytes, ...]) -> None:
-    for line in replies:
-        if not line.startswith(expected_prefixes):
-            raise RuntimeError(f"setup command answered {line[:80]!r}")
 
 
 class Producer(BeanstalkConnection):
@@ -417,7 +131,7 @@ class Producer(BeanstalkConnection):
 
     async def prepare(self) -> None:
         replies = await self.request([b"use %s\r\n" % self.tubes[self._tube_index]])
-        _check_setup(replies, (b"USING",))
+        check_setup(replies, (b"USING",))
 
     def begin(self) -> None:
         self._send(self.in_flight, time.monotonic(), self._out)
@@ -470,10 +184,7 @@ class Consumer(BeanstalkConnection):
         self._reserve = b"reserve-with-timeout %d\r\n" % RESERVE_TIMEOUT_S
 
     async def prepare(self) -> None:
-        commands = [b"watch %s\r\n" % t for t in self.watch]
-        if b"default" not in self.watch:
-            commands.append(b"ignore default\r\n")
-        _check_setup(await self.request(commands), (b"WATCHING",))
+        await self.watch_only(self.watch)
 
     def begin(self) -> None:
         self._out.extend([self._reserve] * self.in_flight)
@@ -506,22 +217,42 @@ class Consumer(BeanstalkConnection):
             self.state.error(f"reserve/delete answered {line[:60]!r}")
 
 
-class PacedProducer(BeanstalkConnection):
+class DrivenProducer(BeanstalkConnection):
+    """A producer on one tube whose puts come from a task of its own (:meth:`_drive`, started
+    when the load begins and cancelled on close); every reply it gets must be INSERTED."""
+
+    def __init__(self, state: RunState, tube: str) -> None:
+        super().__init__(state)
+        self.tube = tube.encode()
+        self._task: asyncio.Task[None] | None = None
+
+    async def prepare(self) -> None:
+        check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
+
+    def begin(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        raise NotImplementedError
+
+    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
+        if not line.startswith(b"INSERTED"):
+            self.state.error(f"put answered {line[:60]!r}")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
+
+
+class PacedProducer(DrivenProducer):
     """delayed mode: puts at ``rate`` jobs/s, each with a random delay of 0..``max_delay`` s."""
 
     def __init__(self, state: RunState, tube: str, rate: float, max_delay: int,
                  body_size: int) -> None:
-        super().__init__(state)
-        self.tube = tube.encode()
+        super().__init__(state, tube)
         self.rate = rate
         self._makers = [put_command(body_size, delay) for delay in range(max_delay + 1)]
-        self._task: asyncio.Task[None] | None = None
-
-    async def prepare(self) -> None:
-        _check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
-
-    def begin(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._drive())
 
     async def _drive(self) -> None:
         state, rng = self.state, self.state.rng()
@@ -534,15 +265,6 @@ class PacedProducer(BeanstalkConnection):
             self.flush()
             await asyncio.sleep(PACE_TICK_S)
 
-    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
-        if not line.startswith(b"INSERTED"):
-            self.state.error(f"put answered {line[:60]!r}")
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        super().close()
-
 
 class PacedMsProducer(PacedProducer):
     """delayed-ms mode: as PacedProducer, each put a put-with delay-ms of 0..``max_delay`` s in
@@ -554,24 +276,16 @@ class PacedMsProducer(PacedProducer):
         self._makers = [put_ms_command(body_size, ms) for ms in range(max_delay * 1000 + 1)]
 
 
-class StepProducer(BeanstalkConnection):
+class StepProducer(DrivenProducer):
     """wake mode: one put at a time, the next 1-3 ms after the previous one was delivered."""
 
     def __init__(self, state: RunState, tube: str, body_size: int) -> None:
-        super().__init__(state)
-        self.tube = tube.encode()
+        super().__init__(state, tube)
         self._make_put = put_command(body_size)
         self._delivered = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def prepare(self) -> None:
-        _check_setup(await self.request([b"use %s\r\n" % self.tube]), (b"USING",))
 
     def delivered(self) -> None:
         self._delivered.set()
-
-    def begin(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._drive())
 
     async def _drive(self) -> None:
         state, rng = self.state, self.state.rng()
@@ -588,20 +302,8 @@ class StepProducer(BeanstalkConnection):
                             f"{WAKE_DELIVERY_TIMEOUT_S} s to a blocked consumer")
                 state.complete(time.monotonic())
 
-    def on_line(self, line: bytes, now: float, out: list[bytes]) -> None:
-        if not line.startswith(b"INSERTED"):
-            self.state.error(f"put answered {line[:60]!r}")
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        super().close()
-
 
 # -- roles per mode ---------------------------------------------------------------------------
-
-Role = tuple[BeanstalkConnection, int]  # a connection and the port it connects to
-
 
 def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     """The connections of generator process ``index`` for ``spec.mode``."""
@@ -610,7 +312,6 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
     port = spec.port_of(index)
     producer_port = spec.producer_port or port
     if spec.mode.endswith("-batch"):  # batches (issue 10): put-many, reserve-many, delete-many
-        from bench import batch_load
         return batch_load.build_roles(spec, index, state)
     if spec.mode in ("put", "cycle"):
         before = sum(spec.share(spec.connections, j) for j in range(index))
@@ -638,15 +339,10 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
         roles += [(Consumer(state, tubes, spec.in_flight, completes_on=b"DELETED"), port)
                   for _ in range(conns)]
         return roles
-    if spec.mode == "delayed":
-        roles = [(PacedProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
-                                spec.body_size), producer_port)]
-        roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
-                  for _ in range(conns)]
-        return roles
-    if spec.mode == "delayed-ms":
-        roles = [(PacedMsProducer(state, tube, spec.rate / spec.procs, spec.max_delay,
-                                  spec.body_size), producer_port)]
+    if spec.mode in ("delayed", "delayed-ms"):
+        paced = PacedProducer if spec.mode == "delayed" else PacedMsProducer
+        roles = [(paced(state, tube, spec.rate / spec.procs, spec.max_delay, spec.body_size),
+                  producer_port)]
         roles += [(Consumer(state, [tube], 1, completes_on=b"RESERVED"), port)
                   for _ in range(conns)]
         return roles
@@ -819,11 +515,7 @@ def _coordinate(spec: LoadSpec, server_pids: dict[str, int],
     setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + 5
     for pipe in pipes:
         _receive(pipe, setup_deadline - time.monotonic())
-    watched = dict(server_pids)
-    for index, process in enumerate(processes):
-        assert process.pid is not None
-        watched[f"generator{index}"] = process.pid
-    watched["coordinator"] = os.getpid()
+    watched = watched_pids(server_pids, processes, "generator")
     go_at = time.monotonic() + 0.02
     for pipe in pipes:
         pipe.send(("go", go_at))
@@ -960,7 +652,7 @@ def _pid_label(text: str) -> tuple[str, int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.loadgen",
+    p = argparse.ArgumentParser(prog="python -m bench.harness.loadgen",
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("mode", choices=MODES)
     p.add_argument("--host", default="127.0.0.1")

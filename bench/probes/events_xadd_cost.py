@@ -1,6 +1,6 @@
 """What one lifecycle event's XADD costs inside Redis, by the shape of the command.
 
-    .venv/bin/python -m bench.events_xadd_cost [--events 200000] [--reps 2]
+    .venv/bin/python -m bench.probes.events_xadd_cost [--events 200000] [--reps 2]
 
 Each variant is a one-line Lua script run by EVALSHA, pipelined, on a private redis-server:
 the XADD tubeq's scripts issue (11 field/value pairs) with and without ``MAXLEN ~ N``, the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from bench.machine import cpu_model
+from bench.harness.machine import cpu_model
 from tubeq.redisio.process import RedisProcess
 
 FIELDS_XADD = ("'event','put','id',ARGV[1],'tube','t1','pri',1024,'delay_ms',0,'ttr_ms',60000,"
@@ -37,7 +37,7 @@ BATCH = 1000
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.events_xadd_cost")
+    parser = argparse.ArgumentParser(prog="python -m bench.probes.events_xadd_cost")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()

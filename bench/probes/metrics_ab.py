@@ -1,6 +1,6 @@
 """Metrics on against off as CPU per job, for a machine too busy for throughput figures.
 
-    .venv/bin/python -m bench.metrics_ab [--jobs N] [--repetitions R]
+    .venv/bin/python -m bench.probes.metrics_ab [--jobs N] [--repetitions R]
 
 Each repetition starts a fresh tubeq (events on, as in ``make bench``) with ``--metrics``, one
 with ``--slow-ms 1000`` alone (the slow-command timing only) and one with ``--slow-ms 0`` (no
@@ -17,11 +17,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.loadgen import LoadSpec, run_load
-from bench.machine import cpu_model
-from bench.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
-from bench.run import EVENTS_ON, METRICS_OFF, METRICS_ON, OUT_DIR
-from bench.servers import Tubeq
+from bench.harness.loadgen import LoadSpec, run_load
+from bench.harness.machine import cpu_model
+from bench.harness.paths import OUT_DIR
+from bench.harness.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
+from bench.harness.servers import EVENTS_ON, METRICS_OFF, METRICS_ON, Tubeq
 
 # on: every hook; slow: the slow-command timing only (no listener); off: none (the default).
 KINDS = {"on": EVENTS_ON + METRICS_ON, "slow": (*EVENTS_ON, "--slow-ms", "1000"),
@@ -49,7 +49,7 @@ def one_run(flags: tuple[str, ...], jobs: int, log_dir: Path) -> dict[str, float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.metrics_ab")
+    p = argparse.ArgumentParser(prog="python -m bench.probes.metrics_ab")
     p.add_argument("--jobs", type=int, default=30_000)
     p.add_argument("--repetitions", type=int, default=5)
     args = p.parse_args()

@@ -3,7 +3,7 @@
 each half. RSS that climbs cycle after cycle is a leak; RSS that stays near the first cycle's
 figure is the allocator keeping freed memory for the next burst.
 
-    .venv/bin/python -m bench.reserve_cycles [--connections 3000] [--cycles 5]
+    .venv/bin/python -m bench.probes.reserve_cycles [--connections 3000] [--cycles 5]
 
 Loopback only, one private redis-server and one tubeq process; bounded by ``SETTLE_TIMEOUT_S``
 per step. Prints one line per step and the CPU model.
@@ -18,15 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.idle_connections import (
+from bench.harness.idle_connections import (
     SETTLE_TIMEOUT_S,
     _open_blocked,
     _settle,
     raise_fd_limit,
     rss_kb,
 )
-from bench.machine import cpu_model
-from bench.servers import LOOPBACK, Tubeq
+from bench.harness.machine import cpu_model
+from bench.harness.servers import LOOPBACK, Tubeq
 
 
 def _stat(port: int, name: str) -> int:
@@ -78,7 +78,7 @@ def run(server: Tubeq, connections: int, cycles: int) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.reserve_cycles",
+    p = argparse.ArgumentParser(prog="python -m bench.probes.reserve_cycles",
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("--connections", type=int, default=3000)
     p.add_argument("--cycles", type=int, default=5)

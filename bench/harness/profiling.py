@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.paths import REPO_ROOT
+
 SAMPLE_RATE_HZ = 250
 TOP_FUNCTIONS = 12
 
@@ -136,7 +138,7 @@ def summarise_collapsed(text: str) -> dict[str, Any]:
 
 # Commands that run a script: their commandstats time includes every command the script ran.
 SCRIPT_RUNNERS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
-LUA_DIR = Path(__file__).resolve().parent.parent / "tubeq" / "store" / "lua"
+LUA_DIR = REPO_ROOT / "tubeq" / "store" / "lua"
 _LUA_CALL = re.compile(r"""\b(?:redis\.p?call|rcall)\(\s*['"]([A-Za-z]+)['"]""")
 
 
