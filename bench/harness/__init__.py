@@ -9,5 +9,6 @@ summarised and tabled (summary).
 
 Rules: the harness imports nothing of bench/ outside bench/harness/
 (tests/bench/test_bench_imports.py walks it). Scenarios (bench/run.py, batch_bench,
-consume_bench, cluster_bench, pipeline_bench, bench/peers/) and probes (bench/probes/) import the harness, never the other way round.
+consume_bench, cluster_bench, pipeline_bench, bench/peers/) and probes (bench/probes/) import
+the harness, never the other way round.
 """
