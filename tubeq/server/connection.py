@@ -50,7 +50,7 @@ from tubeq.server.context import (
 )
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import command_label
-from tubeq.server.waiters import Waiter
+from tubeq.server.wait import Wait
 from tubeq.store.store import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
@@ -58,9 +58,6 @@ log = structlog.get_logger(__name__)
 # beanstalkd's safety margin: a reserved job whose TTR ends within this many ms makes a reserve
 # answer DEADLINE_SOON (the worker should finish or touch it instead of taking more work).
 SAFETY_MARGIN_MS = 1000
-# A blocked reserve re-runs the reserve script about this often (up to 1 s later: a coarse timer)
-# even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
-WAKE_RECHECK_S = 10.0
 
 # A reserve-with-timeout answers TIMED_OUT at most this long after its timeout, whatever Redis
 # does: a try or a count still in flight then is not waited for (a job it grants later goes to
@@ -118,11 +115,10 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof",
         "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
-        "_prune_at", "_pump_scheduled",
-        "_push_credits", "_push_task", "_push_waiter", "_pushed", "_quit", "_reading",
-        "_recount_push", "_recount_wait", "_replies", "_reserves", "_throttled", "_waiter",
-        "_write_paused", "ctx", "extended", "parser", "passing", "producer", "replaying",
-        "reserved", "store", "token", "transport", "used", "watched", "worker",
+        "_prune_at", "_pump_scheduled", "_push_credits", "_push_task", "_push_wait", "_pushed",
+        "_quit", "_reading", "_replies", "_reserves", "_throttled", "_wait", "_write_paused",
+        "ctx", "extended", "parser", "passing", "producer", "replaying", "reserved", "store",
+        "token", "transport", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -166,15 +162,11 @@ class Connection(asyncio.Protocol):
         # Store calls that may grant jobs; None while there are none (most of an idle life).
         self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
-        self._waiter: Waiter | None = None
+        self._wait: Wait | None = None  # the head reserve's, while it waits
         self._push_credits = 0
         self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
         self._push_task: asyncio.Task[None] | None = None
-        self._push_waiter: Waiter | None = None
-        # Redis lost this connection's wait registration (ServerContext.restore_registrations):
-        # the reserve's wait, or the push loop, counts itself in again before its next try.
-        self._recount_wait = False
-        self._recount_push = False
+        self._push_wait: Wait | None = None
         self._reading = True  # not paused by flow control
         self._write_paused = False  # the transport's buffer is past its high-water mark
         self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
@@ -245,8 +237,8 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         # Half-close: answer what was sent, a blocked reserve gets TIMED_OUT, then close.
         self._eof = True
-        if self._waiter is not None:
-            self._waiter.wake()
+        if self._wait is not None:
+            self._wait.wake()
         if self._push_task is not None:
             self._push_task.cancel()
         self._maybe_close()
@@ -260,8 +252,8 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self._push_waiter is not None:
-            self._push_waiter.event.set()
+        if self._push_wait is not None:
+            self._push_wait.event.set()
         # Whether or not the pump stopped for this, reading was paused: the pump decides anew.
         self._schedule_pump()
 
@@ -625,8 +617,8 @@ class Connection(asyncio.Protocol):
             result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
             granted = result if isinstance(result, list) else [result]
             self._pool += [job for job in granted if isinstance(job, Reservation)]
-            if self._pool and self._waiter is not None:
-                self._waiter.wake()  # the blocked head takes it
+            if self._pool and self._wait is not None:
+                self._wait.wake()  # the blocked head takes it
         self._advance()
 
     def _pool_ready(self) -> bool:
@@ -740,12 +732,11 @@ class Connection(asyncio.Protocol):
     async def _wait_for_job(self, started: float, timeout_s: int | None,
                             count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
-        again (see tubeq.server.waiters for the timeline). ``count``: a reserve-many's."""
+        again (tubeq.server.wait). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else started + timeout_s
-        registry = self.ctx.registry
-        waiter: Waiter | None = None
-        counted = consumed = False
+        wait: Wait | None = None
+        consumed = False
         try:
             while True:
                 if self._pool_ready():  # a later reserve's try was granted a job: it is ours
@@ -761,79 +752,49 @@ class Connection(asyncio.Protocol):
                 elif self._eof or (remaining is not None and remaining <= 0):
                     ending = replies.TIMED_OUT
                 if ending is not None:
-                    if counted and not self._eof:
-                        # A put may have handed us a job an instant ago: then it is the answer.
-                        counted = False
-                        handed = await self._stop_waiting(deadline)
-                        if handed is not None:
-                            self._pool.insert(0, handed)
+                    if wait is not None and wait.counted and not self._eof:
+                        # A put may have handed us a job an instant ago: then it is the answer
+                        # (at most one job per wait; any more go to the pool).
+                        handed = await wait.claim()
+                        if handed:
+                            self._pool.insert(0, handed[0])
+                            self._pool.extend(handed[1:])
                             if self._pool_ready():
                                 consumed = True
                                 return self._from_pool(count)
                     return ending
-                if waiter is None:
-                    waiter = Waiter(self.watched)
-                    self._waiter = waiter
-                    registry.register(waiter)
-                    counted = True
-                    self._recount_wait = False
-                    await self._within(self.store.set_waiting(self.token, 1), deadline)
+                if wait is None:
+                    wait = self._wait = Wait(
+                        self.ctx.registry, self.store, self.token, self.watched,
+                        track=self.track_grants,
+                        bound=functools.partial(self._within, deadline=deadline))
+                    await wait.count_in()
                 else:
-                    if not self._recount_wait:
-                        timeout = WAKE_RECHECK_S
-                        for bound in (remaining, self._next_margin_s(now)):
-                            if bound is not None and bound < timeout:
-                                timeout = max(0.0, bound)
-                        # The periodic re-check needs no precision: no loop timer of its own.
-                        coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
-                        await waiter.event.wait(timeout, coarse)
+                    if not wait.recount:
+                        await wait.sleep(remaining, self._next_margin_s(now))
                         if self._eof:
                             return replies.TIMED_OUT
                         if self._pool_ready():
                             continue
-                    if self._recount_wait:  # count in again (a no-op if Redis still has it)
-                        self._recount_wait = False
-                        if counted:
-                            await self._within(self.store.set_waiting(self.token, 1), deadline)
-                waiter.rearm()
-                if count is None:
-                    call: asyncio.Future[Any] = self.track_grants(
-                        self.store.reserve(self.token, counted_waiting=counted))
-                else:
-                    call = self.track_grants(
-                        self.store.reserve_many(self.token, count, counted_waiting=counted))
-                result = await self._within(call, deadline)
+                    await wait.count_in_again()
+                result = await wait.take(count)
                 if isinstance(result, Reservation) or (isinstance(result, list) and result):
-                    counted = False  # the script counted us out of the waiters with the grant
                     self._pool[:0] = [result] if isinstance(result, Reservation) else result
                     if self._pool_ready():
                         consumed = True
                         return self._from_pool(count)
                     # Granted, but its TTR ran out before the reply was read (this process was
                     # paused): expire.lua gave it back. Wait on, counted in again.
-                    counted = True
-                    await self._within(self.store.set_waiting(self.token, 1), deadline)
-                del call, result  # not kept alive through the next (long) wait
+                    await wait.count_in()
+                del result  # not kept alive through the next (long) wait
         except _Overdue:
             return replies.TIMED_OUT
         finally:
-            if waiter is not None:
-                self._waiter = None
-                registry.unregister(waiter, consumed=consumed)
-            if counted:
-                stopped = self.track_grants(
-                    self.store.set_waiting(self.token, -1, claim=not self._lost))
-                stopped.add_done_callback(self._late_grant)
-
-    async def _stop_waiting(self, deadline: float | None) -> Reservation | None:
-        """Count this connection out of the waiters and claim what a put handed it meanwhile
-        (at most one job per wait; any more go to the pool)."""
-        handed = await self._within(
-            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)), deadline)
-        if not handed:
-            return None
-        self._pool.extend(handed[1:])
-        return handed[0]
+            if wait is not None:
+                self._wait = None
+                stopped = wait.leave(consumed=consumed, claim=not self._lost)
+                if stopped is not None:
+                    self.track_grants(stopped).add_done_callback(self._late_grant)
 
     def _late_grant(self, f: asyncio.Future[Any]) -> None:
         """Jobs granted or claimed after the reserve that asked had answered (its wait ended,
@@ -846,8 +807,8 @@ class Connection(asyncio.Protocol):
         if not jobs:
             return
         self._pool.extend(jobs)
-        if self._waiter is not None:
-            self._waiter.wake()
+        if self._wait is not None:
+            self._wait.wake()
         self._advance()
 
     async def _within(self, call: asyncio.Future[T], deadline: float | None) -> T:
@@ -876,18 +837,15 @@ class Connection(asyncio.Protocol):
         """Redis lost this connection's registrations and they were just restored (watches
         first, on the same Redis connection): a wait under way counts itself in again and
         tries again, as a put may have found no waiter meanwhile."""
-        if self._waiter is not None:
-            self._recount_wait = True
-            self._waiter.wake()
-        if self._push_waiter is not None:
-            self._recount_push = True
-            self._push_waiter.wake()
+        for wait in (self._wait, self._push_wait):
+            if wait is not None:
+                wait.registration_lost()
 
     def job_handed_over(self) -> None:
         """put.lua handed this connection a job while it waited: the next try claims it."""
-        for waiter in (self._waiter, self._push_waiter):
-            if waiter is not None:
-                waiter.wake()
+        for wait in (self._wait, self._push_wait):
+            if wait is not None:
+                wait.wake()
 
     # -- push extension -----------------------------------------------------------------------
 
@@ -896,8 +854,8 @@ class Connection(asyncio.Protocol):
         self._push_credits = credits
         if self._push_task is None:
             self._push_task = asyncio.get_running_loop().create_task(self._push())
-        elif self._push_waiter is not None:
-            self._push_waiter.event.set()
+        elif self._push_wait is not None:
+            self._push_wait.event.set()
         return replies.pushing(credits)
 
     def settled(self, job_id: int) -> None:
@@ -905,25 +863,19 @@ class Connection(asyncio.Protocol):
         self.reserved.pop(job_id, None)
         if self._pushed is not None and job_id in self._pushed:
             del self._pushed[job_id]
-            if self._push_waiter is not None:
-                self._push_waiter.event.set()
+            if self._push_wait is not None:
+                self._push_wait.event.set()
 
     async def _push(self) -> None:
         """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
-        registry = self.ctx.registry
         if self._pushed is None:
             self._pushed = {}
         pushed = self._pushed
-        waiter = Waiter(self.watched)
-        self._push_waiter = waiter
-        registry.register(waiter)
-        counted = False
+        wait = self._push_wait = Wait(self.ctx.registry, self.store, self.token, self.watched,
+                                      track=self.track_grants)
         try:
             while True:
-                if self._recount_push:
-                    self._recount_push = False
-                    if counted:
-                        await self.store.set_waiting(self.token, 1)
+                await wait.count_in_again()
                 now = self.store.clock()
                 for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
                     self.settled(job_id)  # its TTR ran out: the job is back in the queue
@@ -931,45 +883,36 @@ class Connection(asyncio.Protocol):
                 if self._write_paused:
                     free = 0  # the client is not taking frames: take no more jobs for it
                 if free > 0:
-                    waiter.rearm()
-                    call = self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
-                                                   counted_waiting=counted)
-                    jobs = await asyncio.shield(self.track_grants(call))
+                    jobs = await wait.take(min(free, PUSH_BATCH_MAX))
                     if jobs:
-                        counted = False  # the script counted us out of the waiters
-                        now = self.store.clock()
-                        for job in jobs:
-                            if job.deadline_ms > now:  # else its TTR ran out on the way here
-                                pushed[job.id] = None
-                                self._push_frame(_reserved(job))
+                        self._push_jobs(jobs)
                         continue
-                    if not counted:
-                        counted = True
-                        await self.store.set_waiting(self.token, 1)
+                    if not wait.counted:
+                        await wait.count_in()
                         continue  # try once more now that a put would wake us
-                elif counted:
+                elif wait.counted:
                     # No credit left (push 0, or credits lowered): stop waiting, so puts stop
                     # handing jobs over; one a put handed over while credit was free is sent.
-                    counted = False
-                    handed = await asyncio.shield(self.track_grants(
-                        self.store.set_waiting(self.token, -1, claim=True)))
+                    self._push_jobs(await wait.claim())
                     now = self.store.clock()
-                    for job in handed:
-                        if job.deadline_ms > now:
-                            pushed[job.id] = None
-                            self._push_frame(_reserved(job))
-                timeout = WAKE_RECHECK_S
+                # Wake when a pushed job's TTR runs out: its credit comes back.
                 deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
-                if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
-                    timeout = min(timeout, (min(deadlines) - now) / 1000)
-                coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
-                await waiter.event.wait(max(0.0, timeout), coarse)
-                waiter.event.clear()
+                await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
+                wait.event.clear()
         finally:
-            self._push_waiter = None
-            registry.unregister(waiter, consumed=True)
-            if counted:
-                self.store.set_waiting(self.token, -1).add_done_callback(discard)
+            self._push_wait = None
+            stopped = wait.leave(consumed=True, claim=False)
+            if stopped is not None:
+                stopped.add_done_callback(discard)
+
+    def _push_jobs(self, jobs: list[Reservation]) -> None:
+        """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
+        assert self._pushed is not None
+        now = self.store.clock()
+        for job in jobs:
+            if job.deadline_ms > now:
+                self._pushed[job.id] = None
+                self._push_frame(_reserved(job))
 
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)

@@ -91,8 +91,9 @@ class Signal:
 class CoarseTimer:
     """Timeouts that need no precision, all on one loop timer.
 
-    A blocked reserve re-checks Redis every WAKE_RECHECK_S even without a hint; with thousands
-    of idle connections a loop timer each is thousands of uvloop timer handles (~540 B each).
+    A blocked reserve re-checks Redis every RECHECK_S (tubeq.server.wait) even without a
+    hint; with thousands of idle connections a loop timer each is thousands of uvloop timer
+    handles (~540 B each).
     Here a deadline joins the bucket of the whole ``resolution_s`` step after it and fires with
     it, up to one step late; one loop timer is armed, for the earliest bucket. An entry costs a
     dict slot and is removed when its wait ends early.
@@ -145,12 +146,13 @@ class CoarseTimer:
 
 
 class Waiter:
-    """One blocked reserve: the tubes it watches and the signal that wakes it."""
+    """One blocked reserve: its token, the tubes it watches and the signal that wakes it."""
 
-    __slots__ = ("event", "tubes", "woken")
+    __slots__ = ("event", "token", "tubes", "woken")
 
-    def __init__(self, tubes: Iterable[str]) -> None:
+    def __init__(self, tubes: Iterable[str], token: str) -> None:
         self.tubes = tuple(tubes)
+        self.token = token
         self.event = Signal()
         self.woken = False
 
