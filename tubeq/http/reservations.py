@@ -18,7 +18,7 @@ mid-poll (client disconnect, shutdown) gives back, at once, any job granted mean
 Timeline of the race the counted wait closes:
     t0  poll tries reserve: nothing ready            t1  a put in another process: no waiter
     t2  poll counts itself waiting                   t3  poll tries again: finds t1's job
-A put after t2 either hands the job to the token (grant channel -> :meth:`_handed`) or
+A put after t2 either hands the job to the token (grant channel -> the registry wakes the wait) or
 publishes a wake-up; a put before t2 is found by the try at t3.
 """
 
@@ -74,7 +74,6 @@ class HttpReservations:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             wait = Wait(ctx.registry, store, token, tubes)
-            ctx.grant_listeners[token] = wait.wake
             await wait.count_in()
             while True:
                 result = await wait.take()
@@ -106,7 +105,6 @@ class HttpReservations:
                         attempt.add_done_callback(lambda f: self._give_back_result(token, f))
             if wait is not None:
                 stopped = wait.leave(consumed=got is not None)
-                ctx.grant_listeners.pop(token, None)
                 if stopped is not None:
                     stopped.add_done_callback(lambda f: self._give_back_result(token, f))
             store.change_watches(token, [("-w", t) for t in tubes]).add_done_callback(discard)

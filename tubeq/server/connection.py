@@ -841,12 +841,6 @@ class Connection(asyncio.Protocol):
             if wait is not None:
                 wait.registration_lost()
 
-    def job_handed_over(self) -> None:
-        """put.lua handed this connection a job while it waited: the next try claims it."""
-        for wait in (self._wait, self._push_wait):
-            if wait is not None:
-                wait.wake()
-
     # -- push extension -----------------------------------------------------------------------
 
     def start_push(self, credits: int) -> bytes:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -99,9 +98,6 @@ class ServerContext:
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
     observer: Metrics | None = None
-    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
-    # when put.lua hands one of them a job.
-    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
     _restore_scheduled: bool = False
@@ -203,8 +199,6 @@ class Session(Protocol):
     def settled(self, job_id: int) -> None: ...
 
     def registration_lost(self) -> None: ...
-
-    def job_handed_over(self) -> None: ...
 
     def close(self) -> None: ...
 
