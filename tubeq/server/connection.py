@@ -11,19 +11,9 @@ The connection owns its reservations (beanstalkd semantics): only it may delete,
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
 It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
 
-Flow control (protocol.md "Limits"): a connection's unanswered commands are bounded by count
-(``max_in_flight``), the commands taken from it per event-loop turn by ``TURN_BUDGET`` (so one
-pipelined flood cannot starve the other connections), and its unsent replies by the transport's
-high-water mark: whenever any bound is reached, the connection stops reading (pause_reading) and
-the client's own socket fills, as with beanstalkd, which serves one command at a time. Reading
-resumes as replies leave. A connection that holds more than ``max_client_buffer`` bytes all the
-same (unsent replies plus unparsed input: only replies far larger than usual can get there) is
-aborted with a log line, and its reservations go back to ready as on any disconnect.
-
-Push extension (``push <credits>``, tubeq only): the connection then receives RESERVED frames
-for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
-taken several per script call; each delete/release/bury of a pushed job (or its TTR running
-out) frees a credit. The frames join the reply stream between whole replies.
+Flow control (its bounds, and when reading pauses) is tubeq.server.flow's; the push extension's
+loop and credits are tubeq.server.push's, its frames joining the reply stream between whole
+replies; a blocked reserve waits through tubeq.server.wait.
 
 What the connections of a namespace share (ServerContext) and what handlers may touch of a
 connection (Session) are tubeq.server.context's; this module implements Session.
@@ -48,8 +38,10 @@ from tubeq.server.context import (
     Reply,
     ServerContext,
 )
+from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import command_label
+from tubeq.server.push import Push
 from tubeq.server.wait import Wait
 from tubeq.store.store import Deferred, NoJob, Reservation
 
@@ -72,18 +64,6 @@ DISCONNECT_TRIES = 60
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
 # worker that lets jobs time out does not grow the map forever.
 PRUNE_RESERVED_AT = 64
-# The push extension takes at most this many jobs per script call, however many credits a
-# client grants: one call must not hold Redis's single thread for long.
-PUSH_BATCH_MAX = 64
-
-# Commands dispatched from one connection per event-loop turn before the others get theirs. A
-# turn of 64 lets a client's whole pipeline (or one full Redis batch, REDIS_BATCH_CALLS) through
-# in one go while a flood of small commands yields every few hundred microseconds.
-TURN_BUDGET = 64
-# A reserve that waits holds the commands sent after it; until this many bytes of them have
-# arrived the connection keeps reading (so a client that closes is noticed, as beanstalkd
-# notices a hang-up while a reserve waits), past it reading stops like any other backpressure.
-HELD_INPUT_MAX = 256 * 1024
 
 T = TypeVar("T")
 
@@ -113,10 +93,9 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof",
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof", "_flow",
         "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
-        "_prune_at", "_pump_scheduled", "_push_credits", "_push_task", "_push_wait", "_pushed",
-        "_quit", "_reading", "_replies", "_reserves", "_throttled", "_wait", "_write_paused",
+        "_prune_at", "_pump_scheduled", "_push", "_quit", "_replies", "_reserves", "_wait",
         "ctx", "extended", "parser", "passing", "producer", "replaying", "reserved", "store",
         "token", "transport", "used", "watched", "worker",
     )
@@ -163,13 +142,8 @@ class Connection(asyncio.Protocol):
         self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
         self._wait: Wait | None = None  # the head reserve's, while it waits
-        self._push_credits = 0
-        self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
-        self._push_task: asyncio.Task[None] | None = None
-        self._push_wait: Wait | None = None
-        self._reading = True  # not paused by flow control
-        self._write_paused = False  # the transport's buffer is past its high-water mark
-        self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
+        self._push: Push | None = None  # from the first ``push`` on
+        self._flow = FlowControl()
         self._pump_scheduled = False
         self._quit = False
         self._eof = False
@@ -181,7 +155,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = self._flow.transport = cast(asyncio.Transport, transport)
         if not self.ctx.capacity.take():
             # Over --max-connections: one clear line, then closed; nothing registered.
             self._handlers = _REFUSED
@@ -239,26 +213,24 @@ class Connection(asyncio.Protocol):
         self._eof = True
         if self._wait is not None:
             self._wait.wake()
-        if self._push_task is not None:
-            self._push_task.cancel()
+        if self._push is not None:
+            self._push.stop()
         self._maybe_close()
         return True
 
     def pause_writing(self) -> None:
-        # The client is not taking its replies: take no more commands from it (the pump stops
-        # at the next command) and stop reading, so its own socket buffer fills.
-        self._write_paused = True
-        self._set_reading(False)
+        self._flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._push_wait is not None:
-            self._push_wait.event.set()
+        self._flow.resume_writing()
+        if self._push is not None:
+            self._push.nudge()
         # Whether or not the pump stopped for this, reading was paused: the pump decides anew.
         self._schedule_pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._flow.transport = None  # reading is left as it is
         if self._handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
             log.info("connection closed", conn=self.token,
@@ -271,7 +243,8 @@ class Connection(asyncio.Protocol):
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)
             return
-        running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
+        push_task = None if self._push is None else self._push.task
+        running = [t for t in (self._blocking, push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
         # Wait for the tasks' `finally` (it takes the connection out of the waiters) and for
@@ -348,19 +321,19 @@ class Connection(asyncio.Protocol):
         """Dispatch parsed commands until the input runs dry or a bound is reached; read on
         only when the input ran dry (or a reserve holds the rest and little has arrived)."""
         self._pump_scheduled = False
+        flow = self._flow
         budget = TURN_BUDGET
         limit = self.ctx.max_in_flight
         read_on = False
         while not self._quit and not self._lost:
-            if self._write_paused or len(self._replies) >= limit:
-                self._throttled = True  # _flush or resume_writing pumps again
+            if flow.stops_taking(len(self._replies), limit):
                 break
             if not budget:
                 self._schedule_pump()  # the other connections' turn first
                 break
             if self._held is not None:
                 if self._reserves:
-                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    read_on = flow.reads_behind_reserve(self.parser.buffered)
                     break
                 command, self._held = self._held, None
             else:
@@ -371,26 +344,18 @@ class Connection(asyncio.Protocol):
                 command = parsed
                 if self._reserves and not self._may_pass_a_reserve(command):
                     self._held = command
-                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    read_on = flow.reads_behind_reserve(self.parser.buffered)
                     break
             self._dispatch(command, self._passing(command) if self._reserves else 0)
             budget -= 1
-        self._set_reading(read_on)
+        flow.set_reading(read_on)
         self._maybe_close()
 
     def _schedule_pump(self) -> None:
-        self._throttled = False
+        self._flow.throttled = False
         if not self._pump_scheduled:
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._pump)
-
-    def _set_reading(self, on: bool) -> None:
-        if on is not self._reading and self.transport is not None and not self._lost:
-            self._reading = on
-            if on:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
 
     def _passing(self, command: c.Command) -> int:
         """For a command let past unanswered reserves: the number of the first of them, which
@@ -512,20 +477,12 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if out and transport is not None and not self._lost:
             transport.write(b"".join(out))
-            held = transport.get_write_buffer_size() + self.parser.buffered
-            if held > self.ctx.max_client_buffer:
-                self._over_limit(held)
+            if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
+                                           self.token):
                 return
-        if self._throttled and not self._write_paused:
+        if self._flow.may_pump_again():
             self._schedule_pump()
         self._maybe_close()
-
-    def _over_limit(self, held: int) -> None:
-        """Close a connection holding more than the cap; disconnect gives its jobs back."""
-        log.warning("connection over its buffer limit, closed", token=self.token, bytes=held,
-                    limit=self.ctx.max_client_buffer)
-        assert self.transport is not None
-        self.transport.abort()  # the unsent replies go: the client was not taking them
 
     def _maybe_close(self) -> None:
         if self._lost or self.transport is None or self._replies or self._reserves:
@@ -837,7 +794,7 @@ class Connection(asyncio.Protocol):
         """Redis lost this connection's registrations and they were just restored (watches
         first, on the same Redis connection): a wait under way counts itself in again and
         tries again, as a put may have found no waiter meanwhile."""
-        for wait in (self._wait, self._push_wait):
+        for wait in (self._wait, None if self._push is None else self._push.wait):
             if wait is not None:
                 wait.registration_lost()
 
@@ -845,68 +802,16 @@ class Connection(asyncio.Protocol):
 
     def start_push(self, credits: int) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
-        self._push_credits = credits
-        if self._push_task is None:
-            self._push_task = asyncio.get_running_loop().create_task(self._push())
-        elif self._push_wait is not None:
-            self._push_wait.event.set()
+        if self._push is None:
+            self._push = Push(self, self._flow, self._push_frame)
+        self._push.start(credits)
         return replies.pushing(credits)
 
     def settled(self, job_id: int) -> None:
         """A job this connection held is no longer its own: free its push credit, if any."""
         self.reserved.pop(job_id, None)
-        if self._pushed is not None and job_id in self._pushed:
-            del self._pushed[job_id]
-            if self._push_wait is not None:
-                self._push_wait.event.set()
-
-    async def _push(self) -> None:
-        """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
-        if self._pushed is None:
-            self._pushed = {}
-        pushed = self._pushed
-        wait = self._push_wait = Wait(self.ctx.registry, self.store, self.token, self.watched,
-                                      track=self.track_grants)
-        try:
-            while True:
-                await wait.count_in_again()
-                now = self.store.clock()
-                for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
-                    self.settled(job_id)  # its TTR ran out: the job is back in the queue
-                free = self._push_credits - len(pushed)
-                if self._write_paused:
-                    free = 0  # the client is not taking frames: take no more jobs for it
-                if free > 0:
-                    jobs = await wait.take(min(free, PUSH_BATCH_MAX))
-                    if jobs:
-                        self._push_jobs(jobs)
-                        continue
-                    if not wait.counted:
-                        await wait.count_in()
-                        continue  # try once more now that a put would wake us
-                elif wait.counted:
-                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
-                    # handing jobs over; one a put handed over while credit was free is sent.
-                    self._push_jobs(await wait.claim())
-                    now = self.store.clock()
-                # Wake when a pushed job's TTR runs out: its credit comes back.
-                deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
-                await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
-                wait.event.clear()
-        finally:
-            self._push_wait = None
-            stopped = wait.leave(consumed=True, claim=False)
-            if stopped is not None:
-                stopped.add_done_callback(discard)
-
-    def _push_jobs(self, jobs: list[Reservation]) -> None:
-        """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
-        assert self._pushed is not None
-        now = self.store.clock()
-        for job in jobs:
-            if job.deadline_ms > now:
-                self._pushed[job.id] = None
-                self._push_frame(_reserved(job))
+        if self._push is not None:
+            self._push.settled(job_id)
 
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)

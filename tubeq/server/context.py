@@ -3,8 +3,8 @@
 Owns: :class:`ServerContext` (a namespace's store, waiters, scheduler, counters and limits),
 :class:`Capacity` (``--max-connections``), :class:`Gate` (which namespace a token or client
 certificate enters), the two per-connection limits' defaults, the :data:`Reply` a handler
-returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers)
-and the process (tubeq.server.process) use.
+returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers),
+its push loop (tubeq.server.push) and the process (tubeq.server.process) use.
 
 Rules: imports nothing of tubeq.server.connection or tubeq.server.handlers. The handlers are
 typed against :class:`Session`, not the Connection class, so the connection imports the
@@ -162,7 +162,7 @@ class Gate:
 
 
 class Session(Protocol):
-    """What handlers and the process may touch of one client connection
+    """What handlers, the push loop and the process may touch of one client connection
     (tubeq.server.connection.Connection is the one implementation)."""
 
     ctx: ServerContext  # the namespace it is in (it changes once, on ``auth``)
