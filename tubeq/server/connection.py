@@ -721,10 +721,8 @@ class Connection(asyncio.Protocol):
                                 return self._from_pool(count)
                     return ending
                 if wait is None:
-                    wait = self._wait = Wait(
-                        self.ctx.registry, self.store, self.token, self.watched,
-                        track=self.track_grants,
-                        bound=functools.partial(self._within, deadline=deadline))
+                    wait = self._wait = Wait(self.ctx.registry, self.store, self.token,
+                                             self.watched, owner=self, deadline=deadline)
                     await wait.count_in()
                 else:
                     if not wait.recount:
@@ -768,7 +766,7 @@ class Connection(asyncio.Protocol):
             self._wait.wake()
         self._advance()
 
-    async def _within(self, call: asyncio.Future[T], deadline: float | None) -> T:
+    async def within(self, call: asyncio.Future[T], deadline: float | None) -> T:
         """``call``'s result; with a ``deadline`` (loop time), _Overdue once it has passed by
         RESERVE_GRACE_S (Redis stalled): then what the call grants goes to the next reserves."""
         if deadline is None:
@@ -845,7 +843,7 @@ def _settle(ended: asyncio.Future[None], *_: object) -> None:
 
 
 class _Overdue(Exception):
-    """A reserve-with-timeout's Redis call outlived its timeout (Connection._within)."""
+    """A reserve-with-timeout's Redis call outlived its timeout (Connection.within)."""
 
 
 def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from tubeq.protocol import replies
 from tubeq.redisio.futures import discard
 from tubeq.server.context import Session
 from tubeq.server.flow import FlowControl
-from tubeq.server.wait import Wait
+from tubeq.server.wait import GrantOwner, Wait
 from tubeq.store.store import Reservation
 
 # The push extension takes at most this many jobs per script call, however many credits a
@@ -32,12 +33,16 @@ from tubeq.store.store import Reservation
 PUSH_BATCH_MAX = 64
 
 
+class PushingSession(Session, GrantOwner, Protocol):
+    """A connection as its push loop sees it: the jobs it is granted are its own."""
+
+
 class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
     __slots__ = ("_flow", "_send", "_session", "credits", "pushed", "task", "wait")
 
-    def __init__(self, session: Session, flow: FlowControl,
+    def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
         self._session = session
         self._flow = flow
@@ -75,7 +80,7 @@ class Push:
         session, pushed = self._session, self.pushed
         store = session.store
         wait = self.wait = Wait(session.ctx.registry, store, session.token, session.watched,
-                                track=session.track_grants)
+                                owner=session)
         try:
             while True:
                 await wait.count_in_again()

@@ -15,15 +15,19 @@ Rules:
 * Redis that lost the token's registration (:meth:`Wait.registration_lost`) makes the wait count
   itself in again before its next try, as a put may have found no waiter meanwhile.
 * The caller keeps what is its own: what a grant is answered with, when the wait ends, and
-  what happens to jobs granted after it stopped listening. Calls that may grant go through its
-  ``track`` hook; every awaited call goes through its ``bound`` hook (a deadline, a shield).
+  what happens to jobs granted after it stopped listening. A wait with an ``owner`` (a
+  connection, :class:`GrantOwner`) passes every call that may grant through the owner's
+  ``track_grants`` and awaits every call through the owner's ``within`` (its bound over a
+  stalled Redis); a wait without one awaits its calls shielded, and its caller gives back what
+  it was granted if it leaves mid-call (:attr:`Wait.attempt`).
+* No object per try beyond the store call itself: thousands of connections may be waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, overload
+from collections.abc import Awaitable, Iterable
+from typing import Any, Protocol, TypeVar, overload
 
 from tubeq.server.waiters import Waiter, WaiterRegistry
 from tubeq.store.store import NoJob, Reservation, Store
@@ -33,30 +37,35 @@ from tubeq.store.store import NoJob, Reservation, Store
 # script is the truth.
 RECHECK_S = 10.0
 
-# What a store call is awaited through: ``asyncio.shield`` (the call outlives a cancelled wait),
-# or a caller's own bound over a stalled Redis.
-Bound = Callable[[asyncio.Future[Any]], Awaitable[Any]]
-# What a store call that may grant jobs is passed through before it is awaited.
-Track = Callable[[asyncio.Future[Any]], asyncio.Future[Any]]
+T = TypeVar("T")
 
 
-def _untracked(call: asyncio.Future[Any]) -> asyncio.Future[Any]:
-    return call
+class GrantOwner(Protocol):
+    """Whom the jobs a wait is granted belong to (a connection: tubeq.server.connection)."""
+
+    def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
+        """``call``, its grants recorded as the owner's whatever becomes of the wait."""
+        ...
+
+    def within(self, call: asyncio.Future[T], deadline: float | None) -> Awaitable[T]:
+        """``call``'s result, shielded; with a ``deadline`` (loop time), bounded by it."""
+        ...
 
 
 class Wait(Waiter):
     """One token's wait, registered from construction until :meth:`leave`."""
 
-    __slots__ = ("_bound", "_registry", "_store", "_track", "attempt", "counted", "recount")
+    __slots__ = ("_deadline", "_owner", "_registry", "_store", "attempt", "counted", "recount")
 
     def __init__(self, registry: WaiterRegistry, store: Store, token: str,
-                 tubes: Iterable[str], *, track: Track = _untracked,
-                 bound: Bound = asyncio.shield) -> None:
+                 tubes: Iterable[str], *, owner: GrantOwner | None = None,
+                 deadline: float | None = None) -> None:
+        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by."""
         super().__init__(tubes, token)
         self._registry = registry
         self._store = store
-        self._track = track
-        self._bound = bound
+        self._owner = owner
+        self._deadline = deadline
         self.counted = False  # counted in Redis as waiting (a count-in was sent)
         self.recount = False  # Redis lost the registration: count in again before the next try
         # The store call that may grant jobs, while it is awaited: a caller that leaves mid-call
@@ -67,14 +76,14 @@ class Wait(Waiter):
     async def count_in(self) -> None:
         """Count the token in Redis as waiting: from now on a put may hand it a job."""
         self.counted = True  # from the moment the call is sent: `leave` must count it out
-        await self._bound(self._store.set_waiting(self.token, 1))
+        await self._awaited(self._store.set_waiting(self.token, 1))
 
     async def count_in_again(self) -> None:
         """After a registration loss: count in again (a no-op if Redis still has it)."""
         if self.recount:
             self.recount = False
             if self.counted:
-                await self._bound(self._store.set_waiting(self.token, 1))
+                await self._awaited(self._store.set_waiting(self.token, 1))
 
     @overload
     async def take(self, count: None = None) -> Reservation | NoJob: ...
@@ -92,8 +101,8 @@ class Wait(Waiter):
             call = store.reserve(self.token, counted_waiting=self.counted)
         else:
             call = store.reserve_many(self.token, count, counted_waiting=self.counted)
-        self.attempt = call = self._track(call)
-        result: Reservation | NoJob | list[Reservation] = await self._bound(call)
+        self.attempt = call = self._tracked(call)
+        result: Reservation | NoJob | list[Reservation] = await self._awaited(call)
         self.attempt = None  # not kept alive through the next (long) wait
         if isinstance(result, Reservation) or (isinstance(result, list) and result):
             self.counted = False  # the script counted the token out with the grant
@@ -102,9 +111,9 @@ class Wait(Waiter):
     async def claim(self) -> list[Reservation]:
         """Count the token out and take the jobs a put handed to it meanwhile."""
         self.counted = False
-        self.attempt = call = self._track(
+        self.attempt = call = self._tracked(
             self._store.set_waiting(self.token, -1, claim=True))
-        handed: list[Reservation] = await self._bound(call)
+        handed = await self._awaited(call)
         self.attempt = None
         return handed
 
@@ -134,3 +143,10 @@ class Wait(Waiter):
             return None
         self.counted = False
         return self._store.set_waiting(self.token, -1, claim=claim)
+
+    def _tracked(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
+        return call if self._owner is None else self._owner.track_grants(call)
+
+    def _awaited(self, call: asyncio.Future[T]) -> Awaitable[T]:
+        owner = self._owner
+        return asyncio.shield(call) if owner is None else owner.within(call, self._deadline)
