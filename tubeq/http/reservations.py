@@ -11,15 +11,15 @@ else ends an HTTP reservation: there is no connection whose close could hand it 
 The long poll is the connection's wait (tubeq.server.wait): watch the tubes under the token, try
 once, register as a waiter and count in Redis as waiting (so put.lua may hand a new job straight
 to it and other processes publish wake-ups), try again, then sleep until woken or the bound, and
-try again. At the end the token stops waiting and its watches are
-dropped (tubes nobody references are removed, as after an ignore). A request that goes away
-mid-poll (client disconnect, shutdown) gives back, at once, any job granted meanwhile.
+try again. At the end the token stops waiting and its watches are dropped (tubes nobody
+references are removed, as after an ignore). A request that goes away mid-poll (client
+disconnect, shutdown) gives back, at once, any job granted meanwhile.
 
 Timeline of the race the counted wait closes:
     t0  poll tries reserve: nothing ready            t1  a put in another process: no waiter
     t2  poll counts itself waiting                   t3  poll tries again: finds t1's job
-A put after t2 either hands the job to the token (grant channel -> the registry wakes the wait) or
-publishes a wake-up; a put before t2 is found by the try at t3.
+A put after t2 either hands the job to the token (the grant channel: the registry wakes the
+wait) or publishes a wake-up; a put before t2 is found by the try at t3.
 """
 
 from __future__ import annotations

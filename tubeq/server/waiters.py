@@ -95,10 +95,9 @@ class CoarseTimer:
 
     A blocked reserve re-checks Redis every RECHECK_S (tubeq.server.wait) even without a
     hint; with thousands of idle connections a loop timer each is thousands of uvloop timer
-    handles (~540 B each).
-    Here a deadline joins the bucket of the whole ``resolution_s`` step after it and fires with
-    it, up to one step late; one loop timer is armed, for the earliest bucket. An entry costs a
-    dict slot and is removed when its wait ends early.
+    handles (~540 B each). Here a deadline joins the bucket of the whole ``resolution_s`` step
+    after it and fires with it, up to one step late; one loop timer is armed, for the earliest
+    bucket. An entry costs a dict slot and is removed when its wait ends early.
     """
 
     __slots__ = ("_buckets", "_handle", "_next", "resolution_s")
