@@ -326,7 +326,9 @@ class Connection(asyncio.Protocol):
         limit = self.ctx.max_in_flight
         read_on = False
         while not self._quit and not self._lost:
-            if flow.stops_taking(len(self._replies), limit):
+            # Flow control's bounds (tubeq.server.flow), checked here: once per command.
+            if flow.write_paused or len(self._replies) >= limit:
+                flow.throttled = True  # _flush or resume_writing pumps again
                 break
             if not budget:
                 self._schedule_pump()  # the other connections' turn first
@@ -480,7 +482,8 @@ class Connection(asyncio.Protocol):
             if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
                                            self.token):
                 return
-        if self._flow.may_pump_again():
+        flow = self._flow
+        if flow.throttled and not flow.write_paused:  # replies left: the pump's bound lifts
             self._schedule_pump()
         self._maybe_close()
 

@@ -8,10 +8,12 @@ Rules: a connection's unanswered commands are bounded by count (``max_in_flight`
 taken from it per event-loop turn by ``TURN_BUDGET`` (so one pipelined flood cannot starve the
 other connections), and its unsent replies by the transport's high-water mark: whenever any bound
 is reached the connection stops reading (pause_reading) and the client's own socket fills, as
-with beanstalkd, which serves one command at a time. Reading resumes as replies leave. A
-connection that holds more than ``max_client_buffer`` bytes all the same (unsent replies plus
-unparsed input: only replies far larger than usual can get there) is over its cap: the
-connection aborts it, and its reservations go back to ready as on any disconnect.
+with beanstalkd, which serves one command at a time. Reading resumes as replies leave. The
+connection's pump checks its bounds against this state before each command, inline (the one
+check every command pays). A connection that holds more than ``max_client_buffer`` bytes all
+the same (unsent replies plus unparsed input: only replies far larger than usual can get
+there) is aborted with a log line (:meth:`FlowControl.aborted_over_cap`), and its reservations
+go back to ready as on any disconnect.
 """
 
 from __future__ import annotations
@@ -44,24 +46,10 @@ class FlowControl:
         self.write_paused = False  # the transport's buffer is past its high-water mark
         self.throttled = False  # the pump stopped at a bound; a flush or resume restarts it
 
-    def stops_taking(self, unanswered: int, max_in_flight: int) -> bool:
-        """Whether the pump stops before its next command: the client is not taking its
-        replies, or ``max_in_flight`` of them are unanswered (then it is throttled: the next
-        flush or resume_writing pumps again)."""
-        if self.write_paused or unanswered >= max_in_flight:
-            self.throttled = True
-            return True
-        return False
-
     @staticmethod
     def reads_behind_reserve(buffered: int) -> bool:
         """Whether reading goes on while a waiting reserve holds the ``buffered`` input."""
         return buffered < HELD_INPUT_MAX
-
-    def may_pump_again(self) -> bool:
-        """Whether the pump stopped at a bound that no longer holds, as replies have left
-        (the write side's own bound lifts in resume_writing)."""
-        return self.throttled and not self.write_paused
 
     def aborted_over_cap(self, buffered: int, cap: int, token: str) -> bool:
         """Abort the connection if it holds more than ``cap`` bytes (unsent replies plus
