@@ -134,6 +134,9 @@ PROFILE_MAX_JOBS = 300_000
 AREAS = (
     ("tubeq/client/", "tubeq client (worker side)"),
     ("tubeq/server/connection.py", "tubeq connection (flow, reserves, push)"),
+    ("tubeq/server/flow.py", "tubeq connection (flow, reserves, push)"),
+    ("tubeq/server/wait.py", "tubeq connection (flow, reserves, push)"),
+    ("tubeq/server/push.py", "tubeq connection (flow, reserves, push)"),
     ("tubeq/server/handlers.py", "tubeq command handlers"),
     ("tubeq/protocol/parser.py", "tubeq protocol parser"),
     ("tubeq/store/store.py", "tubeq store (script calls)"),

@@ -36,6 +36,9 @@ EVENT_LOOP_LABEL = "[uvloop event loop, C: epoll, socket reads, callback dispatc
 
 AREAS = (
     ("tubeq/server/connection.py", "tubeq connection adapter"),
+    ("tubeq/server/flow.py", "tubeq connection adapter"),
+    ("tubeq/server/wait.py", "tubeq connection adapter"),
+    ("tubeq/server/push.py", "tubeq connection adapter"),
     ("tubeq/protocol/parser.py", "tubeq protocol parser"),
     ("tubeq/store/store.py", "tubeq store (script calls, futures)"),
     ("tubeq/redisio/client.py", "tubeq Redis client"),

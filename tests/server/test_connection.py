@@ -20,6 +20,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.process import Config, Server
 from tubeq.server.stats import COMMAND_COUNTERS
+from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.store import Reservation
 
 REPLY_WAIT_S = 5.0
@@ -389,8 +390,8 @@ async def test_a_job_handed_over_while_its_wake_up_is_lost_is_still_the_reserve_
     worker.send(f"watch {tube}\r\nignore default\r\n".encode())
     await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\n")
     # The grant message is lost: nothing wakes the worker before its timeout (patched on the
-    # class, as connections have slots; the producer never waits, so only the worker is hit).
-    monkeypatch.setattr(Connection, "job_handed_over", lambda self: None)
+    # registry; the producer never waits, so only the worker is hit).
+    monkeypatch.setattr(WaiterRegistry, "handed_over", lambda self, token: None)
     worker.send(b"reserve-with-timeout 2\r\n")
     await _until_waiting(producer, tube, 1, "the reserve never started waiting")
     # Its try after counting itself in has found nothing by now (milliseconds on any box), so

@@ -1,12 +1,12 @@
 """The waiters' light primitives: Signal (a flag waited on with a bound) and CoarseTimer (many
-imprecise timeouts on one loop timer). Bounds here are generous: they only tell "fired" from
-"never fired"; none asserts a duration."""
+imprecise timeouts on one loop timer); and the registry's routing of a hand-over to a token.
+Bounds here are generous: they only tell "fired" from "never fired"; none asserts a duration."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tubeq.server.waiters import CoarseTimer, Deadlines, Signal
+from tubeq.server.waiters import CoarseTimer, Deadlines, Signal, Waiter, WaiterRegistry
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0
@@ -79,3 +79,20 @@ async def test_deadlines_call_back_once_due_and_not_when_discarded() -> None:
         await asyncio.sleep(0.01)
     assert fired == ["due"]
     deadlines.discard("later")
+
+
+def test_a_hand_over_wakes_every_wait_of_its_token_and_only_while_registered() -> None:
+    registry = WaiterRegistry()
+    reserve, push, other = Waiter(("a",), "t:1"), Waiter(("b",), "t:1"), Waiter(("a",), "t:2")
+    for waiter in (reserve, push, other):
+        registry.register(waiter)
+    registry.handed_over("t:1")
+    assert reserve.woken and push.woken and not other.woken
+    registry.unregister(reserve, consumed=True)
+    push.rearm()
+    registry.handed_over("t:1")
+    assert push.woken and not other.woken
+    registry.unregister(push, consumed=True)
+    registry.unregister(other, consumed=True)
+    registry.handed_over("t:1")  # nobody waits under it: nothing to wake, nothing kept
+    assert registry.count() == 0 and not registry._by_token

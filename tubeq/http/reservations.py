@@ -8,18 +8,18 @@ the job, unguessable (96 random bits), and it lives until the job's TTR runs out
 expire.lua puts the job back to ready (timeouts + 1), as for a worker that went silent. Nothing
 else ends an HTTP reservation: there is no connection whose close could hand it back.
 
-The long poll follows the connection's wait (tubeq.server.connection, tubeq.server.waiters): watch
-the tubes under the token, try once, register as a waiter and count in Redis as waiting (so put.lua
-may hand a new job straight to it and other processes publish wake-ups), try again, then sleep
-until woken or the bound, and try again. At the end the token stops waiting and its watches are
-dropped (tubes nobody references are removed, as after an ignore). A request that goes away
-mid-poll (client disconnect, shutdown) gives back, at once, any job granted meanwhile.
+The long poll is the connection's wait (tubeq.server.wait): watch the tubes under the token, try
+once, register as a waiter and count in Redis as waiting (so put.lua may hand a new job straight
+to it and other processes publish wake-ups), try again, then sleep until woken or the bound, and
+try again. At the end the token stops waiting and its watches are dropped (tubes nobody
+references are removed, as after an ignore). A request that goes away mid-poll (client
+disconnect, shutdown) gives back, at once, any job granted meanwhile.
 
 Timeline of the race the counted wait closes:
     t0  poll tries reserve: nothing ready            t1  a put in another process: no waiter
     t2  poll counts itself waiting                   t3  poll tries again: finds t1's job
-A put after t2 either hands the job to the token (grant channel -> :meth:`_handed`) or
-publishes a wake-up; a put before t2 is found by the try at t3.
+A put after t2 either hands the job to the token (the grant channel: the registry wakes the
+wait) or publishes a wake-up; a put before t2 is found by the try at t3.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from tubeq.redisio.futures import discard
-from tubeq.server.waiters import Waiter
+from tubeq.server.wait import Wait
 from tubeq.store.store import Reservation
 
 if TYPE_CHECKING:
@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 # The longest long poll one request may ask for (s); a client polls again after it.
 MAX_POLL_S = 600
-# A waiting poll re-runs the reserve script this often even with no hint (hints are pub/sub,
-# best effort; the script is the truth), as a blocked connection does.
-RECHECK_S = 10.0
 
 
 class HttpReservations:
@@ -60,9 +57,8 @@ class HttpReservations:
         waiting up to ``timeout_s``; with the token that now owns it, or None on timeout."""
         ctx, store = self.ctx, self.ctx.store
         token = self.new_token()
-        waiter: Waiter | None = None
-        counted = False
-        attempt: asyncio.Future[Any] | None = None
+        wait: Wait | None = None
+        attempt: asyncio.Future[Any] | None = None  # the first try, before the wait
         got: Reservation | None = None
         try:
             # Inside the try: if the request is cancelled here, the watches still go (below).
@@ -77,27 +73,18 @@ class HttpReservations:
                 return None
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            waiter = Waiter(tubes)
-            ctx.registry.register(waiter)
-            ctx.grant_listeners[token] = waiter.wake
-            counted = True  # from the moment the call is sent: `finally` must count it out
-            await store.set_waiting(token, 1)
+            wait = Wait(ctx.registry, store, token, tubes)
+            await wait.count_in()
             while True:
-                waiter.rearm()
-                attempt = store.reserve(token, counted_waiting=True)
-                result = await asyncio.shield(attempt)
+                result = await wait.take()
                 if isinstance(result, Reservation):
-                    counted = False  # the script counted the token out with the grant
                     got = result
                     return self._granted(token, result)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                attempt = None
-                await waiter.event.wait(min(remaining, RECHECK_S))
-            counted = False
-            attempt = store.set_waiting(token, -1, claim=True)
-            handed: list[Reservation] = await asyncio.shield(attempt)
+                await wait.sleep(remaining)
+            handed = await wait.claim()
             if handed:  # a put handed it a job an instant before the end: that is the answer
                 got = handed[0]
                 for extra in handed[1:]:
@@ -105,21 +92,21 @@ class HttpReservations:
                 return self._granted(token, handed[0])
             return None
         finally:
-            if waiter is not None:
-                ctx.registry.unregister(waiter, consumed=got is not None)
-                ctx.grant_listeners.pop(token, None)
             if got is None:
                 # Cancelled (the client went away) or timed out: whatever was granted in
                 # flight (or an instant before the cancel), or handed over while counted, goes
                 # back at once.
+                if wait is not None:
+                    attempt = wait.attempt
                 if attempt is not None:
                     if attempt.done():
                         self._give_back_result(token, attempt)
                     else:
                         attempt.add_done_callback(lambda f: self._give_back_result(token, f))
-                if counted:
-                    stop = store.set_waiting(token, -1, claim=True)
-                    stop.add_done_callback(lambda f: self._give_back_result(token, f))
+            if wait is not None:
+                stopped = wait.leave(consumed=got is not None)
+                if stopped is not None:
+                    stopped.add_done_callback(lambda f: self._give_back_result(token, f))
             store.change_watches(token, [("-w", t) for t in tubes]).add_done_callback(discard)
             ctx.reservation_watches.pop(token, None)
 

@@ -11,19 +11,9 @@ The connection owns its reservations (beanstalkd semantics): only it may delete,
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
 It keeps their deadlines locally for DEADLINE_SOON, which only it can be told.
 
-Flow control (protocol.md "Limits"): a connection's unanswered commands are bounded by count
-(``max_in_flight``), the commands taken from it per event-loop turn by ``TURN_BUDGET`` (so one
-pipelined flood cannot starve the other connections), and its unsent replies by the transport's
-high-water mark: whenever any bound is reached, the connection stops reading (pause_reading) and
-the client's own socket fills, as with beanstalkd, which serves one command at a time. Reading
-resumes as replies leave. A connection that holds more than ``max_client_buffer`` bytes all the
-same (unsent replies plus unparsed input: only replies far larger than usual can get there) is
-aborted with a log line, and its reservations go back to ready as on any disconnect.
-
-Push extension (``push <credits>``, tubeq only): the connection then receives RESERVED frames
-for ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time,
-taken several per script call; each delete/release/bury of a pushed job (or its TTR running
-out) frees a credit. The frames join the reply stream between whole replies.
+Flow control (its bounds, and when reading pauses) is tubeq.server.flow's; the push extension's
+loop and credits are tubeq.server.push's, its frames joining the reply stream between whole
+replies; a blocked reserve waits through tubeq.server.wait.
 
 What the connections of a namespace share (ServerContext) and what handlers may touch of a
 connection (Session) are tubeq.server.context's; this module implements Session.
@@ -48,9 +38,11 @@ from tubeq.server.context import (
     Reply,
     ServerContext,
 )
+from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import command_label
-from tubeq.server.waiters import Waiter
+from tubeq.server.push import Push
+from tubeq.server.wait import Wait
 from tubeq.store.store import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
@@ -58,9 +50,6 @@ log = structlog.get_logger(__name__)
 # beanstalkd's safety margin: a reserved job whose TTR ends within this many ms makes a reserve
 # answer DEADLINE_SOON (the worker should finish or touch it instead of taking more work).
 SAFETY_MARGIN_MS = 1000
-# A blocked reserve re-runs the reserve script about this often (up to 1 s later: a coarse timer)
-# even with no wake-up hint: hints are best effort (pub/sub), the script is the truth.
-WAKE_RECHECK_S = 10.0
 
 # A reserve-with-timeout answers TIMED_OUT at most this long after its timeout, whatever Redis
 # does: a try or a count still in flight then is not waited for (a job it grants later goes to
@@ -75,18 +64,6 @@ DISCONNECT_TRIES = 60
 # Past this many held jobs, a new reservation first drops the ones whose TTR ran out, so a
 # worker that lets jobs time out does not grow the map forever.
 PRUNE_RESERVED_AT = 64
-# The push extension takes at most this many jobs per script call, however many credits a
-# client grants: one call must not hold Redis's single thread for long.
-PUSH_BATCH_MAX = 64
-
-# Commands dispatched from one connection per event-loop turn before the others get theirs. A
-# turn of 64 lets a client's whole pipeline (or one full Redis batch, REDIS_BATCH_CALLS) through
-# in one go while a flood of small commands yields every few hundred microseconds.
-TURN_BUDGET = 64
-# A reserve that waits holds the commands sent after it; until this many bytes of them have
-# arrived the connection keeps reading (so a client that closes is noticed, as beanstalkd
-# notices a hang-up while a reserve waits), past it reading stops like any other backpressure.
-HELD_INPUT_MAX = 256 * 1024
 
 T = TypeVar("T")
 
@@ -116,13 +93,11 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof",
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof", "_flow",
         "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
-        "_prune_at", "_pump_scheduled",
-        "_push_credits", "_push_task", "_push_waiter", "_pushed", "_quit", "_reading",
-        "_recount_push", "_recount_wait", "_replies", "_reserves", "_throttled", "_waiter",
-        "_write_paused", "ctx", "extended", "parser", "passing", "producer", "replaying",
-        "reserved", "store", "token", "transport", "used", "watched", "worker",
+        "_prune_at", "_pump_scheduled", "_push", "_quit", "_replies", "_reserves", "_wait",
+        "ctx", "extended", "parser", "passing", "producer", "replaying", "reserved", "store",
+        "token", "transport", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -166,18 +141,9 @@ class Connection(asyncio.Protocol):
         # Store calls that may grant jobs; None while there are none (most of an idle life).
         self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
-        self._waiter: Waiter | None = None
-        self._push_credits = 0
-        self._pushed: dict[int, None] | None = None  # push's job ids (an ordered set)
-        self._push_task: asyncio.Task[None] | None = None
-        self._push_waiter: Waiter | None = None
-        # Redis lost this connection's wait registration (ServerContext.restore_registrations):
-        # the reserve's wait, or the push loop, counts itself in again before its next try.
-        self._recount_wait = False
-        self._recount_push = False
-        self._reading = True  # not paused by flow control
-        self._write_paused = False  # the transport's buffer is past its high-water mark
-        self._throttled = False  # the pump stopped at a bound; a flush or resume restarts it
+        self._wait: Wait | None = None  # the head reserve's, while it waits
+        self._push: Push | None = None  # from the first ``push`` on
+        self._flow = FlowControl()
         self._pump_scheduled = False
         self._quit = False
         self._eof = False
@@ -189,7 +155,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = self._flow.transport = cast(asyncio.Transport, transport)
         if not self.ctx.capacity.take():
             # Over --max-connections: one clear line, then closed; nothing registered.
             self._handlers = _REFUSED
@@ -245,28 +211,26 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         # Half-close: answer what was sent, a blocked reserve gets TIMED_OUT, then close.
         self._eof = True
-        if self._waiter is not None:
-            self._waiter.wake()
-        if self._push_task is not None:
-            self._push_task.cancel()
+        if self._wait is not None:
+            self._wait.wake()
+        if self._push is not None:
+            self._push.stop()
         self._maybe_close()
         return True
 
     def pause_writing(self) -> None:
-        # The client is not taking its replies: take no more commands from it (the pump stops
-        # at the next command) and stop reading, so its own socket buffer fills.
-        self._write_paused = True
-        self._set_reading(False)
+        self._flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._push_waiter is not None:
-            self._push_waiter.event.set()
+        self._flow.resume_writing()
+        if self._push is not None:
+            self._push.nudge()
         # Whether or not the pump stopped for this, reading was paused: the pump decides anew.
         self._schedule_pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._flow.transport = None  # reading is left as it is
         if self._handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
             log.info("connection closed", conn=self.token,
@@ -279,7 +243,8 @@ class Connection(asyncio.Protocol):
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)
             return
-        running = [t for t in (self._blocking, self._push_task) if t is not None and not t.done()]
+        push_task = None if self._push is None else self._push.task
+        running = [t for t in (self._blocking, push_task) if t is not None and not t.done()]
         for task in running:
             task.cancel()
         # Wait for the tasks' `finally` (it takes the connection out of the waiters) and for
@@ -356,19 +321,21 @@ class Connection(asyncio.Protocol):
         """Dispatch parsed commands until the input runs dry or a bound is reached; read on
         only when the input ran dry (or a reserve holds the rest and little has arrived)."""
         self._pump_scheduled = False
+        flow = self._flow
         budget = TURN_BUDGET
         limit = self.ctx.max_in_flight
         read_on = False
         while not self._quit and not self._lost:
-            if self._write_paused or len(self._replies) >= limit:
-                self._throttled = True  # _flush or resume_writing pumps again
+            # Flow control's bounds (tubeq.server.flow), checked here: once per command.
+            if flow.write_paused or len(self._replies) >= limit:
+                flow.throttled = True  # _flush or resume_writing pumps again
                 break
             if not budget:
                 self._schedule_pump()  # the other connections' turn first
                 break
             if self._held is not None:
                 if self._reserves:
-                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    read_on = flow.reads_behind_reserve(self.parser.buffered)
                     break
                 command, self._held = self._held, None
             else:
@@ -379,26 +346,18 @@ class Connection(asyncio.Protocol):
                 command = parsed
                 if self._reserves and not self._may_pass_a_reserve(command):
                     self._held = command
-                    read_on = self.parser.buffered < HELD_INPUT_MAX
+                    read_on = flow.reads_behind_reserve(self.parser.buffered)
                     break
             self._dispatch(command, self._passing(command) if self._reserves else 0)
             budget -= 1
-        self._set_reading(read_on)
+        flow.set_reading(read_on)
         self._maybe_close()
 
     def _schedule_pump(self) -> None:
-        self._throttled = False
+        self._flow.throttled = False
         if not self._pump_scheduled:
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._pump)
-
-    def _set_reading(self, on: bool) -> None:
-        if on is not self._reading and self.transport is not None and not self._lost:
-            self._reading = on
-            if on:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
 
     def _passing(self, command: c.Command) -> int:
         """For a command let past unanswered reserves: the number of the first of them, which
@@ -520,20 +479,13 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if out and transport is not None and not self._lost:
             transport.write(b"".join(out))
-            held = transport.get_write_buffer_size() + self.parser.buffered
-            if held > self.ctx.max_client_buffer:
-                self._over_limit(held)
+            if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
+                                           self.token):
                 return
-        if self._throttled and not self._write_paused:
+        flow = self._flow
+        if flow.throttled and not flow.write_paused:  # replies left: the pump's bound lifts
             self._schedule_pump()
         self._maybe_close()
-
-    def _over_limit(self, held: int) -> None:
-        """Close a connection holding more than the cap; disconnect gives its jobs back."""
-        log.warning("connection over its buffer limit, closed", token=self.token, bytes=held,
-                    limit=self.ctx.max_client_buffer)
-        assert self.transport is not None
-        self.transport.abort()  # the unsent replies go: the client was not taking them
 
     def _maybe_close(self) -> None:
         if self._lost or self.transport is None or self._replies or self._reserves:
@@ -625,8 +577,8 @@ class Connection(asyncio.Protocol):
             result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
             granted = result if isinstance(result, list) else [result]
             self._pool += [job for job in granted if isinstance(job, Reservation)]
-            if self._pool and self._waiter is not None:
-                self._waiter.wake()  # the blocked head takes it
+            if self._pool and self._wait is not None:
+                self._wait.wake()  # the blocked head takes it
         self._advance()
 
     def _pool_ready(self) -> bool:
@@ -740,12 +692,11 @@ class Connection(asyncio.Protocol):
     async def _wait_for_job(self, started: float, timeout_s: int | None,
                             count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
-        again (see tubeq.server.waiters for the timeline). ``count``: a reserve-many's."""
+        again (tubeq.server.wait). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else started + timeout_s
-        registry = self.ctx.registry
-        waiter: Waiter | None = None
-        counted = consumed = False
+        wait: Wait | None = None
+        consumed = False
         try:
             while True:
                 if self._pool_ready():  # a later reserve's try was granted a job: it is ours
@@ -761,79 +712,47 @@ class Connection(asyncio.Protocol):
                 elif self._eof or (remaining is not None and remaining <= 0):
                     ending = replies.TIMED_OUT
                 if ending is not None:
-                    if counted and not self._eof:
-                        # A put may have handed us a job an instant ago: then it is the answer.
-                        counted = False
-                        handed = await self._stop_waiting(deadline)
-                        if handed is not None:
-                            self._pool.insert(0, handed)
+                    if wait is not None and wait.counted and not self._eof:
+                        # A put may have handed us a job an instant ago: then it is the answer
+                        # (at most one job per wait; any more go to the pool).
+                        handed = await wait.claim()
+                        if handed:
+                            self._pool.insert(0, handed[0])
+                            self._pool.extend(handed[1:])
                             if self._pool_ready():
                                 consumed = True
                                 return self._from_pool(count)
                     return ending
-                if waiter is None:
-                    waiter = Waiter(self.watched)
-                    self._waiter = waiter
-                    registry.register(waiter)
-                    counted = True
-                    self._recount_wait = False
-                    await self._within(self.store.set_waiting(self.token, 1), deadline)
+                if wait is None:
+                    wait = self._wait = Wait(self.ctx.registry, self.store, self.token,
+                                             self.watched, owner=self, deadline=deadline)
+                    await wait.count_in()
                 else:
-                    if not self._recount_wait:
-                        timeout = WAKE_RECHECK_S
-                        for bound in (remaining, self._next_margin_s(now)):
-                            if bound is not None and bound < timeout:
-                                timeout = max(0.0, bound)
-                        # The periodic re-check needs no precision: no loop timer of its own.
-                        coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
-                        await waiter.event.wait(timeout, coarse)
+                    if not wait.recount:
+                        await wait.sleep(remaining, self._next_margin_s(now))
                         if self._eof:
                             return replies.TIMED_OUT
                         if self._pool_ready():
                             continue
-                    if self._recount_wait:  # count in again (a no-op if Redis still has it)
-                        self._recount_wait = False
-                        if counted:
-                            await self._within(self.store.set_waiting(self.token, 1), deadline)
-                waiter.rearm()
-                if count is None:
-                    call: asyncio.Future[Any] = self.track_grants(
-                        self.store.reserve(self.token, counted_waiting=counted))
-                else:
-                    call = self.track_grants(
-                        self.store.reserve_many(self.token, count, counted_waiting=counted))
-                result = await self._within(call, deadline)
+                    await wait.count_in_again()
+                result = await wait.take(count)
                 if isinstance(result, Reservation) or (isinstance(result, list) and result):
-                    counted = False  # the script counted us out of the waiters with the grant
                     self._pool[:0] = [result] if isinstance(result, Reservation) else result
                     if self._pool_ready():
                         consumed = True
                         return self._from_pool(count)
                     # Granted, but its TTR ran out before the reply was read (this process was
                     # paused): expire.lua gave it back. Wait on, counted in again.
-                    counted = True
-                    await self._within(self.store.set_waiting(self.token, 1), deadline)
-                del call, result  # not kept alive through the next (long) wait
+                    await wait.count_in()
+                del result  # not kept alive through the next (long) wait
         except _Overdue:
             return replies.TIMED_OUT
         finally:
-            if waiter is not None:
-                self._waiter = None
-                registry.unregister(waiter, consumed=consumed)
-            if counted:
-                stopped = self.track_grants(
-                    self.store.set_waiting(self.token, -1, claim=not self._lost))
-                stopped.add_done_callback(self._late_grant)
-
-    async def _stop_waiting(self, deadline: float | None) -> Reservation | None:
-        """Count this connection out of the waiters and claim what a put handed it meanwhile
-        (at most one job per wait; any more go to the pool)."""
-        handed = await self._within(
-            self.track_grants(self.store.set_waiting(self.token, -1, claim=True)), deadline)
-        if not handed:
-            return None
-        self._pool.extend(handed[1:])
-        return handed[0]
+            if wait is not None:
+                self._wait = None
+                stopped = wait.leave(consumed=consumed, claim=not self._lost)
+                if stopped is not None:
+                    self.track_grants(stopped).add_done_callback(self._late_grant)
 
     def _late_grant(self, f: asyncio.Future[Any]) -> None:
         """Jobs granted or claimed after the reserve that asked had answered (its wait ended,
@@ -846,11 +765,11 @@ class Connection(asyncio.Protocol):
         if not jobs:
             return
         self._pool.extend(jobs)
-        if self._waiter is not None:
-            self._waiter.wake()
+        if self._wait is not None:
+            self._wait.wake()
         self._advance()
 
-    async def _within(self, call: asyncio.Future[T], deadline: float | None) -> T:
+    async def within(self, call: asyncio.Future[T], deadline: float | None) -> T:
         """``call``'s result; with a ``deadline`` (loop time), _Overdue once it has passed by
         RESERVE_GRACE_S (Redis stalled): then what the call grants goes to the next reserves."""
         if deadline is None:
@@ -876,100 +795,24 @@ class Connection(asyncio.Protocol):
         """Redis lost this connection's registrations and they were just restored (watches
         first, on the same Redis connection): a wait under way counts itself in again and
         tries again, as a put may have found no waiter meanwhile."""
-        if self._waiter is not None:
-            self._recount_wait = True
-            self._waiter.wake()
-        if self._push_waiter is not None:
-            self._recount_push = True
-            self._push_waiter.wake()
-
-    def job_handed_over(self) -> None:
-        """put.lua handed this connection a job while it waited: the next try claims it."""
-        for waiter in (self._waiter, self._push_waiter):
-            if waiter is not None:
-                waiter.wake()
+        for wait in (self._wait, None if self._push is None else self._push.wait):
+            if wait is not None:
+                wait.registration_lost()
 
     # -- push extension -----------------------------------------------------------------------
 
     def start_push(self, credits: int) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
-        self._push_credits = credits
-        if self._push_task is None:
-            self._push_task = asyncio.get_running_loop().create_task(self._push())
-        elif self._push_waiter is not None:
-            self._push_waiter.event.set()
+        if self._push is None:
+            self._push = Push(self, self._flow, self._push_frame)
+        self._push.start(credits)
         return replies.pushing(credits)
 
     def settled(self, job_id: int) -> None:
         """A job this connection held is no longer its own: free its push credit, if any."""
         self.reserved.pop(job_id, None)
-        if self._pushed is not None and job_id in self._pushed:
-            del self._pushed[job_id]
-            if self._push_waiter is not None:
-                self._push_waiter.event.set()
-
-    async def _push(self) -> None:
-        """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
-        registry = self.ctx.registry
-        if self._pushed is None:
-            self._pushed = {}
-        pushed = self._pushed
-        waiter = Waiter(self.watched)
-        self._push_waiter = waiter
-        registry.register(waiter)
-        counted = False
-        try:
-            while True:
-                if self._recount_push:
-                    self._recount_push = False
-                    if counted:
-                        await self.store.set_waiting(self.token, 1)
-                now = self.store.clock()
-                for job_id in [j for j in pushed if self.reserved.get(j, 0) <= now]:
-                    self.settled(job_id)  # its TTR ran out: the job is back in the queue
-                free = self._push_credits - len(pushed)
-                if self._write_paused:
-                    free = 0  # the client is not taking frames: take no more jobs for it
-                if free > 0:
-                    waiter.rearm()
-                    call = self.store.reserve_many(self.token, min(free, PUSH_BATCH_MAX),
-                                                   counted_waiting=counted)
-                    jobs = await asyncio.shield(self.track_grants(call))
-                    if jobs:
-                        counted = False  # the script counted us out of the waiters
-                        now = self.store.clock()
-                        for job in jobs:
-                            if job.deadline_ms > now:  # else its TTR ran out on the way here
-                                pushed[job.id] = None
-                                self._push_frame(_reserved(job))
-                        continue
-                    if not counted:
-                        counted = True
-                        await self.store.set_waiting(self.token, 1)
-                        continue  # try once more now that a put would wake us
-                elif counted:
-                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
-                    # handing jobs over; one a put handed over while credit was free is sent.
-                    counted = False
-                    handed = await asyncio.shield(self.track_grants(
-                        self.store.set_waiting(self.token, -1, claim=True)))
-                    now = self.store.clock()
-                    for job in handed:
-                        if job.deadline_ms > now:
-                            pushed[job.id] = None
-                            self._push_frame(_reserved(job))
-                timeout = WAKE_RECHECK_S
-                deadlines = [self.reserved[j] for j in pushed if j in self.reserved]
-                if deadlines:  # wake when a pushed job's TTR runs out: its credit comes back
-                    timeout = min(timeout, (min(deadlines) - now) / 1000)
-                coarse = registry.rechecks if timeout >= WAKE_RECHECK_S else None
-                await waiter.event.wait(max(0.0, timeout), coarse)
-                waiter.event.clear()
-        finally:
-            self._push_waiter = None
-            registry.unregister(waiter, consumed=True)
-            if counted:
-                self.store.set_waiting(self.token, -1).add_done_callback(discard)
+        if self._push is not None:
+            self._push.settled(job_id)
 
     def _push_frame(self, frame: bytes) -> None:
         self._replies.append(frame)
@@ -1003,7 +846,7 @@ def _settle(ended: asyncio.Future[None], *_: object) -> None:
 
 
 class _Overdue(Exception):
-    """A reserve-with-timeout's Redis call outlived its timeout (Connection._within)."""
+    """A reserve-with-timeout's Redis call outlived its timeout (Connection.within)."""
 
 
 def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:

@@ -3,8 +3,8 @@
 Owns: :class:`ServerContext` (a namespace's store, waiters, scheduler, counters and limits),
 :class:`Capacity` (``--max-connections``), :class:`Gate` (which namespace a token or client
 certificate enters), the two per-connection limits' defaults, the :data:`Reply` a handler
-returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers)
-and the process (tubeq.server.process) use.
+returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers),
+its push loop (tubeq.server.push) and the process (tubeq.server.process) use.
 
 Rules: imports nothing of tubeq.server.connection or tubeq.server.handlers. The handlers are
 typed against :class:`Session`, not the Connection class, so the connection imports the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -99,9 +98,6 @@ class ServerContext:
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
     observer: Metrics | None = None
-    # Reservation tokens that are not connections (the HTTP API's long polls): what to call
-    # when put.lua hands one of them a job.
-    grant_listeners: dict[str, Callable[[], None]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
     _restore_scheduled: bool = False
@@ -166,7 +162,7 @@ class Gate:
 
 
 class Session(Protocol):
-    """What handlers and the process may touch of one client connection
+    """What handlers, the push loop and the process may touch of one client connection
     (tubeq.server.connection.Connection is the one implementation)."""
 
     ctx: ServerContext  # the namespace it is in (it changes once, on ``auth``)
@@ -203,8 +199,6 @@ class Session(Protocol):
     def settled(self, job_id: int) -> None: ...
 
     def registration_lost(self) -> None: ...
-
-    def job_handed_over(self) -> None: ...
 
     def close(self) -> None: ...
 

@@ -188,9 +188,11 @@ class Server:
         self._tasks: list[asyncio.Task[None]] = []
         self.ctx: ServerContext | None = None  # the default namespace (--prefix)
         self.namespaces: dict[str, ServerContext] = {}
-        self._by_root: dict[bytes, ServerContext] = {}  # key root -> its namespace
-        self._grants: dict[bytes, ServerContext] = {}  # grant channel -> its namespace
-        self._dues: dict[bytes, ServerContext] = {}  # due channel -> its namespace
+        # Where the subscriber's messages go (wired in _open_namespace): a wake-up by its
+        # channel's key root, a grant and a due instant by their channel.
+        self._wakes: dict[bytes, WaiterRegistry] = {}  # key root -> its namespace's waiters
+        self._grants: dict[bytes, WaiterRegistry] = {}  # grant channel -> the same
+        self._dues: dict[bytes, Scheduler] = {}  # due channel -> its namespace's scheduler
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -289,12 +291,12 @@ class Server:
         scheduler.when_registration_lost(ctx.restore_registrations)
         for each in shard_keys:  # every shard's channels (tubeq.store.shards), or the one root's
             grants = each.grant_channel(self.instance_id).encode()
-            self._grants[grants] = ctx
-            self._by_root[each.root.encode()] = ctx
+            self._grants[grants] = registry
+            self._wakes[each.root.encode()] = registry
             self._subscriber.psubscribe(each.wake_pattern.encode())
             self._subscriber.subscribe(grants)  # a reconnect wakes every waiter: none is missed
             dues = each.due_channel.encode()  # recurring ticks, rate windows
-            self._dues[dues] = ctx
+            self._dues[dues] = scheduler
             self._subscriber.subscribe(dues)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
         if config.max_jobs > 0:
@@ -322,24 +324,19 @@ class Server:
             await asyncio.sleep(JOB_COUNT_PERIOD_S)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
-        ctx = self._grants.get(channel)
-        if ctx is not None:  # put.lua handed a job to one of our waiting connections
-            token = data.decode()
-            conn = ctx.connections.get(token)
-            if conn is not None:
-                conn.job_handed_over()
-            elif (listener := ctx.grant_listeners.get(token)) is not None:
-                listener()  # an HTTP long poll (tubeq.http.reservations)
+        registry = self._grants.get(channel)
+        if registry is not None:  # put.lua handed a job to one of our waiting tokens
+            registry.handed_over(data.decode())
             return
-        ctx = self._dues.get(channel)
-        if ctx is not None:  # another process created a due instant: be awake for it
-            ctx.scheduler.note_due(int(data))
+        scheduler = self._dues.get(channel)
+        if scheduler is not None:  # another process created a due instant: be awake for it
+            scheduler.note_due(int(data))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2
-        ctx = self._by_root.get(channel[:split])
-        if ctx is not None:
-            ctx.registry.wake_one(channel[split + len(b"wake:"):].decode())
+        registry = self._wakes.get(channel[:split])
+        if registry is not None:
+            registry.wake_one(channel[split + len(b"wake:"):].decode())
 
     def _wake_all(self) -> None:
         for ctx in self.namespaces.values():

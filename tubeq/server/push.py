@@ -1,0 +1,123 @@
+"""The push extension of one connection: RESERVED frames for ready jobs, unasked.
+
+Owns: :class:`Push`, a connection's push loop, its credits and the jobs pushed and not yet
+settled. After ``push <credits>`` (tubeq only) the connection receives RESERVED frames for
+ready jobs of its watched tubes without asking, at most ``credits`` unsettled at a time, taken
+several per script call; each delete/release/bury of a pushed job (or its TTR running out) frees
+a credit. The frames join the connection's reply stream between whole replies (``send``).
+
+Rules:
+* The loop waits as a blocked reserve does (tubeq.server.wait), registered for its whole life.
+* It takes no jobs while the client is not taking its replies (FlowControl.write_paused).
+* With no credit left it stops waiting in Redis, so puts stop handing jobs over to it; a job a
+  put handed over while credit was free is still sent.
+* A pushed job whose TTR ran out before its frame was written is not sent: expire.lua gave it
+  back, so it is the connection's no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from tubeq.protocol import replies
+from tubeq.redisio.futures import discard
+from tubeq.server.context import Session
+from tubeq.server.flow import FlowControl
+from tubeq.server.wait import GrantOwner, Wait
+from tubeq.store.store import Reservation
+
+# The push extension takes at most this many jobs per script call, however many credits a
+# client grants: one call must not hold Redis's single thread for long.
+PUSH_BATCH_MAX = 64
+
+
+class PushingSession(Session, GrantOwner, Protocol):
+    """A connection as its push loop sees it: the jobs it is granted are its own."""
+
+
+class Push:
+    """One connection's push loop, from its first ``push`` until the connection goes."""
+
+    __slots__ = ("_flow", "_send", "_session", "credits", "pushed", "task", "wait")
+
+    def __init__(self, session: PushingSession, flow: FlowControl,
+                 send: Callable[[bytes], None]) -> None:
+        self._session = session
+        self._flow = flow
+        self._send = send  # a frame into the connection's reply stream
+        self.credits = 0
+        self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
+        self.task: asyncio.Task[None] | None = None
+        self.wait: Wait | None = None  # the loop's, while it runs
+
+    def start(self, credits: int) -> None:
+        """``push <credits>``: start the loop, or let it look at its new credits."""
+        self.credits = credits
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        else:
+            self.nudge()
+
+    def nudge(self) -> None:
+        """Look again now: a credit came back, or the client takes its replies again."""
+        if self.wait is not None:
+            self.wait.event.set()
+
+    def settled(self, job_id: int) -> None:
+        """A job the connection held is no longer its own: free its credit, if it had one."""
+        if job_id in self.pushed:
+            del self.pushed[job_id]
+            self.nudge()
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
+        session, pushed = self._session, self.pushed
+        store = session.store
+        wait = self.wait = Wait(session.ctx.registry, store, session.token, session.watched,
+                                owner=session)
+        try:
+            while True:
+                await wait.count_in_again()
+                now = store.clock()
+                for job_id in [j for j in pushed if session.reserved.get(j, 0) <= now]:
+                    session.settled(job_id)  # its TTR ran out: the job is back in the queue
+                free = self.credits - len(pushed)
+                if self._flow.write_paused:
+                    free = 0  # the client is not taking frames: take no more jobs for it
+                if free > 0:
+                    jobs = await wait.take(min(free, PUSH_BATCH_MAX))
+                    if jobs:
+                        self._send_jobs(jobs)
+                        continue
+                    if not wait.counted:
+                        await wait.count_in()
+                        continue  # try once more now that a put would wake us
+                elif wait.counted:
+                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
+                    # handing jobs over; one a put handed over while credit was free is sent.
+                    self._send_jobs(await wait.claim())
+                    now = store.clock()
+                # Wake when a pushed job's TTR runs out: its credit comes back.
+                reserved = session.reserved
+                deadlines = [reserved[j] for j in pushed if j in reserved]
+                await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
+                wait.event.clear()
+        finally:
+            self.wait = None
+            stopped = wait.leave(consumed=True, claim=False)
+            if stopped is not None:
+                stopped.add_done_callback(discard)
+
+    def _send_jobs(self, jobs: list[Reservation]) -> None:
+        """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
+        now = self._session.store.clock()
+        for job in jobs:
+            if job.deadline_ms > now:
+                self.pushed[job.id] = None
+                self._send(replies.reserved(job.id, job.body))
