@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol, TypeVar, overload
 
 from tubeq.server.waiters import Waiter, WaiterRegistry
-from tubeq.store.store import NoJob, Reservation, Store
+from tubeq.store.base import JobStore
+from tubeq.store.store import NoJob, Reservation
 
 # A waiting token re-runs the reserve script about this often even with no wake-up hint (up to
 # the registry's coarse timer resolution, 1 s, later): hints are best effort (pub/sub), the
@@ -57,7 +58,7 @@ class Wait(Waiter):
 
     __slots__ = ("_deadline", "_owner", "_registry", "_store", "attempt", "counted", "recount")
 
-    def __init__(self, registry: WaiterRegistry, store: Store, token: str,
+    def __init__(self, registry: WaiterRegistry, store: JobStore, token: str,
                  tubes: Iterable[str], *, owner: GrantOwner | None = None,
                  deadline: float | None = None) -> None:
         """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by."""
