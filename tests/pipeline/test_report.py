@@ -458,6 +458,63 @@ def test_report_html_renders_in_chromium(report_dir: Path, record: workload.Reco
         shutil.copyfile(shot, keep)
 
 
+DAY = 86_400_000
+
+
+def test_since_and_until_read_only_the_days_they_need(
+        spark: SparkSession, record: workload.Record, report_dir: Path, tmp_path: Path) -> None:
+    """Two copies of the workload two days apart, in one archive, and unreadable files in the
+    days around the second: --until the day after the first copy reads it alone, and the
+    report of the second copy's day (--since, --until) is the workload's own report two days
+    later; neither opens a file of a day it does not need."""
+    events = workload.events(record)
+    at = {name: FIELDS.index(name) + 1 for name in ("id", "time_ms", "due_ms")}
+    later = []
+    for event in events:
+        row = list(event)
+        ms, seq = str(row[0]).split("-")
+        row[0] = f"{int(ms) + 2 * DAY}-{seq}"
+        row[at["id"]] = int(row[at["id"]]) + 1_000_000
+        row[at["time_ms"]] = int(row[at["time_ms"]]) + 2 * DAY
+        if int(row[at["due_ms"]]):
+            row[at["due_ms"]] = int(row[at["due_ms"]]) + 2 * DAY
+        later.append(tuple(row))
+    path = tmp_path / "two-copies"
+    write_archive(spark.createDataFrame(events + later, SPARK_DDL), str(path))
+    split = (max(int(e[at["time_ms"]]) for e in events) // DAY + 1) * DAY
+    # The first copy ends the day before split, the second lies within the day after it.
+    assert split + DAY <= min(int(e[at["time_ms"]]) for e in later)
+    assert max(int(e[at["time_ms"]]) for e in later) < split + 2 * DAY
+
+    # A file no reader can read, in a day neither window needs: only a read that opens it fails.
+    for day in (split, split + 3 * DAY):  # between the copies, and after the second
+        folder = path / f"date={report_day(day)}" / "tube=orders"
+        folder.mkdir(parents=True)
+        (folder / "part-unreadable.parquet").write_bytes(b"not Parquet")
+    with pytest.raises(Exception, match=r"FAILED_READ_FILE|not a Parquet file"):
+        report.read_archive(spark, path).count()
+    assert report.read_archive(spark, path, until_ms=split).count() == len(events)
+    assert report.read_archive(spark, path, since_ms=split + DAY,
+                               until_ms=split + 2 * DAY).count() == len(later)
+    out = tmp_path / "since"
+    assert cli.main(["report", "--archive", str(path), "--out", str(out), "--since",
+                     report_day(split + DAY), "--until", report_day(split + 2 * DAY)],
+                    spark=spark) == 0
+    for name in report.TABLES:
+        shifted = [shift_buckets(row, 2 * DAY) for row in rows_of(report_dir, name)]
+        assert sorted(map(repr, rows_of(out, name))) == sorted(map(repr, shifted)), name
+
+
+def report_day(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d")
+
+
+def shift_buckets(row: dict[str, Any], by_ms: int) -> dict[str, Any]:
+    return {key: value + by_ms if key == "bucket_ms" else value for key, value in row.items()}
+
+
 def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
