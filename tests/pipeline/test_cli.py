@@ -162,6 +162,8 @@ def test_spark_options_go_before_or_after_the_command() -> None:
     ["schedule", "--input", "x.json"],           # --address missing
     ["report", "--archive", "a", "--out", "o", "--nonsense"],
     ["--master"],                                # an option without its value
+    ["report", "--archive", "a", "--out", "o", "--since", "yesterday"],  # not a date
+    ["report", "--archive", "a", "--out", "o", "--until", "2026-13-01"],
 ])
 def test_bad_arguments_exit_2(argv: list[str]) -> None:
     done = pipeline(*argv)
@@ -464,6 +466,23 @@ def test_report_through_the_dispatcher(spark: SparkSession, archive: Path, tmp_p
     assert "report.html" in capsys.readouterr().out
     assert (out / "report.html").is_file()
     assert all_tubes_row(out)["put"] == puts_in(record)
+
+
+def test_since_after_until_is_one_line(spark: SparkSession, archive: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(["report", "--archive", str(archive), "--out", str(tmp_path / "o"),
+                       "--since", "2026-11-30", "--until", "2026-11-29T12:00"], spark=spark)
+    assert status == 1
+    assert one_line(capsys.readouterr().err) == (
+        "tubeq-pipeline: --since must come before --until")
+    assert not (tmp_path / "o").exists()
+
+
+def test_verbose_leaves_sparks_output_on_stderr() -> None:
+    quiet = cli.build_parser("report").parse_args(["report", "--archive", "a", "--out", "o"])
+    loud = cli.build_parser("report").parse_args(
+        ["report", "--verbose", "--archive", "a", "--out", "o"])
+    assert (quiet.verbose, loud.verbose) == (False, True)
 
 
 def test_a_spark_error_is_one_line(spark: SparkSession, tmp_path: Path,

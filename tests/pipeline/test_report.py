@@ -8,6 +8,7 @@ filled.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -31,10 +32,22 @@ MINUTE = 60_000
 HOUR = 3_600_000
 ALL = "*"
 COUNTED = {"put": "put", "promoted": "promoted", "reserved": "reserved",
-           "released": "released", "timed-out": "timed_out", "touched": "touched",
-           "buried": "buried", "kicked": "kicked", "deleted": "deleted"}
-# A job given back because its connection went away is not a TTR time-out: its own column.
-DISCONNECTED = "disconnected"
+           "released": "released", "touched": "touched", "kicked": "kicked",
+           "deleted": "deleted"}
+# A time-out is counted by its reason: a TTR running out, or a job given back because its
+# connection closed or its process died. A bury is counted whole and by its reason too.
+TIMED_OUT = {"": "timed_out", "disconnect": "disconnected", "reaped": "reaped"}
+BURIED = {"": "buried_deliberate", "max-tries": "buried_max_tries", "expired": "buried_expired"}
+COLUMNS = (*COUNTED.values(), *TIMED_OUT.values(), "buried", *BURIED.values())
+
+
+def columns_of(event: str, reason: str) -> tuple[str, ...]:
+    """The count columns one recorded step adds to."""
+    if event == "timed-out":
+        return (TIMED_OUT[reason],)
+    if event == "buried":
+        return ("buried", BURIED[reason])
+    return (COUNTED[event],)
 STATES = ("ready", "delayed", "reserved", "buried")
 
 
@@ -94,9 +107,9 @@ def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[An
     counts: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for job in record.jobs:
         for event, at, _, _, _, reason in job.steps:
-            column = DISCONNECTED if event == "timed-out" and reason else COUNTED[event]
-            for tube in (job.tube, ALL):
-                counts[(tube, *bucket_of(at, size))][column] += 1
+            for column in columns_of(event, reason):
+                for tube in (job.tube, ALL):
+                    counts[(tube, *bucket_of(at, size))][column] += 1
     samples: dict[tuple[Any, ...], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for name, measures in (("wait_ms", record.waits), ("processing_ms", record.processing),
                            ("lateness_ms", record.lateness)):
@@ -105,8 +118,7 @@ def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[An
                 samples[(tube, *bucket_of(measure.time_ms, size))][name].append(measure.value)
     out: dict[tuple[Any, ...], dict] = {}
     for key, counter in counts.items():
-        row: dict[str, Any] = {column: counter[column]
-                               for column in (*COUNTED.values(), DISCONNECTED)}
+        row: dict[str, Any] = {column: counter[column] for column in COLUMNS}
         for name in ("wait_ms", "processing_ms", "lateness_ms"):
             values = samples[key][name]
             row[f"{name}_n"] = len(values)
@@ -164,10 +176,12 @@ def assert_rows_equal(actual: dict[tuple[Any, ...], dict], expected: dict[tuple[
 
 def test_workload_covers_every_transition(record: workload.Record) -> None:
     events = Counter(step[0] for job in record.jobs for step in job.steps)
-    assert set(events) == set(COUNTED)
-    reasons = Counter(step[5] for job in record.jobs for step in job.steps
-                      if step[0] == "timed-out")
-    assert reasons[""] > 0 and reasons["disconnect"] > 0, reasons
+    assert set(events) == {*COUNTED, "timed-out", "buried"}
+    for event, reasons_expected in (("timed-out", TIMED_OUT), ("buried", BURIED)):
+        reasons = Counter(step[5] for job in record.jobs for step in job.steps
+                          if step[0] == event)
+        assert set(reasons) == set(reasons_expected), reasons
+        assert all(reasons[reason] > 0 for reason in reasons_expected), reasons
     final = Counter(job.states[-1][0] if job.states[-1][2] is None else "gone"
                     for job in record.jobs)
     assert all(final[state] > 0 for state in (*STATES, "gone")), final
@@ -233,7 +247,7 @@ def test_failing_tubes_and_hours(report_dir: Path, record: workload.Record) -> N
 def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession) -> None:
     """`timed-out` with reason "" is a TTR time-out (the server's job-timeouts); reason
     `disconnect` (its connection closed) or `reaped` (its process died) is a job given back,
-    counted as `disconnected` and never a failure."""
+    counted as `disconnected` or `reaped` and never a failure."""
     rows = [
         ("1000-0", "put", 1, "t", 0, 0, 1000, 0, 0, 1000, "p", ""),
         ("1001-0", "reserved", 1, "t", 0, 0, 1000, 0, 1, 1001, "p", ""),
@@ -253,8 +267,9 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
         backlog = {row["tube"]: row["ready"] for row in tables["backlog"].collect()}
     finally:
         report.release(tables)
-    assert {tube: (row["timed_out"], row[DISCONNECTED]) for tube, row in by_tube.items()} == {
-        "t": (1, 2), "u": (0, 1), ALL: (1, 3)}
+    assert {tube: (row["timed_out"], row["disconnected"], row["reaped"])
+            for tube, row in by_tube.items()} == {
+        "t": (1, 1, 1), "u": (0, 1, 0), ALL: (1, 2, 1)}
     assert failing == [{"rank": 1, "tube": "t", "timed_out": 1, "buried": 0, "failures": 1}]
     assert backlog == {"t": 1, "u": 1, ALL: 2}  # every one of them went back to ready
 
@@ -338,34 +353,166 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=90, check=True)
 
 
-def test_report_html_renders_in_chromium(report_dir: Path, tmp_path: Path) -> None:
+def page_data(page: Path) -> dict[str, Any]:
+    """The JSON the page embeds for its charts."""
+    import json
+
+    found = re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                      page.read_text(), re.S)
+    assert found is not None
+    return json.loads(found.group(1).replace("<\\/", "</"))
+
+
+def svg_of(dom: str, chart: str) -> str:
+    found = re.search(rf'<svg[^>]*id="{chart}"[^>]*>(.*?)</svg>', dom, re.S)
+    assert found is not None, chart
+    return found.group(1)
+
+
+def test_report_html_renders_in_chromium(report_dir: Path, record: workload.Record,
+                                         tmp_path: Path) -> None:
     page = report_dir / "report.html"
     text = page.read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "no external resource"
-    dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
-    assert 'data-rendered="3"' in dom, dom[-2000:]
-    for chart, series in (("chart-throughput", 3), ("chart-wait", 3), ("chart-backlog", 5)):
-        svg = re.search(rf'<svg[^>]*id="{chart}"[^>]*>(.*?)</svg>', dom, re.S)
-        assert svg is not None, chart
-        tags = [tag for tag in re.findall(r"<polyline[^>]*>", svg.group(1))
-                if 'class="series"' in tag]
-        lines = [re.search(r'points="([^"]*)"', tag).group(1) for tag in tags]  # type: ignore[union-attr]
+    dom = chromium(tmp_path, "--window-size=1500,1000", "--dump-dom", page.as_uri()).stdout
+    # The three charts of all tubes, then three per tube.
+    assert f'data-rendered="{3 + 3 * len(workload.TUBES)}"' in dom, dom[-2000:]
+    width = re.search(r'data-width="(\d+)"', dom)
+    assert width is not None and int(width.group(1)) <= 1500, "the page fits 1,500 px"
+    charts = [("chart-throughput", 3), ("chart-wait", 3), ("chart-backlog", 5)]
+    charts += [(f"chart-tube-{i}-{kind}", n) for i in range(len(workload.TUBES))
+               for kind, n in (("throughput", 3), ("wait", 3), ("backlog", 5))]
+    data = {chart["id"]: chart for chart in page_data(page)["charts"]}
+    for chart, series in charts:
+        svg = svg_of(dom, chart)
+        lines = re.findall(r'<path[^>]*class="series"[^>]*>', svg)
         assert len(lines) == series, chart
-        assert all(len(points.split()) > 100 for points in lines), chart
-    by_tube = re.search(r'<table id="table-by-tube">(.*?)</table>', dom, re.S)
-    assert by_tube is not None
-    assert by_tube.group(1).count("<tr>") == 1 + len(workload.TUBES) + 1  # header, tubes, *
-    assert "<th>timed_out</th><th>disconnected</th>" in by_tube.group(1)
+        # Each line has a point per figure of its series; a gap is a bucket with no figure.
+        for tag, values in zip(lines, data[chart]["series"], strict=True):
+            path = re.search(r' d="([^"]*)"', tag)
+            assert path is not None
+            assert len(re.findall(r"[ML]", path.group(1))) == sum(
+                v is not None for v in values["values"]), chart
+        if not chart.startswith("chart-tube"):
+            assert all(len(values["values"]) > 100 for values in data[chart]["series"]), chart
+        # Time ticks at a round step, labelled HH:MM; y ticks at 1, 2 or 5 times 10^k.
+        clocks = re.findall(r'class="tick-x"[^>]*>(\d\d):(\d\d)<', svg)
+        assert len(clocks) >= 2, chart
+        minutes = [int(h) * 60 + int(m) for h, m in clocks]
+        steps = {(b - a) % (24 * 60) for a, b in itertools.pairwise(minutes)}
+        assert len(steps) == 1 and steps <= {1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720}, (
+            chart, clocks)
+        assert all(m % min(steps) == 0 for m in minutes), (chart, clocks)
+        ys = [float(v.replace(",", "")) for v in re.findall(r'class="tick-y"[^>]*>([\d.,]+)<',
+                                                              svg)]
+        step = ys[1] - ys[0]
+        assert ys[0] == 0 and all(b - a == pytest.approx(step)
+                                  for a, b in itertools.pairwise(ys))
+        mantissa = step / 10 ** math.floor(math.log10(step))
+        assert round(mantissa, 6) in (1, 2, 5), (chart, ys)
+
+    # Every minute from the first to the last is on the axis; one without events is a zero,
+    # and the counts are the record's own.
+    expected = expected_metrics(record, MINUTE)
+    throughput = data["chart-throughput"]
+    minutes_seen = sorted(minute for tube, minute in expected if tube == ALL)
+    assert throughput["x"] == list(range(minutes_seen[0], minutes_seen[-1] + 1, MINUTE))
+    puts = dict(zip(throughput["x"], throughput["series"][0]["values"], strict=True))
+    assert throughput["series"][0]["name"] == "put"
+    assert puts == {minute: expected[(ALL, minute)]["put"] if (ALL, minute) in expected else 0
+                    for minute in throughput["x"]}
+    silent = [minute for minute in throughput["x"] if (ALL, minute) not in expected]
+    assert len(silent) > 10 and all(puts[minute] == 0 for minute in silent)  # no event: zero
+    # Per tube, the busiest first (puts + reserves + deletes), each with the same axis.
+    busy = expected_metrics(record, None)
+    order = sorted(workload.TUBES, key=lambda tube: (
+        -sum(busy[(tube,)][c] for c in ("put", "reserved", "deleted")), tube))
+    assert re.findall(r'<h3 class="tube">(.*?)</h3>', dom) == order
+    for index, tube in enumerate(order):
+        chart = data[f"chart-tube-{index}-throughput"]
+        assert chart["x"] == throughput["x"]
+        deleted = dict(zip(chart["x"], chart["series"][2]["values"], strict=True))
+        assert deleted == {minute: expected[(tube, minute)]["deleted"]
+                           if (tube, minute) in expected else 0 for minute in chart["x"]}
+
+    # The per-tube tables: every tube and *, columns grouped, buries and time-outs by reason.
+    counts = re.search(r'<table id="table-counts">(.*?)</table>', dom, re.S)
+    assert counts is not None
+    assert counts.group(1).count("<tr>") == 2 + len(workload.TUBES) + 1  # 2 header rows
+    for group in ("jobs", "time-outs", "buries"):
+        assert f'class="group">{group}</th>' in counts.group(1), group
+    for column in ("timed_out", "disconnected", "reaped", "buried", "buried_deliberate",
+                   "buried_max_tries", "buried_expired"):
+        assert f'data-column="{column}"' in counts.group(1), column
+    times = re.search(r'<table id="table-times">(.*?)</table>', dom, re.S)
+    assert times is not None and "queue wait, ms" in times.group(1)
     for table in ("table-failing-tubes", "table-failing-hours", "table-tries"):
         assert re.search(rf'<table id="{table}">.*?<td>', dom, re.S), table
 
     shot = tmp_path / "report.png"
-    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1400", page.as_uri())
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1500,2400", page.as_uri())
+    data_png = shot.read_bytes()
+    assert data_png[:8] == b"\x89PNG\r\n\x1a\n" and len(data_png) > 20_000
     keep = os.environ.get("TUBEQ_REPORT_SCREENSHOT")
     if keep:  # how docs/report.png is refreshed
         shutil.copyfile(shot, keep)
+
+
+DAY = 86_400_000
+
+
+def test_since_and_until_read_only_the_days_they_need(
+        spark: SparkSession, record: workload.Record, report_dir: Path, tmp_path: Path) -> None:
+    """Two copies of the workload two days apart, in one archive, and unreadable files in the
+    days around the second: --until the day after the first copy reads it alone, and the
+    report of the second copy's day (--since, --until) is the workload's own report two days
+    later; neither opens a file of a day it does not need."""
+    events = workload.events(record)
+    at = {name: FIELDS.index(name) + 1 for name in ("id", "time_ms", "due_ms")}
+    later = []
+    for event in events:
+        row = list(event)
+        ms, seq = str(row[0]).split("-")
+        row[0] = f"{int(ms) + 2 * DAY}-{seq}"
+        row[at["id"]] = int(row[at["id"]]) + 1_000_000
+        row[at["time_ms"]] = int(row[at["time_ms"]]) + 2 * DAY
+        if int(row[at["due_ms"]]):
+            row[at["due_ms"]] = int(row[at["due_ms"]]) + 2 * DAY
+        later.append(tuple(row))
+    path = tmp_path / "two-copies"
+    write_archive(spark.createDataFrame(events + later, SPARK_DDL), str(path))
+    split = (max(int(e[at["time_ms"]]) for e in events) // DAY + 1) * DAY
+    # The first copy ends the day before split, the second lies within the day after it.
+    assert split + DAY <= min(int(e[at["time_ms"]]) for e in later)
+    assert max(int(e[at["time_ms"]]) for e in later) < split + 2 * DAY
+
+    # A file no reader can read, in a day neither window needs: only a read that opens it fails.
+    for day in (split, split + 3 * DAY):  # between the copies, and after the second
+        folder = path / f"date={report_day(day)}" / "tube=orders"
+        folder.mkdir(parents=True)
+        (folder / "part-unreadable.parquet").write_bytes(b"not Parquet")
+    with pytest.raises(Exception, match=r"FAILED_READ_FILE|not a Parquet file"):
+        report.read_archive(spark, path).count()
+    assert report.read_archive(spark, path, until_ms=split).count() == len(events)
+    assert report.read_archive(spark, path, since_ms=split + DAY,
+                               until_ms=split + 2 * DAY).count() == len(later)
+    out = tmp_path / "since"
+    assert cli.main(["report", "--archive", str(path), "--out", str(out), "--since",
+                     report_day(split + DAY), "--until", report_day(split + 2 * DAY)],
+                    spark=spark) == 0
+    for name in report.TABLES:
+        shifted = [shift_buckets(row, 2 * DAY) for row in rows_of(report_dir, name)]
+        assert sorted(map(repr, rows_of(out, name))) == sorted(map(repr, shifted)), name
+
+
+def report_day(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d")
+
+
+def shift_buckets(row: dict[str, Any], by_ms: int) -> dict[str, Any]:
+    return {key: value + by_ms if key == "bucket_ms" else value for key, value in row.items()}
 
 
 def test_report_command(spark: SparkSession, archive: Path, tmp_path: Path,
@@ -477,6 +624,8 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
         report.release(tables)
     assert (by_tube["put"], by_tube["reserved"], by_tube["deleted"]) == (8, 7, 1)
     assert (by_tube["released"], by_tube["buried"], by_tube["kicked"]) == (1, 2, 1)
+    assert (by_tube["buried_deliberate"], by_tube["buried_max_tries"],
+            by_tube["buried_expired"]) == (2, 0, 0)
     assert (by_tube["timed_out"], by_tube["promoted"]) == (1, 1)
     assert by_tube["processing_ms_n"] == 1
     assert 200 <= by_tube["processing_ms_p50"] <= elapsed_ms

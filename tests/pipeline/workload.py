@@ -1,7 +1,8 @@
 """A known workload, recorded by the test itself, and the lifecycle events it would produce.
 
 ``simulate()`` plays a seeded workload (puts with and without delays, reserves, touches, releases
-with and without delays, TTR time-outs, buries, kicks, deletes of reserved, buried and ready jobs,
+with and without delays, TTR time-outs and jobs given back (disconnect, reaped), buries
+(deliberate, max-tries, expired), kicks, deletes of reserved, buried and ready jobs,
 jobs left ready, delayed, reserved or buried at the end) and keeps two things apart:
 
 * the **record**: what the test did, in its own terms: every wait (reserve time minus the moment
@@ -148,10 +149,12 @@ def _attempts(rng: random.Random, life: _Life, job_id: int) -> None:
             delay = 0 if outcome == "release" else rng.choice((2_000, 120_000))
             _delayed(rng, life, "released", reserved + rng.randrange(10, 5_000), delay, job_id)
         elif outcome == "timeout":
-            reason = "disconnect" if job_id % 5 == 0 else ""
+            reason = "disconnect" if job_id % 5 == 0 else "reaped" if job_id % 7 == 3 else ""
             life.step("timed-out", reserved + life.ttr_ms, "ready", reason=reason)
         else:
-            life.step("buried", reserved + rng.randrange(10, 8_000), "buried")
+            # A job policy's bury names its reason; a client's has none.
+            why = "max-tries" if job_id % 6 == 1 else "expired" if job_id % 6 == 2 else ""
+            life.step("buried", reserved + rng.randrange(10, 8_000), "buried", reason=why)
             after = rng.choice(("kick", "kick", "delete", "stay"))
             if after == "stay":
                 return

@@ -94,6 +94,9 @@ def _add_spark_options(parser: argparse.ArgumentParser, *, with_defaults: bool) 
                             f"(default {DEFAULT_MASTER})")
     group.add_argument("--remote", default=None if with_defaults else unset, metavar="URL",
                        help="a Spark Connect server (sc://HOST:15002) instead of --master")
+    group.add_argument("--verbose", action="store_true", default=False if with_defaults else unset,
+                       help="Spark's own output (warnings, progress bars) on stderr; by "
+                            "default it goes to a log file, named when a command fails")
 
 
 def chosen_command(argv: Sequence[str]) -> str | None:
@@ -206,9 +209,10 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     status = 1
     try:
         args = build_parser(chosen_command(arguments)).parse_args(arguments)
-        handle, name = tempfile.mkstemp(prefix=f"{PROG}-", suffix=".log")
-        os.close(handle)
-        args.jvm_log = log = Path(name)
+        if not args.verbose:
+            handle, name = tempfile.mkstemp(prefix=f"{PROG}-", suffix=".log")
+            os.close(handle)
+            args.jvm_log = log = Path(name)
         status = run(args, spark)
         return status
     except Exception as exc:

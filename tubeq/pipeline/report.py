@@ -29,9 +29,11 @@ Rules:
   each tube's histogram of distinct values gives the whole archive. The per-job window (a sort
   of every event) runs once; its narrowed output is cached for the tables that read it.
 * ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
-  server counts in ``job-timeouts``. A ``timed-out`` with a reason (``disconnect``: its
-  connection closed; ``reaped``: the process holding it died) gave the job back without its TTR
-  running out: it is counted as ``disconnected`` and is never a failure.
+  server counts in ``job-timeouts``. A ``timed-out`` with a reason gave the job back without its
+  TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed) and
+  ``reaped`` (the process holding it died) count those, and neither is a failure.
+* ``buried`` counts every bury, and ``buried_deliberate`` (a client's bury),
+  ``buried_max_tries`` and ``buried_expired`` (a job policy's, by the event's reason) split it.
 * Every table also has rows for all tubes together, with ``tube`` = ``"*"`` (a character no tube
   name may contain).
 * Backlog is derived from the event flow only: per minute, the jobs in each state at the end of
@@ -47,10 +49,8 @@ Entry points: :func:`build_report` (DataFrames in, DataFrames out), :func:`write
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import functools
-import html
-import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,61 +63,34 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.model.events import FIELDS, SPARK_DDL, EventName
+from tubeq.pipeline.page import render_html
 from tubeq.pipeline.session import PipelineError, spark_session
+from tubeq.pipeline.tables import (
+    ALL_TUBES,
+    BURIED,
+    BURIED_EXPIRED,
+    BURIED_MAX_TRIES,
+    COUNTED,
+    COUNTED_COLUMNS,
+    DELAYED,
+    DISCONNECTED,
+    HOUR_MS,
+    MEASURES,
+    MINUTE_MS,
+    PERCENTILES,
+    READY,
+    REAPED,
+    RESERVED,
+    STATES,
+    TABLES,
+)
 
-PERCENTILES: Final = (0.5, 0.95, 0.99)
-ALL_TUBES: Final = "*"
-MINUTE_MS: Final = 60_000
-HOUR_MS: Final = 3_600_000
-
-READY: Final = "ready"
-DELAYED: Final = "delayed"
-RESERVED: Final = "reserved"
-BURIED: Final = "buried"
 GONE: Final = "gone"
-# The states a backlog counts, in the order the tables and charts show them.
-STATES: Final = (READY, DELAYED, RESERVED, BURIED)
-
-# The report's name for a ``timed-out`` event with a reason (disconnect, reaped): a job given
-# back because whoever held it went away, not a TTR time-out. Not an event name of the stream.
-DISCONNECTED: Final = "timed-out+reason"
-
-# Events counted per tube and bucket: (event, column).
-COUNTED: Final = (
-    (EventName.PUT, "put"),
-    (EventName.PROMOTED, "promoted"),
-    (EventName.RESERVED, "reserved"),
-    (EventName.RELEASED, "released"),
-    (EventName.TIMED_OUT, "timed_out"),  # reason "": the TTR ran out
-    (DISCONNECTED, "disconnected"),
-    (EventName.TOUCHED, "touched"),
-    (EventName.BURIED, "buried"),
-    (EventName.KICKED, "kicked"),
-    (EventName.DELETED, "deleted"),
-)
-# The measures, each with p50/p95/p99 and a sample count column: <measure>_p50 ... <measure>_n.
-MEASURES: Final = ("wait_ms", "processing_ms", "lateness_ms")
-
-# The result tables, each written as <out>/<name>/ (Parquet).
-TABLES: Final = (
-    "by_tube",        # tube: counts and percentiles over the whole archive
-    "by_minute",      # tube, bucket_ms: the same per minute
-    "by_hour",        # tube, bucket_ms: the same per hour
-    "tries",          # tube, tries, jobs: how many jobs were reserved that many times
-    "backlog",        # tube, bucket_ms: jobs ready/delayed/reserved/buried at the minute's end
-    "failing_tubes",  # rank, tube, timed_out, buried, failures (timeouts + buries), most first
-    "failing_hours",  # rank, tube, bucket_ms, timed_out, buried, failures, most first
-)
-
-# Beyond this many points a chart uses hours instead of minutes (a page stays light).
-MAX_CHART_POINTS: Final = 3000
-# The rows of a ranking shown in report.html (the Parquet table has them all).
-MAX_RANKED_ROWS: Final = 20
-
 
 # The per-job window sorts every event of the archive, so its rows are kept narrow: events and
 # states travel through it as small integer codes (their index in these tuples), not as strings.
-_EVENT_CODES: Final[tuple[str, ...]] = (*EventName, DISCONNECTED)
+_EVENT_CODES: Final[tuple[str, ...]] = (*EventName, DISCONNECTED, REAPED, BURIED_MAX_TRIES,
+                                         BURIED_EXPIRED)
 _STATE_CODES: Final = (*STATES, GONE)
 
 
@@ -130,12 +103,19 @@ def _state(state: str) -> Column:
 
 
 def _event_code(event: Column, reason: Column) -> Column:
-    """The code of the event named by ``event`` (``DISCONNECTED`` for a ``timed-out`` with a
-    ``reason``); null for a name this module does not know."""
+    """The code of the event named by ``event``, told apart by ``reason`` where the report counts
+    reasons apart (a ``timed-out`` or ``buried`` that tubeq did on its own); null for a name this
+    module does not know."""
     by_name = F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
                              for part in (str(name), code)])[event]
-    given_back = (event == EventName.TIMED_OUT.value) & (F.coalesce(reason, F.lit("")) != "")
-    return F.when(given_back, _event(DISCONNECTED)).otherwise(by_name)
+    why = F.coalesce(reason, F.lit(""))
+    timed_out = event == EventName.TIMED_OUT.value
+    buried = event == EventName.BURIED.value
+    return (F.when(timed_out & (why == "reaped"), _event(REAPED))
+            .when(timed_out & (why != ""), _event(DISCONNECTED))
+            .when(buried & (why == "max-tries"), _event(BURIED_MAX_TRIES))
+            .when(buried & (why == "expired"), _event(BURIED_EXPIRED))
+            .otherwise(by_name))
 
 
 def _new_state(event: Column, delay_ms: Column) -> Column:
@@ -154,10 +134,13 @@ def _new_state(event: Column, delay_ms: Column) -> Column:
     )
 
 
-def read_archive(spark: SparkSession, *archives: str | Path) -> DataFrame:
+def read_archive(spark: SparkSession, *archives: str | Path, since_ms: int | None = None,
+                 until_ms: int | None = None) -> DataFrame:
     """The events of one archive or several (Parquet directories, partitioned by ``date`` and
     ``tube`` or not): a namespace split into shards (tubeq.store.shards) has one event stream, so
-    one archive, per shard, and its jobs' ids are unique across them.
+    one archive, per shard, and its jobs' ids are unique across them. With ``since_ms`` and
+    ``until_ms``: the events in ``[since_ms, until_ms)`` only, and of a partitioned archive only
+    the ``date`` partitions that can hold them are read.
 
     The schema is given rather than inferred, so a tube named ``007`` stays a string.
     """
@@ -165,9 +148,41 @@ def read_archive(spark: SparkSession, *archives: str | Path) -> DataFrame:
         raise ValueError("read_archive needs at least one archive directory")
     # One read per directory, then a union: Spark's partition discovery refuses several roots
     # of date=/tube= directories in one read (CONFLICTING_DIRECTORY_STRUCTURES).
-    frames = [spark.read.schema(f"{SPARK_DDL}, date STRING").parquet(str(archive))
-              .select("stream_id", *FIELDS) for archive in archives]
+    frames = [_within(spark.read.schema(f"{SPARK_DDL}, date STRING").parquet(str(archive)),
+                      since_ms, until_ms).select("stream_id", *FIELDS) for archive in archives]
     return functools.reduce(DataFrame.unionByName, frames)
+
+
+def _within(frame: DataFrame, since_ms: int | None, until_ms: int | None) -> DataFrame:
+    """``frame``'s events in ``[since_ms, until_ms)``. The ``date`` conditions involve the
+    partition column alone, so Spark prunes the partitions outside them (an archive not
+    partitioned by date has it null: every file is read, then filtered by ``time_ms``)."""
+    date, time_ms = F.col("date"), F.col("time_ms")
+    if since_ms is not None:
+        frame = frame.where(date.isNull() | (date >= F.lit(_day(since_ms))))
+        frame = frame.where(time_ms >= F.lit(since_ms))
+    if until_ms is not None:
+        frame = frame.where(date.isNull() | (date <= F.lit(_day(until_ms - 1))))
+        frame = frame.where(time_ms < F.lit(until_ms))
+    return frame
+
+
+def _day(ms: int) -> str:
+    """The archive's ``date`` partition value (UTC day) of instant ``ms``."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d")
+
+
+def parse_instant(text: str) -> int:
+    """``--since``/``--until``'s value: an ISO date or date and time (UTC unless it names its
+    offset), in ms since the epoch."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise PipelineError(f"not a date or time: {text!r} (give e.g. 2026-11-29 or "
+                            "2026-11-29T10:00, UTC)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
 
 
 def annotate(events: DataFrame) -> DataFrame:
@@ -266,7 +281,8 @@ def _minute_flows(facts: DataFrame) -> DataFrame:
     """Per tube and minute: each counted event's count, and each state's net change
     ``d_<state>`` (jobs that entered it minus jobs that left it)."""
     event = F.col("event")
-    counts = [F.count(F.when(event == _event(name), 1)).alias(column) for name, column in COUNTED]
+    counts = [F.count(F.when(event.isin(*[_EVENT_CODES.index(name) for name in names]), 1))
+              .alias(column) for column, names in COUNTED]
     # A job's first event in the archive only adds it: it was in no count before.
     deltas = [(F.count(F.when(F.col("state_after") == _state(state), 1))
                - F.count(F.when(F.col("known_before") == _state(state), 1))).alias(f"d_{state}")
@@ -410,7 +426,7 @@ def _percentiles(figures: DataFrame, grain_ms: int | None) -> DataFrame:
 
 def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
     """Event counts per tube (and bucket of ``grain_ms``), all tubes included."""
-    counted = [column for _, column in COUNTED]
+    counted = list(COUNTED_COLUMNS)
     keys = _keys(grain_ms)
     per_tube = _summed(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms), keys,
                        counted)
@@ -427,7 +443,7 @@ def _metrics(flows: DataFrame, figures: DataFrame, grain_ms: int | None) -> Data
     shares = [f"{measure}_p{round(fraction * 100)}"
               for measure in MEASURES for fraction in PERCENTILES]
     return (counts.join(percentiles, keys, "left")
-            .select(*keys, *[column for _, column in COUNTED], *samples, *shares)
+            .select(*keys, *COUNTED_COLUMNS, *samples, *shares)
             .orderBy(*keys))
 
 
@@ -526,176 +542,6 @@ def write_report(tables: Mapping[str, DataFrame], out_dir: str | Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# report.html: one file, no network. The tables are rendered here; the charts are drawn in the
-# browser from the embedded JSON by the small script below, which marks <body data-rendered="N">
-# when its N charts are drawn (what the browser test waits for).
-# ---------------------------------------------------------------------------------------------
-
-_CHART_SCRIPT: Final = r"""
-(function () {
-  const data = JSON.parse(document.getElementById("report-data").textContent);
-  const NS = "http://www.w3.org/2000/svg";
-  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"];
-  function el(name, attrs, parent) {
-    const node = document.createElementNS(NS, name);
-    for (const key in attrs) node.setAttribute(key, attrs[key]);
-    if (parent) parent.appendChild(node);
-    return node;
-  }
-  function label(ms) { return new Date(ms).toISOString().slice(5, 16).replace("T", " "); }
-  function draw(svg, chart) {
-    const W = 760, H = 260, L = 60, R = 10, T = 10, B = 40;
-    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-    const xs = chart.x;
-    let top = 0;
-    chart.series.forEach(s => s.values.forEach(v => { if (v !== null && v > top) top = v; }));
-    if (top === 0) top = 1;
-    const x0 = xs.length ? xs[0] : 0, x1 = xs.length > 1 ? xs[xs.length - 1] : x0 + 1;
-    const px = v => L + (W - L - R) * (v - x0) / (x1 - x0);
-    const py = v => H - B - (H - T - B) * v / top;
-    el("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#444", class: "axis"}, svg);
-    el("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#444", class: "axis"}, svg);
-    for (let i = 0; i <= 4; i++) {
-      const v = top * i / 4;
-      el("text", {x: L - 4, y: py(v) + 4, "text-anchor": "end", "font-size": 10}, svg)
-        .textContent = Number.isInteger(v) ? v : v.toFixed(1);
-    }
-    [x0, x1].forEach((v, i) => {
-      el("text", {x: px(v), y: H - B + 14, "text-anchor": i ? "end" : "start",
-                  "font-size": 10}, svg).textContent = label(v);
-    });
-    chart.series.forEach((s, i) => {
-      const points = [];
-      s.values.forEach((v, j) => { if (v !== null) points.push(px(xs[j]) + "," + py(v)); });
-      el("polyline", {points: points.join(" "), fill: "none", stroke: COLORS[i % 5],
-                      "stroke-width": 1.5, class: "series", "data-name": s.name}, svg);
-      el("rect", {x: L + 10 + i * 120, y: H - 16, width: 10, height: 10,
-                  fill: COLORS[i % 5]}, svg);
-      el("text", {x: L + 24 + i * 120, y: H - 7, "font-size": 11}, svg).textContent = s.name;
-    });
-    svg.setAttribute("data-points", String(xs.length));
-  }
-  let drawn = 0;
-  data.charts.forEach(chart => {
-    const svg = document.getElementById(chart.id);
-    if (svg) { draw(svg, chart); drawn++; }
-  });
-  document.body.setAttribute("data-rendered", String(drawn));
-})();
-"""
-
-_STYLE: Final = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
-svg.chart { width: 100%; max-width: 760px; height: auto; border: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
-th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-.note { color: #666; font-size: 0.85em; }
-"""
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.1f}"
-    return str(value)
-
-
-def _utc(ms: int) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], table_id: str) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for row in rows:
-        cells = []
-        for column in columns:
-            value = row.get(column)
-            text = _utc(value) if column == "bucket_ms" and value is not None else _fmt(value)
-            cells.append(f"<td>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="{table_id}"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
-
-
-def _series(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"name": column, "values": [row.get(column) for row in rows]} for column in columns]
-
-
-def render_html(tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """The self-contained page from the tables' rows (as dicts); no external resource."""
-    def all_tubes(name: str) -> list[Mapping[str, Any]]:
-        rows = [row for row in tables[name] if row["tube"] == ALL_TUBES]
-        return sorted(rows, key=lambda row: int(row["bucket_ms"]))
-
-    grain, throughput = "minute", all_tubes("by_minute")
-    if len(throughput) > MAX_CHART_POINTS:
-        grain, throughput = "hour", all_tubes("by_hour")
-    backlog = all_tubes("backlog")
-    if len(backlog) > MAX_CHART_POINTS:
-        step = math.ceil(len(backlog) / MAX_CHART_POINTS)
-        backlog = backlog[step - 1::step]
-    charts = [
-        {"id": "chart-throughput", "x": [row["bucket_ms"] for row in throughput],
-         "series": _series(throughput, ["put", "reserved", "deleted"])},
-        {"id": "chart-wait", "x": [row["bucket_ms"] for row in throughput],
-         "series": _series(throughput, ["wait_ms_p50", "wait_ms_p95", "wait_ms_p99"])},
-        {"id": "chart-backlog", "x": [row["bucket_ms"] for row in backlog],
-         "series": _series(backlog, [*STATES, "total"])},
-    ]
-    payload = json.dumps({"charts": charts}).replace("</", "<\\/")
-    by_tube = sorted(tables["by_tube"], key=lambda row: (row["tube"] != ALL_TUBES, row["tube"]))
-    tries = sorted((row for row in tables["tries"] if row["tube"] == ALL_TUBES),
-                   key=lambda row: int(row["tries"]))
-    metric_columns = ["tube", *[column for _, column in COUNTED]] + [
-        f"{measure}_p{round(fraction * 100)}" for measure in MEASURES for fraction in PERCENTILES]
-    failing_tubes = sorted(tables["failing_tubes"], key=lambda row: int(row["rank"]))
-    failing_hours = sorted(tables["failing_hours"], key=lambda row: int(row["rank"]))
-    total = next((row for row in by_tube if row["tube"] == ALL_TUBES), {})
-    span = ""
-    if throughput:
-        span = (f"{_utc(throughput[0]['bucket_ms'])} to {_utc(throughput[-1]['bucket_ms'])} "
-                "UTC, ")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8"><title>tubeq report</title>',
-        f"<style>{_STYLE}</style></head><body>",
-        "<h1>tubeq report</h1>",
-        f'<p class="note">{html.escape(span)}{_fmt(total.get("put", 0))} jobs put, '
-        f'{_fmt(total.get("deleted", 0))} deleted, {len(by_tube) - 1 if by_tube else 0} tubes. '
-        "Times in milliseconds; percentiles are exact. Tube * is all tubes together.</p>",
-        f"<h2>Throughput per {grain} (all tubes)</h2>",
-        '<svg class="chart" id="chart-throughput" role="img"></svg>',
-        f"<h2>Queue wait per {grain}, ms (ready to reserved; all tubes)</h2>",
-        '<svg class="chart" id="chart-wait" role="img"></svg>',
-        "<h2>Backlog at the end of each minute (all tubes)</h2>",
-        '<svg class="chart" id="chart-backlog" role="img"></svg>',
-        "<h2>Per tube</h2>",
-        _table(by_tube, metric_columns, "table-by-tube"),
-        '<p class="note">timed_out: TTR time-outs (the server\'s job-timeouts); disconnected: '
-        "jobs given back because their connection closed or their process died, not "
-        "failures.</p>",
-        "<h2>Tubes that fail most (timeouts + buries)</h2>",
-        _table(failing_tubes[:MAX_RANKED_ROWS], ["rank", "tube", "timed_out", "buried",
-                                                 "failures"], "table-failing-tubes"),
-        "<h2>Hours that fail most</h2>",
-        _table(failing_hours[:MAX_RANKED_ROWS], ["rank", "tube", "bucket_ms", "timed_out",
-                                                 "buried", "failures"], "table-failing-hours"),
-        "<h2>Tries per job (all tubes)</h2>",
-        _table(tries, ["tries", "jobs"], "table-tries"),
-        f'<script type="application/json" id="report-data">{payload}</script>',
-        f"<script>{_CHART_SCRIPT}</script>",
-        "</body></html>",
-    ]
-    return "\n".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
 # Command line: `tubeq-pipeline report --archive DIR --out DIR`.
 # ---------------------------------------------------------------------------------------------
 
@@ -706,6 +552,18 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the archive's Parquet directory; several: one report over all "
                              "(a split namespace's shards, archived one by one)")
     parser.add_argument("--out", required=True, help="where the tables and report.html go")
+    parser.add_argument("--since", type=_instant_argument, metavar="WHEN",
+                        help="only events from WHEN on (ISO date or date and time, UTC): of a "
+                             "partitioned archive only the days needed are read")
+    parser.add_argument("--until", type=_instant_argument, metavar="WHEN",
+                        help="only events before WHEN (ISO date or date and time, UTC)")
+
+
+def _instant_argument(text: str) -> int:
+    try:
+        return parse_instant(text)
+    except PipelineError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _local_path(archive: str) -> Path | None:
@@ -751,7 +609,10 @@ def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     if spark is None:
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
                               jvm_log=getattr(args, "jvm_log", None))
-    events = read_archive(spark, *archives)
+    since_ms, until_ms = getattr(args, "since", None), getattr(args, "until", None)
+    if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+        raise PipelineError("--since must come before --until")
+    events = read_archive(spark, *archives, since_ms=since_ms, until_ms=until_ms)
     if events.isEmpty():
         raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
                             "events")
