@@ -118,6 +118,36 @@ async def test_pipelined_replies_come_back_in_order(new_client: NewClient) -> No
                    b"NOT_FOUND\r\n")
 
 
+async def test_puts_redis_refuses_leave_total_jobs_and_cmd_put_exact(
+        new_client: NewClient, ctx: ServerContext, redis_url: str) -> None:
+    """A put Redis refuses (OOM) stores nothing: its total-jobs is taken back, its cmd-put
+    stays (beanstalkd counts a put whatever it answers); the counters call Redis refused
+    meanwhile is sent again, so no count is lost either."""
+    import redis.asyncio
+
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    a = new_client()
+    a.send(b"put 0 0 10 1\r\nx\r\n")
+    await a.expect(b"INSERTED 1\r\n")
+    await raw.config_set("maxmemory", "1")  # noeviction: every write is refused with OOM
+    try:
+        a.send(b"put 0 0 10 1\r\ny\r\nput 0 0 10 1\r\nz\r\n")
+        await a.expect(b"INTERNAL_ERROR\r\nINTERNAL_ERROR\r\n")
+        ctx.counters.flush()  # refused too: its counts come back to be sent again
+        await asyncio.sleep(0.1)
+    finally:
+        await raw.config_set("maxmemory", "0")
+        await raw.aclose()
+    a.send(b"stats\r\n")
+    reply = await a.until(lambda out: b"\nmax-job-size" in out and out.endswith(b"\r\n"))
+    figures = dict(line.split(": ", 1) for line in reply.decode().splitlines() if ": " in line)
+    assert (figures["cmd-put"], figures["total-jobs"]) == ("3", "1")
+    a.transport.out.clear()
+    a.send(b"stats-tube default\r\n")
+    reply = await a.until(lambda out: b"pause-time-left" in out)
+    assert "total-jobs: 1\n" in reply.decode()
+
+
 async def test_byte_at_a_time_gives_the_same_replies(new_client: NewClient) -> None:
     a = new_client()
     for byte in b"put 1 0 10 3\r\nabc\r\nreserve\r\n":

@@ -125,6 +125,18 @@ class RedisConnectionLost(ConnectionError):
     """The connection was lost (or closed) before the reply arrived, or is down right now."""
 
 
+class RedisNotSent(RedisConnectionLost):
+    """There was no connection to send the call on: it did not run."""
+
+
+def never_ran(error: BaseException) -> bool:
+    """Whether a call that failed with ``error`` surely did not run in Redis: Redis refused it
+    (an error reply: OOM, MOVED, READONLY ...; tubeq's scripts write nothing before they could
+    fail) or it was never sent. A connection lost while the call was out is not such a
+    failure: it may have run."""
+    return isinstance(error, (RedisReplyError, RedisNotSent))
+
+
 class ReplicasBehind(Exception):
     """Fewer replicas than ``min_replicas`` acknowledged a write within the timeout. The write
     did happen on the master: only its safety against losing the master is not confirmed."""
@@ -476,7 +488,7 @@ class RedisClient(ReconnectingProtocol):
         fails with RedisReplyError or RedisConnectionLost."""
         if not self._connected:
             future: asyncio.Future[Any] = self._loop.create_future()
-            future.set_exception(RedisConnectionLost(f"not connected to {self._endpoint}"))
+            future.set_exception(RedisNotSent(f"not connected to {self._endpoint}"))
             return future
         return self._send(args, decode)
 

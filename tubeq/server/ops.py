@@ -2,7 +2,8 @@
 
 Owns what a verb does around its store call: the draining and ``--max-jobs`` refusals of a put,
 the ``total-jobs`` count of a put (taken when the put is sent, so a ``stats`` pipelined after
-it sees it, and taken back when Redis refused the job), telling the scheduler of an instant it
+it sees it, and taken back when the job was not stored: a full tube, or a put Redis refused or
+never got), telling the scheduler of an instant it
 must act at (a delayed put's or release's due time, a touched job's new deadline, a pause's
 end), and sending this process's ``use`` counts ahead of a read that depends on them.
 
@@ -20,12 +21,15 @@ front a put came by.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from tubeq.model.options import Options
+from tubeq.redisio.client import never_ran
 from tubeq.redisio.futures import discard, then
 from tubeq.server.context import ServerContext
+from tubeq.server.stats import CommandCounters
 from tubeq.store.store import PutOutcome
 
 T = TypeVar("T")
@@ -54,6 +58,7 @@ def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: byt
 
     call = store.put(tube, pri, delay, max(ttr, 1), body, stored)
     counters.job_created(tube)
+    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, 1))
     if delay > 0:
         _note_due_when_done(ctx, call, store.clock() + delay * 1000)
     return call
@@ -88,6 +93,7 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
 
     call = store.put_with(tube, pri, delay, max(ttr, 1), body, options)
     counters.job_created(tube)
+    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, 1))
     return then(call, stored)
 
 
@@ -99,8 +105,8 @@ def put_many(ctx: ServerContext, tube: str,
     store, counters = ctx.store, ctx.counters
     call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
                                  for pri, delay, ttr, body in jobs])
-    for _ in jobs:
-        counters.job_created(tube)
+    counters.job_created(tube, len(jobs))
+    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, len(jobs)))
     delays = [delay for _, delay, _, _ in jobs if delay > 0]
     if delays:
         _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)
@@ -184,6 +190,15 @@ def sync_counts(ctx: ServerContext) -> None:
     counters and ``use`` counts reach Redis first."""
     ctx.counters.flush()
     sync_using(ctx)
+
+
+def _take_back_if_refused(counters: CommandCounters, tube: str, jobs: int,
+                          call: asyncio.Future[Any]) -> None:
+    """A put's ``total-jobs``, counted when it was sent, taken back when Redis surely did not
+    run it (refused: OOM, a moved slot; or no connection). A put whose connection was lost
+    while it was out may have stored its job: its count stays."""
+    if not call.cancelled() and (error := call.exception()) is not None and never_ran(error):
+        counters.job_created(tube, -jobs)
 
 
 def _note_due_when_done(ctx: ServerContext, call: asyncio.Future[Any], due_ms: int) -> None:

@@ -3,7 +3,9 @@
 Command counters (``cmd-*``), ``total-jobs`` and each tube's ``total-jobs`` are counted in
 process memory and added to Redis once per loop tick (counters.lua), so ``stats`` and
 ``stats-tube`` from any process see every process's counts (to within one tick for other
-processes; exactly for its own, since they flush before they read). Field names and their
+processes; exactly for its own, since they flush before they read). A send Redis refused
+(OOM, a moved slot) or that found no connection is sent again a second later, so no count is
+lost to an outage and none is counted twice. Field names and their
 order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
 ``version``.
 """
@@ -35,16 +37,36 @@ COMMAND_COUNTERS = (
 BINLOG_MAX_SIZE = 10485760
 
 
-class CommandCounters:
-    """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), flushed with
-    ``flush(fields, tube_jobs)`` once per loop tick."""
+# This process's counts reach Redis at the end of the loop tick they were counted in, in the
+# same write as the commands they count: a client that got its reply then sees them in any
+# process's stats (read-your-writes across processes, which tests hold). A read that needs them
+# (stats, stats-tube, /metrics) sends them first anyway.
+FLUSH_DELAY_S = 0.0
+# Counts Redis refused (OOM, a moved slot) or that found no connection are sent again after
+# this pause, with whatever was counted meanwhile.
+RETRY_S = 1.0
 
-    def __init__(self, flush: Callable[[dict[str, int], dict[str, int]], None]) -> None:
+Refused = Callable[[dict[str, int], dict[str, int]], None]
+
+
+class CommandCounters:
+    """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), sent to Redis with
+    ``flush(fields, tube_jobs, refused)`` ``delay_s`` after the first count since the last send
+    (0: at the end of the loop tick). ``refused(fields, tube_jobs)`` takes back the part of a
+    send that surely did not run, to be sent again: counts are neither lost nor counted twice
+    on a refusal. (A send whose connection was lost while it was out may have run: it is not
+    sent again.)"""
+
+    def __init__(self, flush: Callable[[dict[str, int], dict[str, int], Refused], None],
+                 delay_s: float = FLUSH_DELAY_S) -> None:
         self._flush = flush
+        self.delay_s = delay_s
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
+        self._jobs = 0  # the server's total-jobs
         self._tube_jobs: Counter[str] = Counter()
         self._scheduled = False
-        # Every count this process has flushed, since it started: /metrics renders these
+        self._timer: asyncio.TimerHandle | None = None
+        # Every count this process has sent, since it started: /metrics renders these
         # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
         self.totals: Counter[str] = Counter()
 
@@ -52,29 +74,51 @@ class CommandCounters:
         """One more command counted as ``cmd-<name>``."""
         self._pending[name] += 1
         if not self._scheduled:
-            self._schedule()
+            self._schedule(self.delay_s)
 
     def job_created(self, tube: str, count: int = 1) -> None:
         """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
-        takes back one the server refused (a full tube)."""
+        takes back one the server did not store (a full tube, a refused put)."""
         self._tube_jobs[tube] += count
+        self._jobs += count
         if not self._scheduled:
-            self._schedule()
+            self._schedule(self.delay_s)
 
-    def _schedule(self) -> None:
+    def _schedule(self, delay_s: float) -> None:
         self._scheduled = True
-        asyncio.get_running_loop().call_soon(self.flush)
+        loop = asyncio.get_running_loop()
+        if delay_s > 0:
+            self._timer = loop.call_later(delay_s, self.flush)
+        else:
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
+        """Send what was counted since the last send, now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._scheduled = False
-        if self._pending or self._tube_jobs:
+        if self._pending or self._tube_jobs or self._jobs:
             self.totals.update(self._pending)
-            fields = {"cmd-" + name: n for name, n in self._pending.items()}
-            tube_jobs = dict(self._tube_jobs)
-            if tube_jobs:
-                fields["total-jobs"] = sum(tube_jobs.values())
-            self._pending, self._tube_jobs = Counter(), Counter()
-            self._flush(fields, tube_jobs)
+            fields = {"cmd-" + name: n for name, n in self._pending.items() if n}
+            if self._jobs:
+                fields["total-jobs"] = self._jobs
+            tube_jobs = {tube: n for tube, n in self._tube_jobs.items() if n}
+            self._pending, self._tube_jobs, self._jobs = Counter(), Counter(), 0
+            if fields or tube_jobs:
+                self._flush(fields, tube_jobs, self.refused)
+
+    def refused(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None:
+        """Counts a send carried that did not run: counted again, sent again after RETRY_S."""
+        for name, n in fields.items():
+            if name == "total-jobs":
+                self._jobs += n
+            else:
+                self._pending[name[4:]] += n
+                self.totals[name[4:]] -= n
+        self._tube_jobs.update(tube_jobs)
+        if not self._scheduled:
+            self._schedule(RETRY_S)
 
 
 def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:

@@ -24,7 +24,14 @@ import structlog
 from tubeq.model import admin
 from tubeq.model.options import DEFAULTS, Options, OptionValue
 from tubeq.model.recurring import DueTick, ScheduleInfo
-from tubeq.redisio.client import Decoder, RedisClient, RedisReplyError, Reply, ScriptCall
+from tubeq.redisio.client import (
+    Decoder,
+    RedisClient,
+    RedisReplyError,
+    Reply,
+    ScriptCall,
+    never_ran,
+)
 from tubeq.redisio.futures import discard
 from tubeq.store.keys import JobField, Keys
 from tubeq.store.scripts import Library, Script, library, load_all
@@ -468,14 +475,24 @@ class Store:
 
         return self._eval("stats", decode=decode)
 
-    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None:
-        """Add one process's counts to the shared counters (fire and forget): server stats
-        fields (cmd-*, total-jobs) and jobs put per tube."""
+    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int],
+                     refused: Callable[[dict[str, int], dict[str, int]], None]) -> None:
+        """Add one process's counts to the shared counters: server stats fields (cmd-*,
+        total-jobs) and jobs put per tube. Counts that surely did not reach Redis (refused, or
+        no connection) go back to ``refused``; nothing else is waited for."""
         flat: list[str | int] = [len(fields)]
         for pairs in (fields, tube_jobs):
             for name, delta in pairs.items():
                 flat += (name, delta)
-        self._eval("counters", *flat).add_done_callback(discard)
+
+        def sent(call: asyncio.Future[Any]) -> None:
+            if call.cancelled():
+                return
+            error = call.exception()
+            if error is not None and never_ran(error):
+                refused(fields, tube_jobs)
+
+        self._eval("counters", *flat).add_done_callback(sent)
 
     def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
         """Every tube's counts in one read (overview.lua): the number of tubes, and a row for
