@@ -30,6 +30,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from tubeq.redisio.futures import discard
+from tubeq.server import ops
 from tubeq.server.wait import Wait
 from tubeq.store.store import Reservation
 
@@ -124,12 +125,12 @@ class HttpReservations:
 
     def _give_back(self, token: str, job: Reservation) -> None:
         """Release a job nobody will receive, at its own priority, ready at once."""
-        store = self.ctx.store
+        ctx = self.ctx
 
         def release(info: asyncio.Future[Any]) -> None:
             with contextlib.suppress(Exception):
                 pri = info.result().pri
-                store.release(token, job.id, pri, 0).add_done_callback(discard)
+                ops.release(ctx, token, job.id, pri, 0).add_done_callback(discard)
 
-        store.job_info(job.id).add_done_callback(release)
+        ctx.store.job_info(job.id).add_done_callback(release)
 
