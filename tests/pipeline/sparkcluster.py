@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pyspark
 
-from tests.servers import LOOPBACK, port_accepts
+from tests.servers import LOOPBACK, port_accepts, stop_child
 from tubeq.redisio.process import _parent_death_hook, free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -83,13 +83,7 @@ class SparkJvm:
 
     def stop(self) -> None:
         """SIGTERM to its PID, then SIGKILL after a bound. Idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, STOP_TIMEOUT_S)
 
     def check_running(self) -> None:
         if self.proc.poll() is not None:
