@@ -14,8 +14,8 @@ Rules:
 * Nothing listens beyond 127.0.0.1 and nothing is written outside the given directory: every
   port is a free loopback port (the Master's REST server, 6066 by default, is off; the web UIs
   get free ports), and ``SPARK_CONF_DIR``, ``SPARK_LOG_DIR``, ``SPARK_PID_DIR``,
-  ``SPARK_LOCAL_DIRS`` and the Workers' work dirs (by default a folder inside the pyspark
-  package) are under it.
+  ``SPARK_LOCAL_DIRS``, the drivers' and executors' ``java.io.tmpdir`` and the Workers' work
+  dirs (by default a folder inside the pyspark package) are under it.
 * Sizes are modest: each Worker offers 1 core and 1 GiB (an executor's default), each daemon
   JVM gets a 512 MiB heap.
 * The drivers (``tubeq-pipeline`` run as a user runs it) get :meth:`Cluster.environment`:
@@ -41,8 +41,8 @@ from tubeq.redisio.process import _parent_death_hook, free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-# A JVM's start on two cores shared with other test runs: 5-15 s when quiet, 40 s and more
-# measured under load (the Connect server answered 37 s after its start, load average 13).
+# A JVM's start on two cores shared with other test runs: the Connect server answered about
+# 40 s after its start, the Workers registered about 18 s after theirs (load average 13).
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 WORKER_CORES = 1
@@ -50,17 +50,24 @@ WORKER_MEMORY = "1g"
 DAEMON_MEMORY = "512m"
 WORKER_REGISTERED = "Successfully registered with master"
 
-# spark-defaults.conf of the cluster's configuration directory, read by the Master, the
-# Workers, the Connect server and every driver started with Cluster.environment().
-SPARK_DEFAULTS = {
-    # The Master's REST submission server listens on 6066 by default: not wanted here.
-    "spark.master.rest.enabled": "false",
-    # A driver's and the Connect server's web UI: not needed, so no port.
-    "spark.ui.enabled": "false",
-    # Spark's default 200 shuffle partitions for a few hundred events on two 1-core executors
-    # cost minutes under load; what a cluster's own spark-defaults.conf sets for its size.
-    "spark.sql.shuffle.partitions": "4",
-}
+
+def spark_defaults(root: Path) -> dict[str, str]:
+    """spark-defaults.conf of the cluster's configuration directory, read by the Master, the
+    Workers, the Connect server and every driver started with :meth:`Cluster.environment`."""
+    tmpdir = f"-Djava.io.tmpdir={root / 'tmp'}"
+    return {
+        # The Master's REST submission server listens on 6066 by default: not wanted here.
+        "spark.master.rest.enabled": "false",
+        # A driver's and the Connect server's web UI: not needed, so no port.
+        "spark.ui.enabled": "false",
+        # Spark's default 200 shuffle partitions for a few hundred events on two 1-core
+        # executors cost minutes under load; a cluster's own spark-defaults.conf sizes it.
+        "spark.sql.shuffle.partitions": "4",
+        # The Connect server keeps a folder per session in java.io.tmpdir
+        # (spark_connect_model_cache/<session id>) and leaves it there when it stops.
+        "spark.driver.extraJavaOptions": tmpdir,
+        "spark.executor.extraJavaOptions": tmpdir,
+    }
 
 
 class ClusterStartError(RuntimeError):
@@ -149,9 +156,9 @@ def _write_defaults(conf_dir: Path, settings: Mapping[str, str]) -> None:
 def standalone_cluster(root: Path, workers: int = 2) -> Iterator[Cluster]:
     """A Master and ``workers`` Workers (each its own JVM) on loopback, everything under
     ``root``; every JVM stopped when the block exits, however it exits."""
-    for folder in ("logs", "pids", "local"):
+    for folder in ("logs", "pids", "local", "tmp"):
         (root / folder).mkdir(parents=True, exist_ok=True)
-    _write_defaults(root / "conf", SPARK_DEFAULTS)
+    _write_defaults(root / "conf", spark_defaults(root))
     port = free_port()
     cluster = Cluster(root, f"spark://{LOOPBACK}:{port}")
     spark_class = str(SPARK_HOME / "bin" / "spark-class")

@@ -28,8 +28,9 @@ from tests.pipeline import eventstream, workload
 from tests.pipeline.sparkcluster import Cluster, connect_server, standalone_cluster
 from tubeq.redisio.process import RedisProcess
 
-# A driver's JVM start and its jobs, on two cores that other test runs share: a minute or two
-# when the machine is quiet, measured at five and a half minutes under load (load average 13).
+# A driver's JVM start and its jobs, on two cores that other test runs share: measured from 15 s
+# (archive --once on the cluster) to five and a half minutes (a report on the cluster with
+# Spark's 200 shuffle partitions, load average 13).
 COMMAND_TIMEOUT_S = 900
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(4 * COMMAND_TIMEOUT_S)]
 
@@ -66,13 +67,14 @@ def tubeq_pipeline(cwd: Path, env: dict[str, str] | None, *args: str) -> str:
 
 def archive_and_report(root: Path, stream: Stream, master: str,
                        env: dict[str, str] | None) -> Run:
-    run = Run(root / "archive", root / "report", "")
+    """``archive --once`` of the stream, then ``report`` of that archive, on ``master``."""
+    archive, report = root / "archive", root / "report"
     output = tubeq_pipeline(root, env, "--master", master, "archive", "--redis",
-                            stream.redis_url, "--prefix", stream.prefix, "--out",
-                            str(run.archive), "--checkpoint", str(root / "checkpoint"), "--once")
-    tubeq_pipeline(root, env, "--master", master, "report", "--archive", str(run.archive),
-                   "--out", str(run.report))
-    return Run(run.archive, run.report, output)
+                            stream.redis_url, "--prefix", stream.prefix, "--out", str(archive),
+                            "--checkpoint", str(root / "checkpoint"), "--once")
+    tubeq_pipeline(root, env, "--master", master, "report", "--archive", str(archive),
+                   "--out", str(report))
+    return Run(archive, report, output)
 
 
 def figures(report: Path) -> dict[str, Any]:
