@@ -565,3 +565,48 @@ def test_report_as_its_own_process(archive: Path, tmp_path: Path, record: worklo
     assert not list(scratch.glob("tubeq-pipeline-*.log"))
     assert "report: 7 tables and" in done.stdout
     assert all_tubes_row(out)["put"] == puts_in(record)
+
+
+# Python with tubeq hidden: what a cluster node without the package runs as Spark's worker.
+NO_TUBEQ_SITECUSTOMIZE = """
+import sys
+
+class HideTubeq:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tubeq" or name.startswith("tubeq."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, HideTubeq())
+"""
+
+
+def python_without_tubeq(folder: Path) -> Path:
+    """An executable that runs this interpreter with tubeq not importable."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(NO_TUBEQ_SITECUSTOMIZE)
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" '
+                      f'exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_workers_that_cannot_import_tubeq_are_one_line_saying_what_to_install(
+        archive: Path, tmp_path: Path) -> None:
+    python = python_without_tubeq(tmp_path / "node")
+    assert subprocess.run([str(python), "-c", "import tubeq"], capture_output=True,
+                          check=False).returncode == 1
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path),
+           "PYSPARK_PYTHON": str(python)}
+    # Not from the repository: a worker's working directory would make tubeq importable.
+    done = subprocess.run([sys.executable, "-m", "tubeq.pipeline", "--master", "local[1]",
+                           "report", "--archive", str(archive), "--out", str(tmp_path / "o")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=SPARK_TIMEOUT_S, check=False)
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert line.startswith("tubeq-pipeline: Spark: a Python worker could not import 'tubeq': "
+                           "install the pipeline where Spark's Python workers run (pip install "
+                           "'tubeq[pipeline]' into the Python that PYSPARK_PYTHON"), line
+    assert not (tmp_path / "o" / "report.html").exists()

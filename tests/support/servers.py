@@ -84,16 +84,22 @@ class ServerProcess:
 
     def stop(self) -> None:
         """Stop the child by its PID: SIGTERM, then SIGKILL after a bound. Idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, STOP_TIMEOUT_S)
 
     def describe(self) -> str:
         return f"{self.label or self.kind} (pid {self.pid}, {self.host}:{self.port})"
+
+
+def stop_child(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Stop a child process by its PID: SIGTERM, then SIGKILL if it still runs after
+    ``timeout`` seconds. Idempotent."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def port_accepts(host: str, port: int, timeout: float = 0.25) -> bool:

@@ -15,7 +15,8 @@ Rules:
 * A failure the user can fix is exactly one line on stderr (``tubeq-pipeline: ...``) and exit
   status 1: no Java or one older than 17, the pipeline extra (or Spark Connect's client, for
   ``--remote``) not installed, a missing or empty archive, an unreachable Redis, an unreachable
-  ``--remote``, an error Spark reports (a corrupt Parquet file). What can be checked without
+  ``--remote``, an error Spark reports (a corrupt Parquet file; a Python worker, on a cluster
+  node, that cannot import tubeq: what to install). What can be checked without
   Spark is checked before its JVM starts. Bad arguments exit 2 (argparse). Anything else is a
   bug and keeps its traceback.
 * The JVM a command starts writes its own output (its banner, log4j, the Python workers'
@@ -165,14 +166,31 @@ def explain(exc: Exception) -> str | None:
     except ImportError:
         return None
     if isinstance(exc, PySparkException):
-        return f"Spark: {_first_line(exc)}"
+        return worker_import_error(str(exc)) or f"Spark: {_first_line(exc)}"
     if isinstance(exc, Py4JJavaError):
         try:
             text = str(exc)  # asks the JVM for the Java exception's text
         except Exception:
             return None
-        return spark_error(text)
+        return worker_import_error(text) or spark_error(text)
     return None
+
+
+def worker_import_error(text: str) -> str | None:
+    """What to do when a Spark error's text says a Python worker could not import a module:
+    the executors' Python (on a cluster, each node's) lacks tubeq or a package of the extra.
+    None for any other error."""
+    found = _WORKER_IMPORT.search(text)
+    if found is None:
+        return None
+    return (f"Spark: a Python worker could not import {found.group(1)!r}: install the "
+            f"pipeline where Spark's Python workers run ({EXTRA_HINT} into the Python that "
+            f"PYSPARK_PYTHON or spark.pyspark.python names, on every node; with --remote, the "
+            f"Spark Connect server's)")
+
+
+# The last line of a Python worker's traceback, inside the text of the Spark error it became.
+_WORKER_IMPORT: Final = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 def spark_error(text: str) -> str | None:

@@ -7,7 +7,10 @@ and notebooks). It stops by itself after ``--seconds`` or ``--batches``, or on ^
 
 Rules: the windows are of event time with a watermark of ``--late`` seconds, so the state a long
 tail keeps stays bounded (windows older than the watermark are final and dropped); output mode
-``update`` prints only the windows a batch changed. By default it starts at the stream's end
+``update`` prints only the windows a batch changed, as one table per micro-batch sorted by
+window, tube and event (a stable order to read and to diff), and a batch that changed none (one
+that only moved the watermark) prints nothing. The table is printed where the driver runs: with
+``--remote``, on the Spark Connect server. By default it starts at the stream's end
 (``latest``): a tail shows what happens from now on; ``--from-start`` reads the whole stream.
 Offsets are not kept (a temporary checkpoint): a tail is a view, the archive is the record.
 """
@@ -18,6 +21,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from pyspark.errors import StreamingQueryException
@@ -33,6 +37,10 @@ DEFAULT_WINDOW_S: Final = 10
 DEFAULT_LATE_S: Final = 60
 DEFAULT_INTERVAL_S: Final = 2.0
 POLL_S: Final = 1  # awaitTermination takes whole seconds
+# The printed table's columns, and the ones its rows are sorted by.
+RATE_COLUMNS: Final = ("window_start", "tube", "event", "events", "per_second")
+RATE_ORDER: Final = ("window_start", "tube", "event")
+_RIGHT_ALIGNED: Final = frozenset({"events", "per_second"})
 
 
 def rates(events: DataFrame, window_s: int, late_s: int) -> DataFrame:
@@ -46,18 +54,46 @@ def rates(events: DataFrame, window_s: int, late_s: int) -> DataFrame:
                     (F.col("events") / F.lit(float(window_s))).alias("per_second")))
 
 
+def format_rates(batch_id: int, rows: Sequence[Sequence[object]]) -> str | None:
+    """The rows a micro-batch updated (``RATE_COLUMNS``, already in ``RATE_ORDER``) as a text
+    table under a ``batch N`` line; None when there are none (no empty table is printed)."""
+    if not rows:
+        return None
+    cells = [list(RATE_COLUMNS)] + [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(RATE_COLUMNS))]
+    right = [column in _RIGHT_ALIGNED for column in RATE_COLUMNS]
+    lines = ["  ".join(cell.rjust(width) if to_right else cell.ljust(width)
+                       for cell, width, to_right in zip(line, widths, right, strict=True))
+             .rstrip() for line in cells]
+    return "\n".join([f"batch {batch_id}", *lines])
+
+
+def _cell(value: object) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def print_rates(batch: DataFrame, batch_id: int) -> None:
+    """``foreachBatch`` of the console tail: print what ``batch`` updated, sorted, if anything."""
+    rows = (batch.orderBy(*RATE_ORDER)
+            .select(F.date_format("window_start", "yyyy-MM-dd HH:mm:ss").alias("window_start"),
+                    *RATE_COLUMNS[1:])
+            .collect())
+    text = format_rates(batch_id, [tuple(row) for row in rows])
+    if text is not None:
+        print(text, flush=True)
+
+
 def start_tail(spark: SparkSession, options: dict[str, str], window_s: int, late_s: int,
                sink: str, query_name: str, interval_s: float) -> StreamingQuery:
-    """Start the rates query into ``sink`` (``console`` or ``memory``)."""
+    """Start the rates query into ``sink``: ``console`` (sorted tables on stdout, see
+    :func:`print_rates`) or ``memory`` (a table named ``query_name``)."""
     register(spark)
     reader = spark.readStream.format(NAME)
     for key, value in options.items():
         reader = reader.option(key, value)
     writer = (rates(reader.load(), window_s, late_s).writeStream.outputMode("update")
-              .format(sink).queryName(query_name)
-              .trigger(processingTime=f"{interval_s} seconds"))
-    if sink == "console":
-        writer = writer.option("truncate", "false").option("numRows", 1000)
+              .queryName(query_name).trigger(processingTime=f"{interval_s} seconds"))
+    writer = writer.foreachBatch(print_rates) if sink == "console" else writer.format(sink)
     return writer.start()
 
 
