@@ -484,7 +484,11 @@ def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
                .select(*keys, "timed_out", "buried",
                        (F.col("timed_out") + F.col("buried")).alias("failures"))
                .where(F.col("failures") > 0))
-    order = Window.orderBy(F.col("failures").desc(), *[F.col(key) for key in keys])
+    # One partition either way (a ranking is global; the rows are per tube or tube-hour, few),
+    # named, so Spark does not warn of a window with none (a warning Spark Connect prints on
+    # the user's terminal).
+    order = Window.partitionBy(F.lit(0)).orderBy(F.col("failures").desc(),
+                                                  *[F.col(key) for key in keys])
     return (failing.withColumn("rank", F.row_number().over(order))
             .select("rank", *keys, "timed_out", "buried", "failures").orderBy("rank"))
 
