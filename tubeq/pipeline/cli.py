@@ -1,8 +1,8 @@
 """``tubeq-pipeline`` (and ``python -m tubeq.pipeline``): the pipeline's one command line.
 
-Owns the table of commands (archive, report, schedule, tail), the options every command shares
-(``--master``, a Spark master, default ``local[*]``; ``--remote``, a Spark Connect URL), and how
-a failure reaches the user.
+Owns the table of commands (archive, report, schedule, tail, live), the options every command
+shares (``--master``, a Spark master, default ``local[*]``; ``--remote``, a Spark Connect URL), and
+how a failure reaches the user.
 
 Rules:
 
@@ -64,6 +64,8 @@ COMMANDS: Final[Mapping[str, Command]] = {
                         "turn a dataset's rows into jobs on a tubeq or beanstalkd"),
     "tail": Command("tubeq.pipeline.tail", "add_tail_arguments", "run_tail",
                     "follow the live event stream: per-tube rates as they happen"),
+    "live": Command("tubeq.pipeline.live", "add_live_arguments", "run_live",
+                    "keep the report's per-minute counts of the last minutes current in a file"),
 }
 
 # Import names whose absence means the pipeline extra is not installed, and those of the gRPC

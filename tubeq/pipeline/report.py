@@ -102,10 +102,10 @@ def _state(state: str) -> Column:
     return F.lit(_STATE_CODES.index(state))
 
 
-def _event_code(event: Column, reason: Column) -> Column:
+def event_code(event: Column, reason: Column) -> Column:
     """The code of the event named by ``event``, told apart by ``reason`` where the report counts
     reasons apart (a ``timed-out`` or ``buried`` that tubeq did on its own); null for a name this
-    module does not know."""
+    module does not know. Public for the live table (``live.py``), which counts the same way."""
     by_name = F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
                              for part in (str(name), code)])[event]
     why = F.coalesce(reason, F.lit(""))
@@ -205,7 +205,7 @@ def annotate(events: DataFrame) -> DataFrame:
             .select("tube", "id", "due_ms", "tries", "time_ms",
                     F.substring_index(sid, "-", 1).cast("long").alias("sid_ms"),
                     F.coalesce(sid_seq, F.lit(0)).alias("sid_seq"),
-                    _event_code(event, F.col("reason")).alias("event"),
+                    event_code(event, F.col("reason")).alias("event"),
                     _new_state(event, F.col("delay_ms")).alias("state_after"))
             .where(state_after.isNotNull()))
     # The job id first: the sort's prefix is then a long that settles nearly every comparison,
@@ -277,17 +277,21 @@ def _with_all_tubes(per_tube: DataFrame, keys: Sequence[str], summed: Sequence[s
     return per_tube.unionByName(all_tubes)
 
 
+def counted(code: Column) -> list[Column]:
+    """The aggregates of ``COUNTED_COLUMNS``, in order, over rows whose event code (from
+    :func:`event_code`) is ``code``: how many of a group's events each column counts."""
+    return [F.count(F.when(code.isin(*[_EVENT_CODES.index(name) for name in names]), 1))
+            .alias(column) for column, names in COUNTED]
+
+
 def _minute_flows(facts: DataFrame) -> DataFrame:
     """Per tube and minute: each counted event's count, and each state's net change
     ``d_<state>`` (jobs that entered it minus jobs that left it)."""
-    event = F.col("event")
-    counts = [F.count(F.when(event.isin(*[_EVENT_CODES.index(name) for name in names]), 1))
-              .alias(column) for column, names in COUNTED]
     # A job's first event in the archive only adds it: it was in no count before.
     deltas = [(F.count(F.when(F.col("state_after") == _state(state), 1))
                - F.count(F.when(F.col("known_before") == _state(state), 1))).alias(f"d_{state}")
               for state in STATES]
-    return facts.groupBy("tube", "bucket_ms").agg(*counts, *deltas)
+    return facts.groupBy("tube", "bucket_ms").agg(*counted(F.col("event")), *deltas)
 
 
 # ---------------------------------------------------------------------------------------------
