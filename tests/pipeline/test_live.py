@@ -9,13 +9,14 @@ with the query running on while more events arrive and a reader opens the file a
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-import pyarrow as pa
 import pytest
 import redis
 from pyspark.sql import SparkSession
@@ -96,10 +97,14 @@ def expected(written: Iterable[Mapping[str, str | int]],
             if key[1] > newest - keep_minutes * MINUTE_MS}
 
 
-def as_counts(table: pa.Table) -> dict[tuple[str, int], dict[str, int]]:
-    assert table.column_names == ["tube", "bucket_ms", *COUNTED_COLUMNS]
+def as_counts(document: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, int]]:
+    """The document's rows by (tube, minute); they must come in that order, with every column."""
+    rows = document["rows"]
+    assert all(list(row) == ["tube", "bucket_ms", *COUNTED_COLUMNS] for row in rows)
+    assert [(row["tube"], row["bucket_ms"]) for row in rows] == sorted(
+        (row["tube"], row["bucket_ms"]) for row in rows)
     return {(row["tube"], row["bucket_ms"]): {column: row[column] for column in COUNTED_COLUMNS}
-            for row in table.to_pylist()}
+            for row in rows}
 
 
 def live_args(url: str, prefix: str, out: Path, *extra: str) -> argparse.Namespace:
@@ -121,15 +126,16 @@ def test_once_builds_the_table_then_a_second_run_grows_it(
     es.write(client, es.key_of(prefix), first)
     assert live.run_live(live_args(redis_process.url, prefix, tmp_path, "--once"), spark) == 0
     assert f"live: {len(first)} events in 1 batches" in capsys.readouterr().out
-    table, _ = live.read_live(tmp_path)
+    table = live.read_live(tmp_path)
     assert as_counts(table) == expected(first, 60)
+    assert table["keep_minutes"] == 60
     assert not [path for path in tmp_path.iterdir() if path.name != live.LIVE_TABLE]
 
     # More events: two minutes already there get more, three minutes are new.
     second = events(range(2, 7), seed=2)
     es.write(client, es.key_of(prefix), second)
     assert live.run_live(live_args(redis_process.url, prefix, tmp_path, "--once"), spark) == 0
-    grown = as_counts(live.read_live(tmp_path)[0])
+    grown = as_counts(live.read_live(tmp_path))
     assert grown == expected(first + second, 60)
     before = as_counts(table)
     assert {key for key in grown if key not in before} == {
@@ -140,7 +146,7 @@ def test_once_builds_the_table_then_a_second_run_grows_it(
     # Only the last three minutes, counted back from the newest event's.
     args = live_args(redis_process.url, prefix, tmp_path, "--once", "--keep-minutes", "3")
     assert live.run_live(args, spark) == 0
-    kept = as_counts(live.read_live(tmp_path)[0])
+    kept = as_counts(live.read_live(tmp_path))
     assert kept == expected(first + second, 3)
     assert {minute for _, minute in kept} == {es.BASE_MS + m * MINUTE_MS for m in (4, 5, 6)}
 
@@ -158,22 +164,21 @@ class Reader(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(READ_PAUSE_S):
-            try:
-                table, batch_id = live.read_live(self.out)
+            try:  # as a notebook would: the whole file, in one open
+                document = json.loads((self.out / live.LIVE_TABLE).read_text())
+                self.check_whole(document)
             except FileNotFoundError:
                 if self.batches:  # replaced, never removed
                     self.errors.append("the table went missing")
-                continue
-            except Exception as exc:
+            except Exception as exc:  # a partial file (JSONDecodeError) or a torn table
                 self.errors.append(f"{type(exc).__name__}: {exc}")
-                continue
-            self.reads += 1
-            self.batches.append(batch_id)
-            self.check_whole(table)
+            else:
+                self.reads += 1
+                self.batches.append(document["batch_id"])
 
-    def check_whole(self, table: pa.Table) -> None:
+    def check_whole(self, document: Mapping[str, Any]) -> None:
         """A whole table: its ``*`` rows are the sums of its tubes' rows, minute by minute."""
-        counts = as_counts(table)
+        counts = as_counts(document)
         sums: dict[int, Counter[str]] = {}
         for (tube, minute), row in counts.items():
             if tube != "*":
@@ -193,7 +198,7 @@ def wait_for(condition: object, what: str) -> None:
 
 def shows(out: Path, table: dict[tuple[str, int], dict[str, int]]) -> bool:
     try:
-        return as_counts(live.read_live(out)[0]) == table
+        return as_counts(live.read_live(out)) == table
     except FileNotFoundError:
         return False
 

@@ -5,15 +5,21 @@ Owns ``tubeq-pipeline live``: a Structured Streaming query straight from the ``t
 (``time_ms``), the counts of the report's ``by_minute`` table (``tables.COUNTED_COLUMNS``, the
 time-outs and buries split by reason with ``report.event_code``, counted by
 ``report.counted``), with rows for all tubes together as tube ``*``; and the one file it
-keeps them in, ``<out>/by_minute_live.parquet``, for a dashboard or a notebook to read at any
-moment (``pandas.read_parquet``, DuckDB, ``spark.read.parquet``).
+keeps them in, ``<out>/by_minute_live.json``, for a dashboard or a notebook to read at any
+moment.
 
 Why a command of its own and not ``report --follow``: the report reads an archive and derives
 each job's life (wait, processing, backlog) with a window over all of a job's events, which a
 stream cannot keep; the counts need no job history, only a tumbling minute, so they stream with
-state bounded by a watermark. Why a Parquet file rewritten whole: a reader wants the last
-minutes as one small table (tubes x ``--keep-minutes`` rows), not a folder of appended parts to
-merge, and a file replaced by ``os.replace`` is seen whole or not at all.
+state bounded by a watermark. Why one file rewritten whole: a reader wants the last minutes as
+one small table (tubes x ``--keep-minutes`` rows), not a folder of appended parts to merge, and
+a file replaced by ``os.replace`` is seen whole by a reader that opens it once. Why JSON, not
+Parquet like the report's tables: Parquet is read in pieces (footer, then pages), and some
+readers open the file again between them: ``pyarrow.parquet.read_table(path)`` failed on 82 of
+1,932 reads (a footer of one version, the pages of the next) while a writer replaced a small
+file in a loop this way, where ``pandas.read_parquet`` and ``ParquetFile`` did not. A JSON
+document is read whole in one open (a browser's ``fetch``, ``json.load``, then
+``pandas.DataFrame(doc["rows"])``), and a few thousand rows are small.
 
 Rules:
 
@@ -26,8 +32,9 @@ Rules:
   newest minute seen (event time, as the watermark), sums them into the ``*`` rows, and after
   every micro-batch writes the table to a hidden temporary file in ``--out`` and renames it over
   the old one. A reader therefore sees the previous table or the new one, never part of one.
-  The file's metadata holds the micro-batch (``tubeq.live.batch_id``) and when it was written
-  (``tubeq.live.written_ms``). A (tube, minute) with no events has no row (as in ``by_minute``).
+  The document: ``{"batch_id": N, "written_ms": MS, "keep_minutes": N, "rows": [{"tube": ...,
+  "bucket_ms": ..., "put": ..., ...}, ...]}``, rows by tube then minute (``COLUMNS``). A (tube,
+  minute) with no events has no row (as in ``by_minute``).
 * Offsets are not kept (a temporary checkpoint): each start rebuilds the table from the stream,
   reading from the start of the minute ``--keep-minutes`` before now, so its minutes are whole.
   A trim of the stream (``onGap=continue``) is logged, not fatal: the archive is the record.
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -48,8 +56,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,20 +67,14 @@ from tubeq.pipeline.session import PipelineError, naming_log, spark_session
 from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
 from tubeq.pipeline.tables import ALL_TUBES, COUNTED_COLUMNS, MINUTE_MS
 
-LIVE_TABLE: Final = "by_minute_live.parquet"
-KEYS: Final = ("tube", "bucket_ms")
-# What the file's metadata says of the write: the micro-batch and the wall-clock time (ms).
-BATCH_ID_KEY: Final = "tubeq.live.batch_id"
-WRITTEN_MS_KEY: Final = "tubeq.live.written_ms"
+LIVE_TABLE: Final = "by_minute_live.json"
+COLUMNS: Final = ("tube", "bucket_ms", *COUNTED_COLUMNS)
 DEFAULT_KEEP_MINUTES: Final = 60
 # tubeq's events reach the stream in the script that makes them, so they arrive in time order;
 # two minutes leave room for a slow micro-batch and a clock step between shards.
 DEFAULT_LATE_S: Final = 120
 DEFAULT_INTERVAL_S: Final = 5.0
 POLL_S: Final = 1  # awaitTermination takes whole seconds
-
-SCHEMA: Final = pa.schema([("tube", pa.string()), ("bucket_ms", pa.int64()),
-                           *[(column, pa.int64()) for column in COUNTED_COLUMNS]])
 
 
 def minute_counts(events: DataFrame, late_s: int) -> DataFrame:
@@ -127,14 +127,14 @@ class LiveTable:
 
     def write(self, batch_id: int) -> None:
         """Replace the file with the table as held now (a hidden temporary file, renamed)."""
-        rows = self.rows()
-        columns = {name: [row[index] for row in rows] for index, name in enumerate(SCHEMA.names)}
-        metadata = {BATCH_ID_KEY: str(batch_id), WRITTEN_MS_KEY: str(int(time.time() * 1000))}
-        table = pa.table(columns, schema=SCHEMA.with_metadata(metadata))
+        document = {"batch_id": batch_id, "written_ms": int(time.time() * 1000),
+                    "keep_minutes": self.keep_minutes,
+                    "rows": [dict(zip(COLUMNS, row, strict=True)) for row in self.rows()]}
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, temporary)
+            with open(temporary, "w", encoding="utf-8") as sink:
+                json.dump(document, sink, separators=(",", ":"))
             os.replace(temporary, self.path)
         except OSError as exc:
             self.failure = f"cannot write {self.path}: {exc.strerror or exc}"
@@ -148,14 +148,15 @@ class LiveTable:
         self.write(batch_id)
 
 
-def read_live(path: str | Path) -> tuple[pa.Table, int]:
-    """The live table at ``path`` (the file, or the ``--out`` directory holding it) and the
-    micro-batch that wrote it."""
+def read_live(path: str | Path) -> dict[str, Any]:
+    """The live table's document at ``path`` (the file, or the ``--out`` directory holding it),
+    read in one open."""
     path = Path(path)
     if path.is_dir():
         path = path / LIVE_TABLE
-    table = pq.read_table(path)
-    return table, int((table.schema.metadata or {})[BATCH_ID_KEY.encode()])
+    with open(path, encoding="utf-8") as source:
+        document: dict[str, Any] = json.load(source)
+    return document
 
 
 def start_live(spark: SparkSession, options: dict[str, str], table: LiveTable, late_s: int,
