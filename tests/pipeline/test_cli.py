@@ -105,7 +105,7 @@ def test_help_lists_every_command_through_the_console_script() -> None:
     assert done.returncode == 0, done.stderr
     listed = {line.split()[0] for line in done.stdout.splitlines()
               if line.startswith("    ") and line.split()}
-    assert set(cli.COMMANDS) == {"archive", "report", "schedule", "tail"}
+    assert set(cli.COMMANDS) == {"archive", "report", "schedule", "tail", "live"}
     assert set(cli.COMMANDS) <= listed
     assert "--master" in done.stdout
     assert "--remote" in done.stdout

@@ -47,7 +47,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -56,7 +55,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -64,7 +62,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from tubeq.pipeline.archive import check_source, source_error
 from tubeq.pipeline.report import counted, event_code
 from tubeq.pipeline.session import PipelineError, naming_log, spark_session
-from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
+from tubeq.pipeline.source import NAME, register
+from tubeq.pipeline.streaming import add_stream_arguments, follow, stream_options
 from tubeq.pipeline.tables import ALL_TUBES, COUNTED_COLUMNS, MINUTE_MS
 
 LIVE_TABLE: Final = "by_minute_live.json"
@@ -74,7 +73,6 @@ DEFAULT_KEEP_MINUTES: Final = 60
 # two minutes leave room for a slow micro-batch and a clock step between shards.
 DEFAULT_LATE_S: Final = 120
 DEFAULT_INTERVAL_S: Final = 5.0
-POLL_S: Final = 1  # awaitTermination takes whole seconds
 
 
 def minute_counts(events: DataFrame, late_s: int) -> DataFrame:
@@ -219,11 +217,7 @@ def _seconds(text: str) -> float:
 
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``live`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
-    parser.add_argument("--redis", default=DEFAULT_REDIS,
-                        help=f"Redis URL of the event stream (default {DEFAULT_REDIS})")
-    stream = parser.add_mutually_exclusive_group()
-    stream.add_argument("--prefix", default="tubeq", help="tubeq namespace (default tubeq)")
-    stream.add_argument("--key", help="the stream's key, instead of a namespace")
+    add_stream_arguments(parser)
     parser.add_argument("--out", required=True,
                         help=f"the directory of the table ({LIVE_TABLE}; made if missing)")
     parser.add_argument("--keep-minutes", type=_at_least(1), default=DEFAULT_KEEP_MINUTES,
@@ -240,21 +234,12 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this long")
     parser.add_argument("--batches", type=_at_least(1), default=None,
                         help="stop after this many micro-batches that read events")
-    parser.add_argument("--max-events-per-trigger", type=_at_least(1), default=None,
-                        metavar="N", help="at most N events per micro-batch")
 
 
 def live_options(args: argparse.Namespace, now_ms: int) -> dict[str, str]:
     """The ``tubeq`` source's options for a run starting at ``now_ms``."""
-    options = {"redis": args.redis, "startingId": starting_id(now_ms, args.keep_minutes),
-               "onGap": "continue"}  # a view goes on past a trim; the archive is the record
-    if args.key:
-        options["key"] = args.key
-    else:
-        options["prefix"] = args.prefix
-    if args.max_events_per_trigger:
-        options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
-    return options
+    return {**stream_options(args), "startingId": starting_id(now_ms, args.keep_minutes),
+            "onGap": "continue"}  # a view goes on past a trim; the archive is the record
 
 
 def run_live(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
@@ -271,38 +256,11 @@ def run_live(args: argparse.Namespace, spark: SparkSession | None = None) -> int
                               jvm_log=jvm_log)
     table = LiveTable(Path(args.out) / LIVE_TABLE, args.keep_minutes)
     query = start_live(spark, options, table, args.late, args.interval, args.once)
-    started = time.monotonic()
-    read: dict[int, int] = {}  # events per micro-batch id, from the progress reports
-    try:
-        while query.isActive:
-            with contextlib.suppress(StreamingQueryException):  # read below, as exception()
-                query.awaitTermination(POLL_S)
-            _tally(query, read)
-            if args.batches is not None and _batches(read) >= args.batches:
-                break
-            if args.seconds is not None and time.monotonic() - started >= args.seconds:
-                break
-    except KeyboardInterrupt:
-        pass
-    error = query.exception() if not query.isActive else None
-    query.stop()
-    if error is not None:
-        reason = table.failure or source_error(str(error))
+    followed = follow(query, args.seconds, args.batches)
+    if followed.error is not None:
+        reason = table.failure or source_error(str(followed.error))
         print(naming_log(f"live: failed: {reason}", jvm_log), file=sys.stderr, flush=True)
         return 1
-    _tally(query, read)
-    print(f"live: {sum(read.values())} events in {_batches(read)} batches, "
-          f"{time.monotonic() - started:.1f} s, to {table.path}", flush=True)
+    print(f"live: {followed.events} events in {followed.batches} batches, to {table.path}",
+          flush=True)
     return 0
-
-
-def _tally(query: StreamingQuery, read: dict[int, int]) -> None:
-    """Add the query's recent progress reports to ``read`` (events per micro-batch id): Spark
-    keeps only the last hundred, so a long run is tallied as it goes."""
-    for progress in query.recentProgress:
-        read[int(progress["batchId"])] = int(progress.get("numInputRows", 0))
-
-
-def _batches(read: dict[int, int]) -> int:
-    """The micro-batches that read events."""
-    return sum(1 for events in read.values() if events > 0)

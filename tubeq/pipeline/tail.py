@@ -18,25 +18,22 @@ Offsets are not kept (a temporary checkpoint): a tail is a view, the archive is 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import time
 from collections.abc import Sequence
 from typing import Final
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from tubeq.pipeline.archive import check_source, source_error
 from tubeq.pipeline.session import naming_log, spark_session
-from tubeq.pipeline.source import DEFAULT_REDIS, NAME, register
+from tubeq.pipeline.source import NAME, register
+from tubeq.pipeline.streaming import add_stream_arguments, follow, stream_options
 
 DEFAULT_WINDOW_S: Final = 10
 DEFAULT_LATE_S: Final = 60
 DEFAULT_INTERVAL_S: Final = 2.0
-POLL_S: Final = 1  # awaitTermination takes whole seconds
 # The printed table's columns, and the ones its rows are sorted by.
 RATE_COLUMNS: Final = ("window_start", "tube", "event", "events", "per_second")
 RATE_ORDER: Final = ("window_start", "tube", "event")
@@ -99,11 +96,7 @@ def start_tail(spark: SparkSession, options: dict[str, str], window_s: int, late
 
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``tail`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
-    parser.add_argument("--redis", default=DEFAULT_REDIS,
-                        help=f"Redis URL of the event stream (default {DEFAULT_REDIS})")
-    stream = parser.add_mutually_exclusive_group()
-    stream.add_argument("--prefix", default="tubeq", help="tubeq namespace (default tubeq)")
-    stream.add_argument("--key", help="the stream's key, instead of a namespace")
+    add_stream_arguments(parser)
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW_S,
                         help=f"window length in seconds (default {DEFAULT_WINDOW_S})")
     parser.add_argument("--late", type=int, default=DEFAULT_LATE_S,
@@ -116,8 +109,6 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many micro-batches that read events")
     parser.add_argument("--from-start", action="store_true",
                         help="read the whole stream (default: from its end)")
-    parser.add_argument("--max-events-per-trigger", type=int, default=None, metavar="N",
-                        help="at most N events per micro-batch")
     parser.add_argument("--sink", choices=("console", "memory"), default="console",
                         help="console (default) or a memory table named by --query-name")
     parser.add_argument("--query-name", default="tubeq_tail",
@@ -127,14 +118,8 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
 def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     """Run ``tubeq-pipeline tail`` until --seconds or --batches; 1 if the query failed (its
     reason on stderr)."""
-    options = {"redis": args.redis, "startingId": "earliest" if args.from_start else "latest",
+    options = {**stream_options(args), "startingId": "earliest" if args.from_start else "latest",
                "onGap": "continue"}  # a view goes on past a trim; the archive is the record
-    if args.key:
-        options["key"] = args.key
-    else:
-        options["prefix"] = args.prefix
-    if args.max_events_per_trigger:
-        options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
     check_source(options, getattr(args, "remote", None))
     jvm_log = getattr(args, "jvm_log", None)
     if spark is None:
@@ -142,20 +127,7 @@ def run_tail(args: argparse.Namespace, spark: SparkSession | None = None) -> int
                               "tubeq-tail", jvm_log=jvm_log)
     query = start_tail(spark, options, args.window, args.late, args.sink, args.query_name,
                        args.interval)
-    started = time.monotonic()
-    try:
-        while query.isActive:
-            with contextlib.suppress(StreamingQueryException):  # read below, as exception()
-                query.awaitTermination(POLL_S)
-            read = sum(1 for p in query.recentProgress if p.get("numInputRows", 0) > 0)
-            if args.batches is not None and read >= args.batches:
-                break
-            if args.seconds is not None and time.monotonic() - started >= args.seconds:
-                break
-    except KeyboardInterrupt:
-        pass
-    error = query.exception() if not query.isActive else None
-    query.stop()
+    error = follow(query, args.seconds, args.batches).error
     if error is not None:
         print(naming_log(f"tail: failed: {source_error(str(error))}", jvm_log),
               file=sys.stderr, flush=True)
