@@ -100,7 +100,8 @@ def expected(written: Iterable[Mapping[str, str | int]],
 def as_counts(document: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, int]]:
     """The document's rows by (tube, minute); they must come in that order, with every column."""
     rows = document["rows"]
-    assert all(list(row) == ["tube", "bucket_ms", *COUNTED_COLUMNS] for row in rows)
+    assert document["columns"] == ["tube", "bucket_ms", *COUNTED_COLUMNS]
+    assert all(list(row) == document["columns"] for row in rows)
     assert [(row["tube"], row["bucket_ms"]) for row in rows] == sorted(
         (row["tube"], row["bucket_ms"]) for row in rows)
     return {(row["tube"], row["bucket_ms"]): {column: row[column] for column in COUNTED_COLUMNS}
@@ -122,6 +123,9 @@ def test_once_builds_the_table_then_a_second_run_grows_it(
         spark: SparkSession, redis_process: RedisProcess, client: redis.Redis,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = es.fresh_prefix()
+    assert live.run_live(live_args(redis_process.url, prefix, tmp_path, "--once"), spark) == 0
+    assert as_counts(live.read_live(tmp_path)) == {}  # no events yet: a table of no rows
+
     first = events(range(0, 4), seed=1)
     es.write(client, es.key_of(prefix), first)
     assert live.run_live(live_args(redis_process.url, prefix, tmp_path, "--once"), spark) == 0

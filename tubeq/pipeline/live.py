@@ -32,9 +32,10 @@ Rules:
   newest minute seen (event time, as the watermark), sums them into the ``*`` rows, and after
   every micro-batch writes the table to a hidden temporary file in ``--out`` and renames it over
   the old one. A reader therefore sees the previous table or the new one, never part of one.
-  The document: ``{"batch_id": N, "written_ms": MS, "keep_minutes": N, "rows": [{"tube": ...,
-  "bucket_ms": ..., "put": ..., ...}, ...]}``, rows by tube then minute (``COLUMNS``). A (tube,
-  minute) with no events has no row (as in ``by_minute``).
+  The document: ``{"batch_id": N, "written_ms": MS, "keep_minutes": N, "columns": COLUMNS,
+  "rows": [{"tube": ..., "bucket_ms": ..., "put": ..., ...}, ...]}``, rows by tube then minute.
+  A (tube, minute) with no events has no row (as in ``by_minute``); before any event, ``rows``
+  is empty (``columns`` still names them).
 * Offsets are not kept (a temporary checkpoint): each start rebuilds the table from the stream,
   reading from the start of the minute ``--keep-minutes`` before now, so its minutes are whole.
   A trim of the stream (``onGap=continue``) is logged, not fatal: the archive is the record.
@@ -126,7 +127,7 @@ class LiveTable:
     def write(self, batch_id: int) -> None:
         """Replace the file with the table as held now (a hidden temporary file, renamed)."""
         document = {"batch_id": batch_id, "written_ms": int(time.time() * 1000),
-                    "keep_minutes": self.keep_minutes,
+                    "keep_minutes": self.keep_minutes, "columns": COLUMNS,
                     "rows": [dict(zip(COLUMNS, row, strict=True)) for row in self.rows()]}
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
