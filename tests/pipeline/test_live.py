@@ -333,3 +333,15 @@ def test_an_unreachable_redis_is_one_line_before_spark_starts(
     with pytest.raises(PipelineError, match=f"^cannot reach Redis at {url} "):
         live.run_live(live_args(url, "tubeq", tmp_path / "out", "--once"))
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_cannot_hold_the_table_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / live.LIVE_TABLE).mkdir()
+    with pytest.raises(PipelineError, match=(
+            f"^--out {tmp_path}: {live.LIVE_TABLE} in it is a directory, not the table$")):
+        live.check_out(str(tmp_path))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(PipelineError, match=(
+            f"^--out {blocker / 'sub'}: cannot make it: Not a directory$")):
+        live.check_out(str(blocker / "sub"))

@@ -70,8 +70,9 @@ from tubeq.pipeline.tables import ALL_TUBES, COUNTED_COLUMNS, MINUTE_MS
 LIVE_TABLE: Final = "by_minute_live.json"
 COLUMNS: Final = ("tube", "bucket_ms", *COUNTED_COLUMNS)
 DEFAULT_KEEP_MINUTES: Final = 60
-# tubeq's events reach the stream in the script that makes them, so they arrive in time order;
-# two minutes leave room for a slow micro-batch and a clock step between shards.
+# A stream's events are in time order as far as one tubeq process's clock goes; several processes
+# serving one namespace write its stream with their own clocks: two minutes leave room for their
+# skew.
 DEFAULT_LATE_S: Final = 120
 DEFAULT_INTERVAL_S: Final = 5.0
 
