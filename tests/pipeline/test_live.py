@@ -123,8 +123,12 @@ def test_once_builds_the_table_then_a_second_run_grows_it(
         spark: SparkSession, redis_process: RedisProcess, client: redis.Redis,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = es.fresh_prefix()
-    assert live.run_live(live_args(redis_process.url, prefix, tmp_path, "--once"), spark) == 0
-    assert as_counts(live.read_live(tmp_path)) == {}  # no events yet: a table of no rows
+    # Through the command line's dispatcher: no events yet, so a table of no rows.
+    assert cli.main(["live", "--redis", redis_process.url, "--prefix", prefix,
+                     "--out", str(tmp_path), "--once"], spark) == 0
+    assert as_counts(live.read_live(tmp_path)) == {}
+    printed = capsys.readouterr().out
+    assert printed == f"live: 0 events in 0 batches, to {tmp_path / live.LIVE_TABLE}\n"
 
     first = events(range(0, 4), seed=1)
     es.write(client, es.key_of(prefix), first)
