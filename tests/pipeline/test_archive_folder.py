@@ -90,11 +90,12 @@ def by_pandas(folder: Path) -> list[Row]:
 
 def by_duckdb(folder: Path) -> list[Row]:
     with duckdb.connect() as conn:
-        found = conn.execute(
+        cursor = conn.execute(
             "SELECT * FROM read_parquet(?, hive_partitioning = 1, "
             "hive_types = {'batch': BIGINT, 'date': VARCHAR, 'tube': VARCHAR})",
-            [f"{folder}/**/*.parquet"]).fetch_arrow_table()
-    return as_rows(found.to_pylist())
+            [f"{folder}/**/*.parquet"])
+        names = [column[0] for column in cursor.description]
+        return as_rows(dict(zip(names, row, strict=True)) for row in cursor.fetchall())
 
 
 def by_spark(spark: SparkSession, folder: Path) -> list[Row]:

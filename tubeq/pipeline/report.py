@@ -729,8 +729,9 @@ def _holds_parquet(path: Path) -> bool:
 
 def check_archives(archives: Sequence[str]) -> None:
     """Raise :class:`PipelineError` before Spark starts for a local ``--archive`` that does not
-    exist, or when every archive is local and none holds a Parquet file (an empty archive has
-    nothing to report, and a report of nothing would replace a real one)."""
+    exist, when every archive is local and none holds a Parquet file (an empty archive has
+    nothing to report, and a report of nothing would replace a real one), and for a local
+    archive of the old format (it says how to convert it)."""
     local = [(archive, local_path(archive)) for archive in archives]
     for archive, path in local:
         if path is not None and not path.exists():
