@@ -158,15 +158,13 @@ class LocalFiles:
     def tidy(self, stage: str) -> bool:
         """Leave in ``stage`` only the Parquet files of ``date=/tube=`` directories (Spark's
         ``_SUCCESS``, ``.crc`` checksums and an empty batch's root file go); whether any remain."""
-        root = _local(stage)
         kept = False
-        for path in sorted(root.rglob("*"), reverse=True):
-            relative = path.relative_to(root).parts
-            if path.is_file() or path.is_symlink():
-                if is_layout_file(relative):
-                    kept = True
-                else:
-                    path.unlink()
+        for path in _walk_outside_in(_local(stage)):
+            if not path.at_layout_place or (len(path.parts) == 3
+                                            and not is_layout_file(path.parts)):
+                _remove(path.full)
+            elif len(path.parts) == 3:
+                kept = True
         return kept
 
     def rename(self, source: str, target: str) -> None:
@@ -185,6 +183,40 @@ def is_layout_file(relative: tuple[str, ...]) -> bool:
     return (len(relative) == 3 and bool(_DATE_DIR.match(relative[0]))
             and bool(_TUBE_DIR.match(relative[1])) and relative[2].endswith(".parquet")
             and not relative[2].startswith(("_", ".")))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    full: Path
+    parts: tuple[str, ...]  # below the batch directory
+
+    @property
+    def at_layout_place(self) -> bool:
+        """A ``date=`` directory, a ``tube=`` directory in one, or a file in that."""
+        depth = len(self.parts)
+        is_dir = self.full.is_dir() and not self.full.is_symlink()
+        return (bool(_DATE_DIR.match(self.parts[0]))
+                and (depth < 2 or bool(_TUBE_DIR.match(self.parts[1])))
+                and ((depth < 3 and is_dir) or (depth == 3 and not is_dir)))
+
+
+def _walk_outside_in(batch: Path) -> Iterator[_Entry]:
+    """Every entry below ``batch``, a directory before what it holds; what is not at a layout
+    place is given and not entered (the caller removes or reports it whole)."""
+    pending = [_Entry(child, (child.name,)) for child in sorted(batch.iterdir())]
+    while pending:
+        entry = pending.pop(0)
+        yield entry
+        if entry.at_layout_place and len(entry.parts) < 3:
+            pending[:0] = [_Entry(child, (*entry.parts, child.name))
+                           for child in sorted(entry.full.iterdir())]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def same_file_system(out: Path, checkpoint: Path) -> bool:
@@ -225,22 +257,21 @@ def inspect(root: Path) -> list[Finding]:
     return findings
 
 
+_NOT_AT_PLACE: Final = ("not a date=YYYY-MM-DD directory", "not a tube=NAME directory",
+                        "not a Parquet file of the archive")
+
+
 def _inspect_batch(root: Path, batch: Path) -> Iterator[Finding]:
-    for date in sorted(batch.iterdir()):
-        if not (date.is_dir() and _DATE_DIR.match(date.name)):
-            yield _foreign(root, date, "not a date=YYYY-MM-DD directory")
-            continue
-        for tube in sorted(date.iterdir()):
-            if not (tube.is_dir() and _TUBE_DIR.match(tube.name)):
-                yield _foreign(root, tube, "not a tube=NAME directory")
-                continue
-            for part in sorted(tube.iterdir()):
-                if not is_layout_file((date.name, tube.name, part.name)) or not part.is_file():
-                    yield _foreign(root, part, "not a Parquet file of the archive")
-                elif not is_whole_parquet(part):
-                    yield Finding(_relative(root, part), "partial",
-                                  f"not a whole Parquet file ({part.stat().st_size} bytes, "
-                                  "no footer): cut short")
+    for entry in _walk_outside_in(batch):
+        depth = len(entry.parts)
+        if not entry.at_layout_place:
+            yield _foreign(root, entry.full, _NOT_AT_PLACE[min(depth, 3) - 1])
+        elif depth == 3 and not is_layout_file(entry.parts):
+            yield _foreign(root, entry.full, _NOT_AT_PLACE[2])
+        elif depth == 3 and not is_whole_parquet(entry.full):
+            yield Finding(_relative(root, entry.full), "partial",
+                          f"not a whole Parquet file ({entry.full.stat().st_size} bytes, "
+                          "no footer): cut short")
 
 
 def _foreign(root: Path, path: Path, why: str) -> Finding:
@@ -263,11 +294,7 @@ def inspect_old_format(root: Path) -> list[Finding]:
 def clean(root: Path, findings: list[Finding]) -> None:
     """Remove what ``findings`` (of :func:`inspect`) name from ``root``."""
     for finding in findings:
-        path = root / finding.path.rstrip("/")
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        _remove(root / finding.path.rstrip("/"))
 
 
 # ---------------------------------------------------------------------------------------------
