@@ -23,6 +23,7 @@ import pytest
 import redis
 from pyspark.sql import SparkSession
 
+from tests.pipeline import archives
 from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
 from tests.servers import TubeqCluster
@@ -46,10 +47,7 @@ def spark() -> Iterator[SparkSession]:
 
 
 def archive_args(url: str, prefix: str, out: Path, *extra: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    archive.add_archive_arguments(parser)
-    return parser.parse_args(["--redis", url, "--prefix", prefix, "--out", str(out / "events"),
-                              "--checkpoint", str(out / "checkpoint"), *extra])
+    return archives.archive_args(url, prefix, out / "events", out / "checkpoint", *extra)
 
 
 def archived_ids(spark: SparkSession, out: Path) -> list[str]:

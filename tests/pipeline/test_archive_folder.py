@@ -33,6 +33,7 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
+from tests.pipeline.archives import archive_args
 from tests.pipeline.sparks import local_spark
 from tubeq.model.events import FIELDS, SPARK_DDL
 from tubeq.pipeline import archive, layout
@@ -55,14 +56,6 @@ Row = tuple[str, ...]
 def spark() -> Iterator[SparkSession]:
     with local_spark("tubeq-test-archive-folder") as session:
         yield session
-
-
-def archive_args(url: str, prefix: str, out: Path, checkpoint: Path,
-                 *extra: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    archive.add_archive_arguments(parser)
-    return parser.parse_args(["--redis", url, "--prefix", prefix, "--out", str(out),
-                              "--checkpoint", str(checkpoint), *extra])
 
 
 def folder_command(flag: str, folder: Path) -> subprocess.CompletedProcess[str]:

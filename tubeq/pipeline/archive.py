@@ -281,8 +281,8 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the partial or foreign files in archive folder DIR (exit 1 "
                              "if any), then stop")
     folder.add_argument("--clean", metavar="DIR",
-                        help="remove the partial or foreign files from archive folder DIR "
-                             "(while no archive runs on it), then stop")
+                        help="remove the partial or foreign files from archive folder DIR, "
+                             "then stop")
     folder.add_argument("--convert", metavar="DIR",
                         help="turn DIR, an archive of the old format (Spark's "
                              "_spark_metadata), into batch directories, then stop")
