@@ -253,6 +253,19 @@ def test_a_checkpoint_on_another_file_system_is_refused_before_spark_starts(
         shutil.rmtree(checkpoint)
 
 
+def test_a_local_folder_with_a_remote_checkpoint_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match=(
+            rf"^--out {tmp_path} and --checkpoint hdfs://namenode/checkpoint must be on one "
+            "file system: ")):
+        archive.check_folders(str(tmp_path), "hdfs://namenode/checkpoint")
+
+
+def test_a_folder_that_is_not_local_needs_a_session_with_a_jvm() -> None:
+    """Spark Connect (--remote) has no JVM on this side to move files on hdfs:// or s3a://."""
+    with pytest.raises(PipelineError, match=r"^an archive that is not a local path needs a "):
+        archive.files_for(object(), "hdfs://namenode/archive")  # type: ignore[arg-type]
+
+
 def test_out_without_checkpoint_is_one_line() -> None:
     parser = argparse.ArgumentParser()
     archive.add_archive_arguments(parser)
@@ -357,6 +370,9 @@ def test_hadoop_file_systems_publish_a_batch_the_same_way(spark: SparkSession,
     assert by_pyarrow(out) == sorted(tuple(str(value) for value in row) for row in rows)
     assert by_duckdb(out) == by_pyarrow(out)
     assert by_spark(spark, out) == by_pyarrow(out)
+    missing = (tmp_path / "no-such-batch").as_uri()
+    with pytest.raises(PipelineError, match=f"^cannot rename {missing} to "):
+        archive.HadoopFiles(spark).rename(missing, (out / "batch=8").as_uri())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -174,7 +175,12 @@ class HadoopFiles:
 
     def rename(self, source: str, target: str) -> None:
         path, fs = self._located(source)
-        if not fs.rename(path, self._jvm.org.apache.hadoop.fs.Path(target)):
+        try:
+            renamed = fs.rename(path, self._jvm.org.apache.hadoop.fs.Path(target))
+        except Py4JJavaError as exc:  # some file systems raise where HDFS returns false
+            raise PipelineError(f"cannot rename {source} to {target}: "
+                                f"{exc.java_exception.toString()}") from None
+        if not renamed:
             raise PipelineError(f"cannot rename {source} to {target}")
 
 
