@@ -23,11 +23,12 @@ import pytest
 import redis
 from pyspark.sql import SparkSession
 
+from tests.pipeline import archives
 from tests.pipeline import eventstream as es
 from tests.pipeline.sparks import local_spark
 from tests.support.servers import TubeqCluster
 from tubeq.client import Client
-from tubeq.pipeline import archive
+from tubeq.pipeline import archive, layout
 from tubeq.pipeline.report import read_archive
 from tubeq.pipeline.session import PipelineError
 from tubeq.redisio.process import RedisProcess, free_port
@@ -46,10 +47,7 @@ def spark() -> Iterator[SparkSession]:
 
 
 def archive_args(url: str, prefix: str, out: Path, *extra: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    archive.add_archive_arguments(parser)
-    return parser.parse_args(["--redis", url, "--prefix", prefix, "--out", str(out / "events"),
-                              "--checkpoint", str(out / "checkpoint"), *extra])
+    return archives.archive_args(url, prefix, out / "events", out / "checkpoint", *extra)
 
 
 def archived_ids(spark: SparkSession, out: Path) -> list[str]:
@@ -57,8 +55,7 @@ def archived_ids(spark: SparkSession, out: Path) -> list[str]:
 
 
 def committed_batches(out: Path) -> int:
-    log = out / "events" / "_spark_metadata"
-    return len([p for p in log.iterdir() if p.name.isdigit()]) if log.is_dir() else 0
+    return len(layout.published_batches(out / "events"))
 
 
 def test_archive_is_partitioned_by_date_and_tube_and_readable_by_the_report(
@@ -74,7 +71,7 @@ def test_archive_is_partitioned_by_date_and_tube_and_readable_by_the_report(
     frame = spark.read.parquet(str(tmp_path / "events"))
     dates = {r.date for r in frame.select("date").distinct().collect()}
     assert {str(d) for d in dates} == {"2026-01-01", "2026-01-02"}
-    assert {p.name for p in (tmp_path / "events").glob("date=*/tube=*")} == {
+    assert {p.name for p in (tmp_path / "events").glob("batch=0/date=*/tube=*")} == {
         f"tube={t}" for t in es.TUBES}
     back = {tuple(r) for r in read_archive(spark, tmp_path / "events").collect()}
     assert back == {(w.stream_id, *w.fields.values()) for w in written}

@@ -14,10 +14,11 @@ Rules:
   (``tubeq-pipeline --master spark://h:7077 report ...`` or ``tubeq-pipeline report --master ...``).
 * A failure the user can fix is exactly one line on stderr (``tubeq-pipeline: ...``) and exit
   status 1: no Java or one older than 17, the pipeline extra (or Spark Connect's client, for
-  ``--remote``) not installed, a missing or empty archive, an unreachable Redis, an unreachable
-  ``--remote``, an error Spark reports (a corrupt Parquet file; a Python worker, on a cluster
-  node, that cannot import tubeq: what to install). What can be checked without
-  Spark is checked before its JVM starts. Bad arguments exit 2 (argparse). Anything else is a
+  ``--remote``) not installed, a missing or empty archive, an archive of the old format (with the
+  command that converts it), an unreachable Redis, an unreachable ``--remote``, an error Spark
+  reports (a corrupt Parquet file; a Python worker, on a cluster node, that cannot import tubeq:
+  what to install). What can be checked without Spark is checked before its JVM starts. Bad
+  arguments exit 2 (argparse). Anything else is a
   bug and keeps its traceback.
 * The JVM a command starts writes its own output (its banner, log4j, the Python workers'
   stderr) to a temporary log file, not to the terminal: the file is removed when the command

@@ -55,7 +55,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,6 +62,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.model.events import FIELDS, SPARK_DDL, EventName
+from tubeq.pipeline.layout import is_old_format, local_path, old_format_error
 from tubeq.pipeline.page import render_html
 from tubeq.pipeline.session import PipelineError, spark_session
 from tubeq.pipeline.tables import (
@@ -142,10 +142,16 @@ def read_archive(spark: SparkSession, *archives: str | Path, since_ms: int | Non
     ``until_ms``: the events in ``[since_ms, until_ms)`` only, and of a partitioned archive only
     the ``date`` partitions that can hold them are read.
 
-    The schema is given rather than inferred, so a tube named ``007`` stays a string.
+    The schema is given rather than inferred, so a tube named ``007`` stays a string. A local
+    archive of the old format (``_spark_metadata``) is a :class:`PipelineError` that says how to
+    convert it (``layout.py``): the other readers would read its partial files.
     """
     if not archives:
         raise ValueError("read_archive needs at least one archive directory")
+    for archive in archives:
+        path = local_path(archive)
+        if path is not None and is_old_format(path):
+            raise old_format_error(str(archive))
     # One read per directory, then a union: Spark's partition discovery refuses several roots
     # of date=/tube= directories in one read (CONFLICTING_DIRECTORY_STRUCTURES).
     frames = [_within(spark.read.schema(f"{SPARK_DDL}, date STRING").parquet(str(archive)),
@@ -574,15 +580,6 @@ def _instant_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _local_path(archive: str) -> Path | None:
-    """The local file system path of ``archive`` (a plain path or a ``file:`` URL); None for
-    any other scheme (hdfs://, s3a://, ...), which only Spark can look at."""
-    parts = urlsplit(archive)
-    if parts.scheme == "file":
-        return Path(parts.path)
-    return Path(archive) if not parts.scheme or len(parts.scheme) == 1 else None
-
-
 def _holds_parquet(path: Path) -> bool:
     """Whether ``path`` is a Parquet file or a directory with one below it, in the places Spark
     reads (not under ``_`` or ``.`` directories such as ``_spark_metadata``)."""
@@ -598,15 +595,19 @@ def _holds_parquet(path: Path) -> bool:
 
 def check_archives(archives: Sequence[str]) -> None:
     """Raise :class:`PipelineError` before Spark starts for a local ``--archive`` that does not
-    exist, or when every archive is local and none holds a Parquet file (an empty archive has
-    nothing to report, and a report of nothing would replace a real one)."""
-    local = [(archive, _local_path(archive)) for archive in archives]
+    exist, when every archive is local and none holds a Parquet file (an empty archive has
+    nothing to report, and a report of nothing would replace a real one), and for a local
+    archive of the old format (it says how to convert it)."""
+    local = [(archive, local_path(archive)) for archive in archives]
     for archive, path in local:
         if path is not None and not path.exists():
             raise PipelineError(f"--archive {archive}: no such directory")
     if all(path is not None and not _holds_parquet(path) for _, path in local):
         raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
                             "Parquet file")
+    for archive, path in local:
+        if path is not None and is_old_format(path):
+            raise old_format_error(archive)
 
 
 def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
