@@ -88,6 +88,21 @@ DEFAULT_CALL_TIMEOUT = 2.0
 Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
 
 
+class RefusableDecoder:
+    """The base of a decoder that is also told when Redis refuses its call (an error reply: the
+    call did not run), before the call's future fails: ``refused(error)``. What the caller
+    counted when it sent the call can be taken back there, with no done-callback per call (a
+    callback is a loop handle each: the hot path cannot afford one per put)."""
+
+    __slots__ = ()
+
+    def __call__(self, reply: Any) -> Any:
+        raise NotImplementedError
+
+    def refused(self, error: RedisReplyError) -> None:
+        raise NotImplementedError
+
+
 class ScriptCall(Protocol):
     """A bound script (:meth:`RedisClient.bind_script`): call it with the script's ARGV."""
 
@@ -652,6 +667,8 @@ class RedisClient(ReconnectingProtocol):
             else:
                 if self.on_error is not None:
                     self.on_error(reply.code)
+                if isinstance(decode, RefusableDecoder):
+                    decode.refused(reply)
                 future.set_exception(reply)
                 if decode == self._confirm:  # the WAIT itself failed
                     self._fail_unconfirmed(reply)

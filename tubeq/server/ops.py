@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from tubeq.model.options import Options
-from tubeq.redisio.client import never_ran
+from tubeq.redisio.client import RedisReplyError, RefusableDecoder, never_ran
 from tubeq.redisio.futures import discard, then
 from tubeq.server.context import ServerContext
 from tubeq.server.stats import CommandCounters
@@ -50,18 +50,51 @@ def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: byt
     if ctx.full:
         return answer(NAMESPACE_FULL)
     counters = ctx.counters
-
-    def stored(job_id: int) -> T:
-        if not job_id:
-            counters.job_created(tube, -1)  # refused: the count sent with it is taken back
-        return answer(job_id)
-
+    stored = _put_answers(ctx, tube, answer)
     call = store.put(tube, pri, delay, max(ttr, 1), body, stored)
     counters.job_created(tube)
-    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, 1))
+    if call.done():  # never sent (no connection): it failed at once
+        _take_back_if_refused(counters, tube, 1, call)
     if delay > 0:
         _note_due_when_done(ctx, call, store.clock() + delay * 1000)
     return call
+
+
+class _PutAnswer(RefusableDecoder, Generic[T]):
+    """A put's reply decoder for one tube and one answer: the count sent with a put is taken
+    back when the job was not stored (the tube full, or Redis refused the put). One per tube
+    and answer, kept (:func:`_put_answers`): no object per put."""
+
+    __slots__ = ("answer", "counters", "tube")
+
+    def __init__(self, counters: CommandCounters, tube: str, answer: Callable[[int], T]) -> None:
+        self.counters = counters
+        self.tube = tube
+        self.answer = answer
+
+    def __call__(self, reply: Any) -> T:
+        job_id = int(reply)
+        if not job_id:
+            self.counters.job_created(self.tube, -1)  # the tube is full: nothing stored
+        return self.answer(job_id)
+
+    def refused(self, error: RedisReplyError) -> None:
+        self.counters.job_created(self.tube, -1)  # Redis did not run the put
+
+
+# The decoders a context keeps (ServerContext.put_answers); past this many (tubes come and go)
+# they are dropped and made again as needed.
+MAX_PUT_ANSWERS: Final = 4096
+
+
+def _put_answers(ctx: ServerContext, tube: str, answer: Callable[[int], T]) -> _PutAnswer[T]:
+    kept = ctx.put_answers
+    decoder: _PutAnswer[T] | None = kept.get((tube, answer))
+    if decoder is None:
+        if len(kept) >= MAX_PUT_ANSWERS:
+            kept.clear()
+        decoder = kept[(tube, answer)] = _PutAnswer(ctx.counters, tube, answer)
+    return decoder
 
 
 def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,

@@ -28,6 +28,7 @@ from tubeq.redisio.client import (
     Decoder,
     RedisClient,
     RedisReplyError,
+    RefusableDecoder,
     Reply,
     ScriptCall,
     never_ran,
@@ -322,7 +323,15 @@ class Store:
 
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
             answer: Callable[[int], Any] | None = None) -> asyncio.Future[Any]:
-        decode: Decoder = int if answer is None else (lambda r: answer(int(r)))
+        """``answer``: given the new id (0: the tube is full); a RefusableDecoder is given the
+        raw reply instead, and is told when Redis refuses the put (tubeq.redisio.client)."""
+        decode: Decoder
+        if answer is None:
+            decode = int
+        elif isinstance(answer, RefusableDecoder):
+            decode = answer
+        else:
+            decode = lambda r: answer(int(r))  # noqa: E731
         return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=decode)
 
     def burn_id(self, tube: str = "default") -> asyncio.Future[int]:
