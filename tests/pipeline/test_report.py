@@ -487,8 +487,9 @@ def test_since_and_until_read_only_the_days_they_need(
     assert max(int(e[at["time_ms"]]) for e in later) < split + 2 * DAY
 
     # A file no reader can read, in a day neither window needs: only a read that opens it fails.
+    batch = next(path.glob("batch=*"))  # the archive's one batch (tubeq.pipeline.layout)
     for day in (split, split + 3 * DAY):  # between the copies, and after the second
-        folder = path / f"date={report_day(day)}" / "tube=orders"
+        folder = batch / f"date={report_day(day)}" / "tube=orders"
         folder.mkdir(parents=True)
         (folder / "part-unreadable.parquet").write_bytes(b"not Parquet")
     with pytest.raises(Exception, match=r"FAILED_READ_FILE|not a Parquet file"):
