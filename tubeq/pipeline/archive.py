@@ -56,7 +56,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 from tubeq.pipeline import layout
 from tubeq.pipeline.layout import ARCHIVE_PARTITIONS, Files, LocalFiles
 from tubeq.pipeline.session import PipelineError, naming_log, spark_session
-from tubeq.pipeline.source import DEFAULT_REDIS, NAME, SourceError, ping, register
+from tubeq.pipeline.source import NAME, SourceError, ping, register
+from tubeq.pipeline.streaming import add_stream_arguments, stream_options
 
 DAY_MS: Final = 86_400_000
 DEFAULT_INTERVAL_S: Final = 10.0
@@ -238,14 +239,8 @@ def start_archive(spark: SparkSession, options: dict[str, str], out: str, checkp
 
 
 def source_options(args: argparse.Namespace) -> dict[str, str]:
-    options = {"redis": args.redis, "partitions": str(args.partitions),
+    options = {**stream_options(args), "partitions": str(args.partitions),
                "onGap": args.on_gap}
-    if args.key:
-        options["key"] = args.key
-    else:
-        options["prefix"] = args.prefix
-    if args.max_events_per_trigger:
-        options["maxEventsPerTrigger"] = str(args.max_events_per_trigger)
     if args.trim:
         options["trimCommitted"] = "true"
     if args.skip_malformed:
@@ -276,11 +271,7 @@ def source_error(text: str) -> str:
 
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``archive`` subcommand's own arguments (the dispatcher adds --master/--remote)."""
-    parser.add_argument("--redis", default=DEFAULT_REDIS,
-                        help=f"Redis URL of the event stream (default {DEFAULT_REDIS})")
-    stream = parser.add_mutually_exclusive_group()
-    stream.add_argument("--prefix", default="tubeq", help="tubeq namespace (default tubeq)")
-    stream.add_argument("--key", help="the stream's key, instead of a namespace")
+    add_stream_arguments(parser)
     folder = parser.add_mutually_exclusive_group(required=True)
     folder.add_argument("--out", help="the archive's folder (needs --checkpoint)")
     folder.add_argument("--check", metavar="DIR",
@@ -304,8 +295,6 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_INTERVAL_S:g})")
     parser.add_argument("--trim", action="store_true",
                         help="trim the stream up to what the archive has committed")
-    parser.add_argument("--max-events-per-trigger", type=int, default=None, metavar="N",
-                        help="at most N events per batch")
     parser.add_argument("--partitions", type=int, default=2,
                         help="parallel reads per batch (default 2)")
     parser.add_argument("--on-gap", choices=("fail", "continue"), default="fail",
