@@ -667,8 +667,10 @@ class RedisClient(ReconnectingProtocol):
             else:
                 if self.on_error is not None:
                     self.on_error(reply.code)
-                if isinstance(decode, RefusableDecoder):
-                    decode.refused(reply)
+                # A durable call's decoder is wrapped (_Durable): a refusal is told all the same.
+                told = decode.decode if type(decode) is _Durable else decode
+                if isinstance(told, RefusableDecoder):
+                    told.refused(reply)
                 future.set_exception(reply)
                 if decode == self._confirm:  # the WAIT itself failed
                     self._fail_unconfirmed(reply)
