@@ -67,7 +67,7 @@ async def test_refused_counts_are_sent_again_once(monkeypatch: pytest.MonkeyPatc
             # at once but after RETRY_S, with what was counted meanwhile.
             asyncio.get_running_loop().call_soon(refused, fields, tubes)
 
-    counters = CommandCounters(send, delay_s=10)
+    counters = CommandCounters(send)
     counters.incr("put")
     counters.job_created("a")
     counters.flush()

@@ -37,11 +37,6 @@ COMMAND_COUNTERS = (
 BINLOG_MAX_SIZE = 10485760
 
 
-# This process's counts reach Redis at the end of the loop tick they were counted in, in the
-# same write as the commands they count: a client that got its reply then sees them in any
-# process's stats (read-your-writes across processes, which tests hold). A read that needs them
-# (stats, stats-tube, /metrics) sends them first anyway.
-FLUSH_DELAY_S = 0.0
 # Counts Redis refused (OOM, a moved slot) or that found no connection are sent again after
 # this pause, with whatever was counted meanwhile.
 RETRY_S = 1.0
@@ -51,21 +46,20 @@ Refused = Callable[[dict[str, int], dict[str, int]], None]
 
 class CommandCounters:
     """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), sent to Redis with
-    ``flush(fields, tube_jobs, refused)`` ``delay_s`` after the first count since the last send
-    (0: at the end of the loop tick). ``refused(fields, tube_jobs)`` takes back the part of a
-    send that surely did not run, to be sent again: counts are neither lost nor counted twice
-    on a refusal. (A send whose connection was lost while it was out may have run: it is not
-    sent again.)"""
+    ``flush(fields, tube_jobs, refused)`` at the end of the loop tick they were counted in, in
+    the same write as the commands they count: a client that got its reply then sees them in
+    any process's stats. ``refused(fields, tube_jobs)`` takes back the part of a send that
+    surely did not run, to be sent again after RETRY_S: counts are neither lost nor counted
+    twice on a refusal. (A send whose connection was lost while it was out may have run: it
+    is not sent again.)"""
 
-    def __init__(self, flush: Callable[[dict[str, int], dict[str, int], Refused], None],
-                 delay_s: float = FLUSH_DELAY_S) -> None:
+    def __init__(self, flush: Callable[[dict[str, int], dict[str, int], Refused], None]) -> None:
         self._flush = flush
-        self.delay_s = delay_s
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
         self._jobs = 0  # the server's total-jobs
         self._tube_jobs: Counter[str] = Counter()
         self._scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # a retry's
         # Every count this process has sent, since it started: /metrics renders these
         # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
         self.totals: Counter[str] = Counter()
@@ -74,7 +68,7 @@ class CommandCounters:
         """One more command counted as ``cmd-<name>``."""
         self._pending[name] += 1
         if not self._scheduled:
-            self._schedule(self.delay_s)
+            self._schedule()
 
     def job_created(self, tube: str, count: int = 1) -> None:
         """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
@@ -82,15 +76,11 @@ class CommandCounters:
         self._tube_jobs[tube] += count
         self._jobs += count
         if not self._scheduled:
-            self._schedule(self.delay_s)
+            self._schedule()
 
-    def _schedule(self, delay_s: float) -> None:
+    def _schedule(self) -> None:
         self._scheduled = True
-        loop = asyncio.get_running_loop()
-        if delay_s > 0:
-            self._timer = loop.call_later(delay_s, self.flush)
-        else:
-            loop.call_soon(self.flush)
+        asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         """Send what was counted since the last send, now."""
@@ -117,8 +107,9 @@ class CommandCounters:
                 self._pending[name[4:]] += n
                 self.totals[name[4:]] -= n
         self._tube_jobs.update(tube_jobs)
-        if not self._scheduled:
-            self._schedule(RETRY_S)
+        if not self._scheduled:  # counts until then wait for the retry too
+            self._scheduled = True
+            self._timer = asyncio.get_running_loop().call_later(RETRY_S, self.flush)
 
 
 def _yaml(pairs: Sequence[tuple[str, object]]) -> bytes:
