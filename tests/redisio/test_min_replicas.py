@@ -19,7 +19,6 @@ from tubeq.redisio.client import (
     RedisClient,
     RedisConnectionLost,
     RedisReplyError,
-    RefusableDecoder,
     ReplicasBehind,
 )
 from tubeq.redisio.process import RedisProcess
@@ -98,32 +97,6 @@ async def test_too_few_replicas_fail_the_call_not_the_write(tmp_path: Path) -> N
             await durable()
         assert await client.execute("GET", "counter") == b"1"  # done, only not confirmed
         assert await client.call("PING") == b"PONG"  # the connection serves on
-    finally:
-        await client.close()
-        lone.stop()
-
-
-async def test_a_refused_durable_call_tells_its_decoder(tmp_path: Path) -> None:
-    """A durable call Redis refuses (OOM: it did not run) tells a RefusableDecoder, as a plain
-    call does, though a durable call's decoder travels wrapped until its WAIT."""
-    lone = RedisProcess(tmp_path / "lone")
-    lone.start()
-    client = await RedisClient.connect(lone.url, min_replicas=1, replicas_timeout_ms=50)
-    told: list[str] = []
-
-    class Told(RefusableDecoder):
-        def __call__(self, reply: object) -> object:
-            return reply
-
-        def refused(self, error: RedisReplyError) -> None:
-            told.append(error.code)
-
-    try:
-        await client.execute("CONFIG", "SET", "maxmemory", "1")  # noeviction: writes refused
-        durable = client.bind_script(_sha(), SCRIPT, ("counter",), durable=True)
-        with pytest.raises(RedisReplyError, match="OOM"):
-            await durable(decode=Told())
-        assert told == ["OOM"]
     finally:
         await client.close()
         lone.stop()

@@ -134,9 +134,35 @@ def test_put_on_one_process_is_visible_from_the_other(
     assert f"- {tube}\n".encode() in (listing.data or b""), listing
     tube_stats = observer.call(f"stats-tube {tube}").data or b""
     assert b"\ncurrent-jobs-ready: 1\n" in tube_stats, tube_stats
-    assert b"\ntotal-jobs: 1\n" in tube_stats, tube_stats
+    assert b"\ntotal-jobs: 1\n" in tube_stats, tube_stats  # the put's script counted it
     peeked = observer.call(f"peek {job_id}")
     assert (peeked.words[0], peeked.data) == (b"FOUND", b"seen from B"), peeked
+
+
+def test_another_processs_command_counts_arrive_within_the_flush_delay(
+    two_processes: tuple[ServerProcess, ServerProcess],
+    clients: Callable[[ServerProcess], LineClient],
+) -> None:
+    """cmd-* leave a process 10 ms after their first count (protocol.md, "When counts are
+    seen"): another process's stats shows them soon after, and its own at once."""
+    process_a, process_b = two_processes
+    producer, observer = clients(process_a), clients(process_b)
+
+    def cmd_peek_ready(client: LineClient) -> int:
+        document = client.call("stats").data or b""
+        line = next(x for x in document.split(b"\n") if x.startswith(b"cmd-peek-ready: "))
+        return int(line.split()[1])
+
+    before = cmd_peek_ready(observer)
+    for _ in range(3):
+        assert producer.call("peek-ready").head == b"NOT_FOUND"
+    assert cmd_peek_ready(producer) == before + 3  # its own process sends them before it reads
+    for _ in range(3):
+        assert producer.call("peek-ready").head == b"NOT_FOUND"
+    deadline = time.monotonic() + 5
+    while (seen := cmd_peek_ready(observer)) < before + 6 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert seen == before + 6
 
 
 def test_every_job_is_delivered_exactly_once_across_processes(

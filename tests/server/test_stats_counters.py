@@ -1,5 +1,5 @@
-"""Per-process stats counters (tubeq.server.stats.CommandCounters): what one flush sends, and
-what happens to counts Redis refused."""
+"""Per-process command counters (tubeq.server.stats.CommandCounters): when a batch of counts
+leaves, what one send carries, and what happens to counts Redis refused."""
 
 from __future__ import annotations
 
@@ -10,80 +10,67 @@ import pytest
 from tubeq.server import stats
 from tubeq.server.stats import CommandCounters, Refused
 
-Sent = list[tuple[dict[str, int], dict[str, int]]]
+Sent = list[dict[str, int]]
 
 
 def recording(sent: Sent) -> CommandCounters:
-    def send(fields: dict[str, int], tubes: dict[str, int], refused: Refused) -> None:
-        sent.append((fields, tubes))
+    def send(fields: dict[str, int], refused: Refused) -> None:
+        sent.append(fields)
 
     return CommandCounters(send)
 
 
-async def test_counts_leave_once_per_tick_as_stats_fields() -> None:
+async def test_counts_leave_together_after_the_flush_delay_as_stats_fields(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats, "FLUSH_DELAY_S", 0.05)
     sent: Sent = []
     counters = recording(sent)
     counters.incr("put")
     counters.incr("put")
-    counters.job_created("a")
-    counters.job_created("b")
+    await asyncio.sleep(0)
     counters.incr("delete")
-    assert sent == []  # nothing before the end of the tick
     await asyncio.sleep(0)
-    assert sent == [({"cmd-put": 2, "cmd-delete": 1, "total-jobs": 2}, {"a": 1, "b": 1})]
+    assert sent == []  # not at the end of the tick: a lone put's write goes without them
+    await asyncio.sleep(0.1)
+    assert sent == [{"cmd-put": 2, "cmd-delete": 1}]
     counters.flush()
-    assert len(sent) == 1  # nothing new: no empty flush
+    assert len(sent) == 1  # nothing new: no empty send
 
 
-async def test_an_explicit_flush_sends_at_once_and_the_tick_adds_only_what_came_later() -> None:
-    sent: Sent = []
-    counters = recording(sent)
-    counters.job_created("a")
-    counters.flush()  # stats and stats-tube do this before they read
-    counters.incr("stats")
-    await asyncio.sleep(0)
-    assert sent == [({"total-jobs": 1}, {"a": 1}), ({"cmd-stats": 1}, {})]
-
-
-async def test_a_put_taken_back_before_the_send_sends_no_total() -> None:
+async def test_an_explicit_flush_sends_at_once_and_the_timer_adds_only_what_came_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats, "FLUSH_DELAY_S", 0.02)
     sent: Sent = []
     counters = recording(sent)
     counters.incr("put")
-    counters.job_created("a")
-    counters.job_created("a", -1)  # the tube was full
-    counters.flush()
-    assert sent == [({"cmd-put": 1}, {})]
+    counters.flush()  # stats and stats-tube do this before they read
+    assert sent == [{"cmd-put": 1}]
+    counters.incr("stats")
+    await asyncio.sleep(0.06)
+    assert sent == [{"cmd-put": 1}, {"cmd-stats": 1}]
+    assert counters.totals == {"put": 1, "stats": 1}
 
 
 async def test_refused_counts_are_sent_again_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stats, "RETRY_S", 0.02)
+    monkeypatch.setattr(stats, "RETRY_S", 0.05)
     sent: Sent = []
     refuse = [True]
 
-    def send(fields: dict[str, int], tubes: dict[str, int], refused: Refused) -> None:
-        sent.append((fields, tubes))
+    def send(fields: dict[str, int], refused: Refused) -> None:
+        sent.append(fields)
         if refuse.pop(0) if refuse else False:
             # Redis refused the call (OOM): every count comes back, the call is not retried
             # at once but after RETRY_S, with what was counted meanwhile.
-            asyncio.get_running_loop().call_soon(refused, fields, tubes)
+            asyncio.get_running_loop().call_soon(refused, fields)
 
     counters = CommandCounters(send)
     counters.incr("put")
-    counters.job_created("a")
     counters.flush()
     await asyncio.sleep(0)
     counters.incr("put")
     assert counters.totals["put"] == 0  # the refused one is not in the totals until it is sent
-    await asyncio.sleep(0.1)
-    assert sent == [({"cmd-put": 1, "total-jobs": 1}, {"a": 1}),
-                    ({"cmd-put": 2, "total-jobs": 1}, {"a": 1})]
+    await asyncio.sleep(0.01)
+    assert len(sent) == 1  # the retry waits RETRY_S, not the flush delay
+    await asyncio.sleep(0.15)
+    assert sent == [{"cmd-put": 1}, {"cmd-put": 2}]
     assert counters.totals["put"] == 2
-
-
-async def test_a_split_namespace_gets_back_only_the_refused_shards_part() -> None:
-    sent: Sent = []
-    counters = recording(sent)
-    # The home shard took the server's counts and tube a's; the shard of tube b refused its.
-    counters.refused({}, {"b": 2})
-    counters.flush()
-    assert sent == [({}, {"b": 2})]

@@ -88,21 +88,6 @@ DEFAULT_CALL_TIMEOUT = 2.0
 Decoder: TypeAlias = Callable[[Any], Any]  # applied to a Reply
 
 
-class RefusableDecoder:
-    """The base of a decoder that is also told when Redis refuses its call (an error reply: the
-    call did not run), before the call's future fails: ``refused(error)``. What the caller
-    counted when it sent the call can be taken back there, with no done-callback per call (a
-    callback is a loop handle each: the hot path cannot afford one per put)."""
-
-    __slots__ = ()
-
-    def __call__(self, reply: Any) -> Any:
-        raise NotImplementedError
-
-    def refused(self, error: RedisReplyError) -> None:
-        raise NotImplementedError
-
-
 class ScriptCall(Protocol):
     """A bound script (:meth:`RedisClient.bind_script`): call it with the script's ARGV."""
 
@@ -667,10 +652,6 @@ class RedisClient(ReconnectingProtocol):
             else:
                 if self.on_error is not None:
                     self.on_error(reply.code)
-                # A durable call's decoder is wrapped (_Durable): a refusal is told all the same.
-                told = decode.decode if type(decode) is _Durable else decode
-                if isinstance(told, RefusableDecoder):
-                    told.refused(reply)
                 future.set_exception(reply)
                 if decode == self._confirm:  # the WAIT itself failed
                     self._fail_unconfirmed(reply)

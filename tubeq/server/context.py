@@ -98,8 +98,6 @@ class ServerContext:
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
     observer: Metrics | None = None
-    # Each tube's put decoder, by (tube, answer): made once, not per put (tubeq.server.ops).
-    put_answers: dict[tuple[str, Any], Any] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
     _restore_scheduled: bool = False

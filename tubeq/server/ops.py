@@ -1,14 +1,13 @@
 """The job verbs, once for every front: the protocol handlers and the HTTP API call these.
 
 Owns what a verb does around its store call: the draining and ``--max-jobs`` refusals of a put,
-the ``total-jobs`` count of a put (taken when the put is sent, so a ``stats`` pipelined after
-it sees it, and taken back when the job was not stored: a full tube, or a put Redis refused or
-never got), telling the scheduler of an instant it
-must act at (a delayed put's or release's due time, a touched job's new deadline, a pause's
-end), and sending this process's ``use`` counts ahead of a read that depends on them.
+telling the scheduler of an instant it must act at (a delayed put's or release's due time, a
+touched job's new deadline, a pause's end), and sending this process's ``use`` counts ahead of
+a read that depends on them.
 
 Not here: the ``cmd-*`` counter of the command (the protocol counts each parsed command, the
-HTTP API each route's one command), the connection's own state (its held jobs, its tubes) and
+HTTP API each route's one command), ``total-jobs`` (the scripts that store a job count it), the
+connection's own state (its held jobs, its tubes) and
 how an outcome is rendered (reply bytes, JSON). Each verb returns the store call's future, or,
 where it was given an ``answer``, a future of what ``answer`` made of the outcome (for put, the
 answer runs in the Redis reply's decoder: no future hop of its own on the hot path).
@@ -21,15 +20,12 @@ front a put came by.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
 from tubeq.model.options import Options
-from tubeq.redisio.client import RedisReplyError, RefusableDecoder, never_ran
 from tubeq.redisio.futures import discard, then
 from tubeq.server.context import ServerContext
-from tubeq.server.stats import CommandCounters
 from tubeq.store.store import PutOutcome
 
 T = TypeVar("T")
@@ -49,52 +45,10 @@ def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: byt
         return then(store.burn_id(tube), lambda _: answer(DRAINING))
     if ctx.full:
         return answer(NAMESPACE_FULL)
-    counters = ctx.counters
-    stored = _put_answers(ctx, tube, answer)
-    call = store.put(tube, pri, delay, max(ttr, 1), body, stored)
-    counters.job_created(tube)
-    if call.done():  # never sent (no connection): it failed at once
-        _take_back_if_refused(counters, tube, 1, call)
+    call = store.put(tube, pri, delay, max(ttr, 1), body, answer)
     if delay > 0:
         _note_due_when_done(ctx, call, store.clock() + delay * 1000)
     return call
-
-
-class _PutAnswer(RefusableDecoder, Generic[T]):
-    """A put's reply decoder for one tube and one answer: the count sent with a put is taken
-    back when the job was not stored (the tube full, or Redis refused the put). One per tube
-    and answer, kept (:func:`_put_answers`): no object per put."""
-
-    __slots__ = ("answer", "counters", "tube")
-
-    def __init__(self, counters: CommandCounters, tube: str, answer: Callable[[int], T]) -> None:
-        self.counters = counters
-        self.tube = tube
-        self.answer = answer
-
-    def __call__(self, reply: Any) -> T:
-        job_id = int(reply)
-        if not job_id:
-            self.counters.job_created(self.tube, -1)  # the tube is full: nothing stored
-        return self.answer(job_id)
-
-    def refused(self, error: RedisReplyError) -> None:
-        self.counters.job_created(self.tube, -1)  # Redis did not run the put
-
-
-# The decoders a context keeps (ServerContext.put_answers); past this many (tubes come and go)
-# they are dropped and made again as needed.
-MAX_PUT_ANSWERS: Final = 4096
-
-
-def _put_answers(ctx: ServerContext, tube: str, answer: Callable[[int], T]) -> _PutAnswer[T]:
-    kept = ctx.put_answers
-    decoder: _PutAnswer[T] | None = kept.get((tube, answer))
-    if decoder is None:
-        if len(kept) >= MAX_PUT_ANSWERS:
-            kept.clear()
-        decoder = kept[(tube, answer)] = _PutAnswer(ctx.counters, tube, answer)
-    return decoder
 
 
 def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
@@ -113,21 +67,15 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
     delay_ms = int(opts.get("delay-ms", delay * 1000))
     ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
     now = store.clock()
-    counters = ctx.counters
 
     def stored(outcome: PutOutcome) -> PutOutcome:
-        if not outcome.id or not outcome.inserted:
-            counters.job_created(tube, -1)  # nothing stored: take the count back
-        elif delay_ms > 0 or ttl_ms > 0:
+        if outcome.id and outcome.inserted and (delay_ms > 0 or ttl_ms > 0):
             for due in (delay_ms, ttl_ms):
                 if due > 0:
                     ctx.scheduler.note_due(now + due)
         return outcome
 
-    call = store.put_with(tube, pri, delay, max(ttr, 1), body, options)
-    counters.job_created(tube)
-    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, 1))
-    return then(call, stored)
+    return then(store.put_with(tube, pri, delay, max(ttr, 1), body, options), stored)
 
 
 def put_many(ctx: ServerContext, tube: str,
@@ -135,21 +83,13 @@ def put_many(ctx: ServerContext, tube: str,
     """Store ``(pri, delay, ttr, body)`` jobs in one script call: their ids, 0 for each the
     tube refused (its max-jobs). The caller checks draining and --max-jobs first: a batch
     refused whole uses no id."""
-    store, counters = ctx.store, ctx.counters
+    store = ctx.store
     call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
                                  for pri, delay, ttr, body in jobs])
-    counters.job_created(tube, len(jobs))
-    call.add_done_callback(functools.partial(_take_back_if_refused, counters, tube, len(jobs)))
     delays = [delay for _, delay, _, _ in jobs if delay > 0]
     if delays:
         _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)
-
-    def stored(ids: list[int]) -> list[int]:
-        for _ in range(ids.count(0)):  # refused: the tube is full (tube-set max-jobs)
-            counters.job_created(tube, -1)
-        return ids
-
-    return then(call, stored)
+    return call
 
 
 def delete(ctx: ServerContext, token: str, job_id: int, answer: Callable[[bool], T], *,
@@ -223,15 +163,6 @@ def sync_counts(ctx: ServerContext) -> None:
     counters and ``use`` counts reach Redis first."""
     ctx.counters.flush()
     sync_using(ctx)
-
-
-def _take_back_if_refused(counters: CommandCounters, tube: str, jobs: int,
-                          call: asyncio.Future[Any]) -> None:
-    """A put's ``total-jobs``, counted when it was sent, taken back when Redis surely did not
-    run it (refused: OOM, a moved slot; or no connection). A put whose connection was lost
-    while it was out may have stored its job: its count stays."""
-    if not call.cancelled() and (error := call.exception()) is not None and never_ran(error):
-        counters.job_created(tube, -jobs)
 
 
 def _note_due_when_done(ctx: ServerContext, call: asyncio.Future[Any], due_ms: int) -> None:

@@ -1,13 +1,14 @@
 """Counters and the YAML of stats, stats-tube, stats-job and the tube lists.
 
-Command counters (``cmd-*``), ``total-jobs`` and each tube's ``total-jobs`` are counted in
-process memory and added to Redis once per loop tick (counters.lua), so ``stats`` and
-``stats-tube`` from any process see every process's counts (to within one tick for other
-processes; exactly for its own, since they flush before they read). A send Redis refused
-(OOM, a moved slot) or that found no connection is sent again a second later, so no count is
-lost to an outage and none is counted twice. Field names and their
-order are beanstalkd 1.12's, byte for byte; 1.12 leaves string values unquoted except
-``version``.
+Command counters (``cmd-*``) are counted in process memory and added to Redis (counters.lua)
+FLUSH_DELAY_S after the first count of a batch, in a write of their own: a put sent and
+awaited alone does not wait for them. ``stats`` and ``stats-tube`` from any process see every
+process's counts to within that delay, and exactly for their own process, since it sends its
+counts ahead of the read. ``total-jobs`` is not counted here: the scripts that store jobs count
+it, so it is exact from every process as soon as a put is answered. A send Redis refused (OOM,
+a moved slot) or that found no connection is sent again a second later, so no count is lost
+to an outage and none is counted twice. Field names and their order are beanstalkd 1.12's,
+byte for byte; 1.12 leaves string values unquoted except ``version``.
 """
 
 from __future__ import annotations
@@ -37,29 +38,29 @@ COMMAND_COUNTERS = (
 BINLOG_MAX_SIZE = 10485760
 
 
+# Counts wait this long for more before they go to Redis: well past a lone put's round trip, so
+# they are not in its write (Redis answers a write's commands together), and short enough that
+# another process's stats reads them at once for a human or a monitor.
+FLUSH_DELAY_S = 0.01
 # Counts Redis refused (OOM, a moved slot) or that found no connection are sent again after
 # this pause, with whatever was counted meanwhile.
 RETRY_S = 1.0
 
-Refused = Callable[[dict[str, int], dict[str, int]], None]
+Refused = Callable[[dict[str, int]], None]
 
 
 class CommandCounters:
-    """Per-process ``cmd-*`` and ``total-jobs`` counts (server and per tube), sent to Redis with
-    ``flush(fields, tube_jobs, refused)`` at the end of the loop tick they were counted in, in
-    the same write as the commands they count: a client that got its reply then sees them in
-    any process's stats. ``refused(fields, tube_jobs)`` takes back the part of a send that
+    """Per-process ``cmd-*`` counts, sent to Redis with ``send(fields, refused)``
+    FLUSH_DELAY_S after the first count not yet sent, or at once by :meth:`flush` (before a
+    read of the counters, at shutdown). ``refused(fields)`` takes back the part of a send that
     surely did not run, to be sent again after RETRY_S: counts are neither lost nor counted
     twice on a refusal. (A send whose connection was lost while it was out may have run: it
     is not sent again.)"""
 
-    def __init__(self, flush: Callable[[dict[str, int], dict[str, int], Refused], None]) -> None:
-        self._flush = flush
+    def __init__(self, send: Callable[[dict[str, int], Refused], None]) -> None:
+        self._send = send
         self._pending: Counter[str] = Counter()  # by command stat name ("put", not "cmd-put")
-        self._jobs = 0  # the server's total-jobs
-        self._tube_jobs: Counter[str] = Counter()
-        self._scheduled = False
-        self._timer: asyncio.TimerHandle | None = None  # a retry's
+        self._timer: asyncio.TimerHandle | None = None
         # Every count this process has sent, since it started: /metrics renders these
         # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
         self.totals: Counter[str] = Counter()
@@ -67,48 +68,27 @@ class CommandCounters:
     def incr(self, name: str) -> None:
         """One more command counted as ``cmd-<name>``."""
         self._pending[name] += 1
-        if not self._scheduled:
-            self._schedule()
-
-    def job_created(self, tube: str, count: int = 1) -> None:
-        """One more job put to ``tube`` (``total-jobs``), counted when its put is sent; -1
-        takes back one the server did not store (a full tube, a refused put)."""
-        self._tube_jobs[tube] += count
-        self._jobs += count
-        if not self._scheduled:
-            self._schedule()
-
-    def _schedule(self) -> None:
-        self._scheduled = True
-        asyncio.get_running_loop().call_soon(self.flush)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self.flush)
 
     def flush(self) -> None:
         """Send what was counted since the last send, now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._scheduled = False
-        if self._pending or self._tube_jobs or self._jobs:
+        if self._pending:
             self.totals.update(self._pending)
             fields = {"cmd-" + name: n for name, n in self._pending.items() if n}
-            if self._jobs:
-                fields["total-jobs"] = self._jobs
-            tube_jobs = {tube: n for tube, n in self._tube_jobs.items() if n}
-            self._pending, self._tube_jobs, self._jobs = Counter(), Counter(), 0
-            if fields or tube_jobs:
-                self._flush(fields, tube_jobs, self.refused)
+            self._pending = Counter()
+            if fields:
+                self._send(fields, self.refused)
 
-    def refused(self, fields: dict[str, int], tube_jobs: dict[str, int]) -> None:
+    def refused(self, fields: dict[str, int]) -> None:
         """Counts a send carried that did not run: counted again, sent again after RETRY_S."""
         for name, n in fields.items():
-            if name == "total-jobs":
-                self._jobs += n
-            else:
-                self._pending[name[4:]] += n
-                self.totals[name[4:]] -= n
-        self._tube_jobs.update(tube_jobs)
-        if not self._scheduled:  # counts until then wait for the retry too
-            self._scheduled = True
+            self._pending[name[4:]] += n
+            self.totals[name[4:]] -= n
+        if self._timer is None:  # counts until then wait for the retry too
             self._timer = asyncio.get_running_loop().call_later(RETRY_S, self.flush)
 
 

@@ -340,17 +340,11 @@ class ShardedStore:
 
         return then(self._gather([s.server_counts() for s in self.shards]), merge)
 
-    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int],
-                     refused: Callable[[dict[str, int], dict[str, int]], None]) -> None:
-        """Each shard gets its tubes' counts, the home shard the server's too; each shard's
-        part that did not run goes back to ``refused`` on its own."""
-        by_shard: dict[int, dict[str, int]] = {}
-        for tube, n in tube_jobs.items():
-            by_shard.setdefault(shard_of_tube(tube, self.count), {})[tube] = n
-        home = self.shards.index(self.home)
-        self.home.add_counters(fields, by_shard.pop(home, {}), refused)
-        for shard, jobs in by_shard.items():
-            self.shards[shard].add_counters({}, jobs, refused)
+    def add_counters(self, fields: dict[str, int],
+                     refused: Callable[[dict[str, int]], None]) -> None:
+        """The command counts go to the home shard (total-jobs is each shard's own, counted
+        by its scripts, and summed by server_counts)."""
+        self.home.add_counters(fields, refused)
 
     def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
         """Rows of every shard's first tubes (at most ``limit`` in all, ``default`` first), and

@@ -28,7 +28,6 @@ from tubeq.redisio.client import (
     Decoder,
     RedisClient,
     RedisReplyError,
-    RefusableDecoder,
     Reply,
     ScriptCall,
     never_ran,
@@ -323,16 +322,9 @@ class Store:
 
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
             answer: Callable[[int], Any] | None = None) -> asyncio.Future[Any]:
-        """``answer``: given the new id (0: the tube is full); a RefusableDecoder is given the
-        raw reply instead, and is told when Redis refuses the put (tubeq.redisio.client)."""
-        decode: Decoder
-        if answer is None:
-            decode = int
-        elif isinstance(answer, RefusableDecoder):
-            decode = answer
-        else:
-            decode = lambda r: answer(int(r))  # noqa: E731
-        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=decode)
+        """``answer``: given the new id (0: the tube is full), straight from the reply (an
+        integer reply is an int already)."""
+        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=answer or int)
 
     def burn_id(self, tube: str = "default") -> asyncio.Future[int]:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does);
@@ -484,22 +476,21 @@ class Store:
 
         return self._eval("stats", decode=decode)
 
-    def add_counters(self, fields: dict[str, int], tube_jobs: dict[str, int],
-                     refused: Callable[[dict[str, int], dict[str, int]], None]) -> None:
-        """Add one process's counts to the shared counters: server stats fields (cmd-*,
-        total-jobs) and jobs put per tube. Counts that surely did not reach Redis (refused, or
-        no connection) go back to ``refused``; nothing else is waited for."""
-        flat: list[str | int] = [len(fields)]
-        for pairs in (fields, tube_jobs):
-            for name, delta in pairs.items():
-                flat += (name, delta)
+    def add_counters(self, fields: dict[str, int],
+                     refused: Callable[[dict[str, int]], None]) -> None:
+        """Add one process's command counts (server stats fields, cmd-*) to the shared
+        counters. Counts that surely did not reach Redis (refused, or no connection) go back
+        to ``refused``; nothing else is waited for."""
+        flat: list[str | int] = []
+        for name, delta in fields.items():
+            flat += (name, delta)
 
         def sent(call: asyncio.Future[Any]) -> None:
             if call.cancelled():
                 return
             error = call.exception()
             if error is not None and never_ran(error):
-                refused(fields, tube_jobs)
+                refused(fields)
 
         self._eval("counters", *flat).add_done_callback(sent)
 

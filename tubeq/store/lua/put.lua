@@ -4,8 +4,7 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
          delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
          (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
-Returns  the new job id (total-jobs, the server's and the tube's, are counted by the process
-         and added by counters.lua); put-with key=...: -id of the living job with that key
+Returns  the new job id (counted in total-jobs, the server's and the tube's); put-with key=...: -id of the living job with that key
          (nothing stored: a duplicate); 0 when the tube is full (tube-set max-jobs: nothing
          stored, no id used)
 Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
@@ -37,6 +36,7 @@ local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 local meta = ensure_tube(t, now)
 local id, jk = new_job()
+count_stored(t, 1)
 if delay_ms > 0 then
   local due = now + delay_ms
   store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due)

@@ -4,8 +4,8 @@ put-many batch; the entries the parser refused never reach it.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
          (ms), then per job: pri, delay (s), ttr (s), body
-Returns  {id, id, ...}: the new job ids, in the order given (total-jobs are counted by the
-         process and added by counters.lua, as for put); 0 for a job refused because the tube
+Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
+         put); 0 for a job refused because the tube
          is full (tube-set max-jobs). The tube's ttl-ms applies to each job, as for put.
 Events   'put' per job; per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
@@ -24,6 +24,7 @@ local t, now = ARGV[3], tonumber(ARGV[4])
 ensure_tube(t, now)
 local limits = tube_limits(t)
 local ids = {}
+local stored = 0
 local left_ready = false  -- a ready job of the batch nobody could take at once
 -- One job of the batch, as put.lua stores it; returns its id.
 local function put_one(pri, delay, ttr, body)
@@ -52,8 +53,10 @@ for i = 5, #ARGV, 4 do
     ids[#ids + 1] = 0
   else
     ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    stored = stored + 1
   end
 end
+if stored > 0 then count_stored(t, stored) end
 if left_ready then
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   if waiting and tonumber(waiting) > 0 then rcall('PUBLISH', k_wake(t), '') end

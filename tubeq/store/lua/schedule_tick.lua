@@ -46,8 +46,7 @@ else
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, 'schedule:' .. name)
   wake(t)
 end
-rcall('HINCRBY', K_STATS, 'total-jobs', 1)
-rcall('HINCRBY', k_tube(t), 'total', 1)
+count_stored(t, 1)
 rcall('HSET', sk, 'u', next_due, 'lt', ARGV[6], 'lj', id)
 rcall('HINCRBY', sk, 'n', 1)
 rcall('ZADD', K_SCHEDULES, next_due, t .. ':' .. name)

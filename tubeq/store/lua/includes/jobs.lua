@@ -55,6 +55,14 @@ local function ensure_tube(t, now)
   sync_limit_flag(t)  -- reserve limits: its settings outlived it
 end
 
+-- total-jobs, the server's and the tube's: counted by the script that stored the `n` new jobs,
+-- in the same call, so a put Redis refused or never ran counts nowhere and every process reads
+-- the count as soon as the put is answered.
+local function count_stored(t, n)
+  rcall('HINCRBY', K_STATS, 'total-jobs', n)
+  rcall('HINCRBY', k_tube(t), 'total', n)
+end
+
 -- ready_tubes holds one entry per non-paused tube that has ready jobs: score = the priority of
 -- its best job, member = that job's member, ':', the tube. Equal scores sort by member, that is
 -- by job id, so the index is in beanstalkd's (pri, id) order across tubes and the first entry a
