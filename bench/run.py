@@ -164,11 +164,13 @@ def wake_row(scale: CoreScale) -> Row:
 
 
 def many_tube_rows(scale: CoreScale) -> list[Row]:
-    """Issue 4's rows (8 producers and 8 consumers, T tubes), then issue 13's 64x16 pair
+    """Issue 4's rows (8 producers and 8 consumers, T tubes), then the 64x16 pair
     (MANY_TUBES_64_BASE and MANY_TUBES_64, named by bench/report.py, which judges them): 64
     producer connections (2 generator processes, as the 64-connection rows of section 1) that
     each `use` the next of 100 tubes before every put, 64 consumers that watch all 100 (the
-    processes share the tubes), and the same load on 1 tube as its reference."""
+    processes share the tubes), each with 16 reserve-with-timeout in flight; and as its
+    reference the plain cycle 64x16 100B of section 1 (no `use`, one tube, one watched),
+    measured again in this pass, interleaved with it."""
     rows = []
     for tubes, puts_per_use in ((1, 1), (10, 1), (100, 1), (1000, 1), (100, 16)):
         spec = LoadSpec(mode="many-tubes", port=0, connections=8, in_flight=16, tubes=tubes,
@@ -177,11 +179,12 @@ def many_tube_rows(scale: CoreScale) -> list[Row]:
                         time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
         suffix = "" if puts_per_use == 1 else f", use every {puts_per_use} puts"
         rows.append(Row("many-tubes", f"{tubes} tube{'s' if tubes > 1 else ''}{suffix}", spec))
-    for key, tubes in ((MANY_TUBES_64_BASE, 1), (MANY_TUBES_64, 100)):
-        spec = LoadSpec(mode="many-tubes", port=0, connections=64, in_flight=16, tubes=tubes,
-                        jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
-                        procs=2, time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
-        rows.append(Row("many-tubes", key, spec))
+    plain = next(r.spec for r in throughput_rows(scale) if r.key == "cycle 64x16 100B")
+    rows.append(Row("many-tubes", MANY_TUBES_64_BASE, plain))
+    spec = LoadSpec(mode="many-tubes", port=0, connections=64, in_flight=16, tubes=100,
+                    jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
+                    procs=2, time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+    rows.append(Row("many-tubes", MANY_TUBES_64, spec))
     return rows
 
 

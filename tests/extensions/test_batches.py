@@ -13,6 +13,7 @@ from tests.store.test_lua import ALICE, BOB, Env, open_env
 from tests.support.servers import ServerProcess, TubeqCluster
 from tests.support.wire import Wire
 from tubeq.model.states import JobState
+from tubeq.store.store import NoJob
 
 # -- Lua (put_many.lua, delete_many.lua; reserve-many is reserve.lua with a count) ---------------
 
@@ -104,6 +105,28 @@ async def test_reserve_with_a_count_takes_up_to_it_in_reserve_order(env: Env) ->
     assert [r.id for r in got] == [ids[1], ids[2]]
     assert [r.id for r in await s.reserve_many(ALICE, 5)] == [ids[0]]
     assert await s.reserve_many(ALICE, 5) == []
+
+
+async def test_a_run_from_one_watched_tube_leaves_its_index_entry_on_the_next_job(
+        env: Env) -> None:
+    """A connection watching one tube takes a run of its jobs in one step and the ready-tube
+    index is brought up to date once: another connection watching that tube and another one
+    then gets the jobs left in (pri, id) order across both."""
+    s = env.store
+    ids = await s.put_many("default", [(3, 0, 60, b"c"), (1, 0, 60, b"a"), (2, 0, 60, b"b"),
+                                       (5, 0, 60, b"e"), (1, 0, 60, b"a2")])
+    other = await env.put("other", 4)
+    await s.change_watches(BOB, [("+w", "other")])
+    assert [r.id for r in await s.reserve_many(ALICE, 3)] == [ids[1], ids[4], ids[2]]
+    assert [(await env.reserve(BOB)).id for _ in range(3)] == [ids[0], other, ids[3]]
+    assert isinstance(await s.reserve(BOB), NoJob)
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[2] == 5  # reserved: 3 by ALICE, 2 by BOB
+    # A batch of deletes moves each tube's counters once, by as many jobs as it deleted.
+    assert await s.delete_many(ALICE, [ids[1], ids[4], ids[2], ids[0]]) == [True] * 3 + [False]
+    assert await s.delete_many(BOB, [ids[0], ids[3], other]) == [True] * 3
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[:5] == [0] * 5 and counts[9] == 5  # cmd-delete
 
 
 async def test_put_many_and_delete_many_write_one_event_per_job(redis_url: str) -> None:

@@ -14,22 +14,53 @@ Events   'deleted' per job deleted
 local token, now = ARGV[3], tonumber(ARGV[4])
 if blocked_ahead(token, ARGV[5]) then return DEFERRED end
 
+-- What the batch deleted, per tube: the tube's counters move once a tube, not once a job
+-- (a reserved job's 'nres', 'del'), and the tube is looked at for removal once, at the end.
+local deleted, held = {}, {}
+local tubes = {}  -- in the order first met
+local unreserved = {}  -- the members of the reserved jobs deleted, for one ZREM
+
 local function delete_one(id)
   local jk = k_job(id)
-  local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES)
+  local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
+    JOB_DEDUPE_KEY, JOB_EXPIRES_AT)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
-  unlink(id, t, state, now)
-  forget_job(id, jk)  -- its dedupe key is free, its TTL entry goes (as delete.lua)
+  if not deleted[t] then
+    deleted[t], held[t] = 0, 0
+    tubes[#tubes + 1] = t
+  end
+  if state == 'reserved' then
+    unreserved[#unreserved + 1] = member(id)  -- out of K_RESERVED, and counted: below
+    held[t] = held[t] + 1
+  else
+    unlink(id, t, state, now)
+  end
+  forget_job(id, jk, {f[7], f[8]})  -- its dedupe key is free, its TTL entry goes (as delete.lua)
   rcall('DEL', jk)
-  rcall('HINCRBY', k_tube(t), 'del', 1)
+  deleted[t] = deleted[t] + 1
   add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
-  gc_tube(t)
   return 1
 end
 
 local out = {}
 for i = 6, #ARGV do
   out[#out + 1] = delete_one(ARGV[i])
+end
+for i = 1, #unreserved, 1000 do  -- (unpack has a limit of a few thousand values)
+  rcall('ZREM', K_RESERVED, unpack(unreserved, i, math.min(i + 999, #unreserved)))
+end
+for _, t in ipairs(tubes) do
+  local tk = k_tube(t)
+  if held[t] > 0 then
+    -- as unlink does for one reserved job (a 0 stays)
+    rcall('HINCRBY', tk, 'nres', -held[t])
+    if rcall('HEXISTS', tk, 'lim') == 1 then  -- reserve limits: maybe below its cap now
+      index_tube(t, now)
+      wake(t)
+    end
+  end
+  rcall('HINCRBY', tk, 'del', deleted[t])
+  gc_tube(t)
 end
 return out

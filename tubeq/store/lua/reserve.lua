@@ -20,9 +20,12 @@ Cost     see includes/picking.lua
 local token, now, count, waiter = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local granted = claim_handed(token, count)
 while #granted < 5 * count do
-  local entry = best_entry(token)
+  local entry, watched = best_entry(token)
   if not entry then break end
-  for _, v in ipairs(take_entry(entry, token, now)) do granted[#granted + 1] = v end
+  local left = count - #granted / 5
+  local taken = (watched == 1 and left > 1) and take_run(entry, token, now, left)
+    or take_entry(entry, token, now)
+  for _, v in ipairs(taken) do granted[#granted + 1] = v end
 end
 if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
 if #granted == 0 and ARGV[7] then rcall('SET', k_blocked(token), ARGV[7], 'PX', BLOCKED_TTL_MS) end

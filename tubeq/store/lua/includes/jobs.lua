@@ -165,8 +165,11 @@ end
 -- ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and tube for
 -- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
 -- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when
--- the caller knows it (index_tube's answer); nil looks it up.
-local function grant(id, t, token, now, from_ready, limited)
+-- the caller knows it (index_tube's answer); nil looks it up. `run`: a table a caller granting
+-- several jobs of one tube at once passes (take_run): the job's (deadline, member) pair is added
+-- to it instead of to K_RESERVED, and the tube's 'nres' is left to the caller, who writes both
+-- once for the run.
+local function grant(id, t, token, now, from_ready, limited, run)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
     JOB_RESERVES)
@@ -174,8 +177,13 @@ local function grant(id, t, token, now, from_ready, limited)
   local tries = tonumber(f[6] or 0) + 1
   rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT, now,
     JOB_RESERVES, tries)
-  rcall('ZADD', K_RESERVED, due, member(id))
-  rcall('HINCRBY', k_tube(t), 'nres', 1)
+  if run then
+    run[#run + 1] = due
+    run[#run + 1] = member(id)
+  else
+    rcall('ZADD', K_RESERVED, due, member(id))
+    rcall('HINCRBY', k_tube(t), 'nres', 1)
+  end
   if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
   if limited then  -- reserve limits: count it, maybe hold
     count_limited_reserve(t, now)
