@@ -1,8 +1,9 @@
 """tubeq's bundled client (tubeq.client), against tubeq and against beanstalkd.
 
-Enqueue one at a time: ``await client.put(body)``, each awaited. Batched: the client has no
-batch command; its idiom is pipelining, so ``chunk`` puts are gathered at once on the one
-connection (they travel in one write and are answered in order). Consume:
+Enqueue one at a time: ``await client.put(body)``, each awaited. Batched: the client's batch
+API, ``client.put_many`` of ``chunk`` bodies (against tubeq one ``put-many`` command of the
+whole chunk, as BullMQ's addBulk and RQ's enqueue_many are one call; against beanstalkd, which
+has no batches, the client sends them as pipelined puts in one write). Consume:
 ``client.consume(tube, concurrency=C).run(handler)``: the push extension against tubeq; against
 beanstalkd it gets UNKNOWN_COMMAND and falls back to pipelined ``reserve-with-timeout``.
 """
@@ -46,9 +47,11 @@ async def _produce(settings: Settings) -> dict[str, Any]:
         with Phase(settings.single, "put, awaited") as single:
             for _ in range(settings.single):
                 await client.put(BODY)
-        with Phase(settings.batched, f"{settings.chunk} pipelined puts gathered") as batched:
+        with Phase(settings.batched, f"put_many of {settings.chunk}") as batched:
             for size in chunks(settings.batched, settings.chunk):
-                await asyncio.gather(*(client.put(BODY) for _ in range(size)))
+                ids = await client.put_many([BODY] * size)
+                if not all(isinstance(i, int) for i in ids):
+                    raise RuntimeError(f"put_many refused entries: {ids[:3]}")
     finally:
         await client.aclose()
     return {"single": single.result, "batched": batched.result}
