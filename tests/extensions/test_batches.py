@@ -129,6 +129,22 @@ async def test_a_run_from_one_watched_tube_leaves_its_index_entry_on_the_next_jo
     assert counts is not None and counts[:5] == [0] * 5 and counts[9] == 5  # cmd-delete
 
 
+async def test_the_largest_runs_fit_in_one_script_call(env: Env) -> None:
+    """reserve-many's largest count (1000) is one run, and a delete-many of more held jobs than
+    Lua's unpack passes at once (~8,000) deletes them all: the script splits its ZREM."""
+    s = env.store
+    ids: list[int] = []
+    for _ in range(9):
+        ids += await s.put_many("default", [(0, 0, 60, b"x")] * 1000)
+    taken: list[int] = []
+    for _ in range(9):
+        taken += [r.id for r in await s.reserve_many(ALICE, 1000)]
+    assert taken == ids
+    assert await s.delete_many(ALICE, ids) == [True] * 9000
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[:5] == [0] * 5 and counts[9] == 9000
+
+
 async def test_put_many_and_delete_many_write_one_event_per_job(redis_url: str) -> None:
     async with open_env(redis_url, 1000) as env:
         ids = await env.store.put_many("ev", [(0, 0, 60, b"x"), (0, 2, 60, b"y")])
