@@ -120,9 +120,9 @@ async def test_pipelined_replies_come_back_in_order(new_client: NewClient) -> No
 
 async def test_puts_redis_refuses_leave_total_jobs_and_cmd_put_exact(
         new_client: NewClient, ctx: ServerContext, redis_url: str) -> None:
-    """A put Redis refuses (OOM) stores nothing: its total-jobs is taken back, its cmd-put
-    stays (beanstalkd counts a put whatever it answers); the counters call Redis refused
-    meanwhile is sent again, so no count is lost either."""
+    """A put Redis refuses (OOM) stores nothing and counts nowhere in total-jobs (the script
+    that stores a job counts it); its cmd-put stays (beanstalkd counts a put whatever it
+    answers): the counters call Redis refused meanwhile is sent again, so no count is lost."""
     import redis.asyncio
 
     raw = redis.asyncio.Redis.from_url(redis_url)

@@ -4,9 +4,9 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
          delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
          (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
-Returns  the new job id (counted in total-jobs, the server's and the tube's); put-with key=...: -id of the living job with that key
-         (nothing stored: a duplicate); 0 when the tube is full (tube-set max-jobs: nothing
-         stored, no id used)
+Returns  the new job id (counted in total-jobs, the server's and the tube's); put-with
+         key=...: -id of the living job with that key (nothing stored: a duplicate); 0 when
+         the tube is full (tube-set max-jobs: nothing stored, no id used)
 Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
          'deduplicated' (the existing job) instead for a duplicate.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is

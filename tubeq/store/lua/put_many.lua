@@ -5,8 +5,8 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
          (ms), then per job: pri, delay (s), ttr (s), body
 Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
-         put); 0 for a job refused because the tube
-         is full (tube-set max-jobs). The tube's ttl-ms applies to each job, as for put.
+         put); 0 for a job refused because the tube is full (tube-set max-jobs). The tube's
+         ttl-ms applies to each job, as for put.
 Events   'put' per job; per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; if a ready job of the batch is left while connections
