@@ -34,6 +34,19 @@ def then(source: asyncio.Future[Any], fn: Callable[[Any], T]) -> asyncio.Future[
     return out
 
 
+def chain(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
+    """Settle ``target`` as ``source`` settled (a done-callback of ``source``, with ``target``
+    bound); a ``target`` already settled stays as it is."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
 def discard(f: asyncio.Future[Any]) -> None:
     """Done-callback of a fire-and-forget call: retrieve its exception so asyncio does not log
     it as never retrieved (the caller chose not to care)."""

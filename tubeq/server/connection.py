@@ -32,7 +32,7 @@ import structlog
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import Parser
-from tubeq.redisio.futures import discard
+from tubeq.redisio.futures import chain, discard
 from tubeq.server.context import (
     RESTORE_RETRY_S,
     Reply,
@@ -42,6 +42,7 @@ from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import command_label
 from tubeq.server.push import Push
+from tubeq.server.runs import DeleteRun
 from tubeq.server.wait import Wait
 from tubeq.store.store import Deferred, NoJob, Reservation
 
@@ -95,9 +96,9 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof", "_flow",
         "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
-        "_prune_at", "_pump_scheduled", "_push", "_quit", "_replies", "_reserves", "_wait",
-        "ctx", "extended", "parser", "passing", "producer", "replaying", "reserved", "store",
-        "token", "transport", "used", "watched", "worker",
+        "_prune_at", "_pump_scheduled", "_push", "_quit", "_replies", "_reserves", "_untried",
+        "_wait", "ctx", "deletes", "extended", "parser", "passing", "producer", "replaying",
+        "reserved", "store", "token", "transport", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -138,6 +139,11 @@ class Connection(asyncio.Protocol):
         # (0: none), for the store call; and whether the command is a deferred one sent again.
         self.passing = 0
         self.replaying = False
+        # While a turn of _pump runs (None otherwise): its deletes that wait for nothing, and
+        # its reserves (one job each), whose store calls go out together when the turn ends
+        # (_send_turn) or before a command that must follow them in Redis.
+        self.deletes: DeleteRun | None = None
+        self._untried: list[PendingReserve] | None = None
         # Store calls that may grant jobs; None while there are none (most of an idle life).
         self._grants: list[asyncio.Future[Any]] | None = None
         self._blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
@@ -325,6 +331,8 @@ class Connection(asyncio.Protocol):
         budget = TURN_BUDGET
         limit = self.ctx.max_in_flight
         read_on = False
+        self.deletes = DeleteRun(self.store, self.token)
+        self._untried = []
         while not self._quit and not self._lost:
             # Flow control's bounds (tubeq.server.flow), checked here: once per command.
             if flow.write_paused or len(self._replies) >= limit:
@@ -348,10 +356,36 @@ class Connection(asyncio.Protocol):
                     self._held = command
                     read_on = flow.reads_behind_reserve(self.parser.buffered)
                     break
-            self._dispatch(command, self._passing(command) if self._reserves else 0)
+            passing = self._passing(command) if self._reserves else 0
+            kind = type(command)
+            if not (kind in _ONE_JOB_RESERVES or (kind is c.Delete and not passing)):
+                self._send_turn()  # what this command may depend on goes to Redis first
+            self._dispatch(command, passing)
             budget -= 1
+        self._send_turn()
+        self.deletes = self._untried = None
         flow.set_reading(read_on)
         self._maybe_close()
+
+    def _send_turn(self) -> None:
+        """Send the turn's deletes, then its reserves' first tries, each kind as one store
+        call. Sending those deletes before reserves that came first changes nothing: they
+        passed the reserves with ``passing`` 0 (whatever the reserves do, they cannot see
+        the jobs deleted), and the reserves still answer in their own order."""
+        if self.deletes is not None:
+            self.deletes.send()
+        untried = self._untried
+        if not untried:
+            return
+        self._untried = []
+        first = untried[0]
+        attempt: asyncio.Future[Any]
+        if len(untried) == 1:
+            attempt = self.track_grants(self.store.reserve(self.token, number=first.number))
+        else:
+            attempt = self.track_grants(self.store.reserve_many(
+                self.token, len(untried), number=first.number, each=True))
+        attempt.add_done_callback(functools.partial(self._tried, untried))
 
     def _schedule_pump(self) -> None:
         self._flow.throttled = False
@@ -506,13 +540,14 @@ class Connection(asyncio.Protocol):
         self._reserves.append(pending)
         if len(self._reserves) == 1:
             pending.started = asyncio.get_running_loop().time()
-        attempt: asyncio.Future[Any]
-        if count is None:
-            attempt = self.track_grants(self.store.reserve(self.token, number=self._numbered))
+        if count is None and self._untried is not None:
+            self._untried.append(pending)  # tried with the turn's others (_send_turn)
         else:
-            attempt = self.track_grants(
-                self.store.reserve_many(self.token, count, number=self._numbered))
-        attempt.add_done_callback(functools.partial(self._tried, pending))
+            attempt: asyncio.Future[Any] = self.store.reserve(self.token, number=self._numbered) \
+                if count is None else self.store.reserve_many(self.token, count,
+                                                              number=self._numbered)
+            self.track_grants(attempt)
+            attempt.add_done_callback(functools.partial(self._tried, [pending]))
         if timeout_s is not None:  # answers TIMED_OUT if its first try is still out by then
             self.ctx.registry.overdue.add(
                 pending, asyncio.get_running_loop().time() + timeout_s + RESERVE_GRACE_S,
@@ -563,17 +598,21 @@ class Connection(asyncio.Protocol):
         self.reserved[job.id] = job.deadline_ms
         self.ctx.scheduler.note_due(job.deadline_ms)
 
-    def _tried(self, pending: PendingReserve,
+    def _tried(self, pendings: list[PendingReserve],
                f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
-        if pending.timeout_s is not None:
-            self.ctx.registry.overdue.discard(pending)
-        if pending.tried:  # answered TIMED_OUT while its try was out (_first_try_overdue)
-            self._late_grant(f)
-            return
-        pending.tried = True
-        if f.cancelled() or f.exception() is not None:
-            pending.failed = True
-        else:
+        """The first try of ``pendings`` (consecutive reserves) came back: what it granted
+        goes to the pool, which answers them in order."""
+        failed = f.cancelled() or f.exception() is not None
+        overdue = self.ctx.registry.overdue
+        for pending in pendings:
+            if pending.timeout_s is not None:
+                overdue.discard(pending)
+            # One answered TIMED_OUT while its try was out (_first_try_overdue) stays
+            # answered: what the try granted is the next reserves'.
+            if not pending.tried:
+                pending.tried = True
+                pending.failed = failed
+        if not failed and not self._lost:
             result = f.result()  # a Reservation or NoJob; reserve-many: a list of them
             granted = result if isinstance(result, list) else [result]
             self._pool += [job for job in granted if isinstance(job, Reservation)]
@@ -649,7 +688,7 @@ class Connection(asyncio.Protocol):
             self._deferred.append((command, reply, last_reserve))
             self._replay_deferred()
         else:
-            _chain(outcome, reply)
+            chain(outcome, reply)
 
     def _replay_deferred(self) -> None:
         """Send again, in order, the deferred commands whose reserves have all answered."""
@@ -668,7 +707,7 @@ class Connection(asyncio.Protocol):
             if outcome is None or isinstance(outcome, bytes):
                 reply.set_result(outcome or replies.INTERNAL_ERROR)
             else:
-                outcome.add_done_callback(functools.partial(_chain, target=reply))
+                outcome.add_done_callback(functools.partial(chain, target=reply))
         if not deferred:
             self._deferred = None
 
@@ -824,6 +863,7 @@ class Connection(asyncio.Protocol):
 _RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout,
                                                    c.ReserveMany})  # batches: reserve-many
 _ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
+_ONE_JOB_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout})
 
 
 _WATCH_DEFAULT: tuple[str, ...] = ("default",)
@@ -847,18 +887,6 @@ def _settle(ended: asyncio.Future[None], *_: object) -> None:
 
 class _Overdue(Exception):
     """A reserve-with-timeout's Redis call outlived its timeout (Connection.within)."""
-
-
-def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:
-    """Settle ``target`` as ``source`` settled."""
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-    elif (exc := source.exception()) is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(source.result())
 
 
 def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:

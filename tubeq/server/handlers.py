@@ -142,7 +142,7 @@ def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]
 
 def _delete(conn: Session, cmd: c.Delete) -> Reply:
     return ops.delete(conn.ctx, conn.token, cmd.id, _forget_on(conn, cmd.id, replies.DELETED),
-                      behind=conn.passing)
+                      behind=conn.passing, run=conn.deletes)
 
 
 def _release(conn: Session, cmd: c.Release) -> Reply:

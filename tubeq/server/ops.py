@@ -26,6 +26,7 @@ from typing import Any, Final, TypeVar
 from tubeq.model.options import Options
 from tubeq.redisio.futures import discard, then
 from tubeq.server.context import ServerContext
+from tubeq.server.runs import DeleteRun
 from tubeq.store.store import PutOutcome
 
 T = TypeVar("T")
@@ -93,8 +94,12 @@ def put_many(ctx: ServerContext, tube: str,
 
 
 def delete(ctx: ServerContext, token: str, job_id: int, answer: Callable[[bool], T], *,
-           behind: int = 0) -> asyncio.Future[T]:
-    """Delete a job ``token`` holds (or, with no token, one nobody holds)."""
+           behind: int = 0, run: DeleteRun | None = None) -> asyncio.Future[T]:
+    """Delete a job ``token`` holds (or, with no token, one nobody holds). ``run``: the
+    connection's deletes of this turn, which it joins unless it is sent ``behind`` reserves
+    (then it may be deferred, and goes alone)."""
+    if run is not None and not behind:
+        return run.add(job_id, answer)
     return ctx.store.delete(token, job_id, answer, behind=behind)
 
 

@@ -222,7 +222,7 @@ class ShardedStore:
         return asyncio.ensure_future(self._reserve_across(token, shards, None, counted_waiting))
 
     def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
-                     number: int = 0) -> asyncio.Future[list[Reservation]]:
+                     number: int = 0, each: bool = False) -> asyncio.Future[list[Reservation]]:
         shards = self._watching(token)
         if len(shards) == 1:
             return self.shards[shards[0]].reserve_many(token, count,

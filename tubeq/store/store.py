@@ -342,11 +342,14 @@ class Store:
                           decode=lambda r: _reservation(r, now, self.metrics))
 
     def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
-                     number: int = 0) -> asyncio.Future[list[Reservation]]:
-        """Up to ``count`` jobs in reserve order, in one script call (the push extension)."""
+                     number: int = 0, each: bool = False) -> asyncio.Future[list[Reservation]]:
+        """Up to ``count`` jobs in reserve order, in one script call (the push extension).
+        ``each``: the first try of ``count`` pipelined reserves of one job each, numbered from
+        ``number`` on (the ones left without a job wait, see :class:`Deferred`)."""
         now = self.clock()
         waiter = self.instance_id if counted_waiting else ""
-        return self._eval("reserve", token, now, count, waiter, *_numbered(number),
+        numbered = (number + count - 1, "each") if each and number else _numbered(number)
+        return self._eval("reserve", token, now, count, waiter, *numbered,
                           decode=lambda r: _reservations(r, now, self.metrics))
 
     def reserve_job(self, token: str, job_id: int) -> asyncio.Future[Reservation | NoJob]:
@@ -372,12 +375,10 @@ class Store:
         metrics = self.metrics
 
         def decode(r: Any) -> Any:
-            # delete.lua: {held_ms, tube} | 0 | -1 deferred
             if r == DEFERRED_CODE:
                 raise Deferred
-            if r and metrics is not None:
-                metrics.job_deleted(r[1].decode(), int(r[0]))
-            return bool(r) if answer is None else answer(bool(r))
+            deleted = _deleted(r, metrics)
+            return deleted if answer is None else answer(deleted)
 
         return self._eval("delete", token, job_id, self.clock(), *_numbered(behind),
                           decode=decode)
@@ -748,8 +749,9 @@ class Store:
                     behind: int = 0) -> asyncio.Future[list[bool]]:
         """Delete each id as :meth:`delete` would, in one script call; per id, whether it was
         deleted."""
+        metrics = self.metrics
         return self._eval("delete_many", token, self.clock(), behind, *ids,
-                          decode=_unless_deferred(lambda r: [bool(v) for v in r]))
+                          decode=_unless_deferred(lambda r: [_deleted(v, metrics) for v in r]))
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
 
@@ -786,6 +788,16 @@ class Store:
         """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
         return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
                                 decode=lambda r: [_as_int(v) for v in r])
+
+
+def _deleted(r: Any, metrics: JobObserver | None) -> bool:
+    """Whether delete.lua (or delete_many.lua, for one id) deleted the job: {held_ms, tube} |
+    0; its held time goes to the metrics (the reserved->deleted histogram)."""
+    if not r:
+        return False
+    if metrics is not None:
+        metrics.job_deleted(r[1].decode(), int(r[0]))
+    return True
 
 
 def _reservations(r: Any, now: int, metrics: JobObserver | None) -> list[Reservation]:

@@ -3,7 +3,8 @@ twice is deleted once, then not found).
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, now
          (ms), the number of the first reserve it was pipelined behind ('0': none), then the ids
-Returns  {1|0, ...}: per id, 1 deleted | 0 not found (or reserved by another connection) | -1
+Returns  per id, as delete.lua: {held, tube} deleted (held: ms since the caller reserved it, -1
+         when it was not reserved) | 0 not found (or reserved by another connection); or -1
          deferred, nothing deleted (see blocked_ahead in includes/jobs.lua)
 Events   'deleted' per job deleted
 ]]
@@ -23,7 +24,7 @@ local unreserved = {}  -- the members of the reserved jobs deleted, for one ZREM
 local function delete_one(id)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-    JOB_DEDUPE_KEY, JOB_EXPIRES_AT)
+    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
   if not deleted[t] then
@@ -40,7 +41,8 @@ local function delete_one(id)
   rcall('DEL', jk)
   deleted[t] = deleted[t] + 1
   add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
-  return 1
+  if state == 'reserved' and f[9] then return {now - tonumber(f[9]), t} end
+  return {-1, t}
 end
 
 local out = {}

@@ -6,7 +6,9 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          connection), now (ms), count, waiter instance ('' unless the connection is counted as
          waiting: then a grant also counts it out, in the same step), optionally the
          reserve's number on its connection (its first try: one that finds nothing records
-         it, see blocked_ahead in includes/jobs.lua)
+         it, see blocked_ahead in includes/jobs.lua) and then 'each': the call is the first
+         try of `count` pipelined reserves of one job each, the given number the last one's,
+         recorded when fewer than `count` jobs were granted
 Returns  reservations one after another: {id, ttr, body, waited (ms ready), tube, id, ...}
          (see grant in includes/jobs.lua) | {} when nothing is reservable
 Events   'reserved' per job taken here (a job a put handed over had its event then)
@@ -28,5 +30,7 @@ while #granted < 5 * count do
   for _, v in ipairs(taken) do granted[#granted + 1] = v end
 end
 if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
-if #granted == 0 and ARGV[7] then rcall('SET', k_blocked(token), ARGV[7], 'PX', BLOCKED_TTL_MS) end
+if ARGV[7] and (#granted == 0 or (ARGV[8] and #granted < 5 * count)) then
+  rcall('SET', k_blocked(token), ARGV[7], 'PX', BLOCKED_TTL_MS)
+end
 return granted
