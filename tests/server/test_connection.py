@@ -347,6 +347,51 @@ async def test_commands_past_a_reserve_that_gets_a_job_are_not_deferred(
                         b"BATCH 1\r\nDELETED\r\n"), out
 
 
+async def test_a_turn_sends_its_reserves_and_its_deletes_as_one_call_each(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one read brings: four deletes of held jobs, each followed by the next reserve (a
+    pipelining consumer's answer to four jobs), reach the store as one delete_many and one
+    reserve of four jobs, and each command still gets its own reply, in order."""
+    worker = new_client()
+    worker.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(8)))
+    await worker.until(lambda o: o.count(b"INSERTED") == 8)
+    worker.send(b"reserve\r\n" * 4)
+    await worker.until(lambda o: o.count(b"RESERVED") == 4)
+    worker.transport.out.clear()
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    for name in ("reserve", "reserve_many", "delete", "delete_many"):
+        real = getattr(ctx.store, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            calls.append((_name, args, kwargs))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ctx.store, name, spy)
+    worker.send(b"".join(b"delete %d\r\nreserve-with-timeout 5\r\n" % i for i in range(1, 5)))
+    await worker.expect(b"".join(b"DELETED\r\nRESERVED %d 1\r\n%d\r\n" % (i, i - 1)
+                                 for i in range(5, 9)))
+    assert [(name, args[1:], kwargs.get("each")) for name, args, kwargs in calls] == [
+        ("delete_many", ([1, 2, 3, 4],), None), ("reserve_many", (4,), True)]
+    worker.send(b"delete 5\r\ndelete 99\r\ndelete 5\r\n")  # each answered on its own
+    await worker.expect(b"DELETED\r\nNOT_FOUND\r\nNOT_FOUND\r\n")
+
+
+async def test_a_bury_behind_a_turn_of_reserves_short_of_jobs_waits_for_them(
+        new_client: NewClient) -> None:
+    """Three reserves tried as one call find two jobs: the third waits, so the bury behind it
+    is deferred (the call records the turn's last reserve) and cannot be kicked into it."""
+    worker, observer = new_client(), new_client()
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    observer.send(b"put 0 0 60 1\r\ny\r\nput 0 0 60 1\r\nz\r\n")
+    await observer.expect(b"INSERTED 2\r\nINSERTED 3\r\n")
+    worker.send(b"reserve-with-timeout 1\r\n" * 3 + b"bury 1 0\r\n")
+    await asyncio.sleep(0.2)
+    observer.send(b"kick 1\r\npeek-buried\r\n")
+    await observer.expect(b"KICKED 0\r\nNOT_FOUND\r\n")
+    await worker.expect(b"RESERVED 2 1\r\ny\r\nRESERVED 3 1\r\nz\r\nTIMED_OUT\r\nBURIED\r\n")
+
+
 async def test_delete_many_behind_a_waiting_reserve_waits_for_it(new_client: NewClient) -> None:
     """The job's TTR (2 s) reaches its safety margin while the reserve (timeout 3 s) waits, so
     the delete-many could change what it returns: it is deferred, the reserve answers

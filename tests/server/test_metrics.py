@@ -157,6 +157,21 @@ async def test_a_delete_reports_how_long_the_holder_held_the_job(env: Env) -> No
     assert metrics_of(env).held.by_tube["work"].count == 1
 
 
+async def test_delete_many_reports_each_held_jobs_hold(env: Env) -> None:
+    """delete_many (delete-many, and a connection's turn of deletes) feeds the same metric."""
+    s = env.store
+    await s.change_watches(ALICE, [("+w", "work")])
+    first, second = await env.put("work"), await env.put("work")
+    await env.reserve()
+    env.clock.advance(1)
+    await env.reserve()
+    env.clock.advance(2)
+    ready = await env.put("work")
+    assert await s.delete_many(ALICE, [first, second, ready, 999]) == [True, True, True, False]
+    h = metrics_of(env).held.by_tube["work"]
+    assert (h.count, h.sum) == (2, 3.0 + 2.0)  # the ready job had no holder
+
+
 async def test_promotion_reports_each_jobs_lateness(env: Env) -> None:
     await env.put(delay=1)
     await env.put(delay=2)
