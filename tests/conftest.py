@@ -32,6 +32,7 @@ from tubeq.redisio.process import RedisProcess
 UNIT_TESTS: tuple[str, ...] = (
     "protocol/",
     "store/test_scripts.py",
+    "server/test_fine_timer.py",
     "server/test_liveness.py",
     "server/test_stats_counters.py",
     "server/test_using.py",

@@ -34,13 +34,13 @@ A namespace split into shards (tubeq.store.shards) has one Scheduler per shard, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from tubeq.model import recurring
+from tubeq.server.fine_timer import FineTimer
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.shards import ShardedStore
 from tubeq.store.store import SWEEP_LIMIT, Store
@@ -105,6 +105,13 @@ class Scheduler:
         return self._up_since_ms is not None and now_ms - self._up_since_ms >= REAP_AFTER_MS
 
     async def run(self) -> None:
+        timer = FineTimer(self._nudge.set)
+        try:
+            await self._run(timer)
+        finally:
+            timer.close()
+
+    async def _run(self, timer: FineTimer) -> None:
         next_heartbeat = 0
         while True:
             try:
@@ -138,15 +145,13 @@ class Scheduler:
             target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
             # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
-            # made deliveries up to 1 ms later). uvloop rounds a timer to the nearest ms, so it
-            # can fire a fraction early: that sweep finds nothing due and sleeps again.
+            # made deliveries up to 1 ms later), on a timer finer than the loop's (uvloop counts
+            # whole ms: tubeq.server.fine_timer). Its end sets the nudge, as note_due does.
             delay = (target - self.store.exact_ms()) / 1000
             if delay > 0:
-                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
-                # lands as the nudge fires, and the scheduler then outlives Server.stop().
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._nudge.wait()
+                timer.arm(delay)
+                await self._nudge.wait()
+                timer.cancel()
             self._target_ms = None
 
 
