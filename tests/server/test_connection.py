@@ -358,22 +358,51 @@ async def test_a_turn_sends_its_reserves_and_its_deletes_as_one_call_each(
     worker.send(b"reserve\r\n" * 4)
     await worker.until(lambda o: o.count(b"RESERVED") == 4)
     worker.transport.out.clear()
-    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-    for name in ("reserve", "reserve_many", "delete", "delete_many"):
-        real = getattr(ctx.store, name)
-
-        def spy(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
-            calls.append((_name, args, kwargs))
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(ctx.store, name, spy)
+    calls = spy_on(ctx, monkeypatch, ("reserve", "reserve_many", "delete", "delete_many"))
     worker.send(b"".join(b"delete %d\r\nreserve-with-timeout 5\r\n" % i for i in range(1, 5)))
     await worker.expect(b"".join(b"DELETED\r\nRESERVED %d 1\r\n%d\r\n" % (i, i - 1)
                                  for i in range(5, 9)))
-    assert [(name, args[1:], kwargs.get("each")) for name, args, kwargs in calls] == [
-        ("delete_many", ([1, 2, 3, 4],), None), ("reserve_many", (4,), True)]
+    assert [(name, args[1:]) for name, args in calls] == [
+        ("delete_many", ([1, 2, 3, 4],)), ("reserve_many", (4,))]
     worker.send(b"delete 5\r\ndelete 99\r\ndelete 5\r\n")  # each answered on its own
     await worker.expect(b"DELETED\r\nNOT_FOUND\r\nNOT_FOUND\r\n")
+
+
+def spy_on(ctx: ServerContext, monkeypatch: pytest.MonkeyPatch,
+           names: tuple[str, ...]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The store calls of ``names`` made from now on, in order (each still made)."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    for name in names:
+        real = getattr(ctx.store, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            calls.append((_name, args))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ctx.store, name, spy)
+    return calls
+
+
+async def test_a_turn_sends_its_puts_to_one_tube_as_one_call(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer's pipelined puts: one put_many per tube, in order; a put the tube refuses
+    (its max-jobs) answers as it would alone; the last put of a read with nothing before it
+    goes alone, as put.lua."""
+    producer = new_client()
+    producer.send(b"tube-set capped max-jobs=3\r\n")
+    await producer.expect(b"SET\r\n")
+    calls = spy_on(ctx, monkeypatch, ("put", "put_many"))
+    producer.send(b"put 0 0 60 1\r\na\r\nput 0 5 60 1\r\nb\r\nuse capped\r\n"
+                  + b"put 0 0 60 1\r\nc\r\n" * 4 + b"use default\r\nput 0 0 60 1\r\nd\r\n")
+    await producer.expect(b"INSERTED 1\r\nINSERTED 2\r\nUSING capped\r\nINSERTED 3\r\n"
+                          b"INSERTED 4\r\nINSERTED 5\r\nOUT_OF_MEMORY\r\nUSING default\r\n"
+                          b"INSERTED 6\r\n")
+    assert [(name, args[0], len(args[1]) if name == "put_many" else 1)
+            for name, args in calls] == [
+        ("put_many", "default", 2), ("put_many", "capped", 4), ("put", "default", 1)]
+    producer.send(b"stats-job 2\r\npeek-ready\r\n")
+    out = await producer.until(lambda o: o.endswith(b"FOUND 1 1\r\na\r\n"))
+    assert b"state: delayed\n" in out and b"delay: 5\n" in out, out
 
 
 async def test_a_bury_behind_a_turn_of_reserves_short_of_jobs_waits_for_them(

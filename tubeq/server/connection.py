@@ -42,7 +42,7 @@ from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import command_label
 from tubeq.server.push import Push
-from tubeq.server.runs import DeleteRun
+from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.wait import Wait
 from tubeq.store.store import Deferred, NoJob, Reservation
 
@@ -94,11 +94,12 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_eof", "_flow",
-        "_flush_scheduled", "_grants", "_handlers", "_held", "_lost", "_numbered", "_pool",
-        "_prune_at", "_pump_scheduled", "_push", "_quit", "_replies", "_reserves", "_untried",
-        "_wait", "ctx", "deletes", "extended", "parser", "passing", "producer", "replaying",
-        "reserved", "store", "token", "transport", "used", "watched", "worker",
+        "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_deletes",
+        "_eof", "_flow", "_flush_scheduled", "_grants", "_handlers", "_held", "_lost",
+        "_numbered", "_pool", "_prune_at", "_pump_scheduled", "_push", "_puts", "_quit",
+        "_replies", "_reserves", "_turn", "_untried", "_wait", "ctx", "extended", "parser",
+        "passing", "producer", "replaying", "reserved", "store", "token", "transport", "used",
+        "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -139,10 +140,13 @@ class Connection(asyncio.Protocol):
         # (0: none), for the store call; and whether the command is a deferred one sent again.
         self.passing = 0
         self.replaying = False
-        # While a turn of _pump runs (None otherwise): its deletes that wait for nothing, and
-        # its reserves (one job each), whose store calls go out together when the turn ends
-        # (_send_turn) or before a command that must follow them in Redis.
-        self.deletes: DeleteRun | None = None
+        # A turn of _pump (the commands of one read): its puts, its deletes that wait for
+        # nothing and its reserves' first tries go to Redis as one call of each kind when the
+        # turn ends (_send_turn), or before a command that must follow them in Redis. The
+        # runs and the list exist only while a turn has something in them.
+        self._turn = False
+        self._puts: PutRun | None = None
+        self._deletes: DeleteRun | None = None
         self._untried: list[PendingReserve] | None = None
         # Store calls that may grant jobs; None while there are none (most of an idle life).
         self._grants: list[asyncio.Future[Any]] | None = None
@@ -187,6 +191,34 @@ class Connection(asyncio.Protocol):
         in_redis = self.ctx.using.acquire(self.used)
         if in_redis is not None:
             in_redis.add_done_callback(discard)
+
+    @property
+    def puts(self) -> PutRun | None:
+        """The turn's puts, for a put to join; None outside a turn, or for a put that would
+        go alone anyway (nothing before it in the run, nothing read after it)."""
+        if not self._turn:
+            return None
+        run = self._puts
+        if run is None or not run:
+            if not self.parser.buffered:
+                return None
+            if run is None:
+                run = self._puts = PutRun(self.store)
+        return run
+
+    @property
+    def deletes(self) -> DeleteRun | None:
+        """The turn's deletes, as :attr:`puts` (the connection lets only those that wait for
+        nothing look: see _pump)."""
+        if not self._turn:
+            return None
+        run = self._deletes
+        if run is None or not run:
+            if not self.parser.buffered:
+                return None
+            if run is None:
+                run = self._deletes = DeleteRun(self.store, self.token)
+        return run
 
     @property
     def authenticated(self) -> bool:
@@ -331,8 +363,7 @@ class Connection(asyncio.Protocol):
         budget = TURN_BUDGET
         limit = self.ctx.max_in_flight
         read_on = False
-        self.deletes = DeleteRun(self.store, self.token)
-        self._untried = []
+        self._turn = True
         while not self._quit and not self._lost:
             # Flow control's bounds (tubeq.server.flow), checked here: once per command.
             if flow.write_paused or len(self._replies) >= limit:
@@ -358,26 +389,38 @@ class Connection(asyncio.Protocol):
                     break
             passing = self._passing(command) if self._reserves else 0
             kind = type(command)
-            if not (kind in _ONE_JOB_RESERVES or (kind is c.Delete and not passing)):
-                self._send_turn()  # what this command may depend on goes to Redis first
+            # What this command may depend on goes to Redis first: the other kinds' runs (a
+            # put or delete keeps its place among the others), or everything.
+            if kind is c.Put:
+                if self._deletes:
+                    self._deletes.send()
+            elif kind is c.Delete and not passing:
+                if self._puts:
+                    self._puts.send()
+            elif kind not in _ONE_JOB_RESERVES:
+                self._send_turn()
             self._dispatch(command, passing)
             budget -= 1
         self._send_turn()
-        self.deletes = self._untried = None
+        self._turn = False
+        self._puts = self._deletes = None
         flow.set_reading(read_on)
         self._maybe_close()
 
     def _send_turn(self) -> None:
-        """Send the turn's deletes, then its reserves' first tries, each kind as one store
-        call. Sending those deletes before reserves that came first changes nothing: they
-        passed the reserves with ``passing`` 0 (whatever the reserves do, they cannot see
-        the jobs deleted), and the reserves still answer in their own order."""
-        if self.deletes is not None:
-            self.deletes.send()
+        """Send the turn's run of puts or deletes (one at a time is open), then its reserves'
+        first tries, each as one store call. Sending those deletes before reserves that came
+        first changes nothing: they passed the reserves with ``passing`` 0 (whatever the
+        reserves do, they cannot see the jobs deleted); a put never passes a reserve. The
+        reserves still answer in their own order."""
+        if self._puts:
+            self._puts.send()
+        if self._deletes:
+            self._deletes.send()
         untried = self._untried
         if not untried:
             return
-        self._untried = []
+        self._untried = None
         first = untried[0]
         attempt: asyncio.Future[Any]
         if len(untried) == 1:
@@ -540,7 +583,9 @@ class Connection(asyncio.Protocol):
         self._reserves.append(pending)
         if len(self._reserves) == 1:
             pending.started = asyncio.get_running_loop().time()
-        if count is None and self._untried is not None:
+        if count is None and self._turn:
+            if self._untried is None:
+                self._untried = []
             self._untried.append(pending)  # tried with the turn's others (_send_turn)
         else:
             attempt: asyncio.Future[Any] = self.store.reserve(self.token, number=self._numbered) \

@@ -25,7 +25,7 @@ import structlog
 from tubeq.redisio.futures import discard
 from tubeq.server.access import AccessConfig
 from tubeq.server.metrics import Metrics
-from tubeq.server.runs import DeleteRun
+from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
@@ -177,10 +177,16 @@ class Session(Protocol):
     worker: bool  # has reserved (the stats gauge)
     passing: int  # the reserves the command being handled passed (0: none)
     replaying: bool  # the command is a deferred one, replayed
-    deletes: DeleteRun | None  # while the connection takes a turn of commands (ops.delete)
 
     @property
     def authenticated(self) -> bool: ...
+
+    # The turn's runs a put or a delete joins (tubeq.server.runs), or None: go alone.
+    @property
+    def puts(self) -> PutRun | None: ...
+
+    @property
+    def deletes(self) -> DeleteRun | None: ...
 
     def enter(self, ctx: ServerContext) -> None: ...
 

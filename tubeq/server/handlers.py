@@ -26,7 +26,8 @@ from tubeq.store.store import NoJob, PutOutcome, Reservation
 
 def _put(conn: Session, cmd: c.Put) -> Reply:
     conn.mark_producer()
-    return ops.put(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body, _put_reply)
+    return ops.put(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body, _put_reply,
+                   run=conn.puts)
 
 
 def _put_reply(job_id: int) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, Final, TypeVar
 from tubeq.model.options import Options
 from tubeq.redisio.futures import discard, then
 from tubeq.server.context import ServerContext
-from tubeq.server.runs import DeleteRun
+from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.store.store import PutOutcome
 
 T = TypeVar("T")
@@ -38,15 +38,21 @@ DRAINING: Final = -2  # the server is draining (an id was used up, as beanstalkd
 
 
 def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
-        answer: Callable[[int], T]) -> T | asyncio.Future[T]:
+        answer: Callable[[int], T], *, run: PutRun | None = None) -> T | asyncio.Future[T]:
     """Store a job; ``answer`` gets its id or why there is none (TUBE_FULL, NAMESPACE_FULL,
-    DRAINING). A TTR of 0 is stored as 1, as beanstalkd does."""
+    DRAINING). A TTR of 0 is stored as 1, as beanstalkd does. ``run``: the connection's puts
+    of this turn, which a put the store takes joins."""
     store = ctx.store
     if ctx.draining:
+        if run is not None:
+            run.send()  # the puts before it take their ids first
         return then(store.burn_id(tube), lambda _: answer(DRAINING))
     if ctx.full:
         return answer(NAMESPACE_FULL)
-    call = store.put(tube, pri, delay, max(ttr, 1), body, answer)
+    if run is not None:
+        call = run.add(tube, pri, delay, max(ttr, 1), body, answer)
+    else:
+        call = store.put(tube, pri, delay, max(ttr, 1), body, answer)
     if delay > 0:
         _note_due_when_done(ctx, call, store.clock() + delay * 1000)
     return call
