@@ -26,6 +26,10 @@ local limits = tube_limits(t)
 local ids = {}
 local stored = 0
 local left_ready = false  -- a ready job of the batch nobody could take at once
+-- Whether connections wait on the tube: read again after each hand-over, which counts one out;
+-- none at the start stays none (only another script counts a connection in).
+local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+local waiters = waiting and tonumber(waiting) > 0
 -- One job of the batch, as put.lua stores it; returns its id.
 local function put_one(pri, delay, ttr, body)
   local id, jk = new_job()
@@ -40,9 +44,10 @@ local function put_one(pri, delay, ttr, body)
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_ready(id, t, tonumber(pri), now)
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
-    local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-    if waiting and tonumber(waiting) > 0 then
+    if waiters then
       if hand_over_in(t, now) ~= id then left_ready = true end
+      waiting = rcall('HGET', K_REFS, 'q:' .. t)
+      waiters = waiting and tonumber(waiting) > 0
     end
   end
   return id
@@ -57,8 +62,5 @@ for i = 5, #ARGV, 4 do
   end
 end
 if stored > 0 then count_stored(t, stored) end
-if left_ready then
-  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-  if waiting and tonumber(waiting) > 0 then rcall('PUBLISH', k_wake(t), '') end
-end
+if left_ready and waiters then rcall('PUBLISH', k_wake(t), '') end
 return ids
