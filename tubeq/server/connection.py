@@ -194,31 +194,27 @@ class Connection(asyncio.Protocol):
 
     @property
     def puts(self) -> PutRun | None:
-        """The turn's puts, for a put to join; None outside a turn, or for a put that would
-        go alone anyway (nothing before it in the run, nothing read after it)."""
-        if not self._turn:
+        """The turn's puts, for a put to join (None: it goes alone)."""
+        if not self._may_join(self._puts):
             return None
-        run = self._puts
-        if run is None or not run:
-            if not self.parser.buffered:
-                return None
-            if run is None:
-                run = self._puts = PutRun(self.store)
-        return run
+        if self._puts is None:
+            self._puts = PutRun(self.store)
+        return self._puts
 
     @property
     def deletes(self) -> DeleteRun | None:
-        """The turn's deletes, as :attr:`puts` (the connection lets only those that wait for
-        nothing look: see _pump)."""
-        if not self._turn:
+        """The turn's deletes, as :attr:`puts` (only those that wait for nothing ask: _pump)."""
+        if not self._may_join(self._deletes):
             return None
-        run = self._deletes
-        if run is None or not run:
-            if not self.parser.buffered:
-                return None
-            if run is None:
-                run = self._deletes = DeleteRun(self.store, self.token)
-        return run
+        if self._deletes is None:
+            self._deletes = DeleteRun(self.store, self.token)
+        return self._deletes
+
+    def _may_join(self, run: PutRun | DeleteRun | None) -> bool:
+        """Whether a command may join ``run``, the turn's run of its kind: inside a turn, if
+        the run holds commands already or more input was read after this one (one that would
+        go alone takes the single-job script's path, at no cost of its own)."""
+        return self._turn and (bool(run) or bool(self.parser.buffered))
 
     @property
     def authenticated(self) -> bool:

@@ -13,68 +13,89 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tubeq.redisio.futures import chain
 from tubeq.store.base import JobStore
 
 T = TypeVar("T")
+E = TypeVar("E")  # what a run holds of each command
 
 # A command's reply future and what makes its reply of its own share of the run's result.
 _Answers = list[tuple[asyncio.Future[Any], Callable[[Any], Any]]]
 
 
-class DeleteRun:
-    """Deletes added one by one, sent by :meth:`send` as one delete_many call (a lone one as
-    delete.lua)."""
+class _Run(Generic[E]):
+    """Entries added one by one, each with its caller's answer, sent by :meth:`send` as one
+    call of the many-jobs script (a lone one by the single-job script)."""
 
-    __slots__ = ("_answers", "_ids", "_store", "_token")
+    __slots__ = ("_answers", "_entries", "_store")
 
-    def __init__(self, store: JobStore, token: str) -> None:
+    def __init__(self, store: JobStore) -> None:
         self._store = store
-        self._token = token
-        self._ids: list[int] = []
+        self._entries: list[E] = []
         self._answers: _Answers = []
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._entries)
 
-    def add(self, job_id: int, answer: Callable[[bool], T]) -> asyncio.Future[T]:
+    def _add(self, entry: E, answer: Callable[[Any], T]) -> asyncio.Future[T]:
         reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._ids.append(job_id)
+        self._entries.append(entry)
         self._answers.append((reply, answer))
         return reply
 
     def send(self) -> None:
-        """Send the deletes added since the last send (none: nothing)."""
-        ids, answers = self._ids, self._answers
-        if not ids:
+        """Send the entries added since the last send (none: nothing)."""
+        entries, answers = self._entries, self._answers
+        if not entries:
             return
-        self._ids, self._answers = [], []
-        if len(ids) == 1:
+        self._entries, self._answers = [], []
+        if len(entries) == 1:
             reply, answer = answers[0]
-            alone = self._store.delete(self._token, ids[0], answer)
-            alone.add_done_callback(lambda f: chain(f, reply))
+            self._alone(entries[0], answer).add_done_callback(lambda f: chain(f, reply))
         else:
-            call = self._store.delete_many(self._token, ids)
-            call.add_done_callback(lambda f: _answer_each(f, answers))
+            self._together(entries).add_done_callback(lambda f: _answer_each(f, answers))
+
+    def _alone(self, entry: E, answer: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        raise NotImplementedError
+
+    def _together(self, entries: list[E]) -> asyncio.Future[list[Any]]:
+        raise NotImplementedError
 
 
-class PutRun:
-    """Puts to one tube added one by one, sent by :meth:`send` as one put_many call (a lone
-    one as put.lua); a put to another tube sends the run first. The caller has made each put
-    what the store takes (its checks, a TTR of at least 1)."""
+class DeleteRun(_Run[int]):
+    """A connection's deletes, as delete_many (a lone one as delete.lua)."""
 
-    __slots__ = ("_answers", "_jobs", "_store", "_tube")
+    __slots__ = ("_token",)
+
+    def __init__(self, store: JobStore, token: str) -> None:
+        super().__init__(store)
+        self._token = token
+
+    def add(self, job_id: int, answer: Callable[[bool], T]) -> asyncio.Future[T]:
+        return self._add(job_id, answer)
+
+    def _alone(self, entry: int, answer: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        return self._store.delete(self._token, entry, answer)
+
+    def _together(self, entries: list[int]) -> asyncio.Future[list[Any]]:
+        return self._store.delete_many(self._token, entries)
+
+
+_Job = tuple[int, int, int, bytes]  # pri, delay, ttr, body
+
+
+class PutRun(_Run[_Job]):
+    """A connection's puts to one tube, as put_many (a lone one as put.lua); a put to another
+    tube sends the run first. The caller has made each put what the store takes (its checks,
+    a TTR of at least 1)."""
+
+    __slots__ = ("_tube",)
 
     def __init__(self, store: JobStore) -> None:
-        self._store = store
+        super().__init__(store)
         self._tube = ""
-        self._jobs: list[tuple[int, int, int, bytes]] = []
-        self._answers: _Answers = []
-
-    def __len__(self) -> int:
-        return len(self._jobs)
 
     def add(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
             answer: Callable[[int], T]) -> asyncio.Future[T]:
@@ -82,24 +103,13 @@ class PutRun:
         if tube != self._tube:
             self.send()
             self._tube = tube
-        reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._jobs.append((pri, delay, ttr, body))
-        self._answers.append((reply, answer))
-        return reply
+        return self._add((pri, delay, ttr, body), answer)
 
-    def send(self) -> None:
-        """Send the puts added since the last send (none: nothing)."""
-        jobs, answers = self._jobs, self._answers
-        if not jobs:
-            return
-        self._jobs, self._answers = [], []
-        if len(jobs) == 1:
-            reply, answer = answers[0]
-            alone = self._store.put(self._tube, *jobs[0], answer)
-            alone.add_done_callback(lambda f: chain(f, reply))
-        else:
-            call = self._store.put_many(self._tube, jobs)
-            call.add_done_callback(lambda f: _answer_each(f, answers))
+    def _alone(self, entry: _Job, answer: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        return self._store.put(self._tube, *entry, answer)
+
+    def _together(self, entries: list[_Job]) -> asyncio.Future[list[Any]]:
+        return self._store.put_many(self._tube, entries)
 
 
 def _answer_each(call: asyncio.Future[list[Any]], answers: _Answers) -> None:
