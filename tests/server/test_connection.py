@@ -421,25 +421,6 @@ async def test_a_bury_behind_a_turn_of_reserves_short_of_jobs_waits_for_them(
     await worker.expect(b"RESERVED 2 1\r\ny\r\nRESERVED 3 1\r\nz\r\nTIMED_OUT\r\nBURIED\r\n")
 
 
-async def test_a_blocked_reserve_gets_a_due_job_from_the_sweeps_reply(
-        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A delayed job falling due while this process's connection waits for one reaches it from
-    promote.lua's reply: no wake-up, no reserve or claim of its own in between, and the job is
-    off the token's handed list (no later call finds it again)."""
-    worker, producer = new_client(), new_client()
-    worker.send(b"reserve-with-timeout 10\r\n")
-    await asyncio.sleep(0.2)  # tried, counted in as waiting, asleep
-    calls = spy_on(ctx, monkeypatch, ("reserve", "reserve_many", "set_waiting"))
-    producer.send(b"put 0 1 60 3\r\ndue\r\n")
-    await producer.expect(b"INSERTED 1\r\n")
-    await worker.expect(b"RESERVED 1 3\r\ndue\r\n")
-    assert calls == []
-    handed = await ctx.store.client.call("LLEN", ctx.store.keys.handed(worker.conn.token))
-    assert handed == 0
-    worker.send(b"delete 1\r\n")
-    await worker.expect(b"DELETED\r\n")
-
-
 async def test_delete_many_behind_a_waiting_reserve_waits_for_it(new_client: NewClient) -> None:
     """The job's TTR (2 s) reaches its safety margin while the reserve (timeout 3 s) waits, so
     the delete-many could change what it returns: it is deferred, the reserve answers

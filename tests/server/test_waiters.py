@@ -1,16 +1,12 @@
 """The waiters' light primitives: Signal (a flag waited on with a bound) and CoarseTimer (many
-imprecise timeouts on one loop timer); the registry's routing of a hand-over to a token; and a
-Wait taking a job given from a script's reply (no Redis: a store that records its calls).
+imprecise timeouts on one loop timer); and the registry's routing of a hand-over to a token.
 Bounds here are generous: they only tell "fired" from "never fired"; none asserts a duration."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from tubeq.server.wait import Wait
 from tubeq.server.waiters import CoarseTimer, Deadlines, Signal, Waiter, WaiterRegistry
-from tubeq.store.store import NoJob, Reservation
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0
@@ -100,95 +96,3 @@ def test_a_hand_over_wakes_every_wait_of_its_token_and_only_while_registered() -
     registry.unregister(other, consumed=True)
     registry.handed_over("t:1")  # nobody waits under it: nothing to wake, nothing kept
     assert registry.count() == 0 and not registry._by_token
-
-
-# -- a job given from a script's reply (promote.lua's hand-over; tubeq.server.scheduler) ---------
-
-class _Owner:
-    """A connection as a Wait sees it: grants pass through, ``granting`` set by the test."""
-
-    def __init__(self) -> None:
-        self.granting = False
-
-    def track_grants(self, call: asyncio.Future[Any]) -> asyncio.Future[Any]:
-        return call
-
-    async def within(self, call: asyncio.Future[Any], deadline: float | None) -> Any:
-        return await asyncio.shield(call)
-
-
-class _Store:
-    """Records the calls a Wait makes; each answers at once with nothing granted."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-
-    def _answer(self, name: str, arg: int, result: Any) -> asyncio.Future[Any]:
-        self.calls.append((name, arg))
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        done.set_result(result)
-        return done
-
-    def set_waiting(self, token: str, delta: int, *, claim: bool = False) -> asyncio.Future[Any]:
-        return self._answer("set_waiting", delta, [])
-
-    def reserve(self, token: str, *, counted_waiting: bool = False) -> asyncio.Future[Any]:
-        return self._answer("reserve", 1, NoJob())
-
-    def reserve_many(self, token: str, count: int, *,
-                     counted_waiting: bool = False) -> asyncio.Future[Any]:
-        return self._answer("reserve_many", count, [])
-
-
-JOB = Reservation(7, 60, b"x", 1_000, 0, "a")
-
-
-def _wait(registry: WaiterRegistry, owner: _Owner, store: _Store, *,
-          handover: bool = True) -> Wait:
-    return Wait(registry, store, "t:1", ("a",), owner=owner,  # type: ignore[arg-type]
-                handover=handover)
-
-
-async def test_a_given_job_answers_the_next_try_claim_or_leave_without_redis() -> None:
-    registry, owner, store = WaiterRegistry(), _Owner(), _Store()
-    wait = _wait(registry, owner, store)
-    assert not registry.given("t:1", JOB)  # not counted in: Redis cannot have handed it one
-    await wait.count_in()
-    for end in ("take", "take_many", "claim", "leave"):
-        wait.rearm()
-        assert registry.given("t:1", JOB)
-        assert wait.woken and not wait.counted and wait.given is JOB
-        if end == "take":
-            assert await wait.take() is JOB
-        elif end == "take_many":
-            assert await wait.take(8) == [JOB]
-        elif end == "claim":
-            assert await wait.claim() == [JOB]
-        else:
-            left = wait.leave(consumed=True)
-            assert left is not None and await left == [JOB]
-            break
-        assert wait.given is None
-        await wait.count_in()
-    assert store.calls == [("set_waiting", 1)] * 4  # the count-ins: nothing else went to Redis
-
-
-async def test_a_given_job_is_refused_where_redis_may_hand_it_again() -> None:
-    """Refused (the token's waits are woken instead, and its next try claims the job from
-    Redis): while the owner has a call in flight that may claim it, by a wait that takes no
-    given job, by a token that waits twice (a blocked reserve and its push loop)."""
-    registry, owner, store = WaiterRegistry(), _Owner(), _Store()
-    wait = _wait(registry, owner, store)
-    await wait.count_in()
-    owner.granting = True
-    assert not registry.given("t:1", JOB)
-    assert wait.woken and wait.counted and wait.given is None
-    owner.granting = False
-    plain = _wait(WaiterRegistry(), owner, store, handover=False)
-    await plain.count_in()
-    assert not plain.give(JOB) and plain.counted
-    wait.rearm()
-    push = Waiter(("a",), "t:1")
-    registry.register(push)
-    assert not registry.given("t:1", JOB)
-    assert wait.woken and push.woken and wait.given is None

@@ -408,43 +408,6 @@ async def test_put_hands_the_job_to_the_first_waiting_connection(env: Env) -> No
     await pubsub.aclose()
 
 
-async def test_promote_hands_due_jobs_to_this_processs_waiting_connections(env: Env) -> None:
-    """promote.lua gives a job it made ready to the first connection of the calling process
-    waiting on the tube, names it in its reply and records it in the token's handed list, as a
-    put's hand-over does; another process's connection, waiting first, is passed over; a tube
-    left with no ready job wakes nobody, one with a job left is woken."""
-    s = env.store
-    other = Store(s.client, env.keys, "other", env.clock)
-    await other.heartbeat()
-    await other.connect("other:1")
-    await other.set_waiting("other:1", 1)
-    await s.set_waiting(ALICE, 1)
-    due = await env.put(delay=1, body=b"due")
-    env.clock.advance(1)
-    _, woken, handed = await s.promote_handing()
-    assert [(token, job.id, job.body, job.tube) for token, job in handed] == [
-        (ALICE, due, b"due", "default")]
-    assert woken == []
-    assert await env.state(due) is JobState.RESERVED
-    assert await env.raw.lrange(env.keys.handed(ALICE), 0, -1) == [str(due).encode()]
-    s.unhand(ALICE, due)  # its process gave it to the connection
-    assert await env.raw.lrange(env.keys.handed(ALICE), 0, -1) == []
-    assert isinstance(await s.reserve(ALICE), NoJob)  # so no claim finds it again
-    # ALICE was counted out with the grant: the next one is left ready, the tube woken.
-    left = await env.put(delay=1)
-    env.clock.advance(1)
-    _, woken, handed = await s.promote_handing()
-    assert (woken, handed) == (["default"], [])
-    assert await env.state(left) is JobState.READY
-    # A job handed over but not taken off the list is the token's next try's, once.
-    await s.set_waiting(BOB, 1)
-    again = await env.put(delay=1)
-    env.clock.advance(1)
-    assert [(t, j.id) for t, j in (await s.promote_handing())[2]] == [(BOB, left)]
-    assert (await env.reserve(BOB)).id == left
-    assert (await env.reserve(BOB)).id == again  # the ready one: no second copy of `left`
-
-
 async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None:
     s = env.store
     await s.set_waiting(BOB, 1)

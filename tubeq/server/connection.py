@@ -606,11 +606,6 @@ class Connection(asyncio.Protocol):
         self._answer(pending, replies.TIMED_OUT)
         self._advance()
 
-    @property
-    def granting(self) -> bool:
-        """A store call that may grant this connection jobs is in flight (track_grants)."""
-        return self._grants is not None
-
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         """Record the jobs a store call grants as this connection's, whatever becomes of the
         command that asked (a disconnect must hand them back)."""
@@ -797,8 +792,7 @@ class Connection(asyncio.Protocol):
                 elif self._eof or (remaining is not None and remaining <= 0):
                     ending = replies.TIMED_OUT
                 if ending is not None:
-                    if wait is not None and (wait.counted or wait.given is not None) \
-                            and not self._eof:
+                    if wait is not None and wait.counted and not self._eof:
                         # A put may have handed us a job an instant ago: then it is the answer
                         # (at most one job per wait; any more go to the pool).
                         handed = await wait.claim()
@@ -811,8 +805,7 @@ class Connection(asyncio.Protocol):
                     return ending
                 if wait is None:
                     wait = self._wait = Wait(self.ctx.registry, self.store, self.token,
-                                             self.watched, owner=self, deadline=deadline,
-                                             handover=True)
+                                             self.watched, owner=self, deadline=deadline)
                     await wait.count_in()
                 else:
                     if not wait.recount:

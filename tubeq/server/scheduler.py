@@ -43,7 +43,7 @@ from tubeq.model import recurring
 from tubeq.server.fine_timer import FineTimer
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.shards import ShardedStore
-from tubeq.store.store import SWEEP_LIMIT, Reservation, Store
+from tubeq.store.store import SWEEP_LIMIT, Store
 
 log = structlog.get_logger(__name__)
 
@@ -95,21 +95,6 @@ class Scheduler:
                         "pause, or Redis lost its data): restoring its connections")
             self.on_registration_lost()
 
-    def _promoted(self, promoting: asyncio.Future[
-            tuple[int, list[str], list[tuple[str, Reservation]]]]) -> None:
-        """Give the jobs promote.lua handed to this process's waiting connections to them (one
-        round trip sooner than a wake-up and a reserve), and wake this process's waiters on
-        the tubes it made ready (they need not wait for the PUBLISH to come back through the
-        subscriber: the scripts publish for other processes)."""
-        if promoting.cancelled() or promoting.exception() is not None:
-            return  # the sweep's await reports it
-        _, promoted, handed = promoting.result()
-        for token, job in handed:
-            if self.registry.given(token, job):
-                self.store.unhand(token, job.id)
-        for tube in promoted:
-            self.registry.wake_one(tube)
-
     def when_registration_lost(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when a heartbeat finds this process unregistered."""
         self.on_registration_lost = callback
@@ -143,12 +128,12 @@ class Scheduler:
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
                 self._noted_ms = None
-                promoting = self.store.promote_handing()
-                promoting.add_done_callback(self._promoted)  # at once, not after the others
-                (next_timer, _, _), (next_deadline, expired), next_tick = \
-                    await asyncio.gather(promoting, self.store.expire(),
+                (next_timer, promoted), (next_deadline, expired), next_tick = \
+                    await asyncio.gather(self.store.promote(), self.store.expire(),
                                          tick_schedules(self.store, self.note_due))
-                for tube in expired:
+                # This process's waiters on those tubes need not wait for the PUBLISH to come
+                # back through the subscriber (the scripts publish for other processes).
+                for tube in (*promoted, *expired):
                     self.registry.wake_one(tube)
             except asyncio.CancelledError:
                 raise

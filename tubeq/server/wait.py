@@ -26,7 +26,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol, TypeVar, overload
 
 from tubeq.server.waiters import Waiter, WaiterRegistry
@@ -52,27 +52,17 @@ class GrantOwner(Protocol):
         """``call``'s result, shielded; with a ``deadline`` (loop time), bounded by it."""
         ...
 
-    @property
-    def granting(self) -> bool:
-        """A store call that may grant the owner jobs (or claim them) is in flight."""
-        ...
-
 
 class Wait(Waiter):
     """One token's wait, registered from construction until :meth:`leave`."""
 
-    __slots__ = ("_deadline", "_owner", "_registry", "_store", "attempt", "counted", "given",
-                 "handover", "recount")
+    __slots__ = ("_deadline", "_owner", "_registry", "_store", "attempt", "counted", "recount")
 
     def __init__(self, registry: WaiterRegistry, store: JobStore, token: str,
                  tubes: Iterable[str], *, owner: GrantOwner | None = None,
-                 deadline: float | None = None, handover: bool = False) -> None:
-        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by.
-        ``handover`` (with an ``owner``): the wait takes a job handed to it in a script's
-        reply (:meth:`give`); its try, claim and leave then answer with it."""
+                 deadline: float | None = None) -> None:
+        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by."""
         super().__init__(tubes, token)
-        self.handover = handover
-        self.given: Reservation | None = None  # given, not yet taken by a try, claim or leave
         self._registry = registry
         self._store = store
         self._owner = owner
@@ -108,9 +98,7 @@ class Wait(Waiter):
         self.rearm()
         store = self._store
         call: asyncio.Future[Any]
-        if self.given is not None:
-            call = self._take_given(lambda job: job if count is None else [job])
-        elif count is None:
+        if count is None:
             call = store.reserve(self.token, counted_waiting=self.counted)
         else:
             call = store.reserve_many(self.token, count, counted_waiting=self.counted)
@@ -124,10 +112,9 @@ class Wait(Waiter):
     async def claim(self) -> list[Reservation]:
         """Count the token out and take the jobs a put handed to it meanwhile."""
         self.counted = False
-        call = self._take_given(lambda job: [job]) if self.given is not None \
-            else self._store.set_waiting(self.token, -1, claim=True)
-        self.attempt = call = self._tracked(call)
-        handed: list[Reservation] = await self._awaited(call)
+        self.attempt = call = self._tracked(
+            self._store.set_waiting(self.token, -1, claim=True))
+        handed = await self._awaited(call)
         self.attempt = None
         return handed
 
@@ -153,33 +140,10 @@ class Wait(Waiter):
         send the count-out (``claim``: taking what a put handed over meanwhile): the caller
         decides what becomes of those jobs. None when there was nothing to count out."""
         self._registry.unregister(self, consumed=consumed)
-        if self.given is not None:
-            return self._take_given(lambda job: [job])
         if not self.counted:
             return None
         self.counted = False
         return self._store.set_waiting(self.token, -1, claim=claim)
-
-    def give(self, job: Reservation) -> bool:
-        """Take ``job`` from a script's reply (tubeq.server.scheduler: promote.lua handed it
-        to this token and counted it out): only a ``handover`` wait, still counted in, whose
-        owner has no store call in flight that may claim the same job from Redis."""
-        owner = self._owner
-        if not self.handover or owner is None or owner.granting or not self.counted \
-                or self.given is not None:
-            return False
-        self.given = job
-        self.counted = False
-        self.wake()
-        return True
-
-    def _take_given(self, shape: Callable[[Reservation], Any]) -> asyncio.Future[Any]:
-        """The given job as an answered store call (``shape``: as the call would answer)."""
-        assert self.given is not None
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        done.set_result(shape(self.given))
-        self.given = None
-        return done
 
     def _tracked(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         return call if self._owner is None else self._owner.track_grants(call)

@@ -23,8 +23,6 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tubeq.store.store import Reservation
-
 
 class Signal:
     """A flag one coroutine waits on, with a bound.
@@ -168,12 +166,6 @@ class Waiter:
         self.woken = False
         self.event.clear()
 
-    def give(self, job: Reservation) -> bool:
-        """Take ``job``, which a script handed to this waiter's token and named in its reply
-        (promote.lua), as what the wait gets; False if it cannot, and then the job waits in
-        Redis for the token's next try to claim it."""
-        return False
-
 
 class Deadlines:
     """Calls due at an instant (loop time), all checked by one loop timer every
@@ -257,19 +249,6 @@ class WaiterRegistry:
         if held is not None:
             for waiter in _each(held):
                 waiter.wake()
-
-    def given(self, token: str, job: Reservation) -> bool:
-        """A script handed ``token`` ``job`` and said so in its reply: give it to the token's
-        one waiter, if that waiter takes it (True: the caller takes the job off the token's
-        handed list); otherwise wake the token's waits, as :meth:`handed_over` does."""
-        held = self._by_token.get(token)
-        if held is None:
-            return False
-        if not isinstance(held, tuple) and held.give(job):
-            return True
-        for waiter in _each(held):
-            waiter.wake()
-        return False
 
     def wake_one(self, tube: str) -> None:
         for waiter in self._by_tube.get(tube, ()):

@@ -32,7 +32,7 @@ from tubeq.redisio.client import (
     ScriptCall,
     never_ran,
 )
-from tubeq.redisio.futures import discard, then
+from tubeq.redisio.futures import discard
 from tubeq.store.keys import JobField, Keys
 from tubeq.store.scripts import Library, Script, library, load_all
 
@@ -627,37 +627,15 @@ class Store:
         return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        """Make due delayed jobs ready (and end pauses and rate windows): the next due
-        instant (-1: none) and the tubes to wake. See :meth:`promote_handing`."""
-        return then(self.promote_handing(), lambda swept: swept[:2])
-
-    def promote_handing(self) -> asyncio.Future[
-            tuple[int, list[str], list[tuple[str, Reservation]]]]:
-        """:meth:`promote`, and the jobs it handed to this process's connections waiting on
-        their tubes, with their tokens: each is in its token's handed list (c:<token>:g) too,
-        as a put's hand-over is; the caller gives it to the connection and takes it off that
-        list (:meth:`unhand`), or leaves it there for the token's next call to claim."""
         metrics = self.metrics
-        now = self.clock()
 
-        def decode(r: Any) -> tuple[int, list[str], list[tuple[str, Reservation]]]:
-            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}, {token, reservation, ...}}
+        def decode(r: Any) -> tuple[int, list[str]]:
+            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}}
             if metrics is not None and r[2]:
                 metrics.jobs_promoted([int(v) for v in r[2]])
-            flat = r[3]
-            handed = []
-            for i in range(0, len(flat), 6):
-                job = _reservations(flat[i + 1:i + 6], now, metrics)[0]
-                handed.append((flat[i].decode(), job))
-            return int(r[0]), [v.decode() for v in r[1]], handed
+            return int(r[0]), [v.decode() for v in r[1]]
 
-        return self._eval("promote", now, SWEEP_LIMIT, decode=decode)
-
-    def unhand(self, token: str, job_id: int) -> None:
-        """Take a job :meth:`promote_handing` handed over off ``token``'s handed list: its
-        process gave it to the connection (sent before any later call of that connection, on
-        this same Redis connection, so no claim of it finds the job again)."""
-        self.client.call("LREM", self.keys.handed(token), 1, job_id).add_done_callback(discard)
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=decode)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)

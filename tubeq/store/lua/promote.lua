@@ -6,28 +6,21 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          limit (jobs and timers handled per call)
 Also     the TTL sweep when the timer 'x:' is due (includes/policies.lua): jobs past their TTL
          are buried (reason 'expired') or deleted (event 'expired')
-Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}, {token, reservation,
-         ...}}; a next due <= now means call again. Lateness: now - due time, one per job made
-         ready (tubeq.store.store feeds it to the delayed-lateness metric; it costs no read: 'u'
-         is read for the event anyway). Then each job handed to a connection of the calling
-         process that waited on its tube: its token, then the reservation (see grant)
-Events   'promoted' per job (due_ms: the time it was due); 'reserved' per job handed over
-Wakes    reserves blocked on each tube that still has ready jobs once the calling process's
-         waiting connections had theirs
+Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}}; a next due <= now
+         means call again. Lateness: now - due time, one per job made ready (tubeq.store.store feeds
+         it to the delayed-lateness metric; it costs no read: 'u' is read for the event anyway)
+Events   'promoted' per job (due_ms: the time it was due)
+Wakes    reserves blocked on each tube that got ready jobs
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
---- @include "waiting"
---- @include "picking"
---- @include "handing"
 --- @include "policies"
 local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local result, woken, late, handed = {-1}, {}, {}, {}
+local result, woken, late = {-1}, {}, {}
 for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, limit)) do
   local t = string.sub(name, 3)
   local kind = string.sub(name, 1, 1)
-  local promoted, here = 0, 0  -- 'd': jobs made ready, and handed over to this process's
   if kind == 'x' then
     sweep_ttl(now, limit)  -- expired jobs never become ready: nothing to wake
   elseif kind == 'd' then
@@ -42,17 +35,8 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       enqueue_ready(id, t, tonumber(f[1]), now)
       job_event('promoted', id, now, 0, f[2], '')
       late[#late + 1] = now - tonumber(f[2])
-      promoted = promoted + 1
     end
     arm_delay_timer(t)
-    -- This process's connections waiting on the tube get the jobs now, one each.
-    while here < promoted do
-      local token, job = hand_over_here(t, now, EVENTS_BY)
-      if not token then break end
-      handed[#handed + 1] = token
-      for _, v in ipairs(job) do handed[#handed + 1] = v end
-      here = here + 1
-    end
   elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended
     rcall('ZREM', K_TIMERS, name)
     index_tube(t, now)
@@ -61,14 +45,12 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     rcall('ZREM', K_TIMERS, name)
     index_tube(t, now)
   end
-  -- A tube whose promoted jobs all went to this process's connections wakes nobody (a job
-  -- handed over may be of another tube the connection watched: whether any is left decides).
-  if kind ~= 'x' and (here == 0 or rcall('ZCARD', k_ready(t)) > 0) then
+  if kind ~= 'x' then
     wake(t)
     woken[#woken + 1] = t
   end
 end
 local head = rcall('ZRANGE', K_TIMERS, 0, 0, 'WITHSCORES')
 if head[1] then result[1] = tonumber(head[2]) end
-result[2], result[3], result[4] = woken, late, handed
+result[2], result[3] = woken, late
 return result

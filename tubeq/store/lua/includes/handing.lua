@@ -1,6 +1,5 @@
 -- Handing a new ready job straight to a waiting connection, as beanstalkd hands it over before it
--- answers the put (put.lua, put_many.lua), or a job a timer made ready to a connection of the
--- process that ran the timer (promote.lua).
+-- answers the put (put.lua, put_many.lua).
 
 -- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
 -- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
@@ -29,26 +28,4 @@ local function hand_over_in(t, now)
   rcall('RPUSH', k_handed(token), job[1])
   rcall('PUBLISH', k_grant(inst), token)
   return job[1]
-end
-
--- The first connection of process `inst` waiting on tube t gets the job it would reserve now,
--- recorded as handed over (c:<token>:g) as hand_over_in does, but nobody is told: the caller is
--- that process and gives the job to the connection from the script's reply (promote.lua;
--- tubeq.server.scheduler), one round trip sooner than a wake-up and a reserve. Returns the
--- token and the reservation (see grant), or nil when none of the first waiters is `inst`'s.
-local function hand_over_here(t, now, inst)
-  local token
-  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), 0, 15)) do
-    if instance_of(candidate) == inst then
-      token = candidate
-      break
-    end
-  end
-  if not token or rcall('HGET', K_WAITING, token) ~= '1' then return nil end
-  local entry = best_entry(token)
-  if not entry then return nil end
-  local job = take_entry(entry, token, now)
-  count_waiting(inst, token, -1)
-  rcall('RPUSH', k_handed(token), job[1])
-  return token, job
 end
