@@ -504,15 +504,7 @@ async def test_every_path_to_ready_wakes_waiters(env: Env, path: str) -> None:
     pubsub = env.raw.pubsub()
     await pubsub.psubscribe(env.keys.wake_pattern)
     await pubsub.get_message(timeout=1)
-    if path == "promote":
-        # A connection of another process: one of this process would get the job in promote's
-        # reply instead (test_promote_hands_due_jobs_to_this_processs_waiting_connections).
-        other = Store(s.client, env.keys, "other", env.clock)
-        await other.heartbeat()
-        await other.connect("other:1")
-        await other.set_waiting("other:1", 1)
-    else:
-        await s.set_waiting(BOB, 1)
+    await s.set_waiting(BOB, 1)
     if path == "release":
         await s.release(ALICE, job_id, 0, 0)
     elif path == "kick":

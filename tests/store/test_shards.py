@@ -82,10 +82,8 @@ def _declared(protocol: type) -> set[str]:
 # tube and by id, and the swap of a shard's client when a cluster slot moves (Server).
 SPLIT_ONLY = {"count", "home", "shards", "of_tube", "of_id", "rebind"}
 # Store's own members: one Redis root's client, keys and script loading, which a split store
-# holds per shard; and the sweep's hand-over of due jobs, which each shard's own Scheduler calls
-# on its shard (tubeq.server.scheduler): a token's handed list lives in the shard that handed.
-ROOT_ONLY = {"client", "events_maxlen", "holds_default", "wants_functions", "calls_functions",
-             "promote_handing", "unhand"}
+# holds per shard.
+ROOT_ONLY = {"client", "events_maxlen", "holds_default", "wants_functions", "calls_functions"}
 
 
 async def test_every_store_call_is_routed() -> None:
