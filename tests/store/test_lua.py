@@ -24,6 +24,7 @@ from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.redisio.client import RedisClient, RedisReplyError
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import JobField, Keys
+from tubeq.store.scripts import expand
 from tubeq.store.shards import ShardedStore
 from tubeq.store.store import NoJob, Reservation, Store
 
@@ -562,12 +563,12 @@ async def test_scripts_reload_after_redis_forgets_them(env: Env) -> None:
 
 async def test_lua_key_schema_matches_python(env: Env) -> None:
     keys_lua = resources.files("tubeq.store").joinpath("lua", "includes", "keys.lua").read_text()
-    probe = keys_lua + """
+    probe = expand(keys_lua + """
 return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS, K_SEQS,
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
         k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
         k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3]),
-        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT}"""
+        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT}""")
     k = env.keys
     names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
     assert [n.decode() for n in names] == [
@@ -576,6 +577,34 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
         k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout]
+
+
+async def test_text_writes_numbers_as_redis_would_store_them(env: Env) -> None:
+    """text() (lua/includes/text.lua) gives the digits Redis stores for a number handed to it
+    as a number, passes strings, fractions and numbers past 2^53 through, and empties its
+    cache when full without changing an answer."""
+    numbers = [0, 1, -1, 7, 1790000000123, 2 ** 32 - 1, 2 ** 53 - 1, -(2 ** 53 - 1)]
+    probe = expand('--- @include "text"\n' + """
+local out = {}
+for i, n in ipairs({0, 1, -1, 7, 1790000000123, 4294967295, 9007199254740991,
+                    -9007199254740991}) do
+  redis.call('SET', 'as-number', n)
+  out[#out + 1] = {text(n), redis.call('GET', 'as-number')}
+end
+local passed = {text('0042'), type(text(1.5)), type(text(2^53)), type(text(-2^53))}
+local wrong = 0
+for n = 1, 2 * TEXT_CACHE_MAX + 10 do  -- fills the cache twice over
+  if text(n * 1000 + 7) ~= string.format('%d', n * 1000 + 7) or text(0) ~= '0' then
+    wrong = wrong + 1
+  end
+end
+return {out, passed, wrong, texts_n <= TEXT_CACHE_MAX and 1 or 0}""")
+    out, passed, wrong, bounded = await env.raw.eval(probe, 0)
+    assert [(t.decode(), stored.decode()) for t, stored in out] == \
+        [(str(n), str(n)) for n in numbers]
+    assert [bytes(passed[0]).decode(), *(bytes(v).decode() for v in passed[1:])] == \
+        ["0042", "number", "number", "number"]
+    assert wrong == 0 and bounded == 1
 
 
 async def test_lua_job_record_matches_python(env: Env) -> None:

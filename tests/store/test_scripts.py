@@ -57,7 +57,7 @@ def test_string_constants_are_written_in_by_script_and_defined_once_in_the_libra
     assert source.endswith("return {'t', 'JOB_TUBE', x.JOB_TUBE} -- JOB_TUBE\n")
     put = load_all()["put"].source
     assert b"local JOB_STATE" not in put and b"JOB_STATE, 'ready'" not in put
-    assert b"redis.call('HSET', jk, 't', t, 's', 'ready', 'p', pri," in put  # in store_job
+    assert b"redis.call('HSET', jk, 't', t, 's', 'ready', 'p', text(pri)," in put  # store_job
     assert "local JOB_STATE = 's'" in library().source.decode()
 
 

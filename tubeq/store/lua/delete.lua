@@ -22,8 +22,8 @@ if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
 unlink(id, t, state, now)
 forget_job(id, jk, {f[8], f[9]})  -- its dedupe key is free, its TTL entry goes (policies)
 rcall('DEL', jk)
-rcall('HINCRBY', k_tube(t), 'del', 1)
+rcall('HINCRBY', k_tube(t), 'del', '1')
 add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
 gc_tube(t)
-if state == 'reserved' and f[7] then return {now - tonumber(f[7]), t} end
+if state == 'reserved' and f[7] then return {now - f[7], t} end
 return {-1, t}

@@ -41,7 +41,7 @@ local function delete_one(id)
   rcall('DEL', jk)
   deleted[t] = deleted[t] + 1
   add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, '')
-  if state == 'reserved' and f[9] then return {now - tonumber(f[9]), t} end
+  if state == 'reserved' and f[9] then return {now - f[9], t} end
   return {-1, t}
 end
 
@@ -56,13 +56,13 @@ for _, t in ipairs(tubes) do
   local tk = k_tube(t)
   if held[t] > 0 then
     -- as unlink does for one reserved job (a 0 stays)
-    rcall('HINCRBY', tk, 'nres', -held[t])
+    rcall('HINCRBY', tk, 'nres', text(-held[t]))
     if rcall('HEXISTS', tk, 'lim') == 1 then  -- reserve limits: maybe below its cap now
       index_tube(t, now)
       wake(t)
     end
   end
-  rcall('HINCRBY', tk, 'del', deleted[t])
+  rcall('HINCRBY', tk, 'del', text(deleted[t]))
   gc_tube(t)
 end
 return out

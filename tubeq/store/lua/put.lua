@@ -46,7 +46,7 @@ if delay_ms > 0 then
 else
   store_job(jk, t, pri, ttr, body, now)
   start_policies(id, jk, t, opts, now, limits[2])
-  enqueue_ready(id, t, tonumber(pri), now, meta)
+  enqueue_ready(id, t, pri, now, meta)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from

@@ -33,16 +33,17 @@ local waiters = waiting and tonumber(waiting) > 0
 -- One job of the batch, as put.lua stores it; returns its id.
 local function put_one(pri, delay, ttr, body)
   local id, jk = new_job()
-  if tonumber(delay) > 0 then
-    local due = now + tonumber(delay) * 1000
+  delay = delay + 0
+  if delay > 0 then
+    local due = now + delay * 1000
     store_job(jk, t, pri, ttr, body, now, delay, due)
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_delayed(id, t, due)
-    add_event('put', id, t, pri, tonumber(delay) * 1000, ttr, due, 0, now, '')
+    add_event('put', id, t, pri, delay * 1000, ttr, due, 0, now, '')
   else
     store_job(jk, t, pri, ttr, body, now)
     start_policies(id, jk, t, false, now, limits[2])
-    enqueue_ready(id, t, tonumber(pri), now)
+    enqueue_ready(id, t, pri, now)
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
     if waiters then
       if hand_over_in(t, now) ~= id then left_ready = true end

@@ -14,9 +14,9 @@ local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]
 local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now, reason)
   if EVENTS_MAXLEN == 0 then return end
   redis.call('XADD', K_EVENTS, '*',
-    'event', event, 'id', id, 'tube', t, 'pri', pri, 'delay_ms', delay_ms,
-    'ttr_ms', tonumber(ttr_s) * 1000, 'due_ms', due_ms, 'tries', tries or 0, 'time_ms', now,
-    'by', EVENTS_BY, 'reason', reason)
+    'event', event, 'id', text(id), 'tube', t, 'pri', text(pri), 'delay_ms', text(delay_ms),
+    'ttr_ms', text(ttr_s * 1000), 'due_ms', text(due_ms), 'tries', text(tries or 0),
+    'time_ms', text(now), 'by', EVENTS_BY, 'reason', reason)
 end
 
 -- Append one event about a job whose tube, priority, TTR and reserve count its hash holds

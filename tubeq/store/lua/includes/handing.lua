@@ -10,7 +10,7 @@ local HAND_OVER_ALIVE_WITHIN_MS = 2000
 -- Returns the id handed over, or false when nobody can take a job.
 local function hand_over_in(t, now)
   local token
-  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), 0, 15)) do
+  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), '0', '15')) do
     local beat = rcall('ZSCORE', K_INSTANCES, instance_of(candidate))
     if beat and now - tonumber(beat) <= HAND_OVER_ALIVE_WITHIN_MS then
       token = candidate

@@ -1,3 +1,5 @@
+--- @include "text"
+
 -- The job record: one hash per living job, k_job(id), holding everything tubeq knows of the job
 -- (a tube's sets hold only its member, includes/jobs.lua). Scripts name its fields through the
 -- JOB_* constants below, never by their letters (a script's own source has the letters written
@@ -56,11 +58,12 @@ local JOB_BURIED_FOR = 'why'  -- bury_for: why tubeq last buried it, 'max-tries'
 -- (a schedule's tick: JOB_SCHEDULE, JOB_TICK_DUE). The policy fields are start_policies'.
 local function store_job(jk, t, pri, ttr, body, now, delay, due, ...)
   if due then
-    redis.call('HSET', jk, JOB_TUBE, t, JOB_STATE, 'delayed', JOB_PRI, pri, JOB_DELAY, delay,
-      JOB_TTR, ttr, JOB_CREATED, now, JOB_DUE, due, JOB_BODY, body, ...)
+    redis.call('HSET', jk, JOB_TUBE, t, JOB_STATE, 'delayed', JOB_PRI, text(pri), JOB_DELAY,
+      text(delay), JOB_TTR, text(ttr), JOB_CREATED, text(now), JOB_DUE, text(due), JOB_BODY, body,
+      ...)
   else
     -- no JOB_DELAY: a delay of 0 is the default every reader assumes (a field less per job)
-    redis.call('HSET', jk, JOB_TUBE, t, JOB_STATE, 'ready', JOB_PRI, pri, JOB_TTR, ttr,
-      JOB_CREATED, now, JOB_BODY, body, ...)
+    redis.call('HSET', jk, JOB_TUBE, t, JOB_STATE, 'ready', JOB_PRI, text(pri), JOB_TTR,
+      text(ttr), JOB_CREATED, text(now), JOB_BODY, body, ...)
   end
 end

@@ -8,7 +8,7 @@ local rcall = redis.call
 -- equal score then sort by numeric id ('A7' < 'B12' < 'B13'), which gives beanstalkd's
 -- (pri, id) order with score = pri, exact in a double.
 local function member(id)
-  local s = tostring(id)
+  local s = text(id)
   return string.char(64 + #s) .. s
 end
 
@@ -18,7 +18,7 @@ end
 
 -- Add delta to a counter field of a hash, removing the field when it reaches zero.
 local function bump(hash, field, delta)
-  if rcall('HINCRBY', hash, field, delta) == 0 then
+  if rcall('HINCRBY', hash, field, text(delta)) == 0 then
     rcall('HDEL', hash, field)
   end
 end
@@ -59,8 +59,8 @@ end
 -- in the same call, so a put Redis refused or never ran counts nowhere and every process reads
 -- the count as soon as the put is answered.
 local function count_stored(t, n)
-  rcall('HINCRBY', K_STATS, 'total-jobs', n)
-  rcall('HINCRBY', k_tube(t), 'total', n)
+  rcall('HINCRBY', K_STATS, 'total-jobs', text(n))
+  rcall('HINCRBY', k_tube(t), 'total', text(n))
 end
 
 -- ready_tubes holds one entry per non-paused tube that has ready jobs: score = the priority of
@@ -77,7 +77,7 @@ local function index_tube(t, now, head_member, head_pri, meta)
   local old = meta[1]
   local entry = false
   local head = head_member and {head_member, head_pri}
-    or rcall('ZRANGE', k_ready(t), 0, 0, 'WITHSCORES')
+    or rcall('ZRANGE', k_ready(t), '0', '0', 'WITHSCORES')
   if head[1] and not (meta[2] and tonumber(meta[2]) > now)
       and not (meta[3] and limit_reached(t, now)) then
     entry = head[1] .. ':' .. t
@@ -86,7 +86,7 @@ local function index_tube(t, now, head_member, head_pri, meta)
   if old == entry then return limited end
   if old then rcall('ZREM', K_READY_TUBES, old) end
   if entry then
-    rcall('ZADD', K_READY_TUBES, head[2], entry)
+    rcall('ZADD', K_READY_TUBES, text(head[2]), entry)
     rcall('HSET', tk, 'ix', entry)
   else
     rcall('HDEL', tk, 'ix')
@@ -101,7 +101,7 @@ end
 
 -- timers holds 'd:<tube>' scored by the tube's earliest delayed due time.
 local function arm_delay_timer(t)
-  local head = rcall('ZRANGE', k_delayed(t), 0, 0, 'WITHSCORES')
+  local head = rcall('ZRANGE', k_delayed(t), '0', '0', 'WITHSCORES')
   if head[1] then
     rcall('ZADD', K_TIMERS, head[2], 'd:' .. t)
   else
@@ -121,13 +121,14 @@ end
 -- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
 local function enqueue_ready(id, t, pri, now, meta)
   local m = member(id)
-  rcall('ZADD', k_ready(t), pri, m)
+  rcall('ZADD', k_ready(t), text(pri), m)
   if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
     index_tube(t, now, m, pri, meta)
   end
 end
 
 local function enqueue_delayed(id, t, due)
+  due = text(due)
   rcall('ZADD', k_delayed(t), due, member(id))
   rcall('ZADD', K_TIMERS, 'LT', due, 'd:' .. t)
 end
@@ -146,7 +147,7 @@ local function unlink(id, t, state, now)
   elseif state == 'reserved' then
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
-    rcall('HINCRBY', k_tube(t), 'nres', -1)
+    rcall('HINCRBY', k_tube(t), 'nres', '-1')
     if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: maybe below its cap now
       index_tube(t, now)
       wake(t)
@@ -157,7 +158,7 @@ end
 -- How long (ms) a job that is being reserved at `reserved_at` had been ready: since 'a' (set by
 -- every move into ready but a put's), else since its creation 'c' (a put without delay).
 local function waited_ms(reserved_at, ready_since, created)
-  return reserved_at - tonumber(ready_since or created)
+  return reserved_at - (ready_since or created)
 end
 
 -- Reserve a job (already unlinked) for the connection `token`. Returns the five-element
@@ -173,16 +174,17 @@ local function grant(id, t, token, now, from_ready, limited, run)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
     JOB_RESERVES)
-  local due = now + tonumber(f[1]) * 1000
-  local tries = tonumber(f[6] or 0) + 1
-  rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT, now,
-    JOB_RESERVES, tries)
+  local ttr = f[1] + 0  -- (the digits read once: tonumber() reads them twice)
+  local due = text(now + ttr * 1000)
+  local tries = text((f[6] or 0) + 1)
+  rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT,
+    text(now), JOB_RESERVES, tries)
   if run then
     run[#run + 1] = due
     run[#run + 1] = member(id)
   else
     rcall('ZADD', K_RESERVED, due, member(id))
-    rcall('HINCRBY', k_tube(t), 'nres', 1)
+    rcall('HINCRBY', k_tube(t), 'nres', '1')
   end
   if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
   if limited then  -- reserve limits: count it, maybe hold
@@ -191,7 +193,7 @@ local function grant(id, t, token, now, from_ready, limited, run)
   end
   add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
   local waited = from_ready and waited_ms(now, f[4], f[5]) or -1
-  return {tonumber(id), tonumber(f[1]), f[2], waited, t}
+  return {id + 0, ttr, f[2], waited, t}
 end
 
 -- Back to ready without touching its counters (TTR expiry and disconnect differ only there).

@@ -17,7 +17,7 @@ local K_WAITING = NS .. 'waiting'
 local K_EVENTS = NS .. 'events'
 -- The namespace's data layout version (tubeq.store.keys.LAYOUT_VERSION; lua/layout.lua).
 local K_LAYOUT = NS .. 'layout'
-local function k_job(id) return NS .. 'j:' .. id end
+local function k_job(id) return NS .. 'j:' .. text(id) end
 -- A new job: its id and the key of its hash. A namespace split into shards (tubeq.store.shards: root
 -- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
 -- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve

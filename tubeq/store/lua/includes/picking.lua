@@ -70,15 +70,19 @@ local function take_run(entry, token, now, n)
   local _, t = split_entry(entry)
   local meta = rcall('HMGET', k_tube(t), 'ix', 'pause_until', 'lim')
   if meta[3] then return take_entry(entry, token, now) end
-  local popped = rcall('ZPOPMIN', k_ready(t), n)  -- {member, pri, member, pri, ...}
+  -- ZRANGE then ZREMRANGEBYRANK, not ZPOPMIN: a reply without scores, which Redis would
+  -- write as text ('%.17g') for nobody to read.
+  local rk = k_ready(t)
+  local popped = rcall('ZRANGE', rk, '0', text(n - 1))
+  rcall('ZREMRANGEBYRANK', rk, '0', text(n - 1))
   index_tube(t, now, nil, nil, meta)
   local out, run = {}, {}
-  for i = 1, #popped, 2 do
+  for i = 1, #popped do
     for _, v in ipairs(grant(id_of(popped[i]), t, token, now, true, false, run)) do
       out[#out + 1] = v
     end
   end
   rcall('ZADD', K_RESERVED, unpack(run))
-  rcall('HINCRBY', k_tube(t), 'nres', #run / 2)
+  rcall('HINCRBY', k_tube(t), 'nres', text(#run / 2))
   return out
 end
