@@ -265,6 +265,27 @@ async def test_push_delivers_up_to_its_credits_and_a_delete_frees_one(
     await worker.expect(b"DELETED\r\nRESERVED 3 1\r\n2\r\n")
 
 
+async def test_push_credits_freed_by_one_delete_many_come_back_together(
+        new_client: NewClient) -> None:
+    """A delete-many of pushed jobs frees each one's credit (and counts each id in
+    cmd-delete): the next jobs are pushed for all of them; an id it did not delete frees
+    nothing."""
+    producer, worker = new_client(), new_client()
+    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(7)))
+    await producer.until(lambda o: o.count(b"INSERTED") == 7)
+    worker.send(b"push 3\r\n")
+    await worker.expect(b"PUSHING 3\r\n" + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1)
+                                                   for i in range(1, 4)))
+    worker.send(b"delete-many 1 2 99 3\r\n")
+    await worker.expect(b"BATCH 4\r\nDELETED\r\nDELETED\r\nNOT_FOUND\r\nDELETED\r\n"
+                        + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1) for i in range(4, 7)))
+    await asyncio.sleep(0.1)
+    assert worker.transport.out == b"", "a job went out beyond the three credits freed"
+    producer.send(b"stats-tube default\r\n")
+    out = await producer.until(lambda o: b"pause-time-left" in o)
+    assert b"\ncmd-delete: 3\n" in out
+
+
 async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
         new_client: NewClient) -> None:
     producer, worker, other = new_client(), new_client(), new_client()

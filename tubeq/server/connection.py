@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, TypeVar, cast
@@ -623,11 +624,14 @@ class Connection(asyncio.Protocol):
         if f.cancelled() or f.exception() is not None:
             return
         result = f.result()
-        for job in result if isinstance(result, list) else [result]:
-            if isinstance(job, Reservation):
-                self._hold(job)
+        if isinstance(result, list):
+            if result:
+                self._hold(result)
+        elif isinstance(result, Reservation):
+            self._hold((result,))
 
-    def _hold(self, job: Reservation) -> None:
+    def _hold(self, jobs: Sequence[Reservation]) -> None:
+        """``jobs`` (one store call's grants) are this connection's until settled."""
         if len(self.reserved) >= self._prune_at:
             # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).
             now = self.store.clock()
@@ -636,8 +640,10 @@ class Connection(asyncio.Protocol):
             # many jobs (reserve-many, push with many credits) would otherwise copy the whole
             # map for every job it takes; this way it costs O(1) per job, amortized.
             self._prune_at = max(PRUNE_RESERVED_AT, 2 * len(self.reserved))
-        self.reserved[job.id] = job.deadline_ms
-        self.ctx.scheduler.note_due(job.deadline_ms)
+        reserved = self.reserved
+        for job in jobs:
+            reserved[job.id] = job.deadline_ms
+        self.ctx.scheduler.note_due(min(job.deadline_ms for job in jobs))
 
     def _tried(self, pendings: list[PendingReserve],
                f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:
@@ -884,18 +890,20 @@ class Connection(asyncio.Protocol):
     def start_push(self, credits: int) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
         if self._push is None:
-            self._push = Push(self, self._flow, self._push_frame)
+            self._push = Push(self, self._flow, self._push_frames)
         self._push.start(credits)
         return replies.pushing(credits)
 
-    def settled(self, job_id: int) -> None:
-        """A job this connection held is no longer its own: free its push credit, if any."""
-        self.reserved.pop(job_id, None)
+    def settled(self, *job_ids: int) -> None:
+        """Jobs this connection held are no longer its own: free their push credits, if any."""
+        reserved = self.reserved
+        for job_id in job_ids:
+            reserved.pop(job_id, None)
         if self._push is not None:
-            self._push.settled(job_id)
+            self._push.settled(job_ids)
 
-    def _push_frame(self, frame: bytes) -> None:
-        self._replies.append(frame)
+    def _push_frames(self, frames: bytes) -> None:
+        self._replies.append(frames)
         self._schedule_flush()
 
 

@@ -453,16 +453,14 @@ def _reserve_many(conn: Session, cmd: c.ReserveMany) -> Reply:
 
 def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
     if not conn.replaying:  # counted when first sent (a deferred one is sent again)
-        counters = conn.ctx.counters
-        for _ in cmd.ids:  # cmd-delete counts each id, as it counts each delete
-            counters.incr("delete")
+        # cmd-delete counts each id, as it counts each delete
+        conn.ctx.counters.incr("delete", len(cmd.ids))
+
     def answer(done: list[bool]) -> bytes:
-        out = []
-        for job_id, deleted in zip(cmd.ids, done, strict=True):
-            if deleted:
-                conn.settled(job_id)
-            out.append(replies.DELETED if deleted else replies.NOT_FOUND)
-        return replies.batch(out)
+        conn.settled(*(job_id for job_id, deleted in zip(cmd.ids, done, strict=True)
+                       if deleted))
+        return replies.batch([replies.DELETED if deleted else replies.NOT_FOUND
+                              for deleted in done])
 
     return then(conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing), answer)
 

@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from tubeq.protocol import replies
@@ -46,7 +46,7 @@ class Push:
                  send: Callable[[bytes], None]) -> None:
         self._session = session
         self._flow = flow
-        self._send = send  # a frame into the connection's reply stream
+        self._send = send  # frames into the connection's reply stream, between whole replies
         self.credits = 0
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
         self.task: asyncio.Task[None] | None = None
@@ -65,10 +65,15 @@ class Push:
         if self.wait is not None:
             self.wait.event.set()
 
-    def settled(self, job_id: int) -> None:
-        """A job the connection held is no longer its own: free its credit, if it had one."""
-        if job_id in self.pushed:
-            del self.pushed[job_id]
+    def settled(self, job_ids: Iterable[int]) -> None:
+        """Jobs the connection held are no longer its own: free their credits, if they had
+        any, and look again once."""
+        pushed, freed = self.pushed, False
+        for job_id in job_ids:
+            if job_id in pushed:
+                del pushed[job_id]
+                freed = True
+        if freed:
             self.nudge()
 
     def stop(self) -> None:
@@ -85,8 +90,9 @@ class Push:
             while True:
                 await wait.count_in_again()
                 now = store.clock()
-                for job_id in [j for j in pushed if session.reserved.get(j, 0) <= now]:
-                    session.settled(job_id)  # its TTR ran out: the job is back in the queue
+                expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
+                if expired:
+                    session.settled(*expired)  # their TTR ran out: the jobs are queued again
                 free = self.credits - len(pushed)
                 if self._flow.write_paused:
                     free = 0  # the client is not taking frames: take no more jobs for it
@@ -117,7 +123,10 @@ class Push:
     def _send_jobs(self, jobs: list[Reservation]) -> None:
         """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
         now = self._session.store.clock()
+        pushed, frames = self.pushed, []
         for job in jobs:
             if job.deadline_ms > now:
-                self.pushed[job.id] = None
-                self._send(replies.reserved(job.id, job.body))
+                pushed[job.id] = None
+                frames.append(replies.reserved(job.id, job.body))
+        if frames:
+            self._send(b"".join(frames))

@@ -65,9 +65,9 @@ class CommandCounters:
         # (tubeq_commands_total), the stats reply the sums in Redis. One source, two renderings.
         self.totals: Counter[str] = Counter()
 
-    def incr(self, name: str) -> None:
-        """One more command counted as ``cmd-<name>``."""
-        self._pending[name] += 1
+    def incr(self, name: str, n: int = 1) -> None:
+        """``n`` more commands counted as ``cmd-<name>``."""
+        self._pending[name] += n
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY_S, self.flush)
 
