@@ -286,6 +286,40 @@ async def test_push_credits_freed_by_one_delete_many_come_back_together(
     assert b"\ncmd-delete: 3\n" in out
 
 
+async def test_credits_a_delete_many_frees_are_taken_in_the_same_redis_write(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push connection's delete-many (nothing it could wait behind): the next take is sent
+    before Redis answered the deletes, so both calls leave in one write; it takes no more
+    than the credits freed, and the client reads the deletes' replies before the new jobs."""
+    producer, worker = new_client(), new_client()
+    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(6)))
+    await producer.until(lambda o: o.count(b"INSERTED") == 6)
+    worker.send(b"push 3\r\n")
+    await worker.expect(b"PUSHING 3\r\n" + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1)
+                                                   for i in range(1, 4)))
+    order: list[str] = []
+    real_delete_many, real_reserve_many = ctx.store.delete_many, ctx.store.reserve_many
+
+    def delete_many(*args: Any, **kwargs: Any) -> Any:
+        call = real_delete_many(*args, **kwargs)
+        call.add_done_callback(lambda _: order.append("deletes answered"))
+        order.append("deletes sent")
+        return call
+
+    def reserve_many(*args: Any, **kwargs: Any) -> Any:
+        order.append(f"take of {args[1]} sent")
+        return real_reserve_many(*args, **kwargs)
+
+    monkeypatch.setattr(ctx.store, "delete_many", delete_many)
+    monkeypatch.setattr(ctx.store, "reserve_many", reserve_many)
+    worker.send(b"delete-many 1 2\r\n")
+    await worker.expect(b"BATCH 2\r\nDELETED\r\nDELETED\r\n"
+                        + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1) for i in (4, 5)))
+    assert order[:3] == ["deletes sent", "take of 2 sent", "deletes answered"]
+    await asyncio.sleep(0.1)
+    assert worker.transport.out == b"", "a job went out beyond the two credits freed"
+
+
 async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
         new_client: NewClient) -> None:
     producer, worker, other = new_client(), new_client(), new_client()

@@ -902,6 +902,12 @@ class Connection(asyncio.Protocol):
         if self._push is not None:
             self._push.settled(job_ids)
 
+    def settling(self, job_ids: Sequence[int]) -> None:
+        """A delete-many of ``job_ids`` was just sent and nothing can defer it: their push
+        credits come back now, and the take they allow is sent in the same Redis write."""
+        if self._push is not None:
+            self._push.settled(job_ids, take_now=True)
+
     def _push_frames(self, frames: bytes) -> None:
         self._replies.append(frames)
         self._schedule_flush()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -205,6 +206,8 @@ class Session(Protocol):
     def start_push(self, credits: int) -> bytes: ...
 
     def settled(self, *job_ids: int) -> None: ...
+
+    def settling(self, job_ids: Sequence[int]) -> None: ...
 
     def registration_lost(self) -> None: ...
 

@@ -462,7 +462,10 @@ def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
         return replies.batch([replies.DELETED if deleted else replies.NOT_FOUND
                               for deleted in done])
 
-    return then(conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing), answer)
+    call = conn.store.delete_many(conn.token, cmd.ids, behind=conn.passing)
+    if not conn.passing:  # nothing can defer it: pushed jobs' credits come back as it is sent
+        conn.settling(cmd.ids)
+    return then(call, answer)
 
 
 HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {

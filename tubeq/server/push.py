@@ -9,6 +9,9 @@ a credit. The frames join the connection's reply stream between whole replies (`
 Rules:
 * The loop waits as a blocked reserve does (tubeq.server.wait), registered for its whole life.
 * It takes no jobs while the client is not taking its replies (FlowControl.write_paused).
+* Credits a delete-many frees as it is sent (:meth:`Push.settled` with ``take_now``) start the
+  next take at once when the loop sleeps for want of credit: the take leaves in the same Redis
+  write as the deletes, and its jobs in the same client write as their replies.
 * With no credit left it stops waiting in Redis, so puts stop handing jobs over to it; a job a
   put handed over while credit was free is still sent.
 * A pushed job whose TTR ran out before its frame was written is not sent: expire.lua gave it
@@ -40,7 +43,8 @@ class PushingSession(Session, GrantOwner, Protocol):
 class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
-    __slots__ = ("_flow", "_send", "_session", "credits", "pushed", "task", "wait")
+    __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "credits", "pushed", "task",
+                 "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -51,6 +55,8 @@ class Push:
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
         self.task: asyncio.Task[None] | None = None
         self.wait: Wait | None = None  # the loop's, while it runs
+        self._parked = False  # the loop sleeps (for credit, jobs, or a TTR to run out)
+        self._early: asyncio.Future[list[Reservation]] | None = None  # a take sent for the loop
 
     def start(self, credits: int) -> None:
         """``push <credits>``: start the loop, or let it look at its new credits."""
@@ -65,16 +71,27 @@ class Push:
         if self.wait is not None:
             self.wait.event.set()
 
-    def settled(self, job_ids: Iterable[int]) -> None:
+    def settled(self, job_ids: Iterable[int], *, take_now: bool = False) -> None:
         """Jobs the connection held are no longer its own: free their credits, if they had
-        any, and look again once."""
+        any, and look again once; ``take_now``: send that look's take now (see the rules)."""
         pushed, freed = self.pushed, False
         for job_id in job_ids:
             if job_id in pushed:
                 del pushed[job_id]
                 freed = True
         if freed:
+            if take_now:
+                self._take_early()
             self.nudge()
+
+    def _take_early(self) -> None:
+        wait = self.wait
+        if wait is None or not self._parked or self._early is not None \
+                or self._flow.write_paused:
+            return
+        free = self.credits - len(self.pushed)
+        if free > 0:
+            self._early = wait.send_take(min(free, PUSH_BATCH_MAX))
 
     def stop(self) -> None:
         if self.task is not None:
@@ -96,8 +113,10 @@ class Push:
                 free = self.credits - len(pushed)
                 if self._flow.write_paused:
                     free = 0  # the client is not taking frames: take no more jobs for it
-                if free > 0:
-                    jobs = await wait.take(min(free, PUSH_BATCH_MAX))
+                early, self._early = self._early, None
+                if early is not None or free > 0:
+                    jobs = await wait.took(
+                        early if early is not None else wait.send_take(min(free, PUSH_BATCH_MAX)))
                     if jobs:
                         self._send_jobs(jobs)
                         continue
@@ -112,8 +131,15 @@ class Push:
                 # Wake when a pushed job's TTR runs out: its credit comes back.
                 reserved = session.reserved
                 deadlines = [reserved[j] for j in pushed if j in reserved]
-                await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
-                wait.event.clear()
+                self._parked = True
+                try:
+                    await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
+                finally:
+                    self._parked = False
+                if self._early is None or not wait.woken:
+                    # (After an early take, which re-armed the wait as it was sent, a hint
+                    # that came since stays: the loop tries once more.)
+                    wait.event.clear()
         finally:
             self.wait = None
             stopped = wait.leave(consumed=True, claim=False)

@@ -95,15 +95,31 @@ class Wait(Waiter):
     async def take(self, count: int | None = None) -> Reservation | NoJob | list[Reservation]:
         """Try the reserve script once (``count``: up to that many jobs, as a list); a grant
         counts the token out of the waiters."""
-        self.rearm()
         store = self._store
-        call: asyncio.Future[Any]
+        self.rearm()
         if count is None:
-            call = store.reserve(self.token, counted_waiting=self.counted)
-        else:
-            call = store.reserve_many(self.token, count, counted_waiting=self.counted)
-        self.attempt = call = self._tracked(call)
-        result: Reservation | NoJob | list[Reservation] = await self._awaited(call)
+            return await self.took(self._tracked(
+                store.reserve(self.token, counted_waiting=self.counted)))
+        return await self.took(self._tracked(
+            store.reserve_many(self.token, count, counted_waiting=self.counted)))
+
+    def send_take(self, count: int) -> asyncio.Future[list[Reservation]]:
+        """The first half of ``take(count)``: the try, sent now (in the Redis write of the
+        calls sent before it in this tick); :meth:`took` is the second half."""
+        self.rearm()
+        return self._tracked(
+            self._store.reserve_many(self.token, count, counted_waiting=self.counted))
+
+    @overload
+    async def took(self, call: asyncio.Future[list[Reservation]]) -> list[Reservation]: ...
+
+    @overload
+    async def took(self, call: asyncio.Future[Reservation | NoJob]) -> Reservation | NoJob: ...
+
+    async def took(self, call: asyncio.Future[Any]) -> Any:
+        """A try's outcome (a grant counts the token out of the waiters)."""
+        self.attempt = call
+        result = await self._awaited(call)
         self.attempt = None  # not kept alive through the next (long) wait
         if isinstance(result, Reservation) or (isinstance(result, list) and result):
             self.counted = False  # the script counted the token out with the grant
