@@ -17,6 +17,7 @@ import pytest
 from tests.support.client_support import WAIT_S, Proxy, connected, eventually, tube_settles
 from tests.support.servers import ServerProcess
 from tubeq.client import Client, Consumer, Job, NotFound, UnknownCommand
+from tubeq.client.consume import default_connections
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,7 +55,7 @@ async def test_success_deletes(target: Target, admin: Client, tube_name: str) ->
     seen: list[int] = []
     client = Client(*target.server.address)
     async with asyncio.timeout(WAIT_S), \
-            target.consume(client, tube_name, concurrency=3) as jobs:
+            target.consume(client, tube_name, concurrency=3, connections=3) as jobs:
         async for job in jobs:
             async with job:
                 assert job.body == bodies[job.id]
@@ -326,3 +327,12 @@ async def test_acks_are_not_held_behind_a_waiting_reserve(client_beanstalkd: Ser
         stats = await admin.stats_tube(tube_name)
         assert (stats["cmd-delete"], stats["current-jobs-ready"],
                 stats["current-jobs-reserved"]) == (total, 0, 0)
+
+
+def test_a_consumer_opens_one_connection_per_16_jobs_in_flight_at_most_4() -> None:
+    assert [default_connections(n) for n in (1, 16, 17, 32, 48, 64, 1000)] == \
+        [1, 1, 2, 2, 3, 4, 4]
+    client = Client("127.0.0.1", 1)  # never connected: lanes are made, not opened
+    assert len(client.consume("t", concurrency=32)._lanes) == 2
+    assert len(client.consume("t", concurrency=32, connections=4)._lanes) == 4
+    assert len(client.consume("t", concurrency=3, connections=8)._lanes) == 3

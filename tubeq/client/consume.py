@@ -54,9 +54,19 @@ DEADLINE_SOON_PAUSE_S: Final = 0.25
 # A lost consumer connection is reopened after this delay, doubled per failure up to the max.
 RECONNECT_MIN_S: Final = 0.1
 RECONNECT_MAX_S: Final = 5.0
-# Connections a consumer opens unless told: enough to spread pipelined reserves, few enough
-# that a server with many workers is not flooded with idle connections.
-DEFAULT_CONNECTIONS: Final = 4
+# Connections a consumer opens unless told: one per JOBS_PER_CONNECTION jobs in flight, at most
+# MAX_DEFAULT_CONNECTIONS. Each connection's share of the jobs in flight is what the server
+# moves per script call (push credits, or pipelined reserves), so fewer, fuller connections cost
+# the server less per job: concurrency 32 over 2 connections instead of 4 measured tubeq + its
+# Redis ~85 against ~115 us of CPU per processed job, and 1.3x the jobs/s (bench/PROFILE_NOTES.md);
+# a few connections still spread a consumer over a server's workers (--workers).
+JOBS_PER_CONNECTION: Final = 16
+MAX_DEFAULT_CONNECTIONS: Final = 4
+
+
+def default_connections(concurrency: int) -> int:
+    """How many connections ``consume(concurrency=...)`` opens unless told."""
+    return max(1, min(MAX_DEFAULT_CONNECTIONS, -(-concurrency // JOBS_PER_CONNECTION)))
 
 
 class ConsumerClient(Protocol):
@@ -192,7 +202,8 @@ class Consumer:
     for TTRs under 2 s) from its reservation until it is settled. It costs one stats-job per job
     to learn the TTR.
 
-    Delivery: each of ``connections`` connections watches ``tubes`` (and not ``default`` unless
+    Delivery: each of ``connections`` connections (default: one per 16 jobs of ``concurrency``,
+    at most 4: :func:`default_connections`) watches ``tubes`` (and not ``default`` unless
     asked). With ``push`` None (the default) each connection first sends ``push <credits>``; a
     server with the push extension (tubeq) then sends ready jobs as they come, with no round
     trip per job; one answering UNKNOWN_COMMAND (beanstalkd) gets pipelined reserves instead:
@@ -228,7 +239,7 @@ class Consumer:
             raise ValueError("concurrency must be at least 1")
         if max_tries is not None and max_tries < 1:
             raise ValueError("max_tries must be at least 1 (or None: never bury)")
-        count = min(concurrency, connections or DEFAULT_CONNECTIONS)
+        count = min(concurrency, connections or default_connections(concurrency))
         if count < 1:
             raise ValueError("connections must be at least 1")
         self.concurrency = concurrency
