@@ -265,17 +265,24 @@ async def test_push_delivers_up_to_its_credits_and_a_delete_frees_one(
     await worker.expect(b"DELETED\r\nRESERVED 3 1\r\n2\r\n")
 
 
-async def test_push_credits_freed_by_one_delete_many_come_back_together(
-        new_client: NewClient) -> None:
-    """A delete-many of pushed jobs frees each one's credit (and counts each id in
-    cmd-delete): the next jobs are pushed for all of them; an id it did not delete frees
-    nothing."""
+async def _three_pushed_of(new_client: NewClient, jobs: int) -> tuple[Client, Client]:
+    """A producer that put ``jobs`` jobs (bodies 0, 1, ...) and a worker pushed the first three
+    (``push 3``)."""
     producer, worker = new_client(), new_client()
-    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(7)))
-    await producer.until(lambda o: o.count(b"INSERTED") == 7)
+    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(jobs)))
+    await producer.until(lambda o: o.count(b"INSERTED") == jobs)
     worker.send(b"push 3\r\n")
     await worker.expect(b"PUSHING 3\r\n" + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1)
                                                    for i in range(1, 4)))
+    return producer, worker
+
+
+async def test_push_credits_freed_by_one_delete_many_come_back_together(
+        new_client: NewClient) -> None:
+    """A delete-many of pushed jobs frees each one's credit (the tube counts the three it
+    deleted): the next jobs are pushed for all of them; an id it did not delete frees
+    nothing."""
+    producer, worker = await _three_pushed_of(new_client, 7)
     worker.send(b"delete-many 1 2 99 3\r\n")
     await worker.expect(b"BATCH 4\r\nDELETED\r\nDELETED\r\nNOT_FOUND\r\nDELETED\r\n"
                         + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1) for i in range(4, 7)))
@@ -291,12 +298,7 @@ async def test_credits_a_delete_many_frees_are_taken_in_the_same_redis_write(
     """A push connection's delete-many (nothing it could wait behind): the next take is sent
     before Redis answered the deletes, so both calls leave in one write; it takes no more
     than the credits freed, and the client reads the deletes' replies before the new jobs."""
-    producer, worker = new_client(), new_client()
-    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(6)))
-    await producer.until(lambda o: o.count(b"INSERTED") == 6)
-    worker.send(b"push 3\r\n")
-    await worker.expect(b"PUSHING 3\r\n" + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1)
-                                                   for i in range(1, 4)))
+    _, worker = await _three_pushed_of(new_client, 6)
     order: list[str] = []
     real_delete_many, real_reserve_many = ctx.store.delete_many, ctx.store.reserve_many
 
