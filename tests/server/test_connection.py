@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tubeq.protocol import commands as c
+from tubeq.redisio.client import RedisReplyError
 from tubeq.server.connection import Connection
 from tubeq.server.context import ServerContext
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
@@ -320,6 +321,27 @@ async def test_credits_a_delete_many_frees_are_taken_in_the_same_redis_write(
     assert order[:3] == ["deletes sent", "take of 2 sent", "deletes answered"]
     await asyncio.sleep(0.1)
     assert worker.transport.out == b"", "a job went out beyond the two credits freed"
+
+
+async def test_a_failed_delete_many_leaves_its_pushed_jobs_reserved_and_their_credits_free(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """protocol.md (push): a delete-many's credits come back as it is sent; if Redis then
+    fails it, the client gets INTERNAL_ERROR, the jobs its credits allowed still come, and
+    the jobs it named stay reserved by the connection (until their TTR)."""
+    producer, worker = await _three_pushed_of(new_client, 5)
+
+    def failing(*_: Any, **__: Any) -> asyncio.Future[Any]:
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        failed.set_exception(RedisReplyError("ERR refused for the test"))
+        return failed
+
+    monkeypatch.setattr(ctx.store, "delete_many", failing)
+    worker.send(b"delete-many 1 2\r\n")
+    await worker.expect(b"INTERNAL_ERROR\r\n"
+                        + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 1) for i in (4, 5)))
+    producer.send(b"stats-job 1\r\nstats-job 2\r\n")
+    out = await producer.until(lambda o: o.count(b"kicks: ") == 2)
+    assert out.count(b"state: reserved\n") == 2
 
 
 async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
