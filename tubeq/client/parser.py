@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from tubeq.client.errors import ProtocolError
@@ -71,7 +71,7 @@ class ReplyParser:
             return
         self._items.append(reply)
         if len(self._items) == self._batch.int_arg(0):
-            out.append(replace(self._batch, items=tuple(self._items)))
+            out.append(Reply(self._batch.word, self._batch.args, items=tuple(self._items)))
             self._batch = None
             self._items = []
 
@@ -103,7 +103,8 @@ class ReplyParser:
                         raise ProtocolError(
                             f"{self._head.word.decode()} body of {self._size} bytes is not "
                             f"followed by CRLF")
-                    self._complete(out, replace(self._head, body=bytes(buf[pos:end])))
+                    self._complete(out, Reply(self._head.word, self._head.args,
+                                              bytes(buf[pos:end])))
                     self._head = None
                     pos = end + 2
                     continue
