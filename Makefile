@@ -55,11 +55,17 @@ $(NODE_STAMP): $(NODE_CLIENTS)/package.json $(NODE_CLIENTS)/package-lock.json | 
 run: $(STAMP) system-deps
 	$(BIN)/tubeq --data-dir data $(ARGS)
 
+# The suite in TEST_PROCESSES pytest processes (pytest-xdist), a test module whole in one of them
+# (its module fixtures, e.g. a Spark session, start once), the Spark cluster module first
+# (tests/conftest.py, LONGEST_FIRST). Most tests wait on sockets and timers: two processes on
+# two cores took 14.7 min where one took 21 (Intel Xeon). TEST_PROCESSES=0: one process.
+TEST_PROCESSES ?= 2
+
 test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
 # refused if they try; seconds, not the whole suite's quarter of an hour.
