@@ -58,7 +58,7 @@ run: $(STAMP) system-deps
 # The suite in TEST_PROCESSES pytest processes (pytest-xdist), a test module whole in one of them
 # (its module fixtures, e.g. a Spark session, start once), the Spark cluster module first
 # (tests/conftest.py, LONGEST_FIRST). Most tests wait on sockets and timers: two processes on
-# two cores took 14.7 min where one took 21 (Intel Xeon). TEST_PROCESSES=0: one process.
+# two cores took 15.3 min where one took 21 (Intel Xeon). TEST_PROCESSES=0: one process.
 TEST_PROCESSES ?= 2
 
 test: $(STAMP) system-deps client-deps

@@ -45,13 +45,21 @@ TESTS_DIR = Path(__file__).parent
 OFFLINE_GUARD = pytest.StashKey[OfflineGuard]()
 
 
+def listed_at(path: Path, listed: tuple[str, ...]) -> int | None:
+    """The index of the first entry of ``listed`` (modules, and folders ending in /, relative to
+    tests/) that is the test module at ``path`` or holds it; None when none does."""
+    if TESTS_DIR not in path.parents:
+        return None
+    relative = path.relative_to(TESTS_DIR).as_posix()
+    for index, entry in enumerate(listed):
+        if relative == entry or (entry.endswith("/") and relative.startswith(entry)):
+            return index
+    return None
+
+
 def is_unit_test(path: Path) -> bool:
     """Whether the test module at ``path`` is in UNIT_TESTS (itself or its folder)."""
-    if TESTS_DIR not in path.parents:
-        return False
-    relative = path.relative_to(TESTS_DIR).as_posix()
-    return any(relative == unit or (unit.endswith("/") and relative.startswith(unit))
-               for unit in UNIT_TESTS)
+    return listed_at(path, UNIT_TESTS) is not None
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -78,11 +86,8 @@ LONGEST_FIRST: tuple[str, ...] = ("pipeline/test_cluster.py",)
 
 def run_rank(path: Path) -> int:
     """Where the module at ``path`` runs: its place in LONGEST_FIRST, after them if absent."""
-    relative = path.relative_to(TESTS_DIR).as_posix() if TESTS_DIR in path.parents else ""
-    for rank, prefix in enumerate(LONGEST_FIRST):
-        if relative == prefix or (prefix.endswith("/") and relative.startswith(prefix)):
-            return rank
-    return len(LONGEST_FIRST)
+    rank = listed_at(path, LONGEST_FIRST)
+    return len(LONGEST_FIRST) if rank is None else rank
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
