@@ -56,16 +56,17 @@ run: $(STAMP) system-deps
 	$(BIN)/tubeq --data-dir data $(ARGS)
 
 # The suite in TEST_PROCESSES pytest processes (pytest-xdist), a test module whole in one of them
-# (its module fixtures, e.g. a Spark session, start once), the Spark cluster module first
-# (tests/conftest.py, LONGEST_FIRST). Most tests wait on sockets and timers: two processes on
-# two cores took 15.3 min where one took 21 (Intel Xeon). TEST_PROCESSES=0: one process.
+# (its module fixtures, e.g. a Spark session, start once), handed out in xdist's order. Most
+# tests wait on sockets and timers: two processes on two cores took 14.7 min where one took 21
+# (Intel Xeon; starting with the Spark cluster module, 15.1-15.3, was no faster). TEST_PROCESSES=0:
+# one process.
 TEST_PROCESSES ?= 2
 
 test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile
 
 # The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
 # refused if they try; seconds, not the whole suite's quarter of an hour.

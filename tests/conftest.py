@@ -45,21 +45,13 @@ TESTS_DIR = Path(__file__).parent
 OFFLINE_GUARD = pytest.StashKey[OfflineGuard]()
 
 
-def listed_at(path: Path, listed: tuple[str, ...]) -> int | None:
-    """The index of the first entry of ``listed`` (modules, and folders ending in /, relative to
-    tests/) that is the test module at ``path`` or holds it; None when none does."""
-    if TESTS_DIR not in path.parents:
-        return None
-    relative = path.relative_to(TESTS_DIR).as_posix()
-    for index, entry in enumerate(listed):
-        if relative == entry or (entry.endswith("/") and relative.startswith(entry)):
-            return index
-    return None
-
-
 def is_unit_test(path: Path) -> bool:
     """Whether the test module at ``path`` is in UNIT_TESTS (itself or its folder)."""
-    return listed_at(path, UNIT_TESTS) is not None
+    if TESTS_DIR not in path.parents:
+        return False
+    relative = path.relative_to(TESTS_DIR).as_posix()
+    return any(relative == unit or (unit.endswith("/") and relative.startswith(unit))
+               for unit in UNIT_TESTS)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -72,24 +64,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# The order modules run in: make test hands whole modules to two pytest processes in collection
-# order (pytest-xdist, --dist loadfile --no-loadscope-reorder). The Spark cluster module, the
-# longest (~4 min of the suite's ~21 in one process on this machine kind), goes first, so the
-# other process works through the light modules meanwhile and the run does not end with one
-# process idle. Not every long module first: two Spark modules at once on two cores took
-# longer (16 min against 14.7 with xdist's own order, which put the cluster module last).
-# ---------------------------------------------------------------------------------------------
-
-LONGEST_FIRST: tuple[str, ...] = ("pipeline/test_cluster.py",)
-
-
-def run_rank(path: Path) -> int:
-    """Where the module at ``path`` runs: its place in LONGEST_FIRST, after them if absent."""
-    rank = listed_at(path, LONGEST_FIRST)
-    return len(LONGEST_FIRST) if rank is None else rank
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_unit_test(item.path):
@@ -97,7 +71,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif item.get_closest_marker("unit"):
             raise pytest.UsageError(f"{item.nodeid} is marked unit by hand: UNIT_TESTS is the list "
                                     "(make test-fast does not even import modules outside it)")
-    items.sort(key=lambda item: run_rank(item.path))  # stable: a module's tests stay in order
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
