@@ -6,13 +6,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from tests.store.test_lua import ALICE, BOB, Env, open_env
-from tests.support.servers import ServerProcess, TubeqCluster
+from tests.support.servers import ServerProcess, TubeqCluster, start_tubeq, unique_prefix
 from tests.support.wire import Wire
 from tubeq.model.states import JobState
+from tubeq.protocol.batch_framing import PUT_MANY_PART
+from tubeq.redisio.process import RedisProcess
 from tubeq.store.store import NoJob
 
 # -- Lua (put_many.lua, delete_many.lua; reserve-many is reserve.lua with a count) ---------------
@@ -188,6 +191,70 @@ def test_put_many_answers_one_reply_per_entry_in_order(server: ServerProcess) ->
         w.send(b"put-many 1001\r\n" + entry(b"quit") * 1001)
         assert w.reply() == b"BAD_FORMAT\r\n"
         assert w.ask("list-tube-used") == b"USING pm-order\r\n"
+
+
+def wait_for_ready(w: Wire, tube: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while w.yaml(f"stats-tube {tube}")["current-jobs-ready"] != str(count):
+        assert time.monotonic() < deadline, f"{tube} never held {count} ready jobs"
+        time.sleep(0.02)
+
+
+def test_a_long_put_many_is_stored_part_by_part_and_answered_once(server: ServerProcess) -> None:
+    # The first part is in Redis while the batch's end has not even been sent; another
+    # connection's put between the parts takes the id between theirs; one BATCH answers all.
+    with Wire(server.host, server.port) as w, Wire(server.host, server.port) as other:
+        w.ask("use pm-parts")
+        other.ask("use pm-parts")
+        count = 2 * PUT_MANY_PART + 5
+        w.send(b"put-many %d\r\n" % count + entry(b"early") * (PUT_MANY_PART + 1))
+        wait_for_ready(other, "pm-parts", PUT_MANY_PART)
+        between = int(other.ask("put 0 0 60 1\r\nb").split()[1])
+        w.send(entry(b"late") * (count - PUT_MANY_PART - 1))
+        ids = ids_of(batch_of(w, w.reply()))
+        assert len(ids) == count and ids == sorted(ids)
+        assert ids[PUT_MANY_PART - 1] < between < ids[PUT_MANY_PART]
+        assert w.ask(f"peek {ids[-1]}") == b"FOUND %d 4\r\nlate\r\n" % ids[-1]
+        assert other.yaml("stats-tube pm-parts")["total-jobs"] == str(count + 1)
+
+
+def test_a_tube_that_fills_up_during_a_long_put_many_refuses_the_rest(
+        server: ServerProcess) -> None:
+    with Wire(server.host, server.port) as w:
+        w.ask("use pm-full")
+        assert w.ask(f"tube-set pm-full max-jobs={PUT_MANY_PART + 10}") == b"SET\r\n"
+        items = batch_of(w, w.ask(b"put-many %d\r\n" % (3 * PUT_MANY_PART)
+                                  + entry(b"x") * (3 * PUT_MANY_PART)))
+        inserted = [item for item in items if item.startswith(b"INSERTED ")]
+        assert len(inserted) == PUT_MANY_PART + 10 and items[:len(inserted)] == inserted
+        assert set(items[len(inserted):]) == {b"OUT_OF_MEMORY\r\n"}
+        doc = w.yaml("stats-tube pm-full")
+        assert (doc["total-jobs"], doc["current-jobs-ready"]) == (str(len(inserted)),) * 2
+
+
+def test_a_part_whose_store_call_fails_answers_internal_error_for_its_jobs_alone(
+        tmp_path: Path) -> None:
+    # Redis goes away between the parts: the stored part is INSERTED, each job of the next
+    # (its call failed: it may or may not have run) is INTERNAL_ERROR, a refused entry keeps
+    # its own reply, and the connection stays in step.
+    redis = RedisProcess(tmp_path / "redis")
+    redis.start()
+    server = start_tubeq(redis.url, unique_prefix("pm-lost"), tmp_path / "logs")
+    try:
+        with Wire(server.host, server.port) as w, Wire(server.host, server.port) as other:
+            w.ask("use pm-lost")
+            w.send(b"put-many %d\r\n" % (PUT_MANY_PART + 3) + entry(b"x") * (PUT_MANY_PART + 1))
+            wait_for_ready(other, "pm-lost", PUT_MANY_PART)
+            redis.stop()
+            w.send(b"0 0 60 1 junk\r\nz\r\n" + entry(b"y"))
+            items = batch_of(w, w.reply())
+            assert all(item.startswith(b"INSERTED ") for item in items[:PUT_MANY_PART])
+            assert items[PUT_MANY_PART:] == [b"INTERNAL_ERROR\r\n", b"BAD_FORMAT\r\n",
+                                             b"INTERNAL_ERROR\r\n"]
+            assert w.ask("list-tube-used") == b"USING pm-lost\r\n"
+    finally:
+        server.stop()
+        redis.stop()
 
 
 def test_put_many_counts_total_jobs_and_delays_promote(server: ServerProcess) -> None:

@@ -8,11 +8,12 @@ by garbage without a line end (which must stay buffered).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import pytest
 
 from tubeq.protocol import replies
-from tubeq.protocol.batch_framing import PUT_MANY_MAX
+from tubeq.protocol.batch_framing import PUT_MANY_MAX, PUT_MANY_PART
 from tubeq.protocol.commands import (
     Command,
     DeleteMany,
@@ -69,6 +70,27 @@ def test_a_whole_batch_is_one_command_with_its_entries_in_order() -> None:
     data = b"put-many 3\r\n" + entry(b"a", pri=5) + entry(b"", delay=2) + entry(b"c\r\nd", ttr=0)
     check(data, [PutMany((PutEntry(5, 0, 60, b"a"), PutEntry(0, 2, 60, b""),
                           PutEntry(0, 0, 0, b"c\r\nd")))])
+
+
+def test_a_long_batch_comes_in_parts_of_part_entries_as_they_arrive() -> None:
+    # Refused entries count in a part like jobs (each needs its reply), one of them on the
+    # boundary; the last part is the command's end (more=False) whatever its size.
+    jobs: list[PutEntry | bytes] = [PutEntry(0, 0, 60, b"%d" % i)
+                                    for i in range(2 * PUT_MANY_PART + 3)]
+    jobs[1] = replies.BAD_FORMAT
+    jobs[PUT_MANY_PART - 1] = replies.EXPECTED_CRLF
+    data = b"put-many %d\r\n" % len(jobs) + b"".join(
+        b"0 0 60 1 x\r\nz\r\n" if job == replies.BAD_FORMAT
+        else b"0 0 60 1\r\nzXY" if job == replies.EXPECTED_CRLF
+        else entry(cast(PutEntry, job).body) for job in jobs)
+    check(data, [PutMany(tuple(jobs[:PUT_MANY_PART]), more=True),
+                 PutMany(tuple(jobs[PUT_MANY_PART:2 * PUT_MANY_PART]), more=True),
+                 PutMany(tuple(jobs[2 * PUT_MANY_PART:]))])
+
+
+def test_a_batch_of_exactly_one_part_is_one_command() -> None:
+    jobs = tuple(PutEntry(0, 0, 60, b"x") for _ in range(PUT_MANY_PART))
+    check(b"put-many %d\r\n" % PUT_MANY_PART + entry(b"x") * PUT_MANY_PART, [PutMany(jobs)])
 
 
 def test_count_zero_is_an_empty_batch_at_once() -> None:

@@ -182,6 +182,25 @@ async def test_calls_in_one_tick_are_batched(redis_url: str, flush_at: int,
         await client.close()
 
 
+async def test_send_now_writes_the_calls_buffered_so_far_before_the_tick_ends(
+        redis_url: str) -> None:
+    client = await RedisClient.connect(redis_url, flush_at=1000)
+    counter = CountingTransport(client._transport)  # type: ignore[arg-type]
+    client._transport = counter  # type: ignore[assignment]
+    try:
+        first = [client.call("ECHO", f"a{i}") for i in range(3)]
+        client.send_now()
+        assert [write.count(b"ECHO") for write in counter.writes] == [3]  # within the tick
+        client.send_now()  # nothing buffered: nothing written
+        later = client.call("ECHO", "b")  # buffered again until the tick ends
+        assert len(counter.writes) == 1
+        replies = await asyncio.wait_for(asyncio.gather(*first, later), WAIT)
+        assert replies == [b"a0", b"a1", b"a2", b"b"]
+        assert [write.count(b"ECHO") for write in counter.writes] == [3, 1]
+    finally:
+        await client.close()
+
+
 async def test_cancelled_calls_do_not_desync(client: RedisClient, admin: redis.asyncio.Redis
                                              ) -> None:
     futures = [client.call("ECHO", i) for i in range(60)]

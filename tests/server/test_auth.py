@@ -25,6 +25,7 @@ import trustme
 
 from tests.support.servers import unique_prefix
 from tests.support.wire import Wire
+from tubeq.protocol.batch_framing import PUT_MANY_PART
 from tubeq.redisio.process import RedisProcess, free_port
 from tubeq.server.access import AccessFileError, load
 
@@ -101,6 +102,10 @@ def test_before_auth_every_command_is_refused_and_nothing_is_stored(guarded: Tub
                      "peek-ready", "stats-tube default", "delete 1", "tube-set emails rate=1"):
             assert w.ask(line) == b"AUTH_REQUIRED\r\n", line
         assert w.ask(b"put 0 0 60 5\r\nhello\r\n") == b"AUTH_REQUIRED\r\n"  # body read, dropped
+        # A put-many long enough to come in parts still gets one reply, and stores nothing.
+        entries = b"0 0 60 1\r\nx\r\n" * (2 * PUT_MANY_PART + 1)
+        assert w.ask(b"put-many %d\r\n%s" % (2 * PUT_MANY_PART + 1, entries)) == \
+            b"AUTH_REQUIRED\r\n"
         assert w.ask("bogus") == b"UNKNOWN_COMMAND\r\n"
         assert w.ask("extensions").startswith(b"OK ")  # a probe stores nothing
         assert w.ask(f"auth {DEFAULT}") == b"AUTHENTICATED\r\n"

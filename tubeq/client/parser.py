@@ -58,6 +58,7 @@ class ReplyParser:
         self._head: Reply | None = None  # a RESERVED/FOUND/OK line waiting for its body
         self._size = 0
         self._batch: Reply | None = None  # a BATCH line waiting for its items
+        self._batch_size = 0  # its n
         self._items: list[Reply] = []
 
     @property
@@ -69,8 +70,9 @@ class ReplyParser:
         if self._batch is None:
             out.append(reply)
             return
-        self._items.append(reply)
-        if len(self._items) == self._batch.int_arg(0):
+        items = self._items
+        items.append(reply)
+        if len(items) == self._batch_size:
             out.append(Reply(self._batch.word, self._batch.args, items=tuple(self._items)))
             self._batch = None
             self._items = []
@@ -85,6 +87,7 @@ class ReplyParser:
             out.append(reply)
         else:
             self._batch = reply
+            self._batch_size = reply.int_arg(0)
 
     def feed(self, data: bytes) -> list[Reply]:
         if self.error is not None:

@@ -3,8 +3,11 @@ buffer as they arrive (protocol.md "put-many").
 
 ``put-many <count>\\r\\n`` is followed by ``<count>`` entries, each ``<pri> <delay> <ttr>
 <bytes>\\r\\n<data>\\r\\n`` (the put line without its word). :class:`PutManyReader` turns them
-into one :class:`~tubeq.protocol.commands.PutMany` whose entries are either a job to insert or the
-reply bytes of a refused entry, so every entry gets exactly one reply.
+into :class:`~tubeq.protocol.commands.PutMany` commands whose entries are either a job to insert
+or the reply bytes of a refused entry, so every entry gets exactly one reply: one command for a
+batch of at most :data:`PUT_MANY_PART` entries, else one part of that many entries each time
+they have arrived (``more`` set) and the rest in the last part. The server stores a part while
+the next one is still being read and parsed, so Redis and the parser work at once.
 
 Rules:
 
@@ -42,6 +45,12 @@ CRLF: Final = b"\r\n"
 # milliseconds, not seconds, and that one reply stays small.
 PUT_MANY_MAX: Final = 1000
 
+# The entries of one part of a longer put-many (see the module's header). A part is one
+# put_many.lua call: enough entries that the call's fixed cost (the tube's settings, the
+# waiters' count) stays small beside theirs, few enough that Redis starts early: with ~3 us of
+# parsing and ~8 us of Redis per job, Redis runs a part while the next ones are parsed.
+PUT_MANY_PART: Final = 128
+
 # The bodies one put-many may keep in the server at once, when the connection does not say:
 # half of the connection's default buffer cap (tubeq.server.context.DEFAULT_MAX_CLIENT_BUFFER),
 # so a batch being read plus the replies waiting to leave stay under the cap.
@@ -74,11 +83,14 @@ class PutManyReader:
     """Reads the entries of one ``put-many`` out of a buffer shared with the parser."""
 
     __slots__ = ("_entries", "_header", "_left", "_line_max", "_max_bytes", "_max_job_size",
-                 "_phase", "_refuse", "_scanned", "_skip_left", "_skip_reply", "held")
+                 "_part", "_phase", "_refuse", "_scanned", "_skip_left", "_skip_reply", "held")
 
-    def __init__(self, count: int, *, max_job_size: int, max_bytes: int, line_max: int) -> None:
-        """Expect ``count`` entries; over PUT_MANY_MAX they are read, dropped and refused."""
+    def __init__(self, count: int, *, max_job_size: int, max_bytes: int, line_max: int,
+                 part: int = PUT_MANY_PART) -> None:
+        """Expect ``count`` entries; over PUT_MANY_MAX they are read, dropped and refused.
+        ``part``: hand them over in parts of that many entries."""
         self._left = count
+        self._part = part
         self._refuse = count > PUT_MANY_MAX
         self._max_job_size = max_job_size
         self._max_bytes = max_bytes
@@ -92,9 +104,13 @@ class PutManyReader:
         self._skip_reply = b""
 
     def read(self, buffer: bytearray) -> Command | None:
-        """Consume entries from the front of ``buffer``; the whole command once the last one
-        is complete, else None (more bytes needed)."""
+        """Consume entries from the front of ``buffer``: a part of ``part`` entries once they
+        are complete and more are expected, the command (its last part) once the last one is,
+        else None (more bytes needed)."""
         while self._left:
+            if len(self._entries) >= self._part:
+                entries, self._entries = tuple(self._entries), []
+                return PutMany(entries, more=True)
             phase = self._phase
             if phase is _Phase.LINE:
                 progressed = self._read_line(buffer)

@@ -369,10 +369,15 @@ class PutEntry:
 @dataclass(frozen=True, slots=True)
 class PutMany(Command):
     """tubeq's ``put-many``: per entry, a job to insert or the reply of a refused entry
-    (JOB_TOO_BIG, EXPECTED_CRLF, BAD_FORMAT), in the order sent."""
+    (JOB_TOO_BIG, EXPECTED_CRLF, BAD_FORMAT), in the order sent.
+
+    A long batch reaches the handler in parts, as its entries arrive
+    (tubeq.protocol.batch_framing.PUT_MANY_PART): ``more`` says that further entries of the
+    same command follow in the next PutMany; the command's one reply comes with the last."""
 
     word: ClassVar[bytes | None] = b"put-many "
     entries: tuple[PutEntry | bytes, ...]
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)

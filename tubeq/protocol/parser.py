@@ -858,7 +858,7 @@ class Parser:
     def _read_batch(self) -> Command | None:
         assert self._batch is not None
         command = self._batch.read(self._buffer)
-        if command is not None:
+        if command is not None and not (type(command) is PutMany and command.more):
             self._batch = None
             self._phase = _Phase.LINE
         return command

@@ -570,6 +570,12 @@ class RedisClient(ReconnectingProtocol):
             self._schedule_flush()
         return future
 
+    def send_now(self) -> None:
+        """Write the calls buffered so far at once, not at the end of the loop's turn: for a
+        caller with more work of its own before the turn ends, so that Redis runs them
+        meanwhile."""
+        self._flush()
+
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True

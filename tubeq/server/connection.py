@@ -98,7 +98,8 @@ class Connection(asyncio.Protocol):
         "_auth_failures", "_blocking", "_cleaned_up", "_closed", "_deferred", "_deletes",
         "_eof", "_flow", "_flush_scheduled", "_grants", "_handlers", "_held", "_lost",
         "_numbered", "_pool", "_prune_at", "_pump_scheduled", "_push", "_puts", "_quit",
-        "_replies", "_reserves", "_turn", "_untried", "_wait", "ctx", "extended", "parser",
+        "_replies", "_reserves", "_turn", "_untried", "_wait", "batch_parts", "ctx", "extended",
+        "parser",
         "passing", "producer", "replaying", "reserved", "store", "token", "transport", "used",
         "watched", "worker",
     )
@@ -141,6 +142,7 @@ class Connection(asyncio.Protocol):
         # (0: none), for the store call; and whether the command is a deferred one sent again.
         self.passing = 0
         self.replaying = False
+        self.batch_parts: list[Any] | None = None  # a put-many's parts before its last
         # A turn of _pump (the commands of one read): its puts, its deletes that wait for
         # nothing and its reserves' first tries go to Redis as one call of each kind when the
         # turn ends (_send_turn), or before a command that must follow them in Redis. The

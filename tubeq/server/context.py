@@ -178,6 +178,8 @@ class Session(Protocol):
     worker: bool  # has reserved (the stats gauge)
     passing: int  # the reserves the command being handled passed (0: none)
     replaying: bool  # the command is a deferred one, replayed
+    # The parts of a put-many whose last part is still to come (handlers._put_many), or None.
+    batch_parts: list[Any] | None
 
     @property
     def authenticated(self) -> bool: ...

@@ -2,7 +2,8 @@
 
 A handler gets the connection (as a :class:`~tubeq.server.context.Session`: the members it may
 touch) and the parsed command and returns the reply bytes, or a future
-of them when the store is involved (a Redis call in flight), or ``None`` for quit. It reads
+of them when the store is involved (a Redis call in flight), or ``None`` for quit and for
+a put-many's parts before its last (its one reply comes with the last). It reads
 and updates the connection's own state (used tube, watch list, held jobs) and calls the store;
 ordering, blocking and writing are the connection's business (tubeq.server.connection).
 """
@@ -10,8 +11,11 @@ ordering, blocking and writing are the connection's business (tubeq.server.conne
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
+
+import structlog
 
 from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
@@ -22,6 +26,8 @@ from tubeq.server import ops
 from tubeq.server.context import Reply, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.store import NoJob, PutOutcome, Reservation
+
+log = structlog.get_logger(__name__)
 
 
 def _put(conn: Session, cmd: c.Put) -> Reply:
@@ -411,10 +417,30 @@ def _quit(conn: Session, cmd: c.Quit) -> None:
 _RESERVED_FRAMING = 48
 
 
-def _put_many(conn: Session, cmd: c.PutMany) -> Reply:
-    """Insert the entries the parser accepted in one script call; every entry gets its reply
-    (INSERTED <id>, or what the parser refused it with), in order."""
-    entries = cmd.entries
+def _put_many(conn: Session, cmd: c.PutMany) -> Reply | None:
+    """Insert the entries the parser accepted; every entry gets its reply (INSERTED <id>, or
+    what the parser refused it with), in order, in one BATCH. A long batch comes in parts
+    (``cmd.more``): each part is sent to Redis at once, stored while the next is read, and
+    the reply waits for the last."""
+    part = _put_many_part(conn, cmd.entries, send_now=cmd.more)
+    if cmd.more:
+        if conn.batch_parts is None:
+            conn.batch_parts = []
+        conn.batch_parts.append(part)
+        return None
+    parts = [*(conn.batch_parts or ()), part]
+    conn.batch_parts = None
+    return _batch_of_parts(parts)
+
+
+# One part's replies: the entries' reply lines, or the part's store call and its entries (the
+# lines come from its result).
+_Part: TypeAlias = list[bytes] | tuple[asyncio.Future[list[int]], tuple[c.PutEntry | bytes, ...]]
+
+
+def _put_many_part(conn: Session, entries: tuple[c.PutEntry | bytes, ...], *,
+                   send_now: bool) -> _Part:
+    """Store one part's jobs in one script call (``send_now``: sent to Redis at once)."""
     jobs = [e for e in entries if isinstance(e, c.PutEntry)]
     counters = conn.ctx.counters
     for _ in entries:  # cmd-put counts each entry, as it counts each put (refused ones too)
@@ -422,24 +448,53 @@ def _put_many(conn: Session, cmd: c.PutMany) -> Reply:
     if entries:
         conn.mark_producer()
     if jobs and conn.ctx.full:  # the namespace reached --max-jobs: every entry refused
-        return replies.batch([replies.OUT_OF_MEMORY if isinstance(e, c.PutEntry) else e
-                              for e in entries])
+        return [replies.OUT_OF_MEMORY if isinstance(e, c.PutEntry) else e for e in entries]
     if not jobs or conn.ctx.draining:
         # Nothing to store (refused entries use no id; while draining no job is taken).
-        return replies.batch([replies.DRAINING if isinstance(e, c.PutEntry) else e
-                              for e in entries])
-    call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs])
+        return [replies.DRAINING if isinstance(e, c.PutEntry) else e for e in entries]
+    call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs],
+                        send_now=send_now)
+    return call, entries
 
-    def answer(ids: list[int]) -> bytes:
-        given = iter(ids)
 
-        def put_reply(job_id: int) -> bytes:
-            return replies.inserted(job_id) if job_id else replies.OUT_OF_MEMORY
+def _part_replies(part: _Part) -> list[bytes]:
+    """A part's reply lines once its call (if any) is done: a failed call (it may or may not
+    have run) answers each of its jobs INTERNAL_ERROR, as a lone put's would."""
+    if isinstance(part, list):
+        return part
+    call, entries = part
+    if call.cancelled() or call.exception() is not None:
+        if not call.cancelled():
+            log.warning("store call failed", error=repr(call.exception()))
+        return [replies.INTERNAL_ERROR if isinstance(e, c.PutEntry) else e for e in entries]
+    given = iter(call.result())  # one id per job, in order; 0: the tube was full
 
-        return replies.batch([put_reply(next(given)) if isinstance(e, c.PutEntry) else e
-                              for e in entries])
+    def put_reply(job_id: int) -> bytes:
+        return replies.inserted(job_id) if job_id else replies.OUT_OF_MEMORY
 
-    return then(call, answer)
+    return [put_reply(next(given)) if isinstance(e, c.PutEntry) else e for e in entries]
+
+
+def _batch_of_parts(parts: list[_Part]) -> Reply:
+    """The BATCH reply of a put-many's parts, once every part's call is done. Each part's
+    lines are made as its call answers, while Redis still runs the parts after it."""
+    lines = [part if isinstance(part, list) else None for part in parts]
+    left = len(parts) - sum(line is not None for line in lines)
+    if not left:
+        return replies.batch([line for part in lines if part for line in part])
+    reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def answered(index: int, part: _Part, _: object) -> None:
+        nonlocal left
+        lines[index] = _part_replies(part)
+        left -= 1
+        if not left and not reply.done():
+            reply.set_result(replies.batch([line for part in lines if part for line in part]))
+
+    for index, part in enumerate(parts):
+        if isinstance(part, tuple):
+            part[0].add_done_callback(functools.partial(answered, index, part))
+    return reply
 
 
 def _reserve_many(conn: Session, cmd: c.ReserveMany) -> Reply:
@@ -530,11 +585,16 @@ def _rejected_before_auth(conn: Session, cmd: c.Rejected) -> Reply:
     return cmd.reply  # BAD_FORMAT or UNKNOWN_COMMAND, counted nowhere
 
 
+def _put_many_before_auth(conn: Session, cmd: c.PutMany) -> Reply | None:
+    return None if cmd.more else replies.AUTH_REQUIRED  # one reply, after the last part
+
+
 # A connection that must `auth` first (an access file, a listener bound to no namespace): every
 # command but these answers AUTH_REQUIRED and stores nothing (a put's body is read and dropped).
 GATE_HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     **{kind: _auth_required for kind in HANDLERS},
     c.Rejected: _rejected_before_auth,
+    c.PutMany: _put_many_before_auth,
     c.Extensions: HANDLERS[c.Extensions],
     c.Auth: HANDLERS[c.Auth],
     c.Quit: _quit,

@@ -85,14 +85,15 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
     return then(store.put_with(tube, pri, delay, max(ttr, 1), body, options), stored)
 
 
-def put_many(ctx: ServerContext, tube: str,
-             jobs: list[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,
+             send_now: bool = False) -> asyncio.Future[list[int]]:
     """Store ``(pri, delay, ttr, body)`` jobs in one script call: their ids, 0 for each the
     tube refused (its max-jobs). The caller checks draining and --max-jobs first: a batch
-    refused whole uses no id."""
+    refused whole uses no id. ``send_now``: the call goes to Redis at once, not at the end of
+    the loop's turn (a part of a batch whose rest is still being read)."""
     store = ctx.store
     call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
-                                 for pri, delay, ttr, body in jobs])
+                                 for pri, delay, ttr, body in jobs], send_now=send_now)
     delays = [delay for _, delay, _, _ in jobs if delay > 0]
     if delays:
         _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)

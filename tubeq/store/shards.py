@@ -542,9 +542,9 @@ class ShardedStore:
 
     # -- batches ------------------------------------------------------------------------------
 
-    def put_many(self, tube: str,
-                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
-        return self.of_tube(tube).put_many(tube, jobs)
+    def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
+                 send_now: bool = False) -> asyncio.Future[list[int]]:
+        return self.of_tube(tube).put_many(tube, jobs, send_now=send_now)
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:

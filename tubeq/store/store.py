@@ -735,15 +735,18 @@ class Store:
 
     # -- batches ------------------------------------------------------------------------------
 
-    def put_many(self, tube: str,
-                 jobs: Sequence[tuple[int, int, int, bytes]]) -> asyncio.Future[list[int]]:
+    def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
+                 send_now: bool = False) -> asyncio.Future[list[int]]:
         """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
-        order."""
+        order. ``send_now``: written to Redis at once, not at the end of the loop's turn."""
         flat: list[bytes | str | int] = []
         for job in jobs:
             flat += job
-        return self._eval("put_many", tube, self.clock(), *flat,
+        call = self._eval("put_many", tube, self.clock(), *flat,
                           decode=lambda r: [int(v) for v in r])
+        if send_now:
+            self.client.send_now()
+        return call
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:
