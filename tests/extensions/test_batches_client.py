@@ -79,6 +79,9 @@ async def test_put_many_gives_each_job_its_id_or_its_error(client: Client,
     assert link is not None and ("put-many" in (link.extensions or ())) == (
         any_server.kind == "tubeq")
     assert await client.put_many([]) == []
+    for bad in ({"pri": -1}, {"delay": 2**32}, {"ttr": True}):  # checked before anything is sent
+        with pytest.raises(ValueError):
+            await client.put_many([b"a", NewJob(b"b")], **bad)
     assert await client.delete_many([*ids, ids[0], 2**63]) == [True] * 4 + [False, False]
 
 

@@ -57,8 +57,13 @@ def _entries(jobs: Iterable[bytes | str | NewJob], pri: int, delay: int,
              ttr: int) -> list[bytes]:
     """Each job as a put-many entry (put's line without its word, then the body); the same
     bytes after ``put `` make a plain put."""
+    # The shared numbers of the plain bodies, checked and formatted once.
+    shared = b"%d %d %d " % (_uint(pri, "pri"), _uint(delay, "delay"), _uint(ttr, "ttr"))
     out = []
     for job in jobs:
+        if type(job) is bytes:
+            out.append(b"%s%d\r\n%s\r\n" % (shared, len(job), job))
+            continue
         if not isinstance(job, NewJob):
             job = NewJob(job, pri, delay, ttr)
         body = job.body.encode("utf-8") if isinstance(job.body, str) else bytes(job.body)
@@ -99,7 +104,8 @@ def _items(reply: Reply, command: str, count: int | None = None) -> tuple[Reply,
 
 def put_many_command(chunk: list[bytes]) -> tuple[bytes, Convert[list[PutResult]]]:
     def convert(reply: Reply, link: Connection) -> list[PutResult]:
-        return [item.int_arg(0) if item.word == INSERTED else _error_of(item, "put-many")
+        # int(args[0]): the parser checked that INSERTED has one decimal argument.
+        return [int(item.args[0]) if item.word == INSERTED else _error_of(item, "put-many")
                 for item in _items(reply, "put-many", len(chunk))]
 
     return b"put-many %d\r\n%s" % (len(chunk), b"".join(chunk)), convert

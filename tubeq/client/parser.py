@@ -18,6 +18,7 @@ from tubeq.client.wire import (
     BATCH,
     BODY_WORDS,
     CRLF,
+    INSERTED,
     MAX_BATCH_ITEMS,
     MAX_BODY,
     MAX_REPLY_LINE,
@@ -135,6 +136,10 @@ class ReplyParser:
         return out
 
     def _parse_line(self, line: bytes) -> Reply:
+        if line.startswith(b"INSERTED "):  # the common case, a thousand in one put-many's reply
+            arg = line[9:]
+            if arg.isdigit() and len(arg) <= 20:
+                return Reply(INSERTED, (arg,))
         word, *args = line.split(b" ")
         arity = REPLY_ARITY.get(word)
         if arity is None:
