@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.run --render bench/out/results-<stamp>.json   re-render only
     .venv/bin/python -m bench.run --only metrics   the metrics on/off rows alone (~2 min)
     .venv/bin/python -m bench.run --quick --only cpu   the CPU per job table's rows alone
+    .venv/bin/python -m bench.run --only delayed   the lateness and wake latency rows alone
                                                  (also: many-tubes, workers)
 
 Owns: the scenario rows, their order, repetitions and time budget. Every run starts a fresh
@@ -527,6 +528,7 @@ ONLY: dict[str, Callable[[CoreScale], list[list[Row]]]] = {
     "many-tubes": lambda scale: [[r for r in many_tube_rows(scale)
                                   if r.key in (MANY_TUBES_64_BASE, MANY_TUBES_64)]],
     "workers": lambda scale: [workers_rows(scale)],
+    "delayed": lambda scale: [[delayed_row(scale), delayed_ms_row(scale), wake_row(scale)]],
     "cpu": lambda scale: [_main_64x16_rows(scale), events_rows(scale), workers_rows(scale)],
 }
 
@@ -574,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=sorted(ONLY), default=None,
                    help="run some passes alone: metrics (on/off rows), many-tubes (the 64x16 "
                         "pair), workers (1 vs 2), cpu (the 64x16 put and cycle rows, events "
-                        "on/off, workers: the CPU per job table); writes bench/out/")
+                        "on/off, workers: the CPU per job table), delayed (lateness and wake "
+                        "latency); writes bench/out/")
     p.add_argument("--repetitions", type=int, default=None, metavar="N",
                    help="repetitions per row instead of the scale's (3 full, 1 quick)")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
