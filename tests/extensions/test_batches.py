@@ -132,6 +132,23 @@ async def test_a_run_from_one_watched_tube_leaves_its_index_entry_on_the_next_jo
     assert counts is not None and counts[:5] == [0] * 5 and counts[9] == 5  # cmd-delete
 
 
+async def test_put_many_keeps_the_index_on_the_tube_head_whatever_the_priorities(
+        env: Env) -> None:
+    """put_many skips the head check of a job that cannot be the tube's new head (a priority
+    not below one the batch already put: its id is larger); a reserve across two tubes,
+    which goes by the ready-tube index, still gets every job in (pri, id) order."""
+    s = env.store
+    old = await env.put("default", 4)
+    other = await env.put("other", 2)
+    pris = [5, 3, 7, 3, 1, 2]
+    ids = await s.put_many("default", [(p, 0, 60, b"%d" % p) for p in pris])
+    await s.change_watches(BOB, [("+w", "other")])
+    by_pri = {p: [i for i, q in zip(ids, pris, strict=True) if q == p] for p in pris}
+    expected = [*by_pri[1], other, *by_pri[2], *by_pri[3], old, *by_pri[5], *by_pri[7]]
+    assert [(await env.reserve(BOB)).id for _ in expected] == expected
+    assert isinstance(await s.reserve(BOB), NoJob)
+
+
 async def test_the_largest_runs_fit_in_one_script_call(env: Env) -> None:
     """reserve-many's largest count (1000) is one run, and a delete-many of more held jobs than
     Lua's unpack passes at once (~8,000) deletes them all: the script splits its ZREM."""

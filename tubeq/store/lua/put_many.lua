@@ -30,6 +30,11 @@ local left_ready = false  -- a ready job of the batch nobody could take at once
 -- none at the start stays none (only another script counts a connection in).
 local waiting = rcall('HGET', K_REFS, 'q:' .. t)
 local waiters = waiting and tonumber(waiting) > 0
+-- The lowest priority a ready job of the batch went in with, or nil. The tube's head sorts at
+-- or before it, and a new job has the largest id yet (ids only grow), so a later job of the
+-- batch whose priority is not lower cannot be the new head: its ZRANK is skipped. A
+-- hand-over may take the head away: then it is not known.
+local head_at_most
 -- One job of the batch, as put.lua stores it; returns its id.
 local function put_one(pri, delay, ttr, body)
   local id, jk = new_job()
@@ -43,9 +48,12 @@ local function put_one(pri, delay, ttr, body)
   else
     store_job(jk, t, pri, ttr, body, now)
     start_policies(id, jk, t, false, now, limits[2])
-    enqueue_ready(id, t, pri, now)
+    local p = pri + 0
+    enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most)
+    if head_at_most == nil or p < head_at_most then head_at_most = p end
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
     if waiters then
+      head_at_most = nil
       if hand_over_in(t, now) ~= id then left_ready = true end
       waiting = rcall('HGET', K_REFS, 'q:' .. t)
       waiters = waiting and tonumber(waiting) > 0

@@ -119,10 +119,12 @@ end
 
 -- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
 -- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
-local function enqueue_ready(id, t, pri, now, meta)
+-- `behind`: the caller knows the job is not the tube's new head (put_many.lua), and the
+-- ZRANK that would tell is skipped.
+local function enqueue_ready(id, t, pri, now, meta, behind)
   local m = member(id)
   rcall('ZADD', k_ready(t), text(pri), m)
-  if rcall('ZRANK', k_ready(t), m) == 0 then  -- the index entry names the head only
+  if not behind and rcall('ZRANK', k_ready(t), m) == 0 then  -- the entry names the head only
     index_tube(t, now, m, pri, meta)
   end
 end
