@@ -21,7 +21,7 @@ from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import EXTENSION_NAMES
-from tubeq.redisio.futures import then
+from tubeq.redisio.futures import discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
@@ -454,6 +454,9 @@ def _put_many_part(conn: Session, entries: tuple[c.PutEntry | bytes, ...], *,
         return [replies.DRAINING if isinstance(e, c.PutEntry) else e for e in entries]
     call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs],
                         send_now=send_now)
+    # Read even if the connection closes before the batch's last part (nothing else would:
+    # asyncio would log its failure as never retrieved).
+    call.add_done_callback(discard)
     return call, entries
 
 
