@@ -212,6 +212,8 @@ _TUBE_NAME: Final = re.compile(b"(?!-)" + _NAME_RUN + b"{1,%d}" % MAX_TUBE_NAME)
 _UNSIGNED: Final = re.compile(rb" *+([0-9]++)")
 # put's four read_u32 arguments at once.
 _PUT_ARGS: Final = re.compile(rb" *+([0-9]++) *+([0-9]++) *+([0-9]++) *+([0-9]++)")
+# A whole put line as clients write it (Parser._read_whole_put): one space before each number.
+_WHOLE_PUT_LINE: Final = re.compile(rb"put" + rb" ([0-9]{1,10})" * 4 + rb"\r\n")
 # read_tube_name (pause-tube only): skip spaces, then the longest run of name bytes.
 _NAME_TOKEN: Final = re.compile(rb" *+(" + _NAME_RUN + rb"++)")
 # strtol / strtoul in base 10: C whitespace, an optional sign, then digits (maybe none).
@@ -813,6 +815,10 @@ class Parser:
 
     def _read_line(self) -> Command | None:
         buffer = self._buffer
+        if buffer.startswith(b"put "):
+            put = self._read_whole_put()
+            if put is not None:
+                return put
         end = buffer.find(CRLF, 0, LINE_MAX)
         if end < 0:
             if len(buffer) >= LINE_MAX:  # LINE_MAX bytes and no CRLF: too long, unless ...
@@ -823,6 +829,25 @@ class Parser:
                     self._phase = _Phase.OVERLONG
             return None
         return self._take_line(end)
+
+    def _read_whole_put(self) -> Put | None:
+        """The usual put, whole in the buffer, in one step: a line of four numbers with one
+        space before each, its body and CRLF. Anything else (more spaces, a number past
+        U32_MAX, a body too big or not yet arrived, no CRLF after it) returns None and goes
+        the general way, line then body, which parses the same bytes to the same command."""
+        buffer = self._buffer
+        match = _WHOLE_PUT_LINE.match(buffer)
+        if match is None:
+            return None
+        pri, delay, ttr, size = map(int, match.groups())
+        start = match.end()
+        end = start + size
+        if (size > self._max_job_size or max(pri, delay, ttr) > U32_MAX
+                or buffer[end : end + len(CRLF)] != CRLF):
+            return None
+        body = bytes(buffer[start:end])
+        del buffer[: end + len(CRLF)]
+        return Put(pri, delay, ttr, body)
 
     def _read_long_line(self) -> Command | None:
         buffer = self._buffer
