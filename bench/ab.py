@@ -26,13 +26,22 @@ from bench.harness.loadgen import run_load
 from bench.harness.machine import cpu_model
 from bench.harness.paths import OUT_DIR, REPO_ROOT
 from bench.harness.servers import make_server, snapshot_revision, snapshot_tubeq
-from bench.run import FULL, CoreBench, delayed_row, many_tube_rows, throughput_rows, wake_row
+from bench.run import (
+    FULL,
+    CoreBench,
+    delayed_ms_row,
+    delayed_row,
+    many_tube_rows,
+    throughput_rows,
+    wake_row,
+)
 
 SHARED_CORES = 0.5
 
 
 def rows_for(only: list[str] | None) -> list[Row]:
-    rows = [*throughput_rows(FULL), *many_tube_rows(FULL), delayed_row(FULL), wake_row(FULL)]
+    rows = [*throughput_rows(FULL), *many_tube_rows(FULL), delayed_row(FULL),
+            delayed_ms_row(FULL), wake_row(FULL)]
     if only:
         rows = [r for r in rows if any(r.key.startswith(prefix) for prefix in only)]
     return rows
