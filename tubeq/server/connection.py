@@ -99,9 +99,8 @@ class Connection(asyncio.Protocol):
         "_eof", "_flow", "_flush_scheduled", "_grants", "_handlers", "_held", "_lost",
         "_numbered", "_pool", "_prune_at", "_pump_scheduled", "_push", "_puts", "_quit",
         "_replies", "_reserves", "_turn", "_untried", "_wait", "batch_parts", "ctx", "extended",
-        "parser",
-        "passing", "producer", "replaying", "reserved", "store", "token", "transport", "used",
-        "watched", "worker",
+        "parser", "passing", "producer", "replaying", "reserved", "store", "token", "transport",
+        "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:

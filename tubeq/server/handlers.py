@@ -481,10 +481,14 @@ def _part_replies(part: _Part) -> list[bytes]:
 def _batch_of_parts(parts: list[_Part]) -> Reply:
     """The BATCH reply of a put-many's parts, once every part's call is done. Each part's
     lines are made as its call answers, while Redis still runs the parts after it."""
-    lines = [part if isinstance(part, list) else None for part in parts]
-    left = len(parts) - sum(line is not None for line in lines)
+    lines: list[list[bytes] | None] = [p if isinstance(p, list) else None for p in parts]
+    left = lines.count(None)
+
+    def joined() -> bytes:
+        return replies.batch([line for done in lines for line in done or ()])
+
     if not left:
-        return replies.batch([line for part in lines if part for line in part])
+        return joined()
     reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
     def answered(index: int, part: _Part, _: object) -> None:
@@ -492,7 +496,7 @@ def _batch_of_parts(parts: list[_Part]) -> Reply:
         lines[index] = _part_replies(part)
         left -= 1
         if not left and not reply.done():
-            reply.set_result(replies.batch([line for part in lines if part for line in part]))
+            reply.set_result(joined())
 
     for index, part in enumerate(parts):
         if isinstance(part, tuple):
