@@ -192,6 +192,78 @@ def half_close_idle_connection_closes(s: Script) -> None:
     c.line("list-tubes-watched").half_close().expect().expect_closed()
 
 
+def _put_held_by_reserve_then_half_close(s: Script, *, wait_first: bool,
+                                         whole: bool = True) -> None:
+    """Issue 35's sequence: a put pipelined behind a reserve that finds nothing, then the
+    client's EOF. The reserve answers TIMED_OUT, then the put runs, answers and is stored;
+    a put whose body the EOF cuts off (not ``whole``, the issue's bytes as written) gets no
+    reply and stores nothing."""
+    tube = s.tube("t")
+    c = s.conn("c")
+    c.send(f"watch {s.tube('empty')}\r\nignore default\r\nuse {tube}\r\nreserve\r\n"
+           "put 0 0 10 1\r\nz" + ("\r\n" if whole else ""))
+    if wait_first:  # the reserve is known to wait before the EOF comes
+        c.expect_many(3).no_reply()
+    c.half_close()
+    if not wait_first:
+        c.expect_many(3)
+    c.expect_many(2 if whole else 1).expect_closed()
+    s.conn("peeker").cmds(f"use {tube}", "peek-ready")
+
+
+@scenario()
+def half_close_runs_put_held_by_waiting_reserve(s: Script) -> None:
+    _put_held_by_reserve_then_half_close(s, wait_first=True)
+
+
+@scenario()
+def half_close_with_pipeline_runs_put_behind_reserve(s: Script) -> None:
+    _put_held_by_reserve_then_half_close(s, wait_first=False)
+
+
+@scenario()
+def half_close_cuts_put_body_behind_reserve(s: Script) -> None:
+    _put_held_by_reserve_then_half_close(s, wait_first=True, whole=False)
+
+
+@scenario()
+def half_close_answers_long_pipeline_behind_reserve(s: Script) -> None:
+    # More commands behind the waiting reserve than one turn of the pump takes (64) and than
+    # may be in flight (128); a second reserve, received before the EOF and run after it,
+    # finds nothing and answers TIMED_OUT at once, as the first one did.
+    tube = s.tube("t")
+    c = s.conn("c").on_tube(tube)
+    rounds = 100
+    c.send("reserve\r\n" + "put 0 0 10 2\r\nab\r\nlist-tube-used\r\npeek-ready\r\n" * rounds
+           + f"watch {s.tube('empty')}\r\nignore {tube}\r\nreserve\r\nlist-tube-used\r\n")
+    c.no_reply().half_close()
+    c.expect_many(1 + 3 * rounds + 4).expect_closed()
+    s.conn("observer").cmd(f"stats-tube {tube}")
+
+
+@scenario()
+def half_close_answers_every_pipelined_command(s: Script) -> None:
+    tube = s.tube("t")
+    c = s.conn("c")
+    rounds = 100
+    c.send(f"use {tube}\r\n" + "put 0 0 10 2\r\nab\r\npeek-ready\r\nstats-job 0\r\n" * rounds)
+    c.half_close().expect_many(1 + 3 * rounds).expect_closed()
+    s.conn("observer").cmd(f"stats-tube {tube}")
+
+
+@scenario()
+def half_close_mid_command_answers_what_came_before(s: Script) -> None:
+    # What the EOF cuts off (a body, a put line, a command line) gets no reply and no job.
+    tube = s.tube("t")
+    for name, tail in (("body", "put 0 0 10 5\r\nab"), ("no_crlf", "put 0 0 10 1\r\nz"),
+                       ("cr_only", "put 0 0 10 1\r\nz\r"), ("header", "put 0 0 10 5\r\n"),
+                       ("line", "list-tube-used")):
+        c = s.conn(name)
+        c.send(f"use {tube}\r\nput 0 0 10 1\r\na\r\n{tail}").half_close()
+        c.expect_many(2).expect_closed()
+    s.conn("observer").cmd(f"stats-tube {tube}")
+
+
 @scenario()
 def half_close_releases_reserved(s: Script) -> None:
     tube = s.tube("t")

@@ -18,6 +18,7 @@ from tubeq.protocol import commands as c
 from tubeq.redisio.client import RedisReplyError
 from tubeq.server.connection import Connection
 from tubeq.server.context import ServerContext
+from tubeq.server.flow import TURN_BUDGET
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.process import Config, Server
 from tubeq.server.stats import COMMAND_COUNTERS
@@ -64,12 +65,32 @@ class FakeTransport(asyncio.Transport):
         return default
 
 
+class PausingTransport(FakeTransport):
+    """A client that stops taking replies once ``PAUSE_PAST`` bytes have been written to it:
+    the transport tells the protocol to pause writing, as asyncio's do at their high-water mark."""
+
+    PAUSE_PAST = 100
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__(protocol)
+        self.written = 0
+        self.paused = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        super().write(data)
+        self.written += len(data)
+        if self.written > self.PAUSE_PAST and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+
 class Client:
     """One fake client: feeds bytes, waits for reply bytes."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext,
+                 transport_type: type[FakeTransport] = FakeTransport) -> None:
         self.conn = Connection(ctx)
-        self.transport = FakeTransport(self.conn)
+        self.transport = transport_type(self.conn)
         self.conn.connection_made(self.transport)
 
     def send(self, data: bytes) -> None:
@@ -182,6 +203,38 @@ async def test_half_close_while_blocked_times_out_then_closes(new_client: NewCli
     await asyncio.sleep(0.05)
     assert a.conn.eof_received() is True
     await a.expect(b"TIMED_OUT\r\n")
+    await a.until(lambda _: a.transport.closed)
+
+
+async def test_half_close_runs_what_a_blocked_reserve_held(new_client: NewClient) -> None:
+    """Issue 35: the put held behind the reserve runs and answers once the EOF has made the
+    reserve answer TIMED_OUT; only then does the connection close."""
+    a = new_client()
+    a.send(b"watch empty\r\nignore default\r\nreserve\r\nput 0 0 10 1\r\nz\r\n")
+    await a.expect(b"WATCHING 2\r\nWATCHING 1\r\n")
+    await asyncio.sleep(0.05)
+    assert a.conn.eof_received() is True
+    await a.expect(b"TIMED_OUT\r\nINSERTED 1\r\n")
+    await a.until(lambda _: a.transport.closed)
+    b = new_client()
+    b.send(b"peek-ready\r\n")
+    await b.expect(b"FOUND 1 1\r\nz\r\n")
+
+
+async def test_half_close_waits_for_the_pump_stopped_by_backpressure(
+        ctx: ServerContext) -> None:
+    """After the EOF, commands the pump left because the client stopped taking replies still
+    run once it takes them again: the connection does not close with them unanswered."""
+    a = Client(ctx, PausingTransport)
+    # TIMED_OUT fits under PAUSE_PAST; the replies of the pump's first turn do not.
+    a.send(b"reserve-with-timeout 5\r\n" + b"list-tube-used\r\n" * (TURN_BUDGET + 36))
+    await asyncio.sleep(0.05)
+    assert a.conn.eof_received() is True
+    await a.expect(b"TIMED_OUT\r\n" + b"USING default\r\n" * TURN_BUDGET)
+    await asyncio.sleep(0.05)
+    assert not a.transport.closed
+    a.conn.resume_writing()
+    await a.expect(b"USING default\r\n" * 36)
     await a.until(lambda _: a.transport.closed)
 
 

@@ -565,8 +565,12 @@ class Connection(asyncio.Protocol):
     def _maybe_close(self) -> None:
         if self._lost or self.transport is None or self._replies or self._reserves:
             return
-        # After EOF whatever is left in the parser is an incomplete command that cannot finish.
-        if self._quit or self._eof:
+        # Half-close, as beanstalkd: every command received before the EOF runs and answers
+        # first, also those a reserve held or the pump left at a bound (it runs again); only
+        # then is what is left in the parser an incomplete command that cannot finish.
+        answered_to_eof = self._eof and self._held is None and not self._pump_scheduled \
+            and not self._flow.throttled
+        if self._quit or answered_to_eof:
             self.transport.close()
 
     # -- reserve ------------------------------------------------------------------------------
