@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
+from tests.support.job_counts import count_mismatches
 from tests.support.offline import OfflineGuard
 from tests.support.servers import ServerKind, ServerProcess, TubeqCluster, start_beanstalkd
 from tubeq.redisio.process import RedisProcess
@@ -106,11 +107,14 @@ def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisPro
 
 @pytest.fixture
 async def redis_url(redis_process: RedisProcess) -> AsyncIterator[str]:
-    """The URL of the session's private Redis, flushed before each test."""
+    """The URL of the session's private Redis, flushed before each test; at teardown every
+    namespace's jobs by state must match its tubes (tests/support/job_counts.py)."""
     client = redis.asyncio.Redis.from_url(redis_process.url)
     await client.flushall()
     await client.aclose()
     yield redis_process.url
+    if redis_process.alive() and (wrong := count_mismatches(redis_process.url)):
+        pytest.fail("job counts drifted from the tubes:\n" + "\n".join(wrong), pytrace=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tests.support.job_counts import count_mismatches
 from tubeq.redisio.process import RedisProcess, free_port
 
 LOOPBACK = "127.0.0.1"
@@ -243,10 +244,15 @@ class TubeqCluster:
         return server
 
     def stop_all(self) -> None:
+        """Stop every process; then the namespaces' jobs by state must match their tubes
+        (tests/support/job_counts.py), after every test that ran on this Redis."""
         for server in self.servers:
             server.stop()
         self.servers.clear()
+        wrong = count_mismatches(self.redis.url) if self.redis.alive() else []
         self.redis.stop()
+        if wrong:
+            raise AssertionError("job counts drifted from the tubes:\n" + "\n".join(wrong))
 
 
 def run_differential_suite(env: dict[str, str], timeout_s: float = 580.0) -> str:

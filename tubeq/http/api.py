@@ -352,8 +352,9 @@ async def tubes(request: web.Request) -> web.Response:
                 h = family.by_tube.get(row.name)
                 item[key] = {"count": h.count if h else 0, "sum_s": h.sum if h else 0.0}
         out.append(item)
-    if rows and rows[-1].name == "":
-        out[-1]["name"] = None  # the tubes past the cap, summed
+    if rows and rows[-1].name == "":  # the tubes past the cap, summed: their jobs only
+        out[-1].update(name=None, deletes=None, paused=None, waiting=None, watching=None,
+                       using=None)
     return web.json_response({"count": count, "tubes": out, "time_ms": now})
 
 

@@ -89,7 +89,8 @@ async def index(request: web.Request) -> web.Response:
             f'<td class="reserved">{row.reserved}</td><td class="delayed">{row.delayed}</td>'
             f'<td class="buried">{row.buried}</td><td class="puts">&ndash;</td>'
             f'<td class="deletes">&ndash;</td><td class="wait">&ndash;</td>'
-            f'<td class="waiting">{row.waiting}</td><td class="paused">{paused}</td></tr>')
+            f'<td class="waiting">{row.waiting if name else "&ndash;"}</td>'
+            f'<td class="paused">{paused}</td></tr>')
     servers = await ctx.store.instances()
     server_rows = [
         f'<tr><td><code>{html.escape(i.id)}</code>'

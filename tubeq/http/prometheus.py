@@ -1,9 +1,10 @@
 """GET /metrics: the Prometheus exposition of this process's counters and the namespace's jobs.
 
 At scrape time, and only then, this reads what the hot path counted in plain Python
-(tubeq.server.stats.CommandCounters, tubeq.server.metrics.Metrics) and what lives in Redis (every
-tube's job counts in one overview.lua call, the shared stats), and hands a snapshot to
-prometheus_client through a custom collector. The hot path never touches prometheus_client.
+(tubeq.server.stats.CommandCounters, tubeq.server.metrics.Metrics) and what lives in Redis (the
+first --metrics-max-tubes tubes' job counts and the rest's sum in one overview.lua call, the
+shared stats; neither reads every tube), and hands a snapshot to prometheus_client through a
+custom collector. The hot path never touches prometheus_client.
 
 Two kinds of series, named so a dashboard cannot mix them up:
 
@@ -112,7 +113,8 @@ class SnapshotCollector(Collector):
                                    "(namespace-wide).", labels=["tube"])
         puts = CounterMetricFamily("tubeq_tube_puts", "Jobs ever put to the tube (its "
                                    "total-jobs; namespace-wide; restarts when the tube is "
-                                   "removed).", labels=["tube"])
+                                   f"removed; under tube=\"{OTHER_TUBE}\": every other tube's, "
+                                   "removed tubes' included).", labels=["tube"])
         deletes = CounterMetricFamily("tubeq_tube_deletes", "Deletes in the tube (its "
                                       "cmd-delete; namespace-wide).", labels=["tube"])
         paused = GaugeMetricFamily("tubeq_tube_paused", "1 while the tube is paused.",
@@ -125,8 +127,9 @@ class SnapshotCollector(Collector):
                 jobs.add_metric([tube, state], value)
             urgent.add_metric([tube], row.urgent)
             puts.add_metric([tube], row.total)
-            deletes.add_metric([tube], row.deletes)
-            paused.add_metric([tube], 1 if row.pause_until_ms > now else 0)
+            if row.name:  # the summed row has no deletes or pause: not summed (overview.lua)
+                deletes.add_metric([tube], row.deletes)
+                paused.add_metric([tube], 1 if row.pause_until_ms > now else 0)
         yield from (jobs, urgent, puts, deletes, paused)
         yield _gauge("tubeq_tubes", "Tubes in the namespace (all of them, past the cap too).",
                      s.tube_count)

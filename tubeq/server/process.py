@@ -66,7 +66,7 @@ from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.keys import Keys
-from tubeq.store.layout import claim_layout_version
+from tubeq.store.layout import claim_layout_version, count_jobs_by_state
 from tubeq.store.shards import (
     LayoutMismatch,
     ShardedStore,
@@ -252,7 +252,7 @@ class Server:
         keys = Keys(prefix)
         client = await self._client_for(keys.root)
         # First: a namespace of a newer data layout is not to be touched at all.
-        await claim_layout_version(client, keys, client.address or config.redis_url)
+        recount = await claim_layout_version(client, keys, client.address or config.redis_url)
         try:
             await claim_layout(client, prefix, config.shards)
         except LayoutMismatch as error:
@@ -273,6 +273,7 @@ class Server:
         if self.metrics is not None and self.metrics.count_outcomes:
             store.metrics = self.metrics
         await store.load_scripts()
+        await count_jobs_by_state(store, prefix, force=recount)
         await store.heartbeat()
         registry = WaiterRegistry()
         # After a reconnect (a Redis restart, a failover) every waiter re-checks with its

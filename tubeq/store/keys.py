@@ -38,11 +38,19 @@ from enum import StrEnum
 #      jobs already put never expire), and ignores rate limits: a layout-1 build and a
 #      layout-2 build must not serve one namespace together. Later builds that still called
 #      themselves 0.1.0 wrote some or all of layout 2 without recording it.
-LAYOUT_VERSION = 2
-# The oldest recorded layout this build takes over by rewriting the record alone: everything
-# layout 2 added is new keys, members and fields, so layout-1 data is valid layout-2 data. A
-# future layout that cannot read older data as it is moves this up (and ships a migration).
+#   3  Adds the namespace's jobs by state, kept as jobs move ({p}:counts, one per shard root;
+#      lua/includes/jobs.lua), so stats, --max-jobs and the scrapes read no tube list. A
+#      layout-2 build does not keep them: it and a layout-3 build must not serve one namespace
+#      together. Taking over an older namespace counts them once (recount.lua).
+LAYOUT_VERSION = 3
+# The oldest recorded layout this build takes over in place: everything layouts 2 and 3 added is
+# new keys, members and fields, so layout-1 data is valid layout-3 data once recount.lua has
+# counted its jobs by state (tubeq.store.layout). A future layout that cannot read older data
+# as it is moves this up (and ships a migration).
 UPGRADES_IN_PLACE_FROM = 1
+# The first layout that keeps the jobs by state ({p}:counts): a namespace recorded before it
+# (or with no record) is recounted when a process takes it over.
+COUNTS_SINCE_LAYOUT = 3
 
 
 class JobField(StrEnum):
@@ -143,6 +151,12 @@ class Keys:
     @property
     def stats(self) -> str:
         return self.root + "stats"
+
+    @property
+    def counts(self) -> str:
+        """The namespace's (or shard's) jobs by state, kept as jobs move (lua/includes/jobs.lua):
+        whole-namespace figures read it instead of every tube."""
+        return self.root + "counts"
 
     @property
     def events(self) -> str:

@@ -1,7 +1,8 @@
 """A namespace's data layout record: which layout of keys and job fields its data has.
 
 Owns: :func:`claim_layout_version`, run once per namespace at start-up, after the Redis checks
-(tubeq.redisio.checks, whose :class:`StartupError` it raises too).
+(tubeq.redisio.checks, whose :class:`StartupError` it raises too), and
+:func:`count_jobs_by_state`, the one migration a layout upgrade needs (layout 3's job counts).
 
 Rules:
 * A namespace's data layout version (tubeq.store.keys.LAYOUT_VERSION) is recorded in it. A process
@@ -18,17 +19,25 @@ import structlog
 from tubeq import __version__
 from tubeq.redisio.checks import StartupError
 from tubeq.redisio.client import RedisClient, RedisReplyError
-from tubeq.store.keys import LAYOUT_VERSION, UPGRADES_IN_PLACE_FROM, Keys
+from tubeq.store.base import JobStore
+from tubeq.store.keys import (
+    COUNTS_SINCE_LAYOUT,
+    LAYOUT_VERSION,
+    UPGRADES_IN_PLACE_FROM,
+    Keys,
+)
 from tubeq.store.scripts import load_all
 
 log = structlog.get_logger(__name__)
 
 
-async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> None:
+async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> bool:
     """Record LAYOUT_VERSION for the namespace of ``keys`` (its unsplit root), or take over the
     record of an older layout this build reads as it is; raise :class:`StartupError` when the
     record is newer than this build, too old for it, or unreadable (lua/layout.lua, which also
-    re-arms the TTL timer a layout-1 process may have removed)."""
+    re-arms the TTL timer a layout-1 process may have removed). Returns whether the namespace
+    must have its jobs by state counted anew (:func:`count_jobs_by_state`): it had no record,
+    or one older than COUNTS_SINCE_LAYOUT."""
     script = load_all()["layout"]
     try:
         before, now = await client.call("EVAL", script.source, 1, keys.root, LAYOUT_VERSION,
@@ -57,3 +66,13 @@ async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> N
     if before and before != now:
         log.info("namespace data layout upgraded", namespace=keys.prefix,
                  layout_from=before.decode(errors="replace"), layout_to=version)
+    return not before.isdigit() or int(before) < COUNTS_SINCE_LAYOUT
+
+
+async def count_jobs_by_state(store: JobStore, prefix: str, *, force: bool) -> None:
+    """Count the namespace's jobs by state from its tubes (recount.lua) where they are not
+    known to be whole, or with ``force`` (a namespace taken over from an older layout): once,
+    at start, before the process serves it. O(tubes); logged when it counted."""
+    visited = await store.recount(force=force)
+    if visited >= 0:
+        log.info("namespace jobs counted by state", namespace=prefix, tubes=visited)

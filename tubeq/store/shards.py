@@ -308,6 +308,14 @@ class ShardedStore:
     def count_jobs(self) -> asyncio.Future[int]:
         return then(self._gather([s.count_jobs() for s in self.shards]), sum)
 
+    def recount(self, *, force: bool = False) -> asyncio.Future[int]:
+        """Every shard's, in turn (each is O(its tubes)); -1 when no shard counted."""
+        async def each() -> int:
+            visited = [await shard.recount(force=force) for shard in self.shards]
+            return -1 if all(n < 0 for n in visited) else sum(max(n, 0) for n in visited)
+
+        return asyncio.ensure_future(each())
+
     def list_tubes(self) -> asyncio.Future[list[str]]:
         """Every shard's tubes in the order Redis created them (protocol.md, "Shards")."""
         def merge(lists: list[list[tuple[str, int]]]) -> list[str]:

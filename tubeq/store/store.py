@@ -45,6 +45,12 @@ T = TypeVar("T")
 # holds Redis's single thread for long; a sweep that hits the limit is called again at once.
 SWEEP_LIMIT = 1000
 
+# A kick of more jobs is made of calls of at most this many (kick.lua), and list-tubes reads the
+# tubes in pages of TUBE_PAGE (tube_list.lua): however large the bound or the namespace, no one
+# call holds Redis's single thread for more than a few ms (a kick of 1,000 jobs: ~5 ms).
+KICK_CHUNK = 1000
+TUBE_PAGE = 1000
+
 # pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
 PAUSE_FOREVER_MS = 10**15
 # How stats-tube shows such a pause: pause-time-left 4294967295 (the longest pause-tube can ask),
@@ -58,7 +64,8 @@ _FOREVER_SHOWN_MS = (2**32 - 1 + 1) * 1000
 # while replicas are missing. A script not listed here (a new one) waits: the safe default.
 UNACKNOWLEDGED_SCRIPTS = frozenset({
     "best", "tube_list", "peek", "stats", "stats_tube", "heartbeat", "reap", "promote",
-    "expire", "counters", "using", "connect", "tubes", "disconnect", "restore"})
+    "expire", "counters", "using", "connect", "tubes", "disconnect", "restore", "recount",
+    "count_jobs", "overview"})
 
 
 def wall_clock_ms() -> int:
@@ -397,7 +404,22 @@ class Store:
                           decode=_unless_deferred(int))
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
-        return self._eval("kick", tube, bound, self.clock(), decode=int)
+        """Kick up to ``bound`` jobs of ``tube`` (buried ones if it has any, else delayed), in
+        calls of at most KICK_CHUNK, each going on from the set the first chose."""
+        if bound <= KICK_CHUNK:
+            return self._eval("kick", tube, bound, self.clock(), decode=lambda r: int(r[0]))
+        return asyncio.ensure_future(self._kick_in_chunks(tube, bound))
+
+    async def _kick_in_chunks(self, tube: str, bound: int) -> int:
+        kicked, chosen = 0, ""
+        while kicked < bound:
+            asked = min(KICK_CHUNK, bound - kicked)
+            n, chosen = await self._eval("kick", tube, asked, self.clock(), chosen,
+                                         decode=lambda r: (int(r[0]), r[1].decode()))
+            kicked += n
+            if n < asked:
+                break
+        return kicked
 
     def kick_job(self, job_id: int) -> asyncio.Future[bool]:
         return self._eval("kick_job", job_id, self.clock(), decode=bool)
@@ -451,19 +473,44 @@ class Store:
         return self.client.call("HGETALL", self.keys.settings(tube), decode=decode)
 
     def count_jobs(self) -> asyncio.Future[int]:
-        """Every job of the namespace, in every state (count_jobs.lua: O(tubes))."""
+        """Every job of the namespace, in every state (count_jobs.lua: O(1))."""
         return self._eval("count_jobs", decode=int)
 
+    def recount(self, *, force: bool = False) -> asyncio.Future[int]:
+        """Set the namespace's jobs by state from its tubes where they are not known to be
+        whole, or always with ``force`` (recount.lua; O(tubes), at start only). Returns the
+        tubes visited, -1 when nothing was done."""
+        return self._eval("recount", "1" if force else "0", decode=int)
+
     def list_tubes(self) -> asyncio.Future[list[str]]:
-        return self.client.call("ZRANGE", self.keys.tubes, 0, -1,
-                                decode=lambda r: [v.decode() for v in r])
+        """Every tube in creation order, read in pages of TUBE_PAGE."""
+        return asyncio.ensure_future(self._list_tubes())
+
+    async def _list_tubes(self) -> list[str]:
+        tubes: list[str] = []
+        while True:
+            page = await self.client.call(
+                "ZRANGE", self.keys.tubes, len(tubes), len(tubes) + TUBE_PAGE - 1,
+                decode=lambda r: [v.decode() for v in r])
+            tubes += page
+            if len(page) < TUBE_PAGE:
+                return tubes
 
     def tubes_created(self) -> asyncio.Future[list[tuple[str, int]]]:
-        """Every tube in creation order, with its creation time by Redis's clock (us)."""
+        """Every tube in creation order, with its creation time by Redis's clock (us), read in
+        pages of TUBE_PAGE."""
+        return asyncio.ensure_future(self._tubes_created())
+
+    async def _tubes_created(self) -> list[tuple[str, int]]:
         def decode(r: Any) -> list[tuple[str, int]]:
             return [(r[i].decode(), int(r[i + 1])) for i in range(0, len(r), 2)]
 
-        return self._eval("tube_list", decode=decode)
+        tubes: list[tuple[str, int]] = []
+        while True:
+            page = await self._eval("tube_list", len(tubes), TUBE_PAGE, decode=decode)
+            tubes += page
+            if len(page) < TUBE_PAGE:
+                return tubes
 
     def pause(self, tube: str, delay: int) -> asyncio.Future[int]:
         """The pause end (ms), -1 when resumed at once, 0 when the tube does not exist."""
@@ -496,9 +543,10 @@ class Store:
         self._eval("counters", *flat).add_done_callback(sent)
 
     def overview(self, limit: int) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
-        """Every tube's counts in one read (overview.lua): the number of tubes, and a row for
-        each of the first ``limit`` tubes in creation order plus, if there are more, one row
-        named "" summing the rest."""
+        """The first tubes' counts in one read (overview.lua, O(limit)): the number of tubes,
+        and a row for each of the first ``limit`` tubes in creation order plus, if there are
+        more, one row named "" with the rest's job counts (its deletes, waiting, watching and
+        using are 0: not summed)."""
         def decode(r: Any) -> tuple[int, list[TubeCounts]]:
             rows = [TubeCounts(r[i].decode(), *(int(v) for v in r[i + 1:i + 12]))
                     for i in range(1, len(r), 12)]

@@ -38,8 +38,9 @@ function cell(text, className) {
   return td;
 }
 
+// A null figure (the summed row of the tubes past the cap has no deletes or waiting) is "-".
 function rate(now, before, seconds) {
-  if (before === undefined || seconds <= 0) return "\u2013";
+  if (now === null || before === undefined || before === null || seconds <= 0) return "\u2013";
   return Math.max(0, (now - before) / seconds).toFixed(1);
 }
 
@@ -91,7 +92,7 @@ async function refreshTubes() {
     tr.appendChild(cell(rate(t.total_jobs, before && before.total_jobs, seconds), "puts"));
     tr.appendChild(cell(rate(t.deletes, before && before.deletes, seconds), "deletes"));
     tr.appendChild(cell(waitText(t, before), "wait"));
-    tr.appendChild(cell(t.waiting, "waiting"));
+    tr.appendChild(cell(t.waiting === null ? "\u2013" : t.waiting, "waiting"));
     tr.appendChild(cell(t.paused ? "yes" : "", "paused"));
     rows.push(tr);
   }

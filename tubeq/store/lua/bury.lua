@@ -16,7 +16,7 @@ local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
 unlink(id, t, 'reserved', now)
-rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id))
+count_in('b', rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id)))
 rcall('HSET', jk, JOB_STATE, 'buried', JOB_PRI, pri)
 rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
 rcall('HINCRBY', jk, JOB_BURIES, 1)

@@ -24,7 +24,7 @@ local delay_s = math.floor(delay_ms / 1000)
 if delay_s > 0 then rcall('HSET', jk, JOB_DELAY, delay_s) else rcall('HDEL', jk, JOB_DELAY) end
 job_event('rescheduled', id, now, delay_ms, due, '')
 if delay_ms == 0 then
-  rcall('ZREM', k_delayed(t), member(id))
+  count_in('d', -rcall('ZREM', k_delayed(t), member(id)))
   arm_delay_timer(t)
   rcall('HSET', jk, JOB_STATE, 'ready')
   rcall('HDEL', jk, JOB_DUE)

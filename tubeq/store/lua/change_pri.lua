@@ -17,7 +17,7 @@ name their own).
 --- @include "jobs"
 local id, pri, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_PRI)
 local state, t = f[1], f[2]
 if not state then return 0 end
 rcall('HSET', jk, JOB_PRI, pri)
@@ -25,6 +25,8 @@ if state == 'ready' then
   local m, rk = member(id), k_ready(t)
   local was_best = rcall('ZRANK', rk, m) == 0
   rcall('ZADD', rk, pri, m)
+  count_ready(f[3], -1)  -- urgent or not by its new priority
+  count_ready(pri, 1)
   index_tube(t, now)
   if was_best or rcall('ZRANK', rk, m) == 0 then wake(t) end
 end

@@ -24,6 +24,15 @@ for i = 1, #states do
   local key = sets[letter](t)
   if deleted < limit then
     local members = rcall('ZRANGE', key, 0, limit - deleted - 1)
+    if #members > 0 then  -- K_COUNTS: the first members of a ready set are its most urgent
+      if letter == 'r' then
+        local urgent = math.min(#members, rcall('ZCOUNT', key, '-inf', '(' .. URGENT_BELOW))
+        count_in('u', -urgent)
+        count_in('r', urgent - #members)
+      else
+        count_in(letter, -#members)
+      end
+    end
     for _, m in ipairs(members) do
       local id = id_of(m)
       job_event('deleted', id, now, 0, 0, 'cleared')

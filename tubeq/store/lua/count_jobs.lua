@@ -1,13 +1,12 @@
 --[[ count_jobs: every job of the namespace, in every state (the --max-jobs check).
 KEYS[1]  namespace root
 ARGV     none
-Returns  the count: the ready, delayed and buried jobs of every tube, and the reserved ones
-Cost     three ZCARDs per tube; the server runs it once a second, only with --max-jobs
+Returns  the count: the ready, delayed and buried jobs (K_COUNTS, kept as jobs move,
+         includes/jobs.lua) and the reserved ones
+Cost     O(1)
 ]]
 --- @include "keys"
+local c = redis.call('HMGET', K_COUNTS, 'u', 'r', 'd', 'b')
 local n = redis.call('ZCARD', K_RESERVED)
-for _, t in ipairs(redis.call('ZRANGE', K_TUBES, 0, -1)) do
-  n = n + redis.call('ZCARD', k_ready(t)) + redis.call('ZCARD', k_delayed(t))
-    + redis.call('ZCARD', k_buried(t))
-end
+for i = 1, 4 do n = n + tonumber(c[i] or 0) end
 return n

@@ -29,7 +29,7 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       local id = id_of(m)
       local jk = k_job(id)
       local f = rcall('HMGET', jk, JOB_PRI, JOB_DUE)
-      rcall('ZREM', dk, m)
+      count_in('d', -rcall('ZREM', dk, m))
       rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
       rcall('HDEL', jk, JOB_DUE)
       enqueue_ready(id, t, tonumber(f[1]), now)

@@ -13,5 +13,10 @@ local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE)
 local state, t = f[1], f[2]
 if not state or state == 'reserved' then return {} end
-unlink(id, t, state, now)
+if state == 'ready' then  -- grant counts it out of ready
+  rcall('ZREM', k_ready(t), member(id))
+  index_tube(t, now)
+else
+  unlink(id, t, state, now)
+end
 return grant(id, t, token, now, state == 'ready')

@@ -23,6 +23,21 @@ local function bump(hash, field, delta)
   end
 end
 
+-- The namespace's jobs by state, K_COUNTS: 'u' ready jobs of urgent priority (below 1024, as
+-- beanstalkd's current-jobs-urgent), 'r' the other ready jobs, 'd' delayed, 'b' buried
+-- (reserved jobs are K_RESERVED's ZCARD). Every script that adds a job to, or takes one out
+-- of, a tube's ready, delayed or buried set counts it here in the same call, by what the
+-- ZADD or ZREM did, so stats, --max-jobs and the scrapes read the namespace in O(1) instead
+-- of every tube (a stats over 20,000 tubes held Redis for 300 ms). 'v' marks counts that are
+-- whole: recount.lua sets them from the sets where it is missing.
+local URGENT_BELOW = 1024
+local function count_ready(pri, delta)
+  rcall('HINCRBY', K_COUNTS, tonumber(pri) < URGENT_BELOW and 'u' or 'r', delta)
+end
+local function count_in(field, delta)
+  if delta ~= 0 then rcall('HINCRBY', K_COUNTS, field, delta) end
+end
+
 -- Whether a command `token` pipelined behind its own unanswered reserves (the first of them
 -- numbered `lo` by the connection; nil: behind none) must wait for them: one of them found
 -- nothing on its first try (reserve.lua records the last such reserve's number), so it waits
@@ -123,7 +138,7 @@ end
 -- ZRANK that would tell is skipped.
 local function enqueue_ready(id, t, pri, now, meta, behind)
   local m = member(id)
-  rcall('ZADD', k_ready(t), text(pri), m)
+  if rcall('ZADD', k_ready(t), text(pri), m) == 1 then count_ready(pri, 1) end
   if not behind and rcall('ZRANK', k_ready(t), m) == 0 then  -- the entry names the head only
     index_tube(t, now, m, pri, meta)
   end
@@ -131,21 +146,26 @@ end
 
 local function enqueue_delayed(id, t, due)
   due = text(due)
-  rcall('ZADD', k_delayed(t), due, member(id))
+  count_in('d', rcall('ZADD', k_delayed(t), due, member(id)))
   rcall('ZADD', K_TIMERS, 'LT', due, 'd:' .. t)
 end
 
--- Take a job out of the structure that holds it in its current state.
+-- Take a job out of the structure that holds it in its current state (and out of K_COUNTS).
 local function unlink(id, t, state, now)
   local m = member(id)
   if state == 'ready' then
-    rcall('ZREM', k_ready(t), m)
+    local rk = k_ready(t)
+    local pri = rcall('ZSCORE', rk, m)
+    if pri then
+      rcall('ZREM', rk, m)
+      count_ready(pri, -1)
+    end
     index_tube(t, now)
   elseif state == 'delayed' then
-    rcall('ZREM', k_delayed(t), m)
+    count_in('d', -rcall('ZREM', k_delayed(t), m))
     arm_delay_timer(t)
   elseif state == 'buried' then
-    rcall('ZREM', k_buried(t), m)
+    count_in('b', -rcall('ZREM', k_buried(t), m))
   elseif state == 'reserved' then
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
@@ -163,7 +183,8 @@ local function waited_ms(reserved_at, ready_since, created)
   return reserved_at - (ready_since or created)
 end
 
--- Reserve a job (already unlinked) for the connection `token`. Returns the five-element
+-- Reserve a job (already unlinked; from ready: taken out of the tube's ready set, but still
+-- counted there, as grant counts it out with the priority it reads) for the connection `token`. Returns the five-element
 -- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
 -- ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and tube for
 -- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
@@ -177,6 +198,7 @@ local function grant(id, t, token, now, from_ready, limited, run)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
     JOB_RESERVES)
   local ttr = f[1] + 0  -- (the digits read once: tonumber() reads them twice)
+  if from_ready then count_ready(f[3], -1) end
   local due = text(now + ttr * 1000)
   local tries = text((f[6] or 0) + 1)
   rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT,

@@ -10,6 +10,8 @@ local K_READY_TUBES = NS .. 'ready_tubes'
 local K_TIMERS = NS .. 'timers'
 local K_RESERVED = NS .. 'reserved'
 local K_STATS = NS .. 'stats'
+-- The namespace's jobs by state (includes/jobs.lua, count_ready and count_in).
+local K_COUNTS = NS .. 'counts'
 local K_REFS = NS .. 'refs'
 local K_SEQS = NS .. 'seq'
 local K_INSTANCES = NS .. 'instances'

@@ -128,7 +128,7 @@ end
 -- Bury a job (already unlinked) because of a policy: `reason` 'max-tries' or 'expired', counted
 -- in the tube's `counter`. Writes 'buried' with the reason.
 local function bury_for(id, t, jk, now, reason, counter)
-  rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id))
+  count_in('b', rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id)))
   rcall('HSET', jk, JOB_STATE, 'buried', JOB_BURIED_FOR, reason)
   rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
   rcall('HINCRBY', jk, JOB_BURIES, 1)
