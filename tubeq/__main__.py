@@ -45,6 +45,10 @@ from tubeq.server.listeners import DEFAULT_TLS_HANDSHAKE_TIMEOUT_S, ListenError,
 from tubeq.server.metrics import DEFAULT_MAX_TUBES, DEFAULT_SLOW_MS
 from tubeq.server.process import (
     DEFAULT_EVENTS_MAXLEN,
+    DEFAULT_HTTP_BODY_TIMEOUT_S,
+    DEFAULT_HTTP_HEADER_TIMEOUT_S,
+    DEFAULT_HTTP_IDLE_TIMEOUT_S,
+    DEFAULT_HTTP_MAX_CONNECTIONS,
     SHUTDOWN_GRACE_S,
     Config,
     HttpFront,
@@ -139,6 +143,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-rate", type=int, default=0, metavar="N",
                    help="HTTP API requests per second per client (its token, else its address); "
                         "past it 429 (0: no limit)")
+    p.add_argument("--http-max-connections", type=int, default=DEFAULT_HTTP_MAX_CONNECTIONS,
+                   metavar="N",
+                   help="HTTP connections open at once, beside --max-connections; one more is "
+                        f"answered 503 and closed (0: no limit) ({DEFAULT_HTTP_MAX_CONNECTIONS})")
+    p.add_argument("--http-header-timeout", type=float, default=DEFAULT_HTTP_HEADER_TIMEOUT_S,
+                   metavar="S",
+                   help="close an HTTP connection (408) whose request line and headers have "
+                        "not all arrived S seconds after the request's first byte "
+                        f"({DEFAULT_HTTP_HEADER_TIMEOUT_S:g})")
+    p.add_argument("--http-body-timeout", type=float, default=DEFAULT_HTTP_BODY_TIMEOUT_S,
+                   metavar="S",
+                   help="answer 408 and close an HTTP connection whose request body has not "
+                        "all arrived S seconds after its headers "
+                        f"({DEFAULT_HTTP_BODY_TIMEOUT_S:g})")
+    p.add_argument("--http-idle-timeout", type=float, default=DEFAULT_HTTP_IDLE_TIMEOUT_S,
+                   metavar="S",
+                   help="close an HTTP connection with no request under way for S seconds "
+                        f"(keep-alive) ({DEFAULT_HTTP_IDLE_TIMEOUT_S:g})")
     p.add_argument("--slow-ms", type=int, default=None, metavar="MS",
                    help="log a command whose reply took this long (reserves excepted); "
                         f"0: never (default: {DEFAULT_SLOW_MS} with --metrics, else 0: timing "
@@ -199,6 +221,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-jobs must be 0 (no cap) or positive")
     if args.http_rate < 0:
         p.error("--http-rate must be 0 (no limit) or positive")
+    if args.http_max_connections < 0:
+        p.error("--http-max-connections must be 0 (no limit) or positive")
+    for flag in ("header", "body", "idle"):
+        if not 0 < getattr(args, f"http_{flag}_timeout") <= 3600:
+            p.error(f"--http-{flag}-timeout must be more than 0 and at most 3600 seconds")
     if args.slow_ms is None:
         args.slow_ms = DEFAULT_SLOW_MS if args.metrics else 0
     elif args.slow_ms < 0:
@@ -333,6 +360,10 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            http_port=args.metrics[1] if args.metrics else 0,
                            metrics_max_tubes=args.metrics_max_tubes, slow_ms=args.slow_ms,
                            http_rate=args.http_rate, max_jobs=args.max_jobs,
+                           http_max_connections=args.http_max_connections,
+                           http_header_timeout_s=args.http_header_timeout,
+                           http_body_timeout_s=args.http_body_timeout,
+                           http_idle_timeout_s=args.http_idle_timeout,
                            extra_keys_always=args.extra_keys == "always",
                            min_replicas=args.min_replicas,
                            min_replicas_timeout_ms=args.min_replicas_timeout,

@@ -22,7 +22,9 @@ from typing import Any, Final, NoReturn, TypeVar
 from aiohttp import web
 
 from tubeq.http.common import (
+    Handler,
     HttpError,
+    QueryValue,
     body_fields,
     job_id,
     namespace_of,
@@ -72,20 +74,31 @@ def add_routes(app: web.Application, server: Server) -> None:
                          for ctx in server.namespaces.values()}
     app.router.add_post("/api/tubes/{tube}/jobs", put)
     app.router.add_get("/api/tubes/{tube}/jobs", list_jobs)
-    app.router.add_get("/api/tubes", tubes)
-    app.router.add_get("/api/tubes/{tube}", stats_tube)
-    app.router.add_get("/api/tubes/{tube}/peek/{state}", peek_state)
+    app.router.add_get("/api/tubes", _taking_no_options(tubes))
+    app.router.add_get("/api/tubes/{tube}", _taking_no_options(stats_tube))
+    app.router.add_get("/api/tubes/{tube}/peek/{state}", _taking_no_options(peek_state))
     app.router.add_post("/api/tubes/{tube}/kick", kick)
     app.router.add_post("/api/tubes/{tube}/pause", pause)
     app.router.add_post("/api/tubes/{tubes}/reserve", reserve)
-    app.router.add_get("/api/jobs/{id}", job)
+    app.router.add_get("/api/jobs/{id}", _taking_no_options(job))
     app.router.add_delete("/api/jobs/{id}", delete)
     app.router.add_post("/api/jobs/{id}/kick", kick_job)
     app.router.add_post("/api/jobs/{id}/release", release)
     app.router.add_post("/api/jobs/{id}/bury", bury)
     app.router.add_post("/api/jobs/{id}/touch", touch)
-    app.router.add_get("/api/stats", stats)
-    app.router.add_get("/api/servers", servers)
+    app.router.add_get("/api/stats", _taking_no_options(stats))
+    app.router.add_get("/api/servers", _taking_no_options(servers))
+
+
+def _taking_no_options(route: Handler) -> Handler:
+    """A route that takes no option: any query parameter but the token is a 400, as on the
+    routes that take some (after the token is checked, so no token is still a 401)."""
+    async def checked(request: web.Request) -> web.StreamResponse:
+        namespace_of(request)
+        await read_options(request, frozenset(), json_body=False)
+        return await route(request)
+
+    return checked
 
 
 def _ctx(request: web.Request) -> ServerContext:
@@ -170,11 +183,18 @@ async def _raw_body(request: web.Request, limit: int) -> bytes | None:
 
 def _put_with_options(options: dict[str, Any]) -> job_options.Options:
     """put-with's options among a put's, checked as the protocol checks them (a 400 names a
-    refused one), in tubeq.model.options's order."""
+    refused one), in tubeq.model.options's order. In JSON a number is a JSON number and a
+    word or key a JSON string; the query spells both as text."""
     parsed: list[tuple[str, job_options.OptionValue]] = []
     for name, spec in job_options.PUT_OPTIONS.items():
         if name in options:
-            value = spec.convert(str(options[name]).encode("utf-8", "replace"))
+            given = options[name]
+            textual = spec.key or bool(spec.choices)
+            if not (isinstance(given, QueryValue) or (
+                    isinstance(given, str) if textual else type(given) is int)):
+                raise HttpError(400, f"bad value for option '{name}' (a JSON "
+                                     f"{'string' if textual else 'number'})")
+            value = spec.convert(str(given).encode("utf-8", "replace"))
             if value is None:
                 raise HttpError(400, f"bad value for option '{name}'")
             parsed.append((name, value))

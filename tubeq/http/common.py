@@ -1,10 +1,13 @@
 """What every route of the HTTP listener shares: the app keys, JSON errors and input checks.
 
 Rules: every failure a client can cause answers a 4xx with a JSON body ``{"error": "..."}``
-saying what was wrong (the middleware turns aiohttp's own 404/405/413 into the same shape); a
-Redis that is down or refusing is a 503 with the same shape and one warning line; any other
-5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own
-limits (tubeq.protocol.parser), so a value the text protocol refuses is refused here too.
+saying what was wrong, with one log line at most (the middleware turns aiohttp's own 404/405/413
+into the same shape, tubeq.http.limits what aiohttp refuses before a route runs); a Redis that
+is down or refusing is a 503 with the same shape and one warning line; any other 5xx is a bug,
+logged with its traceback. Numbers are checked against the protocol's own limits
+(tubeq.protocol.parser), so a value the text protocol refuses is refused here too. A JSON body
+is one object whose keys are all different and whose text is Unicode; a number in it is a JSON
+number (digits are how a query string spells one, :class:`QueryValue`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ _DIGITS: Final = re.compile("[0-9]{1,20}")
 # The query parameter that carries a token where no header can (a browser opening the
 # dashboard); every route takes it, so it is read apart from the routes' options.
 TOKEN_PARAM: Final = "token"
+# How much of a JSON key a 400 repeats.
+MAX_ECHOED_KEY: Final = 40
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpError(Exception):
@@ -46,20 +53,47 @@ class HttpError(Exception):
         self.message = message
 
 
+class BodyTimeout(TimeoutError):
+    """A request's body did not arrive within ``--http-body-timeout`` (tubeq.http.limits sets it
+    on the body's stream, so the route's read raises it). A TimeoutError, so aiohttp's own
+    reading of the rest of an unread body ends on it too."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"request body not received within {seconds:g} s")
+        self.seconds = seconds
+
+
+class QueryValue(str):
+    """An option's value from the query string: text, in which a number is spelt in digits;
+    a JSON body's numbers are JSON numbers, its strings stay strings."""
+
+    __slots__ = ()
+
+
 def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
 @web.middleware
-async def json_errors(request: web.Request,
-                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """HttpError, aiohttp's HTTP exceptions (unknown route, wrong method, body too large) and
     unexpected failures all answer with a JSON error body."""
     try:
         return await handler(request)
     except HttpError as exc:
         return error_response(exc.status, exc.message)
+    except BodyTimeout as exc:  # the connection closes: the rest of the body is not awaited
+        log.info("http request timed out", phase="body", timeout_s=exc.seconds,
+                 method=request.method, path=request.path, peer=request.remote)
+        response = error_response(408, str(exc))
+        response.force_close()
+        return response
+    except web.RequestPayloadError as exc:  # a body aiohttp cannot frame (chunked, length)
+        log.info("http request refused", status=400, error=str(exc), method=request.method,
+                 path=request.path, peer=request.remote)
+        response = error_response(400, f"bad request body: {exc}")
+        response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text}")
     except web.HTTPException as exc:
@@ -100,6 +134,18 @@ def namespace_of(request: web.Request) -> ServerContext:
     return target
 
 
+def require_metrics_reader(request: web.Request) -> None:
+    """With an access file, /metrics takes a token of the default namespace (the one whose
+    tubes it reports; the rest is the process's own): no token or an unknown one is a 401, a
+    token of another namespace a 403. Without one it is open, as the rest of the listener."""
+    server = server_of(request)
+    if server.ctx is None or server.ctx.gate is None:
+        return
+    if namespace_of(request) is not server.ctx:
+        raise HttpError(403, "/metrics takes a token of the default namespace (whose tubes it "
+                             "reports)")
+
+
 def tube_name(text: str) -> str:
     """A tube name as the protocol accepts it, else a 400."""
     if _TUBE_NAME.fullmatch(text) is None:
@@ -116,12 +162,13 @@ def job_id(text: str) -> int:
 
 
 def unsigned(name: str, value: Any, maximum: int = U32_MAX, minimum: int = 0) -> int:
-    """A whole number minimum..maximum from JSON (an int) or a query string (digits), else a
+    """A whole number minimum..maximum from JSON (a number) or a query string (digits), else a
     400."""
-    if isinstance(value, str) and _DIGITS.fullmatch(value):
+    if isinstance(value, QueryValue) and _DIGITS.fullmatch(value):
         value = int(value)
     if type(value) is not int or not minimum <= value <= maximum:
-        raise HttpError(400, f"{name} must be a whole number from {minimum} to {maximum}")
+        spelt = " (a JSON number, not a string)" if type(value) is str else ""
+        raise HttpError(400, f"{name} must be a whole number from {minimum} to {maximum}{spelt}")
     return value
 
 
@@ -131,7 +178,7 @@ async def read_options(request: web.Request, allowed: frozenset[str], *,
     ``json_body`` (a POST sends either or both; a key given twice or not in ``allowed`` is a
     400, so a misspelt option never passes silently). The query's ``token`` is the credential
     (:func:`namespace_of`), never an option of a route."""
-    options: dict[str, Any] = dict(request.query)
+    options: dict[str, Any] = {key: QueryValue(value) for key, value in request.query.items()}
     if len(options) != len(request.query):
         raise HttpError(400, "a query parameter is given twice")
     options.pop(TOKEN_PARAM, None)
@@ -142,20 +189,46 @@ async def read_options(request: web.Request, allowed: frozenset[str], *,
             options[key] = value
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise HttpError(400, f"unknown option {unknown[0]!r} (allowed: "
+        raise HttpError(400, f"unknown option {unknown[0][:MAX_ECHOED_KEY]!r} (allowed: "
                              f"{', '.join(sorted(allowed)) or 'none'})")
     return options
 
 
 async def json_object(request: web.Request) -> Mapping[str, Any]:
-    """The body as a JSON object, else a 400."""
+    """The body as a JSON object (UTF-8, as JSON is, whatever charset the request names), else
+    a 400: also for a key given twice in an object, a lone surrogate escape (text that is not
+    Unicode: ``"\\ud800"``) and nesting past Python's recursion limit."""
+    body = await request.read()
     try:
-        value = await request.json(loads=json.loads)
-    except ValueError as exc:
+        value = json.loads(body.decode(), object_pairs_hook=_json_members)
+    except RecursionError:
+        raise HttpError(400, "body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # not UTF-8, not JSON
         raise HttpError(400, f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise HttpError(400, "body must be a JSON object")
     return value
+
+
+def _json_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object of a body, as json.loads meets it (nested ones first)."""
+    members: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in members:
+            raise HttpError(400, f"{key[:MAX_ECHOED_KEY]!r} is given twice in the body")
+        if not _is_unicode(key) or (isinstance(value, str) and not _is_unicode(value)):
+            raise HttpError(400, "body is not valid JSON text: a lone surrogate escape "
+                                 "(\\ud800-\\udfff not in a pair) is no Unicode character")
+        members[key] = value
+    return members
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def body_fields(body: bytes) -> dict[str, Any]:

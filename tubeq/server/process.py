@@ -98,6 +98,20 @@ JOB_COUNT_PERIOD_S = 1.0
 # each), about 70 MB of Redis memory at ~70 bytes per 11-field entry (measured with MEMORY
 # USAGE, protocol.md).
 DEFAULT_EVENTS_MAXLEN = 1_000_000
+# The HTTP listener's bounds (tubeq.http.limits), the command line's defaults too. Connections
+# at once: beside --max-connections, not within it, so idle HTTP sockets, which need no token,
+# cannot use up the protocol port's room; 256 serves a dashboard, a scraper and a pool of
+# long-polling consumers, and bounds the descriptors the port can take.
+DEFAULT_HTTP_MAX_CONNECTIONS = 256
+# A request's line and headers arrive in one or two packets: 10 s is a very slow link's worth,
+# and what a client that trickles its headers holds a connection for.
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+# The whole body after the headers: the largest JSON put at the default -z (6 x 64 KiB + 4 KiB)
+# needs 13 kB/s to arrive in 30 s; raise it with -z on slow links.
+DEFAULT_HTTP_BODY_TIMEOUT_S = 30.0
+# An open connection with no request under way: long enough to be reused by a dashboard (one
+# call a second) and a 15 s scrape, short enough that idle sockets come back.
+DEFAULT_HTTP_IDLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,12 @@ class Config:
     slow_ms: int = 0
     # HTTP API requests per second per client (token, else address); 0: no limit.
     http_rate: int = 0
+    # The HTTP listener's connections at once (0: no limit) and how long a request's head, its
+    # body and an idle connection may take before the connection is closed (tubeq.http.limits).
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
+    http_header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S
+    http_body_timeout_s: float = DEFAULT_HTTP_BODY_TIMEOUT_S
+    http_idle_timeout_s: float = DEFAULT_HTTP_IDLE_TIMEOUT_S
     # The most jobs a namespace may hold (every state); 0: no cap. Checked once a second.
     max_jobs: int = 0
     # Every connection sees tubeq's extra stats keys, not only those that used an extension.
