@@ -33,6 +33,7 @@ from tubeq.redisio.process import RedisProcess
 UNIT_TESTS: tuple[str, ...] = (
     "protocol/",
     "store/test_scripts.py",
+    "redisio/test_futures.py",
     "server/test_fine_timer.py",
     "server/test_liveness.py",
     "server/test_stats_counters.py",

@@ -355,8 +355,7 @@ async def tubes(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     # Not counted as list-tubes: the dashboard polls it every second, and cmd-list-tubes
     # should keep counting what clients ask.
-    ctx.counters.flush()  # this process's counts reach Redis before the read, as stats does
-    count, rows = await ctx.store.overview(server.config.metrics_max_tubes)
+    count, rows = await ops.tube_overview(ctx, server.config.metrics_max_tubes)
     now = ctx.store.clock()
     metrics = server.metrics
     out = []
@@ -462,8 +461,7 @@ async def stats(request: web.Request) -> web.Response:
     """stats: the namespace's counts and this process's identity, as the YAML has them."""
     ctx = _ctx(request)
     ctx.counters.incr("stats")
-    ops.sync_counts(ctx)
-    gauges, named = await ctx.store.server_counts()
+    gauges, named = await ops.namespace_counts(ctx)
     return web.json_response(dict(server_pairs(ctx.identity, gauges, named, ctx.draining)))
 
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from tubeq import __version__
 from tubeq.http.api import STATES
 from tubeq.http.common import HttpError, namespace_of, server_of, tube_name
+from tubeq.server import ops
 
 STATIC: Final = {
     "dashboard.js": "application/javascript",
@@ -75,7 +76,7 @@ def _header(request: web.Request) -> str:
 async def index(request: web.Request) -> web.Response:
     server = server_of(request)
     ctx = namespace_of(request)
-    count, rows = await ctx.store.overview(server.config.metrics_max_tubes)
+    count, rows = await ops.tube_overview(ctx, server.config.metrics_max_tubes)
     now = ctx.store.clock()
     body_rows = []
     for row in rows:

@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from tubeq import __version__
 from tubeq.http.common import server_of
+from tubeq.server import ops
 from tubeq.server.metrics import OTHER_TUBE, Histogram, Metrics
 from tubeq.server.process import Server
 from tubeq.store.store import TubeCounts
@@ -206,9 +207,9 @@ async def metrics(request: web.Request) -> web.Response:
     server = server_of(request)
     ctx, m = server.ctx, server.metrics
     assert ctx is not None and m is not None
-    ctx.counters.flush()  # everything counted so far is in the totals
-    tube_count, tubes = await ctx.store.overview(server.config.metrics_max_tubes)
-    gauges, named = await ctx.store.server_counts()
+    # Both reads send this process's counts first, so its totals below include everything.
+    tube_count, tubes = await ops.tube_overview(ctx, server.config.metrics_max_tubes)
+    gauges, named = await ops.namespace_counts(ctx)
     instances = await ctx.store.instances()
     snap = Snapshot(server, m, dict(ctx.counters.totals), tube_count, tubes, gauges, named,
                     len(instances), ctx.registry.count())

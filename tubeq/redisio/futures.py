@@ -7,8 +7,9 @@ costs one callback per command, where a coroutine per command would cost a task.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -52,3 +53,44 @@ def discard(f: asyncio.Future[Any]) -> None:
     it as never retrieved (the caller chose not to care)."""
     if not f.cancelled():
         f.exception()
+
+
+class OneReadAtATime(Generic[T]):
+    """Many callers of one read, one call of it out at a time: a caller that comes while a call
+    is out is answered by the next call, which starts when that one ends, so every answer was
+    read after its caller asked (a client that pipelines the read a thousand times costs two
+    calls, not a thousand). Each caller gets a future of its own: cancelling it leaves the
+    others' answer alone."""
+
+    def __init__(self, read: Callable[[], asyncio.Future[T]]) -> None:
+        self._read = read
+        self._out: asyncio.Future[T] | None = None  # the call out now
+        self._next: asyncio.Future[T] | None = None  # settled by the call after it
+
+    def __call__(self) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        answer = self._next
+        if answer is None:
+            answer = self._next = loop.create_future()
+            if self._out is None:
+                self._start()
+        mine: asyncio.Future[T] = loop.create_future()
+        answer.add_done_callback(functools.partial(chain, target=mine))
+        return mine
+
+    def _start(self) -> None:
+        answer, self._next = self._next, None
+        assert answer is not None
+        try:
+            self._out = self._read()
+        except Exception as error:  # the read could not even be sent
+            self._out = None
+            answer.set_exception(error)
+            return
+        self._out.add_done_callback(functools.partial(self._ended, answer))
+
+    def _ended(self, answer: asyncio.Future[T], out: asyncio.Future[T]) -> None:
+        self._out = None
+        chain(out, answer)
+        if self._next is not None:
+            self._start()

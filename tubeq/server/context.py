@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from tubeq.redisio.futures import discard
+from tubeq.redisio.futures import OneReadAtATime, discard
 from tubeq.server.access import AccessConfig
 from tubeq.server.metrics import Metrics
 from tubeq.server.runs import DeleteRun, PutRun
@@ -102,6 +102,11 @@ class ServerContext:
     observer: Metrics | None = None
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
+    # Whole-namespace reads, one call out at a time per namespace, shared by the callers that
+    # came while it was out (tubeq.server.ops.namespace_counts and tube_overview).
+    shared_reads: dict[object, OneReadAtATime[Any]] = field(default_factory=dict)
+    # The last stats read and the reply rendered from it (tubeq.server.handlers).
+    last_stats_reply: tuple[object, bytes] | None = None
     _restore_scheduled: bool = False
 
     def next_token(self) -> str:

@@ -23,7 +23,7 @@ from tubeq.protocol import replies
 from tubeq.protocol.parser import EXTENSION_NAMES
 from tubeq.redisio.futures import discard, then
 from tubeq.server import ops
-from tubeq.server.context import Reply, Session
+from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.store import NoJob, PutOutcome, Reservation
 
@@ -245,9 +245,18 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
 
 def _stats(conn: Session, cmd: c.Stats) -> Reply:
     ctx = conn.ctx
-    ops.sync_counts(ctx)  # this process's counts reach Redis before the read below
-    return then(conn.store.server_counts(),
-                lambda r: replies.ok(server_yaml(ctx.identity, r[0], r[1], ctx.draining)))
+    return then(ops.namespace_counts(ctx), functools.partial(_stats_reply, ctx))
+
+
+def _stats_reply(ctx: ServerContext, counts: tuple[list[int], dict[str, int]]) -> bytes:
+    """The stats reply of a read; the stats a client pipelined share one read
+    (ops.namespace_counts), and so one rendering (the read is held with it, so the identity
+    check cannot match a later object at its address)."""
+    last = ctx.last_stats_reply
+    if last is None or last[0] is not counts:
+        last = ctx.last_stats_reply = (
+            counts, replies.ok(server_yaml(ctx.identity, counts[0], counts[1], ctx.draining)))
+    return last[1]
 
 
 def _list_tubes(conn: Session, cmd: c.ListTubes) -> Reply:

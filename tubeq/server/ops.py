@@ -24,10 +24,10 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from tubeq.model.options import Options
-from tubeq.redisio.futures import discard, then
+from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server.context import ServerContext
 from tubeq.server.runs import DeleteRun, PutRun
-from tubeq.store.store import PutOutcome
+from tubeq.store.store import PutOutcome, TubeCounts
 
 T = TypeVar("T")
 
@@ -168,6 +168,36 @@ def sync_using(ctx: ServerContext) -> None:
     in_redis = ctx.using.flush()
     if in_redis is not None:
         in_redis.add_done_callback(discard)
+
+
+def namespace_counts(ctx: ServerContext) -> asyncio.Future[tuple[list[int], dict[str, int]]]:
+    """The namespace's counts behind ``stats`` (the job states, tubes, gauges and shared
+    counters), read after this process's counts reached Redis. One read is out at a time per
+    namespace; callers that come meanwhile share the next, so a client that pipelines stats
+    costs Redis and this process two reads per round, whatever its pipeline's depth."""
+    read = ctx.shared_reads.get("counts")
+    if read is None:
+        def counts() -> asyncio.Future[tuple[list[int], dict[str, int]]]:
+            sync_counts(ctx)
+            return ctx.store.server_counts()
+
+        read = ctx.shared_reads["counts"] = OneReadAtATime(counts)
+    return read()
+
+
+def tube_overview(ctx: ServerContext, limit: int
+                  ) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
+    """The first ``limit`` tubes' counts and the rest's sum (the scrape, the dashboard and
+    /api/tubes), read after this process's counts reached Redis; one read out at a time per
+    namespace and limit, shared as :func:`namespace_counts` is."""
+    read = ctx.shared_reads.get(("overview", limit))
+    if read is None:
+        def overview() -> asyncio.Future[tuple[int, list[TubeCounts]]]:
+            ctx.counters.flush()
+            return ctx.store.overview(limit)
+
+        read = ctx.shared_reads[("overview", limit)] = OneReadAtATime(overview)
+    return read()
 
 
 def sync_counts(ctx: ServerContext) -> None:

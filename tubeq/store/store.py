@@ -254,6 +254,10 @@ class Store:
         self.calls_functions = False  # set by load_scripts (or call_functions)
         self._described: dict[str, str] = {}  # describe_instance's fields, for restore
         self._calls = self._bind()
+        # The calls of a paged read (list-tubes) or a long kick go one at a time per process,
+        # whoever asked: a command of another client waits behind one page at most, not behind
+        # every page that connections pipelined.
+        self._one_page_at_a_time = asyncio.Lock()
         client.add_reconnect_callback(self._on_reconnect)
 
     @property
@@ -414,8 +418,9 @@ class Store:
         kicked, chosen = 0, ""
         while kicked < bound:
             asked = min(KICK_CHUNK, bound - kicked)
-            n, chosen = await self._eval("kick", tube, asked, self.clock(), chosen,
-                                         decode=lambda r: (int(r[0]), r[1].decode()))
+            async with self._one_page_at_a_time:
+                n, chosen = await self._eval("kick", tube, asked, self.clock(), chosen,
+                                             decode=lambda r: (int(r[0]), r[1].decode()))
             kicked += n
             if n < asked:
                 break
@@ -489,9 +494,10 @@ class Store:
     async def _list_tubes(self) -> list[str]:
         tubes: list[str] = []
         while True:
-            page = await self.client.call(
-                "ZRANGE", self.keys.tubes, len(tubes), len(tubes) + TUBE_PAGE - 1,
-                decode=lambda r: [v.decode() for v in r])
+            async with self._one_page_at_a_time:
+                page = await self.client.call(
+                    "ZRANGE", self.keys.tubes, len(tubes), len(tubes) + TUBE_PAGE - 1,
+                    decode=lambda r: [v.decode() for v in r])
             tubes += page
             if len(page) < TUBE_PAGE:
                 return tubes
@@ -507,7 +513,8 @@ class Store:
 
         tubes: list[tuple[str, int]] = []
         while True:
-            page = await self._eval("tube_list", len(tubes), TUBE_PAGE, decode=decode)
+            async with self._one_page_at_a_time:
+                page = await self._eval("tube_list", len(tubes), TUBE_PAGE, decode=decode)
             tubes += page
             if len(page) < TUBE_PAGE:
                 return tubes

@@ -1,0 +1,83 @@
+"""OneReadAtATime (tubeq.redisio.futures): one call of a read out at a time, shared by the
+callers that came while it was out, every answer read after its caller asked. Pure asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tubeq.redisio.futures import OneReadAtATime
+
+
+class Reads:
+    """A read whose calls the test settles by hand, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[asyncio.Future[int]] = []
+
+    def __call__(self) -> asyncio.Future[int]:
+        self.calls.append(asyncio.get_running_loop().create_future())
+        return self.calls[-1]
+
+
+async def test_callers_while_a_read_is_out_share_the_next_one() -> None:
+    reads = Reads()
+    read = OneReadAtATime(reads)
+    first = read()
+    assert len(reads.calls) == 1
+    later = [read() for _ in range(1000)]  # a deep pipeline of the same read
+    assert len(reads.calls) == 1  # the next waits for the one out
+    reads.calls[0].set_result(1)
+    assert await first == 1
+    assert len(reads.calls) == 2 and not any(f.done() for f in later)  # read after they asked
+    reads.calls[1].set_result(2)
+    assert set(await asyncio.gather(*later)) == {2}
+    assert len(reads.calls) == 2  # nobody waiting: no third call
+    third = read()
+    assert len(reads.calls) == 3
+    reads.calls[2].set_result(3)
+    assert await third == 3
+
+
+async def test_a_cancelled_caller_leaves_the_others_their_answer() -> None:
+    reads = Reads()
+    read = OneReadAtATime(reads)
+    read()
+    a, b = read(), read()
+    a.cancel()
+    reads.calls[0].set_result(1)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    reads.calls[1].set_result(2)
+    assert await b == 2
+    assert a.cancelled()
+
+
+async def test_a_failed_read_fails_its_callers_and_the_next_one_runs() -> None:
+    reads = Reads()
+    read = OneReadAtATime(reads)
+    first = read()
+    second = read()
+    reads.calls[0].set_exception(ConnectionError("lost"))
+    with pytest.raises(ConnectionError):
+        await first
+    reads.calls[1].set_result(5)
+    assert await second == 5
+
+
+async def test_a_read_that_cannot_be_sent_fails_its_caller_only() -> None:
+    attempts = []
+
+    def broken() -> asyncio.Future[int]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("no connection")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        fut.set_result(7)
+        return fut
+
+    read = OneReadAtATime(broken)
+    with pytest.raises(RuntimeError):
+        await read()
+    assert await read() == 7
