@@ -27,15 +27,24 @@ bound event arguments, ``rcall``), as locals that each call assigns before the s
 key names only when the namespace root differs from the previous call's.
 A script whose every Redis call is a literal read command is flagged ``no-writes`` (it then runs
 on a Redis out of memory, as the same script run by EVALSHA does).
+
+The assembly runs once per change of the sources, not at every start: its result is kept in the
+user's cache directory under a hash of the .lua files and this module (:func:`sources_hash`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 _DEFINES = re.compile(r"^local (?:function (\w+)|([\w, ]+?) =)")
@@ -110,8 +119,15 @@ def _definitions(text: str) -> list[_Definition]:
     return [_Definition("".join(lines), names, _uses("".join(lines))) for lines, names in pieces]
 
 
+@functools.cache
 def _include_text(name: str) -> str:
     return resources.files("tubeq.store").joinpath("lua", "includes", f"{name}.lua").read_text()
+
+
+@functools.cache
+def _include_parsed(name: str) -> tuple[_Definition, ...]:
+    """An include's definitions, parsed once per process for every script that includes it."""
+    return tuple(_definitions(_include_text(name)))
 
 
 def _include_definitions(text: str, seen: set[str]) -> list[_Definition]:
@@ -121,9 +137,8 @@ def _include_definitions(text: str, seen: set[str]) -> list[_Definition]:
         if name in seen:
             continue
         seen.add(name)
-        body = _include_text(name)
-        found += _include_definitions(body, seen)
-        found += _definitions(body)
+        found += _include_definitions(_include_text(name), seen)
+        found += _include_parsed(name)
     return found
 
 
@@ -204,10 +219,9 @@ def script_names() -> list[str]:
     return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua"))
 
 
-@functools.cache
 def load_all() -> dict[str, Script]:
-    """Every script (read once per process; do not mutate)."""
-    return {name: load_script(name) for name in script_names()}
+    """Every script (built once per process, or read from the build cache; do not mutate)."""
+    return _built()[0]
 
 
 # -- the library (Redis Functions) ----------------------------------------------------------
@@ -247,13 +261,13 @@ def _include_names() -> set[str]:
     return {p.name[:-4] for p in folder.iterdir() if p.name.endswith(".lua")}
 
 
-def _library_code(function_of: dict[str, str]) -> str:
+def _library_code(function_of: dict[str, str], scripts: dict[str, Script]) -> str:
     """The library's code (without its name line), each script registered as ``function_of``
     names it."""
     if set(INCLUDE_ORDER) != _include_names():  # a new include must be placed in the order
         raise RuntimeError(f"INCLUDE_ORDER {INCLUDE_ORDER} does not list every file of "
                            f"lua/includes/: {sorted(_include_names())}")
-    definitions = [d for name in INCLUDE_ORDER for d in _definitions(_include_text(name))]
+    definitions = [d for name in INCLUDE_ORDER for d in _include_parsed(name)]
     by_name = {n: d for d in definitions for n in d.names}
     bound: dict[str, _Binding] = {}
     parts = ["local KEYS, ARGV\n"]
@@ -276,19 +290,110 @@ def _library_code(function_of: dict[str, str]) -> str:
         header, body = _split(text)
         needed = _needed(body, by_name)
         assign = "".join(f"  {b.assignment}" for b in per_call if b.names & needed)
-        flags = ", flags = {'no-writes'}" if load_script(script).read_only else ""
+        flags = ", flags = {'no-writes'}" if scripts[script].read_only else ""
         parts.append(f"{header}redis.register_function{{function_name = '{function}', "
                      f"callback = function(keys, args)\n  KEYS, ARGV = keys, args\n"
                      f"  bind_root()\n{assign}{body.rstrip()}\nend{flags}}}\n")
     return "".join(parts)
 
 
-@functools.cache
 def library() -> Library:
     """Every script as a function of one library, named after a hash of its code."""
-    names = script_names()
-    draft = _library_code({n: f"tubeq_{n}" for n in names})
+    return _built()[1]
+
+
+# Stands for the library's version in its function names until the version is known: the
+# version is a hash of the code with this in its place.
+_VERSION_SLOT = "@@version@@"
+
+
+def _build_library(scripts: dict[str, Script]) -> Library:
+    names = sorted(scripts)
+    draft = _library_code({n: f"tq{_VERSION_SLOT}_{n}" for n in names}, scripts)
     version = hashlib.sha1(draft.encode()).hexdigest()[:12]
     functions = {n: f"tq{version}_{n}" for n in names}
-    source = f"#!lua name=tubeq_{version}\n{_library_code(functions)}".encode()
+    source = f"#!lua name=tubeq_{version}\n{draft.replace(_VERSION_SLOT, version)}".encode()
     return Library(f"tubeq_{version}", source, functions)
+
+
+# -- built once: the cache ------------------------------------------------------------------
+#
+# Assembling the scripts and the library takes ~0.3-1 s of CPU (a regex pass per definition
+# per script), which every start paid. The result depends only on the .lua files and on this
+# module's code, so it is kept in a file named after a hash of exactly those, in the user's
+# cache directory ($XDG_CACHE_HOME/tubeq, else ~/.cache/tubeq): built by the first start after
+# any of them changed (or the first use in a fresh install), read by every later one. A cache
+# that cannot be read or written (no home, a read-only one) only costs the build each start.
+
+def cache_dir() -> Path | None:
+    """Where the built scripts are kept, or None where there is no such place."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.environ.get("HOME")
+        if not home:
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base) / "tubeq"
+
+
+def sources_hash() -> str:
+    """A hash of everything the built scripts depend on: every .lua file and this module."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    lua = resources.files("tubeq.store").joinpath("lua")
+    for folder in (lua, lua.joinpath("includes")):
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".lua"):
+                digest.update(f"\0{folder.name}/{entry.name}\0".encode())
+                digest.update(entry.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def _built() -> tuple[dict[str, Script], Library]:
+    """The scripts and the library: from the cache when it has this build, else built (and
+    kept there)."""
+    folder = cache_dir()
+    try:
+        path = folder / f"lua-{sources_hash()}.json" if folder is not None else None
+    except OSError:  # this module's own file unreadable (a zip install): no cache
+        path = None
+    if path is not None:
+        try:
+            return _decode(json.loads(path.read_bytes()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not there yet, or unreadable: built again below
+    scripts = {name: load_script(name) for name in script_names()}
+    built = scripts, _build_library(scripts)
+    if path is not None:
+        _keep(path, built)
+    return built
+
+
+def _keep(path: Path, built: tuple[dict[str, Script], Library]) -> None:
+    """Write the build to ``path`` whole or not at all (other processes may read it now)."""
+    scripts, lib = built
+    data = {"scripts": {name: [s.source.decode(), s.records_events, s.read_only]
+                        for name, s in scripts.items()},
+            "library": [lib.name, lib.source.decode(), lib.functions]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".lua-", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def _decode(data: dict[str, Any]) -> tuple[dict[str, Script], Library]:
+    scripts = {}
+    for name, (text, records_events, read_only) in data["scripts"].items():
+        source = text.encode()
+        scripts[name] = Script(name, source, hashlib.sha1(source).hexdigest(),
+                               bool(records_events), bool(read_only))
+    name, source, functions = data["library"]
+    return scripts, Library(name, source.encode(), dict(functions))

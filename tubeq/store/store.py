@@ -278,10 +278,15 @@ class Store:
     async def load_scripts(self) -> bool:
         """Load the scripts into Redis, so that calls find them: the library (FUNCTION LOAD)
         where Redis has Functions, then calls go by FCALL; else (a Redis before 7.0, or
-        ``functions=False``) every script for EVALSHA. Returns whether calls go by FCALL."""
+        ``functions=False``) every script for EVALSHA. Returns whether calls go by FCALL.
+
+        The library's name is a hash of its code, so a Redis that lists a library of that name
+        has this very code: it is loaded only when Redis lacks it (a new Redis, another build of
+        tubeq), and a start on a Redis that has it costs one FUNCTION LIST round trip."""
         if self._library is not None:
             try:
-                await self.client.call("FUNCTION", "LOAD", "REPLACE", self._library.source)
+                if not await self._has_library(self._library.name):
+                    await self.client.call("FUNCTION", "LOAD", "REPLACE", self._library.source)
             except RedisReplyError as error:
                 log.info("redis functions unavailable, scripts go by EVALSHA", reason=str(error))
             else:
@@ -291,6 +296,13 @@ class Store:
         await asyncio.gather(*(self.client.call("SCRIPT", "LOAD", s.source)
                                for s in self._scripts.values()))
         return False
+
+    async def _has_library(self, name: str) -> bool:
+        """Whether Redis has a function library named ``name`` (LIBRARYNAME is a pattern that
+        must match the whole name; a name of letters, digits and '_' matches only itself)."""
+        listed = await self.client.call("FUNCTION", "LIST", "LIBRARYNAME", name)
+        return any(dict(zip(entry[::2], entry[1::2], strict=False)).get(b"library_name")
+                   == name.encode() for entry in listed)
 
     def call_functions(self) -> None:
         """Call the scripts as the library's functions from now on: another Store on the same
