@@ -87,11 +87,6 @@ class HttpListener:
         self._listener: asyncio.Server | None = None
         self.port = 0
 
-    @property
-    def open_connections(self) -> int:
-        """The connections open now (refused ones are never counted)."""
-        return self._slots.open
-
     async def start(self, host: str, port: int) -> None:
         await self._runner.setup()
         manager = self._runner.server  # aiohttp's: dispatches to the app, shuts connections
