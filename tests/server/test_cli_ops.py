@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tubeq.__main__ import parse_args
+from tubeq.cli import parse_args
 from tubeq.redisio.process import RedisProcess, free_port
 
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from tests.support.servers import TubeqCluster, unique_prefix
-from tubeq.__main__ import events_maxlen, parse_args
+from tubeq.cli import events_maxlen, parse_args
 from tubeq.model.events import Event
 from tubeq.server.process import DEFAULT_EVENTS_MAXLEN
 from tubeq.store.keys import Keys

@@ -6,5 +6,5 @@ command handlers (handlers), blocked reserves (waiters), delayed/TTR timers (sch
 and worker processes (workers).
 
 Rules: builds on tubeq.protocol, tubeq.store, tubeq.redisio and tubeq.model; never imports
-tubeq.http (the HTTP listener is composed in tubeq.__main__ and handed to the Server).
+tubeq.http (the HTTP listener is composed in tubeq.cli and handed to the Server).
 """

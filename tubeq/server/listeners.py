@@ -14,6 +14,11 @@ transport. Rules:
   certificates signed by that CA) wraps whichever listener it is. A handshake that fails, or
   does not finish within ``--tls-handshake-timeout``, closes that connection only (asyncio logs
   it at debug level); the server goes on.
+* Listen first (:func:`listen_before_start`): ``python -m tubeq`` binds the protocol socket
+  before it imports the rest of tubeq (tubeq.__main__), as beanstalkd listens within a
+  millisecond of exec; the kernel queues the connections that arrive while the server starts,
+  and the server answers them once it is up. So this module imports the standard library only,
+  and ``ssl`` only when TLS is asked for.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import contextlib
 import errno
 import os
 import socket
-import ssl
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import ssl
 
 # The listen queue: connections the kernel completes before tubeq accepts them. asyncio's
 # default (100) overflowed when thousands of clients connected at once (a SYN dropped is retried
@@ -45,15 +52,80 @@ class ListenError(Exception):
     """The listener cannot be opened; the message says why, for one line on stderr."""
 
 
-@dataclass(frozen=True, slots=True)
-class TlsFiles:
+# A NamedTuple, not a dataclass: importing dataclasses (and inspect) before the socket listens
+# costs ~20 ms of the start (see the module header).
+class TlsFiles(NamedTuple):
     cert: Path
     key: Path
     client_ca: Path | None = None  # require client certificates signed by this CA
 
 
+class Prebound(NamedTuple):
+    """The protocol socket, listening since before the server was built, and the listen
+    settings it was bound for (the server takes it only if its own settings are the same)."""
+    sock: socket.socket
+    host: str  # -l as given (unix:/path for a Unix socket)
+    port: int
+    reuse_port: bool
+
+    def matches(self, host: str, port: int, reuse_port: bool) -> bool:
+        """Whether this socket is what ``-l host -p port [--reuse-port]`` asks for."""
+        if unix_path(self.host) is not None:
+            return host == self.host  # -p means nothing to a Unix socket
+        return (self.host, self.port, self.reuse_port) == (host, port, reuse_port)
+
+    def close(self) -> None:
+        """Close the socket (and remove the socket file it created): not taken, or the start
+        failed."""
+        path = unix_path(self.host)
+        if path is not None and self.sock.fileno() != -1:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self.sock.close()
+
+
+def listen_before_start(host: str, port: int, reuse_port: bool) -> Prebound | None:
+    """The protocol socket, bound and listening before the server's imports (tubeq.__main__):
+    a Unix socket for ``-l unix:/path``, a TCP socket for an IP address. None where the server
+    is to bind it itself: a socket systemd passed (it listens already), a host name (it may
+    take a slow lookup, or name several addresses), or a bind that fails (the server's own
+    attempt says why, in its one line)."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS"):
+        return None
+    try:
+        path = unix_path(host)
+        if path is not None:
+            return Prebound(unix_socket(path), host, port, reuse_port)
+        return Prebound(_tcp_socket(host, port, reuse_port), host, port, reuse_port)
+    except (OSError, ListenError, ValueError):
+        return None
+
+
+def _tcp_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket on the IP address ``host``, set up as asyncio's create_server
+    sets up its own (SO_REUSEADDR, IPV6_V6ONLY, SO_REUSEPORT when asked)."""
+    (family, kind, proto, _, address), = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 def tls_context(files: TlsFiles) -> ssl.SSLContext:
     """A server-side TLS context (TLS 1.2 or later) for ``files``."""
+    import ssl  # here, not at the top: see the module header
+
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:

@@ -5,7 +5,7 @@ tubeq.server.access) every namespace it names gets its own context (store, waite
 counters), opened at start; all share this process's Redis connection and its one pub/sub
 connection, whose messages are routed by key root. The main listener then gates its connections
 until ``auth``; the file's bound listeners put theirs straight into a namespace. The HTTP
-listener (``--metrics``) is the composition root's (tubeq.__main__): it hands the Server a
+listener (``--metrics``) is the composition root's (tubeq.cli): it hands the Server a
 factory (:class:`HttpFront`), and this package imports nothing of tubeq.http.
 
 Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
@@ -53,6 +53,7 @@ from tubeq.server.context import (
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     LISTEN_BACKLOG,
+    Prebound,
     TlsFiles,
     activated_socket,
     describe,
@@ -179,7 +180,7 @@ class Config:
 
 class HttpFront(Protocol):
     """The HTTP listener (tubeq.http.HttpListener) as the Server sees it: built from the started
-    Server by the factory the composition root (tubeq.__main__) hands in, so the server never
+    Server by the factory the composition root (tubeq.cli) hands in, so the server never
     imports the HTTP layer. Opened before the protocol port, closed first."""
 
     port: int  # the bound port, once started
@@ -194,12 +195,16 @@ class Server:
     one Redis connection and one pub/sub connection for all of them, and the listeners."""
 
     def __init__(self, config: Config, *,
-                 http: Callable[[Server], HttpFront] | None = None) -> None:
-        """``http``: builds the HTTP listener, opened at start when ``config.http_host`` is set."""
+                 http: Callable[[Server], HttpFront] | None = None,
+                 prebound: Prebound | None = None) -> None:
+        """``http``: builds the HTTP listener, opened at start when ``config.http_host`` is set.
+        ``prebound``: the protocol socket, listening already (tubeq.__main__ binds it before
+        its imports); served instead of binding ``config.host``/``config.port``."""
         if config.http_host is not None and http is None:
             raise ValueError("Config.http_host needs the HTTP listener's factory (http=...)")
         self.config = config
         self._make_http = http
+        self._prebound = prebound
         self.keys = Keys(config.prefix)
         self.instance_id = secrets.token_hex(6)
         self._listener: asyncio.Server | None = None
@@ -234,13 +239,25 @@ class Server:
         assert self._http is not None
         return self._http.port
 
-    async def _listen(self, ctx: ServerContext, *, gated: bool) -> asyncio.Server:
-        """The protocol listener: a socket systemd passed, a Unix socket or TCP; maybe TLS."""
+    def _protocol_socket(self) -> socket.socket | None:
+        """The protocol listener's socket, listening from now on: the one bound before the
+        server was built (``prebound``), one systemd passed, or a Unix socket; None for TCP,
+        bound when the listener opens (:meth:`_listen`)."""
         config = self.config
+        if self._prebound is not None:
+            if (path := unix_path(config.host)) is not None:
+                self._unix_paths.append(path)  # its socket file goes at stop
+            return self._prebound.sock
         sock = activated_socket()
         if sock is None and (path := unix_path(config.host)) is not None:
             sock = self._unix_socket(path)
-        return await self._serve(ctx, gated, sock, config.host, config.port)
+        return sock
+
+    async def _listen(self, ctx: ServerContext, sock: socket.socket | None, *,
+                      gated: bool) -> asyncio.Server:
+        """The protocol listener on ``sock`` (:meth:`_protocol_socket`), else on TCP; maybe
+        TLS."""
+        return await self._serve(ctx, gated, sock, self.config.host, self.config.port)
 
     def _unix_socket(self, path: Path) -> socket.socket:
         sock = unix_socket(path)
@@ -443,6 +460,21 @@ class Server:
         return client
 
     async def start(self) -> None:
+        # The protocol socket first: connections queue in it while Redis is set up, and one
+        # that cannot be had (a bad systemd descriptor, a Unix path in use) fails the start
+        # before Redis is touched.
+        sock = self._protocol_socket()
+        try:
+            await self._start(sock)
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            for path in self._unix_paths:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+
+    async def _start(self, sock: socket.socket | None) -> None:
         config = self.config
         if config.http_host is not None:
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
@@ -484,7 +516,7 @@ class Server:
             await self._http.start(config.http_host, config.http_port)
             listening["http"] = f"{config.http_host}:{self.http_port}"
             log.info("http listening", host=config.http_host, port=self.http_port)
-        self._listener = await self._listen(self.ctx, gated=access is not None)
+        self._listener = await self._listen(self.ctx, sock, gated=access is not None)
         for bound in access.listeners if access is not None else ():
             ctx = self.namespaces[bound.namespace]
             if bound.unix is not None:
