@@ -5,4 +5,4 @@ here). It moves with every release; the data layout a build writes in Redis has 
 its own (tubeq.store.keys.LAYOUT_VERSION), which moves only when that layout changes.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

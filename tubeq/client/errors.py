@@ -82,10 +82,19 @@ class OutOfMemory(CommandError):
 
 
 class InternalError(CommandError):
-    """INTERNAL_ERROR: the server failed on its side (tubeq: Redis unreachable); the command had
-    no effect and may be retried."""
+    """INTERNAL_ERROR: the server failed on its side (tubeq: Redis refused, unreachable or
+    stalled). ``ran`` says whether the command took effect, as tubeq tells a connection that has
+    used an extension command: False (it did not: safe to send again), True (it did; only
+    --min-replicas could not confirm it), None (unknown: the server lost Redis while the
+    command was out, or a beanstalkd server, which does not say). A put that fails with ran None
+    may have stored its job: sending it again may store it twice (put-with key= deduplicates)."""
 
     reply = replies.INTERNAL_ERROR
+    _RAN: ClassVar[dict[str, bool]] = {"not-run": False, "ran": True}
+
+    def __init__(self, command: str, word: str = "") -> None:
+        self.ran: bool | None = self._RAN.get(word)
+        CommandError.__init__(self, command, f" {word}" if word else "")
 
 
 class NotFound(CommandError):

@@ -97,7 +97,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.JOB_TOO_BIG): frozenset({0}),
     _word(replies.DRAINING): frozenset({0}),
     _word(replies.OUT_OF_MEMORY): frozenset({0}),
-    _word(replies.INTERNAL_ERROR): frozenset({0}),
+    _word(replies.INTERNAL_ERROR): frozenset({0, 1}),  # tubeq adds whether it ran
     _word(replies.NOT_FOUND): frozenset({0}),
     _word(replies.NOT_IGNORED): frozenset({0}),
     _word(replies.DEADLINE_SOON): frozenset({0}),
@@ -114,7 +114,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     REMOVED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
-TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR)})
 
 # -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------
 # ``BATCH <n>`` is followed by n whole replies, one per job (see ReplyParser). A put-many or a

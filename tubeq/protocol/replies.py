@@ -29,6 +29,24 @@ CHANGED = b"CHANGED\r\n"
 RESUMED = b"RESUMED\r\n"
 
 
+# INTERNAL_ERROR with the word tubeq adds for a connection that has used an extension command
+# (Connection.extended; a beanstalkd client sees the bare reply): whether the failed command
+# ran, so a client knows what it may send again (protocol.md, "Redis stalls").
+INTERNAL_ERROR_NOT_RUN = b"INTERNAL_ERROR not-run\r\n"  # Redis refused it or was not reached
+INTERNAL_ERROR_RAN = b"INTERNAL_ERROR ran\r\n"  # done; only --min-replicas is not confirmed
+INTERNAL_ERROR_UNKNOWN = b"INTERNAL_ERROR unknown\r\n"  # the link went while it was out
+
+
+def internal_error(ran: bool | None, extended: bool) -> bytes:
+    """The reply of a command that failed on the server's side: bare for a beanstalkd client,
+    saying whether it ran (True, False, or None: unknown) for an extended one."""
+    if not extended:
+        return INTERNAL_ERROR
+    if ran is None:
+        return INTERNAL_ERROR_UNKNOWN
+    return INTERNAL_ERROR_RAN if ran else INTERNAL_ERROR_NOT_RUN
+
+
 def bad_option(name: str) -> bytes:
     """An option the command refuses (unknown, repeated, or its value out of range)."""
     return b"BAD_OPTION %s\r\n" % name.encode("ascii")

@@ -142,6 +142,16 @@ class ReplicasBehind(Exception):
     did happen on the master: only its safety against losing the master is not confirmed."""
 
 
+def ran(error: BaseException) -> bool | None:
+    """Whether a call that failed with ``error`` ran in Redis: False when it surely did not
+    (:func:`never_ran`), True when it did and only its replicas are behind
+    (:class:`ReplicasBehind`), None when nobody can know (the connection was lost or dropped as
+    stalled while the call was out: Redis may have run it before or never)."""
+    if never_ran(error):
+        return False
+    return True if isinstance(error, ReplicasBehind) else None
+
+
 class _Durable:
     """The decoder of a call that resolves only after a WAIT confirms it (see the header)."""
 

@@ -33,6 +33,7 @@ import structlog
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import Parser
+from tubeq.redisio.client import ran
 from tubeq.redisio.futures import chain, discard
 from tubeq.server.context import (
     RESTORE_RETRY_S,
@@ -547,7 +548,7 @@ class Connection(asyncio.Protocol):
             if isinstance(head, bytes):
                 out.append(head)
             elif head.done():
-                out.append(_reply_bytes(head))
+                out.append(_reply_bytes(head, self.extended))
             else:
                 break
         del self._replies[:len(out)]
@@ -723,7 +724,7 @@ class Connection(asyncio.Protocol):
         self._blocking = None
         if task.cancelled():
             return  # the connection is gone
-        self._answer(self._reserves.pop(0), _reply_bytes(task))
+        self._answer(self._reserves.pop(0), _reply_bytes(task, self.extended))
         self._advance()
 
     def _passed(self, command: c.Command, reply: asyncio.Future[bytes], last_reserve: int,
@@ -949,11 +950,13 @@ class _Overdue(Exception):
     """A reserve-with-timeout's Redis call outlived its timeout (Connection.within)."""
 
 
-def _reply_bytes(f: asyncio.Future[bytes]) -> bytes:
+def _reply_bytes(f: asyncio.Future[bytes], extended: bool) -> bytes:
+    """A reply future's bytes; a failed store call is INTERNAL_ERROR, saying whether the
+    command ran to a connection that has used an extension (replies.internal_error)."""
     if f.cancelled():
-        return replies.INTERNAL_ERROR
+        return replies.internal_error(None, extended)
     exc = f.exception()
     if exc is not None:
         log.warning("store call failed", error=repr(exc))
-        return replies.INTERNAL_ERROR
+        return replies.internal_error(ran(exc), extended)
     return f.result()

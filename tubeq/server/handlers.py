@@ -21,6 +21,7 @@ from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import EXTENSION_NAMES
+from tubeq.redisio.client import ran
 from tubeq.redisio.futures import discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
@@ -470,15 +471,18 @@ def _put_many_part(conn: Session, entries: tuple[c.PutEntry | bytes, ...], *,
 
 
 def _part_replies(part: _Part) -> list[bytes]:
-    """A part's reply lines once its call (if any) is done: a failed call (it may or may not
-    have run) answers each of its jobs INTERNAL_ERROR, as a lone put's would."""
+    """A part's reply lines once its call (if any) is done: a failed call answers each of its
+    jobs INTERNAL_ERROR saying whether the part ran (put-many is an extension, so its
+    connection is extended: replies.internal_error), as a lone put's would."""
     if isinstance(part, list):
         return part
     call, entries = part
     if call.cancelled() or call.exception() is not None:
-        if not call.cancelled():
-            log.warning("store call failed", error=repr(call.exception()))
-        return [replies.INTERNAL_ERROR if isinstance(e, c.PutEntry) else e for e in entries]
+        error = None if call.cancelled() else call.exception()
+        if error is not None:
+            log.warning("store call failed", error=repr(error))
+        failed = replies.internal_error(None if error is None else ran(error), True)
+        return [failed if isinstance(e, c.PutEntry) else e for e in entries]
     given = iter(call.result())  # one id per job, in order; 0: the tube was full
 
     def put_reply(job_id: int) -> bytes:

@@ -38,7 +38,7 @@ from enum import StrEnum
 #      jobs already put never expire), and ignores rate limits: a layout-1 build and a
 #      layout-2 build must not serve one namespace together. Later builds that still called
 #      themselves 0.1.0 wrote some or all of layout 2 without recording it.
-#   3  Adds the namespace's jobs by state, kept as jobs move ({p}:counts, one per shard root;
+#   3  0.3.0. Adds the namespace's jobs by state, kept as jobs move ({p}:counts, one per shard root;
 #      lua/includes/jobs.lua), so stats, --max-jobs and the scrapes read no tube list. A
 #      layout-2 build does not keep them: it and a layout-3 build must not serve one namespace
 #      together. Taking over an older namespace counts them once (recount.lua).

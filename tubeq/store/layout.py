@@ -74,5 +74,5 @@ async def count_jobs_by_state(store: JobStore, prefix: str, *, force: bool) -> N
     known to be whole, or with ``force`` (a namespace taken over from an older layout): once,
     at start, before the process serves it. O(tubes); logged when it counted."""
     visited = await store.recount(force=force)
-    if visited >= 0:
+    if visited > 0:  # not for a new namespace
         log.info("namespace jobs counted by state", namespace=prefix, tubes=visited)

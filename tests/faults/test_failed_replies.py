@@ -1,0 +1,116 @@
+"""A command that failed on Redis's side says whether it ran, where tubeq can know, to a
+connection that has used an extension command; a beanstalkd client gets the bare INTERNAL_ERROR
+(protocol.md, "Redis stalls"): ``not-run`` when Redis refused it (here: over maxmemory),
+``unknown`` when Redis stalled with it out (it may run later: here it does), ``ran`` when it ran
+and only --min-replicas could not confirm it. The bundled client reads the word into
+``InternalError.ran``. Each against a private Redis and a real tubeq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.server.test_multiprocess import LineClient
+from tests.support.servers import ServerProcess, start_tubeq, unique_prefix
+from tubeq.client import Client
+from tubeq.client.errors import InternalError
+from tubeq.redisio.process import RedisProcess
+
+
+def extended(server: ServerProcess) -> LineClient:
+    """A connection that has used an extension command (``extensions``)."""
+    conn = LineClient(server)
+    assert conn.call("extensions").head.startswith(b"OK ")
+    return conn
+
+
+def ready_jobs(conn: LineClient) -> int:
+    """current-jobs-ready of 'default', once tubeq has its Redis link back (it reconnects after
+    a stall: until then its commands answer INTERNAL_ERROR at once)."""
+    for _ in range(200):
+        stats = conn.call("stats-tube default")
+        if stats.data is not None:
+            return int(stats.data.split(b"current-jobs-ready: ")[1].split(b"\n")[0])
+        time.sleep(0.05)
+    raise AssertionError(f"no stats-tube answer: {stats.head!r}")
+
+
+def test_a_command_redis_refused_did_not_run(tmp_path: Path) -> None:
+    store = RedisProcess(tmp_path / "redis")
+    store.start()
+    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs")
+    raw = redis.Redis.from_url(store.url)
+    try:
+        plain, ext = LineClient(server), extended(server)
+        raw.config_set("maxmemory", 1)  # every write refused: OOM
+        assert plain.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR"
+        assert ext.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR not-run"
+        assert ext.call("put-many 2\r\n0 0 60 1\r\na\r\n0 0 60 1\r\nb").head == (
+            b"BATCH 2")
+        assert [ext.reply().head for _ in range(2)] == [b"INTERNAL_ERROR not-run"] * 2
+        raw.config_set("maxmemory", 0)
+        assert ready_jobs(plain) == 0  # nothing stored, as the reply said
+
+        async def bundled() -> InternalError:
+            client = Client(*server.address)
+            await client.connect()
+            try:
+                assert isinstance((await client.put_many([b"w"]))[0], int)  # an extension
+                raw.config_set("maxmemory", 1)
+                with pytest.raises(InternalError) as caught:
+                    await client.put(b"x")
+                return caught.value
+            finally:
+                raw.config_set("maxmemory", 0)
+                await client.aclose()
+
+        assert asyncio.run(bundled()).ran is False
+    finally:
+        raw.config_set("maxmemory", 0)
+        raw.close()
+        server.stop()
+        store.stop()
+
+
+def test_a_command_out_when_redis_stalled_may_have_run(tmp_path: Path) -> None:
+    store = RedisProcess(tmp_path / "redis")
+    store.start()
+    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
+                         flags=("--redis-timeout", "0.3"))
+    try:
+        plain, ext = LineClient(server), extended(server)
+        assert store.proc is not None
+        store.proc.send_signal(signal.SIGSTOP)
+        try:
+            ext.send(b"put 0 0 60 1\r\nx\r\n")
+            plain.send(b"put 0 0 60 1\r\ny\r\n")
+            assert ext.reply().head == b"INTERNAL_ERROR unknown"
+            assert plain.reply().head == b"INTERNAL_ERROR"
+        finally:
+            store.proc.send_signal(signal.SIGCONT)
+        # Redis ran both after all, when it woke: "unknown" was the honest answer.
+        assert ready_jobs(LineClient(server)) == 2
+    finally:
+        server.stop()
+        store.stop()
+
+
+def test_a_command_whose_replicas_are_behind_ran(tmp_path: Path) -> None:
+    store = RedisProcess(tmp_path / "redis")
+    store.start()
+    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
+                         flags=("--min-replicas", "1", "--min-replicas-timeout", "50"))
+    try:
+        plain, ext = LineClient(server), extended(server)
+        assert ext.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR ran"  # no replica at all
+        assert plain.call("put 0 0 60 1\r\ny").head == b"INTERNAL_ERROR"
+        assert ready_jobs(plain) == 2  # both stored on the master
+    finally:
+        server.stop()
+        store.stop()
