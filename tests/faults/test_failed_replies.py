@@ -9,18 +9,21 @@ and only --min-replicas could not confirm it. The bundled client reads the word 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.server.test_multiprocess import LineClient
-from tests.support.servers import ServerProcess, start_tubeq, unique_prefix
+from tests.support.servers import ServerProcess, port_accepts, start_tubeq, unique_prefix
 from tubeq.client import Client
 from tubeq.client.errors import InternalError
-from tubeq.redisio.process import RedisProcess
+from tubeq.redisio.process import RedisProcess, free_port
 
 
 def extended(server: ServerProcess) -> LineClient:
@@ -112,5 +115,33 @@ def test_a_command_whose_replicas_are_behind_ran(tmp_path: Path) -> None:
         assert plain.call("put 0 0 60 1\r\ny").head == b"INTERNAL_ERROR"
         assert ready_jobs(plain) == 2  # both stored on the master
     finally:
+        server.stop()
+        store.stop()
+
+
+def test_the_http_api_says_whether_a_failed_request_ran(tmp_path: Path) -> None:
+    store = RedisProcess(tmp_path / "redis")
+    store.start()
+    http_port = free_port()
+    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
+                         flags=("--metrics", f"127.0.0.1:{http_port}"))
+    raw = redis.Redis.from_url(store.url)
+    try:
+        for _ in range(200):  # the HTTP listener opens after the protocol's
+            if port_accepts("127.0.0.1", http_port):
+                break
+            time.sleep(0.05)
+        raw.config_set("maxmemory", 1)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/api/tubes/default/jobs", data=b'{"body": "x"}',
+            headers={"Content-Type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 503
+        body = json.loads(refused.value.read())
+        assert body["ran"] is False and body["error"].startswith("redis unavailable: ")
+    finally:
+        raw.config_set("maxmemory", 0)
+        raw.close()
         server.stop()
         store.stop()

@@ -3,8 +3,9 @@
 Rules: every failure a client can cause answers a 4xx with a JSON body ``{"error": "..."}``
 saying what was wrong, with one log line at most (the middleware turns aiohttp's own 404/405/413
 into the same shape, tubeq.http.limits what aiohttp refuses before a route runs); a Redis that
-is down or refusing is a 503 with the same shape and one warning line; any other 5xx is a bug,
-logged with its traceback. Numbers are checked against the protocol's own limits
+is down or refusing (or --min-replicas unconfirmed) is a 503 with the same shape, plus ``ran``
+(whether the change happened: false, true, or null when unknown), and one warning line; any
+other 5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own limits
 (tubeq.protocol.parser), so a value the text protocol refuses is refused here too. A JSON body
 is one object whose keys are all different and whose text is Unicode; a number in it is a JSON
 number (digits are how a query string spells one, :class:`QueryValue`).
@@ -22,7 +23,7 @@ import structlog
 from aiohttp import web
 
 from tubeq.protocol.parser import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
-from tubeq.redisio.client import RedisConnectionLost, RedisReplyError
+from tubeq.redisio.client import RedisConnectionLost, RedisReplyError, ReplicasBehind, ran
 
 if TYPE_CHECKING:
     from tubeq.server.context import ServerContext
@@ -100,10 +101,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status >= 400:
             return error_response(exc.status, exc.reason.lower())
         raise
-    except (RedisConnectionLost, RedisReplyError) as exc:  # Redis is down or refusing
+    except (RedisConnectionLost, RedisReplyError, ReplicasBehind) as exc:
+        # Redis is down, refusing, or its replicas did not confirm: "ran" says whether the
+        # request's change happened, as far as tubeq knows (protocol.md, "Redis stalls").
         log.warning("http request failed on redis", method=request.method, path=request.path,
                     error=repr(exc))
-        return error_response(503, f"redis unavailable: {exc}")
+        what = "not confirmed by replicas" if isinstance(exc, ReplicasBehind) else (
+            "redis unavailable")
+        return web.json_response({"error": f"{what}: {exc}", "ran": ran(exc)}, status=503)
     except Exception:
         log.exception("http handler failed", method=request.method, path=request.path)
         return error_response(500, "internal error")
