@@ -30,7 +30,9 @@ WITHIN_S = 5.0
 OPERATOR = "operator-token-0123456789"  # the default namespace's: reads /metrics
 BILLING = "billing-token-0123456789"
 EMAILS = "emails-token-0123456789a"
-ACCESS = AccessConfig(tokens={OPERATOR: "default", BILLING: "billing", EMAILS: "emails"})
+SCRAPER = "scraper-token-0123456789"  # [scrapers]: /metrics and nothing else
+ACCESS = AccessConfig(tokens={OPERATOR: "default", BILLING: "billing", EMAILS: "emails"},
+                      scrapers={SCRAPER: "prometheus"})
 
 
 @dataclass
@@ -243,7 +245,7 @@ async def test_connections_past_the_cap_get_503_and_leave_the_protocol_port_alon
 
 # -- /metrics and tokens ----------------------------------------------------------------------
 
-async def test_metrics_take_a_token_of_the_default_namespace(redis_url: str) -> None:
+async def test_metrics_take_a_scraper_token_or_one_of_the_default_namespace(redis_url: str) -> None:
     async with http_server(redis_url, access=ACCESS) as (port, _), \
             aiohttp.ClientSession() as http:
         url = f"http://127.0.0.1:{port}/metrics"
@@ -253,10 +255,16 @@ async def test_metrics_take_a_token_of_the_default_namespace(redis_url: str) -> 
             assert (r.status, await r.json()) == (401, {"error": "unknown token"})
         async with http.get(url, headers={"Authorization": f"Bearer {BILLING}"}) as r:
             assert r.status == 403 and "default namespace" in (await r.json())["error"]
-        for kwargs in ({"headers": {"Authorization": f"Bearer {OPERATOR}"}},
-                       {"params": {"token": OPERATOR}}):
-            async with http.get(url, **kwargs) as r:
-                assert r.status == 200 and "tubeq_info" in await r.text()
+        for token in (OPERATOR, SCRAPER):
+            for kwargs in ({"headers": {"Authorization": f"Bearer {token}"}},
+                           {"params": {"token": token}}):
+                async with http.get(url, **kwargs) as r:
+                    assert r.status == 200 and "tubeq_info" in await r.text()
+        # A scraper's token reads /metrics alone: it enters no namespace.
+        for path in ("/api/stats", "/api/tubes", "/"):
+            async with http.get(f"http://127.0.0.1:{port}{path}",
+                                headers={"Authorization": f"Bearer {SCRAPER}"}) as r:
+                assert r.status == 401, path
 
 
 async def test_the_authorization_header_wins_over_the_query_token(redis_url: str) -> None:

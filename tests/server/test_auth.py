@@ -10,6 +10,7 @@ one clear line. Each test uses the session's private Redis under prefixes of its
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import ssl
@@ -245,12 +246,29 @@ def test_auth_without_an_access_file_is_refused_and_changes_nothing(
     ("[[listeners]]\nnamespace = 'a'\n", "needs one of port or unix"),
     ("[[listeners]]\nnamespace = 'a'\nport = 70000\n", "bad port"),
     ("[tokens\n", "not valid TOML"),
+    ("[tokens]\n'long-enough-token-x' = 'a'\n[scrapers]\n'short' = 'prom'\n",
+     "at least 16 characters"),
+    ("[tokens]\n'long-enough-token-x' = 'a'\n[scrapers]\n'long-enough-token-x' = 'prom'\n",
+     "both in [tokens] and in [scrapers]"),
+    ("scrapers = ['long-enough-token-y']\n[tokens]\n'long-enough-token-x' = 'a'\n",
+     "[scrapers] must be a table"),
 ])
 def test_a_bad_access_file_is_one_clear_error(tmp_path: Path, text: str, error: str) -> None:
     path = tmp_path / "access.toml"
     path.write_text(text)
-    with pytest.raises(AccessFileError, match=error.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(AccessFileError, match=re.escape(error)):
         load(path)
+
+
+def test_scraper_tokens_are_read_apart_from_the_namespaces(tmp_path: Path) -> None:
+    path = tmp_path / "access.toml"
+    path.write_text("[tokens]\n'long-enough-token-x' = 'a'\n"
+                    "[scrapers]\n'scraper-token-0123456' = 'prometheus'\n")
+    access = load(path)
+    assert access.is_scraper("scraper-token-0123456")
+    assert not access.is_scraper("long-enough-token-x")
+    assert access.namespace_of_token("scraper-token-0123456") is None
+    assert access.namespaces == {"a"}
 
 
 def test_a_bad_access_file_stops_tubeq_with_one_line(redis_process: RedisProcess,

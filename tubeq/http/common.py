@@ -127,10 +127,7 @@ def namespace_of(request: web.Request) -> ServerContext:
     gate = ctx.gate
     if gate is None:
         return ctx
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        token = request.query.get(TOKEN_PARAM, "")
-    token = token.strip()
+    token = _credential(request)
     if not token:
         raise HttpError(401, "this server requires a token: Authorization: Bearer <token>")
     target = gate.by_token(token)
@@ -139,12 +136,24 @@ def namespace_of(request: web.Request) -> ServerContext:
     return target
 
 
+def _credential(request: web.Request) -> str:
+    """The request's token: ``Authorization: Bearer <token>``, else the ``token`` query
+    parameter (the header wins when both are given); "" when neither."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        token = request.query.get(TOKEN_PARAM, "")
+    return token.strip()
+
+
 def require_metrics_reader(request: web.Request) -> None:
-    """With an access file, /metrics takes a token of the default namespace (the one whose
-    tubes it reports; the rest is the process's own): no token or an unknown one is a 401, a
-    token of another namespace a 403. Without one it is open, as the rest of the listener."""
+    """With an access file, /metrics takes a scraper's token (its ``[scrapers]``, good for
+    /metrics alone) or a token of the default namespace (the one whose tubes it reports; the
+    rest is the process's own): no token or an unknown one is a 401, a token of another
+    namespace a 403. Without one it is open, as the rest of the listener."""
     server = server_of(request)
     if server.ctx is None or server.ctx.gate is None:
+        return
+    if server.ctx.gate.config.is_scraper(_credential(request)):
         return
     if namespace_of(request) is not server.ctx:
         raise HttpError(403, "/metrics takes a token of the default namespace (whose tubes it "

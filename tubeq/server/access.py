@@ -18,6 +18,11 @@ Owns the file's format and its checks. The file is TOML::
     [certificates]
     "worker-1.billing" = "billing"
 
+    # Tokens that may read /metrics and nothing else (a Prometheus scraper's bearer token),
+    # named for the operator: such a token enters no namespace.
+    [scrapers]
+    "7d0c4e2a9b1f4c6d8e3a" = "prometheus"
+
 Rules: a namespace name is 1-64 of ``A-Za-z0-9_-``; ``default`` is the namespace of
 ``--prefix`` itself (so a deployment that turns auth on keeps its tubes reachable), any other
 namespace ``N`` keeps its keys under ``<prefix>:N``. Tokens are at least 16 characters. Every
@@ -58,6 +63,7 @@ class AccessConfig:
     tokens: Mapping[str, str]  # token -> namespace
     listeners: tuple[BoundListener, ...] = ()
     certificates: Mapping[str, str] = field(default_factory=dict)  # CN -> namespace
+    scrapers: Mapping[str, str] = field(default_factory=dict)  # token -> name (/metrics only)
 
     @property
     def namespaces(self) -> frozenset[str]:
@@ -72,6 +78,14 @@ class AccessConfig:
         for known, namespace in self.tokens.items():
             if hmac.compare_digest(known.encode(), given):
                 found = namespace
+        return found
+
+    def is_scraper(self, token: str) -> bool:
+        """Whether ``token`` is a scraper's (/metrics only). Constant time, as tokens are."""
+        given = token.encode()
+        found = False
+        for known in self.scrapers:
+            found |= hmac.compare_digest(known.encode(), given)
         return found
 
     def namespace_of_certificate(self, common_name: str) -> str | None:
@@ -98,13 +112,16 @@ def _parse(data: dict[str, Any], path: Path) -> AccessConfig:
     def fail(what: str) -> AccessFileError:
         return AccessFileError(f"{path}: {what}")
 
-    unknown = set(data) - {"tokens", "listeners", "certificates"}
+    unknown = set(data) - {"tokens", "listeners", "certificates", "scrapers"}
     if unknown:
         raise fail(f"unknown section(s) {', '.join(sorted(unknown))}")
     tokens = _names(data.get("tokens", {}), "tokens", fail)
-    for token in tokens:
+    scrapers = _names(data.get("scrapers", {}), "scrapers", fail)
+    for token in (*tokens, *scrapers):
         if len(token) < MIN_TOKEN_LENGTH:
             raise fail(f"a token must be at least {MIN_TOKEN_LENGTH} characters")
+    if set(tokens) & set(scrapers):
+        raise fail("a token is both in [tokens] and in [scrapers]")
     certificates = _names(data.get("certificates", {}), "certificates", fail)
     listeners = []
     raw_listeners = data.get("listeners", [])
@@ -124,7 +141,7 @@ def _parse(data: dict[str, Any], path: Path) -> AccessConfig:
         listeners.append(BoundListener(namespace, port, Path(unix) if unix else None))
     if not tokens and not listeners and not certificates:
         raise fail("no tokens, listeners or certificates: nobody could connect")
-    return AccessConfig(tokens, tuple(listeners), certificates)
+    return AccessConfig(tokens, tuple(listeners), certificates, scrapers)
 
 
 def _names(table: Any, section: str, fail: Any) -> dict[str, str]:
