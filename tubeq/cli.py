@@ -44,7 +44,11 @@ from tubeq.redisio.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_clust
 from tubeq.redisio.process import DataDirLock, RedisNotInstalled, RedisProcess, stop_orphan
 from tubeq.server.access import AccessConfig, AccessFileError
 from tubeq.server.access import load as load_access
-from tubeq.server.context import DEFAULT_MAX_CLIENT_BUFFER, DEFAULT_MAX_IN_FLIGHT
+from tubeq.server.context import (
+    DEFAULT_MAX_CLIENT_BUFFER,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_WATCH,
+)
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     ListenError,
@@ -105,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, metavar="N",
                    help="unanswered commands per connection before tubeq stops reading it "
                         f"({DEFAULT_MAX_IN_FLIGHT})")
+    p.add_argument("--max-watch", type=int, default=DEFAULT_MAX_WATCH, metavar="N",
+                   help="tubes one connection may watch; a watch past it answers OUT_OF_MEMORY "
+                        f"(0: no limit; {DEFAULT_MAX_WATCH})")
     p.add_argument("--max-client-buffer", type=int, default=DEFAULT_MAX_CLIENT_BUFFER,
                    metavar="BYTES",
                    help="unsent replies plus unparsed input one connection may hold before it "
@@ -203,6 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("-z must be between 1 and 1073741824")
     if args.max_in_flight < 1:
         p.error("--max-in-flight must be at least 1")
+    if args.max_watch < 0:
+        p.error("--max-watch must be 0 (no limit) or more")
     if args.max_client_buffer < 64 * 1024:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     if args.events_maxlen < 1:
@@ -364,7 +373,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                    held_signals: Sequence[int] = ()) -> None:
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
-                           max_client_buffer=args.max_client_buffer,
+                           max_client_buffer=args.max_client_buffer, max_watch=args.max_watch,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
                            tls_handshake_timeout_s=args.tls_handshake_timeout,
                            redis_functions=args.redis_functions == "on",

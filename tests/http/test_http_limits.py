@@ -368,3 +368,12 @@ async def test_requests_aiohttp_refuses_get_the_json_shape_and_one_log_line(
             assert set(answer.json()) == {"error"}, name
             assert len(lines) <= 1 and not any("Traceback" in line for line in lines), \
                 (name, lines)
+
+
+async def test_a_long_poll_names_at_most_max_watch_tubes(redis_url: str) -> None:
+    async with http_server(redis_url, max_watch=2) as (port, _), aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{port}/api/tubes"
+        async with http.post(f"{base}/a,b,c/reserve", params={"timeout": "0"}) as r:
+            assert r.status == 400 and "--max-watch" in (await r.json())["error"]
+        async with http.post(f"{base}/a,b,a/reserve", params={"timeout": "0"}) as r:
+            assert r.status == 204  # two tubes, one named twice: within the limit

@@ -65,3 +65,21 @@ def test_a_namespace_at_max_jobs_refuses_puts_until_it_has_room(
             assert reply.startswith(b"INSERTED ")
     finally:
         server.stop()
+
+
+def test_a_connection_watches_at_most_max_watch_tubes(tubeq_cluster: TubeqCluster) -> None:
+    """--max-watch: a watch past it answers OUT_OF_MEMORY (a generic error every beanstalkd
+    client knows) and changes nothing; the limit bounds what one reserve reads in Redis."""
+    server = tubeq_cluster.start(label="tubeq-max-watch", flags=("--max-watch", "3"))
+    try:
+        with Wire(server.host, server.port) as w:
+            assert w.ask("watch a") == b"WATCHING 2\r\n"
+            assert w.ask("watch b") == b"WATCHING 3\r\n"
+            assert w.ask("watch c") == b"OUT_OF_MEMORY\r\n"
+            assert w.ask("watch b") == b"WATCHING 3\r\n"  # already watched: no new tube
+            assert w.ask("list-tubes-watched").endswith(b"\r\n---\n- default\n- a\n- b\n\r\n")
+            assert w.ask("ignore a") == b"WATCHING 2\r\n"
+            assert w.ask("watch c") == b"WATCHING 3\r\n"
+            assert w.ask("stats-tube c").startswith(b"OK ")  # c exists: watched for real
+    finally:
+        server.stop()

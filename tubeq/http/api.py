@@ -333,6 +333,8 @@ async def reserve(request: web.Request) -> web.StreamResponse:
     ctx = _ctx(request)
     names = request.match_info["tubes"].split(",")
     tubes = tuple(dict.fromkeys(tube_name(t) for t in names))
+    if 0 < ctx.max_watch < len(tubes):
+        raise HttpError(400, f"at most {ctx.max_watch} tubes (--max-watch), not {len(tubes)}")
     options = await read_options(request, RESERVE_OPTIONS)
     timeout = unsigned("timeout", options.get("timeout", 0), MAX_POLL_S)
     ctx.counters.incr("reserve-with-timeout")

@@ -54,6 +54,12 @@ DEFAULT_MAX_IN_FLIGHT = 128
 # max_in_flight replies plus the transport's high-water mark (64 KiB): 128 peeks of 64 KiB jobs
 # are 8 MiB. Redis's own limit for pub/sub clients is 32 MiB; so is this one, by default.
 DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
+# Tubes one connection may watch (an HTTP long poll may name). A reserve that finds nothing
+# ready in its tubes looks at each of them once in its Redis call (lua/includes/picking.lua):
+# measured, 20,000 watched tubes held Redis for 110 ms per reserve, so one connection pipelining
+# reserves could stall every other client past --redis-timeout. At 1,000 a reserve costs Redis
+# about 5 ms at worst, and --max-in-flight of them about 0.7 s, under the 2 s timeout.
+DEFAULT_MAX_WATCH = 1000
 
 
 @dataclass(eq=False)
@@ -84,6 +90,7 @@ class ServerContext:
     max_job_size: int
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
+    max_watch: int = DEFAULT_MAX_WATCH  # 0: no limit
     draining: bool = False
     # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
     # puts answer OUT_OF_MEMORY until a count finds room.

@@ -78,6 +78,8 @@ def _use(conn: Session, cmd: c.Use) -> Reply:
 def _watch(conn: Session, cmd: c.Watch) -> Reply:
     if cmd.tube in conn.watched:
         return replies.watching(len(conn.watched))
+    if 0 < conn.ctx.max_watch <= len(conn.watched):  # --max-watch: the list is unchanged
+        return replies.OUT_OF_MEMORY
     conn.watched = (*conn.watched, cmd.tube)
     conn.ctx.using.watch(cmd.tube, 1)
     count = len(conn.watched)

@@ -46,6 +46,7 @@ from tubeq.server.connection import Connection
 from tubeq.server.context import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_WATCH,
     Capacity,
     Gate,
     ServerContext,
@@ -124,6 +125,7 @@ class Config:
     max_job_size: int = DEFAULT_MAX_JOB_SIZE
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
+    max_watch: int = DEFAULT_MAX_WATCH  # tubes one connection may watch; 0: no limit
     # Lifecycle events (tubeq.model.events) go to the namespace's stream, capped at about this many
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
@@ -324,7 +326,7 @@ class Server:
             counters=CommandCounters(store.add_counters), using=UseLedger(store),
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
-            capacity=self._capacity, observer=self.metrics,
+            max_watch=config.max_watch, capacity=self._capacity, observer=self.metrics,
             extra_keys_always=config.extra_keys_always)
         scheduler.when_registration_lost(ctx.restore_registrations)
         for each in shard_keys:  # every shard's channels (tubeq.store.shards), or the one root's
