@@ -63,6 +63,11 @@ def main() -> None:
     flags = listen_flags(argv)
     prebound: Prebound | None = listen_before_start(*flags) if flags is not None else None
 
+    # structlog imports rich when it is installed (~0.13 s here) to draw tracebacks, which
+    # tubeq's log lines never use (they render exceptions as text: tubeq.cli.configure_logging).
+    # An install of tubeq does not have rich (the dev tools bring it); a server that happens to
+    # sit beside it should not start slower, nor log differently.
+    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
     from tubeq.cli import main as run  # the imports this module is here to put after the bind
 
     run(argv, prebound=prebound, held_signals=held)

@@ -21,11 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
 SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 # Bound on each sentinel's connect and answer: a dead seed costs at most this before the next.
@@ -54,6 +49,13 @@ class SentinelTarget:
 
     async def discover(self) -> tuple[str, int]:
         """The master's address as the sentinels report it now; raises MasterNotFound."""
+        # redis-py here, not at the top: importing it costs ~0.15 s of every start, and only
+        # a Sentinel URL needs it.
+        from redis.asyncio.retry import Retry
+        from redis.asyncio.sentinel import Sentinel
+        from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
+
         # The sentinel connections' own settings (redis-py takes none from the master's when
         # sentinel_kwargs is given): bounded, and no retries, since the next sentinel is the
         # retry and the caller's reconnect loop the backoff.

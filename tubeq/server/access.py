@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hmac
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +98,8 @@ def namespace_prefix(prefix: str, namespace: str) -> str:
 
 def load(path: Path) -> AccessConfig:
     """Read and check the access file at ``path``."""
+    import tomllib  # here: only --auth needs it, and every start would pay its import
+
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
