@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-cluster bench-consume bench-peers bench-node-deps bench-pipeline system-deps client-deps client-apt-deps clean
+.PHONY: run test lint bench bench-cluster bench-consume bench-peers bench-node-deps bench-pipeline bench-start test-greenstalk system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -126,6 +126,19 @@ bench-pipeline: $(BENCH_STAMP) system-deps
 # beanstalkd, in one run (~2 min); writes bench/RESULTS-consume.md.
 bench-consume: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.consume_bench $(ARGS)
+
+# Issue 31's start time: exec to listening and exec to the first reply, tubeq against beanstalkd,
+# median of 20 runs each (~1 min); writes bench/RESULTS-start.md. ARGS=--runs 5: a quick look.
+bench-start: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.start_time --write $(ARGS)
+
+# greenstalk's own test suite (a fresh server per test, a 0.1 s start wait) against tubeq, as
+# upstream runs it against beanstalkd (AGAINST=beanstalkd). Not in `make test`: the suite's file
+# is greenstalk's and no registry carries it; GREENSTALK_TESTS is a copy of it from a checkout of
+# the installed release (tests/upstream/run_greenstalk.py says which, and what it measured).
+AGAINST ?= tubeq
+test-greenstalk: $(STAMP) system-deps
+	$(BIN)/python -m tests.upstream.run_greenstalk --against $(AGAINST) $(GREENSTALK_TESTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
