@@ -400,10 +400,10 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, server.drain)
     supervisor = asyncio.create_task(supervise(redis)) if redis is not None else None
+    for signum in held_signals:  # those that came before the loop: acted on once it is up
+        (server.drain if signum == signal.SIGUSR1 else stop.set)()
     try:
         await server.start()
-        for signum in held_signals:  # a SIGTERM during the start stops the server now it is up
-            (server.drain if signum == signal.SIGUSR1 else stop.set)()
         await stop.wait()
         log.info("shutting down")
         await server.stop()

@@ -142,6 +142,27 @@ def test_a_sigterm_while_the_start_waits_stops_the_server_once_up(
     assert not path.exists()  # removed at the stop, as after any stop
 
 
+@pytest.mark.parametrize("when", ["listening", "waiting for redis"])
+def test_a_sigusr1_during_the_start_puts_it_in_drain_mode_from_the_first_command(
+        held_redis: HeldRedis, when: str) -> None:
+    # As soon as it listens it is most likely still importing (the signal is held); once it
+    # has reached Redis the event loop has the signal, and the server's namespaces are not open.
+    port = free_port()
+    proc = _tubeq("-p", str(port), "--redis", held_redis.url, "--prefix", unique_prefix())
+    try:
+        with _connect(("127.0.0.1", port), proc) as early:
+            if when == "waiting for redis":
+                assert held_redis.reached.wait(WAIT_S)
+            proc.send_signal(signal.SIGUSR1)
+            early.sendall(b"put 0 0 60 1\r\nx\r\n")
+            assert held_redis.reached.wait(WAIT_S)
+            time.sleep(0.1)  # the signal's handler runs before Redis answers
+            held_redis.release()
+            assert early.recv(100) == b"DRAINING\r\n"
+    finally:
+        assert _stop(proc) == 0
+
+
 def test_a_start_that_fails_after_listening_is_one_line_and_leaves_no_socket_file(
         tmp_path: Path) -> None:
     path = tmp_path / "tubeq.sock"

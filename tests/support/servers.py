@@ -111,9 +111,21 @@ def port_accepts(host: str, port: int, timeout: float = 0.25) -> bool:
         return False
 
 
+def port_serves(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether the beanstalkd-protocol server on ``port`` serves: it closes a connection that
+    sent ``quit`` (which no stat counts). A port that accepts is not enough: tubeq listens
+    before it starts (tubeq.__main__), and its --metrics listener opens during the start."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"quit\r\n")
+            return sock.recv(1) == b""
+    except OSError:  # refused, reset, or no answer yet
+        return False
+
+
 def _spawn_and_wait(kind: ServerKind, argv: list[str], port: int, log_path: Path,
                     label: str) -> ServerProcess:
-    """Start ``argv`` with its output in ``log_path`` and wait until ``port`` accepts."""
+    """Start ``argv`` with its output in ``log_path`` and wait until it serves on ``port``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -125,7 +137,7 @@ def _spawn_and_wait(kind: ServerKind, argv: list[str], port: int, log_path: Path
                 f"{label or kind} exited with status {proc.returncode} before accepting "
                 f"connections; command: {' '.join(argv)}\n--- its output ---\n{server.log_tail()}"
             )
-        if port_accepts(LOOPBACK, port):
+        if port_serves(LOOPBACK, port):
             return server
         time.sleep(0.02)
     server.stop()

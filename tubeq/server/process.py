@@ -207,6 +207,7 @@ class Server:
         self.config = config
         self._make_http = http
         self._prebound = prebound
+        self._drain_asked = False  # drain() was called, maybe before the namespaces opened
         self.keys = Keys(config.prefix)
         self.instance_id = secrets.token_hex(6)
         self._listener: asyncio.Server | None = None
@@ -500,6 +501,8 @@ class Server:
         for name in sorted(names):
             self.namespaces[name] = await self._open_namespace(name)
         self.ctx = self.namespaces[DEFAULT_NAMESPACE]
+        if self._drain_asked:
+            self.drain()
         if access is not None:
             gate = Gate(access, self.namespaces)
             for ctx in self.namespaces.values():
@@ -539,7 +542,9 @@ class Server:
                  events=f"on, maxlen ~{config.events_maxlen}" if config.events_maxlen else "off")
 
     def drain(self) -> None:
-        """Enter drain mode: every later put answers DRAINING."""
+        """Enter drain mode: every later put answers DRAINING. Asked during the start (a
+        SIGUSR1 while clients already queue on the socket), it holds from the first command."""
+        self._drain_asked = True
         if self.ctx is not None and not self.ctx.draining:
             for ctx in self.namespaces.values():
                 ctx.draining = True
