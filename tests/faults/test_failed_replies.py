@@ -14,13 +14,15 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.server.test_multiprocess import LineClient
-from tests.support.servers import ServerProcess, port_accepts, start_tubeq, unique_prefix
+from tests.support.servers import ServerProcess, start_tubeq, unique_prefix, wait_for_http
 from tubeq.client import Client
 from tubeq.client.errors import InternalError
 from tubeq.redisio.process import RedisProcess, free_port
@@ -44,20 +46,47 @@ def ready_jobs(conn: LineClient) -> int:
     raise AssertionError(f"no stats-tube answer: {stats.head!r}")
 
 
-def test_a_command_redis_refused_did_not_run(tmp_path: Path) -> None:
+@contextmanager
+def tubeq_on_own_redis(tmp_path: Path, *flags: str) -> Iterator[tuple[ServerProcess, RedisProcess]]:
+    """A tubeq with ``flags`` on a private Redis of its own (the test may freeze or starve it),
+    both stopped after."""
     store = RedisProcess(tmp_path / "redis")
     store.start()
-    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs")
-    raw = redis.Redis.from_url(store.url)
     try:
+        server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs", flags=flags)
+        try:
+            yield server, store
+        finally:
+            server.stop()
+    finally:
+        store.stop()
+
+
+@contextmanager
+def starved(store: RedisProcess) -> Iterator[Callable[[bool], None]]:
+    """A switch that makes ``store`` refuse every write (maxmemory 1: OOM) or not; off after."""
+    raw = redis.Redis.from_url(store.url)
+
+    def starve(on: bool) -> None:
+        raw.config_set("maxmemory", 1 if on else 0)
+
+    try:
+        yield starve
+    finally:
+        starve(False)
+        raw.close()
+
+
+def test_a_command_redis_refused_did_not_run(tmp_path: Path) -> None:
+    with tubeq_on_own_redis(tmp_path) as (server, store), starved(store) as starve:
         plain, ext = LineClient(server), extended(server)
-        raw.config_set("maxmemory", 1)  # every write refused: OOM
+        starve(True)
         assert plain.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR"
         assert ext.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR not-run"
         assert ext.call("put-many 2\r\n0 0 60 1\r\na\r\n0 0 60 1\r\nb").head == (
             b"BATCH 2")
         assert [ext.reply().head for _ in range(2)] == [b"INTERNAL_ERROR not-run"] * 2
-        raw.config_set("maxmemory", 0)
+        starve(False)
         assert ready_jobs(plain) == 0  # nothing stored, as the reply said
 
         async def bundled() -> InternalError:
@@ -65,28 +94,19 @@ def test_a_command_redis_refused_did_not_run(tmp_path: Path) -> None:
             await client.connect()
             try:
                 assert isinstance((await client.put_many([b"w"]))[0], int)  # an extension
-                raw.config_set("maxmemory", 1)
+                starve(True)
                 with pytest.raises(InternalError) as caught:
                     await client.put(b"x")
                 return caught.value
             finally:
-                raw.config_set("maxmemory", 0)
+                starve(False)
                 await client.aclose()
 
         assert asyncio.run(bundled()).ran is False
-    finally:
-        raw.config_set("maxmemory", 0)
-        raw.close()
-        server.stop()
-        store.stop()
 
 
 def test_a_command_out_when_redis_stalled_may_have_run(tmp_path: Path) -> None:
-    store = RedisProcess(tmp_path / "redis")
-    store.start()
-    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
-                         flags=("--redis-timeout", "0.3"))
-    try:
+    with tubeq_on_own_redis(tmp_path, "--redis-timeout", "0.3") as (server, store):
         plain, ext = LineClient(server), extended(server)
         assert store.proc is not None
         store.proc.send_signal(signal.SIGSTOP)
@@ -99,39 +119,23 @@ def test_a_command_out_when_redis_stalled_may_have_run(tmp_path: Path) -> None:
             store.proc.send_signal(signal.SIGCONT)
         # Redis ran both after all, when it woke: "unknown" was the honest answer.
         assert ready_jobs(LineClient(server)) == 2
-    finally:
-        server.stop()
-        store.stop()
 
 
 def test_a_command_whose_replicas_are_behind_ran(tmp_path: Path) -> None:
-    store = RedisProcess(tmp_path / "redis")
-    store.start()
-    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
-                         flags=("--min-replicas", "1", "--min-replicas-timeout", "50"))
-    try:
+    with tubeq_on_own_redis(tmp_path, "--min-replicas", "1",
+                            "--min-replicas-timeout", "50") as (server, _):
         plain, ext = LineClient(server), extended(server)
         assert ext.call("put 0 0 60 1\r\nx").head == b"INTERNAL_ERROR ran"  # no replica at all
         assert plain.call("put 0 0 60 1\r\ny").head == b"INTERNAL_ERROR"
         assert ready_jobs(plain) == 2  # both stored on the master
-    finally:
-        server.stop()
-        store.stop()
 
 
 def test_the_http_api_says_whether_a_failed_request_ran(tmp_path: Path) -> None:
-    store = RedisProcess(tmp_path / "redis")
-    store.start()
     http_port = free_port()
-    server = start_tubeq(store.url, unique_prefix(), tmp_path / "logs",
-                         flags=("--metrics", f"127.0.0.1:{http_port}"))
-    raw = redis.Redis.from_url(store.url)
-    try:
-        for _ in range(200):  # the HTTP listener opens after the protocol's
-            if port_accepts("127.0.0.1", http_port):
-                break
-            time.sleep(0.05)
-        raw.config_set("maxmemory", 1)
+    with tubeq_on_own_redis(tmp_path, "--metrics", f"127.0.0.1:{http_port}") as (
+            server, store), starved(store) as starve:
+        wait_for_http(server, http_port)
+        starve(True)
         request = urllib.request.Request(
             f"http://127.0.0.1:{http_port}/api/tubes/default/jobs", data=b'{"body": "x"}',
             headers={"Content-Type": "application/json"}, method="POST")
@@ -140,8 +144,3 @@ def test_the_http_api_says_whether_a_failed_request_ran(tmp_path: Path) -> None:
         assert refused.value.code == 503
         body = json.loads(refused.value.read())
         assert body["ran"] is False and body["error"].startswith("redis unavailable: ")
-    finally:
-        raw.config_set("maxmemory", 0)
-        raw.close()
-        server.stop()
-        store.stop()

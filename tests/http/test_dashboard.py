@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -20,10 +19,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.servers import (
-    STARTUP_TIMEOUT_S,
     ServerProcess,
     TubeqCluster,
-    port_accepts,
+    wait_for_http,
 )
 from tubeq.redisio.process import free_port
 
@@ -62,21 +60,12 @@ class Wire:
         self.sock.close()
 
 
-def _until_http_accepts(server: ServerProcess, port: int) -> None:
-    """The HTTP listener opens after the protocol port, which tubeq binds before it starts (and
-    the cluster waits for): wait for it too."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not port_accepts("127.0.0.1", port):
-        assert server.alive() and time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def dashboard(tubeq_cluster: TubeqCluster) -> Iterator[tuple[ServerProcess, str]]:
     http_port = free_port("127.0.0.1")
     server = tubeq_cluster.start(label="tubeq-dashboard",
                                  flags=("--metrics", f"127.0.0.1:{http_port}"))
-    _until_http_accepts(server, http_port)
+    wait_for_http(server, http_port)
     yield server, f"http://127.0.0.1:{http_port}"
     server.stop()
 

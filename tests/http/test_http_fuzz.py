@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import string
-import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -15,10 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.servers import (
-    STARTUP_TIMEOUT_S,
     ServerProcess,
     TubeqCluster,
-    port_accepts,
+    wait_for_http,
 )
 from tubeq.redisio.process import free_port
 
@@ -58,15 +56,6 @@ BODIES = st.one_of(
 )
 
 
-def _until_http_accepts(server: ServerProcess, port: int) -> None:
-    """The HTTP listener opens after the protocol port, which tubeq binds before it starts (and
-    the cluster waits for): wait for it too."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not port_accepts("127.0.0.1", port):
-        assert server.alive() and time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def http_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     cluster = TubeqCluster(tmp_path_factory.mktemp("http-fuzz"))
@@ -74,7 +63,7 @@ def http_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     port = free_port("127.0.0.1")
     server: ServerProcess = cluster.start(label="tubeq-http-fuzz",
                                           flags=("--metrics", f"127.0.0.1:{port}"))
-    _until_http_accepts(server, port)
+    wait_for_http(server, port)
     yield port
     assert server.alive(), server.log_tail()
     cluster.stop_all()

@@ -111,6 +111,15 @@ def port_accepts(host: str, port: int, timeout: float = 0.25) -> bool:
         return False
 
 
+def wait_for_http(server: ServerProcess, port: int) -> None:
+    """Until ``server``'s HTTP listener (``--metrics``) accepts: it opens during the start,
+    after the protocol port, which tubeq binds first (and start_tubeq waits for)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not port_accepts("127.0.0.1", port):
+        assert server.alive() and time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.02)
+
+
 def port_serves(host: str, port: int, timeout: float = 1.0) -> bool:
     """Whether the beanstalkd-protocol server on ``port`` serves: it closes a connection that
     sent ``quit`` (which no stat counts). A port that accepts is not enough: tubeq listens

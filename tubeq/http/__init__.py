@@ -3,7 +3,7 @@
 One aiohttp application on the server's own event loop, so its routes call the same store,
 counters and waiter registry as the protocol connections, with no thread and no second Redis
 connection. Imports run one way: this package reads the server (its context, store, counters,
-metrics); the server never imports it. tubeq.__main__ (the composition root) hands
+metrics); the server never imports it. tubeq.cli (the composition root) hands
 :class:`HttpListener` to the Server, which opens it at start (tubeq.server.process.HttpFront).
 
 Modules: ``common`` (JSON errors, input checks), ``limits`` (the connection cap and the
@@ -21,8 +21,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from tubeq.http.common import SERVER, json_errors, require_metrics_reader
-from tubeq.http.limits import ConnectionSlots, GuardedRequestHandler, HttpLimits, request_phases
+from tubeq.http.limits import GuardedRequestHandler, HttpLimits, request_phases
 from tubeq.http.ratelimit import RateLimiter
+from tubeq.server.context import Capacity
 from tubeq.server.listeners import tls_context
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class HttpListener:
         self._tls_handshake_timeout = config.tls_handshake_timeout_s if tls is not None else None
         self._reuse_port = config.reuse_port  # --workers: every worker serves it
         self._limits = HttpLimits.of(config)
-        self._slots = ConnectionSlots(self._limits.max_connections)
+        # The listener's own count, beside the protocol's --max-connections (tubeq.http.limits).
+        self._slots = Capacity(self._limits.max_connections)
         self._runner = web.AppRunner(make_app(server), handler_cancellation=True,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)
         self._listener: asyncio.Server | None = None

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from aiohttp import StreamReader, web
 
 from tubeq.http.common import BodyTimeout, Handler, error_response, log
+from tubeq.server.context import Capacity
 
 if TYPE_CHECKING:
     from tubeq.server.process import Config
@@ -62,21 +63,6 @@ class HttpLimits:
     def of(cls, config: Config) -> HttpLimits:
         return cls(config.http_max_connections, config.http_header_timeout_s,
                    config.http_body_timeout_s, config.http_idle_timeout_s)
-
-
-@dataclass(slots=True)
-class ConnectionSlots:
-    """The listener's open connections, against its cap."""
-
-    limit: int  # 0: no cap
-    open: int = 0
-
-    def take(self) -> bool:
-        """Count one more connection, or False when the listener is full."""
-        if self.limit and self.open >= self.limit:
-            return False
-        self.open += 1
-        return True
 
 
 class Phase(enum.Enum):
@@ -102,7 +88,7 @@ class GuardedRequestHandler(web.RequestHandler):
     __slots__ = ("_body", "_body_timer", "_counted", "_limits", "_phase", "_slots", "_timer",
                  "_timers_loop")
 
-    def __init__(self, manager: web.Server, limits: HttpLimits, slots: ConnectionSlots,
+    def __init__(self, manager: web.Server, limits: HttpLimits, slots: Capacity,
                  loop: asyncio.AbstractEventLoop) -> None:
         options: dict[str, Any] = {
             "access_log": None,

@@ -65,7 +65,8 @@ DEFAULT_MAX_WATCH = 1000
 
 @dataclass(eq=False)
 class Capacity:
-    """The process's connections across its namespaces, against ``--max-connections``."""
+    """Connections open at once against a cap: the process's protocol connections across its
+    namespaces (``--max-connections``), or the HTTP listener's (``--http-max-connections``)."""
 
     limit: int = 0  # 0: no limit
     open: int = 0
