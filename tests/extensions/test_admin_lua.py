@@ -19,7 +19,8 @@ from tests.store.test_lua import ALICE, Env, open_env
 from tubeq.model import admin
 from tubeq.model.events import EventName
 from tubeq.model.states import JobState
-from tubeq.store.store import PAUSE_FOREVER_MS, NoJob, Reservation
+from tubeq.store.records import NoJob, Reservation
+from tubeq.store.store import PAUSE_FOREVER_MS
 
 
 @pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])

@@ -16,7 +16,7 @@ from tests.support.wire import Wire
 from tubeq.model.states import JobState
 from tubeq.protocol.batch_framing import PUT_MANY_PART
 from tubeq.redisio.process import RedisProcess
-from tubeq.store.store import NoJob
+from tubeq.store.records import NoJob
 
 # -- Lua (put_many.lua, delete_many.lua; reserve-many is reserve.lua with a count) ---------------
 
@@ -406,7 +406,7 @@ async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url
     every job taken (it was, past 64), yet jobs whose TTR ran out are still dropped."""
     from tubeq.server.connection import PRUNE_RESERVED_AT, Connection
     from tubeq.server.process import Config, Server
-    from tubeq.store.store import Reservation
+    from tubeq.store.records import Reservation
 
     server = Server(Config(port=0, redis_url=redis_url, prefix="prune"))
     await server.start()

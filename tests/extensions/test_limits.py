@@ -19,7 +19,8 @@ from tests.support.wire import Wire
 from tubeq.model.states import JobState
 from tubeq.redisio.client import RedisClient
 from tubeq.store.keys import Keys
-from tubeq.store.store import NoJob, Reservation, Store
+from tubeq.store.records import NoJob, Reservation
+from tubeq.store.store import Store
 
 CAROL = "inst:3"
 

@@ -15,8 +15,9 @@ from tubeq.model.options import Options
 from tubeq.model.policies import POLICY_TRANSITIONS, backoff_delay, jitter
 from tubeq.model.states import JobState
 from tubeq.redisio.client import RedisClient
+from tubeq.store.records import JobInfo, JobPolicies, PutOutcome, Reservation
 from tubeq.store.scripts import expand
-from tubeq.store.store import JobInfo, JobPolicies, PutOutcome, Reservation, Store
+from tubeq.store.store import Store
 
 
 @pytest.fixture(params=[1000, 0], ids=["events-on", "events-off"])

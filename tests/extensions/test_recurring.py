@@ -24,7 +24,8 @@ from tubeq.model.events import Event
 from tubeq.redisio.client import RedisClient
 from tubeq.server.scheduler import tick_schedules
 from tubeq.store.keys import Keys
-from tubeq.store.store import Reservation, Store
+from tubeq.store.records import Reservation
+from tubeq.store.store import Store
 
 EVERY = 1000  # ms, the interval of most schedules here
 START_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z

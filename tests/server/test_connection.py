@@ -23,7 +23,7 @@ from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.process import Config, Server
 from tubeq.server.stats import COMMAND_COUNTERS
 from tubeq.server.waiters import WaiterRegistry
-from tubeq.store.store import Reservation
+from tubeq.store.records import Reservation
 
 REPLY_WAIT_S = 5.0
 

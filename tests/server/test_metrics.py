@@ -18,7 +18,7 @@ from tubeq.server.metrics import (
     command_label,
     reply_word,
 )
-from tubeq.store.store import Reservation
+from tubeq.store.records import Reservation
 
 
 @pytest.fixture

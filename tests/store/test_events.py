@@ -17,7 +17,8 @@ from tests.store.test_lua import ALICE, BOB, Env, bring_to, open_env, perform
 from tubeq.model.events import FIELDS, Event, EventName
 from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.server.process import Config, Server
-from tubeq.store.store import Reservation, Store
+from tubeq.store.records import Reservation
+from tubeq.store.store import Store
 
 TTR_MS = 60_000  # bring_to's jobs: ttr 60 s, pri 0, delayed by 10 s when delayed
 

@@ -24,9 +24,10 @@ from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.redisio.client import RedisClient, RedisReplyError
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import JobField, Keys
+from tubeq.store.records import NoJob, Reservation
 from tubeq.store.scripts import expand
 from tubeq.store.shards import ShardedStore
-from tubeq.store.store import NoJob, Reservation, Store
+from tubeq.store.store import Store
 
 ALICE = "inst:1"
 BOB = "inst:2"

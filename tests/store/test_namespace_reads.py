@@ -21,8 +21,8 @@ from tubeq.redisio.client import RedisClient
 from tubeq.store import store as store_module
 from tubeq.store.keys import Keys
 from tubeq.store.layout import claim_layout_version, count_jobs_by_state
+from tubeq.store.records import Reservation, TubeCounts
 from tubeq.store.shards import ShardedStore
-from tubeq.store.store import Reservation, TubeCounts
 
 TUBES = 600
 

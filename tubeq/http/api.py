@@ -40,7 +40,7 @@ from tubeq.server import ops
 from tubeq.server.context import ServerContext
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.store import JobInfo
+from tubeq.store.records import JobInfo
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.

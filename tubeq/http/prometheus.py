@@ -38,7 +38,7 @@ from tubeq.http.common import server_of
 from tubeq.server import ops
 from tubeq.server.metrics import OTHER_TUBE, Histogram, Metrics
 from tubeq.server.process import Server
-from tubeq.store.store import TubeCounts
+from tubeq.store.records import TubeCounts
 
 STATES = ("ready", "reserved", "delayed", "buried")
 

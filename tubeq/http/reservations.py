@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tubeq.redisio.futures import discard
 from tubeq.server import ops
 from tubeq.server.wait import Wait
-from tubeq.store.store import Reservation
+from tubeq.store.records import Reservation
 
 if TYPE_CHECKING:
     from tubeq.server.context import ServerContext

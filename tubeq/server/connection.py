@@ -46,7 +46,7 @@ from tubeq.server.metrics import command_label
 from tubeq.server.push import Push
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.wait import Wait
-from tubeq.store.store import Deferred, NoJob, Reservation
+from tubeq.store.records import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -134,7 +134,7 @@ class Connection(asyncio.Protocol):
         self._pool: list[Reservation] = []  # granted, not yet handed to a reserve
         self._held: c.Command | None = None  # parsed, waiting for the reserves before it
         self._numbered = 0  # reserves so far (PendingReserve.number)
-        # Commands sent past a reserve that Redis deferred (tubeq.store.store.Deferred): each with
+        # Commands sent past a reserve that Redis deferred (tubeq.store.records.Deferred): each with
         # its reply and the number of the last reserve before it; sent again once those reserves
         # have answered (_replay_deferred). None while there are none.
         self._deferred: list[tuple[c.Command, asyncio.Future[bytes], int]] | None = None

@@ -26,7 +26,7 @@ from tubeq.redisio.futures import discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store.store import NoJob, PutOutcome, Reservation
+from tubeq.store.records import NoJob, PutOutcome, Reservation
 
 log = structlog.get_logger(__name__)
 

@@ -27,7 +27,7 @@ from tubeq.model.options import Options
 from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server.context import ServerContext
 from tubeq.server.runs import DeleteRun, PutRun
-from tubeq.store.store import PutOutcome, TubeCounts
+from tubeq.store.records import PutOutcome, TubeCounts
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from tubeq.redisio.futures import discard
 from tubeq.server.context import Session
 from tubeq.server.flow import FlowControl
 from tubeq.server.wait import GrantOwner, Wait
-from tubeq.store.store import Reservation
+from tubeq.store.records import Reservation
 
 # The push extension takes at most this many jobs per script call, however many credits a
 # client grants: one call must not hold Redis's single thread for long.

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from tubeq import __version__
-from tubeq.store.store import JobInfo, JobPolicies
+from tubeq.store.records import JobInfo, JobPolicies
 
 COMMAND_COUNTERS = (
     "put", "peek", "peek-ready", "peek-delayed", "peek-buried", "reserve",

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 from tubeq.server.waiters import Waiter, WaiterRegistry
 from tubeq.store.base import JobStore
-from tubeq.store.store import NoJob, Reservation
+from tubeq.store.records import NoJob, Reservation
 
 # A waiting token re-runs the reserve script about this often even with no wake-up hint (up to
 # the registry's coarse timer resolution, 1 s, later): hints are best effort (pub/sub), the

@@ -1,6 +1,7 @@
 """Jobs in Redis: one Lua script per state transition, and the Python that calls them.
 
-Holds: the interface the layers above hold a store by (base: JobStore), the store (store),
+Holds: the interface the layers above hold a store by (base: JobStore), the records a store
+returns (records: Reservation, JobInfo, TubeCounts, ...), the store (store),
 its split over shards (shards, by composition), the scripts' loader and library
 (scripts), the key schema, the only place a key name is built (keys), the data layout record
 (layout) and the Lua sources (lua/, package data).

@@ -13,22 +13,23 @@ Rules:
   added here and not routed by the split store is a type error, not a runtime surprise.
 * Typing only: code above the store annotates ``JobStore`` and calls the object it was given,
   so an unsplit namespace's put, reserve and delete call Store's methods directly.
-* The result records are those of tubeq.store.store, where their decoders are; this module
-  imports it, never the other way.
+* The result records are tubeq.store.records'; this module imports no implementation (each
+  implementation checks itself against it: the end of tubeq.store.store and of
+  tubeq.store.shards).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar, overload
+from typing import Protocol, TypeVar, overload
 
 from tubeq.model import admin
 from tubeq.model.options import Options, OptionValue
 from tubeq.model.recurring import DueTick, ScheduleInfo
 from tubeq.redisio.client import Reply
 from tubeq.store.keys import Keys
-from tubeq.store.store import (
+from tubeq.store.records import (
     Clock,
     InstanceInfo,
     JobInfo,
@@ -38,7 +39,6 @@ from tubeq.store.store import (
     NoJob,
     PutOutcome,
     Reservation,
-    Store,
     TubeCounts,
 )
 
@@ -52,7 +52,7 @@ class JobStore(Protocol):
     keys: Keys  # the namespace's own root (a split namespace keeps its shards' elsewhere)
     instance_id: str
     clock: Clock
-    # Whether a command pipelined behind a reserve may be sent at once (tubeq.store.store.Deferred).
+    # Whether a command pipelined behind a reserve may be sent at once (records.Deferred).
     defers_behind_reserves: bool
     metrics: JobObserver | None
 
@@ -227,9 +227,3 @@ class JobStore(Protocol):
     def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]: ...
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]: ...
-
-
-if TYPE_CHECKING:
-    def _one_root_is_a_job_store(store: Store) -> JobStore:
-        """mypy's check that Store implements the whole JobStore (never run)."""
-        return store

@@ -55,7 +55,7 @@ from tubeq.redisio.client import RedisClient, Reply
 from tubeq.redisio.futures import discard, then
 from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
-from tubeq.store.store import (
+from tubeq.store.records import (
     Clock,
     InstanceInfo,
     JobInfo,
@@ -65,10 +65,9 @@ from tubeq.store.store import (
     NoJob,
     PutOutcome,
     Reservation,
-    Store,
     TubeCounts,
-    wall_clock_ms,
 )
+from tubeq.store.store import Store, wall_clock_ms
 
 DEFAULT_TUBE = "default"
 # A bound on --shards: every namespace-wide read (stats, list-tubes) asks every shard.

@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import structlog
 
@@ -34,11 +33,26 @@ from tubeq.redisio.client import (
 )
 from tubeq.redisio.futures import discard
 from tubeq.store.keys import JobField, Keys
+from tubeq.store.records import (
+    Clock,
+    Deferred,
+    InstanceInfo,
+    JobInfo,
+    JobObserver,
+    JobPolicies,
+    JobSummary,
+    NoJob,
+    PutOutcome,
+    Reservation,
+    TubeCounts,
+)
 from tubeq.store.scripts import Library, Script, library, load_all
+
+if TYPE_CHECKING:
+    from tubeq.store.base import JobStore
 
 log = structlog.get_logger(__name__)
 
-Clock = Callable[[], int]
 T = TypeVar("T")
 
 # Scripts that sweep (promote, expire) move at most this many jobs per call, so one call never
@@ -72,107 +86,10 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    id: int
-    ttr: int
-    body: bytes
-    deadline_ms: int
-    waited_ms: int = -1  # how long it had been ready (-1: not taken from ready)
-    tube: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NoJob:
-    """Nothing reservable."""
-
-
 # What job_info reads of a job's hash, in JobInfo's order.
 JOB_INFO_FIELDS = (JobField.TUBE, JobField.STATE, JobField.PRI, JobField.CREATED, JobField.DELAY,
                    JobField.TTR, JobField.DUE, JobField.RESERVES, JobField.TIMEOUTS,
                    JobField.RELEASES, JobField.BURIES, JobField.KICKS)
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """The raw fields behind stats-job."""
-
-    id: int
-    tube: str
-    state: str
-    pri: int
-    created_ms: int
-    delay: int
-    ttr: int
-    due_ms: int
-    reserves: int
-    timeouts: int
-    releases: int
-    buries: int
-    kicks: int
-
-
-@dataclass(frozen=True, slots=True)
-class TubeCounts:
-    """One row of overview.lua; ``name`` "" is the sum of the tubes past the limit."""
-
-    name: str
-    urgent: int
-    ready: int
-    reserved: int
-    delayed: int
-    buried: int
-    total: int  # jobs ever put (stats-tube total-jobs)
-    deletes: int  # stats-tube cmd-delete
-    pause_until_ms: int  # 0: never paused (or the summed row); compare with now
-    waiting: int
-    watching: int
-    using: int
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    """One job of browse.lua: the start of its body, not all of it."""
-
-    id: int
-    pri: int
-    created_ms: int
-    due_ms: int
-    reserves: int
-    body_head: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceInfo:
-    """One tubeq process of the namespace: its last heartbeat and gauges."""
-
-    id: str
-    heartbeat_ms: int
-    addr: str
-    http: str
-    connections: int
-    producers: int
-    workers: int
-    waiting: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutOutcome:
-    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
-
-    id: int
-    inserted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class JobPolicies:
-    """A job's policy state (lua/includes/policies.lua), as stats-job shows it to tubeq clients."""
-
-    reason: str  # why tubeq last buried it: "max-tries", "expired", or ""
-    tries: int  # reservations that ended in a TTR timeout, a release or a disconnect
-    max_tries: int  # its own, else its tube's now; 0: none
-    expires_at_ms: int  # when it expires; 0: no expiry pending
-    key: str  # its dedupe key, or ""
 
 
 def _as_int(v: Any) -> int:
@@ -181,12 +98,6 @@ def _as_int(v: Any) -> int:
 
 def _text(v: Any) -> str:
     return "" if v is None else bytes(v).decode(errors="replace")
-
-
-class Deferred(Exception):
-    """A command pipelined behind a reserve of its connection did nothing: that reserve waits
-    for a job, and beanstalkd runs what follows a reserve only once it is answered. The
-    connection sends the command again then (tubeq.server.connection)."""
 
 
 # What a script returns for a deferred command (DEFERRED in lua/includes/jobs.lua).
@@ -205,20 +116,6 @@ def _unless_deferred(decode: Callable[[Any], T]) -> Callable[[Any], T]:
         return decode(r)
 
     return checked
-
-
-class JobObserver(Protocol):
-    """What the store tells of the figures its scripts return, when metrics are on: the server's
-    Metrics (tubeq.server.metrics) is one. Stated here so the store imports nothing above it."""
-
-    def job_reserved(self, tube: str, waited_ms: int) -> None:
-        """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
-
-    def job_deleted(self, tube: str, held_ms: int) -> None:
-        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
-
-    def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
-        """Delayed jobs made ready, each ``lateness_ms`` after its due time."""
 
 
 class Store:
@@ -897,3 +794,9 @@ def _sweep(r: Any) -> tuple[int, list[str]]:
 
 def _bytes_or_none(v: Any) -> bytes | None:
     return None if v is None else bytes(v)
+
+
+if TYPE_CHECKING:
+    def _one_root_is_a_job_store(store: Store) -> JobStore:
+        """mypy's check that Store implements the whole JobStore (never run)."""
+        return store

@@ -6,6 +6,10 @@
 -- in, tubeq.store.scripts); tubeq.store.keys.JobField mirrors them for Python's reads
 -- (tests/store/test_lua.py keeps the two equal). Field names are one or two letters:
 -- they are stored in every job, and a small hash stays a compact listpack in Redis.
+-- If you change what a field means or how it is encoded, or add one an older build would
+-- misread, raise LAYOUT_VERSION (tubeq/store/keys.py) and say there what the new layout adds:
+-- a namespace then refuses the older builds that would misread it (README, "Upgrades and
+-- rollback").
 -- Encoding: Redis keeps every value as a string. "ms" is an integer instant or span of the
 -- scripts' clock (the `now` a caller passes); "s" a whole number of seconds; a count starts
 -- absent (0) and is raised by HINCRBY. An absent field reads as the default its row gives.

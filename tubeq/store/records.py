@@ -1,0 +1,139 @@
+"""What the job store hands up and hears back: the records its calls return (a reservation, a
+job's stats, a tube's counts, ...), the signal of a deferred command, the clock it reads and
+the observer it tells of the figures its scripts return.
+
+Rules: plain data, decoded by the store (tubeq.store.store) from its scripts' replies; the layers
+above read them. This module imports nothing of tubeq, so the interface (tubeq.store.base), the
+store and its split (tubeq.store.shards) all import it and none imports another for its types.
+A job's record in Redis is described field by field in lua/includes/job_record.lua.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# The store's clock: milliseconds since the epoch (an injectable ``wall_clock_ms``, so tests
+# move time without sleeping).
+Clock = Callable[[], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A job reserved for a connection: what RESERVED carries, its TTR deadline, and for the
+    metrics how long it had been ready and its tube."""
+
+    id: int
+    ttr: int
+    body: bytes
+    deadline_ms: int
+    waited_ms: int = -1  # how long it had been ready (-1: not taken from ready)
+    tube: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NoJob:
+    """Nothing reservable."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The raw fields behind stats-job."""
+
+    id: int
+    tube: str
+    state: str
+    pri: int
+    created_ms: int
+    delay: int
+    ttr: int
+    due_ms: int
+    reserves: int
+    timeouts: int
+    releases: int
+    buries: int
+    kicks: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubeCounts:
+    """One row of overview.lua; ``name`` "" is the sum of the tubes past the limit."""
+
+    name: str
+    urgent: int
+    ready: int
+    reserved: int
+    delayed: int
+    buried: int
+    total: int  # jobs ever put (stats-tube total-jobs)
+    deletes: int  # stats-tube cmd-delete
+    pause_until_ms: int  # 0: never paused (or the summed row); compare with now
+    waiting: int
+    watching: int
+    using: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job of browse.lua: the start of its body, not all of it."""
+
+    id: int
+    pri: int
+    created_ms: int
+    due_ms: int
+    reserves: int
+    body_head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One tubeq process of the namespace: its last heartbeat and gauges."""
+
+    id: str
+    heartbeat_ms: int
+    addr: str
+    http: str
+    connections: int
+    producers: int
+    workers: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutOutcome:
+    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
+
+    id: int
+    inserted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicies:
+    """A job's policy state (lua/includes/policies.lua), as stats-job shows it to tubeq clients."""
+
+    reason: str  # why tubeq last buried it: "max-tries", "expired", or ""
+    tries: int  # reservations that ended in a TTR timeout, a release or a disconnect
+    max_tries: int  # its own, else its tube's now; 0: none
+    expires_at_ms: int  # when it expires; 0: no expiry pending
+    key: str  # its dedupe key, or ""
+
+
+class Deferred(Exception):
+    """A command pipelined behind a reserve of its connection did nothing: that reserve waits
+    for a job, and beanstalkd runs what follows a reserve only once it is answered. The
+    connection sends the command again then (tubeq.server.connection)."""
+
+
+class JobObserver(Protocol):
+    """What the store tells of the figures its scripts return, when metrics are on: the server's
+    Metrics (tubeq.server.metrics) is one. Stated here so the store imports nothing above it."""
+
+    def job_reserved(self, tube: str, waited_ms: int) -> None:
+        """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
+
+    def job_deleted(self, tube: str, held_ms: int) -> None:
+        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
+
+    def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
+        """Delayed jobs made ready, each ``lateness_ms`` after its due time."""
