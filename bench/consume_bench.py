@@ -30,7 +30,7 @@ the order reversed every other repetition):
 * CPU over each window, in % of one core from /proc: the server (beanstalkd, or the tubeq process
   and its redis-server separately), each worker process, and ``other`` (in cores: everything else
   on the machine, i.e. other tenants). A row whose median ``other`` is >= 0.5 shared the box.
-* Last, the best push row runs once more under py-spy (``py-spy record -p PID -d 4 -f raw``, on
+* Last, the best push row runs once more under py-spy (bench.harness.profiling's Recording, on
   the tubeq process and on a worker at the same time) and Redis's INFO commandstats; that run's
   rate is not used in the table (py-spy slows what it samples).
 
@@ -56,10 +56,8 @@ import multiprocessing.sharedctypes
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -81,9 +79,9 @@ from bench.harness.loadgen import LoadResult, LoadSpec, run_load
 from bench.harness.machine import machine_and_versions
 from bench.harness.paths import BENCH_DIR, OUT_DIR, REPO_ROOT
 from bench.harness.procstat import CpuSnapshot, CpuWindow, watched_pids
-from bench.harness.profiling import SCRIPT_RUNNERS, py_spy_binary, summarise_collapsed
+from bench.harness.profiling import SAMPLING, SCRIPT_RUNNERS, Recording
 from bench.harness.redisinfo import command_stats
-from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server, stop_process
+from bench.harness.servers import LOOPBACK, Beanstalkd, Server, Tubeq, make_server
 from bench.harness.summary import (
     SHARED_BOX_CORES,
     fmt_pct,
@@ -129,27 +127,6 @@ TOP_FUNCTIONS = 10
 # The profiled run's backlog: enough for the py-spy duration at the measured rate, within these.
 PROFILE_MIN_JOBS = 20_000
 PROFILE_MAX_JOBS = 300_000
-
-# Which source area a sampled innermost frame belongs to (first match wins).
-AREAS = (
-    ("tubeq/client/", "tubeq client (worker side)"),
-    ("tubeq/server/connection.py", "tubeq connection (flow, reserves, push)"),
-    ("tubeq/server/flow.py", "tubeq connection (flow, reserves, push)"),
-    ("tubeq/server/wait.py", "tubeq connection (flow, reserves, push)"),
-    ("tubeq/server/push.py", "tubeq connection (flow, reserves, push)"),
-    ("tubeq/server/handlers.py", "tubeq command handlers"),
-    ("tubeq/protocol/parser.py", "tubeq protocol parser"),
-    ("tubeq/store/store.py", "tubeq store (script calls)"),
-    ("tubeq/redisio/client.py", "tubeq Redis client (RESP)"),
-    ("tubeq/", "tubeq other"),
-    ("asyncio/", "asyncio (tasks, events, futures)"),
-    ("uvloop/", "uvloop event loop (C: epoll, socket I/O, callbacks)"),
-    ("asyncio/runners.py", "uvloop event loop (C: epoll, socket I/O, callbacks)"),
-    ("structlog/", "structlog"),
-)
-# py-spy sees no Python frame below these when the loop runs C code.
-LOOP_RUNNERS = ("Runner.run", "run")
-
 
 # -- scale and rows -----------------------------------------------------------------------------
 
@@ -348,69 +325,6 @@ async def _worker(spec: WorkerSpec, index: int, pipe: multiprocessing.connection
             "completions": completions}
 
 
-# -- py-spy ------------------------------------------------------------------------------------
-
-@dataclass
-class Spy:
-    """``py-spy record -p PID -d SECONDS -f raw`` into ``output``; stopped by its PID."""
-
-    label: str
-    proc: subprocess.Popen[bytes] | None
-    output: Path
-    problem: str | None = None
-
-    @classmethod
-    def start(cls, label: str, pid: int, seconds: int, output: Path) -> Spy:
-        binary = py_spy_binary()
-        if binary is None:
-            return cls(label, None, output, "py-spy is not installed (pip install '.[bench]')")
-        command = [binary, "record", "-p", str(pid), "-d", str(seconds), "-f", "raw",
-                   "-o", str(output)]
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        return cls(label, proc, output)
-
-    def finish(self, timeout: float) -> dict[str, Any]:
-        if self.proc is None:
-            return {"problem": self.problem}
-        try:
-            _, stderr = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            return {"problem": f"py-spy did not finish within {timeout:.0f} s"}
-        if self.proc.returncode != 0 or not self.output.exists():
-            return {"problem": f"py-spy exited with {self.proc.returncode}: "
-                               f"{stderr.decode(errors='replace')[-300:]}"}
-        text = self.output.read_text()
-        summary = summarise_collapsed(text)
-        summary["areas"] = area_shares(text)
-        summary["raw"] = str(self.output.relative_to(REPO_ROOT))
-        return summary
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-
-
-def area_shares(collapsed: str) -> list[tuple[str, float]]:
-    """% of busy samples per source area of the innermost frame (AREAS)."""
-    areas: Counter[str] = Counter()
-    for line in collapsed.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        frame = stack.rsplit(";", 1)[-1]
-        name, _, where = frame.rpartition(" (")
-        path = where.rstrip(")").rsplit(":", 1)[0]
-        if name in LOOP_RUNNERS and ("uvloop/" in path or "asyncio/runners.py" in path):
-            area = "uvloop event loop (C: epoll, socket I/O, callbacks)"
-        else:
-            area = next((label for prefix, label in AREAS if prefix in path), "other")
-        areas[area] += int(count_text)
-    total = sum(areas.values())
-    return [(k, round(100.0 * v / total, 1)) for k, v in areas.most_common()] if total else []
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 class Stop(BaseException):
@@ -529,7 +443,7 @@ class ConsumeBench(Bench):
                           time_limit_s=self.scale.consume_limit_s + DRAIN_WAIT_S + 5.0)
         pipes: list[multiprocessing.connection.Connection] = []
         workers: list[multiprocessing.process.BaseProcess] = []
-        spies: list[Spy] = []
+        spies: dict[str, Recording] = {}
         try:
             for index in range(row.workers):
                 ours, theirs = context.Pipe()
@@ -577,10 +491,10 @@ class ConsumeBench(Bench):
                 with contextlib.suppress(OSError):
                     pipe.send(("stop",))
             reports = [_result_of(pipe) for pipe in pipes]
-            profiles = {spy.label: spy.finish(self.scale.profile_s + PY_SPY_SLACK_S)
-                        for spy in spies}
+            profiles = {label: spy.finish(self.scale.profile_s + PY_SPY_SLACK_S)
+                        for label, spy in spies.items()}
         finally:
-            for spy in spies:
+            for spy in spies.values():
                 spy.stop()
             for pipe in pipes:
                 pipe.close()
@@ -629,14 +543,15 @@ class ConsumeBench(Bench):
         return out
 
     def _spies(self, server: Server, workers: Sequence[multiprocessing.process.BaseProcess],
-               ) -> list[Spy]:
+               ) -> dict[str, Recording]:
+        """py-spy on the tubeq process (when the server is tubeq) and on the first worker."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         targets = [("worker", workers[0].pid)]
         if isinstance(server, Tubeq):
             targets.insert(0, ("tubeq", server.pids["tubeq"]))
-        return [Spy.start(label, pid, self.scale.profile_s,
-                          self.log_dir / f"pyspy-{label}.txt")
-                for label, pid in targets if pid is not None]
+        return {label: Recording.start(pid, self.scale.profile_s,
+                                       self.log_dir / f"pyspy-{label}.txt")
+                for label, pid in targets if pid is not None}
 
     def _record(self, entry: dict[str, Any]) -> None:
         self.runs.append(entry)
@@ -913,7 +828,7 @@ def _profile_lines(profile: dict[str, Any] | None, ref: float | None) -> list[st
     if profile.get("error"):
         lines += ["", f"That run reported: {profile['error']}"]
     for label, spy in (profile.get("profiles") or {}).items():
-        lines += ["", f"**{label}** (py-spy `record -p PID -d N -f raw`, busy samples only)"]
+        lines += ["", f"**{label}** ({SAMPLING})"]
         if "problem" in spy:
             lines.append(f"py-spy: {spy['problem']}")
             continue

@@ -1,15 +1,16 @@
 """Where tubeq's CPU goes: py-spy samples of the tubeq process, Redis's own per-command time.
 
-Owns: attaching py-spy (``pip install '.[bench]'``) to a running tubeq by PID for a bounded
-duration, and turning its collapsed stacks and Redis's INFO commandstats into small summaries
-(top functions by own time and by time including callees, time per source area, Redis
-microseconds per job by command).
+Owns: attaching py-spy (``pip install '.[bench]'``) to a running process by PID (tubeq, or a
+consume() worker) for a bounded duration, and turning its collapsed stacks and Redis's INFO
+commandstats into small summaries (top functions by own time and by time including callees, time
+per source area, Redis microseconds per job by command).
 
 Rules:
 * py-spy runs ``--nonblocking`` (it never pauses tubeq) at a modest rate, and only samples
   where a Python thread is running count: idle waits in the event loop are not CPU.
 * A missing py-spy, or one that cannot attach, yields a summary that says so instead of failing
   the whole benchmark.
+* py-spy is this harness's child: stopped by its PID (``Recording.stop``) on every path.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.paths import REPO_ROOT
+from bench.harness.servers import stop_process
 
 SAMPLE_RATE_HZ = 250
+# How a report names the sampling, next to its tables.
+SAMPLING = f"py-spy at {SAMPLE_RATE_HZ} Hz, non-blocking, busy samples only"
 TOP_FUNCTIONS = 12
 
 # Source areas, first match wins, to say "what kind of work" a sampled frame is.
@@ -35,10 +39,12 @@ EVENT_LOOP_FRAMES = {("Runner.run", "asyncio/runners.py"), ("run", "uvloop/__ini
 EVENT_LOOP_LABEL = "[uvloop event loop, C: epoll, socket reads, callback dispatch]"
 
 AREAS = (
+    ("tubeq/client/", "tubeq client (worker side)"),
     ("tubeq/server/connection.py", "tubeq connection adapter"),
     ("tubeq/server/flow.py", "tubeq connection adapter"),
     ("tubeq/server/wait.py", "tubeq connection adapter"),
     ("tubeq/server/push.py", "tubeq connection adapter"),
+    ("tubeq/server/handlers.py", "tubeq command handlers"),
     ("tubeq/protocol/parser.py", "tubeq protocol parser"),
     ("tubeq/store/store.py", "tubeq store (script calls, futures)"),
     ("tubeq/redisio/client.py", "tubeq Redis client"),
@@ -76,7 +82,8 @@ class Recording:
         return cls(proc, output)
 
     def finish(self, timeout: float) -> dict[str, Any]:
-        """Wait for py-spy (it stops by itself after its duration) and summarise."""
+        """Wait for py-spy (it stops by itself after its duration) and summarise; ``raw`` names
+        the collapsed stacks (relative to the repository when they are inside it)."""
         if self.proc is None:
             return {"problem": self.problem}
         try:
@@ -87,7 +94,15 @@ class Recording:
         if self.proc.returncode != 0 or not self.output.exists():
             return {"problem": f"py-spy exited with {self.proc.returncode}: "
                                f"{stderr.decode(errors='replace')[-300:]}"}
-        return summarise_collapsed(self.output.read_text())
+        summary = summarise_collapsed(self.output.read_text())
+        summary["raw"] = str(self.output.relative_to(REPO_ROOT)
+                             if self.output.is_relative_to(REPO_ROOT) else self.output)
+        return summary
+
+    def stop(self) -> None:
+        """Stop py-spy if it still runs (an error path left it before ``finish``)."""
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def _function_of(frame: str) -> tuple[str, str]:
