@@ -8,14 +8,16 @@ tubeq median / beanstalkd median from the same run). It computes nothing that is
 results file, and it never fills a missing figure: an absent or failed row shows as "n/a" with
 the reason in the notes. It imports the harness only, never a scenario: scenarios import it.
 
-The section "What the profile points to" is bench/PROFILE_NOTES.md, written by hand from a run's
-profile. It names the tubeq source fingerprint it was read from; when this run measured other
-code, the report says so above it, so a stale reading is visible.
+The section "What the profile points to" points at bench/PROFILE_NOTES.md, written by hand from
+runs' profiles (not copied into the report: one text, one place). Each of its sections names the
+tubeq source fingerprint it was read from; the report says which section read this run's code, or
+that none did, so a stale reading is visible.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from bench.harness import machine
@@ -249,18 +251,43 @@ def _many_tubes(results: Results, runs: Runs) -> list[str]:
     return lines
 
 
-def _events(results: Results, runs: Runs) -> list[str]:
-    lines = ["## 4b. The cost of lifecycle events (issue 9)", "",
-             "The rows below run on tubeq only, once with lifecycle events on (one XADD inside "
-             "every transition's script, `--events on`) and once with `--events off`, "
-             "interleaved in their own pass. on / off = median with events on / median with "
-             f"events off; target >= {EVENTS_TARGET}x.", ""]
-    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "events"))
+@dataclass(frozen=True)
+class OnOffPass:
+    """A pass of tubeq-only rows run with a feature on and off, interleaved: sections 4b, 4c."""
+
+    scenario: str  # the rows' scenario, also their key prefix and the columns' word
+    heading: str
+    intro: str
+    on: str  # the server labels of the two sides
+    off: str
+
+
+EVENTS_PASS = OnOffPass(
+    "events", "## 4b. The cost of lifecycle events (issue 9)",
+    "The rows below run on tubeq only, once with lifecycle events on (one XADD inside every "
+    "transition's script, `--events on`) and once with `--events off`, interleaved in their own "
+    "pass. on / off = median with events on / median with events off; target >= "
+    f"{EVENTS_TARGET}x.", on="tubeq", off="tubeq events off")
+METRICS_PASS = OnOffPass(
+    "metrics", "## 4c. The cost of metrics (issue 12)",
+    "The rows below run on tubeq only (events on), once with `--metrics 127.0.0.1:0` (the HTTP "
+    "listener; every hook: outcomes per reply, slow-command timing, wait, run and lateness "
+    "histograms from the scripts' results, the Redis round-trip probe) and once with "
+    "`--slow-ms 0` (no hook at all), interleaved in their own pass. Nobody scrapes during the "
+    "runs: a scrape's cost is off the hot path. on / off = median with metrics on / median off; "
+    f"target >= {METRICS_TARGET}x.", on="tubeq metrics on", off="tubeq metrics off")
+
+
+def _on_off(results: Results, runs: Runs, section: OnOffPass) -> list[str]:
+    """One row per key of ``section``'s pass: both sides' rates, their ratio, latency, CPU."""
+    lines = [section.heading, "", section.intro, ""]
+    keys = list(dict.fromkeys(r["row"] for r in results["runs"]
+                              if r["scenario"] == section.scenario))
+    on, off = section.on, section.off
     rows = []
     for key in keys:
-        on, off = "tubeq", "tubeq events off"
         lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
-        rows.append([key.removeprefix("events "), runs.rate_cell(key, on),
+        rows.append([key.removeprefix(f"{section.scenario} "), runs.rate_cell(key, on),
                      runs.rate_cell(key, off),
                      f"**{fmt_x(ratio_of(runs.rate(key, on), runs.rate(key, off)))}**",
                      f"{fmt_ms(lat_on['p50_ms'])} / {fmt_ms(lat_on['p99_ms'])}",
@@ -269,35 +296,8 @@ def _events(results: Results, runs: Runs) -> list[str]:
                      f"{fmt_rate(runs.us_per_job(key, on))} / "
                      f"{fmt_rate(runs.us_per_job(key, off))}",
                      noise_cell(runs, key, (on, off))])
-    return lines + table(["row", "events on jobs/s", "events off jobs/s", "on / off",
-                           "latency on", "latency off", "CPU % tubeq / redis, on vs off",
-                           "us/job on / off", "other cores on / off"], rows)
-
-
-def _metrics(results: Results, runs: Runs) -> list[str]:
-    lines = ["## 4c. The cost of metrics (issue 12)", "",
-             "The rows below run on tubeq only (events on), once with `--metrics 127.0.0.1:0` "
-             "(the HTTP listener; every hook: outcomes per reply, slow-command timing, wait, "
-             "run and lateness histograms from the scripts' results, the Redis round-trip "
-             "probe) and once with `--slow-ms 0` (no hook at all), interleaved in their own "
-             "pass. Nobody scrapes during the runs: a scrape's cost is off the hot path. "
-             "on / off = median with metrics on / median off; target >= "
-             f"{METRICS_TARGET}x.", ""]
-    keys = list(dict.fromkeys(r["row"] for r in results["runs"] if r["scenario"] == "metrics"))
-    rows = []
-    for key in keys:
-        on, off = "tubeq metrics on", "tubeq metrics off"
-        lat_on, lat_off = runs.latency(key, on), runs.latency(key, off)
-        rows.append([key.removeprefix("metrics "), runs.rate_cell(key, on),
-                     runs.rate_cell(key, off),
-                     f"**{fmt_x(ratio_of(runs.rate(key, on), runs.rate(key, off)))}**",
-                     f"{fmt_ms(lat_on['p50_ms'])} / {fmt_ms(lat_on['p99_ms'])}",
-                     f"{fmt_ms(lat_off['p50_ms'])} / {fmt_ms(lat_off['p99_ms'])}",
-                     f"{runs.server_cpu_cell(key, on)} vs {runs.server_cpu_cell(key, off)}",
-                     f"{fmt_rate(runs.us_per_job(key, on))} / "
-                     f"{fmt_rate(runs.us_per_job(key, off))}",
-                     noise_cell(runs, key, (on, off))])
-    return lines + table(["row", "metrics on jobs/s", "metrics off jobs/s", "on / off",
+    word = section.scenario
+    return lines + table(["row", f"{word} on jobs/s", f"{word} off jobs/s", "on / off",
                            "latency on", "latency off", "CPU % tubeq / redis, on vs off",
                            "us/job on / off", "other cores on / off"], rows)
 
@@ -655,13 +655,19 @@ def _targets(results: Results, runs: Runs) -> list[str]:
 def _notes_section(results: Results) -> list[str]:
     lines = ["## 7. What the profile points to", ""]
     if PROFILE_NOTES.exists():
-        text = PROFILE_NOTES.read_text().strip()
         fingerprint = results["meta"].get("tubeq_source_sha256")
-        if fingerprint and fingerprint not in text:
-            lines += [f"> This reading (bench/PROFILE_NOTES.md) was written for another version "
-                      f"of tubeq than this run measured (source {fingerprint}): its figures and "
-                      "pointers may be stale; re-read it against the tables above.", ""]
-        lines += [text, ""]
+        rounds = [line.removeprefix("## ") for line in PROFILE_NOTES.read_text().splitlines()
+                  if line.startswith("## ")]
+        this_run = next((r for r in rounds if fingerprint and fingerprint in r), None)
+        lines += ["Read by hand from the profiles, one section per round, newest first, in "
+                  "bench/PROFILE_NOTES.md (not copied here)."]
+        if this_run is not None:
+            lines += [f"Its section \"{this_run.split(':')[0]}\" was read from the tubeq this "
+                      f"run measured (source {fingerprint}).", ""]
+        else:
+            lines += ["", f"> None of its sections was read from the tubeq this run measured "
+                          f"(source {fingerprint}): its figures and pointers may be stale; "
+                          "re-read it against the tables above.", ""]
     else:
         lines += ["(bench/PROFILE_NOTES.md is missing: no hand-written reading of the profile.)",
                   ""]
@@ -816,8 +822,8 @@ def render(results: Results) -> str:
         lambda: _delayed_ms(runs),
         lambda: _wake(runs),
         lambda: _many_tubes(results, runs),
-        lambda: _events(results, runs),
-        lambda: _metrics(results, runs),
+        lambda: _on_off(results, runs, EVENTS_PASS),
+        lambda: _on_off(results, runs, METRICS_PASS),
         lambda: _cpu_per_job(results, runs),
         lambda: _workers(results, runs),
         lambda: batches_section(results, runs),
