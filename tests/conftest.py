@@ -34,6 +34,7 @@ UNIT_TESTS: tuple[str, ...] = (
     "protocol/",
     "store/test_scripts.py",
     "redisio/test_futures.py",
+    "test_references.py",
     "server/test_fine_timer.py",
     "server/test_liveness.py",
     "server/test_stats_counters.py",

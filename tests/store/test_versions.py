@@ -1,7 +1,7 @@
 """Versions: the release's (tubeq.__version__, the one source pyproject.toml reads; --version
 of both commands and ``stats`` report it) and the namespace's data layout record
 (``{prefix}:layout``, tubeq.store.keys.LAYOUT_VERSION), checked by every process at start
-(tubeq.redisio.checks.claim_layout_version): written where missing, taken over where older and
+(tubeq.store.layout.claim_layout_version): written where missing, taken over where older and
 readable as it is, left alone and refused where newer, too old or unreadable. A real process
 refused by a newer layout says so in one line and touches nothing.
 """

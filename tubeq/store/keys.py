@@ -24,7 +24,7 @@ from enum import StrEnum
 
 # The version of the data layout this build reads and writes: the key names, what each key
 # holds and what its members mean. It is recorded per namespace (``Keys.layout``, checked at
-# start by tubeq.redisio.checks.claim_layout_version) and moves whenever a build writes something an
+# start by tubeq.store.layout.claim_layout_version) and moves whenever a build writes something an
 # older build would misread; the package version (tubeq.__version__) is not the same number.
 #   1  0.1.0 as first released (772843d): jobs, tubes, pauses ('p:<tube>') and delayed jobs
 #      ('d:<tube>') in {p}:timers, connections, waiters, instances, counters. No layout record.

@@ -14,7 +14,7 @@ An include is a sequence of top-level ``local`` definitions, each with the comme
 A definition that is a string and nothing else (``local JOB_TUBE = 't'``: the job record's
 field names, ``lua/includes/job_record.lua``) is written in where a script uses it instead: as
 a local, every function of the script that reads it would capture it on every call (measured
-~2-3 us of Redis time per put+reserve+delete cycle by EVALSHA, bench/lua_cost.py).
+~2-3 us of Redis time per put+reserve+delete cycle by EVALSHA, bench/probes/lua_cost.py).
 
 Where Redis has Functions (7.0+), every script is also one function of a single library,
 :func:`library`, loaded once (``FUNCTION LOAD``) and called by name (``FCALL``): the included

@@ -1,6 +1,6 @@
 --[[ layout: record the namespace's data layout version, or take the record over from an older
 layout this build reads as it is. Run once by each process at start, before anything else it
-does in the namespace (tubeq.redisio.checks.claim_layout_version); one script, so two processes
+does in the namespace (tubeq.store.layout.claim_layout_version); one script, so two processes
 starting at once cannot both read "none" or an older version and then write over a newer one.
 KEYS[1]  namespace root (the unsplit root also for a namespace split into shards)
 ARGV     this build's layout version, the oldest recorded version it may take over in place
