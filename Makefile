@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint bench bench-cluster bench-consume bench-peers bench-node-deps bench-pipeline bench-start test-greenstalk system-deps client-deps client-apt-deps clean
+.PHONY: run test lint bench bench-cluster bench-consume bench-peers bench-node-deps bench-pipeline bench-start bench-ab test-greenstalk system-deps client-deps client-apt-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,10 +79,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The benchmark of issue 4: fresh beanstalkd and tubeq, same loads, ~15-16 min; writes
-# bench/RESULTS.md; then the pipeline section (bench-pipeline below), the peers section
-# (bench-peers below) and the cluster section (bench-cluster below). `make bench ARGS=--quick`
-# is a development run of all four (bench/out/).
+# tubeq against beanstalkd: fresh servers, same loads, ~15-16 min; writes bench/RESULTS.md;
+# then the pipeline section (bench-pipeline below), the peers section (bench-peers below) and
+# the cluster section (bench-cluster below): ~40-60 min in all. `make bench ARGS=--quick` is a
+# development run of all four (bench/out/). bench/README.md: which command answers which question.
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -100,7 +100,7 @@ bench-node-deps:
 	@command -v npm >/dev/null 2>&1 || { echo "installing: nodejs npm"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 
-# Issue 13's peers section of `make bench` on its own: tubeq, beanstalkd (same client), BullMQ,
+# The peers section of `make bench` on its own: tubeq, beanstalkd (same client), BullMQ,
 # saq, arq, RQ, Celery, Dramatiq; one producer then one worker (concurrency 32) each, on fresh
 # private servers; ~20-30 min, writes bench/RESULTS-peers.md. The Python peers get a virtualenv
 # each under bench/out/peer-venvs (pinned in pyproject.toml's bench-peer-* extras), BullMQ
@@ -109,28 +109,35 @@ bench-node-deps:
 bench-peers: $(BENCH_STAMP) system-deps bench-node-deps
 	$(BIN)/python -m bench.peers $(ARGS)
 
-# Issue 11's cluster section of `make bench` on its own: the put and cycle 64x16 loads over 64
+# The cluster section of `make bench` on its own: the put and cycle 64x16 loads over 64
 # tubes on 1 Redis (--shards 1 and 16) and on a 3-node Redis Cluster (--shards 16), 2 tubeq
 # processes each; CPU per job of every process and how the Lua work splits across the nodes;
 # ~3 min, appends to bench/RESULTS-cluster.md. ARGS=--quick: ~1 min, bench/out/.
 bench-cluster: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.cluster_bench $(ARGS)
 
-# Issue 9's pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
+# The pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
 # archive (wall, with Spark start), df.write.format("tubeq") rate; ~10 min, appends to
 # bench/RESULTS-pipeline.md. ARGS=--quick: small sizes, a few minutes, bench/out/.
 bench-pipeline: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.pipeline_bench $(ARGS)
 
-# Issue 3's benchmark: a consume() worker against tubeq (push and pipelined reserves) and
+# A consume() worker against tubeq (push and pipelined reserves) and
 # beanstalkd, in one run (~2 min); writes bench/RESULTS-consume.md.
 bench-consume: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.consume_bench $(ARGS)
 
-# Issue 31's start time: exec to listening and exec to the first reply, tubeq against beanstalkd,
+# Start time: exec to listening and exec to the first reply, tubeq against beanstalkd,
 # median of 20 runs each (~1 min); writes bench/RESULTS-start.md. ARGS=--runs 5: a quick look.
 bench-start: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.start_time --write $(ARGS)
+
+# A change judged: the tubeq of a base revision (a `git archive` snapshot) against this tree's,
+# make bench's rows run back to back, the order alternating, on fresh private Redis each; one
+# CPU, one run. ARGS="--base REV" is required; --reps N (3), --only put,cycle (row prefixes).
+# ~15-20 min for every row at --reps 3; writes bench/out/ab-<stamp>.md and prints the table.
+bench-ab: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.ab $(ARGS)
 
 # greenstalk's own test suite (a fresh server per test, a 0.1 s start wait) against tubeq, as
 # upstream runs it against beanstalkd (AGAINST=beanstalkd). Not in `make test`: the suite's file
