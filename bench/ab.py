@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.ab --base REV [--reps 3] [--only put,cycle] [--output FILE]
 
-A change that touches the hot path is judged by this (CONVENTIONS.md: A/B on the same CPU).
+A change that touches the hot path is judged by this: both sides on one CPU, interleaved, in one
+run (bench/README.md says why no other comparison counts).
 Both versions run from snapshots of their ``tubeq/`` (the base one from ``git archive``), each
 run on a fresh private Redis, with make bench's load generator, rows and windows. Every
 repetition walks every row and runs both versions back to back, the order alternating, so a
@@ -58,7 +59,7 @@ def measure(bench: CoreBench, row: Row, code_dir: Path) -> dict[str, Any]:
     finally:
         server.stop()
     # CPU per job of each server process (us): steadier than the rate on a machine whose
-    # speed drifts, and what issue 13's targets are set in.
+    # speed drifts, and what the CPU targets are set in.
     cpu = {name: pct / 100 * 1e6 / result.jobs_per_s
            for name, pct in result.cpu_pct.items() if pct is not None and result.jobs_per_s}
     return {"rate": result.jobs_per_s, "p99": result.latency["p99_ms"], "ok": result.ok,

@@ -1,4 +1,4 @@
-"""The batch rows of `make bench` (issue 10 batches) run on their own -> RESULTS-batches.md.
+"""The batch rows of `make bench` run on their own -> RESULTS-batches.md.
 
     .venv/bin/python -m bench.batch_bench            the batch rows, beanstalkd's reference
                                                      rows and the consume rows (~5 min)
@@ -14,7 +14,7 @@ beanstalkd's best pipelined put (put rows) or cycle (reserve and cycle rows) of 
 100 B bodies.
 
 The consume rows use consume_bench's worker as it is: Client.consume() with a handler that only
-returns, so every job is deleted; since issue 10 those deletes leave as one delete-many per
+returns, so every job is deleted; those deletes leave as one delete-many per
 connection and loop turn (pipelined deletes against beanstalkd). Its `Redis scripts/job` shows
 what batching saves on tubeq (before: about 1 script call per job for the delete alone).
 """

@@ -1,5 +1,5 @@
-"""Issue 11's cluster section of `make bench`: one Redis against a 3-node Redis Cluster, and how
-the Lua work splits across the nodes -> bench/RESULTS-cluster.md.
+"""The cluster section of `make bench`: one Redis against a 3-node Redis Cluster, and how the Lua
+work splits across the nodes -> bench/RESULTS-cluster.md.
 
     make bench-cluster                                 the full run (~3 min on 2 cores)
     .venv/bin/python -m bench.cluster_bench --quick    1 repetition, 1 s windows (bench/out/)

@@ -1,4 +1,4 @@
-"""consume() throughput (issue 3): what the push extension gains, against beanstalkd, in one run.
+"""consume() throughput: what the push extension gains, against beanstalkd, in one run.
 
     .venv/bin/python -m bench.consume_bench            full run (3 repetitions, ~4 min)
     .venv/bin/python -m bench.consume_bench --quick    1 repetition, small counts (~1 min)
@@ -15,7 +15,7 @@ the order reversed every other repetition):
 
 * ``cycle 64x16`` and ``cycle 8x16``: beanstalkd's pipelined put+reserve+delete rate,
   bench.harness.loadgen cycle mode (64 connections use 2 generator processes, as in bench/run.py).
-  The best median of the two is the reference every consume row is divided by; issue 3's target is a
+  The best median of the two is the reference every consume row is divided by; the target is a
   push row at >= 1.5x that reference.
 * consume rows: the tube is pre-filled with ``jobs`` jobs of 100 B (loadgen put mode, 8
   connections x 64 in flight; that fill rate is reported on its own), then 1 or 2 worker

@@ -1,4 +1,4 @@
-"""``make bench``'s pipeline section (issue 9): archive rate, report time, write rate.
+"""``make bench``'s pipeline section: archive rate, report time, write rate.
 
     .venv/bin/python -m bench.pipeline_bench [--quick] [--output PATH]
 

@@ -1,4 +1,4 @@
-"""Pipeline benchmark, report and writer side (issue 9 parts 3 and 5): two figures.
+"""Pipeline benchmark, report and writer side: two figures.
 
     .venv/bin/python -m bench.pipeline_report_bench [--events 10000000] [--rows 200000]
 
@@ -7,7 +7,7 @@
   timed-out, reserved; 10 % put, reserved, buried, kicked) over 50 tubes and 24 hours, written by
   Spark as Parquet partitioned by date and tube, like the archive. Then
   ``python -m tubeq.pipeline.report --master local[2]`` runs as its own process, and its wall
-  time (Spark start, reading, every table, report.html) is the figure; issue 9's target is under
+  time (Spark start, reading, every table, report.html) is the figure; the target is under
   60 s on this 2-core machine. ``--reports N`` runs it N times on the same archive; each run's
   load average before it and the CPU seconds of its process tree (the driver, the JVM and the
   Python workers, sampled from /proc) are recorded too, since on a shared 2-core machine the

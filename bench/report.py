@@ -1,6 +1,6 @@
 """RESULTS.md from a results file of bench/run.py: tables, ratios, targets met or missed.
 
-Owns: which figure each target of issue 4 is judged on, the layout of the report and every
+Owns: which figure each target is judged on, the layout of the report and every
 section of it, the batches section included (bench/batch_bench.py renders it in
 RESULTS-batches.md too), and the names of the rows it judges by name (MANY_TUBES_64...). Figures
 are summarised as bench/harness/summary.py does (median and min-max over repetitions, ratio =
@@ -217,7 +217,7 @@ MANY_TUBES_64_TARGET = 0.7
 def _many_tubes(results: Results, runs: Runs) -> list[str]:
     lines = ["## 4. Reserve across many watched tubes", "",
              "Rows `T tubes`: 8 producer connections put round robin over T tubes (a `use` "
-             "before every put, as in perf-baseline.md section 5, unless the row says "
+             "before every put, unless the row says "
              "otherwise); 8 consumer connections each watch all T tubes; 16 commands in flight "
              "per connection. Row `64x16, 100 tubes`: 64 producer connections, each "
              "sending `use` of the next of the 100 tubes before every put (each starts at its "

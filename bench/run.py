@@ -1,4 +1,4 @@
-"""The benchmark of issue 4: beanstalkd and tubeq under the same loads in one run -> RESULTS.md.
+"""beanstalkd and tubeq under the same loads in one run -> bench/RESULTS.md.
 
     make bench                                   the full run (~15-16 min on the 2-core machine)
     .venv/bin/python -m bench.run --quick        1 repetition, small counts (~2 min)
@@ -14,18 +14,16 @@ briefly for the machine to be quiet, drives it with bench.harness.loadgen, and s
 Repetitions are interleaved: each repetition walks every row, alternating which server goes
 first, so a noisy minute hurts one repetition of many rows rather than every repetition of one.
 
-Scenarios (issue 4): 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq
-process and two), 4 many watched tubes, then the cost of lifecycle events (issue 9: the 64x16
-put and cycle rows on tubeq with events on and off, interleaved), the cost of metrics (issue 12:
-the same rows with the HTTP listener and every metrics hook on, ``--metrics``, against no
-metrics and no slow-command tracking, ``--slow-ms 0``), a py-spy profile of the main
-put and cycle rows on tubeq with events on and off, interleaved), the batch rows (issue 10:
-put-many, reserve-many, delete-many, and consume() deleting in batches, through
-bench/consume_bench.py's worker; `python -m bench.batch_bench` runs them alone, about a minute
-and a half more), a py-spy profile of the main
-rows, and last 5 backlog and memory per queued job. The backlog row the issue asks for (10M
-jobs) is sized to what the remaining time budget can fill at the fill rates measured on the 1M
-row; RESULTS.md says when it was reduced and why.
+Scenarios: 1 put and cycle matrix, 2 delayed-job lateness, 3 wake latency (one tubeq process
+and two), 4 many watched tubes, then the cost of lifecycle events (4b: the 64x16 put and cycle
+rows on tubeq with events on and off, interleaved), the cost of metrics (4c: the same rows with
+the HTTP listener and every metrics hook on, ``--metrics``, against no metrics and no
+slow-command tracking, ``--slow-ms 0``), CPU per job and ``--workers`` (4d, 4e), the batch rows
+(put-many, reserve-many, delete-many, and consume() deleting in batches, through
+bench/consume_bench.py's worker; `python -m bench.batch_bench` runs them alone), a py-spy
+profile of the main rows, and last 5 backlog and memory per queued job. The 10M-job backlog row
+is sized to what the remaining time budget can fill at the fill rates measured on the 1M row;
+RESULTS.md says when it was reduced and why.
 
 tubeq runs as it does with its private redis-server: lifecycle events on (``--events on``; the
 harness starts tubeq with ``--redis``, where they default to off). The memory rows (backlog,

@@ -1,4 +1,4 @@
-"""Start time against beanstalkd (issue 31): exec to a listening port, exec to the first reply.
+"""Start time against beanstalkd: exec to a listening port, exec to the first reply.
 
     .venv/bin/python -m bench.start_time [--runs 20] [--write]     (make bench-start)
 

@@ -1,4 +1,4 @@
-"""The batch loads of bench.harness.loadgen (issue 10 batches): tubeq's put-many, reserve-many
+"""The batch loads of bench.harness.loadgen: tubeq's put-many, reserve-many
 and delete-many under load. tubeq only: beanstalkd has none of these commands.
 
 Modes (``--batch B`` jobs per command):

@@ -25,7 +25,8 @@ from bench.harness.load_core import LoadSpec
 from bench.harness.paths import OUT_DIR
 from bench.harness.procstat import QuietGate
 
-# The machine counts as quiet below this many busy cores (research/perf-baseline.md: 0.3).
+# The machine counts as quiet below this many busy cores (the performance baseline's threshold,
+# ../shared/research/perf-baseline.md section 1, outside this repository).
 QUIET_CORES = 0.3
 # After this many runs in a row found the machine busy, stop waiting for quiet (QuietGate).
 BUSY_STREAK_GIVE_UP = 5

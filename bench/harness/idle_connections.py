@@ -1,11 +1,11 @@
-"""Memory per idle connection (issue 8): N connections each blocked in ``reserve`` on an empty
+"""Memory per idle connection: N connections each blocked in ``reserve`` on an empty
 tube, the server's RSS before and after, per connection; for tubeq also Redis's used_memory.
 
     .venv/bin/python -m bench.harness.idle_connections [--connections 10000]
                                                             one measurement, printed
 
 ``make bench`` runs it for beanstalkd and tubeq (section "Idle connections" of RESULTS.md).
-The target of issue 8 is at most 4 kB of tubeq RSS per connection. 100 connections are opened
+The target is at most 4 kB of tubeq RSS per connection. 100 connections are opened
 and blocked first, so objects made once per process (not per connection) are in the baseline.
 """
 

@@ -2,7 +2,7 @@
 
     python -m bench.harness.loadgen MODE --port PORT [options]      (from the repository root)
 
-Modes (research/perf-baseline.md section 1 has the method they follow):
+Modes (the method of the performance baseline, ../shared/research/perf-baseline.md section 1):
   put         N connections keep P puts in flight each; latency = the put round trip.
               With --tubes T > 1 (put and cycle) connection n of all processes uses tube
               `<tube>.<n mod T>` and only that one (in cycle, consumer n watches only it): the

@@ -1,8 +1,9 @@
 """CPU and memory of processes and of the whole machine, read from /proc (Linux only).
 
 Owns: the arithmetic of "how busy was PID x during this window" and "how much of the machine did
-anything else use" (``other_cores``, research/perf-baseline.md section 1). Nothing here starts,
-stops or signals a process; it only reads.
+anything else use" (``other_cores``, as the performance baseline counted it:
+../shared/research/perf-baseline.md section 1). Nothing here starts, stops or signals a process;
+it only reads.
 
 Rules:
 * CPU is utime + stime of ``/proc/PID/stat`` (every thread of the process), in clock ticks;

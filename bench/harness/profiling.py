@@ -41,6 +41,8 @@ EVENT_LOOP_LABEL = "[uvloop event loop, C: epoll, socket reads, callback dispatc
 AREAS = (
     ("tubeq/client/", "tubeq client (worker side)"),
     ("tubeq/server/connection.py", "tubeq connection adapter"),
+    ("tubeq/server/reserves.py", "tubeq connection adapter"),
+    ("tubeq/server/runs.py", "tubeq connection adapter"),
     ("tubeq/server/flow.py", "tubeq connection adapter"),
     ("tubeq/server/wait.py", "tubeq connection adapter"),
     ("tubeq/server/push.py", "tubeq connection adapter"),

@@ -15,7 +15,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-# A run whose other tenants used at least this many cores shared the box (perf-baseline.md).
+# A run whose other tenants used at least this many cores shared the box (the performance
+# baseline's threshold, ../shared/research/perf-baseline.md section 1).
 SHARED_BOX_CORES = 0.5
 
 Results = dict[str, Any]

@@ -1,4 +1,4 @@
-"""The peers section of ``make bench`` (issue 13 part 1): tubeq among the other job queues.
+"""The peers section of ``make bench``: tubeq among the other job queues.
 
     make bench-peers                                 the full section (bench/RESULTS-peers.md)
     .venv/bin/python -m bench.peers --quick          small counts, 1 repetition (bench/out/)

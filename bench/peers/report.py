@@ -1,7 +1,7 @@
 """bench/RESULTS-peers.md from a results file of bench/peers/run.py.
 
 Owns: how a run's figures are derived (rates, CPU per job, the ack tail), summarised (median over
-repetitions, with min-max) and judged (issue 13's target: tubeq at least 2x the fastest
+repetitions, with min-max) and judged (the target: tubeq at least 2x the fastest
 Redis-backed peer, in the same run), and the report's layout. A failed system stays in every
 table, marked FAILED, with its error in the failures section. Everything after HAND_MARKER in
 an existing report is kept when the report is rewritten: the reading written by hand.

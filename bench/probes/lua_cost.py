@@ -9,9 +9,9 @@ of its library (FCALL) where the revision has one (tubeq.store.scripts.library),
 time per cycle (INFO commandstats, the script calls' usec: what the scripts cost inside Redis,
 without the network or tubeq's Python) and the redis.call()s the scripts made per cycle (the
 commandstats of every other command). The call count is exact and the same on any machine; the
-time is noisy on a shared one, so repetitions alternate between the versions. Used for issue
-10's reserve limits, whose cost for a tube without limits must stay one cheap check
-(bench/RESULTS-limits.md), and issue 13's Redis Functions.
+time is noisy on a shared one, so repetitions alternate between the versions. The reserve
+limits' cost for a tube without limits (one cheap check, bench/RESULTS-limits.md) and the move to
+Redis Functions were judged by it.
 """
 
 from __future__ import annotations
