@@ -82,7 +82,7 @@ lint: $(STAMP)
 # tubeq against beanstalkd: fresh servers, same loads, ~15-16 min; writes bench/RESULTS.md;
 # then the pipeline section (bench-pipeline below), the peers section (bench-peers below) and
 # the cluster section (bench-cluster below): ~40-60 min in all. `make bench ARGS=--quick` is a
-# development run of all four (bench/out/). bench/README.md: which command answers which question.
+# development run of all four (bench/out/). Which command answers which question: bench/README.md.
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
@@ -122,8 +122,8 @@ bench-cluster: $(BENCH_STAMP) system-deps
 bench-pipeline: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.pipeline_bench $(ARGS)
 
-# A consume() worker against tubeq (push and pipelined reserves) and
-# beanstalkd, in one run (~2 min); writes bench/RESULTS-consume.md.
+# A consume() worker against tubeq (push and pipelined reserves) and beanstalkd, in one run
+# (~2-4 min); writes bench/RESULTS-consume.md.
 bench-consume: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.consume_bench $(ARGS)
 
