@@ -11,7 +11,8 @@ counts against the sets (tests/support/job_counts.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -39,10 +40,11 @@ async def commands_run(raw: redis.asyncio.Redis) -> int:
     return sum(int(v["calls"]) for v in stats.values())
 
 
-async def cost_of(raw: redis.asyncio.Redis, call: asyncio.Future[object]) -> int:
-    """The Redis commands ``call`` ran (less the INFO that measures it)."""
+async def cost_of(raw: redis.asyncio.Redis, call: Callable[[], asyncio.Future[Any]]) -> int:
+    """The Redis commands ``call()`` ran (less the INFO that measures it); made only once the
+    count before it is read, as the store sends a call on its own connection at once."""
     before = await commands_run(raw)
-    await call
+    await call()
     return await commands_run(raw) - before - 1
 
 
@@ -76,11 +78,11 @@ async def walked_counts(env: Env) -> list[int]:
 
 async def test_stats_and_the_job_count_read_no_tube(env: Env) -> None:
     await fill(env, 20)
-    small = await cost_of(env.raw, env.store.server_counts())
-    small_count = await cost_of(env.raw, env.store.count_jobs())
+    small = await cost_of(env.raw, env.store.server_counts)
+    small_count = await cost_of(env.raw, env.store.count_jobs)
     await fill(env, TUBES)  # 30 times the tubes
-    assert await cost_of(env.raw, env.store.server_counts()) == small
-    assert await cost_of(env.raw, env.store.count_jobs()) == small_count
+    assert await cost_of(env.raw, env.store.server_counts) == small
+    assert await cost_of(env.raw, env.store.count_jobs) == small_count
     gauges, _ = await env.store.server_counts()
     walked = await walked_counts(env)
     assert gauges[:6] == walked
@@ -89,9 +91,9 @@ async def test_stats_and_the_job_count_read_no_tube(env: Env) -> None:
 
 async def test_overview_reads_its_rows_and_sums_the_rest_from_the_counts(env: Env) -> None:
     await fill(env, 20)
-    small = await cost_of(env.raw, env.store.overview(10))
+    small = await cost_of(env.raw, lambda: env.store.overview(10))
     await fill(env, TUBES)
-    assert await cost_of(env.raw, env.store.overview(10)) == small
+    assert await cost_of(env.raw, lambda: env.store.overview(10)) == small
     count, rows = await env.store.overview(10)
     assert count == TUBES + 1  # t0 ... t599 and "default"
     assert [row.name for row in rows[:-1]] == (
