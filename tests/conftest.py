@@ -37,6 +37,7 @@ UNIT_TESTS: tuple[str, ...] = (
     "test_references.py",
     "server/test_fine_timer.py",
     "server/test_liveness.py",
+    "server/test_reserves.py",
     "server/test_stats_counters.py",
     "server/test_using.py",
     "server/test_waiters.py",

@@ -725,7 +725,7 @@ async def test_a_pooled_job_whose_ttr_ran_out_is_not_answered(
     the reserve must not answer it."""
     worker = new_client()
     stale = Reservation(id=424242, ttr=1, body=b"stale", deadline_ms=ctx.store.clock() - 1)
-    worker.conn._pool.append(stale)
+    worker.conn.reserves._pool.append(stale)
     worker.send(b"reserve-with-timeout 0\r\n")
     await worker.expect(b"TIMED_OUT\r\n")
 

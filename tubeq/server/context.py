@@ -3,10 +3,11 @@
 Owns: :class:`ServerContext` (a namespace's store, waiters, scheduler, counters and limits),
 :class:`Capacity` (``--max-connections``), :class:`Gate` (which namespace a token or client
 certificate enters), the two per-connection limits' defaults, the :data:`Reply` a handler
-returns, and :class:`Session`, the members of a connection the handlers (tubeq.server.handlers),
-its push loop (tubeq.server.push) and the process (tubeq.server.process) use.
+returns (:func:`reply_bytes`: a finished one's bytes), and :class:`Session`, the members of a
+connection the handlers (tubeq.server.handlers), its push loop (tubeq.server.push), its reserve
+queue (tubeq.server.reserves) and the process (tubeq.server.process) use.
 
-Rules: imports nothing of tubeq.server.connection or tubeq.server.handlers. The handlers are
+Rules: imports nothing of tubeq.server.connection, .reserves or .handlers. The handlers are
 typed against :class:`Session`, not the Connection class, so the connection imports the
 handlers and nothing imports back (no ring, not even of type imports); a fake session is
 enough to call a handler.
@@ -23,6 +24,8 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from tubeq.protocol import replies
+from tubeq.redisio.client import ran
 from tubeq.redisio.futures import OneReadAtATime, discard
 from tubeq.server.access import AccessConfig
 from tubeq.server.metrics import Metrics
@@ -39,6 +42,19 @@ T = TypeVar("T")
 
 # What a handler answers: the reply's bytes, or a future of them (a store call in flight).
 Reply = bytes | asyncio.Future[bytes]
+
+
+def reply_bytes(f: asyncio.Future[bytes], extended: bool) -> bytes:
+    """A reply future's bytes; a failed store call is INTERNAL_ERROR, saying whether the
+    command ran to a connection that has used an extension (replies.internal_error)."""
+    if f.cancelled():
+        return replies.internal_error(None, extended)
+    exc = f.exception()
+    if exc is not None:
+        log.warning("store call failed", error=repr(exc))
+        return replies.internal_error(ran(exc), extended)
+    return f.result()
+
 
 # A restore of this process's registrations that failed (Redis went away) is tried again
 # after this pause.

@@ -5,7 +5,8 @@ touch) and the parsed command and returns the reply bytes, or a future
 of them when the store is involved (a Redis call in flight), or ``None`` for quit and for
 a put-many's parts before its last (its one reply comes with the last). It reads
 and updates the connection's own state (used tube, watch list, held jobs) and calls the store;
-ordering, blocking and writing are the connection's business (tubeq.server.connection).
+ordering and blocking are the connection's reserve queue's (tubeq.server.reserves), writing
+the connection's own (tubeq.server.connection).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A pipelining producer sends a put per job and a pipelining consumer a delete per job. The puts
 (to one tube) or the deletes a connection takes from one read, one after another and needing
-to wait for nothing (tubeq.server.connection decides which), go out together when its turn
+to wait for nothing (tubeq.server.reserves decides which), go out together when its turn
 ends: one put_many or delete_many call, each command still answered on its own. Each job is
 put or deleted as the single-job script would, in the same order: the call only saves the
 script calls in between. Owns that run only: what a command answers is its caller's

@@ -42,7 +42,8 @@ T = TypeVar("T")
 
 
 class GrantOwner(Protocol):
-    """Whom the jobs a wait is granted belong to (a connection: tubeq.server.connection)."""
+    """Whom the jobs a wait is granted belong to: a connection (tubeq.server.connection; a
+    blocked reserve's wait is owned by its reserve queue, tubeq.server.reserves)."""
 
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         """``call``, its grants recorded as the owner's whatever becomes of the wait."""

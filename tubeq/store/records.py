@@ -122,7 +122,7 @@ class JobPolicies:
 class Deferred(Exception):
     """A command pipelined behind a reserve of its connection did nothing: that reserve waits
     for a job, and beanstalkd runs what follows a reserve only once it is answered. The
-    connection sends the command again then (tubeq.server.connection)."""
+    connection's reserve queue sends the command again then (tubeq.server.reserves)."""
 
 
 class JobObserver(Protocol):

@@ -1,0 +1,169 @@
+"""The reserve queue's rules against a fake connection (no Redis, no socket): what may pass an
+unanswered reserve, which reserve a passing command names to Redis, the order reserves answer
+in, and a deferred command sent again after them. The wire behaviour is tested in
+tests/server/test_connection.py and the differential suite; this pins the rules where
+tubeq.server.reserves keeps them."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+from tubeq.protocol import commands as c
+from tubeq.server.reserves import (
+    RESERVE_GRACE_S,
+    SAFETY_MARGIN_MS,
+    PendingReserve,
+    ReserveOwner,
+    ReserveQueue,
+)
+from tubeq.store.records import Deferred, Reservation
+
+NOW_MS = 1_700_000_000_000
+TTR_S = 60
+
+
+class FakeStore:
+    """The store calls a reserve queue makes, each answered by hand through its future."""
+
+    defers_behind_reserves = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def clock(self) -> int:
+        return NOW_MS
+
+    def reserve(self, token: str, *, number: int = 0) -> asyncio.Future[Any]:
+        call = asyncio.get_running_loop().create_future()
+        self.calls.append(("reserve", number, call))
+        return call
+
+    def reserve_many(self, token: str, count: int, *, number: int = 0,
+                     each: bool = False) -> asyncio.Future[Any]:
+        call = asyncio.get_running_loop().create_future()
+        self.calls.append(("reserve_many", count, number, each, call))
+        return call
+
+
+class FakeConnection:
+    """What a reserve queue uses of its connection (ReserveOwner), recording what it is told."""
+
+    def __init__(self) -> None:
+        self.store = FakeStore()
+        self.token = "token"
+        self.reserved: dict[int, int] = {}
+        self.extended = False
+        self.worker = False
+        self.replaying = False
+        self.handlers: dict[type[c.Command], Any] = {}
+        self.ctx = SimpleNamespace(observer=None, registry=SimpleNamespace(overdue=None),
+                                   scheduler=SimpleNamespace(note_due=lambda due: None))
+        self.written: list[bytes] = []
+
+    def mark_worker(self) -> None:
+        self.worker = True
+
+    def reply_done(self, reply: asyncio.Future[bytes]) -> None:
+        self.written.append(reply.result())
+
+    def schedule_pump(self) -> None:
+        pass
+
+
+def queue_with(timeouts: list[int | None],
+               held: dict[int, int] | None = None) -> tuple[ReserveQueue, FakeConnection]:
+    """A queue whose connection holds ``held`` (job id -> TTR deadline, ms) and has unanswered
+    reserves with ``timeouts`` (None: no timeout), numbered from 1."""
+    conn = FakeConnection()
+    conn.reserved = dict(held or {})
+    queue = ReserveQueue(cast(ReserveOwner, conn))
+    for number, timeout in enumerate(timeouts, 1):
+        queue.pending.append(PendingReserve(timeout, cast("asyncio.Future[bytes]", None), number))
+    return queue, conn
+
+
+def job(job_id: int, body: bytes) -> Reservation:
+    return Reservation(job_id, TTR_S, body, NOW_MS + TTR_S * 1000)
+
+
+def test_only_reserves_and_commands_on_held_jobs_may_pass_a_reserve() -> None:
+    far = NOW_MS + 3_600_000
+    queue, conn = queue_with([None], {1: far, 2: far})
+    assert queue.may_pass(c.Reserve())
+    assert queue.may_pass(c.ReserveMany(count=5, seconds=0))
+    assert queue.may_pass(c.Delete(id=1))
+    assert queue.may_pass(c.Touch(id=2))
+    assert queue.may_pass(c.Bury(id=1, pri=0))
+    assert queue.may_pass(c.DeleteMany(ids=(1, 2)))
+    assert not queue.may_pass(c.Delete(id=3))  # not this connection's job
+    assert not queue.may_pass(c.DeleteMany(ids=(1, 3)))
+    assert not queue.may_pass(c.Release(id=1, pri=0, delay=0))
+    assert not queue.may_pass(c.Kick(bound=1))
+    # Once a reserve is known to wait, only reserves pass it.
+    queue.blocking = cast("asyncio.Task[bytes]", object())
+    assert not queue.may_pass(c.Delete(id=1))
+    assert queue.may_pass(c.Reserve())
+    # A store that cannot defer (a split namespace): the same.
+    queue.blocking = None
+    conn.store.defers_behind_reserves = False
+    assert not queue.may_pass(c.Delete(id=1))
+    assert queue.may_pass(c.Reserve())
+
+
+def test_a_command_names_the_first_reserve_it_passes_unless_it_cannot_change_them() -> None:
+    # Reserves with 1 s and 2 s timeouts ahead: both have ended by this horizon, grace included.
+    horizon = NOW_MS + 3_000 + 2 * int(RESERVE_GRACE_S * 1000)
+    after = horizon + SAFETY_MARGIN_MS + 1  # its TTR's margin starts after the horizon
+    at = horizon + SAFETY_MARGIN_MS  # ... exactly at it
+    queue, _ = queue_with([1, 2], {1: after, 2: at})
+    assert queue.passing(c.Reserve()) == 0
+    assert queue.passing(c.Delete(id=1)) == 0
+    assert queue.passing(c.Touch(id=1)) == 0
+    assert queue.passing(c.DeleteMany(ids=(1,))) == 0
+    assert queue.passing(c.Delete(id=2)) == 1
+    assert queue.passing(c.DeleteMany(ids=(1, 2))) == 1
+    assert queue.passing(c.Bury(id=1, pri=0)) == 1  # another connection's kick could hand it over
+    untimed, _ = queue_with([1, None], {1: after})
+    assert untimed.passing(c.Delete(id=1)) == 1  # a reserve without a timeout may wait past any TTR
+
+
+async def test_a_turns_reserves_go_as_one_try_and_answer_in_order() -> None:
+    queue, conn = queue_with([])
+    first = queue.start(None, None, True)
+    second = queue.start(None, None, True)
+    assert conn.store.calls == []  # they go when the turn ends
+    queue.send_untried()
+    [(kind, count, number, each, call)] = conn.store.calls
+    assert (kind, count, number, each) == ("reserve_many", 2, 1, True)
+    call.set_result([job(7, b"a"), job(8, b"b")])
+    await asyncio.sleep(0)  # the store call's done-callbacks run
+    assert conn.written == [b"RESERVED 7 1\r\na\r\n", b"RESERVED 8 1\r\nb\r\n"]
+    assert first.done() and second.done() and not queue.pending
+    assert conn.reserved == {7: NOW_MS + TTR_S * 1000, 8: NOW_MS + TTR_S * 1000}
+    assert conn.worker
+
+
+async def test_a_deferred_command_is_sent_again_once_the_reserves_before_it_answered() -> None:
+    queue, conn = queue_with([])
+    replayed: list[bool] = []
+
+    def delete(session: Any, command: c.Delete) -> bytes:
+        replayed.append(session.replaying)
+        return b"DELETED\r\n"
+
+    conn.handlers[c.Delete] = delete
+    reserve = queue.start(None, None, False)  # not in a turn: its try goes at once
+    [(_, number, call)] = conn.store.calls
+    assert number == 1
+    outcome: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    reply = queue.sent_past(c.Delete(id=5), outcome)
+    outcome.set_exception(Deferred())
+    await asyncio.sleep(0)
+    assert not reply.done() and replayed == []  # the reserve before it has not answered
+    call.set_result(job(9, b"x"))
+    await asyncio.sleep(0)
+    assert reserve.done() and conn.written == [b"RESERVED 9 1\r\nx\r\n"]
+    assert await reply == b"DELETED\r\n"
+    assert replayed == [True] and not conn.replaying
