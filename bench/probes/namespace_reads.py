@@ -7,8 +7,11 @@ SLOWLOG), and another client's lone put while one connection pipelines `stats` w
 
 For each tube count: a private Redis and tubeq (`--metrics` on, events off), tubes made as a
 client makes them (`use` + one `put` each, pipelined); then `stats` and a scrape, median of 20
-each; then PUTS puts one at a time, idle, and again while a second process pipelines `stats` 20
-at a time for as long as the puts run (p50 and p99 of each, and their ratio). With ``--base
+each; then PUTS puts one at a time, idle, again while a second process pipelines `stats` 20
+at a time for as long as the puts run (p50 and p99 of each, and their ratio), and again while it
+pipelines `list-tube-used`, which tubeq answers without Redis: the share of a storm that is
+only a busy neighbour on the machine's cores. The stormer runs at nice 19, standing for a
+client on another machine. With ``--base
 REV`` the same rows run on revision REV too, the two sides alternating per tube count (A/B
 interleaved, one CPU model: printed). Loopback only; every loop is bounded by count; processes
 stopped by PID.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import multiprocessing.synchronize
+import os
 import socket
 import statistics
 import tempfile
@@ -72,12 +76,30 @@ def ask_timed(sock: socket.socket, command: bytes) -> float:
     return time.perf_counter() - began
 
 
-def storm(port: int, stop: multiprocessing.synchronize.Event) -> None:
-    """Pipeline `stats` STORM_BATCH at a time until told to stop (bounded by the caller's puts)."""
+def storm(port: int, stop: multiprocessing.synchronize.Event, command: bytes) -> None:
+    """Pipeline ``command`` STORM_BATCH at a time until told to stop (bounded by the caller's
+    puts). At nice 19: it stands for a client on another machine, so what the put pays is what
+    its commands cost tubeq and Redis, not what its own loop costs this machine's two cores."""
+    os.nice(19)
     with socket.create_connection((LOOPBACK, port)) as sock:
         while not stop.is_set():
-            sock.sendall(b"stats\r\n" * STORM_BATCH)
+            sock.sendall(command * STORM_BATCH)
             _read_replies(sock, bytearray(), STORM_BATCH)
+
+
+def puts_during(port: int, puts: int, command: bytes) -> list[float]:
+    """``puts`` lone puts timed while another process pipelines ``command`` without pause."""
+    stop = multiprocessing.Event()
+    stormer = multiprocessing.Process(target=storm, args=(port, stop, command))
+    stormer.start()
+    try:
+        time.sleep(0.2)  # the storm under way
+        return puts_timed(port, puts)
+    finally:
+        stop.set()
+        stormer.join(60)
+        if stormer.is_alive():
+            stormer.kill()
 
 
 def slowest_redis_call_us(client: redis.Redis, action: object) -> int:
@@ -126,17 +148,10 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
         scrape_s = statistics.median(scrape() for _ in range(SAMPLES))
         scrape_redis = slowest_redis_call_us(raw, scrape)
         idle = puts_timed(server.port, puts)
-        stop = multiprocessing.Event()
-        stormer = multiprocessing.Process(target=storm, args=(server.port, stop))
-        stormer.start()
-        try:
-            time.sleep(0.2)  # the storm under way
-            stormy = puts_timed(server.port, puts)
-        finally:
-            stop.set()
-            stormer.join(60)
-            if stormer.is_alive():
-                stormer.kill()
+        stormy = puts_during(server.port, puts, b"stats\r\n")
+        # The same storm of a command answered without Redis: what a busy neighbour process
+        # costs the put on this machine's cores, whatever it asks.
+        local = puts_during(server.port, puts, b"list-tube-used\r\n")
         raw.close()
     finally:
         server.stop()
@@ -147,6 +162,7 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
         "put p99 idle ms": percentile(idle, 0.99) * 1e3,
         "put p50 storm ms": percentile(stormy, 0.5) * 1e3,
         "put p99 storm ms": percentile(stormy, 0.99) * 1e3,
+        "put p99 local storm ms": percentile(local, 0.99) * 1e3,
     }
 
 
@@ -166,7 +182,8 @@ def main() -> None:
             sides[f"base {args.base}"] = snapshot_revision(args.base, root / "base")
         header = ("| side | tubes | stats ms | stats: longest Redis call ms | scrape ms | "
                   "scrape: longest Redis call ms | put p50 / p99 idle ms | "
-                  "put p50 / p99 during stats storm ms | p99 storm / idle |")
+                  "put p50 / p99 during stats storm ms | p99 storm / idle | "
+                  "put p99 during a storm of list-tube-used (no Redis) ms |")
         lines += [header, "|" + "---|" * header.count(" | ") + "---|"]
         print("\n".join(lines), flush=True)
         for i, tubes in enumerate(counts):
@@ -180,7 +197,8 @@ def main() -> None:
                        f"{f['scrape redis max ms']:.2f} | {f['put p50 idle ms']:.3f} / "
                        f"{f['put p99 idle ms']:.3f} | {f['put p50 storm ms']:.3f} / "
                        f"{f['put p99 storm ms']:.3f} | "
-                       f"{f['put p99 storm ms'] / f['put p99 idle ms']:.2f}x |")
+                       f"{f['put p99 storm ms'] / f['put p99 idle ms']:.2f}x | "
+                       f"{f['put p99 local storm ms']:.3f} |")
                 lines.append(row)
                 print(row, flush=True)
     if args.out:
