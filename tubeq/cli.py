@@ -37,7 +37,7 @@ from typing import NoReturn
 import structlog
 
 from tubeq import __version__
-from tubeq.protocol.parser import DEFAULT_MAX_JOB_SIZE
+from tubeq.protocol.limits import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError
 from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, Endpoint
 from tubeq.redisio.cluster import DEFAULT_CLUSTER_SHARDS, ClusterSeeds, is_cluster_url

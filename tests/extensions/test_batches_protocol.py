@@ -23,7 +23,8 @@ from tubeq.protocol.commands import (
     Rejected,
     ReserveMany,
 )
-from tubeq.protocol.parser import EXT_LINE_MAX, U32_MAX, U64_MAX, Parser
+from tubeq.protocol.limits import EXT_LINE_MAX, U32_MAX, U64_MAX
+from tubeq.protocol.parser import Parser
 
 BAD = Rejected(reply=replies.BAD_FORMAT)
 FOLLOWER = b"list-tube-used\r\n"

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tubeq.protocol import commands, replies
-from tubeq.protocol import parser as protocol
+from tubeq.protocol import commands, grammar, replies
 from tubeq.protocol.commands import (
     Bury,
     Command,
@@ -47,7 +46,7 @@ from tubeq.protocol.commands import (
     Use,
     Watch,
 )
-from tubeq.protocol.parser import (
+from tubeq.protocol.limits import (
     DEFAULT_MAX_JOB_SIZE,
     EXT_LINE_MAX,
     LINE_MAX,
@@ -55,8 +54,8 @@ from tubeq.protocol.parser import (
     TUBE_NAME_CHARS,
     U32_MAX,
     U64_MAX,
-    Parser,
 )
+from tubeq.protocol.parser import Parser
 
 BAD = Rejected(reply=replies.BAD_FORMAT)
 UNKNOWN = Rejected(reply=replies.UNKNOWN_COMMAND)
@@ -232,12 +231,12 @@ def first_match_1_12(text: bytes) -> bytes | None:
 
 
 def test_longest_word_rule_is_which_cmd_order() -> None:
-    assert set(protocol.COMMAND_WORDS) == set(WHICH_CMD_ORDER_1_12)
+    assert set(grammar.COMMAND_WORDS) == set(WHICH_CMD_ORDER_1_12)
     words = WHICH_CMD_ORDER_1_12
     probes = [a + b for a in words for b in [*words, b"", b"x", b" ", b"-", b"s", b"-job "]]
     probes += [word[:cut] for word in words for cut in range(len(word))]
     for text in probes:
-        found = protocol._COMMAND_WORD.match(text)
+        found = grammar.COMMAND_WORD.match(text)
         assert (found[0] if found else None) == first_match_1_12(text), text
 
 
@@ -766,11 +765,11 @@ def test_the_word_tables_follow_the_command_list() -> None:
     def words(kinds: Sequence[type[Command]]) -> list[bytes]:
         return [kind.word for kind in kinds if kind.word is not None]
 
-    assert list(protocol.COMMAND_WORDS) == words(commands.BEANSTALKD_COMMANDS)
-    assert list(protocol.EXTENSION_WORDS) == words(commands.EXTENSION_COMMANDS)
+    assert list(grammar.COMMAND_WORDS) == words(commands.BEANSTALKD_COMMANDS)
+    assert list(grammar.EXTENSION_WORDS) == words(commands.EXTENSION_COMMANDS)
     names = sorted(word.decode().strip() for word in words(commands.EXTENSION_COMMANDS))
-    assert tuple(names) == protocol.EXTENSION_NAMES
+    assert tuple(names) == grammar.EXTENSION_NAMES
     for kind in commands.COMMANDS:  # a line of just the word goes to that word's parser
         if kind.word is not None:
-            found = protocol._COMMAND_WORD.match(kind.word)
+            found = grammar.COMMAND_WORD.match(kind.word)
             assert found is not None and found[0] == kind.word

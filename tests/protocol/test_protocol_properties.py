@@ -41,7 +41,8 @@ from tubeq.protocol.commands import (
     Use,
     Watch,
 )
-from tubeq.protocol.parser import LINE_MAX, MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX, Parser
+from tubeq.protocol.limits import LINE_MAX, MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
+from tubeq.protocol.parser import Parser
 
 
 def encode(command: Command) -> bytes:

@@ -124,5 +124,5 @@ BATCH: Final = b"BATCH"
 MAX_BATCH_ITEMS: Final = 8192
 # The most jobs one put-many / reserve-many may carry (tubeq.protocol.batch_framing.PUT_MANY_MAX).
 PUT_MANY_MAX: Final = 1000
-# The longest delete-many line a server takes, CRLF included (tubeq.protocol.parser.EXT_LINE_MAX).
+# The longest delete-many line a server takes, CRLF included (tubeq.protocol.limits.EXT_LINE_MAX).
 EXT_LINE_MAX: Final = 16384

@@ -6,7 +6,7 @@ into the same shape, tubeq.http.limits what aiohttp refuses before a route runs)
 is down or refusing (or --min-replicas unconfirmed) is a 503 with the same shape, plus ``ran``
 (whether the change happened: false, true, or null when unknown), and one warning line; any
 other 5xx is a bug, logged with its traceback. Numbers are checked against the protocol's own limits
-(tubeq.protocol.parser), so a value the text protocol refuses is refused here too. A JSON body
+(tubeq.protocol.limits), so a value the text protocol refuses is refused here too. A JSON body
 is one object whose keys are all different and whose text is Unicode; a number in it is a JSON
 number (digits are how a query string spells one, :class:`QueryValue`).
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 from aiohttp import web
 
-from tubeq.protocol.parser import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
+from tubeq.protocol.limits import MAX_TUBE_NAME, TUBE_NAME_CHARS, U32_MAX, U64_MAX
 from tubeq.redisio.client import RedisConnectionLost, RedisReplyError, ReplicasBehind, ran
 
 if TYPE_CHECKING:

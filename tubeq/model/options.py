@@ -13,7 +13,7 @@ zero or more ``name=value`` tokens, separated by spaces, the last one ending the
 * The parsed options are a tuple of ``(name, value)`` pairs in the order the spec lists them
   (not the order sent), so equal option sets compare equal and scripts get a fixed layout.
 
-Imports neither asyncio nor redis: the parser (:mod:`tubeq.protocol.parser`) calls :func:`parse`.
+Imports neither asyncio nor redis: the grammar (:mod:`tubeq.protocol.grammar`) calls :func:`parse`.
 """
 
 from __future__ import annotations

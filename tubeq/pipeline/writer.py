@@ -74,7 +74,7 @@ from pyspark.sql.types import StructType
 
 from tubeq.client.parser import Reply, ReplyParser
 from tubeq.client.wire import CRLF, DEFAULT_PRIORITY, DEFAULT_TTR, DEFAULT_TUBE, U32_MAX
-from tubeq.protocol.parser import DEFAULT_MAX_JOB_SIZE, MAX_TUBE_NAME, TUBE_NAME_CHARS
+from tubeq.protocol.limits import DEFAULT_MAX_JOB_SIZE, MAX_TUBE_NAME, TUBE_NAME_CHARS
 
 # Puts sent before their replies are read. tubeq stops reading a connection at 128 unanswered
 # commands (flow control) and beanstalkd at none; 128 keeps one round trip per 128 jobs without

@@ -9,7 +9,7 @@ count: reserve-job, kick-job, quit). A command is counted once it has parsed, wh
 
 Rules: :data:`COMMANDS` is the one list of commands, in the one order every registry of them
 follows: beanstalkd's (doc/protocol.txt's order), then tubeq's extensions by feature. The
-parser's word tables are built from it (tubeq.protocol.parser) and tests check that the
+grammar's word tables are built from it (tubeq.protocol.grammar) and tests check that the
 server's handler table follows it.
 """
 

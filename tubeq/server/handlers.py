@@ -21,7 +21,7 @@ import structlog
 from tubeq.model import admin, recurring
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
-from tubeq.protocol.parser import EXTENSION_NAMES
+from tubeq.protocol.grammar import EXTENSION_NAMES
 from tubeq.redisio.client import ran
 from tubeq.redisio.futures import discard, then
 from tubeq.server import ops

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import structlog
 
-from tubeq.protocol.parser import DEFAULT_MAX_JOB_SIZE
+from tubeq.protocol.limits import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError, check_redis
 from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, RedisClient, RedisReplyError
 from tubeq.redisio.cluster import (
