@@ -44,7 +44,7 @@ AREAS = (
     ("tubeq/server/reserves.py", "tubeq connection adapter"),
     ("tubeq/server/runs.py", "tubeq connection adapter"),
     ("tubeq/server/flow.py", "tubeq connection adapter"),
-    ("tubeq/server/wait.py", "tubeq connection adapter"),
+    ("tubeq/server/reserve_wait.py", "tubeq connection adapter"),
     ("tubeq/server/push.py", "tubeq connection adapter"),
     ("tubeq/server/handlers.py", "tubeq command handlers"),
     ("tubeq/protocol/parser.py", "tubeq protocol parser"),

@@ -8,11 +8,11 @@ the job, unguessable (96 random bits), and it lives until the job's TTR runs out
 expire.lua puts the job back to ready (timeouts + 1), as for a worker that went silent. Nothing
 else ends an HTTP reservation: there is no connection whose close could hand it back.
 
-The long poll is the connection's wait (tubeq.server.wait): watch the tubes under the token, try
-once, register as a waiter and count in Redis as waiting (so put.lua may hand a new job straight
-to it and other processes publish wake-ups), try again, then sleep until woken or the bound, and
-try again. At the end the token stops waiting and its watches are dropped (tubes nobody
-references are removed, as after an ignore). A request that goes away mid-poll (client
+The long poll is the connection's wait (tubeq.server.reserve_wait): watch the tubes under the
+token, try once, register as a waiter and count in Redis as waiting (so put.lua may hand a new
+job straight to it and other processes publish wake-ups), try again, then sleep until woken or
+the bound, and try again. At the end the token stops waiting and its watches are dropped (tubes
+nobody references are removed, as after an ignore). A request that goes away mid-poll (client
 disconnect, shutdown) gives back, at once, any job granted meanwhile.
 
 Timeline of the race the counted wait closes:
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tubeq.redisio.futures import discard
 from tubeq.server import ops
-from tubeq.server.wait import Wait
+from tubeq.server.reserve_wait import Wait
 from tubeq.store.records import Reservation
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ several per script call; each delete/release/bury of a pushed job (or its TTR ru
 a credit. The frames join the connection's reply stream between whole replies (``send``).
 
 Rules:
-* The loop waits as a blocked reserve does (tubeq.server.wait), registered for its whole life.
+* The loop waits as a blocked reserve does (tubeq.server.reserve_wait), registered for its
+  whole life.
 * It takes no jobs while the client is not taking its replies (FlowControl.write_paused).
 * Credits a delete-many frees as it is sent (:meth:`Push.settled` with ``take_now``) start the
   next take at once when the loop sleeps for want of credit: the take leaves in the same Redis
@@ -28,7 +29,7 @@ from tubeq.protocol import replies
 from tubeq.redisio.futures import discard
 from tubeq.server.context import Session
 from tubeq.server.flow import FlowControl
-from tubeq.server.wait import GrantOwner, Wait
+from tubeq.server.reserve_wait import GrantOwner, Wait
 from tubeq.store.records import Reservation
 
 # The push extension takes at most this many jobs per script call, however many credits a

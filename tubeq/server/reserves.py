@@ -19,7 +19,7 @@ Rules:
 * Reserves answer in the order they came, with the jobs granted in the order granted, as if
   they had run one at a time (beanstalkd runs a connection's commands one by one). A reserve's
   first try goes to Redis at once; the first reserve that finds nothing waits
-  (tubeq.server.wait) and holds the reserves behind it.
+  (tubeq.server.reserve_wait) and holds the reserves behind it.
 * A job granted to this connection is its own whatever becomes of the reserve that asked
   (:meth:`ReserveQueue.track_grants`): one granted after its reserve answered goes to the next
   reserve, or back to ready when the connection goes (disconnect.lua) or by TTR.
@@ -49,7 +49,7 @@ from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.redisio.futures import chain
 from tubeq.server.context import Reply, Session, reply_bytes
-from tubeq.server.wait import Wait
+from tubeq.server.reserve_wait import Wait
 from tubeq.store.records import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
@@ -348,7 +348,7 @@ class ReserveQueue:
     async def _wait_for_job(self, started: float, timeout_s: int | None,
                             count: int | None = None) -> bytes:
         """A reserve whose first try found nothing: register, try, wait with a bound, try
-        again (tubeq.server.wait). ``count``: a reserve-many's."""
+        again (tubeq.server.reserve_wait). ``count``: a reserve-many's."""
         loop = asyncio.get_running_loop()
         conn = self._conn
         deadline = None if timeout_s is None else started + timeout_s

@@ -33,8 +33,9 @@ Rules:
   the Redis CPU per job of consumers whose tubes are in one shard; a taken job sends the
   reserve to the next shard of its look, not to a new look at all of them).
 * Waiting over several shards: the connection is counted in every one of them for wake-ups only
-  (modes 'h' at home, 'o' elsewhere: lua/includes/waiting.lua); puts never hand it a job, their
-  PUBLISH wakes it and its reserve tries again. So one wait never gets two jobs from two shards.
+  (modes 'h' at home, 'o' elsewhere: lua/includes/waiter_counts.lua); puts never hand it a
+  job, their PUBLISH wakes it and its reserve tries again. So one wait never gets two jobs
+  from two shards.
 * Scheduling: each shard has its own scheduler (timers, TTRs, heartbeat, reaping), run by the
   server (tubeq.server.scheduler.ShardSchedulers); the store knows no scheduler.
 

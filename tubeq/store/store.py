@@ -513,9 +513,10 @@ class Store:
         """Count ``token`` in (1) or out (-1) of the waiters; with ``claim``, also take the jobs
         a put handed to it while it waited (put.lua), which are its already. ``mode`` (counting
         in): "1" puts may hand it a job; "h" / "o" wake-ups only, for a connection that waits on
-        several shards (tubeq.store.shards; lua/includes/waiting.lua)."""
+        several shards (tubeq.store.shards; lua/includes/waiter_counts.lua)."""
         now = self.clock()
-        return self._eval("wait", self.instance_id, token, delta, "1" if claim else "0", mode,
+        return self._eval("count_waiting", self.instance_id, token, delta,
+                          "1" if claim else "0", mode,
                           decode=lambda r: _reservations(r, now, self.metrics))
 
     def best(self, token: str) -> asyncio.Future[tuple[int, int, int] | None]:
@@ -768,8 +769,8 @@ def _deleted(r: Any, metrics: JobObserver | None) -> bool:
 
 
 def _reservations(r: Any, now: int, metrics: JobObserver | None) -> list[Reservation]:
-    """Jobs as reserve.lua and wait.lua return them: {id, ttr, body, waited, tube, ...} (grant
-    in lua/includes/jobs.lua)."""
+    """Jobs as reserve.lua and count_waiting.lua return them: {id, ttr, body, waited, tube,
+    ...} (grant in lua/includes/jobs.lua)."""
     out = []
     for i in range(0, len(r), 5):
         ttr, waited, tube = int(r[i + 1]), int(r[i + 3]), r[i + 4].decode()

@@ -10,7 +10,7 @@ Cost     see includes/picking.lua; reads only
 ]]
 --- @include "keys"
 --- @include "jobs"
---- @include "waiting"
+--- @include "waiter_counts"
 --- @include "picking"
 local token = ARGV[1]
 if rcall('LLEN', k_handed(token)) > 0 then return {-1, 0, 0} end

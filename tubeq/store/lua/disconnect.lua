@@ -18,7 +18,7 @@ Wakes    reserves blocked on each tube that got a job back
 --- @include "events"
 --- @include "jobs"
 --- @include "refs"
---- @include "waiting"
+--- @include "waiter_counts"
 --- @include "policies"
 local inst, token, producer, worker, now, home =
   EVENTS_BY, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'

@@ -15,7 +15,7 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
---- @include "waiting"
+--- @include "waiter_counts"
 --- @include "picking"
 --- @include "handing"
 --- @include "policies"

@@ -17,7 +17,7 @@ Cost     see includes/picking.lua
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
---- @include "waiting"
+--- @include "waiter_counts"
 --- @include "picking"
 local token, now, count, waiter = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local granted = claim_handed(token, count)

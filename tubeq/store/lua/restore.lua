@@ -6,7 +6,7 @@ tube, how many of its tokens watch it and how many of those wait (absolute, as s
 a reap in a shard that is not a connection's home takes the counts but leaves the watch sets
 and waits, tubeq.store.shards). Every step is idempotent, so restoring a process that lost nothing
 changes nothing. A waiting connection whose wait the reap removed counts itself in again
-afterwards (wait.lua), once its watch set is back.
+afterwards (count_waiting.lua), once its watch set is back.
 KEYS[1]  namespace root
 ARGV     instance id, now (ms), home ('1': this store counts the process's connections and
          gauges; '0': another shard of a split namespace, where its connections only watch

@@ -8,7 +8,7 @@ Returns  1
 --- @include "keys"
 --- @include "jobs"
 --- @include "refs"
---- @include "waiting"
+--- @include "waiter_counts"
 local inst, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local ik = k_instance(inst)
 local waiting = count_waiting(inst, token, -1)
