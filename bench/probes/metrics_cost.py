@@ -64,7 +64,7 @@ async def futures_ns(m: Metrics | None, rounds: int = ROUNDS) -> float:
     label = command_label(c.Put)
 
     def reply_done(f: asyncio.Future[bytes]) -> None:
-        pass  # stands for Connection._reply_done, which runs either way
+        pass  # stands for Connection.reply_done, which runs either way
 
     def observed(label: str, started: float, f: asyncio.Future[bytes]) -> None:
         assert m is not None

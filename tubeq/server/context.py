@@ -73,10 +73,12 @@ DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
 # Tubes one connection may watch (an HTTP long poll may name). A reserve that finds nothing
 # ready in its tubes looks at each of them once in its Redis call (lua/includes/picking.lua):
 # measured, 20,000 watched tubes held Redis for 110 ms per reserve, so one connection pipelining
-# reserves could stall every other client past --redis-timeout. At 1,000 (999 watched, 20,000
-# other tubes ready) it held Redis for 9 ms, and --max-in-flight of them for 1.2 s: others wait,
-# but under the 2 s timeout.
-DEFAULT_MAX_WATCH = 1000
+# reserves could stall every other client past --redis-timeout. At 1,024 (1,023 watched, 20,000
+# other tubes ready) it held Redis for 3.4 ms (9 ms at 999 on a busy host), and --max-in-flight
+# of them for 0.4-1.2 s: others wait, but under the 2 s timeout. 1,024 and not 1,000: a client
+# watches its tubes before it ignores "default", so 1,000 tubes need 1,001 for a moment (the
+# bench's 1000-tube row does just that).
+DEFAULT_MAX_WATCH = 1024
 
 
 @dataclass(eq=False)
