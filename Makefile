@@ -59,14 +59,15 @@ run: $(STAMP) system-deps
 # (its module fixtures, e.g. a Spark session, start once), handed out in xdist's order. Most
 # tests wait on sockets and timers: two processes on two cores took 14.7 min where one took 21
 # (Intel Xeon; starting with the Spark cluster module, 15.1-15.3, was no faster). TEST_PROCESSES=0:
-# one process.
+# one process. The 25 slowest tests are listed at the end of every run: where the suite's time
+# goes, for whoever makes it shorter.
 TEST_PROCESSES ?= 2
 
 test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25
 
 # The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
 # refused if they try; seconds, not the whole suite's quarter of an hour.
