@@ -54,7 +54,10 @@ async def test_a_cancelled_caller_leaves_the_others_their_answer() -> None:
     assert a.cancelled()
 
 
-async def test_a_failed_read_fails_its_callers_and_the_next_one_runs() -> None:
+async def test_a_failed_read_fails_the_callers_waiting_for_the_next_too() -> None:
+    """Redis lost or stalled under a read: the callers that came while it was out fail with it,
+    at once, instead of waiting for another call (their answer must not come past the bound of
+    the one that failed); the next caller starts a fresh read."""
     reads = Reads()
     read = OneReadAtATime(reads)
     first = read()
@@ -62,8 +65,13 @@ async def test_a_failed_read_fails_its_callers_and_the_next_one_runs() -> None:
     reads.calls[0].set_exception(ConnectionError("lost"))
     with pytest.raises(ConnectionError):
         await first
+    with pytest.raises(ConnectionError):
+        await second
+    assert len(reads.calls) == 1  # no second call for them
+    third = read()
+    assert len(reads.calls) == 2
     reads.calls[1].set_result(5)
-    assert await second == 5
+    assert await third == 5
 
 
 async def test_a_read_that_cannot_be_sent_fails_its_caller_only() -> None:

@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio
 
 from tests.store.test_lua import ALICE, Env, open_env
+from tubeq.redisio.checks import StartupError
 from tubeq.redisio.client import RedisClient
 from tubeq.store import store as store_module
 from tubeq.store.keys import Keys
@@ -197,3 +198,16 @@ async def test_a_split_namespace_counts_each_shard(redis_url: str) -> None:
 
 def test_keys_name_the_counts() -> None:
     assert Keys("p").counts == "{p}:counts"
+
+
+async def test_a_recount_redis_refuses_stops_the_start_with_one_line(env: Env) -> None:
+    """The start's recount on a Redis over maxmemory: a StartupError naming the namespace (one
+    line on stderr, exit 1, as every start failure), not a traceback."""
+    await env.raw.delete(env.keys.counts)
+    await env.raw.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(StartupError, match="refused to count its jobs by state"):
+            await count_jobs_by_state(env.store, "test", force=True)
+    finally:
+        await env.raw.config_set("maxmemory", 0)
+    await count_jobs_by_state(env.store, "test", force=True)  # counted once Redis takes it

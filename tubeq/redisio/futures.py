@@ -60,7 +60,9 @@ class OneReadAtATime(Generic[T]):
     is out is answered by the next call, which starts when that one ends, so every answer was
     read after its caller asked (a client that pipelines the read a thousand times costs two
     calls, not a thousand). Each caller gets a future of its own: cancelling it leaves the
-    others' answer alone."""
+    others' answer alone. A call that fails (Redis lost or stalled) fails the callers waiting
+    for the next one too, at once: they were in flight when it failed, and waiting for another
+    call would let their answer come past --redis-timeout (tubeq.redisio.client)."""
 
     def __init__(self, read: Callable[[], asyncio.Future[T]]) -> None:
         self._read = read
@@ -92,5 +94,11 @@ class OneReadAtATime(Generic[T]):
     def _ended(self, answer: asyncio.Future[T], out: asyncio.Future[T]) -> None:
         self._out = None
         chain(out, answer)
-        if self._next is not None:
+        waiting = self._next
+        if waiting is None:
+            return
+        if not out.cancelled() and (error := out.exception()) is not None:
+            self._next = None
+            waiting.set_exception(error)
+        else:
             self._start()

@@ -72,7 +72,12 @@ async def claim_layout_version(client: RedisClient, keys: Keys, where: str) -> b
 async def count_jobs_by_state(store: JobStore, prefix: str, *, force: bool) -> None:
     """Count the namespace's jobs by state from its tubes (recount.lua) where they are not
     known to be whole, or with ``force`` (a namespace taken over from an older layout): once,
-    at start, before the process serves it. O(tubes); logged when it counted."""
-    visited = await store.recount(force=force)
+    at start, before the process serves it. O(tubes); logged when it counted. A Redis that
+    refuses it (over maxmemory, a replica) stops the start with :class:`StartupError`."""
+    try:
+        visited = await store.recount(force=force)
+    except RedisReplyError as error:
+        raise StartupError(f"the Redis of namespace {prefix!r} refused to count its jobs by "
+                           f"state: {error}") from None
     if visited > 0:  # not for a new namespace
         log.info("namespace jobs counted by state", namespace=prefix, tubes=visited)

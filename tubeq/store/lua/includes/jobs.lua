@@ -184,7 +184,8 @@ local function waited_ms(reserved_at, ready_since, created)
 end
 
 -- Reserve a job (already unlinked; from ready: taken out of the tube's ready set, but still
--- counted there, as grant counts it out with the priority it reads) for the connection `token`. Returns the five-element
+-- counted there, as grant counts it out with the priority it reads) for the connection
+-- `token`. Returns the five-element
 -- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
 -- ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and tube for
 -- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
