@@ -31,7 +31,12 @@ import structlog
 
 from tubeq.protocol.limits import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError, check_redis
-from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, RedisClient, RedisReplyError
+from tubeq.redisio.client import (
+    DEFAULT_CALL_TIMEOUT,
+    RedisClient,
+    RedisConnectionLost,
+    RedisReplyError,
+)
 from tubeq.redisio.cluster import (
     ClusterSeeds,
     ClusterUnavailable,
@@ -67,6 +72,7 @@ from tubeq.server.scheduler import Scheduler, ShardSchedulers
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.layout import claim_layout_version, count_jobs_by_state
 from tubeq.store.shards import (
@@ -190,6 +196,26 @@ class HttpFront(Protocol):
     async def start(self, host: str, port: int) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+# A description of where this process listens that Redis did not take is sent again after
+# this pause (the dashboard's server list reads it; nothing else waits for it).
+DESCRIBE_RETRY_S = 1.0
+
+
+async def _describe(store: JobStore, fields: dict[str, str]) -> None:
+    """Store where this process listens (its instance hash), again every DESCRIBE_RETRY_S until
+    Redis takes it. The listener serves already: a Redis lost at this moment is one every
+    command meets and gets past, not a failed start (it was: tubeq exited when a test killed
+    its Redis right after the first served command)."""
+    while True:
+        try:
+            await store.describe_instance(fields)
+            return
+        except (RedisConnectionLost, RedisReplyError) as error:
+            log.warning("where this process listens not stored; sending it again",
+                        error=repr(error))
+            await asyncio.sleep(DESCRIBE_RETRY_S)
 
 
 class Server:
@@ -534,7 +560,8 @@ class Server:
                      address=describe(listener.sockets[0]))
         listening["addr"] = describe(self._listener.sockets[0])
         for ctx in self.namespaces.values():
-            await ctx.store.describe_instance(listening)
+            self._tasks.append(asyncio.create_task(_describe(ctx.store, listening),
+                                                   name="tubeq-describe"))
         log.info("listening", address=describe(self._listener.sockets[0]),
                  tls="on" if config.tls is not None else "off",
                  auth="required" if access is not None else "off", redis=config.redis_url,
