@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pyspark
 
+from tests.pipeline.sparks import JVM_OPTIONS
 from tests.support.servers import LOOPBACK, port_accepts, stop_child
 from tubeq.redisio.process import _parent_death_hook, free_port
 
@@ -66,7 +67,8 @@ def spark_defaults(root: Path) -> dict[str, str]:
         # The Connect server keeps a folder per session in java.io.tmpdir
         # (spark_connect_model_cache/<session id>) and leaves it there when it stops.
         "spark.driver.extraJavaOptions": tmpdir,
-        "spark.executor.extraJavaOptions": tmpdir,
+        # Executors compile with C1 only, as every JVM of the pipeline tests (sparks.py).
+        "spark.executor.extraJavaOptions": f"{tmpdir} {JVM_OPTIONS}",
     }
 
 

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from pyspark.sql import SparkSession
 
 from tests.pipeline import archives
 from tests.pipeline import eventstream as es
-from tests.pipeline.sparks import local_spark
 from tests.support.servers import TubeqCluster
 from tubeq.client import Client
 from tubeq.pipeline import archive, layout
@@ -38,12 +36,6 @@ KILL_BATCH = 400
 # The first run is killed once this many batches are committed: well before its 30th.
 KILL_AFTER_BATCHES = 3
 KILL_WAIT_S = 240.0
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-archive") as session:
-        yield session
 
 
 def archive_args(url: str, prefix: str, out: Path, *extra: str) -> argparse.Namespace:

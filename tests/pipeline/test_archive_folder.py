@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
 from tests.pipeline.archives import archive_args
-from tests.pipeline.sparks import local_spark
 from tubeq.model.events import FIELDS, SPARK_DDL
 from tubeq.pipeline import archive, layout
 from tubeq.pipeline.report import read_archive
@@ -50,12 +48,6 @@ PARTITION_TYPES = pa.schema([("batch", pa.int64()), ("date", pa.string()),
                              ("tube", pa.string())])
 
 Row = tuple[str, ...]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-archive-folder") as session:
-        yield session
 
 
 def folder_command(flag: str, folder: Path) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,6 @@ import secrets
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import greenstalk
@@ -25,7 +24,6 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream, workload
-from tests.pipeline.sparks import local_spark
 from tests.support.servers import ServerProcess
 from tubeq.model.events import FIELDS, INT_FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, session
@@ -37,12 +35,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Spark needs its ~6 s start-up and the job, on two busy cores.
 FAST_TIMEOUT_S = 60
 SPARK_TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-cli") as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,21 @@ A Spark standalone Master and two Workers (each its own JVM, tests/pipeline/spar
 that cluster runs ``tubeq-pipeline --remote sc://... report``. Every command is the installed
 console script in its own process, started outside the repository (the Python workers import
 tubeq as installed, not from a working directory). Each report's tables must equal, row for row,
-the tables of ``--master local[2]`` archiving and reporting the same stream; the workload's own
+the tables of a local run archiving and reporting the same stream (the same commands through
+:func:`tubeq.pipeline.cli.main`, on the test process's local[2] session: one more JVM's start
+would add a minute to the module and prove nothing the cluster runs do not); the workload's own
 record (tests/pipeline/workload.py) checks that the local run is not wrong too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +27,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import redis
+from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream, workload
 from tests.pipeline.sparkcluster import Cluster, connect_server, standalone_cluster
+from tubeq.pipeline import cli
 from tubeq.redisio.process import RedisProcess
 
 # A driver's JVM start and its jobs, on two cores that other test runs share: measured from 15 s
@@ -65,16 +71,32 @@ def tubeq_pipeline(cwd: Path, env: dict[str, str] | None, *args: str) -> str:
     return done.stdout
 
 
-def archive_and_report(root: Path, stream: Stream, master: str,
-                       env: dict[str, str] | None) -> Run:
-    """``archive --once`` of the stream, then ``report`` of that archive, on ``master``."""
+def archive_and_report(root: Path, stream: Stream,
+                       command: Callable[..., str]) -> Run:
+    """``archive --once`` of the stream, then ``report`` of that archive, each run by
+    ``command`` (its arguments in, its stdout out)."""
     archive, report = root / "archive", root / "report"
-    output = tubeq_pipeline(root, env, "--master", master, "archive", "--redis",
-                            stream.redis_url, "--prefix", stream.prefix, "--out", str(archive),
-                            "--checkpoint", str(root / "checkpoint"), "--once")
-    tubeq_pipeline(root, env, "--master", master, "report", "--archive", str(archive),
-                   "--out", str(report))
+    output = command("archive", "--redis", stream.redis_url, "--prefix", stream.prefix,
+                     "--out", str(archive), "--checkpoint", str(root / "checkpoint"), "--once")
+    command("report", "--archive", str(archive), "--out", str(report))
     return Run(archive, report, output)
+
+
+def on_cluster(root: Path, cluster: Cluster) -> Callable[..., str]:
+    """The installed ``tubeq-pipeline --master <the cluster> ARGS``, in ``root``."""
+    return lambda *args: tubeq_pipeline(root, cluster.environment(), "--master",
+                                        cluster.master_url, *args)
+
+
+def in_process(spark: SparkSession) -> Callable[..., str]:
+    """``tubeq-pipeline ARGS`` through :func:`cli.main` on ``spark``."""
+    def command(*args: str) -> str:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = cli.main(list(args), spark=spark)
+        assert status == 0, f"tubeq-pipeline {' '.join(args)}: exit status {status}"
+        return printed.getvalue()
+    return command
 
 
 def figures(report: Path) -> dict[str, Any]:
@@ -117,9 +139,9 @@ def stream(redis_process: RedisProcess) -> Stream:
 
 
 @pytest.fixture(scope="module")
-def local_run(stream: Stream, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """The reference: archive and report with ``--master local[2]``."""
-    run = archive_and_report(tmp_path_factory.mktemp("local"), stream, "local[2]", None)
+def local_run(stream: Stream, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The reference: archive and report on the test process's local session."""
+    run = archive_and_report(tmp_path_factory.mktemp("local"), stream, in_process(spark))
     assert archived_events(run.archive_output) == stream.events
     all_tubes = next(row for row in pq.read_table(run.report / "by_tube").to_pylist()
                      if row["tube"] == "*")
@@ -137,8 +159,8 @@ def test_archive_and_report_on_a_standalone_cluster_equal_the_local_run(
         stream: Stream, local_run: Run, cluster: Cluster,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     before = executors(cluster)
-    run = archive_and_report(tmp_path_factory.mktemp("on-cluster"), stream, cluster.master_url,
-                             cluster.environment())
+    root = tmp_path_factory.mktemp("on-cluster")
+    run = archive_and_report(root, stream, on_cluster(root, cluster))
     assert archived_events(run.archive_output) == stream.events
     assert figures(run.report) == figures(local_run.report)
     # The cluster did the work: both applications (archive, report) had an executor on each

@@ -22,7 +22,6 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
-from tests.pipeline.sparks import local_spark
 from tubeq.pipeline import cli, live
 from tubeq.pipeline.session import PipelineError
 from tubeq.pipeline.tables import COUNTED_COLUMNS
@@ -52,12 +51,6 @@ KINDS = tuple(COUNTED_AS)
 # How long a run may take to show what was written: Spark's micro-batches on two busy cores.
 SETTLE_S = 120
 READ_PAUSE_S = 0.01  # between a reader's opens: often, but leaving the cores to Spark
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-live") as session:
-        yield session
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline import workload
-from tests.pipeline.sparks import local_spark
 from tubeq.model.events import FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, report
 from tubeq.pipeline.archive import write_archive
@@ -49,12 +48,6 @@ def columns_of(event: str, reason: str) -> tuple[str, ...]:
         return ("buried", BURIED[reason])
     return (COUNTED[event],)
 STATES = ("ready", "delayed", "reserved", "buried")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-report") as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

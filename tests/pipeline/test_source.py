@@ -8,7 +8,6 @@ partitions, and each bad input (malformed entry, gap, unreachable Redis) as a cl
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -16,7 +15,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from tests.pipeline import eventstream as es
-from tests.pipeline.sparks import local_spark
 from tubeq.model.events import FIELDS
 from tubeq.pipeline.source import (
     EventGap,
@@ -30,12 +28,6 @@ from tubeq.pipeline.source import (
     split_range,
 )
 from tubeq.redisio.process import RedisProcess, free_port
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-source") as session:
-        yield session
 
 
 def expected_rows(written: list[es.Written]) -> set[tuple[object, ...]]:

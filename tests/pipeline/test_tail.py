@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -13,18 +12,11 @@ import redis
 from pyspark.sql import SparkSession
 
 from tests.pipeline import eventstream as es
-from tests.pipeline.sparks import local_spark
 from tubeq.pipeline import tail
 from tubeq.pipeline.session import PipelineError
 from tubeq.redisio.process import RedisProcess, free_port
 
 WINDOW_S = 10
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-tail") as session:
-        yield session
 
 
 def tail_args(url: str, prefix: str, *extra: str) -> argparse.Namespace:

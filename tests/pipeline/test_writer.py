@@ -10,7 +10,6 @@ import argparse
 import datetime as dt
 import secrets
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import greenstalk
@@ -27,9 +26,9 @@ SCHEMA = "body STRING, tube STRING, priority BIGINT, delay BIGINT, ttr BIGINT"
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    with local_spark("tubeq-test-writer", "local[2,2]") as session:
-        yield session
+def spark() -> SparkSession:
+    """The process's session on local[2,2]: a failed task is retried once (the retry tests)."""
+    return local_spark("local[2,2]")
 
 
 def address(server: ServerProcess) -> str:
