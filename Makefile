@@ -56,12 +56,13 @@ run: $(STAMP) system-deps
 	$(BIN)/tubeq --data-dir data $(ARGS)
 
 # The suite in TEST_PROCESSES pytest processes (pytest-xdist), a test module whole in one of them
-# (its module fixtures, e.g. a Spark session, start once), handed out in xdist's order. Most
-# tests wait on sockets and timers: two processes on two cores took 14.7 min where one took 21
-# (Intel Xeon; starting with the Spark cluster module, 15.1-15.3, was no faster). TEST_PROCESSES=0:
-# one process. The 25 slowest tests are listed at the end of every run: where the suite's time
-# goes, for whoever makes it shorter.
-TEST_PROCESSES ?= 2
+# (its module fixtures start once), handed out in xdist's order (the Spark cluster module first:
+# tests/conftest.py). Most tests wait on sockets and timers while the Spark tests keep the cores
+# busy: on two cores (AMD EPYC), three processes took 720 s with the CPUs 92% busy, two took
+# 824 s before the pipeline tests shared one Spark session per process; one process took 21 min
+# (Intel Xeon). TEST_PROCESSES=0: one process. The 25 slowest tests are listed at the end of every
+# run: where the suite's time goes, for whoever makes it shorter.
+TEST_PROCESSES ?= 3
 
 test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench

@@ -69,6 +69,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The Spark cluster module first: the suite's longest module (three minutes of its own JVMs)
+    # held the last minutes alone when xdist handed it out late. pytest-xdist's loadfile gives
+    # each process a first batch of consecutive modules, so this one lands among small ones.
+    items.sort(key=lambda item: item.get_closest_marker("spark_cluster") is None)
     for item in items:
         if is_unit_test(item.path):
             item.add_marker(pytest.mark.unit)
