@@ -56,9 +56,9 @@ run: $(STAMP) system-deps
 	$(BIN)/tubeq --data-dir data $(ARGS)
 
 # The suite in TEST_PROCESSES pytest processes (pytest-xdist), a test module whole in one of them
-# (its module fixtures start once), handed out in xdist's order (the Spark cluster module first:
-# tests/conftest.py). Most tests wait on sockets and timers while the Spark tests keep the cores
-# busy: on two cores (AMD EPYC), three processes took 720 s with the CPUs 92% busy, two took
+# (its module fixtures start once), handed out in collection order (the Spark cluster module
+# first: tests/conftest.py). Most tests wait on sockets and timers while the Spark tests keep the
+# cores busy: on two cores (AMD EPYC), three processes took 720 s with the CPUs 92% busy, two took
 # 824 s before the pipeline tests shared one Spark session per process; one process took 21 min
 # (Intel Xeon). TEST_PROCESSES=0: one process. The 25 slowest tests are listed at the end of every
 # run: where the suite's time goes, for whoever makes it shorter.
@@ -68,7 +68,7 @@ test: $(STAMP) system-deps client-deps
 	$(BIN)/ruff check tubeq tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The unit tests alone (tests/conftest.py, UNIT_TESTS): no Redis, no subprocess, no network, and
 # refused if they try; seconds, not the whole suite's quarter of an hour.

@@ -69,9 +69,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The Spark cluster module first: the suite's longest module (three minutes of its own JVMs)
-    # held the last minutes alone when xdist handed it out late. pytest-xdist's loadfile gives
-    # each process a first batch of consecutive modules, so this one lands among small ones.
+    # The Spark cluster module first: the suite's longest (three minutes of its own JVMs), it held
+    # the run's last minutes alone when handed out late. make test runs xdist with
+    # --no-loadscope-reorder, so modules are handed out in this order (by default xdist hands out
+    # the modules with the most tests first, and this one has two).
     items.sort(key=lambda item: item.get_closest_marker("spark_cluster") is None)
     for item in items:
         if is_unit_test(item.path):

@@ -31,9 +31,10 @@ from tubeq.pipeline.report import read_archive
 from tubeq.pipeline.session import PipelineError
 from tubeq.redisio.process import RedisProcess, free_port
 
-KILL_EVENTS = 12_000
+KILL_EVENTS = 4_000
 KILL_BATCH = 400
-# The first run is killed once this many batches are committed: well before its 30th.
+# The first run is killed once this many batches are committed: well before its 10th (a batch
+# takes a second or more; the test polls every 50 ms). The second run archives the other seven.
 KILL_AFTER_BATCHES = 3
 KILL_WAIT_S = 240.0
 
