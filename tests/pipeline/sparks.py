@@ -3,9 +3,9 @@
 Rules:
 
 * One session per test process, not per module: :func:`local_spark` starts it at the first
-  module that asks, and the next modules get the same one (a session's start and its JVM's
-  warm-up cost 20-30 s of CPU on two cores; the first report in a fresh JVM took 33 s where the
-  same report in a warm one took 11 s). A module that asks for another master (the writer's
+  module that asks, and the next modules get the same one (bench/RESULTS-pipeline.md: a
+  session's start took 12 CPU-s, a 1,000-event report in the fresh JVM 59 CPU-s and the same
+  report warm 28). A module that asks for another master (the writer's
   ``local[2,2]``, whose tasks are retried once) stops it and starts its own. The
   ``pipeline_spark`` fixture (conftest.py) stops the last one when the test process ends.
 * The session's environment (workers on this interpreter, Spark's listeners on 127.0.0.1) is set
