@@ -2,6 +2,7 @@
 the same report again in the now warm session.
 
     .venv/bin/python -m bench.probes.report_phases [--events 1000] [--warm 2] [--java-options ""]
+        [--conf spark.sql.adaptive.enabled=false ...]
 
 The archive (``--events`` events of bench.pipeline_report_bench's generator) is written by a
 child process, so this process's JVM is fresh when the first report starts. Each run prints the
@@ -9,7 +10,8 @@ seconds and the Spark jobs (the session's status tracker) of: reading and buildi
 (``build_report`` runs one job itself, the backlog's bounds), writing each table, and the
 read-back that report.html is built from; the first run also the session's start. The CPU
 seconds of this process's tree are sampled around each run (the JVM and Spark's Python workers
-are its children). ``--java-options``: extra options of the JVM (e.g. ``-XX:TieredStopAtLevel=1``).
+are its children). ``--java-options``: extra options of the JVM (e.g. ``-XX:TieredStopAtLevel=1``);
+``--conf KEY=VALUE``: a SQL setting of the session, set after its start (repeatable).
 No network beyond loopback; bounded by ``--warm``.
 """
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1000)
     parser.add_argument("--warm", type=int, default=2, help="runs after the first")
     parser.add_argument("--java-options", default="")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     os.environ["SPARK_SUBMIT_OPTS"] = args.java_options
     with tempfile.TemporaryDirectory(prefix="tubeq-report-phases-") as scratch:
@@ -93,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         cpu, started = cpu_seconds(), time.monotonic()
         spark = spark_session("local[2]", app_name="tubeq-report-phases")
         start = (time.monotonic() - started, cpu_seconds() - cpu)
+        for setting in args.conf:
+            key, _, value = setting.partition("=")
+            spark.conf.set(key, value)
         print(f"CPU: {cpu_model()}; {args.events} events; JVM options "
-              f"{args.java_options or '(none)'}; session start {start[0]:.1f} s, "
-              f"{start[1]:.1f} CPU-s")
+              f"{args.java_options or '(none)'}; settings {args.conf or '(none)'}; session start "
+              f"{start[0]:.1f} s, {start[1]:.1f} CPU-s")
         for run in range(1 + args.warm):
             cpu, started = cpu_seconds(), time.monotonic()
             rows = one_report(spark, archive, Path(scratch) / f"report-{run}")
