@@ -2,13 +2,13 @@
 
 A Spark standalone Master and two Workers (each its own JVM, tests/pipeline/sparkcluster.py) run
 ``tubeq-pipeline --master spark://... archive --once`` and ``report``; a Spark Connect server on
-that cluster runs ``tubeq-pipeline --remote sc://... report``. Every command is the installed
-console script in its own process, started outside the repository (the Python workers import
-tubeq as installed, not from a working directory). Each report's tables must equal, row for row,
-the tables of a local run archiving and reporting the same stream (the same commands through
-:func:`tubeq.pipeline.cli.main`, on the test process's local[2] session: one more JVM's start
-would add a minute to the module and prove nothing the cluster runs do not); the workload's own
-record (tests/pipeline/workload.py) checks that the local run is not wrong too.
+that cluster runs ``tubeq-pipeline --remote sc://... report``. Every command on the cluster is the
+installed console script in its own process, started outside the repository (the Python workers
+import tubeq as installed, not from a working directory). Each report's tables must equal, row for
+row, the tables of a local run archiving and reporting the same stream (the same commands through
+:func:`tubeq.pipeline.cli.main`, on the test process's local[2] session: two processes of their own
+would cost two JVM starts and prove nothing the cluster runs do not); the workload's own record
+(tests/pipeline/workload.py) checks that the local run is not wrong too.
 """
 
 from __future__ import annotations
