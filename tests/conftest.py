@@ -35,6 +35,7 @@ UNIT_TESTS: tuple[str, ...] = (
     "store/test_scripts.py",
     "redisio/test_futures.py",
     "test_references.py",
+    "server/test_describe.py",
     "server/test_fine_timer.py",
     "server/test_liveness.py",
     "server/test_reserves.py",

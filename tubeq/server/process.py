@@ -203,19 +203,26 @@ class HttpFront(Protocol):
 DESCRIBE_RETRY_S = 1.0
 
 
-async def _describe(store: JobStore, fields: dict[str, str]) -> None:
+async def describe_until_stored(store: JobStore, fields: dict[str, str]) -> None:
     """Store where this process listens (its instance hash), again every DESCRIBE_RETRY_S until
-    Redis takes it. The listener serves already: a Redis lost at this moment is one every
-    command meets and gets past, not a failed start (it was: tubeq exited when a test killed
-    its Redis right after the first served command)."""
+    Redis takes it; the first refusal is logged, and the store that ends it. The listener serves
+    already: a Redis lost at this moment is one every command meets and gets past, not a failed
+    start (it was: tubeq exited when a test killed its Redis right after the first served
+    command). A Redis that loses its data later gets it back from Store.restore."""
+    failures = 0
     while True:
         try:
             await store.describe_instance(fields)
-            return
         except (RedisConnectionLost, RedisReplyError) as error:
-            log.warning("where this process listens not stored; sending it again",
-                        error=repr(error))
+            if failures == 0:
+                log.warning("where this process listens not stored; sending it again every "
+                            f"{DESCRIBE_RETRY_S:g} s", error=repr(error))
+            failures += 1
             await asyncio.sleep(DESCRIBE_RETRY_S)
+        else:
+            if failures:
+                log.info("where this process listens stored", tries=failures + 1)
+            return
 
 
 class Server:
@@ -560,7 +567,7 @@ class Server:
                      address=describe(listener.sockets[0]))
         listening["addr"] = describe(self._listener.sockets[0])
         for ctx in self.namespaces.values():
-            self._tasks.append(asyncio.create_task(_describe(ctx.store, listening),
+            self._tasks.append(asyncio.create_task(describe_until_stored(ctx.store, listening),
                                                    name="tubeq-describe"))
         log.info("listening", address=describe(self._listener.sockets[0]),
                  tls="on" if config.tls is not None else "off",
