@@ -33,8 +33,8 @@ from tubeq.redisio.process import RedisProcess, free_port
 
 KILL_EVENTS = 4_000
 KILL_BATCH = 400
-# The first run is killed once this many batches are committed: well before its 10th (a batch
-# takes a second or more; the test polls every 50 ms). The second run archives the other seven.
+# The first run is killed once this many batches are committed: well before its 10th (each
+# batch is a Spark job of its own; the test polls every 50 ms). The second run archives the rest.
 KILL_AFTER_BATCHES = 3
 KILL_WAIT_S = 240.0
 

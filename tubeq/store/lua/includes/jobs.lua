@@ -183,17 +183,16 @@ local function waited_ms(reserved_at, ready_since, created)
   return reserved_at - (ready_since or created)
 end
 
--- Reserve a job (already unlinked; from ready: taken out of the tube's ready set, but still
--- counted there, as grant counts it out with the priority it reads) for the connection
--- `token`. Returns the five-element
--- reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken from
--- ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and tube for
--- the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
--- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when
--- the caller knows it (index_tube's answer); nil looks it up. `run`: a table a caller granting
--- several jobs of one tube at once passes (take_run): the job's (deadline, member) pair is added
--- to it instead of to K_RESERVED, and the tube's 'nres' is left to the caller, who writes both
--- once for the run.
+-- Reserve a job (already unlinked; from ready: taken out of the tube's ready set, but still counted
+-- there, as grant counts it out with the priority it reads) for the connection `token`. Returns the
+-- five-element reservation {id, ttr, body, waited (ms, see waited_ms; -1 when the job was not taken
+-- from ready: reserve-job of a delayed or buried job), tube}: tubeq.store.store reads waited and
+-- tube for the ready->reserved metrics, no extra round trip. Stores 'ra' (reserved at) for delete's
+-- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when the
+-- caller knows it (index_tube's answer); nil looks it up. `run`: a table a caller granting several
+-- jobs of one tube at once passes (take_run): the job's (deadline, member) pair is added to it
+-- instead of to K_RESERVED, and the tube's 'nres' is left to the caller, who writes both once for
+-- the run.
 local function grant(id, t, token, now, from_ready, limited, run)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
