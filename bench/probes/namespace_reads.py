@@ -10,8 +10,9 @@ client makes them (`use` + one `put` each, pipelined); then `stats` and a scrape
 each; then PUTS puts one at a time, idle, again while a second process pipelines `stats` 20
 at a time for as long as the puts run (p50 and p99 of each, and their ratio), and again while it
 pipelines `list-tube-used`, which tubeq answers without Redis: the share of a storm that is
-only a busy neighbour on the machine's cores. The stormer runs at nice 19, standing for a
-client on another machine. With ``--base
+only a busy neighbour on the machine's cores; and the Redis commands a round of the stats storm
+cost (Redis's count during the storm, less the puts' share measured idle). The stormer runs at
+nice 19, standing for a client on another machine. With ``--base
 REV`` the same rows run on revision REV too, the two sides alternating per tube count (A/B
 interleaved, one CPU model: printed). Loopback only; every loop is bounded by count; processes
 stopped by PID.
@@ -29,6 +30,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -76,25 +78,38 @@ def ask_timed(sock: socket.socket, command: bytes) -> float:
     return time.perf_counter() - began
 
 
-def storm(port: int, stop: multiprocessing.synchronize.Event, command: bytes) -> None:
+def storm(port: int, stop: multiprocessing.synchronize.Event, command: bytes,
+          rounds: Any) -> None:
     """Pipeline ``command`` STORM_BATCH at a time until told to stop (bounded by the caller's
-    puts). At nice 19: it stands for a client on another machine, so what the put pays is what
-    its commands cost tubeq and Redis, not what its own loop costs this machine's two cores."""
+    puts), counting the rounds answered in ``rounds``. At nice 19: it stands for a client on
+    another machine, so what the put pays is what its commands cost tubeq and Redis, not what
+    its own loop costs this machine's two cores."""
     os.nice(19)
     with socket.create_connection((LOOPBACK, port)) as sock:
         while not stop.is_set():
             sock.sendall(command * STORM_BATCH)
             _read_replies(sock, bytearray(), STORM_BATCH)
+            rounds.value += 1
 
 
-def puts_during(port: int, puts: int, command: bytes) -> list[float]:
-    """``puts`` lone puts timed while another process pipelines ``command`` without pause."""
+def redis_commands(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_commands_processed"])
+
+
+def puts_during(port: int, puts: int, command: bytes, raw: redis.Redis,
+                per_put: float) -> tuple[list[float], float]:
+    """``puts`` lone puts timed while another process pipelines ``command`` without pause, and
+    the Redis commands per round of the storm (Redis's count less ``per_put`` a put)."""
     stop = multiprocessing.Event()
-    stormer = multiprocessing.Process(target=storm, args=(port, stop, command))
+    rounds = multiprocessing.Value("q", 0, lock=False)
+    stormer = multiprocessing.Process(target=storm, args=(port, stop, command, rounds))
     stormer.start()
     try:
         time.sleep(0.2)  # the storm under way
-        return puts_timed(port, puts)
+        rounds_before, commands_before = rounds.value, redis_commands(raw)
+        latencies = puts_timed(port, puts)
+        commands = redis_commands(raw) - commands_before - per_put * puts
+        return latencies, commands / max(1, rounds.value - rounds_before)
     finally:
         stop.set()
         stormer.join(60)
@@ -147,11 +162,13 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
 
         scrape_s = statistics.median(scrape() for _ in range(SAMPLES))
         scrape_redis = slowest_redis_call_us(raw, scrape)
+        commands_before = redis_commands(raw)
         idle = puts_timed(server.port, puts)
-        stormy = puts_during(server.port, puts, b"stats\r\n")
+        per_put = (redis_commands(raw) - commands_before) / puts
+        stormy, per_round = puts_during(server.port, puts, b"stats\r\n", raw, per_put)
         # The same storm of a command answered without Redis: what a busy neighbour process
         # costs the put on this machine's cores, whatever it asks.
-        local = puts_during(server.port, puts, b"list-tube-used\r\n")
+        local, _ = puts_during(server.port, puts, b"list-tube-used\r\n", raw, per_put)
         raw.close()
     finally:
         server.stop()
@@ -163,6 +180,7 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
         "put p50 storm ms": percentile(stormy, 0.5) * 1e3,
         "put p99 storm ms": percentile(stormy, 0.99) * 1e3,
         "put p99 local storm ms": percentile(local, 0.99) * 1e3,
+        "redis per stats round": per_round,
     }
 
 
@@ -183,7 +201,8 @@ def main() -> None:
         header = ("| side | tubes | stats ms | stats: longest Redis call ms | scrape ms | "
                   "scrape: longest Redis call ms | put p50 / p99 idle ms | "
                   "put p50 / p99 during stats storm ms | p99 storm / idle | "
-                  "put p99 during a storm of list-tube-used (no Redis) ms |")
+                  "put p99 during a storm of list-tube-used (no Redis) ms | "
+                  f"Redis commands per {STORM_BATCH} pipelined stats |")
         lines += [header, "|" + "---|" * header.count(" | ") + "---|"]
         print("\n".join(lines), flush=True)
         for i, tubes in enumerate(counts):
@@ -198,7 +217,8 @@ def main() -> None:
                        f"{f['put p99 idle ms']:.3f} | {f['put p50 storm ms']:.3f} / "
                        f"{f['put p99 storm ms']:.3f} | "
                        f"{f['put p99 storm ms'] / f['put p99 idle ms']:.2f}x | "
-                       f"{f['put p99 local storm ms']:.3f} |")
+                       f"{f['put p99 local storm ms']:.3f} | "
+                       f"{f['redis per stats round']:.2f} |")
                 lines.append(row)
                 print(row, flush=True)
     if args.out:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tubeq.redisio.futures import OneReadAtATime
+from tubeq.redisio.futures import OneReadAtATime, SentLater
 
 
 class Reads:
@@ -89,3 +89,23 @@ async def test_a_read_that_cannot_be_sent_fails_its_caller_only() -> None:
     with pytest.raises(RuntimeError):
         await read()
     assert await read() == 7
+
+
+async def test_sent_later_answers_its_callers_once_sent_and_only_then() -> None:
+    reads = Reads()
+    run = SentLater(reads)
+    assert reads.calls == []  # nothing sent while the run gathers callers
+    run.send()
+    assert len(reads.calls) == 1 and not run.answer.done()
+    reads.calls[0].set_result(7)
+    assert await run.answer == 7
+
+
+async def test_sent_later_whose_read_cannot_be_sent_fails_its_callers() -> None:
+    def broken() -> asyncio.Future[int]:
+        raise ConnectionError("Redis lost")
+
+    run = SentLater(broken)
+    run.send()
+    with pytest.raises(ConnectionError):
+        await run.answer

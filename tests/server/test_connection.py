@@ -537,6 +537,42 @@ async def test_a_turn_sends_its_puts_to_one_tube_as_one_call(
     assert b"state: delayed\n" in out and b"delay: 5\n" in out, out
 
 
+def _stats_of(out: bytes) -> list[dict[str, str]]:
+    """The stats documents (``OK <bytes>`` replies) in ``out``, each as its key: value pairs."""
+    docs = []
+    at = out.find(b"OK ")
+    while at >= 0:
+        head_end = out.index(b"\r\n", at)
+        size = int(out[at + 3:head_end])
+        body = out[head_end + 2:head_end + 2 + size].decode()
+        docs.append(dict(line.split(": ", 1) for line in body.splitlines()[1:]))
+        at = out.find(b"OK ", head_end + 2 + size)
+    return docs
+
+
+async def test_a_run_of_pipelined_stats_costs_one_read_that_counts_them_all(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty stats in one read share one read of the counts, sent once all of them are
+    counted (each sees cmd-stats with itself); a put between two runs splits them: the run
+    after it sees the job, the run before it does not."""
+    client = new_client()
+    calls = spy_on(ctx, monkeypatch, ("server_counts",))
+    client.send(b"stats\r\n" * 20)
+    docs = _stats_of(await client.until(lambda o: o.count(b"OK ") == 20 and o.endswith(b"\n\r\n")))
+    assert len(calls) == 1
+    assert {d["cmd-stats"] for d in docs} == {"20"}
+    client.transport.out.clear()
+    client.send(b"stats\r\nstats\r\nput 0 0 60 1\r\nx\r\nstats\r\n")
+    out = await client.until(lambda o: o.count(b"OK ") == 3 and o.endswith(b"\n\r\n"))
+    assert b"INSERTED 1\r\n" in out
+    before, also_before, after = _stats_of(out)
+    assert len(calls) == 3
+    assert before == also_before
+    assert (before["current-jobs-ready"], after["current-jobs-ready"]) == ("0", "1")
+    assert (before["cmd-stats"], after["cmd-stats"]) == ("22", "23")
+    assert after["cmd-put"] == "1"
+
+
 async def test_a_bury_behind_a_turn_of_reserves_short_of_jobs_waits_for_them(
         new_client: NewClient) -> None:
     """Three reserves tried as one call find two jobs: the third waits, so the bury behind it

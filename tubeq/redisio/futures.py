@@ -102,3 +102,23 @@ class OneReadAtATime(Generic[T]):
             waiting.set_exception(error)
         else:
             self._start()
+
+
+class SentLater(Generic[T]):
+    """A read whose callers take its answer now and whose call is sent later, by whoever
+    gathers them (``send``, once): so a run of the same read, pipelined, costs one call sent
+    after all of them came."""
+
+    __slots__ = ("_read", "answer")
+
+    def __init__(self, read: Callable[[], asyncio.Future[T]]) -> None:
+        self._read = read
+        self.answer: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def send(self) -> None:
+        try:
+            out = self._read()
+        except Exception as error:  # the read could not even be sent
+            self.answer.set_exception(error)
+            return
+        out.add_done_callback(functools.partial(chain, target=self.answer))

@@ -34,7 +34,7 @@ import structlog
 from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import Parser
-from tubeq.redisio.futures import discard
+from tubeq.redisio.futures import SentLater, discard
 from tubeq.server.context import (
     RESTORE_RETRY_S,
     Reply,
@@ -71,8 +71,8 @@ class Connection(asyncio.Protocol):
         "_auth_failures", "_cleaned_up", "_closed", "_deletes", "_eof", "_flow",
         "_flush_scheduled", "_lost", "_pump_scheduled", "_push", "_puts", "_quit", "_replies",
         "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing", "producer",
-        "replaying", "reserved", "reserves", "store", "token", "transport", "used", "watched",
-        "worker",
+        "replaying", "reserved", "reserves", "store", "token", "transport", "turn_stats", "used",
+        "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -114,6 +114,9 @@ class Connection(asyncio.Protocol):
         # of each kind when the turn ends (_send_turn), or before a command that must follow
         # them in Redis. The runs exist only while a turn has something in them.
         self._turn = False
+        # The counts read of a run of stats in this turn (no other command between them): they
+        # all take its answer, and it is sent when the run ends (handlers._stats).
+        self.turn_stats: SentLater[Any] | None = None
         self._puts: PutRun | None = None
         self._deletes: DeleteRun | None = None
         self._push: Push | None = None  # from the first ``push`` on
@@ -352,6 +355,8 @@ class Connection(asyncio.Protocol):
                     break
             passing = reserves.passing(command) if waiting else 0
             kind = type(command)
+            if kind is not c.Stats and self.turn_stats is not None:
+                self._send_stats()
             # What this command may depend on goes to Redis first: the other kinds' runs (a
             # put or delete keeps its place among the others), or everything.
             if kind is c.Put:
@@ -364,11 +369,18 @@ class Connection(asyncio.Protocol):
                 self._send_turn()
             self._dispatch(command, passing)
             budget -= 1
+        if self.turn_stats is not None:
+            self._send_stats()
         self._send_turn()
         self._turn = False
         self._puts = self._deletes = None
         flow.set_reading(read_on)
         self._maybe_close()
+
+    def _send_stats(self) -> None:
+        read, self.turn_stats = self.turn_stats, None
+        assert read is not None
+        read.send()
 
     def _send_turn(self) -> None:
         """Send the turn's run of puts or deletes (one at a time is open), then its reserves'

@@ -26,7 +26,7 @@ import structlog
 
 from tubeq.protocol import replies
 from tubeq.redisio.client import ran
-from tubeq.redisio.futures import OneReadAtATime, discard
+from tubeq.redisio.futures import OneReadAtATime, SentLater, discard
 from tubeq.server.access import AccessConfig
 from tubeq.server.metrics import Metrics
 from tubeq.server.runs import DeleteRun, PutRun
@@ -209,6 +209,8 @@ class Session(Protocol):
     producer: bool  # has put (the stats gauge)
     worker: bool  # has reserved (the stats gauge)
     passing: int  # the reserves the command being handled passed (0: none)
+    # The counts read of the run of stats being dispatched (sent when the run ends), or None.
+    turn_stats: SentLater[Any] | None
     replaying: bool  # the command is a deferred one, replayed
     # The parts of a put-many whose last part is still to come (handlers._put_many), or None.
     batch_parts: list[Any] | None

@@ -23,7 +23,7 @@ from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.grammar import EXTENSION_NAMES
 from tubeq.redisio.client import ran
-from tubeq.redisio.futures import discard, then
+from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
@@ -248,8 +248,17 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
 
 
 def _stats(conn: Session, cmd: c.Stats) -> Reply:
+    """A run of pipelined stats (no other command between them, in one turn of the
+    connection's commands) shares one read, sent when the run ends: every one of them is
+    counted in it, and nothing they follow is left out. A deferred stats sent again, outside
+    a turn, reads on its own."""
     ctx = conn.ctx
-    return then(ops.namespace_counts(ctx), functools.partial(_stats_reply, ctx))
+    if conn.replaying:
+        return then(ops.namespace_counts(ctx), functools.partial(_stats_reply, ctx))
+    run = conn.turn_stats
+    if run is None:
+        run = conn.turn_stats = SentLater(functools.partial(ops.namespace_counts, ctx))
+    return then(run.answer, functools.partial(_stats_reply, ctx))
 
 
 def _stats_reply(ctx: ServerContext, counts: tuple[list[int], dict[str, int]]) -> bytes:
