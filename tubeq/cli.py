@@ -37,6 +37,7 @@ from typing import NoReturn
 import structlog
 
 from tubeq import __version__
+from tubeq.model.options import MAX_MS
 from tubeq.protocol.limits import DEFAULT_MAX_JOB_SIZE
 from tubeq.redisio.checks import StartupError
 from tubeq.redisio.client import DEFAULT_CALL_TIMEOUT, Endpoint
@@ -48,6 +49,7 @@ from tubeq.server.context import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_WATCH,
+    DEFAULT_RESULT_TTL_MS,
 )
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
@@ -112,6 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-watch", type=int, default=DEFAULT_MAX_WATCH, metavar="N",
                    help="tubes one connection may watch; a watch past it answers OUT_OF_MEMORY "
                         f"(0: no limit; {DEFAULT_MAX_WATCH})")
+    p.add_argument("--result-ttl", type=float, default=DEFAULT_RESULT_TTL_MS / 1000,
+                   metavar="SECONDS",
+                   help="how long a job's end (finish's result) is kept for wait "
+                        f"({DEFAULT_RESULT_TTL_MS // 1000})")
     p.add_argument("--max-client-buffer", type=int, default=DEFAULT_MAX_CLIENT_BUFFER,
                    metavar="BYTES",
                    help="unsent replies plus unparsed input one connection may hold before it "
@@ -212,6 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-in-flight must be at least 1")
     if args.max_watch < 0:
         p.error("--max-watch must be 0 (no limit) or more")
+    if not 0.001 <= args.result_ttl <= MAX_MS / 1000:
+        p.error("--result-ttl must be between 0.001 and 4294967295 seconds")
     if args.max_client_buffer < 64 * 1024:
         p.error("--max-client-buffer must be at least 65536 (the transport's high-water mark)")
     if args.events_maxlen < 1:
@@ -374,6 +382,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
     server = Server(Config(host=args.host, port=args.port, redis_url=url, prefix=args.prefix,
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer, max_watch=args.max_watch,
+                           result_ttl_ms=round(args.result_ttl * 1000),
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
                            tls_handshake_timeout_s=args.tls_handshake_timeout,
                            redis_functions=args.redis_functions == "on",

@@ -569,7 +569,7 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
         k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
         k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3]),
-        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT, K_COUNTS}""")
+        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT, K_COUNTS, k_end(ARGV[1]), K_ENDED}""")
     k = env.keys
     names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
     assert [n.decode() for n in names] == [
@@ -577,7 +577,8 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
-        k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout, k.counts]
+        k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout, k.counts, k.end(7),
+        k.ended_channel]
 
 
 async def test_text_writes_numbers_as_redis_would_store_them(env: Env) -> None:

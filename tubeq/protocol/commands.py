@@ -425,6 +425,31 @@ class PeekKey(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Finish(Command):
+    """tubeq's ``finish``: the holder of a reserved job deletes it with a result to keep."""
+
+    word: ClassVar[bytes | None] = b"finish "
+    id: int
+    result: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Wait(Command):
+    """tubeq's ``wait`` (and ``wait-ms``): block until a job ends, at most ``timeout_ms``."""
+
+    word: ClassVar[bytes | None] = b"wait "
+    id: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitMs(Wait):
+    """``wait-ms``: ``wait`` with its timeout in milliseconds; handled as a ``Wait``."""
+
+    word: ClassVar[bytes | None] = b"wait-ms "
+
+
+@dataclass(frozen=True, slots=True)
 class Auth(Command):
     """tubeq's ``auth <token>``: enter the namespace the token maps to (tubeq.server.access)."""
 
@@ -443,13 +468,14 @@ BEANSTALKD_COMMANDS: Final[tuple[type[Command], ...]] = (
     PauseTube,
 )
 # tubeq's own, by feature: push, extensions, tube settings; recurring jobs; admin verbs;
-# batches; job policies and deduplicated put; namespaces.
+# batches; job policies and deduplicated put; ends; namespaces.
 EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
     Push, Extensions, TubeSet,
     ScheduleAdd, ScheduleList, ScheduleRemove,
     ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
     PutMany, ReserveMany, DeleteMany,
     PutWith, PeekKey,
+    Finish, Wait, WaitMs,
     Auth,
 )
 # Every command a client's bytes can parse into, in the order of the classes above.

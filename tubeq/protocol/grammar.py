@@ -34,6 +34,7 @@ from tubeq.protocol.commands import (
     Delete,
     DeleteMany,
     Extensions,
+    Finish,
     Ignore,
     Kick,
     KickJob,
@@ -69,6 +70,8 @@ from tubeq.protocol.commands import (
     TubeResume,
     TubeSet,
     Use,
+    Wait,
+    WaitMs,
     Watch,
 )
 from tubeq.protocol.limits import (
@@ -562,6 +565,26 @@ def _peek_key(args: bytes) -> Command:
     return PeekKey(key)
 
 
+# -- ends: finish, wait --------------------------------------------------------------------------
+
+
+def _finish(args: bytes) -> BodyHeader:
+    # the id and the result's size; a refused id still has its body swallowed
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    size = _read_last_unsigned(args, pos, U32_MAX)
+    return BodyHeader(size, lambda result: Finish(job_id, result))
+
+
+def _wait(command: Callable[[int, int], Command], unit_ms: int, maximum: int) -> _ArgParser:
+    """``<id> <timeout>``, the timeout in units of ``unit_ms`` up to ``maximum``."""
+
+    def parse(args: bytes) -> Command:
+        job_id, pos = _read_unsigned(args, 0, U64_MAX)
+        return command(job_id, _read_last_unsigned(args, pos, maximum) * unit_ms)
+
+    return parse
+
+
 # -- namespaces: auth -------------------------------------------------------------------------
 
 # A token: printable ASCII without spaces, as long as a tube name may be.
@@ -597,6 +620,10 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     # job policies and deduplicated put
     PutWith: _put_with,
     PeekKey: _peek_key,
+    # ends
+    Finish: _finish,
+    Wait: _wait(Wait, 1000, U32_MAX),
+    WaitMs: _wait(WaitMs, 1, options.MAX_MS),
     # namespaces
     Auth: _auth,
 }

@@ -27,6 +27,7 @@ TOO_MANY_CONNECTIONS = b"TOO_MANY_CONNECTIONS\r\n"
 # admin verbs
 CHANGED = b"CHANGED\r\n"
 RESUMED = b"RESUMED\r\n"
+FINISHED = b"FINISHED\r\n"
 
 
 # INTERNAL_ERROR with the word tubeq adds for a connection that has used an extension command
@@ -106,3 +107,8 @@ REMOVED = b"REMOVED\r\n"
 def scheduled(next_due_ms: int) -> bytes:
     """schedule-add's answer: when the schedule first ticks (ms since the epoch)."""
     return b"SCHEDULED %d\r\n" % next_due_ms
+
+
+def ended(job_id: int, how: str, data: bytes) -> bytes:
+    """``wait``'s answer: how job ``job_id`` ended, with its result or reason as the body."""
+    return b"ENDED %d %s %d\r\n%s\r\n" % (job_id, how.encode(), len(data), data)

@@ -69,10 +69,10 @@ class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
         "_auth_failures", "_cleaned_up", "_closed", "_deletes", "_eof", "_flow",
-        "_flush_scheduled", "_lost", "_pump_scheduled", "_push", "_puts", "_quit", "_replies",
-        "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing", "producer",
-        "replaying", "reserved", "reserves", "store", "token", "transport", "turn_stats", "used",
-        "watched", "worker",
+        "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled", "_push", "_puts", "_quit",
+        "_replies", "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing",
+        "producer", "replaying", "reserved", "reserves", "store", "token", "transport",
+        "turn_stats", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -120,6 +120,9 @@ class Connection(asyncio.Protocol):
         self._puts: PutRun | None = None
         self._deletes: DeleteRun | None = None
         self._push: Push | None = None  # from the first ``push`` on
+        # A blocking command's reply (wait) and how to end it early: nothing after it runs
+        # until it is settled (hold).
+        self._held_by: tuple[asyncio.Future[bytes], Callable[[], None]] | None = None
         self._flow = FlowControl()
         self._pump_scheduled = False
         self._quit = False
@@ -213,6 +216,8 @@ class Connection(asyncio.Protocol):
         # Half-close: answer what was sent, a blocked reserve gets TIMED_OUT, then close.
         self._eof = True
         self.reserves.eof_received()
+        if self._held_by is not None:
+            self._held_by[1]()  # a wait answers TIMED_OUT, as a blocked reserve does
         if self._push is not None:
             self._push.stop()
         self._maybe_close()
@@ -232,6 +237,8 @@ class Connection(asyncio.Protocol):
         self._lost = True
         reserves = self.reserves
         reserves.connection_lost()
+        if self._held_by is not None:
+            self._held_by[1]()
         self._flow.transport = None  # reading is left as it is
         if self.handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
@@ -338,6 +345,9 @@ class Connection(asyncio.Protocol):
             if not budget:
                 self.schedule_pump()  # the other connections' turn first
                 break
+            if self._held_by is not None:  # a blocking command before: _release pumps again
+                read_on = flow.reads_behind_reserve(self.parser.buffered)
+                break
             if reserves.held is not None:
                 if waiting:
                     read_on = flow.reads_behind_reserve(self.parser.buffered)
@@ -395,6 +405,15 @@ class Connection(asyncio.Protocol):
         reserves = self.reserves
         if reserves.untried:
             reserves.send_untried()
+
+    def hold(self, reply: asyncio.Future[bytes], give_up: Callable[[], None]) -> None:
+        self._held_by = (reply, give_up)
+        reply.add_done_callback(self._release)
+
+    def _release(self, reply: asyncio.Future[bytes]) -> None:
+        self._held_by = None
+        if not self._lost:
+            self.schedule_pump()
 
     def schedule_pump(self) -> None:
         """Dispatch parsed commands again soon (call_soon), once however often asked."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -28,6 +28,7 @@ from tubeq.protocol import replies
 from tubeq.redisio.client import ran
 from tubeq.redisio.futures import OneReadAtATime, SentLater, discard
 from tubeq.server.access import AccessConfig
+from tubeq.server.end_waits import EndWaits
 from tubeq.server.metrics import Metrics
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.scheduler import Scheduler
@@ -79,6 +80,8 @@ DEFAULT_MAX_CLIENT_BUFFER = 32 * 1024 * 1024
 # watches its tubes before it ignores "default", so 1,000 tubes need 1,001 for a moment (the
 # bench's 1000-tube row does just that).
 DEFAULT_MAX_WATCH = 1024
+# How long a job's end (its result) is kept for waits that come after it (--result-ttl).
+DEFAULT_RESULT_TTL_MS = 3_600_000
 
 
 @dataclass(eq=False)
@@ -111,6 +114,9 @@ class ServerContext:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     max_watch: int = DEFAULT_MAX_WATCH  # 0: no limit
+    result_ttl_ms: int = DEFAULT_RESULT_TTL_MS  # --result-ttl
+    # Connections waiting for jobs to end (wait), woken by the ended channel.
+    end_waits: EndWaits = field(default_factory=EndWaits)
     draining: bool = False
     # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
     # puts answer OUT_OF_MEMORY until a count finds room.
@@ -240,6 +246,11 @@ class Session(Protocol):
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]: ...
 
     def start_push(self, credits: int) -> bytes: ...
+
+    def hold(self, reply: asyncio.Future[bytes], give_up: Callable[[], None]) -> None:
+        """Run no command after this one until ``reply`` is settled (a blocking command:
+        ``wait``); ``give_up`` ends it early when the client half-closes or goes."""
+        ...
 
     def settled(self, *job_ids: int) -> None: ...
 

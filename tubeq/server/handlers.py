@@ -27,7 +27,7 @@ from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store.records import NoJob, PutOutcome, Reservation
+from tubeq.store.records import JobEnd, NoJob, PutOutcome, Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -174,6 +174,27 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
         return replies.TOUCHED
 
     return then(ops.touch(conn.ctx, conn.token, cmd.id, behind=conn.passing), answer)
+
+
+def _finish(conn: Session, cmd: c.Finish) -> Reply:
+    return then(ops.finish(conn.ctx, conn.token, cmd.id, cmd.result, behind=conn.passing),
+                _forget_on(conn, cmd.id, replies.FINISHED))
+
+
+def _wait(conn: Session, cmd: c.Wait) -> Reply:
+    """Blocks the connection (like a reserve) until the job ends or the timeout passes."""
+    wait, outcome = ops.wait_for_end(conn.ctx, cmd.id, cmd.timeout_ms)
+    reply = then(outcome, functools.partial(_ended, cmd.id))
+    conn.hold(reply, wait.give_up)
+    return reply
+
+
+def _ended(job_id: int, outcome: JobEnd | bool | None) -> bytes:
+    if outcome is None:
+        return replies.TIMED_OUT
+    if outcome is False or outcome is True:
+        return replies.NOT_FOUND
+    return replies.ended(job_id, outcome.how, outcome.data)
 
 
 def _found(job: tuple[int, bytes] | None) -> bytes:
@@ -605,6 +626,10 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     # job policies and deduplicated put
     c.PutWith: _extension(_put_with),
     c.PeekKey: _extension(_peek_key),
+    # ends
+    c.Finish: _extension(_finish),
+    c.Wait: _extension(_wait),
+    c.WaitMs: _extension(_wait),
     c.Auth: _extension(_auth),
 }
 

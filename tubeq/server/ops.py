@@ -25,9 +25,11 @@ from typing import Any, Final, TypeVar
 
 from tubeq.model.options import Options
 from tubeq.redisio.futures import OneReadAtATime, discard, then
+from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
+from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import DeleteRun, PutRun
-from tubeq.store.records import PutOutcome, TubeCounts
+from tubeq.store.records import JobEnd, PutOutcome, TubeCounts
 
 T = TypeVar("T")
 
@@ -137,6 +139,22 @@ def touch(ctx: ServerContext, token: str, job_id: int, *,
         return deadline
 
     return then(ctx.store.touch(token, job_id, behind=behind), touched)
+
+
+def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
+           behind: int = 0) -> asyncio.Future[bool]:
+    """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl."""
+    return ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+
+
+def wait_for_end(ctx: ServerContext, job_id: int, timeout_ms: int
+                 ) -> tuple[EndWait, asyncio.Future[JobEnd | bool | None]]:
+    """Wait for job ``job_id`` to end, at most ``timeout_ms``: the wait (to give up early) and
+    its outcome (tubeq.server.end_waits.wait_for_end: the end, False no such job, None timed
+    out). The job's end is then kept for --result-ttl for the waits after it."""
+    wait = EndWait(job_id)
+    return wait, asyncio.ensure_future(end_waits.wait_for_end(
+        ctx.store, ctx.end_waits, wait, timeout_ms, ctx.result_ttl_ms))
 
 
 def kick(ctx: ServerContext, tube: str, bound: int) -> asyncio.Future[int]:

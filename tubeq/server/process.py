@@ -52,10 +52,12 @@ from tubeq.server.context import (
     DEFAULT_MAX_CLIENT_BUFFER,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_WATCH,
+    DEFAULT_RESULT_TTL_MS,
     Capacity,
     Gate,
     ServerContext,
 )
+from tubeq.server.end_waits import EndWaits
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     LISTEN_BACKLOG,
@@ -132,6 +134,7 @@ class Config:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     max_watch: int = DEFAULT_MAX_WATCH  # tubes one connection may watch; 0: no limit
+    result_ttl_ms: int = DEFAULT_RESULT_TTL_MS  # how long a job's end is kept for wait
     # Lifecycle events (tubeq.model.events) go to the namespace's stream, capped at about this many
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
@@ -254,6 +257,7 @@ class Server:
         self._wakes: dict[bytes, WaiterRegistry] = {}  # key root -> its namespace's waiters
         self._grants: dict[bytes, WaiterRegistry] = {}  # grant channel -> the same
         self._dues: dict[bytes, Scheduler] = {}  # due channel -> its namespace's scheduler
+        self._ends: dict[bytes, EndWaits] = {}  # ended channel -> its namespace's waits
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -361,7 +365,9 @@ class Server:
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             max_watch=config.max_watch, capacity=self._capacity, observer=self.metrics,
-            extra_keys_always=config.extra_keys_always)
+            extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms)
+        for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
+            each_client.add_reconnect_callback(ctx.end_waits.wake_all)
         scheduler.when_registration_lost(ctx.restore_registrations)
         for each in shard_keys:  # every shard's channels (tubeq.store.shards), or the one root's
             grants = each.grant_channel(self.instance_id).encode()
@@ -372,6 +378,9 @@ class Server:
             dues = each.due_channel.encode()  # recurring ticks, rate windows
             self._dues[dues] = scheduler
             self._subscriber.subscribe(dues)
+            ends = each.ended_channel.encode()  # jobs someone waits for that ended
+            self._ends[ends] = ctx.end_waits
+            self._subscriber.subscribe(ends)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
         if config.max_jobs > 0:
             self._tasks.append(asyncio.create_task(self._watch_job_count(ctx),
@@ -406,6 +415,10 @@ class Server:
         if scheduler is not None:  # another process created a due instant: be awake for it
             scheduler.note_due(int(data))
             return
+        end_waits = self._ends.get(channel)
+        if end_waits is not None:  # a job someone waits for ended
+            end_waits.ended(int(data))
+            return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2
         registry = self._wakes.get(channel[:split])
@@ -415,6 +428,7 @@ class Server:
     def _wake_all(self) -> None:
         for ctx in self.namespaces.values():
             ctx.registry.wake_all()
+            ctx.end_waits.wake_all()
 
     async def _connect(self, url: str) -> RedisClient:
         """A checked connection to one Redis (a cluster's node, a Sentinel master, ...)."""

@@ -32,6 +32,7 @@ from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
     InstanceInfo,
+    JobEnd,
     JobInfo,
     JobObserver,
     JobPolicies,
@@ -216,6 +217,19 @@ class JobStore(Protocol):
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]: ...
+
+    # -- ends: finish and wait (lua/finish.lua, lua/wait.lua) ----------------------------------
+
+    def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
+               behind: int = 0) -> asyncio.Future[bool]:
+        """Delete a job ``token`` holds, as ``delete``, keeping its end with ``result`` for
+        ``keep_ms``; False when ``token`` does not hold it."""
+        ...
+
+    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
+        """How the job ended (also while it lies buried); True while it lives, marked so that
+        its end is kept ``keep_ms`` and published; False: no such job and no end kept."""
+        ...
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
 

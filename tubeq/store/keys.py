@@ -84,6 +84,7 @@ class JobField(StrEnum):
     EXPIRES_AT = "x"
     TRIES = "ny"
     BURIED_FOR = "why"
+    WAITED = "w"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,15 @@ class Keys:
     def handed(self, token: str) -> str:
         """Jobs a put handed to a waiting connection that its process has not claimed yet."""
         return f"{self.root}c:{token}:g"
+
+    def end(self, job_id: int) -> str:
+        """How a job ended, kept for a while (lua/includes/ends.lua)."""
+        return f"{self.root}e:{job_id}"
+
+    @property
+    def ended_channel(self) -> str:
+        """Where a script tells every process that a job someone waits for ended (its id)."""
+        return self.root + "ended"
 
     def grant_channel(self, instance_id: str) -> str:
         """Where put.lua tells a process that one of its waiting connections got a job."""

@@ -37,6 +37,19 @@ class NoJob:
     """Nothing reservable."""
 
 
+# How a job ended, as a wait hears it (lua/includes/ends.lua, END_HOW).
+END_HOWS = ("finished", "deleted", "buried", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnd:
+    """How a job ended (one of END_HOWS; ``buried`` also while it lies buried) and its data:
+    the result of a finished job, why tubeq buried one ('' when a client did), else b''."""
+
+    how: str
+    data: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class JobInfo:
     """The raw fields behind stats-job."""

@@ -59,6 +59,7 @@ from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
     InstanceInfo,
+    JobEnd,
     JobInfo,
     JobObserver,
     JobPolicies,
@@ -278,6 +279,13 @@ class ShardedStore:
 
     def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]:
         return self.of_id(job_id).touch(token, job_id)
+
+    def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
+               behind: int = 0) -> asyncio.Future[bool]:
+        return self.of_id(job_id).finish(token, job_id, result, keep_ms)
+
+    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
+        return self.of_id(job_id).wait_end(job_id, keep_ms)
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
         return self.of_tube(tube).kick(tube, bound)

@@ -37,6 +37,7 @@ from tubeq.store.records import (
     Clock,
     Deferred,
     InstanceInfo,
+    JobEnd,
     JobInfo,
     JobObserver,
     JobPolicies,
@@ -305,6 +306,16 @@ class Store:
 
     def release(self, token: str, job_id: int, pri: int, delay: int) -> asyncio.Future[bool]:
         return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
+
+    def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
+               behind: int = 0) -> asyncio.Future[bool]:
+        metrics = self.metrics
+        return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
+                          *_numbered(behind),
+                          decode=_unless_deferred(lambda r: _deleted(r, metrics)))
+
+    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
+        return self._eval("wait", job_id, keep_ms, decode=_job_end)
 
     def bury(self, token: str, job_id: int, pri: int, *,
              behind: int = 0) -> asyncio.Future[bool]:
@@ -756,6 +767,13 @@ class Store:
         """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
         return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
                                 decode=lambda r: [_as_int(v) for v in r])
+
+
+def _job_end(r: Any) -> JobEnd | bool:
+    """wait.lua's reply: {how, data} | 1 | 0."""
+    if isinstance(r, list):
+        return JobEnd(r[0].decode(), r[1])
+    return bool(r)
 
 
 def _deleted(r: Any, metrics: JobObserver | None) -> bool:

@@ -35,6 +35,8 @@ for i = 1, #states do
     end
     for _, m in ipairs(members) do
       local id = id_of(m)
+      local waited = rcall('HGET', k_job(id), JOB_WAITED)
+      if waited then end_job(id, t, 'deleted', '', now, nil, waited) end
       job_event('deleted', id, now, 0, 0, 'cleared')
       forget_job(id, k_job(id))  -- its dedupe key is free, its TTL entry goes (as delete.lua)
       rcall('DEL', k_job(id))

@@ -6,9 +6,10 @@ Returns  {held, tube} deleted, where held is how long (ms) the caller had held t
          reserved it ('ra'; -1 when the job was not reserved): tubeq.store.store reads it for the
          reserved->deleted metric | 0 not found (or reserved by another connection) | -1
          deferred (see blocked_ahead in includes/jobs.lua)
-Events   'deleted'
+Events   'deleted'; its end kept and published when a wait marked it (includes/ends.lua)
 ]]
 --- @include "keys"
+--- @include "ends"
 --- @include "events"
 --- @include "jobs"
 --- @include "policies"
@@ -16,9 +17,10 @@ local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT)
+  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED)
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
+if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10]) end
 unlink(id, t, state, now)
 forget_job(id, jk, {f[8], f[9]})  -- its dedupe key is free, its TTL entry goes (policies)
 rcall('DEL', jk)

@@ -6,9 +6,10 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
 Returns  per id, as delete.lua: {held, tube} deleted (held: ms since the caller reserved it, -1
          when it was not reserved) | 0 not found (or reserved by another connection); or -1
          deferred, nothing deleted (see blocked_ahead in includes/jobs.lua)
-Events   'deleted' per job deleted
+Events   'deleted' per job deleted; ends as delete.lua
 ]]
 --- @include "keys"
+--- @include "ends"
 --- @include "events"
 --- @include "jobs"
 --- @include "policies"
@@ -24,9 +25,10 @@ local unreserved = {}  -- the members of the reserved jobs deleted, for one ZREM
 local function delete_one(id)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT)
+    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
+  if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10]) end
   if not deleted[t] then
     deleted[t], held[t] = 0, 0
     tubes[#tubes + 1] = t

@@ -57,6 +57,10 @@ local JOB_EXPIRES_AT = 'x'  -- ms, its TTL's end, while that is pending (start_p
 local JOB_TRIES = 'ny'  -- end_try: reservations ended by a TTR timeout, a release or a disconnect
 local JOB_BURIED_FOR = 'why'  -- bury_for: why tubeq last buried it, 'max-tries' | 'expired'
 
+-- Ends (wait.lua, includes/ends.lua): ms to keep its end for, set by a wait (the longest a
+-- waiter's process asked for), so the script that ends it keeps the end and tells the waiters.
+local JOB_WAITED = 'w'
+
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs
 -- (a schedule's tick: JOB_SCHEDULE, JOB_TICK_DUE). The policy fields are start_policies'.

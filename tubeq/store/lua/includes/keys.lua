@@ -52,6 +52,10 @@ local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
 local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
 local function k_blocked(token) return NS .. 'c:' .. token .. ':b' end
 local function k_grant(i) return NS .. 'grant:' .. i end
+-- How a job ended, kept for a while (includes/ends.lua), and the channel that tells every
+-- process an end its connections may wait for (data: the job id).
+local function k_end(id) return NS .. 'e:' .. text(id) end
+local K_ENDED = NS .. 'ended'
 -- Job policies and deduplicated put (includes/policies.lua).
 local K_TTL = NS .. 'ttl'
 local K_DEDUPE = NS .. 'dedupe'

@@ -1,3 +1,5 @@
+--- @include "ends"
+
 -- Job policies (max-tries, retry backoff, TTL) and deduplicated put: the Lua side of
 -- protocol.md "put-with". Include after "keys", "events" and "jobs".
 -- A job's own policy (put-with) wins over its tube's setting (tube-set, k_settings). max-tries,
@@ -128,6 +130,8 @@ end
 -- Bury a job (already unlinked) because of a policy: `reason` 'max-tries' or 'expired', counted
 -- in the tube's `counter`. Writes 'buried' with the reason.
 local function bury_for(id, t, jk, now, reason, counter)
+  local waited = rcall('HGET', jk, JOB_WAITED)
+  if waited then end_job(id, t, 'buried', reason, now, nil, waited) end
   count_in('b', rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id)))
   rcall('HSET', jk, JOB_STATE, 'buried', JOB_BURIED_FOR, reason)
   rcall('HDEL', jk, JOB_OWNER, JOB_DUE)
@@ -146,6 +150,8 @@ local function expire_job(id, t, jk, state, now, on_expire)
   end
   unlink(id, t, state, now)
   if on_expire == 'delete' then
+    local waited = rcall('HGET', jk, JOB_WAITED)
+    if waited then end_job(id, t, 'expired', '', now, nil, waited) end
     job_event('expired', id, now, 0, 0, '')
     forget_job(id, jk)
     rcall('DEL', jk)

@@ -1,0 +1,248 @@
+"""Jobs that answer, in one process: finish keeps a result, wait blocks its connection until the
+job ends (tubeq.server.end_waits), and a connection that never sends them sees nothing new.
+Against a real tubeq process's context and its private Redis, through a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from tests.server.test_connection import Client
+from tubeq.server import end_waits
+from tubeq.server.context import ServerContext
+from tubeq.server.end_waits import EndWait, EndWaits
+from tubeq.server.process import Config, Server
+from tubeq.store.keys import Keys
+
+
+@pytest.fixture
+async def ctx(redis_url: str) -> AsyncIterator[ServerContext]:
+    server = Server(Config(port=0, redis_url=redis_url, prefix="ends"))
+    await server.start()
+    assert server.ctx is not None
+    yield server.ctx
+    await server.stop()
+
+
+async def test_a_wait_hears_the_result_of_a_finish(ctx: ServerContext) -> None:
+    producer, worker, caller = Client(ctx), Client(ctx), Client(ctx)
+    producer.send(b"put 0 0 60 5\r\nhello\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
+    caller.send(b"wait 1 10\r\n")
+    await asyncio.sleep(0.2)
+    assert caller.transport.out == b""
+    worker.send(b"reserve\r\n")
+    await worker.expect(b"RESERVED 1 5\r\nhello\r\n")
+    worker.send(b"finish 1 6\r\nworld!\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"ENDED 1 finished 6\r\nworld!\r\n")
+
+
+async def test_a_wait_after_the_end_answers_at_once_and_unknown_ids_are_not_found(
+        ctx: ServerContext) -> None:
+    client = Client(ctx)
+    client.send(b"put 0 0 60 1\r\na\r\nreserve\r\nfinish 1 2\r\nok\r\n")
+    await client.expect(b"INSERTED 1\r\nRESERVED 1 1\r\na\r\nFINISHED\r\n")
+    client.send(b"wait 1 0\r\nwait-ms 1 0\r\nwait 99 5\r\npeek 1\r\n")
+    await client.expect(b"ENDED 1 finished 2\r\nok\r\nENDED 1 finished 2\r\nok\r\n"
+                        b"NOT_FOUND\r\nNOT_FOUND\r\n")  # the job itself is gone, as deleted
+
+
+async def test_a_wait_times_out_on_its_deadline_and_the_job_lives_on(
+        ctx: ServerContext) -> None:
+    client = Client(ctx)
+    client.send(b"put 0 0 60 1\r\na\r\n")
+    await client.expect(b"INSERTED 1\r\n")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    client.send(b"wait-ms 1 300\r\n")
+    await client.expect(b"TIMED_OUT\r\n")
+    assert 0.29 <= loop.time() - began < 5
+    client.send(b"reserve-with-timeout 0\r\n")
+    await client.expect(b"RESERVED 1 1\r\na\r\n")
+
+
+async def test_waits_hear_a_delete_and_a_bury_and_a_buried_job_answers_at_once(
+        ctx: ServerContext) -> None:
+    worker, a, b = Client(ctx), Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nput 0 0 60 1\r\ny\r\n")
+    await worker.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    a.send(b"wait 1 10\r\n")
+    b.send(b"wait 2 10\r\n")
+    await asyncio.sleep(0.1)
+    worker.send(b"delete 1\r\nreserve\r\n")
+    await worker.expect(b"DELETED\r\nRESERVED 2 1\r\ny\r\n")
+    await a.expect(b"ENDED 1 deleted 0\r\n\r\n")
+    worker.send(b"bury 2 0\r\n")
+    await worker.expect(b"BURIED\r\n")
+    await b.expect(b"ENDED 2 buried 0\r\n\r\n")
+    b.send(b"wait 2 10\r\n")  # it lies buried: an end until someone kicks it
+    await b.expect(b"ENDED 2 buried 0\r\n\r\n")
+    worker.send(b"kick-job 2\r\n")
+    await worker.expect(b"KICKED\r\n")
+    b.send(b"wait-ms 2 100\r\n")  # kicked: it lives again, and is waited for again
+    await b.expect(b"TIMED_OUT\r\n")
+
+
+async def test_a_job_nobody_waited_for_keeps_no_end_when_deleted(
+        ctx: ServerContext, redis_url: str) -> None:
+    """beanstalkd's own verbs pay nothing for a job nobody waits for: no end is kept; a job
+    that was waited for keeps its end for --result-ttl."""
+    client = Client(ctx)
+    client.send(b"put 0 0 60 1\r\nx\r\ndelete 1\r\nwait 1 0\r\n")
+    await client.expect(b"INSERTED 1\r\nDELETED\r\nNOT_FOUND\r\n")
+    client.send(b"put 0 0 60 1\r\nx\r\nwait-ms 2 0\r\ndelete 2\r\n")
+    await client.expect(b"INSERTED 2\r\nTIMED_OUT\r\nDELETED\r\n")
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        assert await raw.exists(Keys("ends").end(1)) == 0
+        ttl_ms = await raw.pttl(Keys("ends").end(2))
+        assert ctx.result_ttl_ms - 5_000 < ttl_ms <= ctx.result_ttl_ms
+    finally:
+        await raw.aclose()
+    client.send(b"wait 2 0\r\n")
+    await client.expect(b"ENDED 2 deleted 0\r\n\r\n")
+
+
+async def test_finish_by_a_connection_not_holding_the_job_changes_nothing(
+        ctx: ServerContext) -> None:
+    worker, other, caller = Client(ctx), Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"wait 1 10\r\n")
+    other.send(b"finish 1 1\r\nz\r\nfinish 77 1\r\nz\r\n")
+    await other.expect(b"NOT_FOUND\r\nNOT_FOUND\r\n")
+    worker.send(b"stats-job 1\r\n")
+    assert b"state: reserved" in await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    worker.transport.out.clear()
+    worker.send(b"finish 1 3\r\nyes\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"ENDED 1 finished 3\r\nyes\r\n")
+
+
+async def test_a_result_over_the_job_size_limit_is_refused_and_the_job_stays_held(
+        ctx: ServerContext) -> None:
+    worker = Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    big = ctx.max_job_size + 1
+    worker.send(b"finish 1 %d\r\n" % big + b"r" * big + b"\r\nlist-tube-used\r\n")
+    await worker.expect(b"JOB_TOO_BIG\r\nUSING default\r\n")
+    worker.send(b"finish 1 1\r\nz\r\n")
+    await worker.expect(b"FINISHED\r\n")
+
+
+async def test_bad_lines_answer_bad_format(ctx: ServerContext) -> None:
+    client = Client(ctx)
+    client.send(b"wait 1\r\nwait x 1\r\nwait 1 1 \r\nwait-ms 1 -5\r\nfinish 1\r\n")
+    await client.expect(b"BAD_FORMAT\r\n" * 5)
+
+
+async def test_commands_after_a_wait_run_after_it_answers(ctx: ServerContext) -> None:
+    """A wait blocks its own connection as a reserve does: what was pipelined after it runs
+    once it answered (a delete behind it cannot end the job it waits for)."""
+    client, worker = Client(ctx), Client(ctx)
+    client.send(b"put 0 0 60 1\r\nx\r\n")
+    await client.expect(b"INSERTED 1\r\n")
+    client.send(b"wait-ms 1 300\r\ndelete 1\r\n")
+    await client.expect(b"TIMED_OUT\r\nDELETED\r\n")
+    worker.send(b"put 0 0 60 1\r\ny\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 2\r\nRESERVED 2 1\r\ny\r\n")
+    client.send(b"wait 2 10\r\nlist-tube-used\r\n")
+    await asyncio.sleep(0.1)
+    assert client.transport.out == b""
+    worker.send(b"finish 2 0\r\n\r\n")
+    await client.expect(b"ENDED 2 finished 0\r\n\r\nUSING default\r\n")
+
+
+async def test_a_half_close_ends_a_wait_as_timed_out_then_closes(ctx: ServerContext) -> None:
+    client = Client(ctx)
+    client.send(b"put 0 0 60 1\r\nx\r\nwait 1 30\r\n")
+    client.conn.eof_received()
+    await client.expect(b"INSERTED 1\r\nTIMED_OUT\r\n")
+    await asyncio.wait_for(client.conn.wait_closed(), 5)
+    assert len(ctx.end_waits) == 0
+
+
+async def test_a_wait_on_one_process_hears_a_finish_on_another(
+        ctx: ServerContext, redis_url: str) -> None:
+    other = Server(Config(port=0, redis_url=redis_url, prefix="ends"))
+    await other.start()
+    try:
+        assert other.ctx is not None
+        worker, caller = Client(other.ctx), Client(ctx)
+        worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+        await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+        caller.send(b"wait 1 10\r\n")
+        await asyncio.sleep(0.1)
+        worker.send(b"finish 1 4\r\ndone\r\n")
+        await worker.expect(b"FINISHED\r\n")
+        await caller.expect(b"ENDED 1 finished 4\r\ndone\r\n")
+    finally:
+        await other.stop()
+
+
+async def test_a_lost_message_is_covered_by_the_wait_reading_again(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(end_waits, "RECHECK_S", 0.2)
+    monkeypatch.setattr(ctx.end_waits, "ended", lambda job_id: None)  # every message lost
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"wait 1 30\r\n")
+    await asyncio.sleep(0.1)
+    worker.send(b"finish 1 1\r\n!\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"ENDED 1 finished 1\r\n!\r\n")
+
+
+class _StalledStore:
+    """A store whose reads never answer (Redis stalled), or fail (Redis away)."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.reads = 0
+
+    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[Any]:
+        self.reads += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.fail:
+            future.set_exception(ConnectionError("Redis away"))
+        return future
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["stalled", "away"])
+async def test_no_wait_outlives_its_timeout_whatever_redis_does(
+        fail: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(end_waits, "RETRY_S", 0.05)
+    store, waits = _StalledStore(fail), EndWaits()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    outcome = await end_waits.wait_for_end(store, waits, EndWait(1), 300, 1000)  # type: ignore[arg-type]
+    took = loop.time() - began
+    assert outcome is None  # timed out
+    assert 0.29 <= took <= 0.3 + end_waits.READ_GRACE_S + 0.2
+    assert len(waits) == 0
+    assert store.reads == 1 if not fail else store.reads > 2  # a failed read is tried again
+
+
+async def test_waits_hear_the_policies_ends_expired_and_dead_lettered(ctx: ServerContext) -> None:
+    """A job past its ttl-ms with on-expire=delete ends `expired`; one out of tries is buried
+    by tubeq with its reason as the data."""
+    client, worker = Client(ctx), Client(ctx)
+    client.send(b"put-with 0 0 60 1 ttl-ms=300 on-expire=delete\r\nx\r\n"
+                b"put-with 0 0 60 1 max-tries=1\r\ny\r\n")
+    await client.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    client.send(b"wait 1 10\r\n")
+    await client.expect(b"ENDED 1 expired 0\r\n\r\n")
+    worker.send(b"reserve\r\n")
+    await worker.expect(b"RESERVED 2 1\r\ny\r\n")
+    client.send(b"wait 2 10\r\n")
+    await asyncio.sleep(0.1)
+    worker.send(b"release 2 0 0\r\n")
+    await worker.expect(b"RELEASED\r\n")
+    await client.expect(b"ENDED 2 buried 9\r\nmax-tries\r\n")

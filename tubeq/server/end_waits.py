@@ -1,0 +1,121 @@
+"""Waiting for a job to end (``wait``): the namespace's registry of waits by job id, woken by
+the ended channel, and the steps every wait takes (:func:`wait_for_end`).
+
+The race these steps close: wait.lua marks a living job in the script that reads it, and every
+script that ends a marked job keeps the end and publishes the job's id in the same call
+(lua/includes/ends.lua). So an end either came before the read (the read answers it) or after
+the mark (a message wakes the wait, which reads again)::
+
+    wait:  register here ... wait.lua (reads, marks) ... sleep ............ wait.lua (the end)
+    other:                                      delete.lua (keeps, PUBLISHes) ---^ wakes it
+
+A message lost (the subscriber reconnected: every wait is woken; Redis itself restarted) is
+covered by a read every RECHECK_S; a read that fails is tried again every RETRY_S. Nothing
+outlives its deadline by more than READ_GRACE_S: a read still out then is left to finish
+unheard, and the wait answers that it timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from tubeq.redisio.futures import discard
+from tubeq.server.timers import Signal
+from tubeq.store.base import JobStore
+from tubeq.store.records import JobEnd
+
+log = structlog.get_logger(__name__)
+
+RECHECK_S = 10.0  # a wait reads again this often with no message
+RETRY_S = 0.5  # after a read that failed (Redis away)
+# A read is awaited at most this long past the wait's deadline (so a wait of 0 still reads
+# once): a wait answers TIMED_OUT at most this late, whatever Redis does (as a reserve's
+# RESERVE_GRACE_S, tubeq.server.reserves).
+READ_GRACE_S = 0.25
+
+
+class EndWait:
+    """One wait for job ``job_id``: the signal that wakes it, and whether its caller gave up
+    (the client half-closed: it answers as timed out at once)."""
+
+    __slots__ = ("given_up", "job_id", "signal")
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.signal = Signal()
+        self.given_up = False
+
+    def give_up(self) -> None:
+        self.given_up = True
+        self.signal.set()
+
+
+class EndWaits:
+    """job id -> the waits of this process's connections for it (one namespace)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, list[EndWait]] = {}
+
+    def add(self, wait: EndWait) -> None:
+        self._by_id.setdefault(wait.job_id, []).append(wait)
+
+    def remove(self, wait: EndWait) -> None:
+        waits = self._by_id.get(wait.job_id)
+        if waits is not None:
+            waits.remove(wait)
+            if not waits:
+                del self._by_id[wait.job_id]
+
+    def ended(self, job_id: int) -> None:
+        """A script published that ``job_id`` ended: its waits read again."""
+        for wait in self._by_id.get(job_id, ()):
+            wait.signal.set()
+
+    def wake_all(self) -> None:
+        """Messages may have been lost (a reconnect): every wait reads again."""
+        for waits in self._by_id.values():
+            for wait in waits:
+                wait.signal.set()
+
+    def __len__(self) -> int:
+        return sum(len(waits) for waits in self._by_id.values())
+
+
+async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_ms: int,
+                       keep_ms: int) -> JobEnd | bool | None:
+    """How job ``wait.job_id`` ended, once it has (at once if it had); False when there is no
+    such job and no end kept; None when ``timeout_ms`` passed first (or the caller gave up).
+    ``keep_ms``: how long the job's end is kept for waits that come later."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
+    waits.add(wait)
+    try:
+        while not wait.given_up:
+            wait.signal.clear()  # a message from now on wakes the sleep below
+            left = deadline - loop.time()
+            call = store.wait_end(wait.job_id, keep_ms)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(call),
+                                                 max(0.0, left) + READ_GRACE_S)
+            except TimeoutError:
+                call.add_done_callback(discard)
+                return None
+            except Exception as error:  # Redis away or stalled: read again while time is left
+                log.warning("wait: reading the job's end failed", job=wait.job_id,
+                            error=repr(error))
+                pause = RETRY_S
+            else:
+                if outcome is not True:
+                    return outcome
+                pause = RECHECK_S
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            await wait.signal.wait(min(left, pause))
+        return None
+    finally:
+        waits.remove(wait)
+
+

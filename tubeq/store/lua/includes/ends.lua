@@ -1,0 +1,21 @@
+--- @include "keys"
+
+-- How a job ended, for `wait` (wait.lua): a hash at k_end(id) with the fields below, kept for
+-- a while after the job is gone. Only a job that asked for it keeps one (finish.lua always, the
+-- other ends when a wait marked the job, JOB_WAITED), so beanstalkd's own verbs pay nothing
+-- for a job nobody waits for.
+local END_HOW = 'h'  -- 'finished' | 'deleted' | 'buried' | 'expired'
+local END_DATA = 'd'  -- the result (finished), why it was buried (buried), else ''
+local END_AT = 'at'  -- ms, when it ended
+local END_TUBE = 't'  -- its tube
+
+-- Job `id` (tube t) ended `how` with `data`: keep that for `keep` ms (nil: not kept), and
+-- when a wait marked the job (`waited`, its JOB_WAITED) tell every process its id.
+local function end_job(id, t, how, data, now, keep, waited)
+  if waited then keep = math.max(tonumber(keep) or 0, tonumber(waited)) end
+  if not keep then return end
+  local ek = k_end(id)
+  redis.call('HSET', ek, END_HOW, how, END_DATA, data, END_AT, text(now), END_TUBE, t)
+  redis.call('PEXPIRE', ek, keep)
+  if waited then redis.call('PUBLISH', K_ENDED, text(id)) end
+end
