@@ -495,3 +495,25 @@ async def test_the_job_list_of_every_state(api: Api) -> None:
     assert await ids("delayed") == [delayed]
     assert await ids("reserved") == [held]
     assert await ids("ready") == []
+
+
+async def test_a_put_with_wait_ms_answers_how_the_job_ended(api: Api, server: Server) -> None:
+    """Request/reply over HTTP: POST with wait-ms returns the job's end (200), or the usual
+    201 when it has not ended by then; the worker here finishes over the protocol."""
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"watch calls\r\nreserve\r\n")
+        await reader.readuntil(b"abc\r\n")
+        writer.write(b"finish 1 4\r\n\xffok!\r\n")
+        assert await reader.readline() == b"FINISHED\r\n"
+        writer.close()
+
+    done = asyncio.ensure_future(worker())
+    status, data = await api.call("POST", "/api/tubes/calls/jobs", data=b"abc",
+                                  params={"wait-ms": "10000"})
+    await done
+    assert (status, data) == (200, {"id": 1, "tube": "calls", "ended": "finished",
+                                    "data": None, "data_base64": "/29rIQ=="})
+    status, data = await api.call("POST", "/api/tubes/calls/jobs", data=b"x",
+                                  params={"wait-ms": "50"})
+    assert (status, data["id"], data["state"]) == (201, 2, "ready")

@@ -246,3 +246,38 @@ async def test_waits_hear_the_policies_ends_expired_and_dead_lettered(ctx: Serve
     worker.send(b"release 2 0 0\r\n")
     await worker.expect(b"RELEASED\r\n")
     await client.expect(b"ENDED 2 buried 9\r\nmax-tries\r\n")
+
+
+async def test_put_with_wait_ms_is_request_and_reply_in_one_command(ctx: ServerContext) -> None:
+    """put-with wait-ms=N: the job is stored, marked waited from its birth, and the command
+    answers how it ended; not ended within N ms, the put's own reply (the job lives on)."""
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"use calls\r\nput-with 0 0 60 3 wait-ms=10000\r\nabc\r\n")
+    await caller.until(lambda o: o == b"USING calls\r\n")
+    caller.transport.out.clear()
+    worker.send(b"watch calls\r\nreserve\r\n")
+    await worker.expect(b"WATCHING 2\r\nRESERVED 1 3\r\nabc\r\n")
+    worker.send(b"finish 1 3\r\nABC\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"ENDED 1 finished 3\r\nABC\r\n")
+    caller.send(b"put-with 0 0 60 1 wait-ms=100\r\nx\r\n")
+    await caller.expect(b"INSERTED 2\r\n")  # nobody took it in time: it waits in its tube
+    worker.send(b"reserve\r\ndelete 2\r\n")  # marked from its birth: its end is kept
+    await worker.expect(b"RESERVED 2 1\r\nx\r\nDELETED\r\n")
+    caller.send(b"wait 2 0\r\nput-with 0 0 60 1 wait-ms=nope\r\nx\r\n")
+    await caller.expect(b"ENDED 2 deleted 0\r\n\r\nBAD_OPTION wait-ms\r\n")
+
+
+async def test_put_with_wait_ms_and_a_dedupe_key_waits_for_the_living_job(
+        ctx: ServerContext) -> None:
+    """An idempotent call: the second put of the same key waits for the first job's end."""
+    first, second, worker = Client(ctx), Client(ctx), Client(ctx)
+    first.send(b"put-with 0 0 60 1 key=order-7 wait-ms=10000\r\nx\r\n")
+    await asyncio.sleep(0.1)
+    second.send(b"put-with 0 0 60 1 key=order-7 wait-ms=10000\r\ny\r\n")
+    worker.send(b"reserve\r\n")
+    await worker.expect(b"RESERVED 1 1\r\nx\r\n")
+    worker.send(b"finish 1 2\r\nok\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await first.expect(b"ENDED 1 finished 2\r\nok\r\n")
+    await second.expect(b"ENDED 1 finished 2\r\nok\r\n")

@@ -40,7 +40,7 @@ from tubeq.server import ops
 from tubeq.server.context import ServerContext
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.records import JobInfo
+from tubeq.store.records import JobEnd, JobInfo
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -139,7 +139,15 @@ async def put(request: web.Request) -> web.Response:
         opts = dict(extras)
         if delay and "delay-ms" in opts:
             raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
-        outcome = await ops.put_with(ctx, tube, pri, delay, ttr, body, extras)
+        if "wait-ms" in opts:  # request/reply, as the protocol's put-with wait-ms
+            _, waited = ops.put_and_wait(ctx, tube, pri, delay, ttr, body, extras,
+                                         int(opts["wait-ms"]))
+            outcome, end = await waited
+            if isinstance(end, JobEnd):
+                return web.json_response({"id": outcome.id, "tube": tube, "ended": end.how,
+                                          **_end_data(end.data)})
+        else:
+            outcome = await ops.put_with(ctx, tube, pri, delay, ttr, body, extras)
         if outcome.id > 0 and not outcome.inserted:
             return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
         new_id = outcome.id
@@ -152,6 +160,12 @@ async def put(request: web.Request) -> web.Response:
     _outcome(request, "put", replies.inserted(new_id))
     return web.json_response({"id": new_id, "tube": tube,
                               "state": "delayed" if delayed else "ready"}, status=201)
+
+
+def _end_data(data: bytes) -> dict[str, Any]:
+    """A job end's data (its result, or why it was buried) in JSON, as a body is."""
+    fields = body_fields(data)
+    return {"data": fields["body"], "data_base64": fields["body_base64"]}
 
 
 def _refuse_put(refusal: int, tube: str) -> NoReturn:

@@ -77,11 +77,17 @@ JOB_POLICIES: Final[Mapping[str, Spec]] = {
     "on-expire": Spec(choices=("bury", "delete")),
 }
 
+# A put's own options besides the job policies: its delay in ms, a dedupe key, and wait-ms
+# (put, then wait for the job's end that long, in one command: request/reply).
 PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "delay-ms": _MS,
     **JOB_POLICIES,
     "key": Spec(key=True),
+    "wait-ms": _MS,
 }
+# The option a put-with's wait-ms becomes for the store: mark the job waited from its birth
+# (ms to keep its end; lua/includes/policies.lua start_policies).
+WAITED: Final = "waited"
 
 # Per tube: the job policies' defaults, plus the tube's reserve rate limit (reserves per second
 # across all processes), concurrency cap (jobs reserved at once) and the most jobs it may hold

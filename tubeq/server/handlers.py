@@ -341,8 +341,24 @@ TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplica
 
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
-    return then(ops.put_with(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
-                             cmd.options), _put_with_reply)
+    wait_ms = dict(cmd.options).get("wait-ms")
+    if wait_ms is None:
+        return then(ops.put_with(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
+                                 cmd.options), _put_with_reply)
+    # request/reply: blocks the connection as wait does, and answers how the job ended, or
+    # the put's own reply when it has not ended by then
+    wait, outcome = ops.put_and_wait(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr,
+                                     cmd.body, cmd.options, int(wait_ms))
+    reply = then(outcome, _put_and_wait_reply)
+    conn.hold(reply, wait.give_up)
+    return reply
+
+
+def _put_and_wait_reply(outcome: tuple[PutOutcome, JobEnd | bool | None]) -> bytes:
+    put, end = outcome
+    if isinstance(end, JobEnd):
+        return replies.ended(put.id, end.how, end.data)
+    return _put_with_reply(put)
 
 
 def _put_with_reply(outcome: PutOutcome) -> bytes:

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from tubeq.model.options import Options
+from tubeq.model.options import WAITED, Options
 from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
@@ -85,6 +85,28 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
         return outcome
 
     return then(store.put_with(tube, pri, delay, max(ttr, 1), body, options), stored)
+
+
+def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                 options: Options, wait_ms: int
+                 ) -> tuple[EndWait, asyncio.Future[tuple[PutOutcome, JobEnd | bool | None]]]:
+    """put-with's wait-ms: store the job (as :func:`put_with`, marked waited from its birth,
+    so no end of it is missed), then wait up to ``wait_ms`` for it (or, for a duplicate, the
+    living job that has its key) to end. The wait (to give up early) and the outcome: the put's,
+    and :func:`wait_for_end`'s (None when the put was refused or the wait timed out)."""
+    wait = EndWait(0)
+    marked = (*((name, value) for name, value in options if name != "wait-ms"),
+              (WAITED, ctx.result_ttl_ms))
+
+    async def run() -> tuple[PutOutcome, JobEnd | bool | None]:
+        outcome = await put_with(ctx, tube, pri, delay, ttr, body, marked)
+        if outcome.id <= 0:
+            return outcome, None
+        wait.job_id = outcome.id
+        return outcome, await end_waits.wait_for_end(ctx.store, ctx.end_waits, wait, wait_ms,
+                                                     ctx.result_ttl_ms)
+
+    return wait, asyncio.ensure_future(run())
 
 
 def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,

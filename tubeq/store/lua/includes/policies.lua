@@ -77,6 +77,8 @@ local function start_policies(id, jk, t, opts, now, tube_ttl)
       if opts[name] then rcall('HSET', jk, field, opts[name]) end
     end
     if opts.key then rcall('HSET', K_DEDUPE, opts.key, id) end
+    -- put-with wait-ms: waited for from its birth (ms to keep its end; includes/ends.lua)
+    if opts.waited then rcall('HSET', jk, JOB_WAITED, opts.waited) end
     ttl = opts['ttl-ms']
   end
   ttl = tonumber(ttl or tube_ttl or 0)
