@@ -743,6 +743,7 @@ ONE_OF_EACH: dict[type[Command], bytes] = {
     commands.PutWith: line(b"put-with 0 0 1 1 key=k") + line(b"x"),
     commands.PeekKey: line(b"peek-key k"),
     commands.Finish: line(b"finish 1 1") + line(b"r"),
+    commands.Fail: line(b"fail 1 1") + line(b"e"),
     commands.Wait: line(b"wait 1 5"),
     commands.WaitMs: line(b"wait-ms 1 5"),
     commands.Auth: line(b"auth token"),

@@ -281,3 +281,47 @@ async def test_put_with_wait_ms_and_a_dedupe_key_waits_for_the_living_job(
     await worker.expect(b"FINISHED\r\n")
     await first.expect(b"ENDED 1 finished 2\r\nok\r\n")
     await second.expect(b"ENDED 1 finished 2\r\nok\r\n")
+
+
+async def test_fail_keeps_the_error_and_follows_the_jobs_policies(ctx: ServerContext) -> None:
+    """A failure is a try: back to ready while tries remain (its error and count in stats-job),
+    buried with reason max-tries and the last error when they run out; the waiter hears both."""
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"put-with 0 0 60 1 max-tries=2\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"wait 1 30\r\n")
+    worker.send(b"fail 1 5\r\nboom!\r\nfail 1 1\r\nz\r\nstats-job 1\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert doc.startswith(b"FAILED\r\nNOT_FOUND\r\nOK ")  # released: no longer held
+    assert b"state: ready\n" in doc and b"failures: 1\n" in doc and b'error: "boom!"\n' in doc
+    assert b"tries: 1\n" in doc
+    worker.transport.out.clear()
+    worker.send(b"reserve\r\nfail 1 13\r\nline 1\nline 2\r\n")
+    await worker.expect(b"RESERVED 1 1\r\nx\r\nFAILED\r\n")
+    await caller.expect(b"ENDED 1 buried 23\r\nmax-tries\nline 1\nline 2\r\n")
+    worker.send(b"stats-job 1\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"state: buried\n" in doc and b'error: "line 1\\nline 2"\n' in doc
+    caller.send(b"wait 1 0\r\n")  # it lies buried: answered at once, with its reason and error
+    await caller.expect(b"ENDED 1 buried 23\r\nmax-tries\nline 1\nline 2\r\n")
+
+
+async def test_a_failed_job_with_a_backoff_is_delayed_by_it(ctx: ServerContext) -> None:
+    worker = Client(ctx)
+    worker.send(b"put-with 0 0 60 1 backoff-ms=60000\r\nx\r\nreserve\r\nfail 1 0\r\n\r\n"
+                b"stats-job 1\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert doc.startswith(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nFAILED\r\nOK ")
+    assert b"state: delayed\n" in doc and b"failures: 1\n" in doc and b'error: ""\n' in doc
+
+
+async def test_fail_by_a_connection_not_holding_the_job_changes_nothing(
+        ctx: ServerContext) -> None:
+    worker, other = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\n")
+    await worker.expect(b"INSERTED 1\r\n")
+    other.send(b"fail 1 1\r\ne\r\nreserve\r\nfail 2 1\r\ne\r\nfail 1\r\n")
+    await other.expect(b"NOT_FOUND\r\nRESERVED 1 1\r\nx\r\nNOT_FOUND\r\nBAD_FORMAT\r\n")
+    worker.send(b"stats-job 1\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"state: reserved\n" in doc

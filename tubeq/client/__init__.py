@@ -29,7 +29,7 @@ layers run one way, as in the server (socket -> parser -> conversion -> caller),
   reconnect, and the ``use``/``watch`` state replayed on a new connection.
 
 A module imports only the ones listed before it. tubeq's command families (batches, admin,
-policies, schedules) sit beside job, and only client (and cli, on top) imports them.
+policies, schedules, ends) sit beside job, and only client (and cli, on top) imports them.
 pyproject's ``client-layers`` contract holds that order. What a lower module needs of a higher
 one is a Protocol it declares and the higher one satisfies.
 
@@ -60,11 +60,13 @@ from tubeq.client.admin import ListedJob as ListedJob
 from tubeq.client.batches import NewJob as NewJob
 from tubeq.client.client import Client
 from tubeq.client.consume import Consumer, backoff_delay, touch_interval
+from tubeq.client.ends import Ended  # jobs that answer: finish, fail, wait, call
 from tubeq.client.errors import (
     ERRORS,
     BadFormat,
     BadOption,
     Buried,
+    CallTimedOut,
     ClientConnectionError,
     ClientError,
     CommandError,
@@ -72,6 +74,7 @@ from tubeq.client.errors import (
     Draining,
     ExpectedCrlf,
     InternalError,
+    JobNotFinished,
     JobTooBig,
     NotFound,
     NotIgnored,
@@ -110,3 +113,4 @@ __all__ = [
 from tubeq.client.schedules import Schedule
 
 __all__ += ["BadOption", "Schedule"]
+__all__ += ["CallTimedOut", "Ended", "JobNotFinished"]  # jobs that answer

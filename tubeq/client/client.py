@@ -21,13 +21,15 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tubeq.client import admin, batches
 from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
+from tubeq.client.ends import Ended, ended_of, result_of, wait_line, wait_ms
 from tubeq.client.errors import (
+    CallTimedOut,
     ClientConnectionError,
     ClientError,
     CommandError,
@@ -65,6 +67,7 @@ from tubeq.client.wire import (
     DEFAULT_TTR,
     DEFAULT_TUBE,
     DUPLICATE,
+    ENDED,
     FOUND,
     INSERTED,
     KICKED,
@@ -545,6 +548,65 @@ class Client:
             return PutResult(reply.int_arg(0), inserted=reply.word == INSERTED)
 
         return await self._call(line + data + CRLF, convert)
+
+    # -- ends: wait and request/reply (tubeq) -------------------------------------------------
+
+    async def wait_end(self, job_id: int, timeout: float) -> Ended:
+        """How job ``job_id`` ended, waiting up to ``timeout`` s for it (0: don't wait). The
+        connection runs nothing else meanwhile (as with ``reserve``).
+
+        Raises :class:`TimedOut` (the job lives on), :class:`NotFound` (no such job, or it
+        ended nobody waiting and was not finished, or its result's time ran out).
+        """
+        def convert(reply: Reply, link: Connection) -> Ended:
+            _expect(reply, "wait", ENDED)
+            return ended_of(reply)
+
+        return await self._call(wait_line(job_id, timeout), convert)
+
+    async def wait(self, job_id: int, timeout: float) -> bytes:
+        """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``
+        s; :class:`JobNotFinished` when it ended otherwise (deleted, buried, expired), and
+        the errors of :meth:`wait_end`."""
+        return result_of(await self.wait_end(job_id, timeout))
+
+    async def call(self, tube: str, body: bytes | str, *, timeout: float,
+                   pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR, key: str | None = None,
+                   max_tries: int | None = None, ttl_ms: int | None = None) -> bytes:
+        """Request/reply: put a job into ``tube`` and wait up to ``timeout`` s for a worker to
+        finish it; its result. One round trip (``put-with ... wait-ms``); the used tube is
+        left as it was. With ``key``, a call while a job of that key lives waits for that job.
+
+        Raises :class:`CallTimedOut` (``job_id``: the job lives on; :meth:`wait` for it again),
+        :class:`JobNotFinished` (deleted, buried or expired instead), and put-with's errors.
+        """
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
+                             backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
+                             on_expire=None, key=key)
+        line = line[:-2] + b" wait-ms=%d\r\n" % wait_ms(timeout)
+
+        def convert(reply: Reply, link: Connection) -> Ended | int:
+            _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
+            return ended_of(reply) if reply.word == ENDED else reply.int_arg(0)
+
+        used = self._used
+        if tube == used:
+            outcome = await self._call(line + data + CRLF, convert)
+        else:  # use, call and use back in one write: the connection keeps its used tube
+            link = await self._current_link()
+            sent = (link.send(*self._use_command(tube)),
+                    link.send(line + data + CRLF, convert),
+                    link.send(*self._use_command(used)))
+            await link.wait_writable()
+            answers = await asyncio.gather(*sent, return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+            outcome = cast(Ended | int, answers[1])
+        if isinstance(outcome, int):
+            raise CallTimedOut("call", outcome)
+        return result_of(outcome)
 
     async def peek_key(self, key: str) -> Job:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""

@@ -350,12 +350,20 @@ class Consumer:
 
     async def run(self, handler: Callable[[Job], Awaitable[object]]) -> None:
         """Call ``handler(job)`` in a task per job, at most ``concurrency`` at once, until
-        :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation."""
+        :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation.
+
+        A job the handler did not settle itself is settled as ``async with job`` settles it
+        (deleted when the handler returns, released or buried when it raises); but a handler
+        that returns ``bytes`` or a ``str`` answers the job: on a server with ``finish``
+        (tubeq) it is finished with that result, for whoever waits for it (``Client.call``,
+        ``Client.wait``). On beanstalkd, and for any other return value, it is deleted."""
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(job: Job) -> None:
             async with job:
-                await handler(job)
+                result = await handler(job)
+                if isinstance(result, bytes | str) and await self._answers(job):
+                    await job.finish(result)
 
         try:
             async for job in self:
@@ -375,6 +383,14 @@ class Consumer:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _answers(self, job: Job) -> bool:
+        """Whether ``job`` is still held here, on a connection to a server with ``finish``."""
+        hold = _hold_of(job)
+        link = job._link
+        if hold is None or link is None:
+            return False
+        return "finish" in await hold.lane.client._extensions_of(link)
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -124,6 +124,26 @@ class TimedOut(CommandError):
     reply = replies.TIMED_OUT
 
 
+class CallTimedOut(TimedOut):
+    """A call's job had not ended within its timeout: it is stored and lives on (``job_id``;
+    :meth:`tubeq.client.Client.wait` waits for it again)."""
+
+    def __init__(self, command: str, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(command, f" (job {job_id})")
+
+
+class JobNotFinished(ClientError):
+    """A job waited for (``wait``, ``call``) ended without a result: ``how`` is ``deleted``,
+    ``buried`` (``data``: why tubeq buried it, then after a newline the last error a worker
+    failed it with) or ``expired``."""
+
+    def __init__(self, job_id: int, how: str, data: bytes) -> None:
+        self.job_id, self.how, self.data = job_id, how, data
+        detail = f": {data.decode('utf-8', 'replace')!r}" if data else ""
+        super().__init__(f"job {job_id} ended {how}{detail}")
+
+
 class Buried(CommandError):
     """BURIED as an error: beanstalkd ran out of memory growing a priority queue and buried the
     job instead (``put`` then carries the new job's id in ``job_id``; ``release`` carries none).

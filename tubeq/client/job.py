@@ -23,7 +23,7 @@ from tubeq.client._contracts import Connection, Convert, JobClient
 from tubeq.client.args import _expect, _job_id, _uint
 from tubeq.client.errors import ClientConnectionError, NotFound, ProtocolError
 from tubeq.client.parser import JOB_TEXT_KEYS, Reply, Stats, parse_yaml_mapping
-from tubeq.client.wire import BURIED, DELETED, OK, RELEASED, TOUCHED
+from tubeq.client.wire import BURIED, CRLF, DELETED, FAILED, FINISHED, OK, RELEASED, TOUCHED
 
 T = TypeVar("T")
 
@@ -141,6 +141,16 @@ class Job:
         """Give the reserved job a full TTR from now."""
         await self._call(*_touch_command(self.id))
 
+    async def finish(self, result: bytes | str = b"") -> None:
+        """Done, with ``result`` (a ``str`` is sent as UTF-8): the job is deleted and its
+        result kept for whoever waits for it (tubeq's ``finish``; not in beanstalkd)."""
+        await self._settle(*_finish_command(self.id, result))
+
+    async def fail(self, error: bytes | str) -> None:
+        """Failed, with ``error``: the server keeps the error and puts the job back, delays
+        it or buries it by its own policies (tubeq's ``fail``; not in beanstalkd)."""
+        await self._settle(*_fail_command(self.id, error))
+
     async def __aenter__(self) -> Job:
         if self._hold is None:
             raise RuntimeError(f"job {self.id}: only a job handed out by consume() that is not "
@@ -186,6 +196,25 @@ def _touch_command(job_id: int) -> tuple[bytes, Convert[None]]:
         _expect(reply, "touch", TOUCHED)
 
     return b"touch %d\r\n" % _job_id(job_id), convert
+
+
+def _with_body(word: bytes, job_id: int, body: bytes | str) -> bytes:
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    return b"%s %d %d\r\n" % (word, _job_id(job_id), len(data)) + data + CRLF
+
+
+def _finish_command(job_id: int, result: bytes | str) -> tuple[bytes, Convert[None]]:
+    def convert(reply: Reply, link: Connection) -> None:
+        _expect(reply, "finish", FINISHED)
+
+    return _with_body(b"finish", job_id, result), convert
+
+
+def _fail_command(job_id: int, error: bytes | str) -> tuple[bytes, Convert[None]]:
+    def convert(reply: Reply, link: Connection) -> None:
+        _expect(reply, "fail", FAILED)
+
+    return _with_body(b"fail", job_id, error), convert
 
 
 def _ok(command: str, parse: Callable[[bytes], T]) -> Convert[T]:

@@ -71,6 +71,11 @@ RESUMED: Final = _word(replies.RESUMED)
 # Client.schedule_add).
 SCHEDULED: Final = b"SCHEDULED"
 REMOVED: Final = _word(replies.REMOVED)
+# Ends (tubeq only; see Client.wait, Client.call, Job.finish, Job.fail): ``ENDED <id> <how>
+# <bytes>`` and its body, and finish's and fail's answers.
+ENDED: Final = b"ENDED"
+FINISHED: Final = _word(replies.FINISHED)
+FAILED: Final = _word(replies.FAILED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -112,9 +117,13 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     # recurring jobs
     SCHEDULED: frozenset({1}),
     REMOVED: frozenset({0}),
+    # ends
+    ENDED: frozenset({3}),
+    FINISHED: frozenset({0}),
+    FAILED: frozenset({0}),
 }
-BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK})
-TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR)})
+BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED})
 
 # -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------
 # ``BATCH <n>`` is followed by n whole replies, one per job (see ReplyParser). A put-many or a

@@ -434,6 +434,15 @@ class Finish(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Fail(Command):
+    """tubeq's ``fail``: the holder of a reserved job says it failed, with an error text."""
+
+    word: ClassVar[bytes | None] = b"fail "
+    id: int
+    error: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Wait(Command):
     """tubeq's ``wait`` (and ``wait-ms``): block until a job ends, at most ``timeout_ms``."""
 
@@ -475,7 +484,7 @@ EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
     ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
     PutMany, ReserveMany, DeleteMany,
     PutWith, PeekKey,
-    Finish, Wait, WaitMs,
+    Finish, Fail, Wait, WaitMs,
     Auth,
 )
 # Every command a client's bytes can parse into, in the order of the classes above.

@@ -34,6 +34,7 @@ from tubeq.protocol.commands import (
     Delete,
     DeleteMany,
     Extensions,
+    Fail,
     Finish,
     Ignore,
     Kick,
@@ -568,11 +569,15 @@ def _peek_key(args: bytes) -> Command:
 # -- ends: finish, wait --------------------------------------------------------------------------
 
 
-def _finish(args: bytes) -> BodyHeader:
-    # the id and the result's size; a refused id still has its body swallowed
-    job_id, pos = _read_unsigned(args, 0, U64_MAX)
-    size = _read_last_unsigned(args, pos, U32_MAX)
-    return BodyHeader(size, lambda result: Finish(job_id, result))
+def _with_body(command: Callable[[int, bytes], Command]) -> _ArgParser:
+    """``<id> <bytes>`` and a body (finish's result, fail's error)."""
+
+    def parse(args: bytes) -> BodyHeader:
+        job_id, pos = _read_unsigned(args, 0, U64_MAX)
+        size = _read_last_unsigned(args, pos, U32_MAX)
+        return BodyHeader(size, lambda body: command(job_id, body))
+
+    return parse
 
 
 def _wait(command: Callable[[int, int], Command], unit_ms: int, maximum: int) -> _ArgParser:
@@ -621,7 +626,8 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     PutWith: _put_with,
     PeekKey: _peek_key,
     # ends
-    Finish: _finish,
+    Finish: _with_body(Finish),
+    Fail: _with_body(Fail),
     Wait: _wait(Wait, 1000, U32_MAX),
     WaitMs: _wait(WaitMs, 1, options.MAX_MS),
     # namespaces

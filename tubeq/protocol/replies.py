@@ -28,6 +28,7 @@ TOO_MANY_CONNECTIONS = b"TOO_MANY_CONNECTIONS\r\n"
 CHANGED = b"CHANGED\r\n"
 RESUMED = b"RESUMED\r\n"
 FINISHED = b"FINISHED\r\n"
+FAILED = b"FAILED\r\n"
 
 
 # INTERNAL_ERROR with the word tubeq adds for a connection that has used an extension command

@@ -181,6 +181,12 @@ def _finish(conn: Session, cmd: c.Finish) -> Reply:
                 _forget_on(conn, cmd.id, replies.FINISHED))
 
 
+def _fail(conn: Session, cmd: c.Fail) -> Reply:
+    forget = _forget_on(conn, cmd.id, replies.FAILED)
+    return then(ops.fail(conn.ctx, conn.token, cmd.id, cmd.error, behind=conn.passing),
+                lambda outcome: forget(outcome is not None))
+
+
 def _wait(conn: Session, cmd: c.Wait) -> Reply:
     """Blocks the connection (like a reserve) until the job ends or the timeout passes."""
     wait, outcome = ops.wait_for_end(conn.ctx, cmd.id, cmd.timeout_ms)
@@ -644,6 +650,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.PeekKey: _extension(_peek_key),
     # ends
     c.Finish: _extension(_finish),
+    c.Fail: _extension(_fail),
     c.Wait: _extension(_wait),
     c.WaitMs: _extension(_wait),
     c.Auth: _extension(_auth),

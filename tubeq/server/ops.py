@@ -29,7 +29,7 @@ from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import DeleteRun, PutRun
-from tubeq.store.records import JobEnd, PutOutcome, TubeCounts
+from tubeq.store.records import Failed, JobEnd, PutOutcome, TubeCounts
 
 T = TypeVar("T")
 
@@ -167,6 +167,19 @@ def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
            behind: int = 0) -> asyncio.Future[bool]:
     """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl."""
     return ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+
+
+def fail(ctx: ServerContext, token: str, job_id: int, error: bytes, *,
+         behind: int = 0) -> asyncio.Future[Failed | None]:
+    """A job ``token`` holds failed with ``error``: it follows its policies, as a TTR timeout
+    does (back to ready, delayed by its backoff, or buried when its tries run out)."""
+
+    def failed(outcome: Failed | None) -> Failed | None:
+        if outcome is not None and outcome.due_ms:
+            ctx.scheduler.note_due(outcome.due_ms)
+        return outcome
+
+    return then(ctx.store.fail(token, job_id, error, behind=behind), failed)
 
 
 def wait_for_end(ctx: ServerContext, job_id: int, timeout_ms: int

@@ -164,9 +164,17 @@ def tube_pairs(name: str, counts: Sequence[int], now_ms: int) -> Pairs:
     ]
 
 
+# What a double-quoted YAML scalar escapes: the backslash, the quote, and every control
+# character (an error text may span lines).
+_YAML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t",
+                 **{chr(n): f"\\x{n:02x}" for n in (*range(0x20), 0x7F) if n not in (9, 10, 13)}}
+_YAML_ESCAPE_TABLE = str.maketrans(_YAML_ESCAPES)
+
+
 def yaml_string(text: str) -> str:
-    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``text`` as a double-quoted YAML scalar (a dedupe key may hold '#', ':' or quotes; an
+    error text, line breaks)."""
+    return '"' + text.translate(_YAML_ESCAPE_TABLE) + '"'
 
 
 def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
@@ -174,7 +182,8 @@ def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
     return [
         ("reason", policies.reason or '""'), ("tries", policies.tries),
         ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
-        ("key", yaml_string(policies.key)),
+        ("key", yaml_string(policies.key)), ("failures", policies.failures),
+        ("error", yaml_string(policies.error.decode("utf-8", "replace"))),
     ]
 
 

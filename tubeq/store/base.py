@@ -31,6 +31,7 @@ from tubeq.redisio.client import Reply
 from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
+    Failed,
     InstanceInfo,
     JobEnd,
     JobInfo,
@@ -224,6 +225,12 @@ class JobStore(Protocol):
                behind: int = 0) -> asyncio.Future[bool]:
         """Delete a job ``token`` holds, as ``delete``, keeping its end with ``result`` for
         ``keep_ms``; False when ``token`` does not hold it."""
+        ...
+
+    def fail(self, token: str, job_id: int, error: bytes, *,
+             behind: int = 0) -> asyncio.Future[Failed | None]:
+        """A job ``token`` holds failed with ``error``: it follows its policies (as a TTR
+        timeout); None when ``token`` does not hold it."""
         ...
 
     def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:

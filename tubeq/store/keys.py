@@ -85,6 +85,8 @@ class JobField(StrEnum):
     TRIES = "ny"
     BURIED_FOR = "why"
     WAITED = "w"
+    FAILURES = "nf"
+    ERROR = "er"
 
 
 @dataclass(frozen=True, slots=True)

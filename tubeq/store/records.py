@@ -42,6 +42,15 @@ END_HOWS = ("finished", "deleted", "buried", "expired")
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """What became of a job its holder failed (fail.lua): ``state`` 'ready', 'delayed' (until
+    ``due_ms``, its backoff) or 'taken' (buried or expired by its policies)."""
+
+    state: str
+    due_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class JobEnd:
     """How a job ended (one of END_HOWS; ``buried`` also while it lies buried) and its data:
     the result of a finished job, why tubeq buried one ('' when a client did), else b''."""
@@ -130,6 +139,8 @@ class JobPolicies:
     max_tries: int  # its own, else its tube's now; 0: none
     expires_at_ms: int  # when it expires; 0: no expiry pending
     key: str  # its dedupe key, or ""
+    failures: int = 0  # failures its holders reported (fail)
+    error: bytes = b""  # the last one's error text
 
 
 class Deferred(Exception):

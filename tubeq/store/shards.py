@@ -58,6 +58,7 @@ from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
+    Failed,
     InstanceInfo,
     JobEnd,
     JobInfo,
@@ -283,6 +284,10 @@ class ShardedStore:
     def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
                behind: int = 0) -> asyncio.Future[bool]:
         return self.of_id(job_id).finish(token, job_id, result, keep_ms)
+
+    def fail(self, token: str, job_id: int, error: bytes, *,
+             behind: int = 0) -> asyncio.Future[Failed | None]:
+        return self.of_id(job_id).fail(token, job_id, error)
 
     def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
         return self.of_id(job_id).wait_end(job_id, keep_ms)

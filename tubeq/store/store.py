@@ -36,6 +36,7 @@ from tubeq.store.keys import JobField, Keys
 from tubeq.store.records import (
     Clock,
     Deferred,
+    Failed,
     InstanceInfo,
     JobEnd,
     JobInfo,
@@ -313,6 +314,14 @@ class Store:
         return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
                           *_numbered(behind),
                           decode=_unless_deferred(lambda r: _deleted(r, metrics)))
+
+    def fail(self, token: str, job_id: int, error: bytes, *,
+             behind: int = 0) -> asyncio.Future[Failed | None]:
+        def decode(r: Any) -> Failed | None:
+            return Failed(r[0].decode(), int(r[1])) if r else None
+
+        return self._eval("fail", token, job_id, self.clock(), error, *_numbered(behind),
+                          decode=_unless_deferred(decode))
 
     def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
         return self._eval("wait", job_id, keep_ms, decode=_job_end)
@@ -759,7 +768,7 @@ class Store:
             if not r:
                 return None
             return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
-                               bytes(r[4]).decode())
+                               bytes(r[4]).decode(), int(r[5]), bytes(r[6]))
 
         return self._eval("job_policies", job_id, decode=decode)
 

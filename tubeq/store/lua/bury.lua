@@ -13,10 +13,10 @@ Events   'buried'; its end kept and published when a wait marked it (includes/en
 local token, id, pri, now = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_WAITED)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_WAITED, JOB_ERROR)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
-if f[4] then end_job(id, t, 'buried', '', now, nil, f[4]) end
+if f[4] then end_job(id, t, 'buried', buried_data(nil, f[5]), now, nil, f[4]) end
 unlink(id, t, 'reserved', now)
 count_in('b', rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id)))
 rcall('HSET', jk, JOB_STATE, 'buried', JOB_PRI, pri)

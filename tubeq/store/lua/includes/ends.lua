@@ -5,9 +5,16 @@
 -- other ends when a wait marked the job, JOB_WAITED), so beanstalkd's own verbs pay nothing
 -- for a job nobody waits for.
 local END_HOW = 'h'  -- 'finished' | 'deleted' | 'buried' | 'expired'
-local END_DATA = 'd'  -- the result (finished), why it was buried (buried), else ''
+local END_DATA = 'd'  -- the result (finished), buried_data (buried), else ''
 local END_AT = 'at'  -- ms, when it ended
 local END_TUBE = 't'  -- its tube
+
+-- A buried job's end data: why tubeq buried it ('' when a client did), and after a newline
+-- the last error a holder reported with fail (fail.lua), when there is one.
+local function buried_data(why, err)
+  if err then return (why or '') .. '\n' .. err end
+  return why or ''
+end
 
 -- Job `id` (tube t) ended `how` with `data`: keep that for `keep` ms (nil: not kept), and
 -- when a wait marked the job (`waited`, its JOB_WAITED) tell every process its id.

@@ -60,6 +60,9 @@ local JOB_BURIED_FOR = 'why'  -- bury_for: why tubeq last buried it, 'max-tries'
 -- Ends (wait.lua, includes/ends.lua): ms to keep its end for, set by a wait (the longest a
 -- waiter's process asked for), so the script that ends it keeps the end and tells the waiters.
 local JOB_WAITED = 'w'
+-- fail.lua: the failures its holders reported, and the last one's error text.
+local JOB_FAILURES = 'nf'
+local JOB_ERROR = 'er'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs

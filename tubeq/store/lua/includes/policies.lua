@@ -132,8 +132,8 @@ end
 -- Bury a job (already unlinked) because of a policy: `reason` 'max-tries' or 'expired', counted
 -- in the tube's `counter`. Writes 'buried' with the reason.
 local function bury_for(id, t, jk, now, reason, counter)
-  local waited = rcall('HGET', jk, JOB_WAITED)
-  if waited then end_job(id, t, 'buried', reason, now, nil, waited) end
+  local w = rcall('HMGET', jk, JOB_WAITED, JOB_ERROR)
+  if w[1] then end_job(id, t, 'buried', buried_data(reason, w[2]), now, nil, w[1]) end
   count_in('b', rcall('ZADD', k_buried(t), rcall('HINCRBY', K_SEQS, 'bury', 1), member(id)))
   rcall('HSET', jk, JOB_STATE, 'buried', JOB_BURIED_FOR, reason)
   rcall('HDEL', jk, JOB_OWNER, JOB_DUE)

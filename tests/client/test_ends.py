@@ -1,0 +1,99 @@
+"""The bundled client's side of jobs that answer: Job.finish and Job.fail, Client.wait and
+Client.call (request/reply in one round trip), and consume()'s handler whose return value
+answers the job; against tubeq, and against beanstalkd where the behaviour must stay its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.client_support import WAIT_S, connected
+from tests.support.servers import ServerProcess
+from tubeq.client import (
+    CallTimedOut,
+    Client,
+    Job,
+    JobNotFinished,
+    NotFound,
+    TimedOut,
+    UnknownCommand,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_call_gets_the_result_a_consumer_handler_returned(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    async with Client(*client_tubeq.address) as caller, Client(*client_tubeq.address) as worker:
+        consumer = worker.consume(tube_name, concurrency=2)
+
+        async def handler(job: Job) -> bytes:
+            return job.body.upper()
+
+        running = asyncio.ensure_future(consumer.run(handler))
+        try:
+            async with asyncio.timeout(WAIT_S):
+                results = await asyncio.gather(*(caller.call(tube_name, b"job %d" % i,
+                                                             timeout=10) for i in range(3)))
+        finally:
+            consumer.stop()
+            await running
+        assert results == [b"JOB 0", b"JOB 1", b"JOB 2"]
+        assert caller._used == "default"  # a call leaves the used tube as it was
+
+
+async def test_wait_and_call_say_how_a_job_ended_otherwise(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    async with connected(*client_tubeq.address, tube_name) as client, \
+            connected(*client_tubeq.address, tube_name) as other:
+        with pytest.raises(CallTimedOut) as timed_out:
+            await client.call(tube_name, b"x", timeout=0.05)
+        job_id = timed_out.value.job_id
+        waiting = asyncio.ensure_future(other.wait(job_id, timeout=10))
+        job = await client.reserve()
+        assert job.id == job_id
+        await job.fail("boom")  # tried again: the wait goes on
+        job = await client.reserve()
+        await job.bury()
+        with pytest.raises(JobNotFinished) as ended:
+            await waiting
+        assert (ended.value.job_id, ended.value.how, ended.value.data) == (job_id, "buried",
+                                                                          b"\nboom")
+        with pytest.raises(NotFound):
+            await client.wait(10 ** 9, timeout=0)
+        living = await client.put(b"y")
+        with pytest.raises(TimedOut):
+            await client.wait_end(living, timeout=0)
+
+
+async def test_finish_answers_a_wait_with_the_result(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    async with connected(*client_tubeq.address, tube_name) as client, \
+            connected(*client_tubeq.address, tube_name) as caller:
+        job_id = await client.put(b"x")
+        waiting = asyncio.ensure_future(caller.wait(job_id, timeout=10))
+        job = await client.reserve()
+        await job.finish("done é")
+        assert await waiting == "done é".encode()
+        end = await caller.wait_end(job_id, timeout=0)
+        assert (end.id, end.how, end.data) == (job_id, "finished", "done é".encode())
+
+
+async def test_on_beanstalkd_a_handlers_return_value_still_deletes(
+        client_beanstalkd: ServerProcess, tube_name: str) -> None:
+    async with connected(*client_beanstalkd.address, tube_name) as admin, \
+            Client(*client_beanstalkd.address) as worker:
+        await admin.put(b"x")
+        consumer = worker.consume(tube_name, push=False)
+
+        async def handler(job: Job) -> bytes:
+            consumer.stop()
+            return b"result"
+
+        async with asyncio.timeout(WAIT_S):
+            await consumer.run(handler)
+        stats = await admin.stats_tube(tube_name)
+        assert (stats["cmd-delete"], stats["current-jobs-ready"]) == (1, 0)
+        with pytest.raises(UnknownCommand):
+            await admin.wait(1, timeout=0)

@@ -1,0 +1,55 @@
+"""Jobs that answer, on the client side (protocol.md, "Ends"): the ``wait`` and request/reply
+lines and their answers.
+
+:class:`Ended` is how a job ended; :func:`wait_line` builds a ``wait-ms`` and :func:`result_of`
+turns an end into a result or the error saying how else the job ended. ``Client.wait`` and
+``Client.call`` send them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from tubeq.client.args import _job_id
+from tubeq.client.errors import JobNotFinished
+from tubeq.client.parser import Reply
+from tubeq.client.wire import U32_MAX
+
+# The longest wait the server takes, in ms (its u32 seconds, in ms).
+MAX_WAIT_MS: Final = U32_MAX * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How job ``id`` ended: ``how`` is ``finished`` (``data``: its result), ``deleted``,
+    ``buried`` (``data``: why tubeq buried it, then the last error after a newline) or
+    ``expired``."""
+
+    id: int
+    how: str
+    data: bytes
+
+
+def wait_ms(timeout: float) -> int:
+    """A timeout in seconds as the server's milliseconds (ValueError when out of range)."""
+    if not 0 <= timeout <= MAX_WAIT_MS / 1000:
+        raise ValueError(f"timeout must be between 0 and {MAX_WAIT_MS // 1000} s, not {timeout}")
+    return round(timeout * 1000)
+
+
+def wait_line(job_id: int, timeout: float) -> bytes:
+    return b"wait-ms %d %d\r\n" % (_job_id(job_id), wait_ms(timeout))
+
+
+def ended_of(reply: Reply) -> Ended:
+    """An ``ENDED <id> <how> <bytes>`` reply as an :class:`Ended`."""
+    assert reply.body is not None
+    return Ended(reply.int_arg(0), reply.args[1].decode("ascii", "replace"), reply.body)
+
+
+def result_of(end: Ended) -> bytes:
+    """A finished job's result; :class:`JobNotFinished` for any other end."""
+    if end.how != "finished":
+        raise JobNotFinished(end.id, end.how, end.data)
+    return end.data

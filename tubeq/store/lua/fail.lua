@@ -1,0 +1,43 @@
+--[[ fail: the connection holding a reserved job says it failed, with an error text: the job
+keeps the error (the last one) and counts the failure, then follows its policies as a TTR
+timeout does: buried with reason 'max-tries' when its tries run out, expired past its TTL,
+else back to ready, or delayed by its backoff (put-with backoff-ms, or its tube's).
+KEYS[1]  namespace root
+ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
+         now (ms), the error, optionally the number of the first reserve it was pipelined
+         behind
+Returns  {'ready', 0} | {'delayed', due (ms)} | {'taken', 0} (buried or expired by a policy; its
+         end kept for waiters) | 0 not reserved by this connection | -1 deferred
+Events   'released' with reason 'failed' (delay_ms and due_ms set when delayed), or the
+         policy's 'buried' / 'expired'
+Wakes    reserves blocked on the tube when the job is ready
+]]
+--- @include "keys"
+--- @include "events"
+--- @include "jobs"
+--- @include "policies"
+local token, id, now, err = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+if blocked_ahead(token, ARGV[7]) then return DEFERRED end
+local jk = k_job(id)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
+if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
+local t = f[2]
+rcall('HSET', jk, JOB_ERROR, err)
+rcall('HINCRBY', jk, JOB_FAILURES, 1)
+local taken, delay_ms = end_try(id, t, jk, now, 'timeout')
+if taken then return {'taken', 0} end
+unlink(id, t, 'reserved', now)
+rcall('HDEL', jk, JOB_OWNER)
+if delay_ms > 0 then
+  local due = now + delay_ms
+  rcall('HSET', jk, JOB_STATE, 'delayed', JOB_DUE, due)
+  enqueue_delayed(id, t, due)
+  job_event('released', id, now, delay_ms, due, 'failed')
+  return {'delayed', due}
+end
+rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
+rcall('HDEL', jk, JOB_DUE)
+enqueue_ready(id, t, tonumber(rcall('HGET', jk, JOB_PRI)), now)
+job_event('released', id, now, 0, 0, 'failed')
+wake(t)
+return {'ready', 0}
