@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tubeq.protocol import commands as c
-from tubeq.redisio.client import RedisReplyError
+from tubeq.redisio.client import RedisNotSent, RedisReplyError
 from tubeq.server.connection import Connection
 from tubeq.server.context import ServerContext
 from tubeq.server.flow import TURN_BUDGET
@@ -408,6 +408,28 @@ async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
     await worker.gone()
     other.send(b"reserve-with-timeout 5\r\n")
     await other.expect(b"RESERVED 1 2\r\nhi\r\n")
+
+
+async def test_a_push_loop_outlives_a_failed_store_call(
+        new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis lost under the push loop's take: the loop logs, tries again and goes on pushing
+    (it used to end there, and the connection was never pushed a job again: starved)."""
+    real = ctx.store.reserve_many
+    failures = [RedisNotSent("not connected")]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ctx.store, "reserve_many", flaky)
+    producer, worker = new_client(), new_client()
+    worker.send(b"push 4\r\n")
+    await worker.expect(b"PUSHING 4\r\n")
+    assert not failures  # the loop's first take failed
+    producer.send(b"put 0 0 60 2\r\nhi\r\n")
+    await producer.expect(b"INSERTED 1\r\n")
+    await worker.expect(b"RESERVED 1 2\r\nhi\r\n")
 
 
 async def test_push_credit_comes_back_when_a_pushed_job_times_out(new_client: NewClient) -> None:

@@ -27,13 +27,14 @@ from tubeq.client import admin, batches
 from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
-from tubeq.client.ends import Ended, ended_of, result_of, wait_line, wait_ms
+from tubeq.client.ends import REPLY_GRACE_S, Ended, ended_of, result_of, wait_line, wait_ms
 from tubeq.client.errors import (
     CallTimedOut,
     ClientConnectionError,
     ClientError,
     CommandError,
     ProtocolError,
+    TimedOut,
     UnknownCommand,
 )
 from tubeq.client.job import (
@@ -562,7 +563,12 @@ class Client:
             _expect(reply, "wait", ENDED)
             return ended_of(reply)
 
-        return await self._call(wait_line(job_id, timeout), convert)
+        line = wait_line(job_id, timeout)
+        try:
+            async with asyncio.timeout(timeout + REPLY_GRACE_S):
+                return await self._call(line, convert)
+        except TimeoutError:  # the server did not answer (stopped, cut off)
+            raise TimedOut("wait", " (no answer from the server)") from None
 
     async def wait(self, job_id: int, timeout: float) -> bytes:
         """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``
@@ -590,23 +596,30 @@ class Client:
             _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
             return ended_of(reply) if reply.word == ENDED else reply.int_arg(0)
 
-        used = self._used
-        if tube == used:
-            outcome = await self._call(line + data + CRLF, convert)
-        else:  # use, call and use back in one write: the connection keeps its used tube
-            link = await self._current_link()
-            sent = (link.send(*self._use_command(tube)),
-                    link.send(line + data + CRLF, convert),
-                    link.send(*self._use_command(used)))
-            await link.wait_writable()
-            answers = await asyncio.gather(*sent, return_exceptions=True)
-            for answer in answers:
-                if isinstance(answer, BaseException):
-                    raise answer
-            outcome = cast(Ended | int, answers[1])
+        try:
+            async with asyncio.timeout(timeout + REPLY_GRACE_S):
+                outcome = await self._call_in(tube, line + data + CRLF, convert)
+        except TimeoutError:  # the server did not answer (stopped, cut off)
+            raise CallTimedOut("call", None) from None
         if isinstance(outcome, int):
             raise CallTimedOut("call", outcome)
         return result_of(outcome)
+
+    async def _call_in(self, tube: str, data: bytes, convert: Convert[T]) -> T:
+        """A command that acts on the used tube, sent for ``tube``: use, the command and use
+        back in one write when ``tube`` is not the used one (the connection keeps its tube)."""
+        used = self._used
+        if tube == used:
+            return await self._call(data, convert)
+        link = await self._current_link()
+        sent = (link.send(*self._use_command(tube)), link.send(data, convert),
+                link.send(*self._use_command(used)))
+        await link.wait_writable()
+        answers = await asyncio.gather(*sent, return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return cast(T, answers[1])
 
     async def peek_key(self, key: str) -> Job:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""

@@ -33,6 +33,7 @@ from tubeq.client.errors import (
     ClientError,
     DeadlineSoon,
     InternalError,
+    NotFound,
     ProtocolError,
     TimedOut,
     UnknownCommand,
@@ -676,6 +677,7 @@ class Consumer:
                     log.warning("job %d done but not deleted: not found", job.id)
             except ClientError as error:
                 log.warning("job %d done but not deleted: %s", job.id, error)
+                self._give_back_all(job, error)
             self._forget(job)  # deleted, or the reservation is gone either way
             return False
         if not isinstance(exc, Exception):  # cancelled (or exiting): not the job's failure
@@ -696,8 +698,21 @@ class Consumer:
                 await job.release(pri=pri, delay=delay)
         except ClientError as error:
             log.warning("failed job %d not released: %s", job.id, error)
+            self._give_back_all(job, error)
             self._forget(job)
         return True
+
+    def _give_back_all(self, job: Job, error: ClientError) -> None:
+        """A settle the server answered with an error other than NOT_FOUND (INTERNAL_ERROR:
+        its Redis away or stalled; or no answer) leaves the job reserved for this connection,
+        holding one of its push credits, until its TTR: close the lane's connection instead,
+        so the server gives back every job it held (they run again: at least once) and the
+        lane starts over with its full share (``_drive`` reconnects)."""
+        hold = _hold_of(job)
+        if hold is not None and not isinstance(error, NotFound):
+            log.warning("consumer connection %d: reconnecting so that the server gives back "
+                        "what it holds", hold.lane.index)
+            hold.lane.client.close()
 
     # -- batched deletes ----------------------------------------------------------------------
 

@@ -18,6 +18,10 @@ from tubeq.client.wire import U32_MAX
 
 # The longest wait the server takes, in ms (its u32 seconds, in ms).
 MAX_WAIT_MS: Final = U32_MAX * 1000
+# How long past its timeout a wait or call waits for the server's answer before it gives up
+# on its own (the server answers within 0.25 s of the timeout unless it is stopped or cut
+# off): no call hangs past its timeout by more than this.
+REPLY_GRACE_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,11 +126,12 @@ class TimedOut(CommandError):
 
 class CallTimedOut(TimedOut):
     """A call's job had not ended within its timeout: it is stored and lives on (``job_id``;
-    :meth:`tubeq.client.Client.wait` waits for it again)."""
+    :meth:`tubeq.client.Client.wait` waits for it again), or ``job_id`` is None when the server
+    did not answer at all in time (stopped, or cut off): the job may or may not be stored."""
 
-    def __init__(self, command: str, job_id: int) -> None:
+    def __init__(self, command: str, job_id: int | None) -> None:
         self.job_id = job_id
-        super().__init__(command, f" (job {job_id})")
+        super().__init__(command, "" if job_id is None else f" (job {job_id})")
 
 
 class JobNotFinished(ClientError):

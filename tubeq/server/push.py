@@ -17,6 +17,9 @@ Rules:
   put handed over while credit was free is still sent.
 * A pushed job whose TTR ran out before its frame was written is not sent: expire.lua gave it
   back, so it is the connection's no more.
+* A store call that fails (Redis lost or stalled) does not end the loop: it logs, counts the
+  token in again and tries again after RETRY_S, or sooner when a reconnect wakes it. (Jobs a
+  take reserved whose answer was lost come back at their TTR, or when the connection goes.)
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from typing import Protocol
+
+import structlog
 
 from tubeq.protocol import replies
 from tubeq.redisio.futures import discard
@@ -34,7 +39,12 @@ from tubeq.store.records import Reservation
 
 # The push extension takes at most this many jobs per script call, however many credits a
 # client grants: one call must not hold Redis's single thread for long.
+log = structlog.get_logger(__name__)
+
 PUSH_BATCH_MAX = 64
+# After a store call of the loop failed (Redis away or stalled), it tries again this much later
+# (a reconnect wakes it sooner): the loop outlives an outage, so the connection is not starved.
+RETRY_S = 0.5
 
 
 class PushingSession(Session, GrantOwner, Protocol):
@@ -100,52 +110,65 @@ class Push:
 
     async def _run(self) -> None:
         """Deliver ready jobs while credits allow; sleep on the waiter registry otherwise."""
-        session, pushed = self._session, self.pushed
-        store = session.store
-        wait = self.wait = Wait(session.ctx.registry, store, session.token, session.watched,
-                                owner=session)
+        session = self._session
+        wait = self.wait = Wait(session.ctx.registry, session.store, session.token,
+                                session.watched, owner=session)
         try:
             while True:
-                await wait.count_in_again()
-                now = store.clock()
-                expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
-                if expired:
-                    session.settled(*expired)  # their TTR ran out: the jobs are queued again
-                free = self.credits - len(pushed)
-                if self._flow.write_paused:
-                    free = 0  # the client is not taking frames: take no more jobs for it
-                early, self._early = self._early, None
-                if early is not None or free > 0:
-                    jobs = await wait.took(
-                        early if early is not None else wait.send_take(min(free, PUSH_BATCH_MAX)))
-                    if jobs:
-                        self._send_jobs(jobs)
-                        continue
-                    if not wait.counted:
-                        await wait.count_in()
-                        continue  # try once more now that a put would wake us
-                elif wait.counted:
-                    # No credit left (push 0, or credits lowered): stop waiting, so puts stop
-                    # handing jobs over; one a put handed over while credit was free is sent.
-                    self._send_jobs(await wait.claim())
-                    now = store.clock()
-                # Wake when a pushed job's TTR runs out: its credit comes back.
-                reserved = session.reserved
-                deadlines = [reserved[j] for j in pushed if j in reserved]
-                self._parked = True
                 try:
-                    await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
-                finally:
-                    self._parked = False
-                if self._early is None or not wait.woken:
-                    # (After an early take, which re-armed the wait as it was sent, a hint
-                    # that came since stays: the loop tries once more.)
-                    wait.event.clear()
+                    await self._step(wait)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # Redis lost or stalled: go on once it is back
+                    log.warning("push: a store call failed; trying again", conn=session.token,
+                                error=repr(error))
+                    wait.recount = True  # Redis may have lost the count-in: count in again
+                    await asyncio.sleep(RETRY_S)
         finally:
             self.wait = None
             stopped = wait.leave(consumed=True, claim=False)
             if stopped is not None:
                 stopped.add_done_callback(discard)
+
+    async def _step(self, wait: Wait) -> None:
+        """One turn of the loop: send what the credits allow, or sleep until woken."""
+        session, pushed = self._session, self.pushed
+        store = session.store
+        await wait.count_in_again()
+        now = store.clock()
+        expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
+        if expired:
+            session.settled(*expired)  # their TTR ran out: the jobs are queued again
+        free = self.credits - len(pushed)
+        if self._flow.write_paused:
+            free = 0  # the client is not taking frames: take no more jobs for it
+        early, self._early = self._early, None
+        if early is not None or free > 0:
+            jobs = await wait.took(
+                early if early is not None else wait.send_take(min(free, PUSH_BATCH_MAX)))
+            if jobs:
+                self._send_jobs(jobs)
+                return
+            if not wait.counted:
+                await wait.count_in()
+                return  # try once more now that a put would wake us
+        elif wait.counted:
+            # No credit left (push 0, or credits lowered): stop waiting, so puts stop handing
+            # jobs over; one a put handed over while credit was free is sent.
+            self._send_jobs(await wait.claim())
+            now = store.clock()
+        # Wake when a pushed job's TTR runs out: its credit comes back.
+        reserved = session.reserved
+        deadlines = [reserved[j] for j in pushed if j in reserved]
+        self._parked = True
+        try:
+            await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
+        finally:
+            self._parked = False
+        if self._early is None or not wait.woken:
+            # (After an early take, which re-armed the wait as it was sent, a hint that came
+            # since stays: the loop tries once more.)
+            wait.event.clear()
 
     def _send_jobs(self, jobs: list[Reservation]) -> None:
         """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
