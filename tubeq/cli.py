@@ -114,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-watch", type=int, default=DEFAULT_MAX_WATCH, metavar="N",
                    help="tubes one connection may watch; a watch past it answers OUT_OF_MEMORY "
                         f"(0: no limit; {DEFAULT_MAX_WATCH})")
+    p.add_argument("--max-result-size", type=int, default=None, metavar="BYTES",
+                   help="the largest result finish takes; a larger one answers JOB_TOO_BIG "
+                        "(at most -z, which is the default)")
     p.add_argument("--result-ttl", type=float, default=DEFAULT_RESULT_TTL_MS / 1000,
                    metavar="SECONDS",
                    help="how long a job's end (finish's result) is kept for wait "
@@ -218,6 +221,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-in-flight must be at least 1")
     if args.max_watch < 0:
         p.error("--max-watch must be 0 (no limit) or more")
+    if args.max_result_size is None:
+        args.max_result_size = args.max_job_size
+    if not 0 <= args.max_result_size <= args.max_job_size:
+        p.error("--max-result-size must be between 0 and the job size limit (-z)")
     if not 0.001 <= args.result_ttl <= MAX_MS / 1000:
         p.error("--result-ttl must be between 0.001 and 4294967295 seconds")
     if args.max_client_buffer < 64 * 1024:
@@ -383,6 +390,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            max_job_size=args.max_job_size, max_in_flight=args.max_in_flight,
                            max_client_buffer=args.max_client_buffer, max_watch=args.max_watch,
                            result_ttl_ms=round(args.result_ttl * 1000),
+                           max_result_size=args.max_result_size,
                            events_maxlen=events_maxlen(args), tls=tls_files(args),
                            tls_handshake_timeout_s=args.tls_handshake_timeout,
                            redis_functions=args.redis_functions == "on",

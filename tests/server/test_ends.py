@@ -325,3 +325,45 @@ async def test_fail_by_a_connection_not_holding_the_job_changes_nothing(
     worker.send(b"stats-job 1\r\n")
     doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
     assert b"state: reserved\n" in doc
+
+
+async def test_ends_on_a_namespace_split_into_shards(redis_url: str) -> None:
+    """--shards 4: a job's end is kept on its own shard and published on that shard's channel;
+    waits, request/reply and a late wait work for jobs of every shard."""
+    server = Server(Config(port=0, redis_url=redis_url, prefix="ends-split", shards=4))
+    await server.start()
+    try:
+        assert server.ctx is not None
+        caller, worker = Client(server.ctx), Client(server.ctx)
+        worker.send(b"".join(b"watch calls%d\r\n" % n for n in range(6)))
+        await worker.until(lambda o: o.endswith(b"WATCHING 7\r\n"))
+        worker.transport.out.clear()
+        shards = set()
+        for n in range(6):  # tubes, and so jobs, on several shards
+            caller.send(b"use calls%d\r\nput-with 0 0 60 1 wait-ms=10000\r\n%d\r\n" % (n, n))
+            await caller.expect(b"USING calls%d\r\n" % n)
+            worker.send(b"reserve\r\n")
+            reserved = await worker.until(lambda o: o.count(b"\r\n") == 2)
+            job_id = int(reserved.split()[1])
+            shards.add(job_id % 4)
+            worker.transport.out.clear()
+            worker.send(b"finish %d 2\r\nr%d\r\n" % (job_id, n))
+            await worker.expect(b"FINISHED\r\n")
+            await caller.expect(b"ENDED %d finished 2\r\nr%d\r\n" % (job_id, n))
+            caller.send(b"wait %d 0\r\n" % job_id)
+            await caller.expect(b"ENDED %d finished 2\r\nr%d\r\n" % (job_id, n))
+        assert len(shards) > 1, shards  # the jobs were on more than one shard
+    finally:
+        await server.stop()
+
+
+async def test_a_result_over_max_result_size_is_refused(redis_url: str) -> None:
+    server = Server(Config(port=0, redis_url=redis_url, prefix="ends-cap", max_result_size=4))
+    await server.start()
+    try:
+        assert server.ctx is not None
+        worker = Client(server.ctx)
+        worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\nfinish 1 5\r\n12345\r\nfinish 1 4\r\n1234\r\n")
+        await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nJOB_TOO_BIG\r\nFINISHED\r\n")
+    finally:
+        await server.stop()

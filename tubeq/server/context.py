@@ -115,6 +115,8 @@ class ServerContext:
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     max_watch: int = DEFAULT_MAX_WATCH  # 0: no limit
     result_ttl_ms: int = DEFAULT_RESULT_TTL_MS  # --result-ttl
+    # --max-result-size; without it, any result the parser takes (-z bounds every body)
+    max_result_size: int = 1 << 30
     # Connections waiting for jobs to end (wait), woken by the ended channel.
     end_waits: EndWaits = field(default_factory=EndWaits)
     draining: bool = False

@@ -177,6 +177,8 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
 
 
 def _finish(conn: Session, cmd: c.Finish) -> Reply:
+    if len(cmd.result) > conn.ctx.max_result_size:  # (over -z, the parser answered already)
+        return replies.JOB_TOO_BIG
     return then(ops.finish(conn.ctx, conn.token, cmd.id, cmd.result, behind=conn.passing),
                 _forget_on(conn, cmd.id, replies.FINISHED))
 

@@ -135,6 +135,7 @@ class Config:
     max_client_buffer: int = DEFAULT_MAX_CLIENT_BUFFER
     max_watch: int = DEFAULT_MAX_WATCH  # tubes one connection may watch; 0: no limit
     result_ttl_ms: int = DEFAULT_RESULT_TTL_MS  # how long a job's end is kept for wait
+    max_result_size: int | None = None  # the largest result finish takes (None: max_job_size)
     # Lifecycle events (tubeq.model.events) go to the namespace's stream, capped at about this many
     # entries; 0 writes none. Off unless asked: a shared Redis's memory belongs to someone else
     # (the command line turns them on for its private redis-server).
@@ -365,7 +366,9 @@ class Server:
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             max_watch=config.max_watch, capacity=self._capacity, observer=self.metrics,
-            extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms)
+            extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms,
+            max_result_size=(config.max_job_size if config.max_result_size is None
+                             else config.max_result_size))
         for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
             each_client.add_reconnect_callback(ctx.end_waits.wake_all)
         scheduler.when_registration_lost(ctx.restore_registrations)
