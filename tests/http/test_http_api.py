@@ -165,6 +165,8 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "`POST /api/tubes/{tube}/jobs`": lambda: api.put("c", b"x", delay=100),
         "`GET /api/jobs/{id}`": lambda: api.call("GET", f"/api/jobs/{buried}"),
+        "`GET /api/jobs/{id}/result?wait-ms=N`": lambda: api.call(
+            "GET", f"/api/jobs/{buried}/result"),
         "`POST /api/tubes/{t1,t2,...}/reserve?timeout=S`": reserve_buried,
         "`POST /api/jobs/{id}/touch` `{\"reservation\"}`": lambda: api.call(
             "POST", f"/api/jobs/{buried}/touch", json={"reservation": token}),
@@ -517,3 +519,26 @@ async def test_a_put_with_wait_ms_answers_how_the_job_ended(api: Api, server: Se
     status, data = await api.call("POST", "/api/tubes/calls/jobs", data=b"x",
                                   params={"wait-ms": "50"})
     assert (status, data["id"], data["state"]) == (201, 2, "ready")
+
+
+async def test_a_jobs_result_is_a_long_poll_and_its_failures_are_in_its_json(
+        api: Api, server: Server) -> None:
+    job_id = await api.put("answers", b"q")
+    status, data = await api.call("GET", f"/api/jobs/{job_id}/result", params={"wait-ms": "50"})
+    assert (status, data) == (204, None)  # not ended in time: the job lives on
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"watch answers\r\nreserve\r\nfail %d 4\r\nbad!\r\n" % job_id)
+    await reader.readuntil(b"FAILED\r\n")
+    status, data = await api.call("GET", f"/api/jobs/{job_id}")
+    assert (status, data["state"], data["failures"], data["error"]) == (200, "ready", 1, "bad!")
+    polling = asyncio.ensure_future(api.call("GET", f"/api/jobs/{job_id}/result",
+                                             params={"wait-ms": "10000"}))
+    writer.write(b"reserve\r\nfinish %d 3\r\nyes\r\n" % job_id)
+    await reader.readuntil(b"FINISHED\r\n")
+    writer.close()
+    assert await polling == (200, {"id": job_id, "ended": "finished", "data": "yes",
+                                   "data_base64": "eWVz"})
+    status, data = await api.call("GET", "/api/jobs/999999/result")
+    assert status == 404 and "not found" in data["error"]
+    status, data = await api.call("GET", f"/api/jobs/{job_id}/result", params={"wait": "1"})
+    assert status == 400

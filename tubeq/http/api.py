@@ -55,6 +55,7 @@ STATES: Final = ("ready", "delayed", "buried", "reserved")
 PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr", *job_options.PUT_OPTIONS})
 PUT_JSON_KEYS: Final = PUT_OPTIONS | {"body", "body_base64"}
 RESERVE_OPTIONS: Final = frozenset({"timeout"})
+RESULT_OPTIONS: Final = frozenset({"wait-ms"})  # the result long poll
 RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
 BURY_OPTIONS: Final = frozenset({"reservation", "pri"})
 OWNER_OPTIONS: Final = frozenset({"reservation"})
@@ -81,6 +82,7 @@ def add_routes(app: web.Application, server: Server) -> None:
     app.router.add_post("/api/tubes/{tube}/pause", pause)
     app.router.add_post("/api/tubes/{tubes}/reserve", reserve)
     app.router.add_get("/api/jobs/{id}", _taking_no_options(job))
+    app.router.add_get("/api/jobs/{id}/result", result)
     app.router.add_delete("/api/jobs/{id}", delete)
     app.router.add_post("/api/jobs/{id}/kick", kick_job)
     app.router.add_post("/api/jobs/{id}/release", release)
@@ -140,8 +142,8 @@ async def put(request: web.Request) -> web.Response:
         if delay and "delay-ms" in opts:
             raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
         if "wait-ms" in opts:  # request/reply, as the protocol's put-with wait-ms
-            _, waited = ops.put_and_wait(ctx, tube, pri, delay, ttr, body, extras,
-                                         int(opts["wait-ms"]))
+            wait_ms = unsigned("wait-ms", opts["wait-ms"], MAX_POLL_S * 1000)
+            _, waited = ops.put_and_wait(ctx, tube, pri, delay, ttr, body, extras, wait_ms)
             outcome, end = await waited
             if isinstance(end, JobEnd):
                 return web.json_response({"id": outcome.id, "tube": tube, "ended": end.how,
@@ -247,9 +249,29 @@ async def job(request: web.Request) -> web.Response:
     ctx.counters.incr("stats-job")
     store = ctx.store
     info, body = await store.job_info(jid), await store.peek(jid)
+    policies = await store.job_policies(jid)
     if info is None or body is None:
         raise HttpError(404, f"job {jid} not found")
-    return web.json_response(_job_json(info, body, store.clock()))
+    out = _job_json(info, body, store.clock())
+    if policies is not None:  # fail's count and last error (stats-job's extra keys)
+        out["failures"] = policies.failures
+        out["error"] = policies.error.decode("utf-8", "replace")
+    return web.json_response(out)
+
+
+async def result(request: web.Request) -> web.Response:
+    """wait: how a job ended (its result when finished), a long poll of up to ``wait-ms``."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    options = await read_options(request, RESULT_OPTIONS, json_body=False)
+    wait_ms = unsigned("wait-ms", options.get("wait-ms", 0), MAX_POLL_S * 1000)
+    _, outcome = ops.wait_for_end(ctx, jid, wait_ms)
+    end = await outcome
+    if end is None:
+        return web.Response(status=204)  # not ended in time, as a long poll's reserve
+    if not isinstance(end, JobEnd):
+        raise HttpError(404, f"job {jid} not found, and no end of it kept")
+    return web.json_response({"id": jid, "ended": end.how, **_end_data(end.data)})
 
 
 async def delete(request: web.Request) -> web.Response:
