@@ -4,16 +4,20 @@ tubeq: every command in text and JSON, top --once, and each failure as one line 
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.servers import ServerProcess
+from tubeq.client import Client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -180,3 +184,42 @@ def test_connection_refused() -> None:
         for args in (["list"], ["top", "--once"], ["put", "x"]):
             assert cli.fails(*args) == (
                 f"tubeq-cli: cannot connect to 127.0.0.1:{port}: Connection refused")
+
+
+def test_call_and_wait_show_a_result_or_how_the_job_ended(client_tubeq: ServerProcess,
+                                                          tube_name: str) -> None:
+    """tubeq-cli call: the result of a worker's finish; wait: the same for a job by id, or
+    one line saying how else it ended or that it has not."""
+    cli = Cli(client_tubeq.host, client_tubeq.port, client_tubeq.kind)
+
+    async def worker(count: int, answer: bytes) -> None:
+        async with Client(*client_tubeq.address) as client:
+            await client.watch(tube_name)
+            for _ in range(count):
+                job = await client.reserve_with_timeout(20)
+                await job.finish(answer + job.body)
+
+    def with_worker(count: int, answer: bytes) -> threading.Thread:
+        thread = threading.Thread(target=asyncio.run, args=(worker(count, answer),))
+        thread.start()
+        return thread
+
+    thread = with_worker(2, b"re: ")
+    assert cli.run("call", "ping", "-t", tube_name, "--wait", "20").stdout == "re: ping\n"
+    assert cli.json("call", "-t", tube_name, stdin=b"\xff") == {
+        "ended": "finished", "body_base64": base64.b64encode(b"re: \xff").decode()}
+    thread.join(RUN_TIMEOUT_S)
+    line = cli.fails("call", "nobody", "-t", tube_name, "--wait", "0.1")
+    job_id = int(line.rsplit("tubeq-cli wait ", 1)[1].split()[0])
+    assert line == (f"tubeq-cli: no result within 0.1 s; tubeq-cli wait {job_id} goes on")
+    assert cli.fails("wait", str(job_id), "--wait", "0") == (
+        f"tubeq-cli: job {job_id} has not ended within 0 s")
+    thread = with_worker(1, b"late ")
+    assert cli.json("wait", str(job_id), "--wait", "20") == {
+        "id": job_id, "ended": "finished", "body": "late nobody"}
+    thread.join(RUN_TIMEOUT_S)
+    assert cli.fails("wait", "987654321") == (
+        "tubeq-cli: job 987654321 not found, and no end of it kept")
+    buried = int(cli.run("put", "x", "-t", tube_name).stdout.split()[2])
+    cli.run("bury", str(buried))
+    assert cli.fails("wait", str(buried)) == f"tubeq-cli: job {buried} ended buried"

@@ -34,14 +34,17 @@ from tubeq.client import (
     U32_MAX,
     BadFormat,
     BadOption,
+    CallTimedOut,
     Client,
     ClientConnectionError,
     ClientError,
     CommandError,
     Job,
+    JobNotFinished,
     ListedJob,
     NotFound,
     Stats,
+    TimedOut,
 )
 from tubeq.client.admin import CLEAR_STATES, LIST_JOBS_MAX, LIST_STATES
 
@@ -49,6 +52,7 @@ PROG = "tubeq-cli"
 # How often top redraws unless told: often enough to watch a queue move, rarely enough that the
 # per-tube stats round trips are no load on the server.
 DEFAULT_INTERVAL_S = 2.0
+DEFAULT_WAIT_S = 30.0  # call and wait: how long for a job's end
 # ANSI: cursor home, then clear the screen.
 CLEAR = "\x1b[H\x1b[2J"
 EXIT_FAILURE = 1
@@ -117,6 +121,16 @@ def _seconds(text: str) -> float:
         value = -1.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
+def _wait_s(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= U32_MAX:
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0 to {U32_MAX}: {text!r}")
     return value
 
 
@@ -201,6 +215,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tubeq: what an expired job becomes (the tube's setting, bury)")
     put.add_argument("--key", default=None,
                      help="tubeq: dedupe key: no second job while one with KEY lives")
+    # jobs that answer (tubeq): request/reply, and waiting for a job's end
+    call = command("call", "tubeq: put a job and wait for a worker's result (request/reply)")
+    call.add_argument("body", nargs="?", help="the job body (default: read stdin)")
+    call.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
+    call.add_argument("-t", "--tube", default="default", help="tube (default)")
+    call.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                      help=f"priority, 0 most urgent ({DEFAULT_PRIORITY})")
+    call.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                      help=f"seconds a worker may hold it ({DEFAULT_TTR})")
+    call.add_argument("--key", default=None,
+                      help="dedupe key: while a job with KEY lives, wait for that one")
+    call.add_argument("--wait", type=_wait_s, default=DEFAULT_WAIT_S, metavar="SECONDS",
+                      help=f"how long to wait for the result ({DEFAULT_WAIT_S:g})")
+    wait = command("wait", "tubeq: wait for a job to end; its result when a worker finished it")
+    wait.add_argument("id", type=_job_id)
+    wait.add_argument("--wait", type=_wait_s, default=DEFAULT_WAIT_S, metavar="SECONDS",
+                      help=f"how long to wait (0: do not wait; {DEFAULT_WAIT_S:g})")
     peek_key = command("peek-key", "tubeq: show the living job put with a dedupe key")
     peek_key.add_argument("key")
     # admin verbs (tubeq only; protocol.md "Admin verbs")
@@ -603,6 +634,45 @@ async def _put_with(client: Client, args: argparse.Namespace, body: bytes, out: 
         out.emit(f"not inserted: job {result.id} already has key {args.key}", data)
 
 
+async def cmd_call(client: Client, args: argparse.Namespace, out: Output) -> None:
+    body = _read_body(args)
+    try:
+        result = await client.call(args.tube, body, timeout=args.wait, pri=args.pri,
+                                   ttr=args.ttr, key=args.key)
+    except CallTimedOut as error:
+        again = "" if error.job_id is None else f"; tubeq-cli wait {error.job_id} goes on"
+        raise CliError(f"no result within {args.wait:g} s{again}") from error
+    except JobNotFinished as error:
+        raise CliError(_not_finished(error)) from error
+    _show_result(out, None, result)
+
+
+async def cmd_wait(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        end = await client.wait_end(args.id, timeout=args.wait)
+    except TimedOut as error:
+        raise CliError(f"job {args.id} has not ended within {args.wait:g} s") from error
+    except NotFound as error:
+        raise CliError(f"job {args.id} not found, and no end of it kept") from error
+    if end.how != "finished":
+        raise CliError(_not_finished(JobNotFinished(end.id, end.how, end.data)))
+    _show_result(out, end.id, end.data)
+
+
+def _not_finished(error: JobNotFinished) -> str:
+    detail = error.data.decode("utf-8", "replace").replace("\n", " / ")
+    return f"job {error.job_id} ended {error.how}" + (f": {detail}" if detail else "")
+
+
+def _show_result(out: Output, job_id: int | None, result: bytes) -> None:
+    """A finished job's result: as it is, or in JSON as a body is."""
+    if out.json:
+        out.emit("", {**({} if job_id is None else {"id": job_id}), "ended": "finished",
+                      **_body_json(result)})
+    else:
+        out.body(result)
+
+
 async def cmd_peek_key(client: Client, args: argparse.Namespace, out: Output) -> None:
     try:
         job = await client.peek_key(args.key)
@@ -752,6 +822,8 @@ COMMANDS: dict[str, Command] = {
     "list-tubes": cmd_list,
     "top": cmd_top,
     "peek-key": cmd_peek_key,  # tubeq
+    "call": cmd_call,  # jobs that answer (tubeq)
+    "wait": cmd_wait,
     "put-many": cmd_put_many,  # batches
     # admin verbs (tubeq only)
     "clear": cmd_clear,
