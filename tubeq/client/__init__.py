@@ -27,6 +27,8 @@ layers run one way, as in the server (socket -> parser -> conversion -> caller),
   one and pipelined ``reserve-with-timeout`` otherwise.
 * :mod:`~tubeq.client.client`: :class:`Client` holds one link at a time: typed methods,
   reconnect, and the ``use``/``watch`` state replayed on a new connection.
+* :mod:`~tubeq.client.blocking`: :class:`BlockingClient`, put, call and wait over a plain
+  socket for code without an event loop (beside ``client``; neither imports the other).
 
 A module imports only the ones listed before it. tubeq's command families (batches, admin,
 policies, schedules, ends) sit beside job, and only client (and cli, on top) imports them.
@@ -58,6 +60,7 @@ from __future__ import annotations
 from tubeq.client.admin import JobPage as JobPage  # admin verbs: list-jobs pages
 from tubeq.client.admin import ListedJob as ListedJob
 from tubeq.client.batches import NewJob as NewJob
+from tubeq.client.blocking import BlockingClient  # put, call and wait without an event loop
 from tubeq.client.client import Client
 from tubeq.client.consume import Consumer, backoff_delay, touch_interval
 from tubeq.client.ends import Ended  # jobs that answer: finish, fail, wait, call
@@ -113,4 +116,4 @@ __all__ = [
 from tubeq.client.schedules import Schedule
 
 __all__ += ["BadOption", "Schedule"]
-__all__ += ["CallTimedOut", "Ended", "JobNotFinished"]  # jobs that answer
+__all__ += ["BlockingClient", "CallTimedOut", "Ended", "JobNotFinished"]  # jobs that answer
