@@ -32,7 +32,7 @@ from tests.support.servers import (
     start_tubeq,
     unique_prefix,
 )
-from tubeq.client import Client
+from tubeq.client import Client, Job
 from tubeq.client.errors import CommandError
 from tubeq.redisio.cluster import ClusterSeeds
 from tubeq.redisio.process import RedisProcess, cluster_port, free_port
@@ -244,3 +244,35 @@ def test_the_differential_suite_passes_on_the_cluster(cluster: ClusterUnderTest)
     """Every beanstalkd scenario against tubeq on the 3-node cluster, namespace split into 16
     shards (ids compared in steps of the shard count where a scenario looks at them)."""
     print(run_differential_suite({TEST_REDIS_ENV: cluster.url, TEST_SHARDS_ENV: "16"}))
+
+
+async def test_calls_and_waits_across_the_nodes(cluster: ClusterUnderTest,
+                                                servers: list[ServerProcess]) -> None:
+    """Request/reply on a Redis Cluster: each job's end is kept on its shard's node and
+    published there (a PUBLISH reaches every node's subscribers); callers on one process,
+    the worker on the other, tubes over every node."""
+    tubes = [f"calls-{n}" for n in range(12)]
+    nodes = {node_of(cluster, Keys(shard_prefix(servers[0].extra["prefix"],
+                                                 shard_of_tube(t, SHARDS), SHARDS)).root + "x")
+             for t in tubes}
+    assert len(nodes) > 1, nodes
+    async with Client(*servers[1].address) as worker, Client(*servers[0].address) as caller:
+        async def answer(job: Job) -> bytes:
+            return b"re: " + job.body
+
+        consumer = worker.consume(tubes, concurrency=4)
+        running = asyncio.ensure_future(consumer.run(answer))
+        try:
+            for tube in tubes:
+                assert await caller.call(tube, tube.encode(), timeout=10) == (
+                    b"re: " + tube.encode())
+            job_id = await caller.put(b"late")  # its end, read after it happened
+        finally:
+            consumer.stop()
+            await running
+    async with Client(*servers[1].address) as other:  # watches default
+        job = await other.reserve_with_timeout(5)
+        assert job.id == job_id
+        await job.finish(b"done")
+    async with Client(*servers[0].address) as caller:
+        assert await caller.wait(job_id, timeout=5) == b"done"

@@ -93,3 +93,31 @@ def test_workers_need_a_fixed_tcp_port() -> None:
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                          timeout=60, check=False)
     assert out.returncode == 2 and b"--workers needs a TCP port" in out.stderr
+
+
+def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisProcess) -> None:
+    """--workers 2: a wait (and a request/reply) on one process is answered by a finish on
+    the other (the ends channel reaches every worker)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tubeq", "--workers", "2", "-p", str(port), "--redis",
+            redis_process.url, "--prefix", unique_prefix()]
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(port, proc)
+        with Wire("127.0.0.1", port) as caller:
+            mine = int(caller.yaml("stats")["pid"])
+            caller.send(b"put-with 0 0 60 3 wait-ms=20000\r\nabc\r\n")
+            deadline = time.monotonic() + WAIT_S
+            while True:  # a connection on the other worker
+                assert time.monotonic() < deadline, "no connection reached the other worker"
+                with Wire("127.0.0.1", port) as worker:
+                    if int(worker.yaml("stats")["pid"]) == mine:
+                        continue
+                    assert worker.ask("reserve-with-timeout 5") == b"RESERVED 1 3\r\nabc\r\n"
+                    assert worker.ask(b"finish 1 3\r\nABC\r\n") == b"FINISHED\r\n"
+                    break
+            assert caller.reply() == b"ENDED 1 finished 3\r\nABC\r\n"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -11,7 +11,7 @@ import socket
 from types import TracebackType
 
 TIMEOUT_S = 10.0
-_WITH_DATA = (b"OK", b"RESERVED", b"FOUND")
+_WITH_DATA = (b"OK", b"RESERVED", b"FOUND", b"ENDED")  # ENDED: tubeq's wait and call
 
 
 class Wire:
