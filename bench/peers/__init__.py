@@ -20,4 +20,14 @@ Modules, one way (orchestrator -> driver processes -> each system's own client):
   run in any system's virtualenv.
 * :mod:`bench.peers.drivers`: one module per system, written with that system's idiomatic API.
 * :mod:`bench.peers.report`: bench/RESULTS-peers.md from a raw results file.
+
+Request/reply, run on its own (``python -m bench.peers.call``; not part of ``make bench``):
+
+* :mod:`bench.peers.call`: the orchestrator of a call run: per system and repetition fresh
+  servers (as above), one worker process (``serve``), one caller process (``call``: one caller,
+  then 32 at once), CPU from /proc; the report to bench/out/.
+* :mod:`bench.peers.call_common`: the call drivers' contract (settings, payloads, the phases and
+  their bounds), standard library only; the drivers' ``serve`` and ``call`` live beside their
+  ``produce`` and ``consume`` (and bench/peers/drivers/reply_tube.py: beanstalkd's pattern).
+* :mod:`bench.peers.call_report`: calls/s, latency quantiles, CPU per call, issue 32's targets.
 """

@@ -19,7 +19,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.peers.call_common import CallSettings
 
 # The queue or tube every system uses.
 QUEUE = "peers"
@@ -130,7 +133,7 @@ class Tally:
                 "remaining": remaining}
 
 
-def write(settings: Settings, result: dict[str, Any]) -> None:
+def write(settings: Settings | CallSettings, result: dict[str, Any]) -> None:
     settings.out.write_text(json.dumps(result))
 
 

@@ -160,15 +160,16 @@ class Sampler:
 class Servers:
     """The server side of one system's run, started fresh and stopped by PID."""
 
-    def __init__(self, kind: str, log_dir: Path) -> None:
+    def __init__(self, kind: str, log_dir: Path, code_dir: Path = REPO_ROOT) -> None:
         self.kind = kind
         self.redis: RedisProcess | None = None
         self.other: Tubeq | Beanstalkd | None = None
         if kind == "redis":
             self.redis = RedisProcess(Path(tempfile.mkdtemp(prefix="tubeq-peers-redis-")))
         elif kind == "tubeq":
-            # tubeq as RESULTS.md runs it: lifecycle events on, as with its private Redis.
-            self.other = Tubeq(log_dir, flags=EVENTS_ON)
+            # tubeq as RESULTS.md runs it: lifecycle events on, as with its private Redis;
+            # ``code_dir`` holds the tubeq package that runs (bench.peers.call --revision).
+            self.other = Tubeq(log_dir, code_dir=code_dir, flags=EVENTS_ON)
         else:
             self.other = Beanstalkd(log_dir)
 

@@ -6,6 +6,12 @@ whole chunk, as BullMQ's addBulk and RQ's enqueue_many are one call; against bea
 has no batches, the client sends them as pipelined puts in one write). Consume:
 ``client.consume(tube, concurrency=C).run(handler)``: the push extension against tubeq; against
 beanstalkd it gets UNKNOWN_COMMAND and falls back to pipelined ``reserve-with-timeout``.
+
+Request/reply (bench.peers.call), against tubeq only: a caller is ``await client.call(tube,
+body, timeout=...)`` (one ``put-with ... wait-ms`` round trip), a Client of its own per caller
+(a call blocks its connection, as a reserve does); the worker is the same ``consume()`` with a
+handler that returns the answer, which finishes the job with it. beanstalkd has no ``finish``:
+its request/reply is the reply-tube pattern of bench/peers/drivers/reply_tube.py.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+from bench.peers.call_common import CALL_QUEUE, CALL_TIMEOUT_S, CallSettings, echo, phases_async
 from bench.peers.common import (
     QUEUE,
     Phase,
@@ -91,3 +98,42 @@ async def _consume(settings: Settings) -> dict[str, Any]:
         runner.cancel()
         await watcher.aclose()
     return {**tally.result(empty_at, counts), "modes": modes}
+
+
+# -- request/reply (bench.peers.call) -----------------------------------------------------------
+
+def serve(settings: CallSettings) -> dict[str, Any]:
+    return uvloop.run(_serve(settings))
+
+
+async def _serve(settings: CallSettings) -> dict[str, Any]:
+    client = Client(*_address(settings.url))
+    consumer = client.consume(CALL_QUEUE, concurrency=settings.concurrency)
+
+    async def handler(job: Job) -> bytes:
+        return echo(job.body.decode()).encode()
+
+    try:
+        await asyncio.wait_for(consumer.run(handler), settings.time_limit_s)
+    except TimeoutError:
+        return {"stopped": "time limit"}
+    finally:
+        await consumer.aclose()
+    return {"stopped": "consumer ended"}
+
+
+def call(settings: CallSettings) -> dict[str, Any]:
+    return uvloop.run(_call(settings))
+
+
+async def _call(settings: CallSettings) -> dict[str, Any]:
+    clients = [Client(*_address(settings.url)) for _ in range(settings.callers)]
+    await asyncio.gather(*(c.connect() for c in clients))
+
+    async def one(caller: int, request: str) -> bytes:
+        return await clients[caller].call(CALL_QUEUE, request, timeout=CALL_TIMEOUT_S)
+
+    try:
+        return await phases_async(settings, one)
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))

@@ -6,6 +6,12 @@ backend), so the batched phase is not run: the report shows n/a. The worker is o
 ``celery worker --pool threads --concurrency C`` started in this process with
 ``worker_main``; gossip, mingle and heartbeats off (one worker has no peers); every other
 setting Celery's default (acks on receipt, prefetch multiplier 4).
+
+Request/reply (bench.peers.call): the app gets a Redis result backend (the broker's Redis); a
+caller is ``echo.delay(payload).get(timeout=...)`` (the Redis backend waits on pub/sub, no
+polling), one thread per caller, each with an app of its own (its own broker connection and
+result consumer: Celery's result consumer is not shared between threads). The worker: as
+above, a threads pool of concurrency C, results stored.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from typing import Any
 
 from celery import Celery
 
+from bench.peers.call_common import (
+    CALL_QUEUE,
+    CALL_TIMEOUT_S,
+    CallSettings,
+    echo,
+    phases_threads,
+)
 from bench.peers.common import QUEUE, Phase, Settings, Tally, wait_empty_sync, write
 
 TALLY = Tally(0)
@@ -77,3 +90,44 @@ def consume(settings: Settings) -> dict[str, Any]:
                      "--without-gossip", "--without-mingle", "--without-heartbeat",
                      "--loglevel", "WARNING", "--queues", QUEUE])
     raise RuntimeError("the Celery worker exited before the jobs were processed")
+
+
+# -- request/reply (bench.peers.call) -----------------------------------------------------------
+
+def _call_app(url: str) -> tuple[Celery, Any]:
+    app = Celery("calls", broker=url, backend=url)
+    app.conf.update(task_default_queue=CALL_QUEUE, broker_connection_retry_on_startup=True,
+                    worker_hijack_root_logger=False)
+
+    @app.task(name="echo")
+    def echo_task(payload: str) -> str:
+        return echo(payload)
+
+    return app, echo_task
+
+
+def serve(settings: CallSettings) -> dict[str, Any]:
+    deadline = settings.deadline
+    app, _ = _call_app(settings.url)
+
+    def watch() -> None:
+        # As in consume(): worker_main holds the main thread; the orchestrator kills this
+        # process by PID, and this ends it at the time limit if it has not.
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    app.worker_main(["worker", "--pool", "threads", "--concurrency", str(settings.concurrency),
+                     "--without-gossip", "--without-mingle", "--without-heartbeat",
+                     "--loglevel", "WARNING", "--queues", CALL_QUEUE])
+    return {"stopped": "worker ended"}
+
+
+def call(settings: CallSettings) -> dict[str, Any]:
+    tasks = [_call_app(settings.url)[1] for _ in range(settings.callers)]
+
+    def one(caller: int, request: str) -> str:
+        answer: str = tasks[caller].delay(request).get(timeout=CALL_TIMEOUT_S)
+        return answer
+
+    return phases_threads(settings, one)

@@ -5,6 +5,12 @@ removeOnComplete) and the default ``retries``/``timeout``. saq has no batch enqu
 waits for results): the batched phase keeps ``concurrency`` enqueues in flight, which saq itself
 throttles to ``max_concurrent_ops`` (20). The worker runs in this process under
 uvloop, as ``saq`` would run it, with concurrency C.
+
+Request/reply (bench.peers.call): a caller is ``await queue.apply("echo", timeout=...,
+payload=...)``, saq's own call (enqueue, then read the job until it is done, every
+``poll_interval``, default 0.5 s: saq 0.26's apply polls, it does not listen), the callers
+sharing one Queue (an asyncio client multiplexes its connection pool); results are kept by
+saq's default ``ttl``. The worker: ``Worker(concurrency=C)`` with an ``echo`` function.
 """
 
 from __future__ import annotations
@@ -16,6 +22,13 @@ from typing import Any
 import uvloop
 from saq import Queue, Worker
 
+from bench.peers.call_common import (
+    CALL_QUEUE,
+    CALL_TIMEOUT_S,
+    CallSettings,
+    echo,
+    phases_async,
+)
 from bench.peers.common import (
     QUEUE,
     Phase,
@@ -80,3 +93,49 @@ async def _consume(settings: Settings) -> dict[str, Any]:
             await runner
         await queue.disconnect()
     return TALLY.result(empty_at, counts)
+
+
+# -- request/reply (bench.peers.call) -----------------------------------------------------------
+
+async def echo_job(ctx: dict[str, Any], *, payload: str) -> str:
+    return echo(payload)
+
+
+def serve(settings: CallSettings) -> dict[str, Any]:
+    return uvloop.run(_serve(settings))
+
+
+async def _serve(settings: CallSettings) -> dict[str, Any]:
+    queue = Queue.from_url(settings.url, name=CALL_QUEUE)
+    await queue.connect()
+    worker = Worker(queue, functions=[("echo", echo_job)], concurrency=settings.concurrency)
+    runner = asyncio.ensure_future(worker.start())
+    try:
+        await asyncio.wait_for(asyncio.shield(runner), settings.time_limit_s)
+    except TimeoutError:
+        return {"stopped": "time limit"}
+    finally:
+        await worker.stop()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        await queue.disconnect()
+    return {"stopped": "worker ended"}
+
+
+def call(settings: CallSettings) -> dict[str, Any]:
+    return uvloop.run(_call(settings))
+
+
+async def _call(settings: CallSettings) -> dict[str, Any]:
+    queue = Queue.from_url(settings.url, name=CALL_QUEUE)
+    await queue.connect()
+
+    async def one(caller: int, request: str) -> str:
+        answer: str = await queue.apply("echo", timeout=CALL_TIMEOUT_S, payload=request)
+        return answer
+
+    try:
+        return await phases_async(settings, one)
+    finally:
+        await queue.disconnect()

@@ -6,10 +6,18 @@
 // removeOnComplete and removeOnFail (BullMQ keeps no finished job). consume: one Worker with
 // concurrency K and a processor that only returns. Times are process.hrtime (CLOCK_MONOTONIC on
 // Linux, the clock of Python's time.monotonic()); CPU is process.cpuUsage() (all threads).
+//
+// Request/reply (bench.peers.call, the contract of bench/peers/call_common.py): ROLE serve or
+// call, --single M --parallel N --callers K --concurrency C --warmup W --phase-limit S
+// --time-limit S. serve: one Worker with concurrency C whose processor returns the payload
+// upper-cased (BullMQ keeps completed jobs and their return values by default). call:
+// Queue.add then job.waitUntilFinished(queueEvents, ttl), BullMQ's own request/reply; the K
+// callers are K async loops of this one process sharing one Queue and one QueueEvents (both
+// multiplex; BullMQ needs no connection per caller).
 'use strict';
 
 const fs = require('fs');
-const { Queue, Worker } = require('bullmq');
+const { Queue, QueueEvents, Worker } = require('bullmq');
 
 const QUEUE = 'peers';
 const EMPTY_POLL_MS = 5;
@@ -21,8 +29,9 @@ function parse(argv) {
     const key = argv[i].replace(/^--/, '').replace(/-/g, '_');
     args[key] = argv[i + 1];
   }
-  for (const key of ['single', 'batched', 'chunk', 'concurrency', 'time_limit']) {
-    args[key] = Number(args[key]);
+  for (const key of ['single', 'batched', 'chunk', 'concurrency', 'time_limit', 'parallel',
+    'callers', 'warmup', 'phase_limit']) {
+    if (args[key] !== undefined) args[key] = Number(args[key]);
   }
   return args;
 }
@@ -107,11 +116,103 @@ async function consume(args) {
   }
 }
 
+// -- request/reply (bench.peers.call) ------------------------------------------------------------
+
+const CALL_QUEUE = 'calls';
+const CALL_TIMEOUT_MS = 30000; // call_common.CALL_TIMEOUT_S
+const MAX_ERRORS = 20; // call_common.MAX_ERRORS
+const payload = (caller, seq) =>
+  `call ${String(caller).padStart(2, '0')} ${String(seq).padStart(6, '0')}`;
+
+async function serve(args) {
+  const worker = new Worker(CALL_QUEUE, async (job) => job.data.payload.toUpperCase(),
+    { connection: connection(args.url), concurrency: args.concurrency });
+  let failure = null;
+  worker.on('error', (err) => { failure = failure || String(err); });
+  try {
+    // The orchestrator kills this process by PID long before.
+    await sleep(args.time_limit * 1000);
+    if (failure) throw new Error(failure);
+    return { stopped: 'time limit' };
+  } finally {
+    await worker.close();
+  }
+}
+
+// One phase: `target` calls (or `limitS` worth) by `callers` loops, each awaiting its call.
+async function callPhase(name, target, callers, limitS, one) {
+  const latencies = [];
+  let started = 0; let errors = 0; let wrong = 0; let firstError = null; let stoppedBy = 'count';
+  const t0 = now(); const cpu0 = cpu(); const deadline = t0 + limitS;
+  const nextSeq = () => {
+    if (started >= target) return null;
+    if (errors >= MAX_ERRORS) { stoppedBy = 'errors'; return null; }
+    if (now() >= deadline) { stoppedBy = 'time'; return null; }
+    started += 1;
+    return started - 1;
+  };
+  const caller = async (index) => {
+    for (let seq = nextSeq(); seq !== null; seq = nextSeq()) {
+      const request = payload(index, seq);
+      const start = now();
+      let answer;
+      try {
+        answer = await one(request);
+      } catch (err) {
+        errors += 1;
+        firstError = firstError || String(err && err.message ? err.message : err).slice(0, 300);
+        continue;
+      }
+      const end = now();
+      if (answer !== request.toUpperCase()) {
+        wrong += 1;
+        firstError = firstError || `wrong answer ${JSON.stringify(answer)}`;
+      } else {
+        latencies.push(Math.round((end - start) * 1e6));
+      }
+    }
+  };
+  const loops = [];
+  for (let i = 0; i < callers; i++) loops.push(caller(i));
+  await Promise.all(loops);
+  const t1 = now();
+  return {
+    phase: name, calls: latencies.length, target, callers, errors, wrong,
+    first_error: firstError, stopped_by: stoppedBy, t0, t1, seconds: t1 - t0,
+    cpu_s: cpu() - cpu0, latencies_us: latencies,
+  };
+}
+
+async function call(args) {
+  const queue = new Queue(CALL_QUEUE, { connection: connection(args.url) });
+  const events = new QueueEvents(CALL_QUEUE, { connection: connection(args.url) });
+  await queue.waitUntilReady();
+  await events.waitUntilReady();
+  const one = async (request) => {
+    const job = await queue.add('echo', { payload: request });
+    return job.waitUntilFinished(events, CALL_TIMEOUT_MS);
+  };
+  try {
+    const warmup = await callPhase('warmup', args.warmup, args.callers, args.phase_limit, one);
+    delete warmup.latencies_us;
+    const single = await callPhase('single', args.single, 1, args.phase_limit, one);
+    const parallel = await callPhase('parallel', args.parallel, args.callers, args.phase_limit,
+      one);
+    return { warmup, single, parallel };
+  } finally {
+    await events.close();
+    await queue.close();
+  }
+}
+
+const ROLES = { produce, consume, serve, call };
+
 async function main() {
   const args = parse(process.argv.slice(2));
   let result;
   try {
-    result = await (args.role === 'produce' ? produce(args) : consume(args));
+    if (!ROLES[args.role]) throw new Error(`unknown role ${args.role}`);
+    result = await ROLES[args.role](args);
   } catch (err) {
     console.error(err);
     result = { error: String(err && err.message ? err.message : err) };
