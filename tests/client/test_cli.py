@@ -209,9 +209,10 @@ def test_call_and_wait_show_a_result_or_how_the_job_ended(client_tubeq: ServerPr
     assert cli.json("call", "-t", tube_name, stdin=b"\xff") == {
         "ended": "finished", "body_base64": base64.b64encode(b"re: \xff").decode()}
     thread.join(RUN_TIMEOUT_S)
-    line = cli.fails("call", "nobody", "-t", tube_name, "--wait", "0.1")
+    line = cli.fails("call", "nobody", "-t", tube_name, "--wait", "0.5")
+    assert line.startswith("tubeq-cli: no result within 0.5 s; tubeq-cli wait "), line
     job_id = int(line.rsplit("tubeq-cli wait ", 1)[1].split()[0])
-    assert line == (f"tubeq-cli: no result within 0.1 s; tubeq-cli wait {job_id} goes on")
+    assert line == (f"tubeq-cli: no result within 0.5 s; tubeq-cli wait {job_id} goes on")
     assert cli.fails("wait", str(job_id), "--wait", "0") == (
         f"tubeq-cli: job {job_id} has not ended within 0 s")
     thread = with_worker(1, b"late ")

@@ -97,3 +97,41 @@ async def test_on_beanstalkd_a_handlers_return_value_still_deletes(
         assert (stats["cmd-delete"], stats["current-jobs-ready"]) == (1, 0)
         with pytest.raises(UnknownCommand):
             await admin.wait(1, timeout=0)
+
+
+async def test_a_cancel_reaches_the_handler_of_a_job_in_progress(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """auto_touch hears CANCELLED and cancels the handler's task; the job is gone, never run
+    again, and the consumer goes on with the next job."""
+    async with connected(*client_tubeq.address, tube_name) as admin, \
+            Client(*client_tubeq.address) as worker:
+        first = await admin.put(b"long", ttr=2)  # touched every 0.5 s
+        started, cancelled = asyncio.Event(), asyncio.Event()
+        seen: list[bytes] = []
+        consumer = worker.consume(tube_name, concurrency=1, auto_touch=True)
+
+        async def handler(job: Job) -> bytes:
+            seen.append(job.body)
+            if job.body == b"long":
+                started.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+            consumer.stop()
+            return b"ok"
+
+        running = asyncio.ensure_future(consumer.run(handler))
+        async with asyncio.timeout(WAIT_S):
+            await started.wait()
+            await admin.cancel(first)
+            await cancelled.wait()
+            second = await admin.put(b"next")
+            await running
+        assert seen == [b"long", b"next"]
+        with pytest.raises(NotFound):
+            await admin.peek(first)
+        assert await admin.wait(second, timeout=5) == b"ok"
+        with pytest.raises(NotFound):
+            await admin.cancel(first)

@@ -368,3 +368,67 @@ async def test_a_result_over_max_result_size_is_refused(redis_url: str) -> None:
         await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nJOB_TOO_BIG\r\nFINISHED\r\n")
     finally:
         await server.stop()
+
+
+async def test_cancel_deletes_a_waiting_job_and_its_waiters_hear_it(ctx: ServerContext) -> None:
+    client, caller = Client(ctx), Client(ctx)
+    client.send(b"put 0 0 60 1\r\na\r\nput 0 100 60 1\r\nb\r\nput 0 0 60 1\r\nc\r\n")
+    await client.expect(b"INSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\n")
+    client.send(b"reserve-job 3\r\nbury 3 0\r\n")
+    await client.expect(b"RESERVED 3 1\r\nc\r\nBURIED\r\n")
+    caller.send(b"wait 1 10\r\n")
+    await asyncio.sleep(0.1)
+    client.send(b"cancel 1\r\ncancel 2\r\ncancel 3\r\ncancel 3\r\ncancel 99\r\n"
+                b"peek 1\r\npeek 2\r\npeek 3\r\n")
+    await client.expect(b"CANCELLED\r\n" * 3 + b"NOT_FOUND\r\n" * 5)
+    await caller.expect(b"ENDED 1 cancelled 0\r\n\r\n")
+    client.send(b"cancel 0\r\ncancel x\r\n")
+    await client.expect(b"NOT_FOUND\r\nBAD_FORMAT\r\n")
+
+
+@pytest.mark.parametrize("holder_says", [b"touch 1\r\n", b"finish 1 1\r\nr\r\n",
+                                         b"fail 1 1\r\ne\r\n"], ids=["touch", "finish", "fail"])
+async def test_a_cancelled_reserved_job_tells_its_holder_and_never_runs_again(
+        ctx: ServerContext, holder_says: bytes) -> None:
+    worker, other, caller = Client(ctx), Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"wait 1 10\r\n")
+    await asyncio.sleep(0.1)
+    other.send(b"cancel 1\r\nstats-job 1\r\n")
+    out = await other.until(lambda o: o.endswith(b"\n\r\n"))
+    assert out.startswith(b"CANCELLED\r\nOK ") and b"state: reserved\n" in out  # held still
+    worker.send(holder_says)
+    await worker.expect(b"CANCELLED\r\n")
+    await caller.expect(b"ENDED 1 cancelled 0\r\n\r\n")
+    worker.send(b"peek 1\r\nreserve-with-timeout 0\r\n")
+    await worker.expect(b"NOT_FOUND\r\nTIMED_OUT\r\n")
+
+
+@pytest.mark.parametrize("ending", [b"release 1 0 0\r\n", b"bury 1 0\r\n"],
+                         ids=["release", "bury"])
+async def test_a_cancelled_job_a_plain_client_gives_back_is_gone(ctx: ServerContext,
+                                                                 ending: bytes) -> None:
+    """A holder that never heard of cancel (a beanstalkd client) gets its usual reply, and
+    the job goes all the same."""
+    worker, other = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    other.send(b"cancel 1\r\n")
+    await other.expect(b"CANCELLED\r\n")
+    worker.send(ending + b"peek 1\r\n")
+    await worker.expect((b"RELEASED\r\n" if ending.startswith(b"release") else b"BURIED\r\n")
+                        + b"NOT_FOUND\r\n")
+    worker.send(b"stats-tube default\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"current-jobs-ready: 0\n" in doc and b"current-jobs-buried: 0\n" in doc
+
+
+async def test_a_cancelled_job_whose_ttr_runs_out_is_gone(ctx: ServerContext) -> None:
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 1 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"cancel 1\r\nwait 1 10\r\n")
+    await caller.expect(b"CANCELLED\r\nENDED 1 cancelled 0\r\n\r\n")  # at its TTR
+    worker.send(b"peek 1\r\n")
+    await worker.expect(b"NOT_FOUND\r\n")

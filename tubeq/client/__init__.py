@@ -77,6 +77,7 @@ from tubeq.client.errors import (
     Draining,
     ExpectedCrlf,
     InternalError,
+    JobCancelled,
     JobNotFinished,
     JobTooBig,
     NotFound,
@@ -116,4 +117,5 @@ __all__ = [
 from tubeq.client.schedules import Schedule
 
 __all__ += ["BadOption", "Schedule"]
-__all__ += ["BlockingClient", "CallTimedOut", "Ended", "JobNotFinished"]  # jobs that answer
+__all__ += ["BlockingClient", "CallTimedOut", "Ended", "JobCancelled",  # jobs that answer
+            "JobNotFinished"]

@@ -58,6 +58,7 @@ from tubeq.client.parser import (
 from tubeq.client.policies import PutResult, key_arg, put_with_line
 from tubeq.client.schedules import Schedule, cron_on_the_wire, parse_schedule_list
 from tubeq.client.wire import (
+    CANCELLED,
     CHANGED,
     CLEARED,
     CLOSE_WAIT_S,
@@ -569,6 +570,15 @@ class Client:
                 return await self._call(line, convert)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise TimedOut("wait", " (no answer from the server)") from None
+
+    async def cancel(self, job_id: int) -> None:
+        """The job is not to run (again): deleted now, or, reserved, when its holder next
+        touches, finishes, fails, releases or buries it, or at its TTR (tubeq's ``cancel``).
+        Raises :class:`NotFound` when there is no such job."""
+        def convert(reply: Reply, link: Connection) -> None:
+            _expect(reply, "cancel", CANCELLED)
+
+        await self._call(b"cancel %d\r\n" % _job_id(job_id), convert)
 
     async def wait(self, job_id: int, timeout: float) -> bytes:
         """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``

@@ -33,6 +33,7 @@ from tubeq.client.errors import (
     ClientError,
     DeadlineSoon,
     InternalError,
+    JobCancelled,
     NotFound,
     ProtocolError,
     TimedOut,
@@ -153,6 +154,8 @@ class _Hold:
     uses_slot: bool
     handed: bool = False
     keep_alive: asyncio.Task[None] | None = None
+    # run()'s task handling the job: cancelled when the job is (auto_touch hears it)
+    handler: asyncio.Task[None] | None = None
 
 
 def _hold_of(job: Job) -> _Hold | None:
@@ -352,6 +355,9 @@ class Consumer:
     async def run(self, handler: Callable[[Job], Awaitable[object]]) -> None:
         """Call ``handler(job)`` in a task per job, at most ``concurrency`` at once, until
         :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation.
+        A job someone cancels (tubeq's ``cancel``) while its handler runs: with ``auto_touch``
+        the handler's task is cancelled (asyncio.CancelledError inside it) at the next touch;
+        else its finish or fail hears it. Either way the server has dropped the job.
 
         A job the handler did not settle itself is settled as ``async with job`` settles it
         (deleted when the handler returns, released or buried when it raises); but a handler
@@ -361,10 +367,16 @@ class Consumer:
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(job: Job) -> None:
-            async with job:
-                result = await handler(job)
-                if isinstance(result, bytes | str) and await self._answers(job):
-                    await job.finish(result)
+            hold = _hold_of(job)
+            if hold is not None:
+                hold.handler = asyncio.current_task()
+            try:
+                async with job:
+                    result = await handler(job)
+                    if isinstance(result, bytes | str) and await self._answers(job):
+                        await job.finish(result)
+            except JobCancelled:  # cancelled while held: the server dropped it
+                log.info("job %d was cancelled", job.id)
 
         try:
             async for job in self:
@@ -656,6 +668,7 @@ class Consumer:
 
     async def _keep_alive(self, job: Job) -> None:
         loop = asyncio.get_running_loop()
+        hold = _hold_of(job)  # (a cancelled touch lets go of the job: kept here for its task)
         try:
             if job._ttr is None:
                 await job.stats()
@@ -666,6 +679,10 @@ class Consumer:
                 sent = loop.time()
                 await job.touch()
                 due = sent + interval
+        except JobCancelled:
+            log.info("job %d was cancelled: its handler is cancelled", job.id)
+            if hold is not None and hold.handler is not None:
+                hold.handler.cancel()
         except ClientError as error:
             log.warning("auto_touch of job %d stopped: %s", job.id, error)
 

@@ -134,6 +134,13 @@ class CallTimedOut(TimedOut):
         super().__init__(command, "" if job_id is None else f" (job {job_id})")
 
 
+class JobCancelled(CommandError):
+    """CANCELLED: the job was cancelled (tubeq's ``cancel``) while this connection held it; it
+    is gone, and whatever the command asked (touch, finish, fail) was not done."""
+
+    reply = b"CANCELLED\r\n"
+
+
 class JobNotFinished(ClientError):
     """A job waited for (``wait``, ``call``) ended without a result: ``how`` is ``deleted``,
     ``buried`` (``data``: why tubeq buried it, then after a newline the last error a worker
@@ -184,5 +191,6 @@ ERRORS: Final[Mapping[bytes, type[CommandError]]] = {
     _word(replies.TIMED_OUT): TimedOut,
     _word(replies.BURIED): Buried,
     b"BAD_OPTION": BadOption,  # job policies (tubeq extensions)
+    b"CANCELLED": JobCancelled,  # ends (tubeq): touch, finish or fail of a cancelled job
 }
 assert set(ERRORS) <= set(REPLY_ARITY), "every error word must be in the reply grammar"

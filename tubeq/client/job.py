@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 
 from tubeq.client._contracts import Connection, Convert, JobClient
 from tubeq.client.args import _expect, _job_id, _uint
-from tubeq.client.errors import ClientConnectionError, NotFound, ProtocolError
+from tubeq.client.errors import ClientConnectionError, JobCancelled, NotFound, ProtocolError
 from tubeq.client.parser import JOB_TEXT_KEYS, Reply, Stats, parse_yaml_mapping
 from tubeq.client.wire import BURIED, CRLF, DELETED, FAILED, FINISHED, OK, RELEASED, TOUCHED
 
@@ -108,7 +108,7 @@ class Job:
     async def _settle(self, data: bytes, convert: Convert[None]) -> None:
         try:
             await self._call(data, convert)
-        except (NotFound, ClientConnectionError, ProtocolError):
+        except (NotFound, JobCancelled, ClientConnectionError, ProtocolError):
             self._forget()  # the reservation is gone either way
             raise
         self._forget()
@@ -138,8 +138,13 @@ class Job:
         await self._settle(*_bury_command(self.id, priority))
 
     async def touch(self) -> None:
-        """Give the reserved job a full TTR from now."""
-        await self._call(*_touch_command(self.id))
+        """Give the reserved job a full TTR from now; :class:`JobCancelled` when someone
+        cancelled it (tubeq: it is gone)."""
+        try:
+            await self._call(*_touch_command(self.id))
+        except JobCancelled:
+            self._forget()
+            raise
 
     async def finish(self, result: bytes | str = b"") -> None:
         """Done, with ``result`` (a ``str`` is sent as UTF-8): the job is deleted and its

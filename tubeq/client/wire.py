@@ -76,6 +76,7 @@ REMOVED: Final = _word(replies.REMOVED)
 ENDED: Final = b"ENDED"
 FINISHED: Final = _word(replies.FINISHED)
 FAILED: Final = _word(replies.FAILED)
+CANCELLED: Final = _word(replies.CANCELLED)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -121,6 +122,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     ENDED: frozenset({3}),
     FINISHED: frozenset({0}),
     FAILED: frozenset({0}),
+    CANCELLED: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED})

@@ -443,6 +443,14 @@ class Fail(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class Cancel(Command):
+    """tubeq's ``cancel``: the job is not to run (again)."""
+
+    word: ClassVar[bytes | None] = b"cancel "
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Wait(Command):
     """tubeq's ``wait`` (and ``wait-ms``): block until a job ends, at most ``timeout_ms``."""
 
@@ -484,7 +492,7 @@ EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
     ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
     PutMany, ReserveMany, DeleteMany,
     PutWith, PeekKey,
-    Finish, Fail, Wait, WaitMs,
+    Finish, Fail, Cancel, Wait, WaitMs,
     Auth,
 )
 # Every command a client's bytes can parse into, in the order of the classes above.

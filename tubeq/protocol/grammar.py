@@ -27,6 +27,7 @@ from tubeq.protocol.commands import (
     EXTENSION_COMMANDS,
     Auth,
     Bury,
+    Cancel,
     ChangeDelay,
     ChangePri,
     ClearTube,
@@ -628,6 +629,7 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     # ends
     Finish: _with_body(Finish),
     Fail: _with_body(Fail),
+    Cancel: _job_id(Cancel),
     Wait: _wait(Wait, 1000, U32_MAX),
     WaitMs: _wait(WaitMs, 1, options.MAX_MS),
     # namespaces

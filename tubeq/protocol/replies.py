@@ -29,6 +29,7 @@ CHANGED = b"CHANGED\r\n"
 RESUMED = b"RESUMED\r\n"
 FINISHED = b"FINISHED\r\n"
 FAILED = b"FAILED\r\n"
+CANCELLED = b"CANCELLED\r\n"
 
 
 # INTERNAL_ERROR with the word tubeq adds for a connection that has used an extension command

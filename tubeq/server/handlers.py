@@ -27,7 +27,7 @@ from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store.records import JobEnd, NoJob, PutOutcome, Reservation
+from tubeq.store.records import CANCELLED, Failed, JobEnd, NoJob, PutOutcome, Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -170,6 +170,9 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
     def answer(deadline: int) -> bytes:
         if not deadline:
             return replies.NOT_FOUND
+        if deadline == CANCELLED:  # a tubeq client cancelled it: gone (only after a cancel)
+            conn.settled(cmd.id)
+            return replies.CANCELLED
         conn.reserved[cmd.id] = deadline
         return replies.TOUCHED
 
@@ -179,14 +182,27 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
 def _finish(conn: Session, cmd: c.Finish) -> Reply:
     if len(cmd.result) > conn.ctx.max_result_size:  # (over -z, the parser answered already)
         return replies.JOB_TOO_BIG
+    finished = _forget_on(conn, cmd.id, replies.FINISHED)
+    cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
     return then(ops.finish(conn.ctx, conn.token, cmd.id, cmd.result, behind=conn.passing),
-                _forget_on(conn, cmd.id, replies.FINISHED))
+                lambda done: cancelled(True) if done == CANCELLED else finished(bool(done)))
 
 
 def _fail(conn: Session, cmd: c.Fail) -> Reply:
-    forget = _forget_on(conn, cmd.id, replies.FAILED)
-    return then(ops.fail(conn.ctx, conn.token, cmd.id, cmd.error, behind=conn.passing),
-                lambda outcome: forget(outcome is not None))
+    failed = _forget_on(conn, cmd.id, replies.FAILED)
+    cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
+
+    def answer(outcome: Failed | None) -> bytes:
+        if outcome is not None and outcome.state == "cancelled":
+            return cancelled(True)
+        return failed(outcome is not None)
+
+    return then(ops.fail(conn.ctx, conn.token, cmd.id, cmd.error, behind=conn.passing), answer)
+
+
+def _cancel(conn: Session, cmd: c.Cancel) -> Reply:
+    return then(ops.cancel(conn.ctx, cmd.id),
+                lambda done: replies.CANCELLED if done else replies.NOT_FOUND)
 
 
 def _wait(conn: Session, cmd: c.Wait) -> Reply:
@@ -653,6 +669,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     # ends
     c.Finish: _extension(_finish),
     c.Fail: _extension(_fail),
+    c.Cancel: _extension(_cancel),
     c.Wait: _extension(_wait),
     c.WaitMs: _extension(_wait),
     c.Auth: _extension(_auth),

@@ -156,7 +156,7 @@ def touch(ctx: ServerContext, token: str, job_id: int, *,
     held. The deadline is this process's to act on (expire.lua at that instant)."""
 
     def touched(deadline: int) -> int:
-        if deadline:
+        if deadline > 0:
             ctx.scheduler.note_due(deadline)
         return deadline
 
@@ -164,9 +164,16 @@ def touch(ctx: ServerContext, token: str, job_id: int, *,
 
 
 def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
-           behind: int = 0) -> asyncio.Future[bool]:
-    """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl."""
+           behind: int = 0) -> asyncio.Future[bool | int]:
+    """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl (False: not
+    held; CANCELLED: it was cancelled, and is gone)."""
     return ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+
+
+def cancel(ctx: ServerContext, job_id: int) -> asyncio.Future[int]:
+    """The job is not to run again: deleted now (1), or, reserved, marked so that its holder
+    hears it (2); 0 no such job."""
+    return ctx.store.cancel(job_id)
 
 
 def fail(ctx: ServerContext, token: str, job_id: int, error: bytes, *,

@@ -222,9 +222,15 @@ class JobStore(Protocol):
     # -- ends: finish and wait (lua/finish.lua, lua/wait.lua) ----------------------------------
 
     def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
-               behind: int = 0) -> asyncio.Future[bool]:
+               behind: int = 0) -> asyncio.Future[bool | int]:
         """Delete a job ``token`` holds, as ``delete``, keeping its end with ``result`` for
-        ``keep_ms``; False when ``token`` does not hold it."""
+        ``keep_ms``; False when ``token`` does not hold it; CANCELLED when it was cancelled
+        (it is gone, the result dropped)."""
+        ...
+
+    def cancel(self, job_id: int) -> asyncio.Future[int]:
+        """The job is not to run again: 1 deleted now, 2 reserved (marked: its holder hears
+        it), 0 no such job."""
         ...
 
     def fail(self, token: str, job_id: int, error: bytes, *,

@@ -87,6 +87,7 @@ class JobField(StrEnum):
     WAITED = "w"
     FAILURES = "nf"
     ERROR = "er"
+    CANCELLED = "cx"
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,13 +38,17 @@ class NoJob:
 
 
 # How a job ended, as a wait hears it (lua/includes/ends.lua, END_HOW).
-END_HOWS = ("finished", "deleted", "buried", "expired")
+END_HOWS = ("finished", "deleted", "buried", "expired", "cancelled")
+# What touch (instead of a deadline) and finish (instead of True) answer for a job cancelled
+# while its holder held it: the job is gone (lua/cancel.lua).
+CANCELLED = -2
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
     """What became of a job its holder failed (fail.lua): ``state`` 'ready', 'delayed' (until
-    ``due_ms``, its backoff) or 'taken' (buried or expired by its policies)."""
+    ``due_ms``, its backoff), 'taken' (buried or expired by its policies) or 'cancelled' (it
+    was cancelled while held: it is gone)."""
 
     state: str
     due_ms: int = 0

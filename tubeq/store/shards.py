@@ -282,8 +282,11 @@ class ShardedStore:
         return self.of_id(job_id).touch(token, job_id)
 
     def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
-               behind: int = 0) -> asyncio.Future[bool]:
+               behind: int = 0) -> asyncio.Future[bool | int]:
         return self.of_id(job_id).finish(token, job_id, result, keep_ms)
+
+    def cancel(self, job_id: int) -> asyncio.Future[int]:
+        return self.of_id(job_id).cancel(job_id)
 
     def fail(self, token: str, job_id: int, error: bytes, *,
              behind: int = 0) -> asyncio.Future[Failed | None]:

@@ -34,6 +34,7 @@ from tubeq.redisio.client import (
 from tubeq.redisio.futures import discard
 from tubeq.store.keys import JobField, Keys
 from tubeq.store.records import (
+    CANCELLED,
     Clock,
     Deferred,
     Failed,
@@ -309,11 +310,14 @@ class Store:
         return self._eval("release", token, job_id, pri, delay, self.clock(), decode=bool)
 
     def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
-               behind: int = 0) -> asyncio.Future[bool]:
+               behind: int = 0) -> asyncio.Future[bool | int]:
         metrics = self.metrics
         return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
-                          *_numbered(behind),
-                          decode=_unless_deferred(lambda r: _deleted(r, metrics)))
+                          *_numbered(behind), decode=_unless_deferred(
+                              lambda r: CANCELLED if r == CANCELLED else _deleted(r, metrics)))
+
+    def cancel(self, job_id: int) -> asyncio.Future[int]:
+        return self._eval("cancel", job_id, self.clock(), decode=int)
 
     def fail(self, token: str, job_id: int, error: bytes, *,
              behind: int = 0) -> asyncio.Future[Failed | None]:
@@ -332,7 +336,8 @@ class Store:
                           decode=_unless_deferred(bool))
 
     def touch(self, token: str, job_id: int, *, behind: int = 0) -> asyncio.Future[int]:
-        """The new deadline (ms), or 0 when the job is not reserved by ``token``."""
+        """The new deadline (ms), or 0 when the job is not reserved by ``token``, or
+        CANCELLED (the job was cancelled: it is gone now)."""
         return self._eval("touch", token, job_id, self.clock(), *_numbered(behind),
                           decode=_unless_deferred(int))
 

@@ -7,7 +7,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          now (ms), the error, optionally the number of the first reserve it was pipelined
          behind
 Returns  {'ready', 0} | {'delayed', due (ms)} | {'taken', 0} (buried or expired by a policy; its
-         end kept for waiters) | 0 not reserved by this connection | -1 deferred
+         end kept for waiters) | {'cancelled', 0} (cancel.lua: the job is gone) | 0 not
+         reserved by this connection | -1 deferred
 Events   'released' with reason 'failed' (delay_ms and due_ms set when delayed), or the
          policy's 'buried' / 'expired'
 Wakes    reserves blocked on the tube when the job is ready
@@ -19,9 +20,13 @@ Wakes    reserves blocked on the tube when the job is ready
 local token, id, now, err = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_CANCELLED)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
+if f[4] then
+  drop_cancelled(id, t, jk, 'reserved', now)
+  return {'cancelled', 0}
+end
 rcall('HSET', jk, JOB_ERROR, err)
 rcall('HINCRBY', jk, JOB_FAILURES, 1)
 local taken, delay_ms = end_try(id, t, jk, now, 'timeout')

@@ -5,7 +5,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          now (ms), keep (ms), the result, optionally the number of the first reserve it was
          pipelined behind
 Returns  {held, tube} finished (held as delete.lua's) | 0 not reserved by this connection | -1
-         deferred (see blocked_ahead in includes/jobs.lua)
+         deferred (see blocked_ahead in includes/jobs.lua) | -2 cancelled (the job is gone,
+         its result dropped)
 Events   'deleted' with reason 'finished'; its end published when a wait marked it
 ]]
 --- @include "keys"
@@ -17,9 +18,13 @@ local token, id, now, keep, result = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6
 if blocked_ahead(token, ARGV[8]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED)
+  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED, JOB_CANCELLED)
 local t = f[2]
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
+if f[11] then
+  drop_cancelled(id, t, jk, 'reserved', now)
+  return CANCELLED
+end
 end_job(id, t, 'finished', result, now, keep, f[10])
 unlink(id, t, 'reserved', now)
 forget_job(id, jk, {f[8], f[9]})

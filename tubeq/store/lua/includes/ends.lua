@@ -4,7 +4,7 @@
 -- a while after the job is gone. Only a job that asked for it keeps one (finish.lua always, the
 -- other ends when a wait marked the job, JOB_WAITED), so beanstalkd's own verbs pay nothing
 -- for a job nobody waits for.
-local END_HOW = 'h'  -- 'finished' | 'deleted' | 'buried' | 'expired'
+local END_HOW = 'h'  -- 'finished' | 'deleted' | 'buried' | 'expired' | 'cancelled'
 local END_DATA = 'd'  -- the result (finished), buried_data (buried), else ''
 local END_AT = 'at'  -- ms, when it ended
 local END_TUBE = 't'  -- its tube

@@ -63,6 +63,8 @@ local JOB_WAITED = 'w'
 -- fail.lua: the failures its holders reported, and the last one's error text.
 local JOB_FAILURES = 'nf'
 local JOB_ERROR = 'er'
+-- cancel.lua: set on a reserved job that is not to run again (its holder hears CANCELLED).
+local JOB_CANCELLED = 'cx'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs

@@ -47,6 +47,8 @@ end
 -- reserve only until that try's reply is back, so a minute is ample, and the key of a
 -- connection that vanished goes by itself.
 local DEFERRED = -1
+-- What touch, finish and fail answer for a job cancelled while its holder held it.
+local CANCELLED = -2
 local BLOCKED_TTL_MS = 60000
 local function blocked_ahead(token, lo)
   if not lo or lo == '0' then return false end

@@ -165,12 +165,32 @@ local function expire_job(id, t, jk, state, now, on_expire)
   end
 end
 
+-- A cancelled job goes (cancel.lua; or, reserved when cancelled, at its holder's next touch,
+-- finish, fail, release or bury, or its TTR): deleted as delete.lua deletes a job (event
+-- 'deleted' with reason 'cancelled'), its end 'cancelled' kept and published when a wait
+-- marked it. It never runs again.
+local function drop_cancelled(id, t, jk, state, now)
+  local f = rcall('HMGET', jk, JOB_WAITED, JOB_PRI, JOB_TTR, JOB_RESERVES)
+  end_job(id, t, 'cancelled', '', now, nil, f[1])
+  unlink(id, t, state, now)
+  forget_job(id, jk)
+  rcall('DEL', jk)
+  rcall('HINCRBY', k_tube(t), 'del', '1')
+  add_event('deleted', id, t, f[2], 0, f[3], 0, f[4], now, 'cancelled')
+  gc_tube(t)
+end
+
 -- A reservation of job `id` (tube t) ended: `how` is 'timeout' (TTR or disconnect: a backoff
--- applies) or 'release' (the client chose the delay). Counts the try, then the policies: past
+-- applies) or 'release' (the client chose the delay). A job cancelled meanwhile goes
+-- (drop_cancelled). Else counts the try, then the policies: past
 -- its TTL the job expires, at max-tries it is buried with reason 'max-tries'. Returns true when
 -- a policy took the job (its events written, it is no longer reserved), else false and the
 -- backoff delay (ms, 0 for none): the caller puts the job back as usual.
 local function end_try(id, t, jk, now, how)
+  if rcall('HEXISTS', jk, JOB_CANCELLED) == 1 then  -- cancelled while reserved: gone
+    drop_cancelled(id, t, jk, 'reserved', now)
+    return true
+  end
   local tries = rcall('HINCRBY', jk, JOB_TRIES, 1)
   local x, max_tries, backoff, backoff_max, on_expire = policies_of(jk, t)
   if x > 0 and x <= now then
