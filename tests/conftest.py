@@ -36,6 +36,7 @@ UNIT_TESTS: tuple[str, ...] = (
     "redisio/test_futures.py",
     "test_references.py",
     "server/test_describe.py",
+    "server/test_end_waits.py",
     "server/test_fine_timer.py",
     "server/test_liveness.py",
     "server/test_reserves.py",

@@ -34,6 +34,7 @@ def worker(server: ServerProcess, tube: str, jobs: int,
     async def run() -> None:
         async with Client(*server.address) as client:
             await client.watch(tube)
+            await client.ignore("default")  # other tests' jobs are not this worker's
             for _ in range(jobs):
                 job = await client.reserve_with_timeout(20)
                 if settle == "finish":

@@ -195,6 +195,7 @@ def test_call_and_wait_show_a_result_or_how_the_job_ended(client_tubeq: ServerPr
     async def worker(count: int, answer: bytes) -> None:
         async with Client(*client_tubeq.address) as client:
             await client.watch(tube_name)
+            await client.ignore("default")  # other tests' jobs are not this worker's
             for _ in range(count):
                 job = await client.reserve_with_timeout(20)
                 await job.finish(answer + job.body)

@@ -189,7 +189,7 @@ async def test_a_wait_on_one_process_hears_a_finish_on_another(
 async def test_a_lost_message_is_covered_by_the_wait_reading_again(
         ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(end_waits, "RECHECK_S", 0.2)
-    monkeypatch.setattr(ctx.end_waits, "ended", lambda job_id: None)  # every message lost
+    monkeypatch.setattr(ctx.end_waits, "ended", lambda job_id, end=None: None)  # every message lost
     worker, caller = Client(ctx), Client(ctx)
     worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
     await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")

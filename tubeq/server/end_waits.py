@@ -10,7 +10,10 @@ the mark (a message wakes the wait, which reads again)::
     other:                                      delete.lua (keeps, PUBLISHes) ---^ wakes it
 
 A message lost (the subscriber reconnected: every wait is woken; Redis itself restarted) is
-covered by a read every RECHECK_S; a read that fails is tried again every RETRY_S. Nothing
+covered by a read every RECHECK_S; a read that fails is tried again every RETRY_S. A message
+carries the end itself when it is small (the wait then needs no read), and a request/reply
+skips the first read (its own put marked the job; an end heard before its wait registered is
+kept a while, EndWaits' recent ends). Nothing
 outlives its deadline by more than READ_GRACE_S: a read still out then is left to finish
 unheard, and the wait answers that it timed out.
 """
@@ -18,6 +21,7 @@ unheard, and the wait answers that it timed out.
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 import structlog
 
@@ -34,17 +38,23 @@ RETRY_S = 0.5  # after a read that failed (Redis away)
 # once): a wait answers TIMED_OUT at most this late, whatever Redis does (as a reserve's
 # RESERVE_GRACE_S, tubeq.server.reserves).
 READ_GRACE_S = 0.25
+# Ends heard that no wait of this process was registered for, kept for a wait that registers
+# just after (a request/reply's, once its put is answered); the oldest go first.
+RECENT_ENDS = 4096
+
+T = TypeVar("T")
 
 
 class EndWait:
-    """One wait for job ``job_id``: the signal that wakes it, and whether its caller gave up
-    (the client half-closed: it answers as timed out at once)."""
+    """One wait for job ``job_id``: the signal that wakes it, the end a message brought, and
+    whether its caller gave up (the client half-closed: it answers as timed out at once)."""
 
-    __slots__ = ("given_up", "job_id", "signal")
+    __slots__ = ("end", "given_up", "job_id", "signal")
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
         self.signal = Signal()
+        self.end: JobEnd | None = None
         self.given_up = False
 
     def give_up(self) -> None:
@@ -53,13 +63,21 @@ class EndWait:
 
 
 class EndWaits:
-    """job id -> the waits of this process's connections for it (one namespace)."""
+    """job id -> the waits of this process's connections for it (one namespace), and the ends
+    heard lately that no wait here was registered for (RECENT_ENDS of them): a request/reply
+    registers its wait only once its put is answered, and the end's message may come first."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, list[EndWait]] = {}
+        self._recent: dict[int, JobEnd | None] = {}  # in the order heard (oldest first)
 
-    def add(self, wait: EndWait) -> None:
+    def add(self, wait: EndWait, *, recent: bool = False) -> None:
+        """Register ``wait``; ``recent``: it takes an end heard lately (only a request/reply's
+        wait may: for any other, the job may have lived on since, e.g. buried, then kicked)."""
         self._by_id.setdefault(wait.job_id, []).append(wait)
+        if recent and wait.job_id in self._recent:
+            wait.end = self._recent[wait.job_id]
+            wait.signal.set()
 
     def remove(self, wait: EndWait) -> None:
         waits = self._by_id.get(wait.job_id)
@@ -68,9 +86,18 @@ class EndWaits:
             if not waits:
                 del self._by_id[wait.job_id]
 
-    def ended(self, job_id: int) -> None:
-        """A script published that ``job_id`` ended: its waits read again."""
-        for wait in self._by_id.get(job_id, ()):
+    def ended(self, job_id: int, end: JobEnd | None = None) -> None:
+        """A script published that ``job_id`` ended (``end``: how, when the message carried
+        it): its waits take it, or read it."""
+        waits = self._by_id.get(job_id)
+        if waits is None:
+            recent = self._recent
+            recent[job_id] = end
+            if len(recent) > RECENT_ENDS:
+                del recent[next(iter(recent))]
+            return
+        for wait in waits:
+            wait.end = end
             wait.signal.set()
 
     def wake_all(self) -> None:
@@ -83,33 +110,48 @@ class EndWaits:
         return sum(len(waits) for waits in self._by_id.values())
 
 
+def parse_ended(data: bytes) -> tuple[int, JobEnd | None]:
+    """An ended message: ``<id>``, or ``<id>\\n<how>\\n<data>`` when the end was small enough
+    to travel with it (lua/includes/ends.lua)."""
+    head, _, rest = data.partition(b"\n")
+    if not rest:
+        return int(head), None
+    how, _, end_data = rest.partition(b"\n")
+    return int(head), JobEnd(how.decode(), end_data)
+
+
 async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_ms: int,
-                       keep_ms: int) -> JobEnd | bool | None:
+                       keep_ms: int, *, read_first: bool = True) -> JobEnd | bool | None:
     """How job ``wait.job_id`` ended, once it has (at once if it had); False when there is no
     such job and no end kept; None when ``timeout_ms`` passed first (or the caller gave up).
-    ``keep_ms``: how long the job's end is kept for waits that come later."""
+    ``keep_ms``: how long the job's end is kept for waits that come later. ``read_first``
+    False: the caller knows the job lives and was marked (a request/reply's own put), so the
+    wait sleeps first and reads only when a message does not bring the end."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_ms / 1000
-    waits.add(wait)
+    waits.add(wait, recent=not read_first)
     try:
+        read = read_first
         while not wait.given_up:
-            wait.signal.clear()  # a message from now on wakes the sleep below
-            left = deadline - loop.time()
-            call = store.wait_end(wait.job_id, keep_ms)
-            try:
-                outcome = await asyncio.wait_for(asyncio.shield(call),
-                                                 max(0.0, left) + READ_GRACE_S)
-            except TimeoutError:
-                call.add_done_callback(discard)
-                return None
-            except Exception as error:  # Redis away or stalled: read again while time is left
-                log.warning("wait: reading the job's end failed", job=wait.job_id,
-                            error=repr(error))
-                pause = RETRY_S
-            else:
-                if outcome is not True:
-                    return outcome
-                pause = RECHECK_S
+            if wait.end is not None:
+                return wait.end
+            pause = RECHECK_S
+            if read:
+                wait.signal.clear()  # a message from now on wakes the sleep below
+                left = deadline - loop.time()
+                call = store.wait_end(wait.job_id, keep_ms)
+                try:
+                    outcome = await _within(call, max(0.0, left) + READ_GRACE_S)
+                except TimeoutError:
+                    return None
+                except Exception as error:  # Redis away or stalled: read again while time is left
+                    log.warning("wait: reading the job's end failed", job=wait.job_id,
+                                error=repr(error))
+                    pause = RETRY_S
+                else:
+                    if outcome is not True:
+                        return outcome
+            read = True
             left = deadline - loop.time()
             if left <= 0:
                 return None
@@ -119,3 +161,24 @@ async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_
         waits.remove(wait)
 
 
+async def _within(call: asyncio.Future[T], seconds: float) -> T:
+    """``call``'s result, or TimeoutError after ``seconds`` (the call is left to finish,
+    unheard): what asyncio.wait_for over asyncio.shield does, without their two tasks."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def settle(_: object) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    call.add_done_callback(settle)
+    timer = loop.call_later(seconds, settle, None)
+    try:
+        await ended
+    finally:
+        timer.cancel()
+    if not call.done():
+        call.remove_done_callback(settle)
+        call.add_done_callback(discard)
+        raise TimeoutError
+    return call.result()

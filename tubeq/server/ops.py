@@ -103,8 +103,9 @@ def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, 
         if outcome.id <= 0:
             return outcome, None
         wait.job_id = outcome.id
-        return outcome, await end_waits.wait_for_end(ctx.store, ctx.end_waits, wait, wait_ms,
-                                                     ctx.result_ttl_ms)
+        return outcome, await end_waits.wait_for_end(
+            ctx.store, ctx.end_waits, wait, wait_ms, ctx.result_ttl_ms,
+            read_first=not outcome.inserted)  # a duplicate's job was not marked by this put
 
     return wait, asyncio.ensure_future(run())
 

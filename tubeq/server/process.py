@@ -57,7 +57,7 @@ from tubeq.server.context import (
     Gate,
     ServerContext,
 )
-from tubeq.server.end_waits import EndWaits
+from tubeq.server.end_waits import EndWaits, parse_ended
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     LISTEN_BACKLOG,
@@ -420,7 +420,7 @@ class Server:
             return
         end_waits = self._ends.get(channel)
         if end_waits is not None:  # a job someone waits for ended
-            end_waits.ended(int(data))
+            end_waits.ended(*parse_ended(data))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2

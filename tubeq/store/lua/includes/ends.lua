@@ -16,13 +16,24 @@ local function buried_data(why, err)
   return why or ''
 end
 
+-- An end whose data is at most this long travels in its message (tubeq.server.end_waits
+-- parse_ended): the waits then need no read.
+local END_INLINE_MAX = 4096
+
 -- Job `id` (tube t) ended `how` with `data`: keep that for `keep` ms (nil: not kept), and
--- when a wait marked the job (`waited`, its JOB_WAITED) tell every process its id.
+-- when a wait marked the job (`waited`, its JOB_WAITED) tell every process: '<id>', or
+-- '<id>\n<how>\n<data>' when the data is short.
 local function end_job(id, t, how, data, now, keep, waited)
   if waited then keep = math.max(tonumber(keep) or 0, tonumber(waited)) end
   if not keep then return end
   local ek = k_end(id)
   redis.call('HSET', ek, END_HOW, how, END_DATA, data, END_AT, text(now), END_TUBE, t)
   redis.call('PEXPIRE', ek, keep)
-  if waited then redis.call('PUBLISH', K_ENDED, text(id)) end
+  if waited then
+    if #data <= END_INLINE_MAX then
+      redis.call('PUBLISH', K_ENDED, text(id) .. '\n' .. how .. '\n' .. data)
+    else
+      redis.call('PUBLISH', K_ENDED, text(id))
+    end
+  end
 end

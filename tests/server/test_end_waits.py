@@ -1,0 +1,51 @@
+"""EndWaits and the ended message (tubeq.server.end_waits), pure logic: a message that carries
+the end hands it to the waits; an end heard before a request/reply's wait registered is kept
+for it (and only for it); the memory of such ends is bounded. No Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from tubeq.server import end_waits
+from tubeq.server.end_waits import EndWait, EndWaits, parse_ended
+from tubeq.store.records import JobEnd
+
+
+def test_an_ended_message_is_an_id_or_an_id_with_its_end() -> None:
+    assert parse_ended(b"42") == (42, None)
+    assert parse_ended(b"42\nfinished\nline 1\nline 2") == (
+        42, JobEnd("finished", b"line 1\nline 2"))
+    assert parse_ended(b"7\ndeleted\n") == (7, JobEnd("deleted", b""))
+
+
+def test_a_message_hands_its_end_to_the_waits_of_that_job_only() -> None:
+    waits = EndWaits()
+    mine, other = EndWait(1), EndWait(2)
+    waits.add(mine)
+    waits.add(other)
+    waits.ended(1, JobEnd("finished", b"r"))
+    assert mine.end == JobEnd("finished", b"r") and mine.signal.is_set()
+    assert other.end is None and not other.signal.is_set()
+    waits.ended(2)  # no end in the message: the wait is woken to read it
+    assert other.end is None and other.signal.is_set()
+
+
+def test_an_end_heard_before_a_request_reply_registers_is_kept_for_it_only() -> None:
+    waits = EndWaits()
+    waits.ended(5, JobEnd("finished", b"early"))
+    plain = EndWait(5)
+    waits.add(plain)  # a plain wait reads Redis: the job may have lived on since
+    assert plain.end is None and not plain.signal.is_set()
+    waits.remove(plain)
+    call = EndWait(5)
+    waits.add(call, recent=True)
+    assert call.end == JobEnd("finished", b"early") and call.signal.is_set()
+
+
+def test_the_memory_of_ends_nobody_here_waited_for_is_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(end_waits, "RECENT_ENDS", 3)
+    waits = EndWaits()
+    for job_id in range(1, 6):
+        waits.ended(job_id)
+    assert list(waits._recent) == [3, 4, 5]  # the oldest went first
