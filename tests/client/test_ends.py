@@ -16,6 +16,7 @@ from tubeq.client import (
     Job,
     JobNotFinished,
     NotFound,
+    Progress,
     TimedOut,
     UnknownCommand,
 )
@@ -135,3 +136,30 @@ async def test_a_cancel_reaches_the_handler_of_a_job_in_progress(
         assert await admin.wait(second, timeout=5) == b"ok"
         with pytest.raises(NotFound):
             await admin.cancel(first)
+
+
+async def test_a_caller_follows_a_jobs_progress_to_its_result(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    async with connected(*client_tubeq.address, tube_name) as worker, \
+            Client(*client_tubeq.address) as caller:
+        job_id = await worker.put(b"x")
+        job = await worker.reserve()
+        seen: list[bytes] = []
+
+        async def follow() -> bytes:
+            after = 0
+            while True:
+                got = await caller.wait_end(job_id, timeout=10, progress_after=after)
+                if isinstance(got, Progress):
+                    seen.append(got.data)
+                    after = got.seq
+                    continue
+                return got.data
+
+        following = asyncio.ensure_future(follow())
+        for step in (b"1/3", b"2/3"):
+            await job.progress(step)
+            await asyncio.sleep(0.2)
+        await job.finish(b"3/3")
+        assert await following == b"3/3"
+        assert seen == [b"1/3", b"2/3"]

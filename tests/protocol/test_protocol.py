@@ -744,6 +744,7 @@ ONE_OF_EACH: dict[type[Command], bytes] = {
     commands.PeekKey: line(b"peek-key k"),
     commands.Finish: line(b"finish 1 1") + line(b"r"),
     commands.Fail: line(b"fail 1 1") + line(b"e"),
+    commands.ReportProgress: line(b"progress 1 1") + line(b"p"),
     commands.Cancel: line(b"cancel 1"),
     commands.Wait: line(b"wait 1 5"),
     commands.WaitMs: line(b"wait-ms 1 5"),

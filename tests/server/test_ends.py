@@ -207,7 +207,8 @@ class _StalledStore:
         self.fail = fail
         self.reads = 0
 
-    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[Any]:
+    def wait_end(self, job_id: int, keep_ms: int,
+                 progress_after: int | None = None) -> asyncio.Future[Any]:
         self.reads += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.fail:
@@ -432,3 +433,43 @@ async def test_a_cancelled_job_whose_ttr_runs_out_is_gone(ctx: ServerContext) ->
     await caller.expect(b"CANCELLED\r\nENDED 1 cancelled 0\r\n\r\n")  # at its TTR
     worker.send(b"peek 1\r\n")
     await worker.expect(b"NOT_FOUND\r\n")
+
+
+async def test_progress_touches_the_job_and_a_wait_can_follow_it(ctx: ServerContext) -> None:
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\nstats-job 1\r\n")
+    first = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    worker.transport.out.clear()
+    caller.send(b"wait 1 10 progress=0\r\n")  # the first report, or the end
+    await asyncio.sleep(0.1)
+    worker.send(b"progress 1 3\r\n10%\r\n")
+    await worker.expect(b"TOUCHED\r\n")
+    await caller.expect(b"PROGRESS 1 1 3\r\n10%\r\n")
+    caller.send(b"wait 1 0 progress=0\r\nwait-ms 1 50 progress=1\r\n")  # no report twice
+    await caller.expect(b"PROGRESS 1 1 3\r\n10%\r\nTIMED_OUT\r\n")
+    caller.send(b"wait 1 10 progress=1\r\n")
+    await asyncio.sleep(0.1)
+    worker.send(b"progress 1 3\r\n50%\r\nprogress 1 3\r\n90%\r\nfinish 1 4\r\ndone\r\n")
+    await worker.expect(b"TOUCHED\r\nTOUCHED\r\nFINISHED\r\n")
+    got = await caller.until(lambda o: o.endswith((b"%\r\n", b"done\r\n")))
+    # the latest report when the wait read it, or the end if that came first: never a stale one
+    assert got in (b"PROGRESS 1 2 3\r\n50%\r\n", b"PROGRESS 1 3 3\r\n90%\r\n",
+                   b"ENDED 1 finished 4\r\ndone\r\n"), got
+    caller.transport.out.clear()
+    caller.send(b"wait 1 0 progress=3\r\nwait 1 0\r\n")  # ended: the end, whatever was asked
+    await caller.expect(b"ENDED 1 finished 4\r\ndone\r\n" * 2)
+    assert b"time-left: 59" in first or b"time-left: 60" in first
+    worker.send(b"progress 1 1\r\nx\r\nprogress 2\r\nwait 1 0 progress=x\r\n"
+                b"wait 1 0 bogus=1\r\n")
+    await worker.expect(b"NOT_FOUND\r\nBAD_FORMAT\r\nBAD_OPTION progress\r\n"
+                        b"BAD_OPTION bogus\r\n")
+
+
+async def test_progress_of_a_cancelled_job_answers_cancelled(ctx: ServerContext) -> None:
+    worker, other = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    other.send(b"cancel 1\r\n")
+    await other.expect(b"CANCELLED\r\n")
+    worker.send(b"progress 1 1\r\n%\r\npeek 1\r\n")
+    await worker.expect(b"CANCELLED\r\nNOT_FOUND\r\n")

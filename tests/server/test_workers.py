@@ -40,12 +40,18 @@ def _wait_for(port: int, proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.05)
 
 
-def test_two_workers_share_the_port_and_the_tubes(redis_process: RedisProcess) -> None:
+def _two_workers(redis_process: RedisProcess) -> tuple[int, subprocess.Popen[bytes]]:
+    """``tubeq --workers 2`` on a free port, a namespace of its own: the port and the
+    supervisor (the caller stops it with SIGTERM)."""
     port = free_port()
     argv = [sys.executable, "-m", "tubeq", "--workers", "2", "-p", str(port), "--redis",
             redis_process.url, "--prefix", unique_prefix()]
-    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stderr=subprocess.DEVNULL)
+    return port, subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  stderr=subprocess.DEVNULL)
+
+
+def test_two_workers_share_the_port_and_the_tubes(redis_process: RedisProcess) -> None:
+    port, proc = _two_workers(redis_process)
     try:
         _wait_for(port, proc)
         deadline = time.monotonic() + WAIT_S
@@ -98,11 +104,7 @@ def test_workers_need_a_fixed_tcp_port() -> None:
 def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisProcess) -> None:
     """--workers 2: a wait (and a request/reply) on one process is answered by a finish on
     the other (the ends channel reaches every worker)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "tubeq", "--workers", "2", "-p", str(port), "--redis",
-            redis_process.url, "--prefix", unique_prefix()]
-    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stderr=subprocess.DEVNULL)
+    port, proc = _two_workers(redis_process)
     try:
         _wait_for(port, proc)
         with Wire("127.0.0.1", port) as caller:

@@ -69,7 +69,7 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
                          # admin verbs (issue 10 part 6)
                          "clear_tube", "change_pri", "change_delay",
                          "schedule_tick",  # recurring jobs: a tick puts a job
-                         "finish", "fail", "cancel"}  # ends (wait is a read that marks)
+                         "finish", "fail", "cancel", "progress"}  # ends (wait: a read that marks)
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source
 

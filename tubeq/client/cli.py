@@ -124,6 +124,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _with_a_job(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A command that puts one job (put, call): its body, tube, priority and TTR."""
+    command.add_argument("body", nargs="?", help="the job body (default: read stdin)")
+    command.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
+    command.add_argument("-t", "--tube", default="default", help="tube (default)")
+    command.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
+                         help=f"priority, 0 most urgent ({DEFAULT_PRIORITY})")
+    command.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
+                         help=f"seconds a worker may hold it ({DEFAULT_TTR})")
+    return command
+
+
 def _wait_s(text: str) -> float:
     try:
         value = float(text)
@@ -146,15 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_connection_options(sub, in_subcommand=True)
         return sub
 
-    put = command("put", "put a job (body from an argument, --file, or stdin)")
-    put.add_argument("body", nargs="?", help="the job body (default: read stdin)")
-    put.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
-    put.add_argument("-t", "--tube", default="default", help="tube (default)")
-    put.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
-                     help=f"priority, 0 most urgent ({DEFAULT_PRIORITY})")
+    put = _with_a_job(command("put", "put a job (body from an argument, --file, or stdin)"))
     put.add_argument("--delay", type=_uint, default=0, help="seconds before it is ready (0)")
-    put.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
-                     help=f"seconds a worker may hold it ({DEFAULT_TTR})")
 
     peek = command("peek", "show a job: by id, or the next ready/delayed/buried one of a tube")
     peek.add_argument("which", metavar="{ready,delayed,buried,ID}")
@@ -216,14 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--key", default=None,
                      help="tubeq: dedupe key: no second job while one with KEY lives")
     # jobs that answer (tubeq): request/reply, and waiting for a job's end
-    call = command("call", "tubeq: put a job and wait for a worker's result (request/reply)")
-    call.add_argument("body", nargs="?", help="the job body (default: read stdin)")
-    call.add_argument("-f", "--file", type=Path, help="read the body from FILE ('-': stdin)")
-    call.add_argument("-t", "--tube", default="default", help="tube (default)")
-    call.add_argument("--pri", type=_uint, default=DEFAULT_PRIORITY,
-                      help=f"priority, 0 most urgent ({DEFAULT_PRIORITY})")
-    call.add_argument("--ttr", type=_uint, default=DEFAULT_TTR,
-                      help=f"seconds a worker may hold it ({DEFAULT_TTR})")
+    call = _with_a_job(command("call", "tubeq: put a job and wait for a worker's result "
+                                       "(request/reply)"))
     call.add_argument("--key", default=None,
                       help="dedupe key: while a job with KEY lives, wait for that one")
     call.add_argument("--wait", type=_wait_s, default=DEFAULT_WAIT_S, metavar="SECONDS",

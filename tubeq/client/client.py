@@ -21,13 +21,22 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 from tubeq.client import admin, batches
 from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
-from tubeq.client.ends import REPLY_GRACE_S, Ended, ended_of, result_of, wait_line, wait_ms
+from tubeq.client.ends import (
+    REPLY_GRACE_S,
+    Ended,
+    Progress,
+    ended_of,
+    progress_of,
+    result_of,
+    wait_line,
+    wait_ms,
+)
 from tubeq.client.errors import (
     CallTimedOut,
     ClientConnectionError,
@@ -75,6 +84,7 @@ from tubeq.client.wire import (
     KICKED,
     MAX_BODY,
     PAUSED,
+    PROGRESS,
     PUSHING,
     PUT_MANY_MAX,
     REMOVED,
@@ -553,18 +563,28 @@ class Client:
 
     # -- ends: wait and request/reply (tubeq) -------------------------------------------------
 
-    async def wait_end(self, job_id: int, timeout: float) -> Ended:
-        """How job ``job_id`` ended, waiting up to ``timeout`` s for it (0: don't wait). The
-        connection runs nothing else meanwhile (as with ``reserve``).
+    @overload
+    async def wait_end(self, job_id: int, timeout: float) -> Ended: ...
+
+    @overload
+    async def wait_end(self, job_id: int, timeout: float,
+                       progress_after: int) -> Ended | Progress: ...
+
+    async def wait_end(self, job_id: int, timeout: float,
+                       progress_after: int | None = None) -> Ended | Progress:
+        """How job ``job_id`` ended, waiting up to ``timeout`` s for it (0: don't wait); with
+        ``progress_after``, also its latest progress report once it made more than that many
+        (wait again with the report's ``seq``). The connection runs nothing else meanwhile
+        (as with ``reserve``).
 
         Raises :class:`TimedOut` (the job lives on), :class:`NotFound` (no such job, or it
         ended nobody waiting and was not finished, or its result's time ran out).
         """
-        def convert(reply: Reply, link: Connection) -> Ended:
-            _expect(reply, "wait", ENDED)
-            return ended_of(reply)
+        def convert(reply: Reply, link: Connection) -> Ended | Progress:
+            _expect(reply, "wait", ENDED, PROGRESS)
+            return ended_of(reply) if reply.word == ENDED else progress_of(reply)
 
-        line = wait_line(job_id, timeout)
+        line = wait_line(job_id, timeout, progress_after)
         try:
             async with asyncio.timeout(timeout + REPLY_GRACE_S):
                 return await self._call(line, convert)
@@ -584,7 +604,8 @@ class Client:
         """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``
         s; :class:`JobNotFinished` when it ended otherwise (deleted, buried, expired), and
         the errors of :meth:`wait_end`."""
-        return result_of(await self.wait_end(job_id, timeout))
+        end = await self.wait_end(job_id, timeout)
+        return result_of(end)
 
     async def call(self, tube: str, body: bytes | str, *, timeout: float,
                    pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR, key: str | None = None,

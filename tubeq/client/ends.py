@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from tubeq.client.args import _job_id
+from tubeq.client.args import _job_id, _uint
 from tubeq.client.errors import JobNotFinished
 from tubeq.client.parser import Reply
 from tubeq.client.wire import U32_MAX
@@ -35,6 +35,15 @@ class Ended:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A living job's ``seq``-th progress report (its holder's ``Job.progress``)."""
+
+    id: int
+    seq: int
+    data: bytes
+
+
 def wait_ms(timeout: float) -> int:
     """A timeout in seconds as the server's milliseconds (ValueError when out of range)."""
     if not 0 <= timeout <= MAX_WAIT_MS / 1000:
@@ -42,8 +51,17 @@ def wait_ms(timeout: float) -> int:
     return round(timeout * 1000)
 
 
-def wait_line(job_id: int, timeout: float) -> bytes:
-    return b"wait-ms %d %d\r\n" % (_job_id(job_id), wait_ms(timeout))
+def wait_line(job_id: int, timeout: float, progress_after: int | None = None) -> bytes:
+    line = b"wait-ms %d %d" % (_job_id(job_id), wait_ms(timeout))
+    if progress_after is not None:
+        line += b" progress=%d" % _uint(progress_after, "progress_after")
+    return line + b"\r\n"
+
+
+def progress_of(reply: Reply) -> Progress:
+    """A ``PROGRESS <id> <n> <bytes>`` reply as a :class:`Progress`."""
+    assert reply.body is not None
+    return Progress(reply.int_arg(0), reply.int_arg(1), reply.body)
 
 
 def ended_of(reply: Reply) -> Ended:

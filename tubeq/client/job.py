@@ -151,6 +151,16 @@ class Job:
         result kept for whoever waits for it (tubeq's ``finish``; not in beanstalkd)."""
         await self._settle(*_finish_command(self.id, result))
 
+    async def progress(self, data: bytes | str) -> None:
+        """Report progress (``data``: any bytes, e.g. a percentage): the server keeps the
+        latest for whoever waits for the job, and gives it a full TTR as ``touch`` does
+        (tubeq's ``progress``); :class:`JobCancelled` when someone cancelled it."""
+        try:
+            await self._call(*_progress_command(self.id, data))
+        except JobCancelled:
+            self._forget()
+            raise
+
     async def fail(self, error: bytes | str) -> None:
         """Failed, with ``error``: the server keeps the error and puts the job back, delays
         it or buries it by its own policies (tubeq's ``fail``; not in beanstalkd)."""
@@ -213,6 +223,13 @@ def _finish_command(job_id: int, result: bytes | str) -> tuple[bytes, Convert[No
         _expect(reply, "finish", FINISHED)
 
     return _with_body(b"finish", job_id, result), convert
+
+
+def _progress_command(job_id: int, data: bytes | str) -> tuple[bytes, Convert[None]]:
+    def convert(reply: Reply, link: Connection) -> None:
+        _expect(reply, "progress", TOUCHED)
+
+    return _with_body(b"progress", job_id, data), convert
 
 
 def _fail_command(job_id: int, error: bytes | str) -> tuple[bytes, Convert[None]]:

@@ -77,6 +77,7 @@ ENDED: Final = b"ENDED"
 FINISHED: Final = _word(replies.FINISHED)
 FAILED: Final = _word(replies.FAILED)
 CANCELLED: Final = _word(replies.CANCELLED)
+PROGRESS: Final = b"PROGRESS"  # wait ... progress=N: PROGRESS <id> <n> <bytes>, and its body
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -123,8 +124,9 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     FINISHED: frozenset({0}),
     FAILED: frozenset({0}),
     CANCELLED: frozenset({0}),
+    PROGRESS: frozenset({3}),
 }
-BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED})
+BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED, PROGRESS})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED})
 
 # -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------

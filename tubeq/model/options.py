@@ -85,6 +85,10 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "key": Spec(key=True),
     "wait-ms": _MS,
 }
+# wait's options: progress=N, answer a progress report past the N-th as well as an end.
+WAIT_OPTIONS: Final[Mapping[str, Spec]] = {
+    "progress": _COUNT,
+}
 # The option a put-with's wait-ms becomes for the store: mark the job waited from its birth
 # (ms to keep its end; lua/includes/policies.lua start_policies).
 WAITED: Final = "waited"

@@ -443,6 +443,16 @@ class Fail(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class ReportProgress(Command):
+    """tubeq's ``progress``: the holder of a reserved job reports its progress (and so touches
+    it)."""
+
+    word: ClassVar[bytes | None] = b"progress "
+    id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel(Command):
     """tubeq's ``cancel``: the job is not to run (again)."""
 
@@ -457,6 +467,7 @@ class Wait(Command):
     word: ClassVar[bytes | None] = b"wait "
     id: int
     timeout_ms: int
+    progress_after: int | None = None  # progress=N: answer a progress past the N-th too
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,7 +503,7 @@ EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
     ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
     PutMany, ReserveMany, DeleteMany,
     PutWith, PeekKey,
-    Finish, Fail, Cancel, Wait, WaitMs,
+    Finish, Fail, ReportProgress, Cancel, Wait, WaitMs,
     Auth,
 )
 # Every command a client's bytes can parse into, in the order of the classes above.

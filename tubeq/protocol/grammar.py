@@ -57,6 +57,7 @@ from tubeq.protocol.commands import (
     Quit,
     Rejected,
     Release,
+    ReportProgress,
     Reserve,
     ReserveJob,
     ReserveMany,
@@ -581,12 +582,17 @@ def _with_body(command: Callable[[int, bytes], Command]) -> _ArgParser:
     return parse
 
 
-def _wait(command: Callable[[int, int], Command], unit_ms: int, maximum: int) -> _ArgParser:
-    """``<id> <timeout>``, the timeout in units of ``unit_ms`` up to ``maximum``."""
+def _wait(command: Callable[[int, int, int | None], Command], unit_ms: int,
+          maximum: int) -> _ArgParser:
+    """``<id> <timeout>``, the timeout in units of ``unit_ms`` up to ``maximum``, then the
+    option ``progress=<n>``."""
 
     def parse(args: bytes) -> Command:
         job_id, pos = _read_unsigned(args, 0, U64_MAX)
-        return command(job_id, _read_last_unsigned(args, pos, maximum) * unit_ms)
+        timeout, pos = _read_unsigned(args, pos, maximum)
+        progress_after = dict(_options(args[pos:], options.WAIT_OPTIONS)).get("progress")
+        return command(job_id, timeout * unit_ms,
+                       None if progress_after is None else int(progress_after))
 
     return parse
 
@@ -629,6 +635,7 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     # ends
     Finish: _with_body(Finish),
     Fail: _with_body(Fail),
+    ReportProgress: _with_body(ReportProgress),
     Cancel: _job_id(Cancel),
     Wait: _wait(Wait, 1000, U32_MAX),
     WaitMs: _wait(WaitMs, 1, options.MAX_MS),

@@ -111,6 +111,11 @@ def scheduled(next_due_ms: int) -> bytes:
     return b"SCHEDULED %d\r\n" % next_due_ms
 
 
+def progress(job_id: int, seq: int, data: bytes) -> bytes:
+    """``wait ... progress=N``'s answer for a living job: its ``seq``-th progress report."""
+    return b"PROGRESS %d %d %d\r\n%s\r\n" % (job_id, seq, len(data), data)
+
+
 def ended(job_id: int, how: str, data: bytes) -> bytes:
     """``wait``'s answer: how job ``job_id`` ended, with its result or reason as the body."""
     return b"ENDED %d %s %d\r\n%s\r\n" % (job_id, how.encode(), len(data), data)

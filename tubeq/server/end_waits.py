@@ -28,7 +28,7 @@ import structlog
 from tubeq.redisio.futures import discard
 from tubeq.server.timers import Signal
 from tubeq.store.base import JobStore
-from tubeq.store.records import JobEnd
+from tubeq.store.records import JobEnd, Progress
 
 log = structlog.get_logger(__name__)
 
@@ -121,12 +121,14 @@ def parse_ended(data: bytes) -> tuple[int, JobEnd | None]:
 
 
 async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_ms: int,
-                       keep_ms: int, *, read_first: bool = True) -> JobEnd | bool | None:
+                       keep_ms: int, *, read_first: bool = True,
+                       progress_after: int | None = None) -> JobEnd | Progress | bool | None:
     """How job ``wait.job_id`` ended, once it has (at once if it had); False when there is no
     such job and no end kept; None when ``timeout_ms`` passed first (or the caller gave up).
     ``keep_ms``: how long the job's end is kept for waits that come later. ``read_first``
     False: the caller knows the job lives and was marked (a request/reply's own put), so the
-    wait sleeps first and reads only when a message does not bring the end."""
+    wait sleeps first and reads only when a message does not bring the end.
+    ``progress_after``: a living job's Progress is the answer once its count is past it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_ms / 1000
     waits.add(wait, recent=not read_first)
@@ -139,7 +141,7 @@ async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_
             if read:
                 wait.signal.clear()  # a message from now on wakes the sleep below
                 left = deadline - loop.time()
-                call = store.wait_end(wait.job_id, keep_ms)
+                call = store.wait_end(wait.job_id, keep_ms, progress_after)
                 try:
                     outcome = await _within(call, max(0.0, left) + READ_GRACE_S)
                 except TimeoutError:

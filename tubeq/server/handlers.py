@@ -27,7 +27,15 @@ from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
-from tubeq.store.records import CANCELLED, Failed, JobEnd, NoJob, PutOutcome, Reservation
+from tubeq.store.records import (
+    CANCELLED,
+    Failed,
+    JobEnd,
+    NoJob,
+    Progress,
+    PutOutcome,
+    Reservation,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -205,17 +213,33 @@ def _cancel(conn: Session, cmd: c.Cancel) -> Reply:
                 lambda done: replies.CANCELLED if done else replies.NOT_FOUND)
 
 
+def _progress(conn: Session, cmd: c.ReportProgress) -> Reply:
+    def answer(deadline: int) -> bytes:
+        if not deadline:
+            return replies.NOT_FOUND
+        if deadline == CANCELLED:
+            conn.settled(cmd.id)
+            return replies.CANCELLED
+        conn.reserved[cmd.id] = deadline
+        return replies.TOUCHED
+
+    return then(ops.progress(conn.ctx, conn.token, cmd.id, cmd.data, behind=conn.passing),
+                answer)
+
+
 def _wait(conn: Session, cmd: c.Wait) -> Reply:
     """Blocks the connection (like a reserve) until the job ends or the timeout passes."""
-    wait, outcome = ops.wait_for_end(conn.ctx, cmd.id, cmd.timeout_ms)
+    wait, outcome = ops.wait_for_end(conn.ctx, cmd.id, cmd.timeout_ms, cmd.progress_after)
     reply = then(outcome, functools.partial(_ended, cmd.id))
     conn.hold(reply, wait.give_up)
     return reply
 
 
-def _ended(job_id: int, outcome: JobEnd | bool | None) -> bytes:
+def _ended(job_id: int, outcome: JobEnd | Progress | bool | None) -> bytes:
     if outcome is None:
         return replies.TIMED_OUT
+    if isinstance(outcome, Progress):
+        return replies.progress(job_id, outcome.seq, outcome.data)
     if outcome is False or outcome is True:
         return replies.NOT_FOUND
     return replies.ended(job_id, outcome.how, outcome.data)
@@ -378,7 +402,7 @@ def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     return reply
 
 
-def _put_and_wait_reply(outcome: tuple[PutOutcome, JobEnd | bool | None]) -> bytes:
+def _put_and_wait_reply(outcome: tuple[PutOutcome, JobEnd | Progress | bool | None]) -> bytes:
     put, end = outcome
     if isinstance(end, JobEnd):
         return replies.ended(put.id, end.how, end.data)
@@ -669,6 +693,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     # ends
     c.Finish: _extension(_finish),
     c.Fail: _extension(_fail),
+    c.ReportProgress: _extension(_progress),
     c.Cancel: _extension(_cancel),
     c.Wait: _extension(_wait),
     c.WaitMs: _extension(_wait),

@@ -29,7 +29,7 @@ from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import DeleteRun, PutRun
-from tubeq.store.records import Failed, JobEnd, PutOutcome, TubeCounts
+from tubeq.store.records import Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
 T = TypeVar("T")
 
@@ -87,9 +87,12 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
     return then(store.put_with(tube, pri, delay, max(ttr, 1), body, options), stored)
 
 
+Waited = JobEnd | Progress | bool | None  # what wait_for_end answers
+
+
 def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  options: Options, wait_ms: int
-                 ) -> tuple[EndWait, asyncio.Future[tuple[PutOutcome, JobEnd | bool | None]]]:
+                 ) -> tuple[EndWait, asyncio.Future[tuple[PutOutcome, Waited]]]:
     """put-with's wait-ms: store the job (as :func:`put_with`, marked waited from its birth,
     so no end of it is missed), then wait up to ``wait_ms`` for it (or, for a duplicate, the
     living job that has its key) to end. The wait (to give up early) and the outcome: the put's,
@@ -98,7 +101,7 @@ def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, 
     marked = (*((name, value) for name, value in options if name != "wait-ms"),
               (WAITED, ctx.result_ttl_ms))
 
-    async def run() -> tuple[PutOutcome, JobEnd | bool | None]:
+    async def run() -> tuple[PutOutcome, Waited]:
         outcome = await put_with(ctx, tube, pri, delay, ttr, body, marked)
         if outcome.id <= 0:
             return outcome, None
@@ -156,12 +159,19 @@ def touch(ctx: ServerContext, token: str, job_id: int, *,
     """A full TTR again from now for a job ``token`` holds: its new deadline (ms), 0 if not
     held. The deadline is this process's to act on (expire.lua at that instant)."""
 
+    return _noting_deadline(ctx, ctx.store.touch(token, job_id, behind=behind))
+
+
+def _noting_deadline(ctx: ServerContext, call: asyncio.Future[int]) -> asyncio.Future[int]:
+    """A touch's (or progress's) new TTR deadline, told to the scheduler (expire.lua runs
+    then in this process); 0 and CANCELLED pass through."""
+
     def touched(deadline: int) -> int:
         if deadline > 0:
             ctx.scheduler.note_due(deadline)
         return deadline
 
-    return then(ctx.store.touch(token, job_id, behind=behind), touched)
+    return then(call, touched)
 
 
 def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
@@ -190,14 +200,24 @@ def fail(ctx: ServerContext, token: str, job_id: int, error: bytes, *,
     return then(ctx.store.fail(token, job_id, error, behind=behind), failed)
 
 
-def wait_for_end(ctx: ServerContext, job_id: int, timeout_ms: int
-                 ) -> tuple[EndWait, asyncio.Future[JobEnd | bool | None]]:
-    """Wait for job ``job_id`` to end, at most ``timeout_ms``: the wait (to give up early) and
-    its outcome (tubeq.server.end_waits.wait_for_end: the end, False no such job, None timed
+def wait_for_end(ctx: ServerContext, job_id: int, timeout_ms: int,
+                 progress_after: int | None = None
+                 ) -> tuple[EndWait, asyncio.Future[Waited]]:
+    """Wait for job ``job_id`` to end (or, with ``progress_after``, to report a progress past
+    that count), at most ``timeout_ms``: the wait (to give up early) and its outcome
+    (tubeq.server.end_waits.wait_for_end: the end or progress, False no such job, None timed
     out). The job's end is then kept for --result-ttl for the waits after it."""
     wait = EndWait(job_id)
     return wait, asyncio.ensure_future(end_waits.wait_for_end(
-        ctx.store, ctx.end_waits, wait, timeout_ms, ctx.result_ttl_ms))
+        ctx.store, ctx.end_waits, wait, timeout_ms, ctx.result_ttl_ms,
+        progress_after=progress_after))
+
+
+def progress(ctx: ServerContext, token: str, job_id: int, data: bytes, *,
+             behind: int = 0) -> asyncio.Future[int]:
+    """A job ``token`` holds reports its progress, and gets a full TTR as with :func:`touch`
+    (the new deadline; 0 not held; CANCELLED)."""
+    return _noting_deadline(ctx, ctx.store.progress(token, job_id, data, behind=behind))
 
 
 def kick(ctx: ServerContext, tube: str, bound: int) -> asyncio.Future[int]:

@@ -39,6 +39,7 @@ from tubeq.store.records import (
     JobPolicies,
     JobSummary,
     NoJob,
+    Progress,
     PutOutcome,
     Reservation,
     TubeCounts,
@@ -239,9 +240,17 @@ class JobStore(Protocol):
         timeout); None when ``token`` does not hold it."""
         ...
 
-    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
+    def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None
+                 ) -> asyncio.Future[JobEnd | Progress | bool]:
         """How the job ended (also while it lies buried); True while it lives, marked so that
-        its end is kept ``keep_ms`` and published; False: no such job and no end kept."""
+        its end is kept ``keep_ms`` and published; False: no such job and no end kept. With
+        ``progress_after``: a living job's progress once its count is past that number."""
+        ...
+
+    def progress(self, token: str, job_id: int, data: bytes, *,
+                 behind: int = 0) -> asyncio.Future[int]:
+        """A job ``token`` holds reports ``data`` as its progress and gets a full TTR (as
+        ``touch``: the new deadline, 0 not held, CANCELLED)."""
         ...
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------

@@ -88,6 +88,8 @@ class JobField(StrEnum):
     FAILURES = "nf"
     ERROR = "er"
     CANCELLED = "cx"
+    PROGRESS = "pg"
+    PROGRESS_SEQ = "ps"
 
 
 @dataclass(frozen=True, slots=True)

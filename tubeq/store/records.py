@@ -55,6 +55,14 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """A living job's latest progress (progress.lua): its ``seq``-th report and its data."""
+
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class JobEnd:
     """How a job ended (one of END_HOWS; ``buried`` also while it lies buried) and its data:
     the result of a finished job, why tubeq buried one ('' when a client did), else b''."""

@@ -66,6 +66,7 @@ from tubeq.store.records import (
     JobPolicies,
     JobSummary,
     NoJob,
+    Progress,
     PutOutcome,
     Reservation,
     TubeCounts,
@@ -292,8 +293,13 @@ class ShardedStore:
              behind: int = 0) -> asyncio.Future[Failed | None]:
         return self.of_id(job_id).fail(token, job_id, error)
 
-    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
-        return self.of_id(job_id).wait_end(job_id, keep_ms)
+    def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None
+                 ) -> asyncio.Future[JobEnd | Progress | bool]:
+        return self.of_id(job_id).wait_end(job_id, keep_ms, progress_after)
+
+    def progress(self, token: str, job_id: int, data: bytes, *,
+                 behind: int = 0) -> asyncio.Future[int]:
+        return self.of_id(job_id).progress(token, job_id, data)
 
     def kick(self, tube: str, bound: int) -> asyncio.Future[int]:
         return self.of_tube(tube).kick(tube, bound)

@@ -45,6 +45,7 @@ from tubeq.store.records import (
     JobPolicies,
     JobSummary,
     NoJob,
+    Progress,
     PutOutcome,
     Reservation,
     TubeCounts,
@@ -327,8 +328,15 @@ class Store:
         return self._eval("fail", token, job_id, self.clock(), error, *_numbered(behind),
                           decode=_unless_deferred(decode))
 
-    def wait_end(self, job_id: int, keep_ms: int) -> asyncio.Future[JobEnd | bool]:
-        return self._eval("wait", job_id, keep_ms, decode=_job_end)
+    def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None
+                 ) -> asyncio.Future[JobEnd | Progress | bool]:
+        extra = () if progress_after is None else (progress_after,)
+        return self._eval("wait", job_id, keep_ms, *extra, decode=_job_end)
+
+    def progress(self, token: str, job_id: int, data: bytes, *,
+                 behind: int = 0) -> asyncio.Future[int]:
+        return self._eval("progress", token, job_id, self.clock(), data, *_numbered(behind),
+                          decode=_unless_deferred(int))
 
     def bury(self, token: str, job_id: int, pri: int, *,
              behind: int = 0) -> asyncio.Future[bool]:
@@ -783,9 +791,11 @@ class Store:
                                 decode=lambda r: [_as_int(v) for v in r])
 
 
-def _job_end(r: Any) -> JobEnd | bool:
-    """wait.lua's reply: {how, data} | 1 | 0."""
+def _job_end(r: Any) -> JobEnd | Progress | bool:
+    """wait.lua's reply: {how, data} | {'progress', count, data} | 1 | 0."""
     if isinstance(r, list):
+        if len(r) == 3:
+            return Progress(int(r[1]), r[2])
         return JobEnd(r[0].decode(), r[1])
     return bool(r)
 

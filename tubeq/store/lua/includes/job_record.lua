@@ -65,6 +65,10 @@ local JOB_FAILURES = 'nf'
 local JOB_ERROR = 'er'
 -- cancel.lua: set on a reserved job that is not to run again (its holder hears CANCELLED).
 local JOB_CANCELLED = 'cx'
+-- progress.lua: the latest progress its holder reported, and how many it reported (a wait
+-- asks for a progress newer than the one it saw).
+local JOB_PROGRESS = 'pg'
+local JOB_PROGRESS_SEQ = 'ps'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs
