@@ -364,9 +364,10 @@ async def test_a_result_over_max_result_size_is_refused(redis_url: str) -> None:
     try:
         assert server.ctx is not None
         worker = Client(server.ctx)
-        worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n"
+        worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\nprogress 1 5\r\n12345\r\n"
                     b"finish 1 5\r\n12345\r\nfinish 1 4\r\n1234\r\n")
-        await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nJOB_TOO_BIG\r\nFINISHED\r\n")
+        await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nJOB_TOO_BIG\r\n"
+                            b"JOB_TOO_BIG\r\nFINISHED\r\n")
     finally:
         await server.stop()
 

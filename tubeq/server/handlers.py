@@ -214,6 +214,9 @@ def _cancel(conn: Session, cmd: c.Cancel) -> Reply:
 
 
 def _progress(conn: Session, cmd: c.ReportProgress) -> Reply:
+    if len(cmd.data) > conn.ctx.max_result_size:  # as a result is bounded
+        return replies.JOB_TOO_BIG
+
     def answer(deadline: int) -> bytes:
         if not deadline:
             return replies.NOT_FOUND
