@@ -165,7 +165,7 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "`POST /api/tubes/{tube}/jobs`": lambda: api.put("c", b"x", delay=100),
         "`GET /api/jobs/{id}`": lambda: api.call("GET", f"/api/jobs/{buried}"),
-        "`GET /api/jobs/{id}/result?wait-ms=N`": lambda: api.call(
+        "`GET /api/jobs/{id}/result?wait-ms=N[&progress=P]`": lambda: api.call(
             "GET", f"/api/jobs/{buried}/result"),
         "`POST /api/tubes/{t1,t2,...}/reserve?timeout=S`": reserve_buried,
         "`POST /api/jobs/{id}/touch` `{\"reservation\"}`": lambda: api.call(
@@ -531,9 +531,15 @@ async def test_a_jobs_result_is_a_long_poll_and_its_failures_are_in_its_json(
     await reader.readuntil(b"FAILED\r\n")
     status, data = await api.call("GET", f"/api/jobs/{job_id}")
     assert (status, data["state"], data["failures"], data["error"]) == (200, "ready", 1, "bad!")
+    progress = asyncio.ensure_future(api.call("GET", f"/api/jobs/{job_id}/result",
+                                              params={"wait-ms": "10000", "progress": "0"}))
     polling = asyncio.ensure_future(api.call("GET", f"/api/jobs/{job_id}/result",
                                              params={"wait-ms": "10000"}))
-    writer.write(b"reserve\r\nfinish %d 3\r\nyes\r\n" % job_id)
+    writer.write(b"reserve\r\nprogress %d 3\r\n50%%\r\n" % job_id)
+    await reader.readuntil(b"TOUCHED\r\n")
+    assert await progress == (200, {"id": job_id, "progress": 1, "data": "50%",
+                                    "data_base64": "NTAl"})
+    writer.write(b"finish %d 3\r\nyes\r\n" % job_id)
     await reader.readuntil(b"FINISHED\r\n")
     writer.close()
     assert await polling == (200, {"id": job_id, "ended": "finished", "data": "yes",

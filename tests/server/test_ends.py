@@ -474,3 +474,15 @@ async def test_progress_of_a_cancelled_job_answers_cancelled(ctx: ServerContext)
     await other.expect(b"CANCELLED\r\n")
     worker.send(b"progress 1 1\r\n%\r\npeek 1\r\n")
     await worker.expect(b"CANCELLED\r\nNOT_FOUND\r\n")
+
+
+async def test_stats_tube_counts_finished_jobs_and_failures(ctx: ServerContext) -> None:
+    worker = Client(ctx)
+    worker.send(b"use counted\r\nwatch counted\r\nput 0 0 60 1\r\nx\r\nput 0 0 60 1\r\ny\r\n"
+                b"reserve\r\nreserve\r\nfail 2 1\r\ne\r\nfinish 1 0\r\n\r\n")
+    await worker.until(lambda o: o.endswith(b"FINISHED\r\n"))
+    worker.transport.out.clear()
+    worker.send(b"stats-tube counted\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"total-finished: 1\n" in doc and b"total-failed: 1\n" in doc
+    assert b"cmd-delete: 1\n" in doc  # a finish is a delete too

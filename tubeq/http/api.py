@@ -40,7 +40,7 @@ from tubeq.server import ops
 from tubeq.server.context import ServerContext
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.records import JobEnd, JobInfo
+from tubeq.store.records import JobEnd, JobInfo, Progress
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -55,7 +55,7 @@ STATES: Final = ("ready", "delayed", "buried", "reserved")
 PUT_OPTIONS: Final = frozenset({"pri", "delay", "ttr", *job_options.PUT_OPTIONS})
 PUT_JSON_KEYS: Final = PUT_OPTIONS | {"body", "body_base64"}
 RESERVE_OPTIONS: Final = frozenset({"timeout"})
-RESULT_OPTIONS: Final = frozenset({"wait-ms"})  # the result long poll
+RESULT_OPTIONS: Final = frozenset({"wait-ms", "progress"})  # the result long poll
 RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
 BURY_OPTIONS: Final = frozenset({"reservation", "pri"})
 OWNER_OPTIONS: Final = frozenset({"reservation"})
@@ -265,10 +265,14 @@ async def result(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     options = await read_options(request, RESULT_OPTIONS, json_body=False)
     wait_ms = unsigned("wait-ms", options.get("wait-ms", 0), MAX_POLL_S * 1000)
-    _, outcome = ops.wait_for_end(ctx, jid, wait_ms)
+    after = options.get("progress")
+    _, outcome = ops.wait_for_end(ctx, jid, wait_ms,
+                                  None if after is None else unsigned("progress", after))
     end = await outcome
     if end is None:
         return web.Response(status=204)  # not ended in time, as a long poll's reserve
+    if isinstance(end, Progress):
+        return web.json_response({"id": jid, "progress": end.seq, **_end_data(end.data)})
     if not isinstance(end, JobEnd):
         raise HttpError(404, f"job {jid} not found, and no end of it kept")
     return web.json_response({"id": jid, "ended": end.how, **_end_data(end.data)})

@@ -387,7 +387,8 @@ def _auth(conn: Session, cmd: c.Auth) -> Reply:
 # -- job policies and deduplicated put (protocol.md: put-with, peek-key) --------------------------
 
 # stats-tube's extra keys of the job policies, in Store.tube_policy_counts order.
-TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated")
+TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated",
+                        "total-finished", "total-failed")
 
 
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:

@@ -786,9 +786,10 @@ class Store:
         return self._eval("job_policies", job_id, decode=decode)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
-        """A tube's jobs expired, dead-lettered (max-tries) and deduplicated puts."""
-        return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd",
-                                decode=lambda r: [_as_int(v) for v in r])
+        """A tube's jobs expired, dead-lettered (max-tries), deduplicated puts, and its jobs
+        finished and failures reported (finish, fail)."""
+        return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd", "nfin",
+                                "nfail", decode=lambda r: [_as_int(v) for v in r])
 
 
 def _job_end(r: Any) -> JobEnd | Progress | bool:

@@ -29,6 +29,7 @@ if f[4] then
 end
 rcall('HSET', jk, JOB_ERROR, err)
 rcall('HINCRBY', jk, JOB_FAILURES, 1)
+rcall('HINCRBY', k_tube(t), 'nfail', 1)
 local taken, delay_ms = end_try(id, t, jk, now, 'timeout')
 if taken then return {'taken', 0} end
 unlink(id, t, 'reserved', now)

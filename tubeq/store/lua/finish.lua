@@ -30,6 +30,7 @@ unlink(id, t, 'reserved', now)
 forget_job(id, jk, {f[8], f[9]})
 rcall('DEL', jk)
 rcall('HINCRBY', k_tube(t), 'del', '1')
+rcall('HINCRBY', k_tube(t), 'nfin', '1')
 add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, 'finished')
 gc_tube(t)
 if f[7] then return {now - f[7], t} end

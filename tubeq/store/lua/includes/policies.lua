@@ -9,7 +9,8 @@
 -- The job's own policies and its policy state are fields of the job record (the put-with group
 -- of includes/job_record.lua: JOB_MAX_TRIES ... JOB_BURIED_FOR).
 -- Tube hash counters (they go with the tube, as beanstalkd's do): 'nexp' expired, 'ndl'
--- dead-lettered (max-tries), 'ndd' duplicate puts refused.
+-- dead-lettered (max-tries), 'ndd' duplicate puts refused; and, by finish.lua and fail.lua,
+-- 'nfin' finished, 'nfail' failures reported.
 
 -- The longest delay (tubeq.model.options.MAX_MS): the cap of a backoff without backoff-max-ms.
 local MAX_DELAY_MS = 4294967295000
