@@ -486,3 +486,12 @@ async def test_stats_tube_counts_finished_jobs_and_failures(ctx: ServerContext) 
     doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
     assert b"total-finished: 1\n" in doc and b"total-failed: 1\n" in doc
     assert b"cmd-delete: 1\n" in doc  # a finish is a delete too
+
+
+async def test_put_with_tube_puts_there_and_the_used_tube_stays(ctx: ServerContext) -> None:
+    client = Client(ctx)
+    client.send(b"put-with 0 0 60 1 tube=elsewhere\r\nx\r\nlist-tube-used\r\n"
+                b"put-with 0 0 60 1 tube=-bad\r\ny\r\nput-with 0 0 60 1 tube=a tube=b\r\nz\r\n")
+    await client.expect(b"INSERTED 1\r\nUSING default\r\nBAD_OPTION tube\r\nBAD_OPTION tube\r\n")
+    client.send(b"stats-job 1\r\n")
+    assert b"tube: elsewhere\n" in await client.until(lambda o: o.endswith(b"\n\r\n"))

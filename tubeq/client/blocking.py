@@ -135,9 +135,7 @@ class BlockingClient:
         line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=None,
                              backoff_ms=None, backoff_max_ms=None, ttl_ms=None, on_expire=None,
                              key=key)
-        line = line[:-2] + b" wait-ms=%d\r\n" % wait_ms(timeout)
-        if tube != self._used:
-            self.use(tube)
+        line = line[:-2] + b" tube=%s wait-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
         try:
             reply, = self._exchange(line + data + CRLF, 1, timeout + REPLY_GRACE_S)
         except TimeoutError:

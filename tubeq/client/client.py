@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, overload
 
 from tubeq.client import admin, batches
 from tubeq.client._contracts import Connection, Convert
@@ -611,8 +611,8 @@ class Client:
                    pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR, key: str | None = None,
                    max_tries: int | None = None, ttl_ms: int | None = None) -> bytes:
         """Request/reply: put a job into ``tube`` and wait up to ``timeout`` s for a worker to
-        finish it; its result. One round trip (``put-with ... wait-ms``); the used tube is
-        left as it was. With ``key``, a call while a job of that key lives waits for that job.
+        finish it; its result. One command (``put-with ... tube=... wait-ms=...``); the used
+        tube stays as it was. With ``key``, a call while a job of that key lives waits for that job.
 
         Raises :class:`CallTimedOut` (``job_id``: the job lives on; :meth:`wait` for it again),
         :class:`JobNotFinished` (deleted, buried or expired instead), and put-with's errors.
@@ -621,7 +621,7 @@ class Client:
         line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                              backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
                              on_expire=None, key=key)
-        line = line[:-2] + b" wait-ms=%d\r\n" % wait_ms(timeout)
+        line = line[:-2] + b" tube=%s wait-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
 
         def convert(reply: Reply, link: Connection) -> Ended | int:
             _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
@@ -629,28 +629,12 @@ class Client:
 
         try:
             async with asyncio.timeout(timeout + REPLY_GRACE_S):
-                outcome = await self._call_in(tube, line + data + CRLF, convert)
+                outcome = await self._call(line + data + CRLF, convert)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise CallTimedOut("call", None) from None
         if isinstance(outcome, int):
             raise CallTimedOut("call", outcome)
         return result_of(outcome)
-
-    async def _call_in(self, tube: str, data: bytes, convert: Convert[T]) -> T:
-        """A command that acts on the used tube, sent for ``tube``: use, the command and use
-        back in one write when ``tube`` is not the used one (the connection keeps its tube)."""
-        used = self._used
-        if tube == used:
-            return await self._call(data, convert)
-        link = await self._current_link()
-        sent = (link.send(*self._use_command(tube)), link.send(data, convert),
-                link.send(*self._use_command(used)))
-        await link.wait_writable()
-        answers = await asyncio.gather(*sent, return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        return cast(T, answers[1])
 
     async def peek_key(self, key: str) -> Job:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+from tubeq.model.names import MAX_TUBE_NAME, TUBE_NAME_CHARS
+
 OptionValue: TypeAlias = int | str
 Options: TypeAlias = tuple[tuple[str, OptionValue], ...]
 
@@ -33,6 +35,8 @@ _DIGITS: Final = re.compile(rb"[0-9]{1,20}")
 # A dedupe key: 1-200 printable ASCII bytes without space (the line's separator) and without
 # '=' so a token splits unambiguously; 200 as for tube names.
 _KEY: Final = re.compile(rb"[!-<>-~]{1,200}")
+# A tube name (tubeq.model.names): its bytes, not starting with '-'.
+_TUBE: Final = re.compile(b"(?!-)[" + re.escape(TUBE_NAME_CHARS) + b"]{1,%d}" % MAX_TUBE_NAME)
 
 # The longest delay or duration: beanstalkd's delays are u32 seconds, so tubeq's in ms reach
 # the same instant (about 136 years); a larger value is surely a mistake.
@@ -42,16 +46,20 @@ U32_MAX: Final = 2**32 - 1
 
 @dataclass(frozen=True, slots=True)
 class Spec:
-    """One option: an unsigned integer up to ``maximum``, one of ``choices``, or a key."""
+    """One option: an unsigned integer up to ``maximum``, one of ``choices``, a key, or a tube
+    name."""
 
     maximum: int = 0
     choices: tuple[str, ...] = ()
     key: bool = False
+    tube: bool = False
 
     def convert(self, raw: bytes) -> OptionValue | None:
         """The value of ``raw``, or None if it is not one this option takes."""
         if self.key:
             return raw.decode("ascii") if _KEY.fullmatch(raw) else None
+        if self.tube:
+            return raw.decode("ascii") if _TUBE.fullmatch(raw) else None
         if self.choices:
             text = raw.decode("ascii", "replace")
             return text if text in self.choices else None
@@ -85,6 +93,10 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "key": Spec(key=True),
     "wait-ms": _MS,
 }
+# put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
+# used one, which stays: a request/reply is then one command). The HTTP put's tube is its
+# route's, so it takes PUT_OPTIONS.
+PUT_WITH_OPTIONS: Final[Mapping[str, Spec]] = {**PUT_OPTIONS, "tube": Spec(tube=True)}
 # wait's options: progress=N, answer a progress report past the N-th as well as an end.
 WAIT_OPTIONS: Final[Mapping[str, Spec]] = {
     "progress": _COUNT,

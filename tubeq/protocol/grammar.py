@@ -550,7 +550,7 @@ def _put_with(args: bytes) -> PutHeader:
     size, pos = _read_unsigned(args, pos, U32_MAX)
     header = PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
     try:
-        header.options = _options(args[pos:], options.PUT_OPTIONS)
+        header.options = _options(args[pos:], options.PUT_WITH_OPTIONS)
     except _BadFormat:
         header.refusal = replies.BAD_FORMAT
     except _Refused as refused:

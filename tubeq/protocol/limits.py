@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from tubeq.model.names import MAX_TUBE_NAME as MAX_TUBE_NAME
+from tubeq.model.names import TUBE_NAME_CHARS as TUBE_NAME_CHARS
+
 # ---------------------------------------------------------------------------------------------
 # The wire vocabulary
 # ---------------------------------------------------------------------------------------------
@@ -17,9 +20,8 @@ from typing import Final
 # A line ends at exactly CR LF; a lone CR or LF is an ordinary byte of the line.
 CRLF: Final = b"\r\n"
 
-# The longest tube name: beanstalkd's MAX_TUBE_NAME_LEN is 201 including the C string's NUL, so
-# 200 is what 1.12 accepts (201 is BAD_FORMAT), and LINE_MAX below is sized to carry it.
-MAX_TUBE_NAME: Final = 200
+# The longest tube name (tubeq.model.names: 200, what 1.12 accepts); LINE_MAX below is sized to
+# carry it.
 
 # The longest command line, CRLF included. It is beanstalkd's LINE_BUF_SIZE (11 + 201 + 12), just
 # enough for the longest legal line: len(b"pause-tube " + b"x" * 200 + b" 4294967295\r\n") == 224.
@@ -31,8 +33,7 @@ LINE_MAX: Final = 224
 # pass LINE_MAX, so every beanstalkd line keeps beanstalkd's limit and its BAD_FORMAT.
 EXT_LINE_MAX: Final = 16384
 
-# The bytes a tube name is made of (beanstalkd's NAME_CHARS); a name may not start with "-".
-TUBE_NAME_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
+# The bytes a tube name is made of: tubeq.model.names's TUBE_NAME_CHARS (re-exported here).
 
 # pri, delay, ttr, body size and pause delay are C uint32 in beanstalkd: 1.12 answers BAD_FORMAT
 # above this, so tubeq does too, and the server can rely on every value fitting 32 bits.

@@ -393,14 +393,19 @@ TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplica
 
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
-    wait_ms = dict(cmd.options).get("wait-ms")
+    given = dict(cmd.options)
+    wait_ms = given.get("wait-ms")
+    tube, opts = conn.used, cmd.options
+    if "tube" in given:  # this put's tube; the used one stays
+        tube = str(given["tube"])
+        opts = tuple(option for option in opts if option[0] != "tube")
     if wait_ms is None:
-        return then(ops.put_with(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
-                                 cmd.options), _put_with_reply)
+        return then(ops.put_with(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body, opts),
+                    _put_with_reply)
     # request/reply: blocks the connection as wait does, and answers how the job ended, or
     # the put's own reply when it has not ended by then
-    wait, outcome = ops.put_and_wait(conn.ctx, conn.used, cmd.pri, cmd.delay, cmd.ttr,
-                                     cmd.body, cmd.options, int(wait_ms))
+    wait, outcome = ops.put_and_wait(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
+                                     opts, int(wait_ms))
     reply = then(outcome, _put_and_wait_reply)
     conn.hold(reply, wait.give_up)
     return reply
