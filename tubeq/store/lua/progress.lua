@@ -18,14 +18,10 @@ if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_OWNER, JOB_TTR, JOB_CANCELLED, JOB_TUBE, JOB_WAITED)
 if f[1] ~= 'reserved' or f[2] ~= token then return 0 end
-if f[4] then
-  drop_cancelled(id, f[5], jk, 'reserved', now)
-  return CANCELLED
-end
-local due = now + tonumber(f[3]) * 1000
-rcall('HSET', jk, JOB_DUE, due, JOB_PROGRESS, data)
+local due = renew_hold(id, f[5], jk, f[3], f[4], now)
+if due == CANCELLED then return due end
+rcall('HSET', jk, JOB_PROGRESS, data)
 rcall('HINCRBY', jk, JOB_PROGRESS_SEQ, 1)
-rcall('ZADD', K_RESERVED, due, member(id))
 job_event('touched', id, now, 0, 0, 'progress')
 if f[6] then rcall('PUBLISH', K_ENDED, text(id)) end
 return due

@@ -15,12 +15,6 @@ if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_OWNER, JOB_TTR, JOB_CANCELLED, JOB_TUBE)
 if f[1] ~= 'reserved' or f[2] ~= token then return 0 end
-if f[4] then
-  drop_cancelled(id, f[5], jk, 'reserved', now)
-  return CANCELLED
-end
-local due = now + tonumber(f[3]) * 1000
-rcall('HSET', jk, JOB_DUE, due)
-rcall('ZADD', K_RESERVED, due, member(id))
-job_event('touched', id, now, 0, 0, '')
+local due = renew_hold(id, f[5], jk, f[3], f[4], now)
+if due ~= CANCELLED then job_event('touched', id, now, 0, 0, '') end
 return due

@@ -181,6 +181,20 @@ local function drop_cancelled(id, t, jk, state, now)
   gc_tube(t)
 end
 
+-- A holder's sign of life (touch.lua, progress.lua) for reserved job `id` (tube t, TTR `ttr` s,
+-- `cancelled` its JOB_CANCELLED): a full TTR from now, its new deadline returned; or, if it was
+-- cancelled while held, it goes (drop_cancelled) and CANCELLED is returned.
+local function renew_hold(id, t, jk, ttr, cancelled, now)
+  if cancelled then
+    drop_cancelled(id, t, jk, 'reserved', now)
+    return CANCELLED
+  end
+  local due = now + tonumber(ttr) * 1000
+  rcall('HSET', jk, JOB_DUE, due)
+  rcall('ZADD', K_RESERVED, due, member(id))
+  return due
+end
+
 -- A reservation of job `id` (tube t) ended: `how` is 'timeout' (TTR or disconnect: a backoff
 -- applies) or 'release' (the client chose the delay). A job cancelled meanwhile goes
 -- (drop_cancelled). Else counts the try, then the policies: past
