@@ -388,10 +388,13 @@ async def test_cancel_deletes_a_waiting_job_and_its_waiters_hear_it(ctx: ServerC
     await client.expect(b"NOT_FOUND\r\nBAD_FORMAT\r\n")
 
 
-@pytest.mark.parametrize("holder_says", [b"touch 1\r\n", b"finish 1 1\r\nr\r\n",
-                                         b"fail 1 1\r\ne\r\n"], ids=["touch", "finish", "fail"])
+@pytest.mark.parametrize(("holder_says", "answer"), [
+    (b"touch 1\r\n", b"NOT_FOUND\r\n"),  # a beanstalkd client: the job is no longer its own
+    (b"extensions\r\ntouch 1\r\n", b"CANCELLED\r\n"),  # a client that knows tubeq
+    (b"finish 1 1\r\nr\r\n", b"CANCELLED\r\n"), (b"fail 1 1\r\ne\r\n", b"CANCELLED\r\n")],
+    ids=["touch", "touch-extended", "finish", "fail"])
 async def test_a_cancelled_reserved_job_tells_its_holder_and_never_runs_again(
-        ctx: ServerContext, holder_says: bytes) -> None:
+        ctx: ServerContext, holder_says: bytes, answer: bytes) -> None:
     worker, other, caller = Client(ctx), Client(ctx), Client(ctx)
     worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
     await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
@@ -401,7 +404,9 @@ async def test_a_cancelled_reserved_job_tells_its_holder_and_never_runs_again(
     out = await other.until(lambda o: o.endswith(b"\n\r\n"))
     assert out.startswith(b"CANCELLED\r\nOK ") and b"state: reserved\n" in out  # held still
     worker.send(holder_says)
-    await worker.expect(b"CANCELLED\r\n")
+    out = await worker.until(lambda o: o.endswith(answer))
+    assert out.endswith(answer), out
+    worker.transport.out.clear()
     await caller.expect(b"ENDED 1 cancelled 0\r\n\r\n")
     worker.send(b"peek 1\r\nreserve-with-timeout 0\r\n")
     await worker.expect(b"NOT_FOUND\r\nTIMED_OUT\r\n")
@@ -495,3 +500,20 @@ async def test_put_with_tube_puts_there_and_the_used_tube_stays(ctx: ServerConte
     await client.expect(b"INSERTED 1\r\nUSING default\r\nBAD_OPTION tube\r\nBAD_OPTION tube\r\n")
     client.send(b"stats-job 1\r\n")
     assert b"tube: elsewhere\n" in await client.until(lambda o: o.endswith(b"\n\r\n"))
+
+
+async def test_a_finish_behind_a_blocked_reserve_is_done_at_once(ctx: ServerContext) -> None:
+    """finish (and fail, progress) act on a held job, as delete and touch do: pipelined behind
+    a reserve that waits, it runs at once (its reply keeps its place, after the reserve's)."""
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"put 0 0 60 1\r\nx\r\nreserve\r\n")
+    await worker.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\n")
+    caller.send(b"wait 1 30\r\n")
+    await asyncio.sleep(0.1)
+    worker.send(b"reserve-with-timeout 5\r\nfinish 1 2\r\nok\r\n")
+    await caller.expect(b"ENDED 1 finished 2\r\nok\r\n")
+    assert worker.transport.out == b""  # the reserve still waits: the finish did not
+    producer = Client(ctx)
+    producer.send(b"put 0 0 60 1\r\ny\r\n")  # (ends that wait)
+    await producer.expect(b"INSERTED 2\r\n")
+    await worker.expect(b"RESERVED 2 1\r\ny\r\nFINISHED\r\n")

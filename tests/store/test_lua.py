@@ -739,3 +739,26 @@ async def test_a_restarted_redis_gets_the_library_back_once_for_every_store(
         await raw.aclose()
         await client.close()
         own.stop()
+
+
+async def test_a_handed_job_cancelled_before_its_claim_is_dropped_not_given_back(
+        env: Env) -> None:
+    """A put handed a job to a waiting connection, someone cancelled it (it is reserved: only
+    marked), and the connection goes, or its process is reaped, before claiming it: the job
+    goes with it (it used to be given back to ready, cancel's mark kept, and run again)."""
+    s = env.store
+    await s.set_waiting(BOB, 1)
+    job_id = await env.put()
+    assert await s.cancel(job_id) == 2  # reserved for BOB: marked
+    assert await s.disconnect(BOB, False, False, []) == 1
+    assert await s.job_info(job_id) is None
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.set_waiting("ghost:1", 1)
+    handed = await env.put()
+    assert await s.cancel(handed) == 2
+    env.clock.advance(3.5)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    assert await s.job_info(handed) is None

@@ -34,6 +34,7 @@ from tubeq.client.errors import (
     DeadlineSoon,
     InternalError,
     JobCancelled,
+    JobTooBig,
     NotFound,
     ProtocolError,
     TimedOut,
@@ -374,7 +375,7 @@ class Consumer:
                 async with job:
                     result = await handler(job)
                     if isinstance(result, bytes | str) and await self._answers(job):
-                        await job.finish(result)
+                        await self._finish(job, result)
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
 
@@ -396,6 +397,23 @@ class Consumer:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _finish(self, job: Job, result: bytes | str) -> None:
+        """Finish ``job`` with its handler's ``result``; a result the server refuses (too big:
+        --max-result-size) fails the job with that reason instead of running it again, and a
+        finish that did not happen (the job gone, the connection lost) is logged, as a delete
+        that did not happen is."""
+        try:
+            await job.finish(result)
+        except JobTooBig as error:
+            log.warning("job %d: its result is too big for the server; failed instead", job.id)
+            await job.fail(f"result too big: {error}")
+        except JobCancelled:
+            raise
+        except ClientError as error:
+            log.warning("job %d done but not finished: %s", job.id, error)
+            self._give_back_all(job, error)
+            self._forget(job)
 
     async def _answers(self, job: Job) -> bool:
         """Whether ``job`` is still held here, on a connection to a server with ``finish``."""

@@ -38,9 +38,11 @@ RETRY_S = 0.5  # after a read that failed (Redis away)
 # once): a wait answers TIMED_OUT at most this late, whatever Redis does (as a reserve's
 # RESERVE_GRACE_S, tubeq.server.reserves).
 READ_GRACE_S = 0.25
-# Ends heard that no wait of this process was registered for, kept for a wait that registers
-# just after (a request/reply's, once its put is answered); the oldest go first.
+# Ends heard lately, kept for a request/reply's wait that registers just after (once its put
+# is answered): at most RECENT_ENDS of them (the oldest go first), none older than RECENT_S,
+# and none across a reconnect (Redis may have lost ids since: a new job could reuse one).
 RECENT_ENDS = 4096
+RECENT_S = 5.0
 
 T = TypeVar("T")
 
@@ -64,19 +66,21 @@ class EndWait:
 
 class EndWaits:
     """job id -> the waits of this process's connections for it (one namespace), and the ends
-    heard lately that no wait here was registered for (RECENT_ENDS of them): a request/reply
-    registers its wait only once its put is answered, and the end's message may come first."""
+    heard lately (RECENT_ENDS, RECENT_S): a request/reply registers its wait only once its put
+    is answered, and the end's message may come first."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, list[EndWait]] = {}
-        self._recent: dict[int, JobEnd | None] = {}  # in the order heard (oldest first)
+        # id -> (the end, or None when it is to be read; when heard, loop time), oldest first
+        self._recent: dict[int, tuple[JobEnd | None, float]] = {}
 
     def add(self, wait: EndWait, *, recent: bool = False) -> None:
         """Register ``wait``; ``recent``: it takes an end heard lately (only a request/reply's
         wait may: for any other, the job may have lived on since, e.g. buried, then kicked)."""
         self._by_id.setdefault(wait.job_id, []).append(wait)
-        if recent and wait.job_id in self._recent:
-            wait.end = self._recent[wait.job_id]
+        heard = self._recent.get(wait.job_id) if recent else None
+        if heard is not None and heard[1] > asyncio.get_running_loop().time() - RECENT_S:
+            wait.end = heard[0]
             wait.signal.set()
 
     def remove(self, wait: EndWait) -> None:
@@ -89,19 +93,19 @@ class EndWaits:
     def ended(self, job_id: int, end: JobEnd | None = None) -> None:
         """A script published that ``job_id`` ended (``end``: how, when the message carried
         it): its waits take it, or read it."""
-        waits = self._by_id.get(job_id)
-        if waits is None:
-            recent = self._recent
-            recent[job_id] = end
-            if len(recent) > RECENT_ENDS:
-                del recent[next(iter(recent))]
-            return
-        for wait in waits:
+        recent = self._recent
+        recent.pop(job_id, None)  # (re-inserted last: the order stays the order heard)
+        recent[job_id] = (end, asyncio.get_running_loop().time())
+        if len(recent) > RECENT_ENDS:
+            del recent[next(iter(recent))]
+        for wait in self._by_id.get(job_id, ()):
             wait.end = end
             wait.signal.set()
 
     def wake_all(self) -> None:
-        """Messages may have been lost (a reconnect): every wait reads again."""
+        """Messages may have been lost (a reconnect): every wait reads again, and the ends
+        heard before it are forgotten (Redis may have lost ids since)."""
+        self._recent.clear()
         for waits in self._by_id.values():
             for wait in waits:
                 wait.signal.set()

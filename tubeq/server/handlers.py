@@ -178,9 +178,11 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
     def answer(deadline: int) -> bytes:
         if not deadline:
             return replies.NOT_FOUND
-        if deadline == CANCELLED:  # a tubeq client cancelled it: gone (only after a cancel)
+        if deadline == CANCELLED:  # someone cancelled it: gone (only after a cancel)
             conn.settled(cmd.id)
-            return replies.CANCELLED
+            # a beanstalkd client knows no CANCELLED: for it, as for beanstalkd, the job it
+            # touches is no longer its own
+            return replies.CANCELLED if conn.extended else replies.NOT_FOUND
         conn.reserved[cmd.id] = deadline
         return replies.TOUCHED
 

@@ -71,7 +71,8 @@ PRUNE_RESERVED_AT = 64
 # with a union on this path, which every command behind a reserve takes).
 RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout,
                                                   c.ReserveMany})  # batches: reserve-many
-_ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch})
+_ON_HELD_JOBS: frozenset[type[c.Command]] = frozenset({c.Delete, c.Bury, c.Touch, c.Finish,
+                                                      c.Fail, c.ReportProgress})
 ONE_JOB_RESERVES: frozenset[type[c.Command]] = frozenset({c.Reserve, c.ReserveWithTimeout})
 
 T = TypeVar("T")

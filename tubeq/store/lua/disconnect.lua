@@ -31,8 +31,8 @@ local function give_back(id, held)
     local fate = 'ready'
     if held then
       fate = retry(id, f[2], now, 'disconnect')
-    else
-      requeue(id, f[2], now, 'disconnect')
+    elseif not give_back_handed(id, f[2], now, 'disconnect') then
+      fate = false  -- cancelled meanwhile: gone
     end
     released = released + 1
     if fate == 'ready' then woken[f[2]] = true end

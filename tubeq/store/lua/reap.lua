@@ -12,6 +12,7 @@ Wakes    reserves blocked on each tube that got a job back
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "policies"
 local now = tonumber(ARGV[4])
 local dead = ARGV[5] and {ARGV[5]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[3])
 local woken = {}
@@ -33,8 +34,8 @@ for _, inst in ipairs(dead) do
     rcall('HDEL', K_WAITING, token)
     for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do
       local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE, JOB_OWNER)
-      if f[1] == 'reserved' and f[3] == token then
-        requeue(id, f[2], now, 'reaped')
+      if f[1] == 'reserved' and f[3] == token
+          and give_back_handed(id, f[2], now, 'reaped') then
         woken[f[2]] = true
       end
     end

@@ -181,6 +181,19 @@ local function drop_cancelled(id, t, jk, state, now)
   gc_tube(t)
 end
 
+-- A job a put handed to a connection that never claimed it (disconnect.lua, reap.lua) goes
+-- back to ready (requeue, event 'timed-out' with `reason`), unless it was cancelled meanwhile:
+-- then it goes (drop_cancelled). Whether it went back to ready.
+local function give_back_handed(id, t, now, reason)
+  local jk = k_job(id)
+  if rcall('HEXISTS', jk, JOB_CANCELLED) == 1 then
+    drop_cancelled(id, t, jk, 'reserved', now)
+    return false
+  end
+  requeue(id, t, now, reason)
+  return true
+end
+
 -- A holder's sign of life (touch.lua, progress.lua) for reserved job `id` (tube t, TTR `ttr` s,
 -- `cancelled` its JOB_CANCELLED): a full TTR from now, its new deadline returned; or, if it was
 -- cancelled while held, it goes (drop_cancelled) and CANCELLED is returned.
