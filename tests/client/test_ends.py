@@ -163,3 +163,27 @@ async def test_a_caller_follows_a_jobs_progress_to_its_result(
         await job.finish(b"3/3")
         assert await following == b"3/3"
         assert seen == [b"1/3", b"2/3"]
+
+
+async def test_a_result_too_big_for_the_server_fails_the_job_with_that_reason(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """The server refuses the result (past -z): the job is failed with the reason, once, not
+    run again and again; a caller hears how it went."""
+    async with connected(*client_tubeq.address, tube_name) as admin, \
+            Client(*client_tubeq.address) as worker:
+        job_id = (await admin.put_with(b"x", max_tries=1)).id
+        runs = 0
+        consumer = worker.consume(tube_name, concurrency=1)
+
+        async def handler(job: Job) -> bytes:
+            nonlocal runs
+            runs += 1
+            consumer.stop()
+            return b"r" * 70_000  # past the server's 65,535-byte limit
+
+        async with asyncio.timeout(WAIT_S):
+            await consumer.run(handler)
+        with pytest.raises(JobNotFinished) as ended:
+            await admin.wait(job_id, timeout=5)
+        assert ended.value.how == "buried" and b"result too big" in ended.value.data
+        assert runs == 1
