@@ -437,7 +437,16 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("GET", "/api/jobs/0", {}, 400, "bad job id"),
     ("GET", "/api/jobs/abc", {}, 400, "bad job id"),
     ("GET", "/api/jobs/18446744073709551616", {}, 400, "bad job id"),
-    ("GET", "/api/jobs/4242", {}, 404, "job 4242 not found"),
+    ("GET", "/api/jobs/4242", {}, 404, "job 4242 not found, and no end of it kept"),
+    ("GET", "/api/jobs/4242/result", {}, 404, "job 4242 not found, and no end of it kept"),
+    ("GET", "/api/jobs/abc/result", {}, 400, "bad job id"),
+    ("GET", "/api/jobs/4242/result?wait-ms=soon", {}, 400,
+     "wait-ms must be a whole number from 0 to 600000"),
+    ("GET", "/api/jobs/4242/result?wait-ms=-1", {}, 400, "wait-ms must be"),
+    ("GET", "/api/jobs/4242/result?wait-ms=600001", {}, 400, "wait-ms must be"),
+    ("GET", "/api/jobs/4242/result?wait-ms=1&wait-ms=2", {}, 400, "twice"),
+    ("GET", "/api/jobs/4242/result?progress=x", {}, 400, "progress must be"),
+    ("GET", "/api/jobs/4242?wait-ms=1", {}, 400, "unknown option 'wait-ms'"),
     ("DELETE", "/api/jobs/4242", {}, 404, "not found"),
     ("POST", "/api/jobs/4242/kick", {}, 404, "not found"),
     ("POST", "/api/jobs/4242/release", {"json": {"reservation": "x", "pri": 1}}, 404,
@@ -548,3 +557,92 @@ async def test_a_jobs_result_is_a_long_poll_and_its_failures_are_in_its_json(
     assert status == 404 and "not found" in data["error"]
     status, data = await api.call("GET", f"/api/jobs/{job_id}/result", params={"wait": "1"})
     assert status == 400
+
+
+async def finish_over_the_protocol(server: Server, tube: str, result: bytes) -> int:
+    """Put a job into ``tube`` over HTTP's sibling, the protocol, reserve it and finish it
+    with ``result``; its id."""
+    bean = await Beanstalk.open(server.port)
+    try:
+        assert (await bean.ask(b"use " + tube.encode())).startswith(b"USING ")
+        job_id = int((await bean.ask(b"put 0 0 60 1", b"q")).split()[1])
+        await bean.ask(b"watch " + tube.encode())
+        assert (await bean.ask(b"reserve-with-timeout 5")).startswith(b"RESERVED %d " % job_id)
+        assert await bean.ask(b"finish %d %d" % (job_id, len(result)), result) == (
+            b"FINISHED\r\n")
+    finally:
+        await bean.close()
+    return job_id
+
+
+async def test_an_ended_jobs_json_says_how_it_ended_with_its_result(
+        api: Api, server: Server) -> None:
+    """A finished job's end is kept (--result-ttl): its JSON is its end, as the result route
+    gives it, text and base64; another end only when a wait marked the job."""
+    job_id = await finish_over_the_protocol(server, "answers", b"42 \xe2\x9c\x93")
+    status, data = await api.call("GET", f"/api/jobs/{job_id}")
+    assert (status, data) == (200, {"id": job_id, "ended": "finished", "data": "42 \u2713",
+                                    "data_base64": "NDIg4pyT"})
+    binary = await finish_over_the_protocol(server, "answers", b"\xff\x00")
+    status, data = await api.call("GET", f"/api/jobs/{binary}")
+    assert (status, data) == (200, {"id": binary, "ended": "finished", "data": None,
+                                    "data_base64": "/wA="})
+    # deleted after a wait marked it: its end, without data
+    waited = await api.put("answers")
+    assert (await api.call("GET", f"/api/jobs/{waited}/result"))[0] == 204
+    assert (await api.call("DELETE", f"/api/jobs/{waited}"))[0] == 200
+    status, data = await api.call("GET", f"/api/jobs/{waited}")
+    assert (status, data) == (200, {"id": waited, "ended": "deleted", "data": "",
+                                    "data_base64": ""})
+
+
+async def test_reading_a_living_jobs_json_marks_it_for_nothing(api: Api) -> None:
+    """GET /api/jobs/{id} is no wait: it does not mark the job, so an end that is kept only
+    for a job somebody waited for (a delete's) is not kept after it."""
+    job_id = await api.put("looked-at")
+    for _ in range(2):
+        status, data = await api.call("GET", f"/api/jobs/{job_id}")
+        assert (status, data["state"], data["failures"], data["error"]) == (200, "ready", 0, "")
+        assert "ended" not in data
+    assert (await api.call("DELETE", f"/api/jobs/{job_id}"))[0] == 200
+    for path in (f"/api/jobs/{job_id}", f"/api/jobs/{job_id}/result"):
+        status, data = await api.call("GET", path)
+        assert (status, data) == (404, {"error": f"job {job_id} not found, and no end of it "
+                                                 "kept"}), path
+
+
+async def test_tubes_count_their_jobs_finished_and_failed(api: Api, server: Server) -> None:
+    await finish_over_the_protocol(server, "done", b"ok")
+    failing = await api.put("done", b"bad")
+    bean = await Beanstalk.open(server.port)
+    try:
+        await bean.ask(b"watch done")
+        for _ in range(2):  # two failures of one job: ready again after each
+            assert (await bean.ask(b"reserve-with-timeout 5")).startswith(
+                b"RESERVED %d " % failing)
+            assert await bean.ask(b"fail %d 4" % failing, b"oops") == b"FAILED\r\n"
+    finally:
+        await bean.close()
+    status, tube = await api.call("GET", "/api/tubes/done")
+    assert status == 200
+    assert {k: tube[k] for k in ("total-finished", "total-failed", "total-expired",
+                                 "total-dead-lettered", "total-deduplicated")} == {
+        "total-finished": 1, "total-failed": 2, "total-expired": 0, "total-dead-lettered": 0,
+        "total-deduplicated": 0}
+    status, tubes = await api.call("GET", "/api/tubes")
+    assert status == 200
+    assert [(t["name"], t["finished"], t["failed"]) for t in tubes["tubes"]] == [
+        ("default", 0, 0), ("done", 1, 2)]
+
+
+async def test_the_summed_row_of_the_tube_list_has_no_finished_or_failed(
+        redis_url: str) -> None:
+    async with running_server(redis_url, metrics_max_tubes=1) as server, \
+            aiohttp.ClientSession() as session:
+        api = Api(server, session)
+        await finish_over_the_protocol(server, "one", b"ok")
+        await finish_over_the_protocol(server, "two", b"ok")
+        status, tubes = await api.call("GET", "/api/tubes")
+        assert status == 200
+        assert [(t["name"], t["finished"], t["failed"]) for t in tubes["tubes"]] == [
+            ("default", 0, 0), (None, None, None)]

@@ -38,6 +38,7 @@ from tubeq.model import options as job_options
 from tubeq.protocol import replies
 from tubeq.server import ops
 from tubeq.server.context import ServerContext
+from tubeq.server.handlers import TUBE_POLICY_COUNTERS
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
 from tubeq.store.records import JobEnd, JobInfo, Progress
@@ -243,20 +244,39 @@ def _job_json(info: JobInfo, body: bytes | None, now_ms: int) -> dict[str, Any]:
 
 
 async def job(request: web.Request) -> web.Response:
-    """peek + stats-job: a job's stats and body."""
+    """peek + stats-job: a job's stats and body; a job gone, how it ended (its end kept)."""
     ctx = _ctx(request)
     jid = job_id(request.match_info["id"])
     ctx.counters.incr("stats-job")
+    return web.json_response(await job_document(ctx, jid))
+
+
+async def job_document(ctx: ServerContext, jid: int) -> dict[str, Any]:
+    """Job ``jid`` in JSON (the API's job route and the dashboard's job page): a living job's
+    stats-job fields, body, ``failures`` and ``error``; a job gone whose end is kept (a
+    finish's always, for --result-ttl; another end when a wait marked the job) ``{"id",
+    "ended", "data", "data_base64"}`` as the result route answers; else a 404.
+
+    The reads mark nothing. wait.lua marks a *living* job (its end is then kept and
+    published), so the end is read only once the job's own record is gone, and ids are never
+    used twice: a job gone stays gone. The one race left is an id read just before its put:
+    the job is then born between the reads, wait.lua marks it with a keep of 0 (its end, but
+    a finish's, is dropped as soon as it is written) and this answers the 404 it would have
+    answered a moment earlier."""
     store = ctx.store
-    info, body = await store.job_info(jid), await store.peek(jid)
-    policies = await store.job_policies(jid)
-    if info is None or body is None:
-        raise HttpError(404, f"job {jid} not found")
+    # Sent together (one round trip), each a plain read of the job's hash.
+    info, body, policies = await asyncio.gather(store.job_info(jid), store.peek(jid),
+                                                store.job_policies(jid))
+    if info is None or body is None or policies is None:
+        end = await store.wait_end(jid, 0)
+        if not isinstance(end, JobEnd):
+            raise HttpError(404, f"job {jid} not found, and no end of it kept")
+        return {"id": jid, "ended": end.how, **_end_data(end.data)}
     out = _job_json(info, body, store.clock())
-    if policies is not None:  # fail's count and last error (stats-job's extra keys)
-        out["failures"] = policies.failures
-        out["error"] = policies.error.decode("utf-8", "replace")
-    return web.json_response(out)
+    # fail's count and last error (stats-job's extra keys)
+    out["failures"] = policies.failures
+    out["error"] = policies.error.decode("utf-8", "replace")
+    return out
 
 
 async def result(request: web.Request) -> web.Response:
@@ -398,15 +418,17 @@ async def tubes(request: web.Request) -> web.Response:
     # Not counted as list-tubes: the dashboard polls it every second, and cmd-list-tubes
     # should keep counting what clients ask.
     count, rows = await ops.tube_overview(ctx, server.config.metrics_max_tubes)
+    ends = await tube_ends(ctx, [row.name for row in rows])
     now = ctx.store.clock()
     metrics = server.metrics
     out = []
     for row in rows:
+        finished, failed = ends.get(row.name, (None, None))
         item: dict[str, Any] = {
             "name": row.name, "urgent": row.urgent, "ready": row.ready,
             "reserved": row.reserved, "delayed": row.delayed, "buried": row.buried,
-            "total_jobs": row.total, "deletes": row.deletes,
-            "paused": row.pause_until_ms > now, "waiting": row.waiting,
+            "total_jobs": row.total, "deletes": row.deletes, "finished": finished,
+            "failed": failed, "paused": row.pause_until_ms > now, "waiting": row.waiting,
             "watching": row.watching, "using": row.using}
         if metrics is not None:
             for key, family in (("wait", metrics.wait), ("run", metrics.held)):
@@ -424,8 +446,25 @@ async def stats_tube(request: web.Request) -> web.Response:
     tube = tube_name(request.match_info["tube"])
     ctx.counters.incr("stats-tube")
     ops.sync_counts(ctx)
-    counts = await _tube_counts(ctx, tube)
-    return web.json_response(dict(tube_pairs(tube, counts, ctx.store.clock())))
+    counts, policy_counts = await asyncio.gather(_tube_counts(ctx, tube),
+                                                 ctx.store.tube_policy_counts(tube))
+    out = dict(tube_pairs(tube, counts, ctx.store.clock()))
+    # stats-tube's extra counters (total-expired ... total-finished, total-failed)
+    out.update(zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True))
+    return web.json_response(out)
+
+
+async def tube_ends(ctx: ServerContext, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Each named tube's jobs finished and failures reported (stats-tube's total-finished and
+    total-failed), one read per tube sent at once; "" (the summed row of the tubes past the
+    cap) is left out: their counters are not summed anywhere."""
+    named = [name for name in names if name]
+    reads = await asyncio.gather(*(ctx.store.tube_policy_counts(name) for name in named))
+    ends = {}
+    for name, read in zip(named, reads, strict=True):
+        counts = dict(zip(TUBE_POLICY_COUNTERS, read, strict=True))
+        ends[name] = (counts["total-finished"], counts["total-failed"])
+    return ends
 
 
 async def _tube_counts(ctx: ServerContext, tube: str) -> list[int]:
