@@ -1,20 +1,24 @@
 """The web dashboard in a real headless browser (Debian chromium + chromium-driver, driven by
 selenium) against a real tubeq process: the page loads, a put shows up by itself, a buried job
-is kicked, a job deleted and the tube paused by clicking."""
+is kicked, a job deleted and the tube paused by clicking; a job's page follows its failures,
+progress and result, and the tubes count their jobs finished and failed."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import redis
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys as KeyPress
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -24,6 +28,7 @@ from tests.support.servers import (
     wait_for_http,
 )
 from tubeq.redisio.process import free_port
+from tubeq.store.keys import JobField, Keys
 
 # How long the page may take to show a change (it refreshes every second).
 PAGE_WAIT_S = 20
@@ -42,7 +47,7 @@ class Wire:
             self.buf += self.sock.recv(65536)
         reply, self.buf = self.buf.split(b"\r\n", 1)
         words = reply.split()
-        if words and words[0] in (b"RESERVED", b"FOUND", b"OK"):
+        if words and words[0] in (b"RESERVED", b"FOUND", b"OK", b"ENDED"):
             size = int(words[-1]) + 2
             while len(self.buf) < size:
                 self.buf += self.sock.recv(65536)
@@ -178,3 +183,124 @@ def test_an_unknown_tube_page_says_so(dashboard: tuple[ServerProcess, str],
     _, url = dashboard
     browser.get(f"{url}/tubes/nosuch")
     wait_for(browser, "p.error", "No tube named 'nosuch'")
+
+
+def test_a_jobs_page_follows_its_failures_progress_and_result(
+        dashboard: tuple[ServerProcess, str], browser: WebDriver) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        assert wire.ask(b"use answers") == b"USING answers\r\n"
+        job_id = wire.ask(b"put 0 0 60 8", b"question").split()[1]
+        jid = job_id.decode()
+        wire.ask(b"watch answers")
+        assert wire.ask(b"reserve-with-timeout 0").startswith(b"RESERVED " + job_id)
+        assert wire.ask(b"fail " + job_id + b" 4", b"boom") == b"FAILED\r\n"
+
+        # Found by its id from the tube list.
+        browser.get(url + "/")
+        wait_for(browser, '#tubes tr[data-tube="answers"] td.failed', "1")
+        wait_for(browser, '#tubes tr[data-tube="answers"] td.finished', "0")
+        browser.find_element(By.ID, "find-job-id").send_keys(jid + KeyPress.ENTER)
+        wait_for(browser, "#job-id", jid)
+        wait_for(browser, '#job-fields tr[data-key="failures"] td', "1")
+        wait_for(browser, '#job-fields tr[data-key="error"] td', "boom")
+        wait_for(browser, '#job-fields tr[data-key="state"] td', "ready")
+        wait_for(browser, "#body", "question")
+        wait_for(browser, "#result", "not ended yet")
+
+        # Its progress as it is reported, then its result once finished, without a reload.
+        assert wire.ask(b"reserve-with-timeout 0").startswith(b"RESERVED " + job_id)
+        wait_for(browser, '#job-fields tr[data-key="state"] td', "reserved")
+        assert wire.ask(b"progress " + job_id + b" 3", b"1/2") == b"TOUCHED\r\n"
+        wait_for(browser, "#progress", "report 1: 1/2")
+        assert wire.ask(b"progress " + job_id + b" 3", b"2/2") == b"TOUCHED\r\n"
+        wait_for(browser, "#progress", "report 2: 2/2")
+        assert wire.ask(b"finish " + job_id + b" 6", b"answer") == b"FINISHED\r\n"
+        wait_for(browser, "#job-state", "ended: finished")
+        wait_for(browser, "#result", "answer")
+        wait_for(browser, "#body", "gone with the job")
+
+        # The tube list counts it finished.
+        browser.get(url + "/")
+        wait_for(browser, '#tubes tr[data-tube="answers"] td.finished', "1")
+        wait_for(browser, '#tubes tr[data-tube="answers"] td.failed', "1")
+    finally:
+        wire.close()
+
+
+def test_a_job_deleted_while_its_page_is_open_shows_how_it_ended(
+        dashboard: tuple[ServerProcess, str], browser: WebDriver) -> None:
+    """The page waits for the job (as it says): a delete's end, kept only for a job somebody
+    waits for, is kept and shown."""
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        job_id = wire.ask(b"put 0 0 60 1", b"x").split()[1]
+        browser.get(f"{url}/jobs/{job_id.decode()}")
+        wait_for(browser, '#job-fields tr[data-key="state"] td', "ready")
+
+        # Until the page's long poll is in: it marked the job (a wait of our own would too).
+        job_key = Keys(server.extra["prefix"]).job(int(job_id))
+        client = redis.Redis.from_url(server.extra["redis_url"])
+        try:
+            WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.05).until(
+                lambda _: client.hget(job_key, JobField.WAITED) is not None,
+                "the job page never waited for the job")
+        finally:
+            client.close()
+        assert wire.ask(b"delete " + job_id) == b"DELETED\r\n"
+        wait_for(browser, "#job-state", "ended: deleted")
+        wait_for(browser, "#result", "(empty)")
+    finally:
+        wire.close()
+
+
+def read_page(url: str) -> tuple[int, str]:
+    """A page as served (no script run): its status and text."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as page:
+            return page.status, page.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_job_page_and_the_tube_list_as_served(dashboard: tuple[ServerProcess, str]) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        assert wire.ask(b"use served") == b"USING served\r\n"
+        job_id = wire.ask(b"put 0 0 60 4", b"<i>?").split()[1]
+        wire.ask(b"watch served")
+        assert wire.ask(b"reserve-with-timeout 0").startswith(b"RESERVED " + job_id)
+        assert wire.ask(b"fail " + job_id + b" 10", b"<b>bad</b>") == b"FAILED\r\n"
+        jid = job_id.decode()
+        status, page = read_page(f"{url}/jobs/{jid}")
+        assert status == 200
+        assert '<tr data-key="failures"><th>failures</th><td>1</td></tr>' in page, page
+        assert '<td>&lt;b&gt;bad&lt;/b&gt;</td>' in page and "<b>bad" not in page
+        assert '<pre id="body">&lt;i&gt;?</pre>' in page
+        assert '<td><a href="/tubes/served">served</a></td>' in page
+        assert '<pre id="result">not ended yet</pre>' in page
+        # In the tube's page its id links to its own.
+        _, tube_page = read_page(f"{url}/tubes/served")
+        assert f'<a href="/jobs/{jid}">{jid}</a>' in tube_page
+
+        assert wire.ask(b"reserve-with-timeout 0").startswith(b"RESERVED " + job_id)
+        assert wire.ask(b"finish " + job_id + b" 7", b"<done/>") == b"FINISHED\r\n"
+        status, page = read_page(f"{url}/jobs/{jid}")
+        assert status == 200
+        assert '<span id="job-state" class="badge">ended: finished</span>' in page
+        assert '<tr data-key="ended"><th>ended</th><td>finished</td></tr>' in page
+        assert '<pre id="result">&lt;done/&gt;</pre>' in page
+        assert '<pre id="body">(gone with the job)</pre>' in page
+
+        _, index = read_page(f"{url}/")
+        row = index.split('<tr data-tube="served">', 1)[1].split("</tr>", 1)[0]
+        assert '<td class="finished">1</td><td class="failed">1</td>' in row, row
+    finally:
+        wire.close()
+    status, page = read_page(f"{url}/jobs/4242")
+    assert status == 404 and "No job 4242, and no end of it kept." in page
+    status, page = read_page(f"{url}/jobs/abc")
+    assert status == 400 and "bad job id" in page

@@ -27,8 +27,41 @@ async function api(method, path, body) {
   const response = await fetch(path, init);
   if (response.status === 204) return null;
   const data = await response.json();
-  if (!response.ok) throw new Error(data.error || response.statusText);
+  if (!response.ok) {
+    const error = new Error(data.error || response.statusText);
+    error.status = response.status;
+    throw error;
+  }
   return data;
+}
+
+function withToken(path) {
+  return path + (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "");
+}
+
+function tubePath(name) {
+  return withToken("/tubes/" + encodeURIComponent(name));
+}
+
+function jobPath(id) {
+  return withToken("/jobs/" + encodeURIComponent(id));
+}
+
+function link(text, href) {
+  const a = document.createElement("a");
+  a.href = href;
+  a.textContent = text;
+  return a;
+}
+
+// A body or a result: its text, else (not UTF-8) its base64.
+function dataText(text, base64) {
+  if (text === null) return "(binary, base64) " + base64;
+  return text === "" ? "(empty)" : text;
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 function cell(text, className) {
@@ -55,11 +88,7 @@ function tubeLink(name) {
     em.textContent = "other tubes";
     td.appendChild(em);
   } else {
-    const a = document.createElement("a");
-    a.href = "/tubes/" + encodeURIComponent(name) +
-      (TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "");
-    a.textContent = name;
-    td.appendChild(a);
+    td.appendChild(link(name, tubePath(name)));
   }
   return td;
 }
@@ -89,6 +118,9 @@ async function refreshTubes() {
     tr.appendChild(cell(t.reserved, "reserved"));
     tr.appendChild(cell(t.delayed, "delayed"));
     tr.appendChild(cell(t.buried, "buried"));
+    // null in the row that sums the tubes past the cap: their counters are not summed
+    tr.appendChild(cell(t.finished === null ? "\u2013" : t.finished, "finished"));
+    tr.appendChild(cell(t.failed === null ? "\u2013" : t.failed, "failed"));
     tr.appendChild(cell(rate(t.total_jobs, before && before.total_jobs, seconds), "puts"));
     tr.appendChild(cell(rate(t.deletes, before && before.deletes, seconds), "deletes"));
     tr.appendChild(cell(waitText(t, before), "wait"));
@@ -155,7 +187,9 @@ async function refreshTube(tube) {
     const rows = data.jobs.map((j) => {
       const tr = document.createElement("tr");
       tr.id = "job-" + j.id;
-      tr.appendChild(cell(j.id));
+      const id = document.createElement("td");
+      id.appendChild(link(j.id, jobPath(j.id)));
+      tr.appendChild(id);
       tr.appendChild(cell(j.pri));
       tr.appendChild(cell(j.reserves));
       tr.appendChild(cell(j.body !== null ? j.body : "(binary) " + j.body_base64, "body"));
@@ -173,9 +207,16 @@ async function refreshTube(tube) {
 async function jobAction(action, id, tube) {
   if (action === "peek") {
     const job = await api("GET", "/api/jobs/" + id);
-    document.getElementById("peek").textContent =
-      "job " + job.id + " (" + job.state + ", pri " + job.pri + ", reserves " + job.reserves +
-      ")\n\n" + (job.body !== null ? job.body : "(binary, base64) " + job.body_base64);
+    if (job.ended !== undefined) {
+      document.getElementById("peek").textContent =
+        "job " + job.id + " ended: " + job.ended + "\n\n" + dataText(job.data, job.data_base64);
+    } else {
+      const failed = job.failures ?
+        ", failures " + job.failures + ", last error: " + job.error : "";
+      document.getElementById("peek").textContent =
+        "job " + job.id + " (" + job.state + ", pri " + job.pri + ", reserves " + job.reserves +
+        failed + ")\n\n" + (job.body !== null ? job.body : "(binary, base64) " + job.body_base64);
+    }
   } else if (action === "kick") {
     await api("POST", "/api/jobs/" + id + "/kick");
     status("kicked job " + id);
@@ -200,6 +241,85 @@ async function tubeAction(id, tube) {
   await refreshTube(tube);
 }
 
+// -- one job --------------------------------------------------------------------------------
+
+// One long poll of the job's progress and end (the route takes up to 600000 ms).
+const FOLLOW_MS = 25000;
+// Fields of the job JSON shown apart from its table.
+const JOB_APART = new Set(["id", "body", "body_base64", "data", "data_base64"]);
+
+function jobStatus(text) {
+  document.getElementById("status").textContent = text;
+  document.getElementById("status").className = text ? "error" : "";
+}
+
+// The job's fields, body and result from its JSON (GET /api/jobs/<id>): as the page was
+// served, so a job that ends shows how, and its result, without a reload.
+async function refreshJob(id) {
+  let job;
+  try {
+    job = await api("GET", "/api/jobs/" + id);
+  } catch (e) {
+    jobStatus(e.status === 404 ? "no job " + id + ", and no end of it kept" : e.message);
+    return;
+  }
+  jobStatus("");
+  const rows = [];
+  for (const [key, value] of Object.entries(job)) {
+    if (JOB_APART.has(key)) continue;
+    const tr = document.createElement("tr");
+    tr.dataset.key = key;
+    const th = document.createElement("th");
+    th.textContent = key;
+    tr.appendChild(th);
+    if (key === "tube") {
+      const td = document.createElement("td");
+      td.appendChild(link(value, tubePath(value)));
+      tr.appendChild(td);
+    } else {
+      tr.appendChild(cell(value));
+    }
+    rows.push(tr);
+  }
+  document.querySelector("#job-fields tbody").replaceChildren(...rows);
+  const ended = job.ended !== undefined;
+  document.getElementById("job-state").textContent = ended ? "ended: " + job.ended : job.state;
+  document.getElementById("result").textContent =
+    ended ? dataText(job.data, job.data_base64) : "not ended yet";
+  document.getElementById("body").textContent =
+    ended ? "(gone with the job)" : dataText(job.body, job.body_base64);
+}
+
+// Follow the job's progress and its end through the result route's long poll (a wait: the
+// job is marked, so its end is kept for --result-ttl, which the page says). Each answer with
+// progress P asks for the reports after P; an end refreshes the fields at once.
+async function followJob(id) {
+  let seen = 0;
+  for (;;) {
+    let answer;
+    try {
+      answer = await api("GET", "/api/jobs/" + id + "/result?wait-ms=" + FOLLOW_MS +
+                         "&progress=" + seen);
+    } catch (e) {
+      if (e.status === 404) return;  // no such job, no end kept: refreshJob says so
+      await sleep(REFRESH_MS);  // the server away, or Redis: ask again
+      continue;
+    }
+    if (answer === null) continue;  // 204: nothing new within FOLLOW_MS
+    if (answer.progress !== undefined) {
+      seen = answer.progress;
+      document.getElementById("progress").textContent =
+        "report " + seen + ": " + dataText(answer.data, answer.data_base64);
+      continue;
+    }
+    await refreshJob(id);
+    if (answer.ended !== "buried") return;
+    // A buried job answers "buried" at once while it lies there: ask again in a while (a kick
+    // makes it wait again).
+    await sleep(REFRESH_MS);
+  }
+}
+
 // -- start ----------------------------------------------------------------------------------
 
 function every(fn) {
@@ -213,6 +333,14 @@ document.addEventListener("DOMContentLoaded", () => {
   if (page === "index") {
     every(refreshTubes);
     every(refreshServers);
+    document.getElementById("find-job").addEventListener("submit", (event) => {
+      event.preventDefault();
+      window.location.href = jobPath(document.getElementById("find-job-id").value);
+    });
+  } else if (page === "job") {
+    const id = document.body.dataset.job;
+    every(() => refreshJob(id));
+    followJob(id).catch((e) => console.error(e));
   } else if (page === "tube") {
     const tube = document.body.dataset.tube;
     every(() => refreshTube(tube));
