@@ -69,7 +69,7 @@ async def test_max_tries_reached_through_ttr_timeouts_buries_with_a_reason(env: 
     job = await info(env, job_id)
     assert (job.state, job.timeouts, job.buries) == ("buried", 2, 1)
     assert await policies(env, job_id) == JobPolicies("max-tries", 2, 2, 0, "")
-    assert await env.store.tube_policy_counts("default") == [0, 1, 0, 0, 0]
+    assert await env.store.tube_policy_counts("default") == [0, 1, 0, 0, 0, 0, 0]
     _, named = await env.store.server_counts()
     assert named["job-timeouts"] == 2  # still beanstalkd's timeouts
     if env.store.events_maxlen:
@@ -90,7 +90,7 @@ async def test_max_tries_reached_through_releases_from_the_tube_setting(env: Env
         assert job.state == expected
     assert (job.releases, job.pri) == (2, 7)
     assert await policies(env, job_id) == JobPolicies("max-tries", 2, 2, 0, "")
-    assert await env.store.tube_policy_counts("work") == [0, 1, 0, 0, 0]
+    assert await env.store.tube_policy_counts("work") == [0, 1, 0, 0, 0, 0, 0]
 
 
 async def test_a_delayed_release_at_max_tries_is_buried_not_delayed(env: Env) -> None:
@@ -213,7 +213,7 @@ async def test_ttl_expiry_buries_with_reason_expired_in_any_state(env: Env, stat
         assert (p.reason, job.buries) == ("", 1)
     else:
         assert (p.reason, p.expires_at_ms, job.buries) == ("expired", 0, 1)
-        assert await env.store.tube_policy_counts("default") == [1, 0, 0, 0, 0]
+        assert await env.store.tube_policy_counts("default") == [1, 0, 0, 0, 0, 0, 0]
     assert await env.raw.zcard(env.keys.ttl) == 0
 
 
@@ -306,7 +306,7 @@ async def test_a_duplicate_put_answers_the_living_jobs_id_and_enqueues_nothing(e
     assert await env.store.peek_key("order:42") == (first, b"body")
     assert await env.put() == first + 1  # no id was used up by the duplicate
     assert await env.raw.exists(env.keys.tube("other")) == 0  # nor a tube made
-    assert await env.store.tube_policy_counts("orders") == [0, 0, 1, 0, 0]
+    assert await env.store.tube_policy_counts("orders") == [0, 0, 1, 0, 0, 0, 0]
     assert (await policies(env, first)).key == "order:42"
     if env.store.events_maxlen:
         dedup = [e for e in await events(env) if e.event == "deduplicated"]

@@ -97,8 +97,21 @@ async def env(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[E
         yield opened
 
 
+async def put_after(env: Env, *parents: int, delay_ms: int = 0) -> int:
+    """A job put with after= ``parents`` (its parents' ends kept an hour)."""
+    opts: tuple[tuple[str, int | str], ...] = (
+        ("after", ",".join(map(str, parents))), ("after-keep", 3_600_000))
+    if delay_ms:
+        opts = (("delay-ms", delay_ms), *opts)
+    outcome = await env.store.put_with("default", 0, 0, 60, b"child", opts)
+    assert outcome.inserted, outcome
+    return outcome.id
+
+
 async def bring_to(env: Env, state: JobState | None) -> int:
-    """A job in ``state`` (reserved by ALICE when reserved)."""
+    """A job in ``state`` (reserved by ALICE when reserved; held after a ready parent)."""
+    if state is JobState.HELD:
+        return await put_after(env, await env.put())
     if state is JobState.DELAYED:
         return await env.put(delay=10)
     job_id = await env.put()
@@ -139,13 +152,50 @@ async def perform(env: Env, op: str, job_id: int) -> None:
         assert await s.disconnect(ALICE, False, False, [job_id]) == 1
     elif op == "delete":
         assert await s.delete(ALICE, job_id)
+    elif op == "cancel":
+        assert await s.cancel(job_id) == 1
+    elif op.startswith(("last parent finished", "a parent failed")):  # parent: job_id - 1
+        parent = job_id - 1
+        if op == "a parent failed":
+            assert await s.delete(BOB, parent)  # deleted unrun: not finished
+        else:
+            assert (await env.reserve()).id == parent
+            assert await s.finish(ALICE, parent, b"done", 3_600_000) is not False
+        assert (await s.tell_children())[0] == 1
     else:
         raise AssertionError(op)
 
 
+@pytest.mark.parametrize("failed", [False, True])
+async def test_a_held_job_with_a_delay_is_delayed_when_its_parent_finishes(
+        env: Env, failed: bool) -> None:
+    parent = await env.put()
+    child = await put_after(env, parent, delay_ms=5000)
+    assert (await env.reserve()).id == parent
+    if failed:
+        assert await env.store.bury(ALICE, parent, 0)
+    else:
+        assert await env.store.finish(ALICE, parent, b"ok", 3_600_000) is not False
+    assert (await env.store.tell_children())[1] == (0 if failed else env.clock.now_ms + 5000)
+    assert await env.state(child) is TRANSITIONS[
+        (JobState.HELD, "a parent failed" if failed else "last parent finished delay>0")]
+
+
+async def test_put_after_states(env: Env) -> None:
+    parent = await env.put()
+    assert await env.state(await put_after(env, parent)) is \
+        TRANSITIONS[(None, "put after=living parent")]
+    assert await env.store.delete(BOB, parent)  # gone unfinished, its end kept (it was waited)
+    assert await env.state(await put_after(env, parent)) is \
+        TRANSITIONS[(None, "put after=failed parent")]
+
+
 @pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])
 async def test_transition_table(env: Env, before: JobState, op: str) -> None:
-    job_id = await bring_to(env, before)
+    if op == "last parent finished delay>0":  # a held job with a delay of its own
+        job_id = await put_after(env, await env.put(), delay_ms=5000)
+    else:
+        job_id = await bring_to(env, before)
     assert await env.state(job_id) is before
     await perform(env, op, job_id)
     assert await env.state(job_id) is TRANSITIONS[(before, op)]

@@ -69,7 +69,8 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
                          # admin verbs (issue 10 part 6)
                          "clear_tube", "change_pri", "change_delay",
                          "schedule_tick",  # recurring jobs: a tick puts a job
-                         "finish", "fail", "cancel", "progress"}  # ends (wait: a read that marks)
+                         "finish", "fail", "cancel", "progress",  # ends (wait: a read that marks)
+                         "after_end"}  # dependencies: a held child told its parent ended
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source
 
@@ -142,7 +143,7 @@ def _job_hash_calls(text: str) -> list[str]:
 def test_scripts_name_the_job_records_fields_by_their_constants() -> None:
     # The job record's fields are named once (lua/includes/job_record.lua); a letter written
     # at a call site would be a field that table does not document. The only quoted words
-    # left in such a call are state names ('ready', 'delayed', 'reserved', 'buried').
+    # left in such a call are state names ('ready', 'delayed', 'reserved', 'buried', 'held').
     folder = resources.files("tubeq.store").joinpath("lua")
     files = [*folder.iterdir(), *folder.joinpath("includes").iterdir()]
     calls = [c for f in files if f.name.endswith(".lua") for c in _job_hash_calls(f.read_text())]
@@ -150,7 +151,7 @@ def test_scripts_name_the_job_records_fields_by_their_constants() -> None:
     for call in calls:
         assert set(re.findall(r"'(\w*)'", call)) <= {"HSET", "HMGET", "HGET", "HDEL", "HINCRBY",
                                                        "HEXISTS", "ready", "delayed", "reserved",
-                                                       "buried"}, call
+                                                       "buried", "held"}, call
 
 
 def test_the_library_places_every_include_in_its_order() -> None:

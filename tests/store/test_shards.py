@@ -83,7 +83,10 @@ def _declared(protocol: type) -> set[str]:
 SPLIT_ONLY = {"count", "home", "shards", "of_tube", "of_id", "rebind"}
 # Store's own members: one Redis root's client, keys and script loading, which a split store
 # holds per shard.
-ROOT_ONLY = {"client", "events_maxlen", "holds_default", "wants_functions", "calls_functions"}
+ROOT_ONLY = {"client", "events_maxlen", "holds_default", "wants_functions", "calls_functions",
+             # the steps of a dependency that span shards (put-with after=), which the split
+             # store calls shard by shard: ShardedStore._put_after_far, tell_children
+             "add_child", "parent_ends", "after_end"}
 
 
 async def test_every_store_call_is_routed() -> None:

@@ -86,6 +86,7 @@ from tubeq.client.errors import (
     ProtocolError,
     TimedOut,
     UnknownCommand,
+    UnknownParent,
 )
 from tubeq.client.job import Job
 from tubeq.client.parser import JOB_TEXT_KEYS as JOB_TEXT_KEYS
@@ -119,3 +120,4 @@ from tubeq.client.schedules import Schedule
 __all__ += ["BadOption", "Schedule"]
 __all__ += ["BlockingClient", "CallTimedOut", "Ended", "JobCancelled",  # jobs that answer
             "JobNotFinished", "Progress"]
+__all__ += ["UnknownParent"]  # dependencies: put-with after=

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import re
 
-from tubeq.client.errors import ERRORS, BadOption, Buried, InternalError, ProtocolError
+from tubeq.client.errors import (
+    ERRORS,
+    BadOption,
+    Buried,
+    InternalError,
+    ProtocolError,
+    UnknownParent,
+)
 from tubeq.client.parser import Reply
 from tubeq.client.wire import U32_MAX, U64_MAX
 
@@ -44,6 +51,8 @@ def _expect(reply: Reply, command: str, *words: bytes) -> None:
     error = ERRORS.get(reply.word)
     if error is Buried:
         raise Buried(command, reply.int_arg(0) if reply.args else None)
+    if error is UnknownParent:
+        raise UnknownParent(command, reply.int_arg(0))
     if error is BadOption or error is InternalError:  # with the word that names what failed
         raise error(command, reply.args[0].decode("ascii", "replace") if reply.args else "")
     if error is not None:

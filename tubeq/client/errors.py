@@ -175,6 +175,18 @@ class BadOption(CommandError):
         CommandError.__init__(self, command, f" {option}" if option else "")
 
 
+class UnknownParent(CommandError):
+    """UNKNOWN_PARENT <id>: a put-with ``after=`` names job ``parent``, which tubeq does not
+    know (never put, or ended without a kept end: a finished job's end is kept for the
+    server's --result-ttl). Nothing was stored."""
+
+    reply = b"UNKNOWN_PARENT\r\n"
+
+    def __init__(self, command: str, parent: int = 0) -> None:
+        self.parent = parent
+        CommandError.__init__(self, command, f" {parent}" if parent else "")
+
+
 # The one table from error reply to exception. A word in it answers any command with its
 # exception, unless that command expects the word as success (``bury`` expects BURIED).
 ERRORS: Final[Mapping[bytes, type[CommandError]]] = {
@@ -192,5 +204,6 @@ ERRORS: Final[Mapping[bytes, type[CommandError]]] = {
     _word(replies.BURIED): Buried,
     b"BAD_OPTION": BadOption,  # job policies (tubeq extensions)
     b"CANCELLED": JobCancelled,  # ends (tubeq): touch, finish or fail of a cancelled job
+    b"UNKNOWN_PARENT": UnknownParent,  # dependencies (tubeq): put-with after=
 }
 assert set(ERRORS) <= set(REPLY_ARITY), "every error word must be in the reply grammar"

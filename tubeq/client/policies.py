@@ -7,11 +7,12 @@ a value the server would refuse with ``BAD_OPTION``) and builds the command line
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from tubeq.client.args import _uint
-from tubeq.client.wire import U32_MAX
+from tubeq.client.wire import U32_MAX, U64_MAX
 
 # The longest duration in ms the server takes (beanstalkd's u32 seconds, in ms).
 MAX_MS: Final = U32_MAX * 1000
@@ -35,9 +36,21 @@ def _key(key: str) -> bytes:
     return data
 
 
+# after=: at most this many parents (the server's tubeq.model.options.MAX_PARENTS).
+MAX_PARENTS: Final = 1000
+
+
+def _after(parents: Sequence[int]) -> bytes:
+    ids = list(dict.fromkeys(_uint(p, "after", U64_MAX) for p in parents))
+    if not 1 <= len(ids) <= MAX_PARENTS or 0 in ids:
+        raise ValueError(f"after: 1 to {MAX_PARENTS} job ids, each at least 1")
+    return b",".join(b"%d" % p for p in ids)
+
+
 def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | None,
                   max_tries: int | None, backoff_ms: int | None, backoff_max_ms: int | None,
-                  ttl_ms: int | None, on_expire: str | None, key: str | None) -> bytes:
+                  ttl_ms: int | None, on_expire: str | None, key: str | None,
+                  after: Sequence[int] | None = None) -> bytes:
     """The ``put-with`` command line (CRLF included) for these arguments and options."""
     if delay_ms is not None and delay:
         raise ValueError("give delay (s) or delay_ms, not both")
@@ -55,6 +68,8 @@ def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | 
         line += b" on-expire=" + on_expire.encode()
     if key is not None:
         line += b" key=" + _key(key)
+    if after is not None:
+        line += b" after=" + _after(after)
     return line + b"\r\n"
 
 

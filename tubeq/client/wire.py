@@ -111,6 +111,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     _word(replies.TIMED_OUT): frozenset({0}),
     # job policies and deduplicated put
     DUPLICATE: frozenset({1}),
+    b"UNKNOWN_PARENT": frozenset({1}),  # dependencies: put-with after= names no known job
     BAD_OPTION: frozenset({0, 1}),  # the option's name; a bare word is still the error
     # admin verbs (tubeq)
     CLEARED: frozenset({1}),

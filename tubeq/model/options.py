@@ -44,18 +44,38 @@ MAX_MS: Final = (2**32 - 1) * 1000
 U32_MAX: Final = 2**32 - 1
 
 
+# after=: at most this many parents, each a job id (1 to 2^64-1), joined by commas. A fan-in
+# of a thousand fits the line (protocol.limits.EXT_LINE_MAX: 1,000 ids of 15 digits) and one
+# script call checks them all (put.lua, includes/after.lua).
+MAX_PARENTS: Final = 1000
+_ID: Final = re.compile(rb"[1-9][0-9]{0,19}")
+U64_MAX: Final = 2**64 - 1
+
+
+def _job_ids(raw: bytes) -> str | None:
+    """``after=``'s value: the ids in the order given, once each, joined by commas."""
+    parts = raw.split(b",")
+    if len(parts) > MAX_PARENTS or any(_ID.fullmatch(p) is None or int(p) > U64_MAX
+                                       for p in parts):
+        return None
+    return ",".join(dict.fromkeys(p.decode("ascii") for p in parts))
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
-    """One option: an unsigned integer up to ``maximum``, one of ``choices``, a key, or a tube
-    name."""
+    """One option: an unsigned integer up to ``maximum``, one of ``choices``, a key, a tube
+    name, or a list of job ids."""
 
     maximum: int = 0
     choices: tuple[str, ...] = ()
     key: bool = False
     tube: bool = False
+    ids: bool = False
 
     def convert(self, raw: bytes) -> OptionValue | None:
         """The value of ``raw``, or None if it is not one this option takes."""
+        if self.ids:
+            return _job_ids(raw)
         if self.key:
             return raw.decode("ascii") if _KEY.fullmatch(raw) else None
         if self.tube:
@@ -85,13 +105,15 @@ JOB_POLICIES: Final[Mapping[str, Spec]] = {
     "on-expire": Spec(choices=("bury", "delete")),
 }
 
-# A put's own options besides the job policies: its delay in ms, a dedupe key, and wait-ms
-# (put, then wait for the job's end that long, in one command: request/reply).
+# A put's own options besides the job policies: its delay in ms, a dedupe key, wait-ms (put,
+# then wait for the job's end that long, in one command: request/reply) and after (held until
+# those jobs finished: dependencies).
 PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "delay-ms": _MS,
     **JOB_POLICIES,
     "key": Spec(key=True),
     "wait-ms": _MS,
+    "after": Spec(ids=True),
 }
 # put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its
@@ -104,6 +126,9 @@ WAIT_OPTIONS: Final[Mapping[str, Spec]] = {
 # The option a put-with's wait-ms becomes for the store: mark the job waited from its birth
 # (ms to keep its end; lua/includes/policies.lua start_policies).
 WAITED: Final = "waited"
+# The option put-with's after= brings the store besides it: how long (ms) the parents' ends are
+# kept (the result lifetime: a child reads its parents' results with wait).
+AFTER_KEEP: Final = "after-keep"
 
 # Per tube: the job policies' defaults, plus the tube's reserve rate limit (reserves per second
 # across all processes), concurrency cap (jobs reserved at once) and the most jobs it may hold

@@ -10,12 +10,14 @@ from enum import StrEnum
 
 
 class JobState(StrEnum):
-    """The four states; values are the wire names used in stats-job."""
+    """The states; values are the wire names used in stats-job. beanstalkd has the first four;
+    a job is HELD only when it was put with ``after=`` (protocol.md "Dependencies")."""
 
     READY = "ready"
     DELAYED = "delayed"
     RESERVED = "reserved"
     BURIED = "buried"
+    HELD = "held"
 
 
 # (state before or None for a new job, operation name, variant) -> state after or None (deleted).
@@ -41,4 +43,12 @@ TRANSITIONS: dict[tuple[JobState | None, str], JobState | None] = {
     (JobState.DELAYED, "delete"): None,
     (JobState.RESERVED, "delete"): None,
     (JobState.BURIED, "delete"): None,
+    # put-with after= (lua/includes/after.lua): held until every parent finished
+    (None, "put after=living parent"): JobState.HELD,
+    (None, "put after=failed parent"): JobState.BURIED,
+    (JobState.HELD, "last parent finished"): JobState.READY,
+    (JobState.HELD, "last parent finished delay>0"): JobState.DELAYED,
+    (JobState.HELD, "a parent failed"): JobState.BURIED,
+    (JobState.HELD, "delete"): None,
+    (JobState.HELD, "cancel"): None,
 }

@@ -440,13 +440,13 @@ def _schedule_remove(args: bytes) -> Command:
 # tube-resume. Positional arguments only, separated by spaces as beanstalkd's are.
 
 
-# What clear-tube may clear: one state, or all three a worker does not hold. Reserved jobs are
+# What clear-tube may clear: one state, or all four a worker does not hold. Reserved jobs are
 # never cleared (protocol.md, "clear-tube").
 _CLEAR_STATES: Final[Mapping[bytes, tuple[str, ...]]] = {
-    b"ready": ("ready",), b"delayed": ("delayed",), b"buried": ("buried",),
-    b"all": ("ready", "delayed", "buried"),
+    b"ready": ("ready",), b"delayed": ("delayed",), b"buried": ("buried",), b"held": ("held",),
+    b"all": ("ready", "delayed", "buried", "held"),
 }
-_LIST_STATES: Final = frozenset({b"ready", b"delayed", b"buried", b"reserved"})
+_LIST_STATES: Final = frozenset({b"ready", b"delayed", b"buried", b"reserved", b"held"})
 # A list-jobs cursor: 0 (the start), or the score and id of the last job seen. '-' and not ':'
 # joins them, so a YAML reader takes the cursor for a string (1024:57 is a YAML 1.1 number).
 _CURSOR: Final = re.compile(rb"([0-9]{1,16})-([0-9]{1,20})")

@@ -64,6 +64,12 @@ def duplicate(job_id: int) -> bytes:
     return b"DUPLICATE %d\r\n" % job_id
 
 
+def unknown_parent(job_id: int) -> bytes:
+    """put-with after=...: tubeq knows no job ``job_id`` (never put, or ended without an end
+    kept); nothing was enqueued."""
+    return b"UNKNOWN_PARENT %d\r\n" % job_id
+
+
 def reserved(job_id: int, body: bytes) -> bytes:
     return b"RESERVED %d %d\r\n%s\r\n" % (job_id, len(body), body)
 

@@ -390,7 +390,8 @@ def _auth(conn: Session, cmd: c.Auth) -> Reply:
 
 # stats-tube's extra keys of the job policies, in Store.tube_policy_counts order.
 TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplicated",
-                        "total-finished", "total-failed")
+                        "total-finished", "total-failed", "current-jobs-held",
+                        "total-parent-failed")
 
 
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
@@ -421,6 +422,8 @@ def _put_and_wait_reply(outcome: tuple[PutOutcome, JobEnd | Progress | bool | No
 
 
 def _put_with_reply(outcome: PutOutcome) -> bytes:
+    if outcome.unknown_parent:
+        return replies.unknown_parent(outcome.unknown_parent)
     if outcome.id <= 0:
         return _PUT_REFUSED[outcome.id]
     return replies.inserted(outcome.id) if outcome.inserted else replies.duplicate(outcome.id)

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from tubeq.model.options import WAITED, Options
+from tubeq.model.options import AFTER_KEEP, WAITED, Options
 from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
@@ -73,6 +73,8 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
         refused.set_result(PutOutcome(NAMESPACE_FULL, False))
         return refused
     opts = dict(options)
+    if "after" in opts:  # the parents' ends are kept as long as results are (wait reads them)
+        options = (*options, (AFTER_KEEP, ctx.result_ttl_ms))
     delay_ms = int(opts.get("delay-ms", delay * 1000))
     ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
     now = store.clock()

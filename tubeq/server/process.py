@@ -70,6 +70,7 @@ from tubeq.server.listeners import (
     unix_socket,
 )
 from tubeq.server.metrics import DEFAULT_MAX_TUBES, Metrics
+from tubeq.server.parents import ParentEnds
 from tubeq.server.scheduler import Scheduler, ShardSchedulers
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
@@ -259,6 +260,7 @@ class Server:
         self._grants: dict[bytes, WaiterRegistry] = {}  # grant channel -> the same
         self._dues: dict[bytes, Scheduler] = {}  # due channel -> its namespace's scheduler
         self._ends: dict[bytes, EndWaits] = {}  # ended channel -> its namespace's waits
+        self._parent_ends: dict[bytes, ParentEnds] = {}  # parent_ends channel -> its drain
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -372,6 +374,7 @@ class Server:
         for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
             each_client.add_reconnect_callback(ctx.end_waits.wake_all)
         scheduler.when_registration_lost(ctx.restore_registrations)
+        children = ParentEnds(store, scheduler.note_due)
         for each in shard_keys:  # every shard's channels (tubeq.store.shards), or the one root's
             grants = each.grant_channel(self.instance_id).encode()
             self._grants[grants] = registry
@@ -384,7 +387,11 @@ class Server:
             ends = each.ended_channel.encode()  # jobs someone waits for that ended
             self._ends[ends] = ctx.end_waits
             self._subscriber.subscribe(ends)
+            parent_ends = each.parent_ends.encode()  # parents that ended with children held
+            self._parent_ends[parent_ends] = children
+            self._subscriber.subscribe(parent_ends)
         self._tasks.append(asyncio.create_task(scheduler.run(), name=f"tubeq-scheduler-{name}"))
+        self._tasks.append(asyncio.create_task(children.run(), name=f"tubeq-parents-{name}"))
         if config.max_jobs > 0:
             self._tasks.append(asyncio.create_task(self._watch_job_count(ctx),
                                                    name=f"tubeq-max-jobs-{name}"))
@@ -421,6 +428,10 @@ class Server:
         end_waits = self._ends.get(channel)
         if end_waits is not None:  # a job someone waits for ended
             end_waits.ended(*parse_ended(data))
+            return
+        children = self._parent_ends.get(channel)
+        if children is not None:  # a parent ended: its held children are to be told
+            children.heard()
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2

@@ -255,6 +255,11 @@ class JobStore(Protocol):
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
 
+    async def tell_children(self) -> tuple[int, int]:
+        """One batch of the parents' ends on their way to held children (put-with after=),
+        told: the ends handled and the earliest due of a child released into delayed."""
+        ...
+
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]: ...
 

@@ -42,7 +42,12 @@ from enum import StrEnum
 #      lua/includes/jobs.lua), so stats, --max-jobs and the scrapes read no tube list. A
 #      layout-2 build does not keep them: it and a layout-3 build must not serve one namespace
 #      together. Taking over an older namespace counts them once (recount.lua).
-LAYOUT_VERSION = 3
+#   4  Adds job dependencies (put-with after=): the state 'held' (job field 'ad', {p}:af:<id>,
+#      {p}:ch:<id>, {p}:t:<tube>:h, tube fields nheld/npf, counts field 'h') and the parents'
+#      ends on their way to children ({p}:parent_ends). A layout-3 build would take a held job
+#      for a living one it cannot move (reserve-job would run it before its parents) and never
+#      tell a child its parents ended: it must not serve a layout-4 namespace.
+LAYOUT_VERSION = 4
 # The oldest recorded layout this build takes over in place: everything layouts 2 and 3 added is
 # new keys, members and fields, so layout-1 data is valid layout-3 data once recount.lua has
 # counted its jobs by state (tubeq.store.layout). A future layout that cannot read older data
@@ -90,6 +95,7 @@ class JobField(StrEnum):
     CANCELLED = "cx"
     PROGRESS = "pg"
     PROGRESS_SEQ = "ps"
+    AFTER_DELAY = "ad"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +215,26 @@ class Keys:
     def ended_channel(self) -> str:
         """Where a script tells every process that a job someone waits for ended (its id)."""
         return self.root + "ended"
+
+    # -- dependencies (put-with after=, lua/includes/after.lua) ---------------------------------
+
+    def after(self, job_id: int) -> str:
+        """A held job's parents that have not finished yet."""
+        return f"{self.root}af:{job_id}"
+
+    def children(self, job_id: int) -> str:
+        """A living parent's children (ids, on any shard)."""
+        return f"{self.root}ch:{job_id}"
+
+    def held(self, tube: str) -> str:
+        """A tube's held jobs, scored by id."""
+        return f"{self.root}t:{tube}:h"
+
+    @property
+    def parent_ends(self) -> str:
+        """Parents' ends not yet told to their children ('<child> <parent> <1|0>', by when),
+        and the channel that says one was added."""
+        return self.root + "parent_ends"
 
     def grant_channel(self, instance_id: str) -> str:
         """Where put.lua tells a process that one of its waiting connections got a job."""

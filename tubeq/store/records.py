@@ -136,10 +136,34 @@ class InstanceInfo:
 
 @dataclass(frozen=True, slots=True)
 class PutOutcome:
-    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``."""
+    """What a put-with did: ``inserted`` job ``id``, or refused as a duplicate of job ``id``;
+    with ``unknown_parent``, refused because ``after=`` names that job, which tubeq does not
+    know (``id`` is then 0)."""
 
     id: int
     inserted: bool
+    unknown_parent: int = 0
+
+
+# What a parent is for a child about to be put after it (lua/includes/after.lua parent_state).
+PARENT_UNKNOWN, PARENT_LIVING, PARENT_DONE, PARENT_FAILED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class ParentEnd:
+    """A parent's end on its way to a child (lua/includes/ends.lua, K_PARENT_ENDS): ``member``
+    as stored, ``at`` when it was left (ms)."""
+
+    member: str
+    child: int
+    parent: int
+    done: bool  # finished, or deleted by its holder
+    at: int
+
+    @classmethod
+    def parse(cls, member: bytes, score: float) -> ParentEnd:
+        child, parent, done = member.split(b" ")
+        return cls(member.decode(), int(child), int(parent), done == b"1", int(score))
 
 
 @dataclass(frozen=True, slots=True)

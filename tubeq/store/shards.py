@@ -57,6 +57,9 @@ from tubeq.redisio.futures import discard, then
 from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.records import (
+    PARENT_FAILED,
+    PARENT_LIVING,
+    PARENT_UNKNOWN,
     Clock,
     Failed,
     InstanceInfo,
@@ -597,7 +600,65 @@ class ShardedStore:
 
     def put_with(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  opts: Options) -> asyncio.Future[PutOutcome]:
+        after = dict(opts).get("after")
+        if after is not None:
+            parents = [int(p) for p in str(after).split(",")]
+            if any(shard_of_id(p, self.count) != shard_of_tube(tube, self.count)
+                   for p in parents):
+                return asyncio.ensure_future(self._put_after_far(tube, pri, delay, ttr, body,
+                                                                 opts, parents))
         return self.of_tube(tube).put_with(tube, pri, delay, ttr, body, opts)
+
+    async def _put_after_far(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
+                             opts: Options, parents: list[int]) -> PutOutcome:
+        """put-with after= naming parents of other shards than the tube's: the new job's id is
+        taken first, every other shard's living parents learn of it (add_child.lua), and
+        only then is it stored, held, on its own shard, with what they said; so a parent that
+        ends meanwhile leaves its end for a child about to exist (Store.tell_children keeps
+        such an end a while). A refused put takes the child back from the parents it told."""
+        home_index = shard_of_tube(tube, self.count)
+        home = self.shards[home_index]
+        child = await home.burn_id(tube) * self.count + home_index
+        keep = int(dict(opts)["after-keep"])
+        near = [p for p in parents if shard_of_id(p, self.count) == home_index]
+        far: dict[int, list[int]] = {}
+        for p in parents:
+            if shard_of_id(p, self.count) != home_index:
+                far.setdefault(shard_of_id(p, self.count), []).append(p)
+        answers = await asyncio.gather(*(self.shards[k].add_child(child, keep, ps)
+                                         for k, ps in far.items()))
+        living: list[int] = []
+        failed = False
+        unknown = 0
+        for ps, states in zip(far.values(), answers, strict=True):
+            for p, state in zip(ps, states, strict=True):
+                if state == PARENT_LIVING:
+                    living.append(p)
+                elif state == PARENT_FAILED:
+                    failed = True
+                elif state == PARENT_UNKNOWN and not unknown:
+                    unknown = p
+        outcome = PutOutcome(0, False, unknown_parent=unknown)
+        if not unknown:
+            given = [(name, value) for name, value in opts if name != "after"]
+            if near:
+                given.append(("after", ",".join(map(str, near))))
+            if living:
+                given.append(("after-far", ",".join(map(str, living))))
+            if failed:
+                given.append(("after-failed", "1"))
+            given.append(("id", child))
+            outcome = await home.put_with(tube, pri, delay, ttr, body, tuple(given))
+        if not outcome.inserted:  # refused: the parents it told forget it
+            await asyncio.gather(*(self.shards[k].add_child(child, keep, ps, undo=True)
+                                   for k, ps in far.items()))
+        return outcome
+
+    async def tell_children(self) -> tuple[int, int]:
+        """Every shard's parents' ends, one batch each, told to children on any shard."""
+        told = await asyncio.gather(*(s.tell_children(self.of_id) for s in self.shards))
+        dues = [due for _, due in told if due]
+        return sum(n for n, _ in told), min(dues, default=0)
 
     def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]:
         """A dedupe key is unique within a shard (protocol.md, "Shards"): the first shard that

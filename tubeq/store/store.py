@@ -45,6 +45,7 @@ from tubeq.store.records import (
     JobPolicies,
     JobSummary,
     NoJob,
+    ParentEnd,
     Progress,
     PutOutcome,
     Reservation,
@@ -68,6 +69,12 @@ SWEEP_LIMIT = 1000
 # call holds Redis's single thread for more than a few ms (a kick of 1,000 jobs: ~5 ms).
 KICK_CHUNK = 1000
 TUBE_PAGE = 1000
+
+# Dependencies (tell_children): parents' ends drained per call at most, and how long an end
+# whose child is not stored (yet) is kept: tubeq.store.shards registers a child with its
+# parents' shards before it stores the child, a few round trips, never near a minute.
+PARENT_ENDS_BATCH = 200
+UNKNOWN_CHILD_KEEP_MS = 60_000
 
 # pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
 PAUSE_FOREVER_MS = 10**15
@@ -332,6 +339,59 @@ class Store:
                  ) -> asyncio.Future[JobEnd | Progress | bool]:
         extra = () if progress_after is None else (progress_after,)
         return self._eval("wait", job_id, keep_ms, *extra, decode=_job_end)
+
+    # -- dependencies (put-with after=, lua/includes/after.lua) -------------------------------
+
+    def add_child(self, child_id: int, keep_ms: int, parents: Sequence[int], *,
+                  undo: bool = False) -> asyncio.Future[list[int]]:
+        """Tell this shard's living ``parents`` of a child about to be put on another shard:
+        what each is (PARENT_UNKNOWN ... PARENT_FAILED); ``undo``: forget the child again."""
+        return self._eval("add_child", child_id, keep_ms, int(undo), *parents,
+                          decode=lambda r: [int(v) for v in r])
+
+    def parent_ends(self, limit: int) -> asyncio.Future[list[ParentEnd]]:
+        """The oldest parents' ends not yet told to their children."""
+        def decode(r: Any) -> list[ParentEnd]:
+            return [ParentEnd.parse(bytes(r[i]), float(r[i + 1])) for i in range(0, len(r), 2)]
+
+        return self.client.call("ZRANGE", self.keys.parent_ends, 0, limit - 1, "WITHSCORES",
+                                decode=decode)
+
+    def after_end(self, ends: Sequence[ParentEnd]) -> asyncio.Future[tuple[list[bool], int]]:
+        """Tell this shard's children of their parents' ``ends``: per end whether the child was
+        found (False: not stored, or not any more), and the earliest due instant of a child
+        released into delayed (0: none)."""
+        flat = [x for e in ends for x in (e.child, e.parent, int(e.done))]
+        return self._eval("after_end", self.clock(), *flat,
+                          decode=lambda r: ([bool(int(v)) for v in r[:-1]], int(r[-1])))
+
+    async def tell_children(self, store_of: Callable[[int], Store] | None = None,
+                            limit: int = PARENT_ENDS_BATCH) -> tuple[int, int]:
+        """One batch of this shard's parents' ends, told to their children (``store_of``: the
+        store of a child's id, this one by default): the ends handled, and the earliest due
+        instant of a child released into delayed (0: none). An end whose child is not stored
+        stays UNKNOWN_CHILD_KEEP_MS: its put may be on its way (tubeq.store.shards registers a
+        child on its parents' shards before it stores it). Telling twice changes nothing, so
+        any number of processes may drain at once."""
+        ends = await self.parent_ends(limit)
+        if not ends:
+            return 0, 0
+        by_store: dict[int, tuple[Store, list[ParentEnd]]] = {}
+        for end in ends:
+            store = self if store_of is None else store_of(end.child)
+            by_store.setdefault(id(store), (store, []))[1].append(end)
+        told = await asyncio.gather(*(s.after_end(batch) for s, batch in by_store.values()))
+        now = self.clock()
+        handled: list[str] = []
+        earliest = 0
+        for (_, batch), (found, due) in zip(by_store.values(), told, strict=True):
+            handled += [end.member for end, known in zip(batch, found, strict=True)
+                        if known or now - end.at > UNKNOWN_CHILD_KEEP_MS]
+            if due and (not earliest or due < earliest):
+                earliest = due
+        if handled:
+            await self.client.call("ZREM", self.keys.parent_ends, *handled)
+        return len(handled), earliest
 
     def progress(self, token: str, job_id: int, data: bytes, *,
                  behind: int = 0) -> asyncio.Future[int]:
@@ -763,6 +823,8 @@ class Store:
         flat = [x for pair in opts for x in pair]
 
         def decode(r: Any) -> PutOutcome:
+            if isinstance(r, list):  # {'unknown', parent}: after= names a job tubeq does not know
+                return PutOutcome(0, False, unknown_parent=int(r[1]))
             job_id = int(r)
             return PutOutcome(abs(job_id), inserted=job_id > 0)
 
@@ -786,10 +848,12 @@ class Store:
         return self._eval("job_policies", job_id, decode=decode)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
-        """A tube's jobs expired, dead-lettered (max-tries), deduplicated puts, and its jobs
-        finished and failures reported (finish, fail)."""
+        """A tube's jobs expired, dead-lettered (max-tries), deduplicated puts, its jobs
+        finished and failures reported (finish, fail), its jobs held now and buried because a
+        parent failed (put-with after=)."""
         return self.client.call("HMGET", self.keys.tube(tube), "nexp", "ndl", "ndd", "nfin",
-                                "nfail", decode=lambda r: [_as_int(v) for v in r])
+                                "nfail", "nheld", "npf",
+                                decode=lambda r: [_as_int(v) for v in r])
 
 
 def _job_end(r: Any) -> JobEnd | Progress | bool:

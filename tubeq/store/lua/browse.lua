@@ -1,7 +1,7 @@
 --[[ browse: the first jobs of a tube in one state, for the dashboard and the HTTP API's job
 list; changes nothing.
 KEYS[1]  namespace root
-ARGV     tube, state ('ready' | 'delayed' | 'buried' | 'reserved'), limit
+ARGV     tube, state ('ready' | 'delayed' | 'buried' | 'reserved' | 'held'), limit
 Returns  {id, pri, created (ms), due (ms: delayed and reserved, else 0), reserves, body (at
          most 200 bytes), ...} in the state's order: ready by (pri, id), delayed by due time,
          buried in bury order, reserved by deadline
@@ -27,7 +27,7 @@ if state == 'reserved' then
     start = start + 100
   end
 else
-  local key_of = {ready = k_ready, delayed = k_delayed, buried = k_buried}
+  local key_of = {ready = k_ready, delayed = k_delayed, buried = k_buried, held = k_held}
   for _, m in ipairs(rcall('ZRANGE', key_of[state](t), 0, limit - 1)) do ids[#ids + 1] = id_of(m) end
 end
 local out = {}

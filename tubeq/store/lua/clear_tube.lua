@@ -1,7 +1,7 @@
 --[[ clear_tube: delete a tube's jobs in the given states (clear-tube), one batch per call.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube,
-         states (letters: r ready, d delayed, b buried, in the order to clear them),
+         states (letters: r ready, d delayed, b buried, h held, in the order to clear them),
          limit (jobs deleted per call at most), now (ms)
 Returns  {deleted by this call, 1 when those states are now empty else 0}, or {-1, 1} when the
          tube does not exist
@@ -17,7 +17,7 @@ Wakes    nobody: clearing makes no job ready.
 --- @include "policies"
 local t, states, limit, now = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 if rcall('EXISTS', k_tube(t)) == 0 then return {-1, 1} end
-local sets = {r = k_ready, d = k_delayed, b = k_buried}
+local sets = {r = k_ready, d = k_delayed, b = k_buried, h = k_held}
 local deleted, left = 0, 0
 for i = 1, #states do
   local letter = string.sub(states, i, i)
@@ -39,6 +39,10 @@ for i = 1, #states do
       if waited then end_job(id, t, 'deleted', '', now, nil, waited) end
       job_event('deleted', id, now, 0, 0, 'cleared')
       forget_job(id, k_job(id))  -- its dedupe key is free, its TTL entry goes (as delete.lua)
+      if letter == 'h' then
+        rcall('DEL', k_after(id))
+        rcall('HINCRBY', k_tube(t), 'nheld', -1)
+      end
       rcall('DEL', k_job(id))
     end
     if #members > 0 then

@@ -28,7 +28,7 @@ local function delete_one(id)
     JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
-  if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10]) end
+  if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10], state == 'reserved') end
   if not deleted[t] then
     deleted[t], held[t] = 0, 0
     tubes[#tubes + 1] = t

@@ -1,6 +1,6 @@
 --[[ list_jobs: one page of a tube's jobs in one state (list-jobs), after a cursor.
 KEYS[1]  namespace root
-ARGV     tube, state (ready | delayed | buried | reserved), cursor score and cursor id (the
+ARGV     tube, state (ready | delayed | buried | reserved | held), cursor score and cursor id (the
          last job seen; both '' for the first page), count (jobs per page), budget (reserved
          only: index entries examined per call at most)
 Returns  {0} when the tube does not exist, else {1, next score, next id, id, pri, due, ...}:
@@ -8,7 +8,7 @@ Returns  {0} when the tube does not exist, else {1, next score, next id, id, pri
          id, priority and due time (delayed: when it becomes ready; reserved: its TTR deadline;
          ms, 0 otherwise)
 The order is the state's own: ready (pri, id), delayed (due, id), buried (bury order),
-reserved (deadline, id). A cursor is a position in that order, not an offset, so jobs added or
+reserved (deadline, id), held (id). A cursor is a position in that order, not an offset, so jobs added or
 deleted meanwhile do not shift it: a job that stays in the state and keeps its place is listed
 exactly once over a whole walk. Reserved jobs live in one index for all tubes; a page of them
 examines at most `budget` entries and may come back short (even empty) with a next cursor.
@@ -18,7 +18,7 @@ examines at most `budget` entries and may come back short (even empty) with a ne
 local t, state, cursor_score, cursor_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local count, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
 if rcall('EXISTS', k_tube(t)) == 0 then return {0} end
-local keys = {ready = k_ready, delayed = k_delayed, buried = k_buried}
+local keys = {ready = k_ready, delayed = k_delayed, buried = k_buried, held = k_held}
 local key = state == 'reserved' and K_RESERVED or keys[state](t)
 
 -- Whether member a comes after member b (a member's first letter gives its digit count, so

@@ -4,11 +4,15 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
          delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
          (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
+         (put-with after= adds internal ones: 'after' this shard's parents, 'after-far' the
+         other shards' living parents, 'after-failed', 'after-keep' ms, 'id' the job's id)
 Returns  the new job id (counted in total-jobs, the server's and the tube's); put-with
          key=...: -id of the living job with that key (nothing stored: a duplicate); 0 when
-         the tube is full (tube-set max-jobs: nothing stored, no id used)
-Events   'put'; on a hand-over also 'reserved' (tries 1) for the waiting connection;
-         'deduplicated' (the existing job) instead for a duplicate.
+         the tube is full (tube-set max-jobs: nothing stored, no id used); {'unknown', id}
+         when a parent is unknown (nothing stored, no id used)
+Events   'put' (reason 'after' for a job held or buried by after=); on a hand-over also
+         'reserved' (tries 1) for the waiting connection; 'deduplicated' (the existing job)
+         instead for a duplicate.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; without one, reserves blocked on the tube are woken
 ]]
@@ -19,6 +23,7 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "picking"
 --- @include "handing"
 --- @include "policies"
+--- @include "after"
 local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 
 -- put-with: its options (job policies, delay-ms, dedupe key; includes/policies.lua).
@@ -32,11 +37,29 @@ if opts then
   delay_ms = tonumber(opts['delay-ms'] or delay_ms)
 end
 
+-- put-with after=: every parent checked before anything is stored (includes/after.lua).
+local near, far, failed
+if opts and (opts.after or opts['after-far'] or opts['after-failed']) then
+  near, far, failed = check_parents(opts)
+  if not near then return {'unknown', far} end
+end
+
 local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 local meta = ensure_tube(t, now)
-local id, jk = new_job()
+local id, jk = new_job(opts and tonumber(opts.id))
 count_stored(t, 1)
+if near and (failed or near[1] or far[1]) then  -- held, or buried at once
+  store_job(jk, t, pri, ttr, body, now)
+  start_policies(id, jk, t, opts, now, limits[2])
+  add_event('put', id, t, pri, delay_ms, ttr, 0, 0, now, 'after')
+  if failed then
+    fail_held(id, t, jk, now)
+  else
+    hold_job(id, jk, t, near, far, delay_ms, opts['after-keep'])
+  end
+  return id
+end
 if delay_ms > 0 then
   local due = now + delay_ms
   store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due)

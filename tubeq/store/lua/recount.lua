@@ -10,7 +10,7 @@ Cost     O(tubes) when it counts: run once per namespace at start by the process
 --- @include "keys"
 --- @include "jobs"
 if ARGV[1] ~= '1' and rcall('HEXISTS', K_COUNTS, 'v') == 1 then return -1 end
-local u, r, d, b = 0, 0, 0, 0
+local u, r, d, b, h = 0, 0, 0, 0, 0
 local tubes = rcall('ZRANGE', K_TUBES, 0, -1)
 for _, t in ipairs(tubes) do
   local rk = k_ready(t)
@@ -19,6 +19,7 @@ for _, t in ipairs(tubes) do
   r = r + rcall('ZCARD', rk) - urgent
   d = d + rcall('ZCARD', k_delayed(t))
   b = b + rcall('ZCARD', k_buried(t))
+  h = h + rcall('ZCARD', k_held(t))
 end
-rcall('HSET', K_COUNTS, 'u', u, 'r', r, 'd', d, 'b', b, 'v', 1)
+rcall('HSET', K_COUNTS, 'u', u, 'r', r, 'd', d, 'b', b, 'h', h, 'v', 1)
 return #tubes

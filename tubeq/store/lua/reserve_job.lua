@@ -3,7 +3,7 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
          now (ms)
 Returns  {id, ttr, body, waited, tube} (see grant; waited -1 unless the job was ready) | {}
-         when the job is missing or already reserved
+         when the job is missing, already reserved or held (its parents come first)
 Events   'reserved'
 ]]
 --- @include "keys"
@@ -12,7 +12,7 @@ Events   'reserved'
 local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE)
 local state, t = f[1], f[2]
-if not state or state == 'reserved' then return {} end
+if not state or state == 'reserved' or state == 'held' then return {} end
 if state == 'ready' then  -- grant counts it out of ready
   rcall('ZREM', k_ready(t), member(id))
   index_tube(t, now)

@@ -18,7 +18,7 @@
 
 -- What a put gives: set by store_job.
 local JOB_TUBE = 't'  -- tube name; never changes
-local JOB_STATE = 's'  -- 'ready' | 'delayed' | 'reserved' | 'buried' (tubeq.model.states)
+local JOB_STATE = 's'  -- 'ready' | 'delayed' | 'reserved' | 'buried' | 'held' (tubeq.model.states)
 local JOB_PRI = 'p'  -- priority, 0 to 2^32-1; bury, release and change-pri set it again
 local JOB_DELAY = 'd'  -- s, the delay last asked for (put, release, change-delay); absent: 0
 local JOB_TTR = 'r'  -- s, time to run; never changes
@@ -55,7 +55,8 @@ local JOB_ON_EXPIRE = 'oe'  -- 'bury' | 'delete'
 local JOB_DEDUPE_KEY = 'k'  -- its dedupe key (K_DEDUPE maps it back while the job lives)
 local JOB_EXPIRES_AT = 'x'  -- ms, its TTL's end, while that is pending (start_policies)
 local JOB_TRIES = 'ny'  -- end_try: reservations ended by a TTR timeout, a release or a disconnect
-local JOB_BURIED_FOR = 'why'  -- bury_for: why tubeq last buried it, 'max-tries' | 'expired'
+-- bury_for: why tubeq last buried it, 'max-tries' | 'expired' | 'parent-failed' (after.lua)
+local JOB_BURIED_FOR = 'why'
 
 -- Ends (wait.lua, includes/ends.lua): ms to keep its end for, set by a wait (the longest a
 -- waiter's process asked for), so the script that ends it keeps the end and tells the waiters.
@@ -69,6 +70,9 @@ local JOB_CANCELLED = 'cx'
 -- asks for a progress newer than the one it saw).
 local JOB_PROGRESS = 'pg'
 local JOB_PROGRESS_SEQ = 'ps'
+-- put-with after= (includes/after.lua): ms, the delay a held job takes when its last parent
+-- finished (absent: none; its parents still pending are the set k_after(id)).
+local JOB_AFTER_DELAY = 'ad'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs

@@ -25,8 +25,9 @@ end
 
 -- The namespace's jobs by state, K_COUNTS: 'u' ready jobs of urgent priority (below 1024, as
 -- beanstalkd's current-jobs-urgent), 'r' the other ready jobs, 'd' delayed, 'b' buried
--- (reserved jobs are K_RESERVED's ZCARD). Every script that adds a job to, or takes one out
--- of, a tube's ready, delayed or buried set counts it here in the same call, by what the
+-- (reserved jobs are K_RESERVED's ZCARD), 'h' held (put-with after=, includes/after.lua).
+-- Every script that adds a job to, or takes one out of, a tube's ready, delayed, buried or
+-- held set counts it here in the same call, by what the
 -- ZADD or ZREM did, so stats, --max-jobs and the scrapes read the namespace in O(1) instead
 -- of every tube (a stats over 20,000 tubes held Redis for 300 ms). 'v' marks counts that are
 -- whole: recount.lua sets them from the sets where it is missing.
@@ -168,6 +169,11 @@ local function unlink(id, t, state, now)
     arm_delay_timer(t)
   elseif state == 'buried' then
     count_in('b', -rcall('ZREM', k_buried(t), m))
+  elseif state == 'held' then  -- waiting for its parents (includes/after.lua)
+    local n = rcall('ZREM', k_held(t), m)
+    count_in('h', -n)
+    if n == 1 then rcall('HINCRBY', k_tube(t), 'nheld', -1) end
+    rcall('DEL', k_after(id))
   elseif state == 'reserved' then
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
@@ -245,7 +251,7 @@ local function gc_tube(t)
   if t == 'default' then return end
   local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
   if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
-  if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t)) > 0 then return end
+  if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t), k_held(t)) > 0 then return end
   local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until')
   if tonumber(meta[1] or 0) > 0 then return end
   -- A tube paused with no end stays until tube-resume (admin verbs, protocol.md).

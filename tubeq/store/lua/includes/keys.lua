@@ -24,13 +24,15 @@ local function k_job(id) return NS .. 'j:' .. text(id) end
 -- "{<prefix>#<k>/<n>}:") numbers shard k's jobs k + n, k + 2n, ... (id mod n names the shard
 -- that holds a job) and stamps when each was put by Redis's clock (us, field 'cu'): a reserve
 -- over several shards orders jobs of equal priority by it (best.lua), as ids of two shards
--- tell nothing. An unsplit namespace pays one plain find for it.
-local function new_job()
-  local seq = redis.call('INCR', K_JOB_IDS)
+-- tell nothing. An unsplit namespace pays one plain find for it. `given`: an id this shard
+-- gave out already (INCR of K_JOB_IDS, made the shard's by tubeq.store.shards), for a job whose
+-- id had to be known before it was stored (put-with after= over several shards).
+local function new_job(given)
+  local seq = given or redis.call('INCR', K_JOB_IDS)
   if string.find(NS, '#', 1, true) then
     local shard, shards = string.match(NS, '#(%d+)/(%d+)}:$')
     if shards then
-      local id = seq * tonumber(shards) + tonumber(shard)
+      local id = given or seq * tonumber(shards) + tonumber(shard)
       local jk = k_job(id)
       local clock = redis.call('TIME')
       redis.call('HSET', jk, JOB_CREATED_US, clock[1] * 1000000 + clock[2])
@@ -56,6 +58,15 @@ local function k_grant(i) return NS .. 'grant:' .. i end
 -- process an end its connections may wait for (data: the job id).
 local function k_end(id) return NS .. 'e:' .. text(id) end
 local K_ENDED = NS .. 'ended'
+-- Dependencies (put-with after=, includes/after.lua): a held job's parents that have not
+-- finished yet (a set of ids), a parent's children (ids, on any shard), a tube's held jobs
+-- (scored by id), and the ends of parents not yet told to their children: member
+-- '<child> <parent> <1 finished | 0 not>', scored by when (ms), drained by every process
+-- (tubeq.server.parents) when told on its channel.
+local function k_after(id) return NS .. 'af:' .. text(id) end
+local function k_children(id) return NS .. 'ch:' .. text(id) end
+local function k_held(t) return NS .. 't:' .. t .. ':h' end
+local K_PARENT_ENDS = NS .. 'parent_ends'
 -- Job policies and deduplicated put (includes/policies.lua).
 local K_TTL = NS .. 'ttl'
 local K_DEDUPE = NS .. 'dedupe'

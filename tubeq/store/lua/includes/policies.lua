@@ -101,7 +101,8 @@ local function tube_full(t, cap)
   cap = tonumber(cap or 0)
   if cap <= 0 then return false end
   local held = rcall('ZCARD', k_ready(t)) + rcall('ZCARD', k_delayed(t))
-    + rcall('ZCARD', k_buried(t)) + tonumber(rcall('HGET', k_tube(t), 'nres') or 0)
+    + rcall('ZCARD', k_buried(t)) + rcall('ZCARD', k_held(t))
+    + tonumber(rcall('HGET', k_tube(t), 'nres') or 0)
   return held >= cap
 end
 
