@@ -32,7 +32,7 @@ from tests.support.servers import (
     start_tubeq,
     unique_prefix,
 )
-from tubeq.client import Client, Job
+from tubeq.client import Client, Job, TimedOut, UnknownParent
 from tubeq.client.errors import CommandError
 from tubeq.redisio.cluster import ClusterSeeds
 from tubeq.redisio.process import RedisProcess, cluster_port, free_port
@@ -276,3 +276,44 @@ async def test_calls_and_waits_across_the_nodes(cluster: ClusterUnderTest,
         await job.finish(b"done")
     async with Client(*servers[0].address) as caller:
         assert await caller.wait(job_id, timeout=5) == b"done"
+
+
+async def test_a_fan_in_across_the_nodes(cluster: ClusterUnderTest,
+                                         servers: list[ServerProcess]) -> None:
+    """Dependencies on a Redis Cluster: parents in tubes of every node, the child in another;
+    each parent's end crosses from its node to the child's (add_child.lua on the parents'
+    shards, after_end.lua on the child's), the workers on the other process. The child runs
+    once, after the last parent finished; one unknown parent refuses the put."""
+    prefix = servers[0].extra["prefix"]
+    tubes = [f"parts-{n}" for n in range(9)]
+    nodes = {node_of(cluster, Keys(shard_prefix(prefix, shard_of_tube(t, SHARDS),
+                                                SHARDS)).root + "x") for t in tubes}
+    assert len(nodes) > 1, nodes
+    async with Client(*servers[0].address) as producer, \
+            Client(*servers[1].address) as worker:
+        parents = []
+        for tube in tubes:
+            await producer.use(tube)
+            parents += await producer.put_many([b"%s-%d" % (tube.encode(), i) for i in range(5)])
+        await producer.use("sum")
+        with pytest.raises(UnknownParent):
+            await producer.put_with(b"never", after=[*parents, parents[-1] + 10 * SHARDS])
+        child = await producer.put_with(b"sum", after=parents)
+
+        async def answer(job: Job) -> bytes:
+            return job.body
+
+        consumer = worker.consume(tubes, concurrency=4)
+        running = asyncio.ensure_future(consumer.run(answer))
+        try:
+            await producer.watch("sum")
+            job = await producer.reserve_with_timeout(10)
+        finally:
+            consumer.stop()
+            await running
+        assert job.id == child.id
+        assert [await producer.wait(p, timeout=0) for p in parents] == [
+            b"%s-%d" % (t.encode(), i) for t in tubes for i in range(5)]
+        await job.delete()
+        with pytest.raises(TimedOut):
+            await producer.reserve_with_timeout(1)
