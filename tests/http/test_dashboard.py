@@ -304,3 +304,18 @@ def test_a_job_page_and_the_tube_list_as_served(dashboard: tuple[ServerProcess, 
     assert status == 404 and "No job 4242, and no end of it kept." in page
     status, page = read_page(f"{url}/jobs/abc")
     assert status == 400 and "bad job id" in page
+
+
+def test_a_tube_page_lists_its_held_jobs(dashboard: tuple[ServerProcess, str]) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        assert wire.ask(b"use fan") == b"USING fan\r\n"
+        parent = wire.ask(b"put 0 0 60 1", b"p").split()[1]
+        child = wire.ask(b"put-with 0 0 60 1 after=" + parent, b"c").split()[1]
+    finally:
+        wire.close()
+    with urllib.request.urlopen(f"{url}/tubes/fan", timeout=10) as page:
+        served = page.read().decode()
+    held = served[served.index('id="jobs-held"'):]
+    assert f'id="job-{child.decode()}"' in held[:held.index("</table>")]

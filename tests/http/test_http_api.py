@@ -646,3 +646,32 @@ async def test_the_summed_row_of_the_tube_list_has_no_finished_or_failed(
         assert status == 200
         assert [(t["name"], t["finished"], t["failed"]) for t in tubes["tubes"]] == [
             ("default", 0, 0), (None, None, None)]
+
+
+async def test_a_put_after_parents_is_held_listed_and_refused_for_an_unknown_parent(
+        api: Api) -> None:
+    """put-with after= over HTTP: the query's "1,2" or a JSON list; the job's state now in the
+    answer; held jobs in the job list; 422 for an unknown parent; 400 for a malformed list."""
+    a = await api.put("parts", b"a")
+    b = await api.put("parts", b"b")
+    status, data = await api.call("POST", "/api/tubes/sum/jobs", data=b"s",
+                                  params={"after": f"{a},{b}"})
+    assert (status, data["state"]) == (201, "held")
+    status, listed = await api.call("POST", "/api/tubes/sum/jobs",
+                                    json={"body": "t", "after": [a]})
+    assert (status, listed["state"]) == (201, "held")
+    status, page = await api.call("GET", "/api/tubes/sum/jobs", params={"state": "held"})
+    assert status == 200 and [j["id"] for j in page["jobs"]] == [data["id"], listed["id"]]
+    status, tube = await api.call("GET", "/api/tubes/sum")
+    assert status == 200 and tube["current-jobs-held"] == 2
+    status, refused = await api.call("POST", "/api/tubes/sum/jobs", json={
+        "body": "u", "after": [a, 424242]})
+    assert status == 422 and "424242" in refused["error"]
+    for bad in ("", "0", "1,,2", "x"):
+        status, _ = await api.call("POST", "/api/tubes/sum/jobs", data=b"v",
+                                   params={"after": bad})
+        assert status == 400, bad
+    status, _ = await api.call("POST", "/api/tubes/sum/jobs", json={"body": "w", "after": [0]})
+    assert status == 400
+    status, tube = await api.call("GET", "/api/tubes/sum")
+    assert tube["total-jobs"] == 2  # the refused puts stored nothing

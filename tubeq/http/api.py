@@ -49,7 +49,7 @@ DEFAULT_PRI: Final = 1024
 DEFAULT_TTR: Final = 60
 # The most jobs a job list returns in one state.
 MAX_LIST: Final = 200
-STATES: Final = ("ready", "delayed", "buried", "reserved")
+STATES: Final = ("ready", "delayed", "buried", "reserved", "held")
 
 # put's own three, and put-with's options (tubeq.model.options.PUT_OPTIONS: delay-ms, max-tries,
 # backoff-ms, backoff-max-ms, ttl-ms, on-expire, key) under the same names.
@@ -151,10 +151,18 @@ async def put(request: web.Request) -> web.Response:
                                           **_end_data(end.data)})
         else:
             outcome = await ops.put_with(ctx, tube, pri, delay, ttr, body, extras)
+        if outcome.unknown_parent:
+            raise HttpError(422, f"after: job {outcome.unknown_parent} is unknown (never put, "
+                                 f"or ended without a kept end)")
         if outcome.id > 0 and not outcome.inserted:
             return web.json_response({"id": outcome.id, "tube": tube, "duplicate": True})
         new_id = outcome.id
         delayed = int(opts.get("delay-ms", delay * 1000)) > 0
+        if "after" in opts and new_id > 0:  # held, or buried or free at once: as it is now
+            info = await ctx.store.job_info(new_id)
+            _outcome(request, "put", replies.inserted(new_id))
+            return web.json_response({"id": new_id, "tube": tube,
+                                      "state": info.state if info else "gone"}, status=201)
     else:
         new_id = await _settled(ops.put(ctx, tube, pri, delay, ttr, body, int))
         delayed = delay > 0
@@ -206,7 +214,9 @@ def _put_with_options(options: dict[str, Any]) -> job_options.Options:
     for name, spec in job_options.PUT_OPTIONS.items():
         if name in options:
             given = options[name]
-            textual = spec.key or bool(spec.choices)
+            if spec.ids and isinstance(given, list) and all(type(i) is int for i in given):
+                given = ",".join(map(str, given))  # after: a JSON list of ids, or "1,2,3"
+            textual = spec.key or bool(spec.choices) or spec.ids
             if not (isinstance(given, QueryValue) or (
                     isinstance(given, str) if textual else type(given) is int)):
                 raise HttpError(400, f"bad value for option '{name}' (a JSON "

@@ -151,7 +151,7 @@ async function refreshServers() {
 
 // -- one tube -------------------------------------------------------------------------------
 
-const STATES = ["ready", "delayed", "buried", "reserved"];
+const STATES = ["ready", "delayed", "buried", "reserved", "held"];
 
 function button(action, id) {
   const b = document.createElement("button");
@@ -180,7 +180,8 @@ async function refreshTube(tube) {
   }
   document.getElementById("paused").hidden = !stats.pause;
   const counts = {ready: stats["current-jobs-ready"], delayed: stats["current-jobs-delayed"],
-                  buried: stats["current-jobs-buried"], reserved: stats["current-jobs-reserved"]};
+                  buried: stats["current-jobs-buried"], reserved: stats["current-jobs-reserved"],
+                  held: stats["current-jobs-held"]};
   for (const state of STATES) {
     document.getElementById("count-" + state).textContent = counts[state];
     const data = await api("GET", "/api/tubes/" + enc + "/jobs?state=" + state);
