@@ -225,3 +225,17 @@ def test_call_and_wait_show_a_result_or_how_the_job_ended(client_tubeq: ServerPr
     buried = int(cli.run("put", "x", "-t", tube_name).stdout.split()[2])
     cli.run("bury", str(buried))
     assert cli.fails("wait", str(buried)) == f"tubeq-cli: job {buried} ended buried"
+
+
+def test_put_after_holds_a_job_until_its_parent_finished(client_tubeq: ServerProcess,
+                                                         tube_name: str) -> None:
+    cli = Cli(client_tubeq.host, client_tubeq.port, client_tubeq.kind)
+    parent = cli.json("put", "p", "-t", tube_name)["id"]
+    child = cli.json("put", "c", "-t", tube_name, "--after", str(parent))
+    assert child["inserted"]
+    assert cli.json("stats", "-j", str(child["id"]))["state"] == "held"
+    assert cli.fails("put", "x", "-t", tube_name, "--after", "987654321") == (
+        f"tubeq-cli: {client_tubeq.host}:{client_tubeq.port} answered put-with"
+        f": UNKNOWN_PARENT 987654321")
+    assert "--after: 'x,1': job ids joined by commas" in cli.fails(
+        "put", "x", "--after", "x,1", status=2, connect=False)

@@ -154,16 +154,21 @@ async def test_bad_after_values_and_unknown_parents_store_nothing(ctx: ServerCon
                                                                      range(1, 1002))):
         client.send(b"put-with 0 0 60 1 " + bad + b"\r\nz\r\n")
         await client.expect(b"BAD_OPTION after\r\n")
-    # an id never put, the job's own next id, one of each shard past the last
+    # an id never put; the id the job itself is about to get (no cycle can be built: a
+    # parent must exist before its child)
     client.send(b"put-with 0 0 60 1 after=%d,999999\r\nz\r\n" % parent)
     await client.expect(b"UNKNOWN_PARENT 999999\r\n")
+    shards = getattr(ctx.store, "count", 1)
+    own = parent + shards  # the next id of the parent's shard: the tube's own, as it is "jobs"
+    client.send(b"put-with 0 0 60 1 tube=jobs after=%d\r\nz\r\n" % own)
+    await client.expect(b"UNKNOWN_PARENT %d\r\n" % own)
+    assert await put(client, "jobs", b"next") == own  # the refused puts used no id
     client.send(b"stats-tube default\r\n")
     doc = await read_reply(client)
     assert b"\ntotal-jobs: 0\n" in doc  # nothing stored in the used tube
     client.send(b"stats\r\n")
     stats = await read_reply(client)
-    assert b"\ntotal-jobs: 1\n" in stats  # the parent only
-    # the parent still lives and, when it finishes, tells no child
+    assert b"\ntotal-jobs: 2\n" in stats  # the parent and "next" only
     job_id, _ = await reserve(client, "jobs")
     assert job_id == parent
 

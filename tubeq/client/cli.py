@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tubeq: what an expired job becomes (the tube's setting, bury)")
     put.add_argument("--key", default=None,
                      help="tubeq: dedupe key: no second job while one with KEY lives")
+    put.add_argument("--after", type=_job_ids, default=None, metavar="ID[,ID...]",
+                     help="tubeq: hold it until these jobs finished (dependencies)")
     # jobs that answer (tubeq): request/reply, and waiting for a job's end
     call = _with_a_job(command("call", "tubeq: put a job and wait for a worker's result "
                                        "(request/reply)"))
@@ -618,7 +620,15 @@ def _draw(out: Output, frame: dict[str, Any], *, clear: bool) -> None:
 # -- job policies and deduplicated put (tubeq) -------------------------------------------------
 
 PUT_WITH_OPTIONS = ("delay_ms", "max_tries", "backoff_ms", "backoff_max_ms", "ttl_ms",
-                    "on_expire", "key")
+                    "on_expire", "key", "after")
+
+
+def _job_ids(text: str) -> list[int]:
+    """--after's value: job ids joined by commas."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: job ids joined by commas") from None
 
 
 async def _put_with(client: Client, args: argparse.Namespace, body: bytes, out: Output) -> None:
