@@ -11,6 +11,7 @@ import pytest
 from tests.support.client_support import WAIT_S, connected
 from tests.support.servers import ServerProcess
 from tubeq.client import (
+    JSON,
     CallTimedOut,
     Client,
     Job,
@@ -187,3 +188,35 @@ async def test_a_result_too_big_for_the_server_fails_the_job_with_that_reason(
             await admin.wait(job_id, timeout=5)
         assert ended.value.how == "buried" and b"result too big" in ended.value.data
         assert runs == 1
+
+
+async def test_json_values_through_a_call_a_consumer_and_a_wait(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """codec=JSON: a call sends a value and gets one back; the consumer's handler returns a
+    value (None still deletes, with no result); wait decodes a result too."""
+    async with Client(*client_tubeq.address) as caller, Client(*client_tubeq.address) as worker:
+        consumer = worker.consume(tube_name, concurrency=2, codec=JSON)
+
+        async def handler(job: Job) -> object:
+            asked = JSON.decode(job.body)
+            return None if asked == "nothing" else {"sum": sum(asked["n"]), "é": True}
+
+        running = asyncio.ensure_future(consumer.run(handler))
+        try:
+            async with asyncio.timeout(WAIT_S):
+                assert await caller.call(tube_name, {"n": [1, 2, 3]}, timeout=10,
+                                         codec=JSON) == {"sum": 6, "é": True}
+                with pytest.raises(JobNotFinished) as ended:
+                    await caller.call(tube_name, "nothing", timeout=10, codec=JSON)
+                assert ended.value.how == "deleted"
+                with pytest.raises(CallTimedOut):  # not a consumer's tube: nobody answers
+                    await caller.call("nobody-" + tube_name, [1], timeout=0.1, codec=JSON)
+        finally:
+            consumer.stop()
+            await running
+    async with connected(*client_tubeq.address, tube_name) as other:
+        job_id = await other.put(b"{}")
+        job = await other.reserve_with_timeout(5)
+        assert job.id == job_id
+        await job.finish(JSON.encode([1, "two", None]))
+        assert await other.wait(job_id, timeout=5, codec=JSON) == [1, "two", None]

@@ -63,7 +63,7 @@ from tubeq.client.batches import NewJob as NewJob
 from tubeq.client.blocking import BlockingClient  # put, call and wait without an event loop
 from tubeq.client.client import Client
 from tubeq.client.consume import Consumer, backoff_delay, touch_interval
-from tubeq.client.ends import Ended, Progress  # jobs that answer: finish, wait, call ...
+from tubeq.client.ends import JSON, Codec, Ended, Progress  # jobs that answer: wait, call ...
 from tubeq.client.errors import (
     ERRORS,
     BadFormat,
@@ -121,3 +121,4 @@ __all__ += ["BadOption", "Schedule"]
 __all__ += ["BlockingClient", "CallTimedOut", "Ended", "JobCancelled",  # jobs that answer
             "JobNotFinished", "Progress"]
 __all__ += ["UnknownParent"]  # dependencies: put-with after=
+__all__ += ["JSON", "Codec"]  # values as bodies and results (call, wait, consume)

@@ -29,6 +29,7 @@ from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.consume import Consumer
 from tubeq.client.ends import (
     REPLY_GRACE_S,
+    Codec,
     Ended,
     Progress,
     ended_of,
@@ -604,23 +605,45 @@ class Client:
 
         await self._call(b"cancel %d\r\n" % _job_id(job_id), convert)
 
-    async def wait(self, job_id: int, timeout: float) -> bytes:
-        """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``
-        s; :class:`JobNotFinished` when it ended otherwise (deleted, buried, expired), and
-        the errors of :meth:`wait_end`."""
-        end = await self.wait_end(job_id, timeout)
-        return result_of(end)
+    @overload
+    async def wait(self, job_id: int, timeout: float) -> bytes: ...
 
+    @overload
+    async def wait(self, job_id: int, timeout: float, *, codec: Codec) -> Any: ...
+
+    async def wait(self, job_id: int, timeout: float, *, codec: Codec | None = None) -> Any:
+        """The result of job ``job_id`` once a worker finished it, waiting up to ``timeout``
+        s (decoded by ``codec``, e.g. :data:`tubeq.client.JSON`); :class:`JobNotFinished` when
+        it ended otherwise (deleted, buried, expired), and the errors of :meth:`wait_end`."""
+        result = result_of(await self.wait_end(job_id, timeout))
+        return result if codec is None else codec.decode(result)
+
+    @overload
     async def call(self, tube: str, body: bytes | str, *, timeout: float,
+                   pri: int = ..., ttr: int = ..., key: str | None = ...,
+                   max_tries: int | None = ..., ttl_ms: int | None = ...) -> bytes: ...
+
+    @overload
+    async def call(self, tube: str, body: Any, *, timeout: float,
+                   pri: int = ..., ttr: int = ..., key: str | None = ...,
+                   max_tries: int | None = ..., ttl_ms: int | None = ...,
+                   codec: Codec) -> Any: ...
+
+    async def call(self, tube: str, body: Any, *, timeout: float,
                    pri: int = DEFAULT_PRIORITY, ttr: int = DEFAULT_TTR, key: str | None = None,
-                   max_tries: int | None = None, ttl_ms: int | None = None) -> bytes:
+                   max_tries: int | None = None, ttl_ms: int | None = None,
+                   codec: Codec | None = None) -> Any:
         """Request/reply: put a job into ``tube`` and wait up to ``timeout`` s for a worker to
         finish it; its result. One command (``put-with ... tube=... wait-ms=...``); the used
-        tube stays as it was. With ``key``, a call while a job of that key lives waits for that job.
+        tube stays as it was. With ``key``, a call while a job of that key lives waits for that
+        job. With ``codec`` (e.g. :data:`tubeq.client.JSON`) ``body`` is any value it encodes,
+        and the result is decoded by it (a ``consume(codec=...)`` handler returns values).
 
         Raises :class:`CallTimedOut` (``job_id``: the job lives on; :meth:`wait` for it again),
         :class:`JobNotFinished` (deleted, buried or expired instead), and put-with's errors.
         """
+        if codec is not None:
+            body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                              backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
@@ -638,7 +661,8 @@ class Client:
             raise CallTimedOut("call", None) from None
         if isinstance(outcome, int):
             raise CallTimedOut("call", outcome)
-        return result_of(outcome)
+        result = result_of(outcome)
+        return result if codec is None else codec.decode(result)
 
     async def peek_key(self, key: str) -> Job:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""
@@ -766,10 +790,11 @@ class Client:
                 connections: int | None = None, auto_touch: bool = False,
                 max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
                 push: bool | None = None, reserve_timeout: int = 1,
-                grace: float = 30.0) -> Consumer:
+                grace: float = 30.0, codec: Codec | None = None) -> Consumer:
         """Jobs of ``tubes`` as they come, up to ``concurrency`` held at once (see Consumer)."""
         return Consumer(self, tubes, concurrency=concurrency, connections=connections,
                         auto_touch=auto_touch, max_tries=max_tries, backoff_base=backoff_base,
+                        codec=codec,
                         backoff_max=backoff_max, push=push, reserve_timeout=reserve_timeout,
                         grace=grace)
 

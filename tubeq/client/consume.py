@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, Protocol, cast
 
 from tubeq.client._contracts import Connection
 from tubeq.client.args import _tube, _uint
+from tubeq.client.ends import Codec
 from tubeq.client.errors import (
     ClientConnectionError,
     ClientError,
@@ -234,7 +235,7 @@ class Consumer:
                  concurrency: int = 32, connections: int | None = None, auto_touch: bool = False,
                  max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
                  push: bool | None = None, reserve_timeout: int = 1,
-                 grace: float = 30.0) -> None:
+                 grace: float = 30.0, codec: Codec | None = None) -> None:
         self.tubes = [tubes] if isinstance(tubes, str) else list(tubes)
         if not self.tubes:
             raise ValueError("consume() needs at least one tube")
@@ -255,6 +256,7 @@ class Consumer:
         self.push = push
         self.reserve_timeout = _uint(reserve_timeout, "reserve_timeout")
         self.grace = grace
+        self.codec = codec
         self._lanes: list[_Lane] = []
         for index in range(count):
             share = concurrency // count + (1 if index < concurrency % count else 0)
@@ -364,7 +366,9 @@ class Consumer:
         (deleted when the handler returns, released or buried when it raises); but a handler
         that returns ``bytes`` or a ``str`` answers the job: on a server with ``finish``
         (tubeq) it is finished with that result, for whoever waits for it (``Client.call``,
-        ``Client.wait``). On beanstalkd, and for any other return value, it is deleted."""
+        ``Client.wait``). With ``codec`` (e.g. :data:`tubeq.client.JSON`) any value but None
+        is encoded by it and answers the job. On beanstalkd, and for any other return value,
+        it is deleted."""
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(job: Job) -> None:
@@ -374,6 +378,8 @@ class Consumer:
             try:
                 async with job:
                     result = await handler(job)
+                    if result is not None and self.codec is not None:
+                        result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._answers(job):
                         await self._finish(job, result)
             except JobCancelled:  # cancelled while held: the server dropped it

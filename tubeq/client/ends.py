@@ -8,8 +8,9 @@ turns an end into a result or the error saying how else the job ended. ``Client.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol
 
 from tubeq.client.args import _job_id, _uint
 from tubeq.client.errors import JobNotFinished
@@ -75,3 +76,25 @@ def result_of(end: Ended) -> bytes:
     if end.how != "finished":
         raise JobNotFinished(end.id, end.how, end.data)
     return end.data
+
+
+class Codec(Protocol):
+    """How values become job bodies and results and back (``Client.call``/``wait`` and
+    ``consume(codec=...)``): :data:`JSON`, or any object with these two methods."""
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    """Values as compact UTF-8 JSON (``json.dumps`` with ``ensure_ascii=False``)."""
+
+    def encode(self, value: Any) -> bytes:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def decode(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+JSON: Final = JsonCodec()
