@@ -162,7 +162,7 @@ def test_stats_job_shows_the_policy_keys_at_the_end_to_a_tubeq_client_only(
             "id", "tube", "state", "pri", "age", "delay", "ttr", "time-left", "file",
             "reserves", "timeouts", "releases", "buries", "kicks"]
         assert list(doc)[14:] == ["reason", "tries", "max-tries", "expires-at-ms", "key",
-                                  "failures", "error"]
+                                  "failures", "error", "progress-reports", "parents-pending"]
         assert (doc["reason"], doc["tries"], doc["max-tries"]) == ('""', "0", "4")
         assert int(doc["expires-at-ms"]) > 0
         assert doc["key"] == '"#a\\"b\\\\c"'  # a YAML double-quoted string

@@ -675,3 +675,22 @@ async def test_a_put_after_parents_is_held_listed_and_refused_for_an_unknown_par
     assert status == 400
     status, tube = await api.call("GET", "/api/tubes/sum")
     assert tube["total-jobs"] == 2  # the refused puts stored nothing
+
+
+async def test_a_jobs_json_shows_its_latest_progress_and_parents_to_come(api: Api) -> None:
+    """Read without marking anything (job_policies.lua): the progress count and latest report,
+    and a held job's parents that have not finished."""
+    job_id = await api.put("prog", b"work")
+    child = await api.put("prog-next", b"then", after=str(job_id))
+    conn = await Beanstalk.open(api.server.port)
+    try:
+        assert await conn.ask(b"watch prog") == b"WATCHING 2\r\n"
+        assert (await conn.ask(b"reserve-with-timeout 5")).startswith(b"RESERVED %d " % job_id)
+        assert await conn.ask(b"progress %d 3" % job_id, b"40%") == b"TOUCHED\r\n"
+        _, data = await api.call("GET", f"/api/jobs/{job_id}")
+        assert (data["progress_reports"], data["progress"], data["parents_pending"]) == (
+            1, "40%", 0)
+        _, held = await api.call("GET", f"/api/jobs/{child}")
+        assert (held["state"], held["parents_pending"], held["progress"]) == ("held", 1, "")
+    finally:
+        await conn.close()

@@ -214,3 +214,22 @@ async def test_a_fan_in_of_many_parents_runs_its_child_once(ctx: ServerContext) 
     await worker.expect(b"RESERVED %d 3\r\nall\r\n" % child)
     worker.send(b"delete %d\r\nreserve-with-timeout 1\r\n" % child)
     await worker.expect(b"DELETED\r\nTIMED_OUT\r\n")
+
+
+async def test_stats_job_counts_a_held_jobs_parents_to_come(ctx: ServerContext) -> None:
+    client = Client(ctx)
+    a = await put(client, "jobs", b"a")
+    b = await put(client, "jobs", b"b")
+    child = await put(client, "kids", b"c", f"after={a},{b}")
+    client.send(b"stats-job %d\r\n" % child)
+    assert b"\nparents-pending: 2\n" in await read_reply(client)
+    assert (await reserve(client, "jobs"))[0] == a
+    client.send(b"finish %d 0\r\n\r\n" % a)
+    await client.expect(b"FINISHED\r\n")
+    for _ in range(100):
+        client.send(b"stats-job %d\r\n" % child)
+        if b"\nparents-pending: 1\n" in await read_reply(client):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the finished parent was never counted out")

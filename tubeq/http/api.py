@@ -286,6 +286,11 @@ async def job_document(ctx: ServerContext, jid: int) -> dict[str, Any]:
     # fail's count and last error (stats-job's extra keys)
     out["failures"] = policies.failures
     out["error"] = policies.error.decode("utf-8", "replace")
+    # progress (the latest report, as a body is given) and a held job's parents to come
+    out["progress_reports"] = policies.progress_seq
+    progress = body_fields(policies.progress)
+    out["progress"], out["progress_base64"] = progress["body"], progress["body_base64"]
+    out["parents_pending"] = policies.parents_pending
     return out
 
 

@@ -184,6 +184,7 @@ def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
         ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
         ("key", yaml_string(policies.key)), ("failures", policies.failures),
         ("error", yaml_string(policies.error.decode("utf-8", "replace"))),
+        ("progress-reports", policies.progress_seq), ("parents-pending", policies.parents_pending),
     ]
 
 

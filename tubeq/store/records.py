@@ -177,6 +177,9 @@ class JobPolicies:
     key: str  # its dedupe key, or ""
     failures: int = 0  # failures its holders reported (fail)
     error: bytes = b""  # the last one's error text
+    progress_seq: int = 0  # progress reports its holders made (progress)
+    progress: bytes = b""  # the latest one
+    parents_pending: int = 0  # held (put-with after=): its parents not finished yet
 
 
 class Deferred(Exception):
