@@ -194,7 +194,8 @@ def answers(table: dict[bytes, bytes | Close], default: bytes = b"DELETED\r\n") 
 
 @pytest.mark.parametrize("word", sorted(ERRORS), ids=lambda w: w.decode())
 async def test_every_error_reply_raises_its_exception(word: bytes) -> None:
-    reply = word + (b" cron" if word == b"BAD_OPTION" else b"")  # it names the option refused
+    # BAD_OPTION names the option refused, UNKNOWN_PARENT the job
+    reply = word + {b"BAD_OPTION": b" cron", b"UNKNOWN_PARENT": b" 7"}.get(word, b"")
     async with FakeServer(answers({b"delete 1": reply + b"\r\n"})) as server:
         async with server.client() as client:
             with pytest.raises(ERRORS[word]) as caught:

@@ -160,8 +160,8 @@ def tubeq_extra_keys(tubeq_cluster: TubeqCluster) -> Iterator[ServerProcess]:
 def test_client_scenario_with_extra_stats_keys(tubeq_extra_keys: ServerProcess,
                                                client: ForeignClient) -> None:
     """The scenario's jobs carry policies (its tube's max-tries and TTL), so every stats-job
-    ends with reason, tries, max-tries, expires-at-ms, key, failures and error (quoted strings,
-    "" when none), and every
+    ends with reason, tries, max-tries, expires-at-ms, key, failures, error (quoted strings,
+    "" when none), progress-reports and parents-pending, and every
     stats-tube with the tube's settings and policy counters: the libraries parse them all."""
     tube = _fresh_tube(client)
     with Wire(tubeq_extra_keys.host, tubeq_extra_keys.port) as wire:
@@ -170,8 +170,8 @@ def test_client_scenario_with_extra_stats_keys(tubeq_extra_keys: ServerProcess,
         probe = wire.ask(b"put-with 0 0 60 1 key=probe-" + tube.encode() + b"\r\nx\r\n")
         job_id = int(probe.split()[1])
         keys = list(wire.yaml(f"stats-job {job_id}"))
-        assert keys[-7:] == ["reason", "tries", "max-tries", "expires-at-ms", "key",
-                             "failures", "error"]
+        assert keys[-9:] == ["reason", "tries", "max-tries", "expires-at-ms", "key",
+                             "failures", "error", "progress-reports", "parents-pending"]
         assert wire.ask(f"delete {job_id}") == b"DELETED\r\n"
     with Wire(tubeq_extra_keys.host, tubeq_extra_keys.port) as plain:  # no extension sent
         assert "total-expired" in plain.yaml("stats-tube default")

@@ -517,3 +517,27 @@ async def test_a_finish_behind_a_blocked_reserve_is_done_at_once(ctx: ServerCont
     producer.send(b"put 0 0 60 1\r\ny\r\n")  # (ends that wait)
     await producer.expect(b"INSERTED 2\r\n")
     await worker.expect(b"RESERVED 2 1\r\ny\r\nFINISHED\r\n")
+
+
+async def test_a_push_connection_that_asked_hears_of_a_cancel_at_once(
+        ctx: ServerContext) -> None:
+    """push ... cancels=1: CANCELLED <id> as soon as another connection cancels a job it
+    holds (cancel.lua tells the holder's process); without it, only the next touch says so."""
+    producer, asked, plain = Client(ctx), Client(ctx), Client(ctx)
+    producer.send(b"use a\r\nput 0 0 60 1\r\nx\r\nuse b\r\nput 0 0 60 1\r\ny\r\n")
+    await producer.expect(b"USING a\r\nINSERTED 1\r\nUSING b\r\nINSERTED 2\r\n")
+    asked.send(b"watch a\r\nignore default\r\npush 5 cancels=1\r\n")
+    await asked.expect(b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 5\r\nRESERVED 1 1\r\nx\r\n")
+    plain.send(b"watch b\r\nignore default\r\npush 5\r\n")
+    await plain.expect(b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 5\r\nRESERVED 2 1\r\ny\r\n")
+    producer.send(b"cancel 1\r\ncancel 2\r\n")
+    await producer.expect(b"CANCELLED\r\nCANCELLED\r\n")
+    await asked.expect(b"CANCELLED 1\r\n")
+    await asyncio.sleep(0.2)
+    assert plain.transport.out == b""
+    plain.send(b"touch 2\r\n")
+    await plain.expect(b"CANCELLED\r\n")
+    asked.send(b"push 1 cancels=2\r\npush 1 cancels=1 \r\npush 1 x\r\n")
+    await asked.expect(b"BAD_OPTION cancels\r\nBAD_FORMAT\r\nBAD_FORMAT\r\n")
+    asked.send(b"peek 1\r\n")  # marked, still there: its holder's release, TTR or close drops it
+    await asked.expect(b"FOUND 1 1\r\nx\r\n")

@@ -502,8 +502,11 @@ class Client:
 
     # -- the push extension (tubeq) -----------------------------------------------------------
 
-    async def push(self, credits: int) -> int:
+    async def push(self, credits: int, *,
+                   on_cancelled: Callable[[int], None] | None = None) -> int:
         """Ask the server to push ready jobs of the watched tubes, ``credits`` at most held.
+        ``on_cancelled``: also ask to be told at once of a held job cancelled (tubeq's
+        ``push ... cancels=1``), and call it with the job's id in the reading task.
 
         After ``PUSHING <credits>`` the server sends jobs unsolicited; take them with
         :meth:`next_pushed`. Deleting, releasing or burying a pushed job frees a credit; sending
@@ -521,7 +524,9 @@ class Client:
             link.pushing = True  # RESERVED frames from here on are pushed jobs
             return reply.int_arg(0)
 
-        line = b"push %d\r\n" % _uint(credits, "credits")
+        line = b"push %d%s\r\n" % (_uint(credits, "credits"),
+                                    b"" if on_cancelled is None else b" cancels=1")
+        link.on_cancelled = on_cancelled
         future = link.send(line, convert)
         link.push_requested = True
         await link.wait_writable()

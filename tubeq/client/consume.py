@@ -93,7 +93,8 @@ class ConsumerClient(Protocol):
 
     async def ignore(self, tube: str) -> int: ...
 
-    async def push(self, credits: int) -> int: ...
+    async def push(self, credits: int, *,
+                   on_cancelled: Callable[[int], None] | None = None) -> int: ...
 
     async def next_pushed(self) -> Job: ...
 
@@ -526,7 +527,8 @@ class Consumer:
         while lane.held:
             await asyncio.sleep(DEADLINE_SOON_PAUSE_S)
         try:
-            await lane.client.push(lane.share)
+            await lane.client.push(lane.share,
+                                   on_cancelled=lambda job_id: self._cancelled(lane, job_id))
         except UnknownCommand:
             if self.push:
                 raise
@@ -534,6 +536,16 @@ class Consumer:
             return False
         lane.mode = "push"
         return True
+
+    def _cancelled(self, lane: _Lane, job_id: int) -> None:
+        """The server says a job this lane holds was cancelled (push ... cancels=1): its
+        handler's task is cancelled at once, as auto_touch does at its next touch; the job's
+        settling (a release) lets the server drop it."""
+        for job in lane.held:
+            hold = _hold_of(job)
+            if job.id == job_id and hold is not None and hold.handler is not None:
+                log.info("job %d was cancelled: its handler is cancelled", job_id)
+                hold.handler.cancel()
 
     async def _stop_pushing(self, lane: _Lane) -> None:
         """``push 0``: no new deliveries while the jobs handed out finish."""

@@ -23,7 +23,7 @@ from tubeq.client._contracts import Connection, Convert
 from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
 from tubeq.client.job import Job
 from tubeq.client.parser import Reply, ReplyParser
-from tubeq.client.wire import RESERVED
+from tubeq.client.wire import CANCELLED, RESERVED
 
 T = TypeVar("T")
 
@@ -70,6 +70,8 @@ class _Link(asyncio.Protocol):
         self.pushing = False
         self._pushed: deque[Job] = deque()
         self._push_waiters: set[asyncio.Future[None]] = set()
+        # push ... cancels=1: called with the id of a held job the server says was cancelled.
+        self.on_cancelled: Callable[[int], None] | None = None
         # The server's extension words once asked (tubeq.client.batches), empty for beanstalkd.
         self.extensions: frozenset[str] | None = None
 
@@ -155,6 +157,10 @@ class _Link(asyncio.Protocol):
         if reply.word == RESERVED and self.pushing:
             self._pushed.append(self._client._job_from(reply, self, None))
             self._wake_push_waiters()
+            return
+        if reply.word == CANCELLED and reply.args and self.pushing:  # a frame, not a reply
+            if self.on_cancelled is not None:
+                self.on_cancelled(reply.int_arg(0))
             return
         if not self._pending:
             self._fail(ProtocolError(f"unsolicited reply {reply.word.decode()} from "

@@ -124,7 +124,7 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     ENDED: frozenset({3}),
     FINISHED: frozenset({0}),
     FAILED: frozenset({0}),
-    CANCELLED: frozenset({0}),
+    CANCELLED: frozenset({0, 1}),  # with the id: a push frame (push ... cancels=1)
     PROGRESS: frozenset({3}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED, PROGRESS})

@@ -119,6 +119,10 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its
 # route's, so it takes PUT_OPTIONS.
 PUT_WITH_OPTIONS: Final[Mapping[str, Spec]] = {**PUT_OPTIONS, "tube": Spec(tube=True)}
+# push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled.
+PUSH_OPTIONS: Final[Mapping[str, Spec]] = {
+    "cancels": Spec(maximum=1),
+}
 # wait's options: progress=N, answer a progress report past the N-th as well as an end.
 WAIT_OPTIONS: Final[Mapping[str, Spec]] = {
     "progress": _COUNT,

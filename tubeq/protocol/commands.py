@@ -235,10 +235,12 @@ class PauseTube(Command):
 
 @dataclass(frozen=True, slots=True)
 class Push(Command):
-    """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding."""
+    """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding;
+    ``cancels``: also tell at once of a held job cancelled (``CANCELLED <id>`` frames)."""
 
     word: ClassVar[bytes | None] = b"push "
     credits: int
+    cancels: bool = False
 
 
 @dataclass(frozen=True, slots=True)

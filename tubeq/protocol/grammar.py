@@ -358,7 +358,9 @@ _BEANSTALKD_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
 
 
 def _push(args: bytes) -> Command:
-    return Push(_read_last_unsigned(args, 0, U32_MAX))
+    credits, end = _read_unsigned(args, 0, U32_MAX)
+    given = dict(_options(args[end:], options.PUSH_OPTIONS))
+    return Push(credits, cancels=bool(given.get("cancels", 0)))
 
 
 # A tube name token inside a line (then a space or the end): the longest run of name bytes.

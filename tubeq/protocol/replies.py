@@ -90,6 +90,12 @@ def pushing(credits: int) -> bytes:
     return b"PUSHING %d\r\n" % credits
 
 
+def cancelled_notice(job_id: int) -> bytes:
+    """A push frame (``push ... cancels=1``): job ``job_id``, which the connection holds, was
+    cancelled; unlike the reply CANCELLED it names the job."""
+    return b"CANCELLED %d\r\n" % job_id
+
+
 def kicked(count: int) -> bytes:
     return b"KICKED %d\r\n" % count
 

@@ -533,12 +533,19 @@ class Connection(asyncio.Protocol):
 
     # -- push extension -----------------------------------------------------------------------
 
-    def start_push(self, credits: int) -> bytes:
+    def start_push(self, credits: int, *, cancels: bool = False) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
         if self._push is None:
             self._push = Push(self, self._flow, self._push_frames)
+        self._push.cancels = cancels
         self._push.start(credits)
         return replies.pushing(credits)
+
+    def job_cancelled(self, job_id: int) -> None:
+        """cancel.lua marked job ``job_id``, which this connection holds: a push connection
+        that asked for it (``push ... cancels=1``) is told at once, between whole replies."""
+        if self._push is not None and self._push.cancels and job_id in self.reserved:
+            self._push_frames(replies.cancelled_notice(job_id))
 
     def settled(self, *job_ids: int) -> None:
         """Jobs this connection held are no longer its own: free their push credits, if any."""

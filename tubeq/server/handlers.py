@@ -365,7 +365,7 @@ def _pause_tube(conn: Session, cmd: c.PauseTube) -> Reply:
 
 
 def _push(conn: Session, cmd: c.Push) -> Reply:
-    return conn.start_push(cmd.credits)
+    return conn.start_push(cmd.credits, cancels=cmd.cancels)
 
 
 def _extensions(conn: Session, cmd: c.Extensions) -> Reply:

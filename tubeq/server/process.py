@@ -261,6 +261,7 @@ class Server:
         self._dues: dict[bytes, Scheduler] = {}  # due channel -> its namespace's scheduler
         self._ends: dict[bytes, EndWaits] = {}  # ended channel -> its namespace's waits
         self._parent_ends: dict[bytes, ParentEnds] = {}  # parent_ends channel -> its drain
+        self._cancels: dict[bytes, ServerContext] = {}  # cancels channel -> its namespace
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -387,6 +388,9 @@ class Server:
             ends = each.ended_channel.encode()  # jobs someone waits for that ended
             self._ends[ends] = ctx.end_waits
             self._subscriber.subscribe(ends)
+            cancels = each.cancels_channel(self.instance_id).encode()  # held jobs cancelled
+            self._cancels[cancels] = ctx
+            self._subscriber.subscribe(cancels)
             parent_ends = each.parent_ends.encode()  # parents that ended with children held
             self._parent_ends[parent_ends] = children
             self._subscriber.subscribe(parent_ends)
@@ -432,6 +436,13 @@ class Server:
         children = self._parent_ends.get(channel)
         if children is not None:  # a parent ended: its held children are to be told
             children.heard()
+            return
+        cancelled_in = self._cancels.get(channel)
+        if cancelled_in is not None:  # a job one of our connections holds was cancelled
+            token, _, job_id = data.decode().partition(" ")
+            conn = cancelled_in.connections.get(token)
+            if conn is not None and job_id.isdigit():
+                conn.job_cancelled(int(job_id))
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2

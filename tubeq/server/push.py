@@ -54,8 +54,8 @@ class PushingSession(Session, GrantOwner, Protocol):
 class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
-    __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "credits", "pushed", "task",
-                 "wait")
+    __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "cancels", "credits",
+                 "pushed", "task", "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -63,6 +63,7 @@ class Push:
         self._flow = flow
         self._send = send  # frames into the connection's reply stream, between whole replies
         self.credits = 0
+        self.cancels = False  # push ... cancels=1: CANCELLED <id> frames for held jobs
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
         self.task: asyncio.Task[None] | None = None
         self.wait: Wait | None = None  # the loop's, while it runs

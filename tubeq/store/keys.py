@@ -240,6 +240,11 @@ class Keys:
         """Where put.lua tells a process that one of its waiting connections got a job."""
         return f"{self.root}grant:{instance_id}"
 
+    def cancels_channel(self, instance_id: str) -> str:
+        """Where cancel.lua tells a process that a job one of its connections holds was
+        cancelled ('<token> <id>')."""
+        return f"{self.root}cancels:{instance_id}"
+
     def instance(self, instance_id: str) -> str:
         return f"{self.root}i:{instance_id}"
 

@@ -5,6 +5,7 @@ finish or fail, which deletes it; a release, bury, TTR timeout or disconnect del
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then id, now (ms)
 Returns  1 deleted | 2 marked (reserved) | 0 not found
+Tells    a marked job's holder's process, on k_cancels(instance): '<token> <id>'
 ]]
 --- @include "keys"
 --- @include "events"
@@ -12,10 +13,14 @@ Returns  1 deleted | 2 marked (reserved) | 0 not found
 --- @include "policies"
 local id, now = ARGV[3], tonumber(ARGV[4])
 local jk = k_job(id)
-local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER)
 if not f[1] then return 0 end
 if f[1] == 'reserved' then
   rcall('HSET', jk, JOB_CANCELLED, 1)
+  -- its holder's process: a push connection that asked is told at once (a token is
+  -- '<instance>:<number>')
+  local instance = string.match(f[3] or '', '^(.*):[^:]*$')
+  if instance then rcall('PUBLISH', k_cancels(instance), f[3] .. ' ' .. text(id)) end
   return 2
 end
 drop_cancelled(id, f[2], jk, f[1], now)

@@ -54,6 +54,9 @@ local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
 local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
 local function k_blocked(token) return NS .. 'c:' .. token .. ':b' end
 local function k_grant(i) return NS .. 'grant:' .. i end
+-- Where cancel.lua tells a process that a job one of its connections holds was cancelled
+-- (message '<token> <id>'; tubeq.server.process, push ... cancels=1).
+local function k_cancels(i) return NS .. 'cancels:' .. i end
 -- How a job ended, kept for a while (includes/ends.lua), and the channel that tells every
 -- process an end its connections may wait for (data: the job id).
 local function k_end(id) return NS .. 'e:' .. text(id) end
