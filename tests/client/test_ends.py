@@ -101,23 +101,28 @@ async def test_on_beanstalkd_a_handlers_return_value_still_deletes(
             await admin.wait(1, timeout=0)
 
 
+@pytest.mark.parametrize("how", ["auto_touch", "push"])
 async def test_a_cancel_reaches_the_handler_of_a_job_in_progress(
-        client_tubeq: ServerProcess, tube_name: str) -> None:
-    """auto_touch hears CANCELLED and cancels the handler's task; the job is gone, never run
-    again, and the consumer goes on with the next job."""
+        client_tubeq: ServerProcess, tube_name: str, how: str) -> None:
+    """auto_touch hears CANCELLED at its next touch, and a push consumer at once (it asks for
+    cancel notices: push ... cancels=1, so a TTR of 600 s is never waited for); either cancels
+    the handler's task; the job is gone, never run again, and the consumer goes on with the
+    next job."""
     async with connected(*client_tubeq.address, tube_name) as admin, \
             Client(*client_tubeq.address) as worker:
-        first = await admin.put(b"long", ttr=2)  # touched every 0.5 s
+        ttr = 2 if how == "auto_touch" else 600  # auto_touch touches every 0.5 s
+        first = await admin.put(b"long", ttr=ttr)
         started, cancelled = asyncio.Event(), asyncio.Event()
         seen: list[bytes] = []
-        consumer = worker.consume(tube_name, concurrency=1, auto_touch=True)
+        consumer = worker.consume(tube_name, concurrency=1, auto_touch=how == "auto_touch",
+                                  push=how == "push")
 
         async def handler(job: Job) -> bytes:
             seen.append(job.body)
             if job.body == b"long":
                 started.set()
                 try:
-                    await asyncio.sleep(30)
+                    await asyncio.sleep(60)
                 except asyncio.CancelledError:
                     cancelled.set()
                     raise
@@ -220,40 +225,3 @@ async def test_json_values_through_a_call_a_consumer_and_a_wait(
         assert job.id == job_id
         await job.finish(JSON.encode([1, "two", None]))
         assert await other.wait(job_id, timeout=5, codec=JSON) == [1, "two", None]
-
-
-async def test_a_push_consumer_hears_a_cancel_at_once_without_auto_touch(
-        client_tubeq: ServerProcess, tube_name: str) -> None:
-    """consume(push=True) asks for cancel notices (push ... cancels=1): a cancel reaches the
-    handler's task at once, long before the job's TTR, without touching; the job is gone and
-    the consumer goes on."""
-    async with connected(*client_tubeq.address, tube_name) as admin, \
-            Client(*client_tubeq.address) as worker:
-        first = await admin.put(b"long", ttr=600)  # no touch would come before that
-        started, cancelled = asyncio.Event(), asyncio.Event()
-        seen: list[bytes] = []
-        consumer = worker.consume(tube_name, concurrency=1, push=True)
-
-        async def handler(job: Job) -> bytes:
-            seen.append(job.body)
-            if job.body == b"long":
-                started.set()
-                try:
-                    await asyncio.sleep(60)
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-            consumer.stop()
-            return b"ok"
-
-        running = asyncio.ensure_future(consumer.run(handler))
-        async with asyncio.timeout(10):
-            await started.wait()
-            await admin.cancel(first)
-            await cancelled.wait()
-            second = await admin.put(b"next")
-            await running
-        assert seen == [b"long", b"next"]
-        assert await admin.wait(second, timeout=5) == b"ok"
-        with pytest.raises(NotFound):
-            await admin.peek(first)
