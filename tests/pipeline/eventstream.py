@@ -52,6 +52,9 @@ def event_fields(i: int, *, time_ms: int | None = None, tube: str | None = None,
         "time_ms": time_ms if time_ms is not None else BASE_MS + i * 997,
         "by": "test",
         "reason": "",
+        "size": 0,
+        "error": "",
+        "failures": 0,
     }
 
 

@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.pipeline import workload
-from tubeq.model.events import FIELDS, SPARK_DDL
+from tubeq.model.events import FIELDS, LATER_FIELDS, SPARK_DDL
 from tubeq.pipeline import cli, report
 from tubeq.pipeline.archive import write_archive
 
@@ -142,6 +142,15 @@ def expected_backlog(record: workload.Record) -> dict[tuple[str, int], dict[str,
     return out
 
 
+def older_events(spark: SparkSession, rows: Sequence[tuple[Any, ...]]) -> DataFrame:
+    """Rows of the schema before ``LATER_FIELDS`` (``stream_id`` and the first fields) as an
+    archive written then reads back: the later fields null."""
+    width = 1 + len(FIELDS) - len(LATER_FIELDS)
+    assert all(len(row) == width for row in rows)
+    return spark.createDataFrame([(*row, *[None] * len(LATER_FIELDS)) for row in rows],
+                                 SPARK_DDL)
+
+
 def rows_of(out: Path, name: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -253,7 +262,7 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
         ("3001-0", "reserved", 2, "u", 0, 0, 1000, 0, 1, 3001, "p", ""),
         ("3002-0", "timed-out", 2, "u", 0, 0, 1000, 0, 1, 3002, "p", "disconnect"),
     ]
-    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    tables = report.build_report(older_events(spark, rows))
     try:
         by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
         failing = [row.asDict() for row in tables["failing_tubes"].collect()]
@@ -275,7 +284,7 @@ def test_events_before_the_archive_began(spark: SparkSession) -> None:
         ("3000-0", "deleted", 8, "t", 0, 0, 1000, 0, 0, 3000, "p", ""),
         ("4000-0", "promoted", 9, "t", 0, 0, 1000, 0, 0, 4000, "p", ""),
     ]
-    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    tables = report.build_report(older_events(spark, rows))
     try:
         by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
         backlog = [row.asDict() for row in tables["backlog"].where("tube = 't'").collect()]
@@ -304,7 +313,7 @@ def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:
         ("9000-0", "reserved", 7, "t", 5, 0, 60000, 0, 2, 9000, "p", ""),
         ("9500-0", "deleted", 7, "t", 5, 0, 60000, 0, 2, 9500, "p", ""),
     ]
-    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    tables = report.build_report(older_events(spark, rows))
     try:
         by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
     finally:

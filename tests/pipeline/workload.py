@@ -182,7 +182,7 @@ def events(record: Record) -> list[tuple[str | int, ...]]:
         values: dict[str, str | int] = {
             "event": event, "id": job_id, "tube": job.tube, "pri": 100, "delay_ms": delay_ms,
             "ttr_ms": 5_000, "due_ms": due_ms, "tries": tries, "time_ms": at,
-            "by": "sim-1", "reason": reason,
+            "by": "sim-1", "reason": reason, "size": 0, "error": "", "failures": 0,
         }
         rows.append((f"{at}-{seq}", *(values[name] for name in FIELDS)))
     random.Random(1).shuffle(rows)

@@ -14,9 +14,17 @@ from typing import Any
 import pytest
 
 from tests.store.test_lua import ALICE, BOB, Env, bring_to, open_env, perform
-from tubeq.model.events import FIELDS, Event, EventName
+from tubeq.model.events import (
+    ERROR_EXCERPT_BYTES,
+    FIELDS,
+    LATER_FIELDS,
+    Event,
+    EventName,
+    MalformedEvent,
+)
 from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.server.process import Config, Server
+from tubeq.store.keys import JobField
 from tubeq.store.records import Reservation
 from tubeq.store.store import Store
 
@@ -77,7 +85,7 @@ def expected(env: Env, name: EventName, job_id: int, **changes: Any) -> dict[str
     base: dict[str, Any] = {
         "event": name.value, "id": job_id, "tube": "default", "pri": 0, "delay_ms": 0,
         "ttr_ms": TTR_MS, "due_ms": 0, "tries": 0, "time_ms": env.clock.now_ms, "by": "inst",
-        "reason": ""}
+        "reason": "", "size": 0, "error": "", "failures": 0}
     return base | changes
 
 
@@ -216,6 +224,122 @@ async def test_a_disconnect_gives_back_a_handed_job_with_reason_disconnect(env: 
     assert await s.disconnect(BOB, False, False, []) == 1
     assert [fields(e) for e in await record.new()] == [
         expected(env, EventName.TIMED_OUT, job_id, tries=1, reason="disconnect")]
+
+
+# -- the ends: finish and fail ---------------------------------------------------------------------
+
+
+async def test_finish_writes_deleted_with_reason_finished_and_the_results_size(env: Env) -> None:
+    job_id = await env.put(pri=3)
+    await env.reserve()
+    record = await Recorder.start(env)
+    assert await env.store.finish(ALICE, job_id, b"forty-two", 60_000)
+    assert [fields(e) for e in await record.new()] == [
+        expected(env, EventName.DELETED, job_id, pri=3, tries=1, reason="finished", size=9)]
+    # An empty result is a finish all the same, of size 0; a delete has no size.
+    other = await env.put()
+    await env.reserve()
+    assert await env.store.finish(ALICE, other, b"", 60_000)
+    third = await env.put()
+    await env.reserve()
+    assert await env.store.delete(ALICE, third)
+    assert [(e.event, e.reason, e.size) for e in await record.new()
+            if e.event == EventName.DELETED] == [("deleted", "finished", 0), ("deleted", "", 0)]
+
+
+async def test_fail_writes_failed_with_the_error_then_the_jobs_move(env: Env) -> None:
+    """A fail is two events: `failed` (the error, its size, the failures so far, the tries),
+    then what the job's policies did with it: here released to ready, then buried at max-tries."""
+    outcome = await env.store.put_with("default", 4, 0, 60, b"x", (("max-tries", 2),))
+    job_id = outcome.id
+    record = await Recorder.start(env)
+    await env.reserve()
+    assert await env.store.fail(ALICE, job_id, b"ValueError: no such order") is not None
+    env.clock.advance(5)
+    await env.reserve()
+    assert await env.store.fail(ALICE, job_id, b"KeyError: 'sku'") is not None
+    after = (await env.store.job_info(job_id))
+    assert after is not None and after.state == "buried"
+    assert [fields(e) for e in await record.new()] == [
+        expected(env, EventName.RESERVED, job_id, pri=4, tries=1, time_ms=env.clock.now_ms - 5000),
+        expected(env, EventName.FAILED, job_id, pri=4, tries=1, time_ms=env.clock.now_ms - 5000,
+                 size=25, error="ValueError: no such order", failures=1),
+        expected(env, EventName.RELEASED, job_id, pri=4, tries=1, time_ms=env.clock.now_ms - 5000,
+                 reason="failed"),
+        expected(env, EventName.RESERVED, job_id, pri=4, tries=2),
+        expected(env, EventName.FAILED, job_id, pri=4, tries=2, size=15,
+                 error="KeyError: 'sku'", failures=2),
+        expected(env, EventName.BURIED, job_id, pri=4, tries=2, reason="max-tries")]
+
+
+async def test_a_fails_event_keeps_the_errors_head_cut_where_a_character_begins(env: Env) -> None:
+    """The job keeps the whole error; its event the first ERROR_EXCERPT_BYTES bytes, less the
+    start of a character the bound would split; size is the whole error's length."""
+    ascii_error = b"E" * 1000
+    split = "x" + "\u00e9" * 300  # two bytes each: the bound falls inside the 128th
+    three = "\u20ac" * 100  # three bytes each: 256 = 85 * 3 + 1
+    cases = [(ascii_error, "E" * ERROR_EXCERPT_BYTES),
+             (split.encode(), "x" + "\u00e9" * 127),
+             (three.encode(), "\u20ac" * 85),
+             (b"\xff\xfeboom", "\ufffd\ufffdboom")]  # not UTF-8: readable all the same
+    record = await Recorder.start(env)
+    for error, _ in cases:
+        job_id = await env.put()
+        assert (await env.reserve()).id == job_id
+        assert await env.store.fail(ALICE, job_id, error) is not None
+        assert await env.raw.hget(env.keys.job(job_id), JobField.ERROR) == error
+        assert (await env.reserve()).id == job_id  # back to ready by the fail
+        assert await env.store.delete(ALICE, job_id)
+    failed = [e for e in await record.new() if e.event == EventName.FAILED]
+    assert [(e.error, e.size) for e in failed] == [(want, len(error)) for error, want in cases]
+    assert all(len(e.error.encode()) <= ERROR_EXCERPT_BYTES for e in failed)
+
+
+async def test_finish_and_fail_with_events_off_write_none(redis_url: str) -> None:
+    async with open_env(redis_url, 0) as off:
+        first, second = await off.put(), await off.put()
+        await off.reserve()
+        await off.reserve()
+        assert await off.store.finish(ALICE, first, b"result", 60_000)
+        assert await off.store.fail(ALICE, second, b"boom") is not None
+        assert await off.raw.exists(off.keys.events) == 0
+
+
+def entry(**values: str | int) -> dict[bytes, bytes]:
+    """A stream entry's fields as XRANGE returns them."""
+    return {name.encode(): str(value).encode() for name, value in values.items()}
+
+
+OLD_ENTRY = {"event": "deleted", "id": 7, "tube": "t", "pri": 0, "delay_ms": 0, "ttr_ms": 1000,
+             "due_ms": 0, "tries": 1, "time_ms": 5, "by": "p", "reason": ""}
+
+
+def test_an_entry_written_before_the_later_fields_parses_with_their_defaults() -> None:
+    """An older tubeq's entries (no size, error, failures) still read: 0 and ""."""
+    event = Event.from_entry(b"5-0", entry(**OLD_ENTRY))
+    assert (event.event, event.id, event.size, event.error, event.failures) == (
+        "deleted", 7, 0, "", 0)
+    assert event.as_row()[-len(LATER_FIELDS):] == (0, "", 0)
+    full = Event.from_entry("5-1", entry(**OLD_ENTRY, size=3, error="x", failures=2))
+    assert (full.size, full.error, full.failures) == (3, "x", 2)
+
+
+@pytest.mark.parametrize("fields", [
+    {**OLD_ENTRY, "size": 3},  # some of the later fields but not all
+    {**OLD_ENTRY, "size": 3, "error": "", "failures": 0, "result": "x"},  # one not in FIELDS
+    {name: value for name, value in OLD_ENTRY.items() if name != "by"},  # a first field missing
+    {**OLD_ENTRY, "size": "big", "error": "", "failures": 0},
+])
+def test_entries_of_no_schema_are_malformed(fields: dict[str, str | int]) -> None:
+    with pytest.raises(MalformedEvent):
+        Event.from_entry(b"5-0", entry(**fields))
+
+
+def test_an_error_that_is_not_utf8_parses_with_replacement_characters() -> None:
+    raw = entry(**OLD_ENTRY, size=4, failures=1, error="") | {b"error": b"\xffok\xfe"}
+    assert Event.from_entry(b"5-0", raw).error == "\ufffdok\ufffd"
+    with pytest.raises(MalformedEvent):  # a tube is tubeq's own text: strict
+        Event.from_entry(b"5-0", raw | {b"tube": b"\xff"})
 
 
 @pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])

@@ -17,6 +17,12 @@ Rules:
   one unit.
 * No import of pyspark here: the core server must not need it. ``tubeq.pipeline`` builds its
   Spark schema from ``SPARK_DDL``.
+* Fields are only ever added, at the end (``LATER_FIELDS``), so what an older tubeq wrote still
+  reads: an entry without the later fields parses with their defaults (0, ``""``), and an
+  archive written before them reads them as null (``report.py`` counts a null as 0). An entry
+  with some of the later fields but not all is malformed, as is one with a field not here.
+* Text a client gave (a fail's error) is decoded with replacement characters where it is not
+  UTF-8: an event carries what the job carried, and a client's bytes must not make it unreadable.
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ class EventName(enum.StrEnum):
     TOUCHED = "touched"  # its holder asked for a fresh TTR
     BURIED = "buried"  # put aside (reason says why when tubeq, not a client, did it)
     KICKED = "kicked"  # a buried or delayed job made ready by kick / kick-job
-    DELETED = "deleted"  # gone for good
+    DELETED = "deleted"  # gone for good (reason "finished": by finish, with its result's size)
+    # Its holder said it failed (fail): error, size and failures set. The job's move follows
+    # as its own event: released (reason "failed"), or a policy's buried or expired.
+    FAILED = "failed"
     # Transitions of the "beyond beanstalkd" extensions, written when they land.
     EXPIRED = "expired"
     DEAD_LETTERED = "dead-lettered"
@@ -62,10 +71,28 @@ FIELDS: Final = (
     "time_ms",   # when it happened (the script's clock)
     "by",        # the tubeq process (instance id) whose script call did it; "" if none
     "reason",    # why tubeq did it on its own (e.g. "disconnect" for timed-out); "" otherwise
+    # Added with finish and fail (issue 32); entries written before them have none of the three.
+    "size",      # bytes of a finish's result (deleted, reason finished) or a fail's whole error
+    "error",     # a fail's error text: its first ERROR_EXCERPT_BYTES bytes (failed); "" otherwise
+    "failures",  # how many times the job has failed, this fail included (failed); 0 otherwise
 )
 
+# The fields added after the first schema, in FIELDS order, each with the value an entry that
+# lacks them (written by an older tubeq) parses to.
+LATER_FIELDS: Final = ("size", "error", "failures")
+LATER_DEFAULTS: Final[dict[str, int | str]] = {"size": 0, "error": "", "failures": 0}
+
 # The fields that hold integers; the rest are strings.
-INT_FIELDS: Final = frozenset({"id", "pri", "delay_ms", "ttr_ms", "due_ms", "tries", "time_ms"})
+INT_FIELDS: Final = frozenset({"id", "pri", "delay_ms", "ttr_ms", "due_ms", "tries", "time_ms",
+                               "size", "failures"})
+
+# The most bytes of a fail's error text its event keeps (lua/includes/events.lua's
+# EVENT_ERROR_MAX), cut back to where a UTF-8 character begins. The job keeps the whole text
+# (stats-job's error, the HTTP API, a waiter's ENDED); the stream is capped by entries, not
+# bytes, so this bounds what a storm of failures costs it: a one-line exception message fits,
+# a traceback's head does, and 500,000 failed events (the default cap's half: each fail writes
+# two) hold at most ~128 MB of error text.
+ERROR_EXCERPT_BYTES: Final = 256
 
 # The archive's and the data source's columns: the stream entry id (Redis "<ms>-<seq>", the
 # source's offset and the archive's unique key) followed by the fields. Spark DDL, so the core
@@ -96,21 +123,29 @@ class Event:
     time_ms: int
     by: str
     reason: str
+    size: int = 0
+    error: str = ""
+    failures: int = 0
 
     @classmethod
     def from_entry(cls, stream_id: bytes | str, fields: Mapping[bytes, bytes]) -> Event:
-        """Parse one XRANGE/XREAD entry; raises :class:`MalformedEvent` if it does not fit."""
+        """Parse one XRANGE/XREAD entry, of this schema or of one before ``LATER_FIELDS``;
+        raises :class:`MalformedEvent` if it does not fit."""
         sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
         names = {k.decode(errors="replace") for k in fields}
-        if names != set(FIELDS):
-            missing = sorted(set(FIELDS) - names)
-            extra = sorted(names - set(FIELDS))
-            raise MalformedEvent(f"entry {sid}: missing {missing}, unexpected {extra}")
+        missing = set(FIELDS) - names
+        extra = names - set(FIELDS)
+        if extra or (missing and missing != set(LATER_FIELDS)):
+            raise MalformedEvent(f"entry {sid}: missing {sorted(missing)}, "
+                                 f"unexpected {sorted(extra)}")
         values: dict[str, int | str] = {}
         for name in FIELDS:
-            raw = fields[name.encode()]
+            raw = fields.get(name.encode())
+            if raw is None:
+                values[name] = LATER_DEFAULTS[name]
+                continue
             try:
-                text = raw.decode()
+                text = raw.decode(errors="replace" if name in _CLIENT_TEXT else "strict")
                 values[name] = int(text) if name in INT_FIELDS else text
             except (UnicodeDecodeError, ValueError) as exc:
                 raise MalformedEvent(f"entry {sid}: bad {name} {raw!r}") from exc
@@ -124,3 +159,5 @@ class Event:
 
 
 _NAMES: Final = frozenset(e.value for e in EventName)
+# Fields whose text a client chose byte for byte (not a name tubeq checked): decoded leniently.
+_CLIENT_TEXT: Final = frozenset({"error"})

@@ -9,8 +9,10 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
 Returns  {'ready', 0} | {'delayed', due (ms)} | {'taken', 0} (buried or expired by a policy; its
          end kept for waiters) | {'cancelled', 0} (cancel.lua: the job is gone) | 0 not
          reserved by this connection | -1 deferred
-Events   'released' with reason 'failed' (delay_ms and due_ms set when delayed), or the
-         policy's 'buried' / 'expired'
+Events   'failed' (the failure itself: error, its head as includes/events.lua's error_excerpt
+         keeps it; size, the whole error's bytes; failures, the job's count with this one;
+         tries), then the job's move: 'released' with reason 'failed' (delay_ms and due_ms set
+         when delayed), or the policy's 'buried' / 'expired'
 Wakes    reserves blocked on the tube when the job is ready
 ]]
 --- @include "keys"
@@ -20,7 +22,8 @@ Wakes    reserves blocked on the tube when the job is ready
 local token, id, now, err = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
-local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_CANCELLED)
+local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_CANCELLED, JOB_PRI, JOB_TTR,
+  JOB_RESERVES)
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 local t = f[2]
 if f[4] then
@@ -28,8 +31,11 @@ if f[4] then
   return {'cancelled', 0}
 end
 rcall('HSET', jk, JOB_ERROR, err)
-rcall('HINCRBY', jk, JOB_FAILURES, 1)
+local failures = rcall('HINCRBY', jk, JOB_FAILURES, 1)
 rcall('HINCRBY', k_tube(t), 'nfail', 1)
+if EVENTS_MAXLEN ~= 0 then
+  add_event('failed', id, t, f[5], 0, f[6], 0, f[7], now, '', #err, error_excerpt(err), failures)
+end
 local taken, delay_ms = end_try(id, t, jk, now, 'timeout')
 if taken then return {'taken', 0} end
 unlink(id, t, 'reserved', now)

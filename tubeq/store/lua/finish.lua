@@ -7,7 +7,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
 Returns  {held, tube} finished (held as delete.lua's) | 0 not reserved by this connection | -1
          deferred (see blocked_ahead in includes/jobs.lua) | -2 cancelled (the job is gone,
          its result dropped)
-Events   'deleted' with reason 'finished'; its end published when a wait marked it
+Events   'deleted' with reason 'finished' and size (the result's bytes), as delete.lua's but
+         for those two; its end published when a wait marked it
 ]]
 --- @include "keys"
 --- @include "ends"
@@ -31,7 +32,7 @@ forget_job(id, jk, {f[8], f[9]})
 rcall('DEL', jk)
 rcall('HINCRBY', k_tube(t), 'del', '1')
 rcall('HINCRBY', k_tube(t), 'nfin', '1')
-add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, 'finished')
+add_event('deleted', id, t, f[4], 0, f[5], 0, f[6], now, 'finished', #result)
 gc_tube(t)
 if f[7] then return {now - f[7], t} end
 return {-1, t}

@@ -9,14 +9,21 @@
 -- the calling process's instance id (the event's `by`). Its own arguments start at ARGV[3].
 -- Include it before "jobs": grant and requeue there write their events through it.
 local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]
+-- The most bytes of a fail's error text an event keeps (tubeq.model.events.ERROR_EXCERPT_BYTES):
+-- the job keeps the whole text; the stream, capped by entries and not by bytes, keeps its head.
+local EVENT_ERROR_MAX = 256
 
--- Append one event. Durations and times in ms; ttr_s is the job's TTR in seconds.
-local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now, reason)
+-- Append one event. Durations and times in ms; ttr_s is the job's TTR in seconds. The last three
+-- are the ends' (finish, fail) and may be left out: size, the bytes of the result or error; err,
+-- the error's head (error_excerpt); failures, the job's fail count.
+local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now, reason, size,
+                         err, failures)
   if EVENTS_MAXLEN == 0 then return end
   redis.call('XADD', K_EVENTS, '*',
     'event', event, 'id', text(id), 'tube', t, 'pri', text(pri), 'delay_ms', text(delay_ms),
     'ttr_ms', text(ttr_s * 1000), 'due_ms', text(due_ms), 'tries', text(tries or 0),
-    'time_ms', text(now), 'by', EVENTS_BY, 'reason', reason)
+    'time_ms', text(now), 'by', EVENTS_BY, 'reason', reason, 'size', text(size or 0),
+    'error', err or '', 'failures', text(failures or 0))
 end
 
 -- Append one event about a job whose tube, priority, TTR and reserve count its hash holds
@@ -25,4 +32,18 @@ local function job_event(event, id, now, delay_ms, due_ms, reason)
   if EVENTS_MAXLEN == 0 then return end
   local f = redis.call('HMGET', k_job(id), JOB_TUBE, JOB_PRI, JOB_TTR, JOB_RESERVES)
   add_event(event, id, f[1], f[2], delay_ms, f[3], due_ms, f[4], now, reason)
+end
+
+-- The first EVENT_ERROR_MAX bytes of s, cut where a UTF-8 character begins (a cut inside one
+-- would leave bytes no reader decodes): the cut steps back over at most three continuation
+-- bytes (10xxxxxx), so text that is not UTF-8 is cut at the bound or just before it.
+local function error_excerpt(s)
+  if #s <= EVENT_ERROR_MAX then return s end
+  local cut = EVENT_ERROR_MAX
+  for _ = 1, 3 do
+    local b = string.byte(s, cut + 1)
+    if b < 128 or b >= 192 then break end
+    cut = cut - 1
+  end
+  return string.sub(s, 1, cut)
 end
