@@ -24,9 +24,9 @@ from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.redisio.client import RedisClient, RedisReplyError
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import JobField, Keys
-from tubeq.store.records import NoJob, Reservation
+from tubeq.store.records import PARENT_LIVING, NoJob, Reservation
 from tubeq.store.scripts import expand
-from tubeq.store.shards import ShardedStore
+from tubeq.store.shards import ShardedStore, shard_of_tube
 from tubeq.store.store import Store
 
 ALICE = "inst:1"
@@ -812,3 +812,53 @@ async def test_a_handed_job_cancelled_before_its_claim_is_dropped_not_given_back
     await env.store.heartbeat()
     assert await env.store.reap(env.clock.now_ms - 3000) == 1
     assert await s.job_info(handed) is None
+
+
+async def test_a_parents_end_for_a_child_deleted_while_held_is_dropped(env: Env) -> None:
+    """The child was stored before its parent knew it (one shard): a child not found is gone,
+    and its parent's end is not kept for it (tubeq.store.store.Store.tell_children)."""
+    parent = await env.put()
+    child = await put_after(env, parent)
+    assert await env.store.delete(BOB, child)
+    assert await env.store.delete(BOB, parent)  # ends unfinished: an end for the child left
+    assert await env.raw.zcard(env.keys.parent_ends) == 1
+    assert await env.store.tell_children() == (1, 0)
+    assert await env.raw.zcard(env.keys.parent_ends) == 0
+
+
+async def test_over_shards_an_end_waits_a_while_for_a_child_not_stored_yet(
+        redis_url: str) -> None:
+    """A child of another shard is told of its parents before it is stored
+    (ShardedStore._put_after_far): a parent that ends in between leaves an end for a child
+    not there yet, kept UNKNOWN_CHILD_KEEP_MS and told once the child exists; one whose
+    child never comes is dropped after that."""
+    clock = FakeClock()
+    client = await RedisClient.connect(redis_url)
+    try:
+        store = ShardedStore(client, "split-after", "inst", 4, clock)
+        await store.load_scripts()
+        await store.connect(ALICE)
+        tubes = {shard_of_tube(f"t{i}", 4): f"t{i}" for i in range(40)}
+        parent = await store.put(tubes[0], 0, 0, 60, b"p")
+        other = tubes[1]
+        home = store.shards[1]
+        child = await home.burn_id(other) * 4 + 1  # as _put_after_far takes it
+        assert await store.shards[0].add_child(child, 3_600_000, [parent]) == [PARENT_LIVING]
+        assert isinstance(await store.reserve_job(ALICE, parent), Reservation)
+        assert await store.finish(ALICE, parent, b"r", 3_600_000) is not False
+        assert await store.tell_children() == (0, 0)  # the child is not there: kept
+        outcome = await store.put_with(other, 0, 0, 60, b"c", (
+            ("after-far", str(parent)), ("after-keep", 3_600_000), ("id", child)))
+        assert (outcome.id, outcome.inserted) == (child, True)
+        assert await store.tell_children() == (1, 0)
+        info = await store.job_info(child)
+        assert info is not None and info.state == "ready"
+        lost = await home.burn_id(other) * 4 + 1  # a child whose put never comes
+        second = await store.put(tubes[0], 0, 0, 60, b"q")
+        await store.shards[0].add_child(lost, 3_600_000, [second])
+        assert await store.delete(ALICE, second)
+        assert await store.tell_children() == (0, 0)
+        clock.advance(61)
+        assert await store.tell_children() == (1, 0)
+    finally:
+        await client.close()

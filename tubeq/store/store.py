@@ -370,9 +370,11 @@ class Store:
         """One batch of this shard's parents' ends, told to their children (``store_of``: the
         store of a child's id, this one by default): the ends handled, and the earliest due
         instant of a child released into delayed (0: none). An end whose child is not stored
-        stays UNKNOWN_CHILD_KEEP_MS: its put may be on its way (tubeq.store.shards registers a
-        child on its parents' shards before it stores it). Telling twice changes nothing, so
-        any number of processes may drain at once."""
+        stays UNKNOWN_CHILD_KEEP_MS when the child is another shard's: its put may be on its
+        way (tubeq.store.shards registers a child on its parents' shards before it stores it);
+        a child of this shard was stored before its parents knew it, so it is gone (deleted
+        while held) and its end is dropped at once. Telling twice changes nothing, so any
+        number of processes may drain at once."""
         ends = await self.parent_ends(limit)
         if not ends:
             return 0, 0
@@ -384,9 +386,9 @@ class Store:
         now = self.clock()
         handled: list[str] = []
         earliest = 0
-        for (_, batch), (found, due) in zip(by_store.values(), told, strict=True):
+        for (store, batch), (found, due) in zip(by_store.values(), told, strict=True):
             handled += [end.member for end, known in zip(batch, found, strict=True)
-                        if known or now - end.at > UNKNOWN_CHILD_KEEP_MS]
+                        if known or store is self or now - end.at > UNKNOWN_CHILD_KEEP_MS]
             if due and (not earliest or due < earliest):
                 earliest = due
         if handled:
