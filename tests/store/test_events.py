@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.store.test_lua import ALICE, BOB, Env, bring_to, open_env, perform
+from tests.store.test_lua import ALICE, BOB, Env, bring_to, open_env, perform, put_after
 from tubeq.model.events import (
     ERROR_EXCERPT_BYTES,
     FIELDS,
@@ -44,6 +44,11 @@ EXPECTED: dict[str, tuple[EventName, str]] = {
     "kick": (EventName.KICKED, ""),
     "kick_job": (EventName.KICKED, ""),
     "delete": (EventName.DELETED, ""),
+    # dependencies (put-with after=): the held child's own event, beside its parent's
+    "last parent finished": (EventName.PROMOTED, "after"),
+    "last parent finished delay>0": (EventName.PROMOTED, "after"),
+    "a parent failed": (EventName.BURIED, "parent-failed"),
+    "cancel": (EventName.DELETED, "cancelled"),
 }
 
 
@@ -112,7 +117,10 @@ async def test_the_largest_values_are_written_exactly(env: Env) -> None:
 @pytest.mark.parametrize(("before", "op"), [k for k in TRANSITIONS if k[0] is not None])
 async def test_every_transition_writes_exactly_its_event(env: Env, before: JobState,
                                                          op: str) -> None:
-    job_id = await bring_to(env, before)
+    if op == "last parent finished delay>0":  # a held job with a delay of its own
+        job_id = await put_after(env, await env.put(), delay_ms=5000)
+    else:
+        job_id = await bring_to(env, before)
     record = await Recorder.start(env)  # after the events that brought the job there
     reserved_before = before in (JobState.RESERVED, JobState.BURIED)
     await perform(env, op, job_id)
@@ -125,8 +133,20 @@ async def test_every_transition_writes_exactly_its_event(env: Env, before: JobSt
         changes |= {"delay_ms": 3000, "due_ms": env.clock.now_ms + 3000}
     if op == "promote":
         changes["due_ms"] = env.clock.now_ms - 1000  # put with delay 10, promoted 11 s later
+    if op == "last parent finished delay>0":
+        changes |= {"delay_ms": 5000, "due_ms": env.clock.now_ms + 5000}
+    events = await record.new()
+    if before is JobState.HELD:  # its parent's events (reserve, finish, delete) beside its own
+        events = [e for e in events if e.id == job_id]
+    assert [fields(e) for e in events] == [expected(env, name, job_id, **changes)]
+
+
+async def test_a_put_after_parents_writes_put_with_reason_after(env: Env) -> None:
+    parent = await env.put()
+    record = await Recorder.start(env)
+    child = await put_after(env, parent)
     assert [fields(e) for e in await record.new()] == [
-        expected(env, name, job_id, **changes)]
+        expected(env, EventName.PUT, child, reason="after")]
 
 
 async def test_the_bound_event_arguments_survive_redis_forgetting_the_scripts(env: Env) -> None:
