@@ -541,3 +541,18 @@ async def test_a_push_connection_that_asked_hears_of_a_cancel_at_once(
     await asked.expect(b"BAD_OPTION cancels\r\nBAD_FORMAT\r\nBAD_FORMAT\r\n")
     asked.send(b"peek 1\r\n")  # marked, still there: its holder's release, TTR or close drops it
     await asked.expect(b"FOUND 1 1\r\nx\r\n")
+
+
+async def test_a_jobs_own_result_ttl_ms_bounds_how_long_its_result_is_kept(
+        ctx: ServerContext) -> None:
+    """put-with result-ttl-ms: the job's result is kept that long instead of --result-ttl
+    (an hour here); the other job's result is still there after it."""
+    client = Client(ctx)
+    client.send(b"put-with 0 0 60 1 result-ttl-ms=300\r\na\r\nput 0 0 60 1\r\nb\r\n"
+                b"reserve\r\nfinish 1 2\r\nr1\r\nreserve\r\nfinish 2 2\r\nr2\r\n"
+                b"wait 1 0\r\n")
+    await client.expect(b"INSERTED 1\r\nINSERTED 2\r\nRESERVED 1 1\r\na\r\nFINISHED\r\n"
+                        b"RESERVED 2 1\r\nb\r\nFINISHED\r\nENDED 1 finished 2\r\nr1\r\n")
+    await asyncio.sleep(0.5)
+    client.send(b"wait 1 0\r\nwait 2 0\r\nput-with 0 0 60 1 result-ttl-ms=x\r\nc\r\n")
+    await client.expect(b"NOT_FOUND\r\nENDED 2 finished 2\r\nr2\r\nBAD_OPTION result-ttl-ms\r\n")

@@ -50,7 +50,7 @@ def _after(parents: Sequence[int]) -> bytes:
 def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | None,
                   max_tries: int | None, backoff_ms: int | None, backoff_max_ms: int | None,
                   ttl_ms: int | None, on_expire: str | None, key: str | None,
-                  after: Sequence[int] | None = None) -> bytes:
+                  after: Sequence[int] | None = None, result_ttl_ms: int | None = None) -> bytes:
     """The ``put-with`` command line (CRLF included) for these arguments and options."""
     if delay_ms is not None and delay:
         raise ValueError("give delay (s) or delay_ms, not both")
@@ -58,7 +58,7 @@ def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | 
                                       _uint(ttr, "ttr"), size)
     numbers = (("delay-ms", delay_ms, MAX_MS), ("max-tries", max_tries, U32_MAX),
                ("backoff-ms", backoff_ms, MAX_MS), ("backoff-max-ms", backoff_max_ms, MAX_MS),
-               ("ttl-ms", ttl_ms, MAX_MS))
+               ("ttl-ms", ttl_ms, MAX_MS), ("result-ttl-ms", result_ttl_ms, MAX_MS))
     for name, value, maximum in numbers:
         if value is not None:
             line += b" %s=%d" % (name.encode(), _uint(value, name.replace("-", "_"), maximum))

@@ -106,14 +106,16 @@ JOB_POLICIES: Final[Mapping[str, Spec]] = {
 }
 
 # A put's own options besides the job policies: its delay in ms, a dedupe key, wait-ms (put,
-# then wait for the job's end that long, in one command: request/reply) and after (held until
-# those jobs finished: dependencies).
+# then wait for the job's end that long, in one command: request/reply), after (held until
+# those jobs finished: dependencies) and result-ttl-ms (how long its result is kept, instead
+# of the server's --result-ttl).
 PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "delay-ms": _MS,
     **JOB_POLICIES,
     "key": Spec(key=True),
     "wait-ms": _MS,
     "after": Spec(ids=True),
+    "result-ttl-ms": _MS,
 }
 # put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its

@@ -96,6 +96,7 @@ class JobField(StrEnum):
     PROGRESS = "pg"
     PROGRESS_SEQ = "ps"
     AFTER_DELAY = "ad"
+    RESULT_TTL = "rt"
 
 
 @dataclass(frozen=True, slots=True)

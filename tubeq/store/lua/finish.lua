@@ -2,8 +2,8 @@
 deleted as delete.lua deletes it, and its end is kept with the result for `keep` ms.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
-         now (ms), keep (ms), the result, optionally the number of the first reserve it was
-         pipelined behind
+         now (ms), keep (ms: the process's --result-ttl; the job's own put-with result-ttl-ms
+         wins), the result, optionally the number of the first reserve it was pipelined behind
 Returns  {held, tube} finished (held as delete.lua's) | 0 not reserved by this connection | -1
          deferred (see blocked_ahead in includes/jobs.lua) | -2 cancelled (the job is gone,
          its result dropped)
@@ -19,14 +19,14 @@ local token, id, now, keep, result = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6
 if blocked_ahead(token, ARGV[8]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED, JOB_CANCELLED)
+  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED, JOB_CANCELLED, JOB_RESULT_TTL)
 local t = f[2]
 if f[1] ~= 'reserved' or f[3] ~= token then return 0 end
 if f[11] then
   drop_cancelled(id, t, jk, 'reserved', now)
   return CANCELLED
 end
-end_job(id, t, 'finished', result, now, keep, f[10])
+end_job(id, t, 'finished', result, now, f[12] or keep, f[10])
 unlink(id, t, 'reserved', now)
 forget_job(id, jk, {f[8], f[9]})
 rcall('DEL', jk)

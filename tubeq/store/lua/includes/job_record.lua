@@ -70,6 +70,9 @@ local JOB_CANCELLED = 'cx'
 -- asks for a progress newer than the one it saw).
 local JOB_PROGRESS = 'pg'
 local JOB_PROGRESS_SEQ = 'ps'
+-- put-with result-ttl-ms: ms to keep its result (finish.lua) instead of the --result-ttl of the
+-- process that finished it.
+local JOB_RESULT_TTL = 'rt'
 -- put-with after= (includes/after.lua): ms, the delay a held job takes when its last parent
 -- finished (absent: none; its parents still pending are the set k_after(id)).
 local JOB_AFTER_DELAY = 'ad'
