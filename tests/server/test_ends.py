@@ -556,3 +556,24 @@ async def test_a_jobs_own_result_ttl_ms_bounds_how_long_its_result_is_kept(
     await asyncio.sleep(0.5)
     client.send(b"wait 1 0\r\nwait 2 0\r\nput-with 0 0 60 1 result-ttl-ms=x\r\nc\r\n")
     await client.expect(b"NOT_FOUND\r\nENDED 2 finished 2\r\nr2\r\nBAD_OPTION result-ttl-ms\r\n")
+
+
+async def test_a_fails_own_policy_applies_where_the_job_and_its_tube_have_none(
+        ctx: ServerContext) -> None:
+    """fail's options (the worker's max-tries, backoff-ms, backoff-max-ms) are the job's
+    policy only where neither the job (put-with) nor its tube (tube-set) has one; a refused
+    option is answered after its body, which is never read as commands."""
+    client = Client(ctx)
+    client.send(b"put 0 0 60 1\r\na\r\nreserve\r\nfail 1 4 max-tries=x\r\nboom\r\n"
+                b"fail 1 4 max-tries=1\r\nboom\r\nstats-job 1\r\n")
+    out = await client.until(lambda o: b"\nkicks:" in o and o.endswith(b"\r\n"))
+    assert out.startswith(b"INSERTED 1\r\nRESERVED 1 1\r\na\r\nBAD_OPTION max-tries\r\n"
+                          b"FAILED\r\nOK ")
+    assert b"\nstate: buried\n" in out and b"\nreason: max-tries\n" in out
+    client.transport.out.clear()
+    client.send(b"tube-set limited max-tries=3\r\nuse limited\r\nwatch limited\r\n"
+                b"ignore default\r\nput 0 0 60 1\r\nb\r\nreserve\r\n"
+                b"fail 2 4 max-tries=1 backoff-ms=60000\r\nboom\r\nstats-job 2\r\n")
+    out = await client.until(lambda o: b"\nkicks:" in o and o.endswith(b"\r\n"))
+    assert b"FAILED\r\n" in out
+    assert b"\nstate: delayed\n" in out  # the tube's max-tries wins; the fail's backoff fills in

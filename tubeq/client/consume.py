@@ -188,10 +188,14 @@ class Consumer:
     cancellation is not swallowed. A job may also be settled explicitly instead
     (``job.delete()``, ``job.release()``, ``job.bury()``).
 
-    Settling: success deletes the job. An exception asks the job's ``reserves`` count
-    (stats-job) and releases it at its own priority with ``delay = min(backoff_base *
-    2**(reserves-1), backoff_max)`` seconds, or buries it when ``reserves >= max_tries``
-    (``max_tries=None``: never bury).
+    Settling: success deletes the job. An exception, on tubeq, fails it (``fail``, with the
+    exception's type and message as the error that stats-job, waiters and events show) and
+    sends this policy along for a job and tube that have none: ``max-tries=max_tries``,
+    ``backoff-ms=backoff_base * 1000``, ``backoff-max-ms=backoff_max * 1000`` (the server then
+    delays it by its backoff with jitter, or buries it with reason max-tries). On beanstalkd it
+    asks the job's ``reserves`` count (stats-job) and releases it at its own priority with
+    ``delay = min(backoff_base * 2**(reserves-1), backoff_max)`` seconds, or buries it when
+    ``reserves >= max_tries`` (``max_tries=None``: never bury).
 
     ``concurrency`` bounds the jobs the consumer holds: reserved and not yet settled, whether
     waiting to be handed out, handed out, or in a handler. The consumer asks for more only as
@@ -742,6 +746,11 @@ class Consumer:
             return False
         log.warning("job %d failed", job.id, exc_info=exc)
         try:
+            if await self._answers(job):  # tubeq: fail, with the error and this policy
+                await job.fail(_error_text(exc), max_tries=self.max_tries,
+                               backoff_ms=self.backoff_base * 1000,
+                               backoff_max_ms=self.backoff_max * 1000)
+                return True
             stats = await job.stats()
             reserves, pri = int(stats["reserves"]), int(stats["pri"])
             if self.max_tries is not None and reserves >= self.max_tries:
@@ -813,3 +822,13 @@ class Consumer:
         except ClientError as error:
             log.debug("job %d not put back: %s", job.id, error)
             self._forget(job)
+
+
+# A handler's exception as fail's error text: its type and message, at most this many bytes
+# (a traceback stays in the worker's log).
+ERROR_TEXT_MAX = 4096
+
+
+def _error_text(exc: BaseException) -> bytes:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text.encode("utf-8", "replace")[:ERROR_TEXT_MAX]

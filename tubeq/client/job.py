@@ -23,7 +23,18 @@ from tubeq.client._contracts import Connection, Convert, JobClient
 from tubeq.client.args import _expect, _job_id, _uint
 from tubeq.client.errors import ClientConnectionError, JobCancelled, NotFound, ProtocolError
 from tubeq.client.parser import JOB_TEXT_KEYS, Reply, Stats, parse_yaml_mapping
-from tubeq.client.wire import BURIED, CRLF, DELETED, FAILED, FINISHED, OK, RELEASED, TOUCHED
+from tubeq.client.wire import (
+    BURIED,
+    CRLF,
+    DELETED,
+    FAILED,
+    FINISHED,
+    MAX_MS,
+    OK,
+    RELEASED,
+    TOUCHED,
+    U32_MAX,
+)
 
 T = TypeVar("T")
 
@@ -161,10 +172,16 @@ class Job:
             self._forget()
             raise
 
-    async def fail(self, error: bytes | str) -> None:
+    async def fail(self, error: bytes | str, *, max_tries: int | None = None,
+                   backoff_ms: int | None = None, backoff_max_ms: int | None = None) -> None:
         """Failed, with ``error``: the server keeps the error and puts the job back, delays
-        it or buries it by its own policies (tubeq's ``fail``; not in beanstalkd)."""
-        await self._settle(*_fail_command(self.id, error))
+        it or buries it by its own policies (tubeq's ``fail``; not in beanstalkd); the
+        options are this worker's policy where neither the job nor its tube has one."""
+        policy = ((b"max-tries", max_tries, U32_MAX), (b"backoff-ms", backoff_ms, MAX_MS),
+                  (b"backoff-max-ms", backoff_max_ms, MAX_MS))
+        await self._settle(*_fail_command(self.id, error, b"".join(
+            b" %s=%d" % (name, _uint(value, name.decode(), maximum))
+            for name, value, maximum in policy if value is not None)))
 
     async def __aenter__(self) -> Job:
         if self._hold is None:
@@ -213,9 +230,9 @@ def _touch_command(job_id: int) -> tuple[bytes, Convert[None]]:
     return b"touch %d\r\n" % _job_id(job_id), convert
 
 
-def _with_body(word: bytes, job_id: int, body: bytes | str) -> bytes:
+def _with_body(word: bytes, job_id: int, body: bytes | str, options: bytes = b"") -> bytes:
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    return b"%s %d %d\r\n" % (word, _job_id(job_id), len(data)) + data + CRLF
+    return b"%s %d %d%s\r\n" % (word, _job_id(job_id), len(data), options) + data + CRLF
 
 
 def _finish_command(job_id: int, result: bytes | str) -> tuple[bytes, Convert[None]]:
@@ -232,11 +249,12 @@ def _progress_command(job_id: int, data: bytes | str) -> tuple[bytes, Convert[No
     return _with_body(b"progress", job_id, data), convert
 
 
-def _fail_command(job_id: int, error: bytes | str) -> tuple[bytes, Convert[None]]:
+def _fail_command(job_id: int, error: bytes | str,
+                  options: bytes = b"") -> tuple[bytes, Convert[None]]:
     def convert(reply: Reply, link: Connection) -> None:
         _expect(reply, "fail", FAILED)
 
-    return _with_body(b"fail", job_id, error), convert
+    return _with_body(b"fail", job_id, error, options), convert
 
 
 def _ok(command: str, parse: Callable[[bytes], T]) -> Convert[T]:

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from tubeq.client.args import _uint
-from tubeq.client.wire import U32_MAX, U64_MAX
+from tubeq.client.wire import MAX_MS, U32_MAX, U64_MAX
 
-# The longest duration in ms the server takes (beanstalkd's u32 seconds, in ms).
-MAX_MS: Final = U32_MAX * 1000
 ON_EXPIRE: Final = ("bury", "delete")
 _KEY_BYTES: Final = frozenset(range(0x21, 0x7F)) - {ord("=")}
 

@@ -23,6 +23,8 @@ DEFAULT_PRIORITY: Final = 2**31
 DEFAULT_TTR: Final = 60
 
 U32_MAX: Final = 2**32 - 1
+# The longest duration in ms the server takes in an option (beanstalkd's u32 seconds, in ms).
+MAX_MS: Final = U32_MAX * 1000
 U64_MAX: Final = 2**64 - 1
 
 # The longest reply line beanstalkd sends is ``USING <200-byte tube>\r\n`` (208 bytes); a

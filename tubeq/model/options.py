@@ -121,6 +121,13 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its
 # route's, so it takes PUT_OPTIONS.
 PUT_WITH_OPTIONS: Final[Mapping[str, Spec]] = {**PUT_OPTIONS, "tube": Spec(tube=True)}
+# fail's options: the worker's retry policy, used where neither the job (put-with) nor its
+# tube (tube-set) has one (the bundled client's consumer sends its own this way).
+FAIL_OPTIONS: Final[Mapping[str, Spec]] = {
+    "max-tries": _COUNT,
+    "backoff-ms": _MS,
+    "backoff-max-ms": _MS,
+}
 # push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled.
 PUSH_OPTIONS: Final[Mapping[str, Spec]] = {
     "cancels": Spec(maximum=1),

@@ -437,11 +437,13 @@ class Finish(Command):
 
 @dataclass(frozen=True, slots=True)
 class Fail(Command):
-    """tubeq's ``fail``: the holder of a reserved job says it failed, with an error text."""
+    """tubeq's ``fail``: the holder of a reserved job says it failed, with an error text;
+    ``options``: its retry policy where the job and its tube have none (FAIL_OPTIONS)."""
 
     word: ClassVar[bytes | None] = b"fail "
     id: int
     error: bytes
+    options: Options = ()
 
 
 @dataclass(frozen=True, slots=True)

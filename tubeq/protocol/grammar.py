@@ -584,6 +584,21 @@ def _with_body(command: Callable[[int, bytes], Command]) -> _ArgParser:
     return parse
 
 
+def _fail(args: bytes) -> BodyHeader:
+    """``<id> <bytes>``, then FAIL_OPTIONS, and the error as the body: read whatever the
+    options say (a refused one is answered after it, as put-with's)."""
+    job_id, pos = _read_unsigned(args, 0, U64_MAX)
+    size, pos = _read_unsigned(args, pos, U32_MAX)
+    try:
+        given = _options(args[pos:], options.FAIL_OPTIONS)
+    except _BadFormat:
+        return BodyHeader(size, lambda _: REJECT_BAD_FORMAT)
+    except _Refused as refused:
+        refusal = Rejected(reply=refused.reply)
+        return BodyHeader(size, lambda _: refusal)
+    return BodyHeader(size, lambda body: Fail(job_id, body, given))
+
+
 def _wait(command: Callable[[int, int, int | None], Command], unit_ms: int,
           maximum: int) -> _ArgParser:
     """``<id> <timeout>``, the timeout in units of ``unit_ms`` up to ``maximum``, then the
@@ -636,7 +651,7 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     PeekKey: _peek_key,
     # ends
     Finish: _with_body(Finish),
-    Fail: _with_body(Fail),
+    Fail: _fail,
     ReportProgress: _with_body(ReportProgress),
     Cancel: _job_id(Cancel),
     Wait: _wait(Wait, 1000, U32_MAX),

@@ -207,7 +207,8 @@ def _fail(conn: Session, cmd: c.Fail) -> Reply:
             return cancelled(True)
         return failed(outcome is not None)
 
-    return then(ops.fail(conn.ctx, conn.token, cmd.id, cmd.error, behind=conn.passing), answer)
+    return then(ops.fail(conn.ctx, conn.token, cmd.id, cmd.error, behind=conn.passing,
+                         worker_policy=cmd.options), answer)
 
 
 def _cancel(conn: Session, cmd: c.Cancel) -> Reply:

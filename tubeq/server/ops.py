@@ -190,16 +190,18 @@ def cancel(ctx: ServerContext, job_id: int) -> asyncio.Future[int]:
 
 
 def fail(ctx: ServerContext, token: str, job_id: int, error: bytes, *,
-         behind: int = 0) -> asyncio.Future[Failed | None]:
+         behind: int = 0, worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
     """A job ``token`` holds failed with ``error``: it follows its policies, as a TTR timeout
-    does (back to ready, delayed by its backoff, or buried when its tries run out)."""
+    does (back to ready, delayed by its backoff, or buried when its tries run out);
+    ``worker_policy`` (FAIL_OPTIONS) where neither the job nor its tube has one."""
 
     def failed(outcome: Failed | None) -> Failed | None:
         if outcome is not None and outcome.due_ms:
             ctx.scheduler.note_due(outcome.due_ms)
         return outcome
 
-    return then(ctx.store.fail(token, job_id, error, behind=behind), failed)
+    return then(ctx.store.fail(token, job_id, error, behind=behind,
+                               worker_policy=worker_policy), failed)
 
 
 def wait_for_end(ctx: ServerContext, job_id: int, timeout_ms: int,

@@ -234,10 +234,11 @@ class JobStore(Protocol):
         it), 0 no such job."""
         ...
 
-    def fail(self, token: str, job_id: int, error: bytes, *,
-             behind: int = 0) -> asyncio.Future[Failed | None]:
+    def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
+             worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
         """A job ``token`` holds failed with ``error``: it follows its policies (as a TTR
-        timeout); None when ``token`` does not hold it."""
+        timeout; ``worker_policy`` where the job and its tube have none); None when ``token``
+        does not hold it."""
         ...
 
     def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None

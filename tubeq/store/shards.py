@@ -292,9 +292,9 @@ class ShardedStore:
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         return self.of_id(job_id).cancel(job_id)
 
-    def fail(self, token: str, job_id: int, error: bytes, *,
-             behind: int = 0) -> asyncio.Future[Failed | None]:
-        return self.of_id(job_id).fail(token, job_id, error)
+    def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
+             worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
+        return self.of_id(job_id).fail(token, job_id, error, worker_policy=worker_policy)
 
     def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None
                  ) -> asyncio.Future[JobEnd | Progress | bool]:

@@ -327,12 +327,13 @@ class Store:
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         return self._eval("cancel", job_id, self.clock(), decode=int)
 
-    def fail(self, token: str, job_id: int, error: bytes, *,
-             behind: int = 0) -> asyncio.Future[Failed | None]:
+    def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
+             worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
         def decode(r: Any) -> Failed | None:
             return Failed(r[0].decode(), int(r[1])) if r else None
 
-        return self._eval("fail", token, job_id, self.clock(), error, *_numbered(behind),
+        policy = [x for pair in worker_policy for x in pair]
+        return self._eval("fail", token, job_id, self.clock(), error, behind, *policy,
                           decode=_unless_deferred(decode))
 
     def wait_end(self, job_id: int, keep_ms: int, progress_after: int | None = None

@@ -1,11 +1,13 @@
 --[[ fail: the connection holding a reserved job says it failed, with an error text: the job
 keeps the error (the last one) and counts the failure, then follows its policies as a TTR
 timeout does: buried with reason 'max-tries' when its tries run out, expired past its TTL,
-else back to ready, or delayed by its backoff (put-with backoff-ms, or its tube's).
+else back to ready, or delayed by its backoff (put-with backoff-ms, or its tube's). The fail's
+own options (max-tries, backoff-ms, backoff-max-ms: the worker's defaults) apply where neither
+the job nor its tube sets one.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
-         now (ms), the error, optionally the number of the first reserve it was pipelined
-         behind
+         now (ms), the error, the number of the first reserve it was pipelined behind (0:
+         none), then (option name, value) pairs (tubeq.model.options.FAIL_OPTIONS)
 Returns  {'ready', 0} | {'delayed', due (ms)} | {'taken', 0} (buried or expired by a policy; its
          end kept for waiters) | {'cancelled', 0} (cancel.lua: the job is gone) | 0 not
          reserved by this connection | -1 deferred
@@ -20,6 +22,7 @@ Wakes    reserves blocked on the tube when the job is ready
 --- @include "jobs"
 --- @include "policies"
 local token, id, now, err = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local worker = #ARGV > 7 and put_options(8)
 if blocked_ahead(token, ARGV[7]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_CANCELLED, JOB_PRI, JOB_TTR,
@@ -36,7 +39,7 @@ rcall('HINCRBY', k_tube(t), 'nfail', 1)
 if EVENTS_MAXLEN ~= 0 then
   add_event('failed', id, t, f[5], 0, f[6], 0, f[7], now, '', #err, error_excerpt(err), failures)
 end
-local taken, delay_ms = end_try(id, t, jk, now, 'timeout')
+local taken, delay_ms = end_try(id, t, jk, now, 'timeout', worker)
 if taken then return {'taken', 0} end
 unlink(id, t, 'reserved', now)
 rcall('HDEL', jk, JOB_OWNER)

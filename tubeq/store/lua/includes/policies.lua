@@ -48,13 +48,19 @@ local function put_options(from)
   return opts
 end
 
--- The job's expiry (0: none) and its policies: its own, else its tube's, else the defaults.
-local function policies_of(jk, t)
+-- The job's expiry (0: none) and its policies: its own, else its tube's, else `worker`'s (a
+-- fail's options: {['max-tries'] = ..., ...}, or nil), else the defaults.
+local function policies_of(jk, t, worker)
   local f = rcall('HMGET', jk, JOB_EXPIRES_AT, JOB_MAX_TRIES, JOB_BACKOFF, JOB_BACKOFF_MAX,
     JOB_ON_EXPIRE)
   if not (f[2] and f[3] and f[4] and f[5]) then
     local s = rcall('HMGET', k_settings(t), 'max-tries', 'backoff-ms', 'backoff-max-ms', 'on-expire')
     for i = 2, 5 do f[i] = f[i] or s[i - 1] end
+  end
+  if worker then
+    f[2] = f[2] or worker['max-tries']
+    f[3] = f[3] or worker['backoff-ms']
+    f[4] = f[4] or worker['backoff-max-ms']
   end
   return tonumber(f[1] or 0), tonumber(f[2] or 0), tonumber(f[3] or 0), tonumber(f[4] or 0),
     f[5] or 'bury'
@@ -216,13 +222,13 @@ end
 -- its TTL the job expires, at max-tries it is buried with reason 'max-tries'. Returns true when
 -- a policy took the job (its events written, it is no longer reserved), else false and the
 -- backoff delay (ms, 0 for none): the caller puts the job back as usual.
-local function end_try(id, t, jk, now, how)
+local function end_try(id, t, jk, now, how, worker)
   if rcall('HEXISTS', jk, JOB_CANCELLED) == 1 then  -- cancelled while reserved: gone
     drop_cancelled(id, t, jk, 'reserved', now)
     return true
   end
   local tries = rcall('HINCRBY', jk, JOB_TRIES, 1)
-  local x, max_tries, backoff, backoff_max, on_expire = policies_of(jk, t)
+  local x, max_tries, backoff, backoff_max, on_expire = policies_of(jk, t, worker)
   if x > 0 and x <= now then
     expire_job(id, t, jk, 'reserved', now, on_expire)
     return true
