@@ -45,6 +45,8 @@ COUNTED_AS: Mapping[tuple[str, str], tuple[str, ...]] = {
     ("buried", "expired"): ("buried", "buried_expired"),
     ("kicked", ""): ("kicked",),
     ("deleted", ""): ("deleted",),
+    ("deleted", "finished"): ("deleted", "finished"),  # a finish is a delete too
+    ("failed", ""): ("failed",),
     ("reprioritized", ""): (),  # an event no column counts: its tube and minute still have a row
 }
 KINDS = tuple(COUNTED_AS)

@@ -32,12 +32,14 @@ HOUR = 3_600_000
 ALL = "*"
 COUNTED = {"put": "put", "promoted": "promoted", "reserved": "reserved",
            "released": "released", "touched": "touched", "kicked": "kicked",
-           "deleted": "deleted"}
+           "deleted": "deleted", "failed": "failed"}
 # A time-out is counted by its reason: a TTR running out, or a job given back because its
-# connection closed or its process died. A bury is counted whole and by its reason too.
+# connection closed or its process died. A bury is counted whole and by its reason too, and a
+# delete by finish both as a delete and as a finish.
 TIMED_OUT = {"": "timed_out", "disconnect": "disconnected", "reaped": "reaped"}
 BURIED = {"": "buried_deliberate", "max-tries": "buried_max_tries", "expired": "buried_expired"}
-COLUMNS = (*COUNTED.values(), *TIMED_OUT.values(), "buried", *BURIED.values())
+COLUMNS = (*COUNTED.values(), *TIMED_OUT.values(), "buried", *BURIED.values(), "finished",
+           "result_bytes")
 
 
 def columns_of(event: str, reason: str) -> tuple[str, ...]:
@@ -46,6 +48,8 @@ def columns_of(event: str, reason: str) -> tuple[str, ...]:
         return (TIMED_OUT[reason],)
     if event == "buried":
         return ("buried", BURIED[reason])
+    if event == "deleted" and reason == "finished":
+        return ("deleted", "finished")
     return (COUNTED[event],)
 STATES = ("ready", "delayed", "reserved", "buried")
 
@@ -99,10 +103,13 @@ def bucket_of(time_ms: int, size: int | None) -> tuple[int, ...]:
 def expected_metrics(record: workload.Record, size: int | None) -> dict[tuple[Any, ...], dict]:
     counts: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for job in record.jobs:
-        for event, at, _, _, _, reason in job.steps:
+        for event, at, _, _, _, reason, result_bytes, _, _ in job.steps:
             for column in columns_of(event, reason):
                 for tube in (job.tube, ALL):
                     counts[(tube, *bucket_of(at, size))][column] += 1
+            if event == "deleted" and reason == "finished":
+                for tube in (job.tube, ALL):
+                    counts[(tube, *bucket_of(at, size))]["result_bytes"] += result_bytes
     samples: dict[tuple[Any, ...], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for name, measures in (("wait_ms", record.waits), ("processing_ms", record.processing),
                            ("lateness_ms", record.lateness)):
@@ -179,6 +186,15 @@ def assert_rows_equal(actual: dict[tuple[Any, ...], dict], expected: dict[tuple[
 def test_workload_covers_every_transition(record: workload.Record) -> None:
     events = Counter(step[0] for job in record.jobs for step in job.steps)
     assert set(events) == {*COUNTED, "timed-out", "buried"}
+    # Finishes (of results of several sizes), and fails before a release and before a bury.
+    sizes = {step[6] for job in record.jobs for step in job.steps
+             if step[0] == "deleted" and step[5] == "finished"}
+    assert len(sizes) > 5 and sum(sizes) > 0
+    after_fail = Counter((step[0], step[5]) for job in record.jobs
+                         for before, step in itertools.pairwise(job.steps)
+                         if before[0] == "failed")
+    assert set(after_fail) == {("released", "failed"), ("buried", "max-tries")}, after_fail
+    assert max(step[8] for job in record.jobs for step in job.steps) >= 2  # failures counted
     for event, reasons_expected in (("timed-out", TIMED_OUT), ("buried", BURIED)):
         reasons = Counter(step[5] for job in record.jobs for step in job.steps
                           if step[0] == event)
@@ -235,15 +251,16 @@ def test_failing_tubes_and_hours(report_dir: Path, record: workload.Record) -> N
     for table, size in (("failing_tubes", None), ("failing_hours", HOUR)):
         metrics = expected_metrics(record, size)
         failing = sorted(
-            ((row["timed_out"] + row["buried"], key, row) for key, row in metrics.items()
-             if key[0] != ALL and row["timed_out"] + row["buried"] > 0),
+            ((row["timed_out"] + row["failed"] + row["buried"], key, row)
+             for key, row in metrics.items()
+             if key[0] != ALL and row["timed_out"] + row["failed"] + row["buried"] > 0),
             key=lambda item: (-item[0], item[1]))
         rows = sorted(rows_of(report_dir, table), key=lambda row: row["rank"])
         assert [row["rank"] for row in rows] == list(range(1, len(failing) + 1))
         for row, (failures, key, want) in zip(rows, failing, strict=True):
             assert (row["tube"], *(() if size is None else (row["bucket_ms"],))) == key
-            assert (row["timed_out"], row["buried"], row["failures"]) == (
-                want["timed_out"], want["buried"], failures)
+            assert (row["timed_out"], row["failed"], row["buried"], row["failures"]) == (
+                want["timed_out"], want["failed"], want["buried"], failures)
 
 
 def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession) -> None:
@@ -272,7 +289,8 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
     assert {tube: (row["timed_out"], row["disconnected"], row["reaped"])
             for tube, row in by_tube.items()} == {
         "t": (1, 1, 1), "u": (0, 1, 0), ALL: (1, 2, 1)}
-    assert failing == [{"rank": 1, "tube": "t", "timed_out": 1, "buried": 0, "failures": 1}]
+    assert failing == [{"rank": 1, "tube": "t", "timed_out": 1, "failed": 0, "buried": 0,
+                        "failures": 1}]
     assert backlog == {"t": 1, "u": 1, ALL: 2}  # every one of them went back to ready
 
 
@@ -323,6 +341,56 @@ def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:
     assert (t["wait_ms_p50"], t["wait_ms_p99"]) == (750.0, 995.0)  # 1000 and 500, not 4000
     assert (t["lateness_ms_n"], t["lateness_ms_p50"]) == (1, 500.0)
     assert t["processing_ms_p50"] == 500.0
+
+
+def test_finished_and_failed_jobs_per_tube(spark: SparkSession) -> None:
+    """The ends (issue 32): a finish is a `deleted` with reason `finished` (counted as deleted
+    and as finished, its size summed, its processing time measured); a fail is a `failed`
+    before the job's own move (counted apart, leaving the job reserved until then), and ranks
+    its tube among the failing ones. A finish an older tubeq wrote has no size: 0 bytes."""
+    def row(sid: str, event: str, job: int, tube: str, tries: int, reason: str = "",
+            size: int | None = 0, error: str | None = "", failures: int | None = 0
+            ) -> tuple[Any, ...]:
+        at = int(sid.split("-")[0])
+        return (sid, event, job, tube, 0, 0, 30000, 0, tries, at, "p", reason, size, error,
+                failures)
+
+    rows = [
+        row("1000-0", "put", 1, "t", 0),
+        row("1100-0", "reserved", 1, "t", 1),
+        row("1400-0", "failed", 1, "t", 1, size=4, error="boom", failures=1),
+        row("1400-1", "released", 1, "t", 1, "failed"),
+        row("1500-0", "reserved", 1, "t", 2),
+        row("1800-0", "deleted", 1, "t", 2, "finished", size=9),       # finished: 300 ms
+        row("2000-0", "put", 2, "t", 0),
+        row("2100-0", "reserved", 2, "t", 1),
+        row("2150-0", "deleted", 2, "t", 1),                             # a plain delete: 50 ms
+        row("3000-0", "put", 3, "u", 0),
+        row("3100-0", "reserved", 3, "u", 1),
+        row("3200-0", "failed", 3, "u", 1, size=300, error="E" * 256, failures=1),
+        row("3200-1", "buried", 3, "u", 1, "max-tries"),
+        row("4000-0", "put", 4, "u", 0, size=None, error=None, failures=None),
+        row("4001-0", "reserved", 4, "u", 1, size=None, error=None, failures=None),
+        row("4021-0", "deleted", 4, "u", 1, "finished", size=None, error=None, failures=None),
+    ]
+    tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
+    try:
+        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
+        failing = [row.asDict() for row in tables["failing_tubes"].collect()]
+        backlog = {row["tube"]: (row["reserved"], row["buried"])
+                   for row in tables["backlog"].collect()}
+    finally:
+        report.release(tables)
+    columns = ("finished", "failed", "deleted", "result_bytes", "released", "buried_max_tries")
+    assert {tube: tuple(row[c] for c in columns) for tube, row in by_tube.items()} == {
+        "t": (1, 1, 2, 9, 1, 0), "u": (1, 1, 1, 0, 0, 1), ALL: (2, 2, 3, 9, 1, 1)}
+    assert (by_tube["t"]["processing_ms_n"], by_tube["t"]["processing_ms_p50"]) == (2, 175.0)
+    assert by_tube["u"]["processing_ms_n"] == 1
+    assert by_tube["t"]["wait_ms_n"] == 3  # the fail's release made job 1 ready: 100 ms
+    assert failing == [
+        {"rank": 1, "tube": "u", "timed_out": 0, "failed": 1, "buried": 1, "failures": 2},
+        {"rank": 2, "tube": "t", "timed_out": 0, "failed": 1, "buried": 0, "failures": 1}]
+    assert backlog == {"t": (0, 0), "u": (0, 1), ALL: (0, 1)}
 
 
 def test_empty_archive(spark: SparkSession, tmp_path: Path) -> None:
@@ -441,10 +509,10 @@ def test_report_html_renders_in_chromium(report_dir: Path, record: workload.Reco
     counts = re.search(r'<table id="table-counts">(.*?)</table>', dom, re.S)
     assert counts is not None
     assert counts.group(1).count("<tr>") == 2 + len(workload.TUBES) + 1  # 2 header rows
-    for group in ("jobs", "time-outs", "buries"):
+    for group in ("jobs", "time-outs", "buries", "ends"):
         assert f'class="group">{group}</th>' in counts.group(1), group
     for column in ("timed_out", "disconnected", "reaped", "buried", "buried_deliberate",
-                   "buried_max_tries", "buried_expired"):
+                   "buried_max_tries", "buried_expired", "finished", "failed", "result_bytes"):
         assert f'data-column="{column}"' in counts.group(1), column
     times = re.search(r'<table id="table-times">(.*?)</table>', dom, re.S)
     assert times is not None and "queue wait, ms" in times.group(1)
@@ -555,11 +623,46 @@ def test_a_report_over_several_archives_is_the_report_of_their_union(
 # ---------------------------------------------------------------------------------------------
 
 
+def answer_in_tube(address: tuple[str, int], tube: str) -> dict[str, int]:
+    """A worker that answers, on the wire (greenstalk knows no finish or fail): job a finished
+    with a 9-byte result; job b failed twice (back to ready each time), then finished with 2
+    bytes. Returns the tube's stats-tube counters as this connection sees them."""
+    import socket
+
+    with socket.create_connection(address, timeout=10) as conn, conn.makefile("rb") as replies:
+
+        def ask(command: bytes) -> bytes:
+            conn.sendall(command)
+            return replies.readline()
+
+        def take() -> int:
+            reserved = ask(b"reserve-with-timeout 5\r\n").split()
+            assert reserved[0] == b"RESERVED", reserved
+            replies.readline()  # the body
+            return int(reserved[1])
+
+        assert ask(f"use {tube}\r\nwatch {tube}\r\n".encode()) == f"USING {tube}\r\n".encode()
+        assert replies.readline() == b"WATCHING 2\r\n"
+        assert ask(b"ignore default\r\n") == b"WATCHING 1\r\n"
+        assert ask(b"put 0 0 30 1\r\na\r\n").startswith(b"INSERTED ")
+        assert ask(b"finish %d 9\r\nforty-two\r\n" % take()) == b"FINISHED\r\n"
+        assert ask(b"put 0 0 30 1\r\nb\r\n").startswith(b"INSERTED ")
+        for error in (b"boom", b"boom again"):
+            assert ask(b"fail %d %d\r\n%s\r\n" % (take(), len(error), error)) == b"FAILED\r\n"
+        assert ask(b"finish %d 2\r\nok\r\n" % take()) == b"FINISHED\r\n"
+        head = ask(f"stats-tube {tube}\r\n".encode()).split()
+        assert head[0] == b"OK", head
+        document = replies.read(int(head[1]) + 2).decode()
+    counts = dict(line.split(": ", 1) for line in document.splitlines() if ": " in line)
+    return {key: int(counts[key]) for key in ("total-finished", "total-failed")}
+
+
 def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
                                     tmp_path: Path) -> None:
     """A real tubeq's events, archived by `tubeq-pipeline archive`, then reported: counts, tries
     and the final backlog exactly; waits and processing within what the test itself slept and
-    measured around each command."""
+    measured around each command; the jobs finished and failed, and the results' bytes, of a
+    second tube where a worker answers (finish, fail: issue 32) as its stats-tube counts them."""
     import time
 
     import greenstalk
@@ -596,6 +699,7 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
             time.sleep(1.6)                          # late-0 comes due; short-ttr times out
             assert client.reserve(timeout=5).body == "short-ttr"   # pri 0, back after its TTR
             assert client.reserve(timeout=5).body == "now-2"
+            ends = answer_in_tube(server.address, "ends")
             stats = dict(client.stats_tube(tube))
             server_timeouts = int(client.stats()["job-timeouts"])
             elapsed_ms = (time.monotonic() - started) * 1000
@@ -618,7 +722,8 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     assert during.count() == len(recorded) > 0
     tables = report.build_report(during)
     try:
-        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}[tube]
+        tubes = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
+        by_tube, answered = tubes[tube], tubes["ends"]
         tries = {row["tries"]: row["jobs"] for row in tables["tries"].collect()
                  if row["tube"] == tube}
         backlog = max((row.asDict() for row in tables["backlog"].collect()
@@ -648,3 +753,9 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     assert (backlog["ready"], backlog["delayed"], backlog["reserved"], backlog["buried"]) == (
         stats["current-jobs-ready"], stats["current-jobs-delayed"],
         stats["current-jobs-reserved"], stats["current-jobs-buried"]) == (4, 0, 2, 1)
+    # The ends: two jobs finished (9 and 2 bytes), one of them after two fails.
+    assert (answered["finished"], answered["failed"], answered["result_bytes"]) == (
+        ends["total-finished"], ends["total-failed"], 11) == (2, 2, 11)
+    assert (answered["put"], answered["reserved"], answered["released"],
+            answered["deleted"]) == (2, 4, 2, 2)
+    assert answered["processing_ms_n"] == 2

@@ -2,8 +2,9 @@
 
 ``simulate()`` plays a seeded workload (puts with and without delays, reserves, touches, releases
 with and without delays, TTR time-outs and jobs given back (disconnect, reaped), buries
-(deliberate, max-tries, expired), kicks, deletes of reserved, buried and ready jobs,
-jobs left ready, delayed, reserved or buried at the end) and keeps two things apart:
+(deliberate, max-tries, expired), kicks, deletes of reserved, buried and ready jobs, finishes
+with results of known sizes, fails followed by a release or a max-tries bury, jobs left ready,
+delayed, reserved or buried at the end) and keeps two things apart:
 
 * the **record**: what the test did, in its own terms: every wait (reserve time minus the moment
   the simulation made the job ready), every processing time, every promotion's lateness, each
@@ -40,10 +41,13 @@ class JobRecord:
     id: int
     tube: str
     tries: int = 0
+    failures: int = 0
     # (state, since_ms, until_ms or None): what the job was, from when, until when.
     states: list[tuple[str, int, int | None]] = field(default_factory=list)
-    # (event, time_ms, delay_ms, due_ms, tries, reason) in the order they happened.
-    steps: list[tuple[str, int, int, int, int, str]] = field(default_factory=list)
+    # (event, time_ms, delay_ms, due_ms, tries, reason, size, error, failures) in the order
+    # they happened; size: a finish's result bytes or a fail's error bytes.
+    steps: list[tuple[str, int, int, int, int, str, int, str, int]] = field(
+        default_factory=list)
 
 
 @dataclass
@@ -75,13 +79,21 @@ class _Life:
             states.append((state, at, None))
 
     def step(self, event: str, at: int, state: str | None, *, delay_ms: int = 0,
-             due_ms: int = 0, reason: str = "") -> None:
+             due_ms: int = 0, reason: str = "", size: int = 0, error: str = "") -> None:
         assert at >= self.now
         self.now = at
-        self.job.steps.append((event, at, delay_ms, due_ms, self.job.tries, reason))
+        failures = self.job.failures if event == "failed" else 0
+        self.job.steps.append((event, at, delay_ms, due_ms, self.job.tries, reason, size, error,
+                               failures))
         self._enter(state, at)
         if state == "ready":
             self.ready_since = at
+
+    def fail(self, at: int) -> None:
+        """Its holder fails it: a ``failed`` step (it stays reserved); its move comes next."""
+        self.job.failures += 1
+        error = f"RuntimeError: attempt {self.job.tries} of job {self.job.id}"
+        self.step("failed", at, "reserved", size=len(error), error=error)
 
 
 def simulate(seed: int = 9, jobs: int = 320, span_ms: int = 3 * 3_600_000) -> Record:
@@ -113,10 +125,11 @@ def simulate(seed: int = 9, jobs: int = 320, span_ms: int = 3 * 3_600_000) -> Re
 
 
 def _delayed(rng: random.Random, life: _Life, event: str, at: int, delay: int,
-             job_id: int) -> None:
+             job_id: int, reason: str = "") -> None:
     """A put or release with ``delay`` (ms); a delayed job is then promoted, a little late."""
     due = at + delay if delay else 0
-    life.step(event, at, "delayed" if delay else "ready", delay_ms=delay, due_ms=due)
+    life.step(event, at, "delayed" if delay else "ready", delay_ms=delay, due_ms=due,
+              reason=reason)
     if not delay or delay > 5 * 3_600_000:
         return
     promoted = due + rng.choice((0, 0, 3, 17, 250, 1_250))
@@ -142,19 +155,30 @@ def _attempts(rng: random.Random, life: _Life, job_id: int) -> None:
             outcome = "delete"
         if outcome == "delete":
             deleted = life.now + rng.randrange(1, 20_000)
-            life.step("deleted", deleted, None)
+            if job_id % 5 < 3:  # a finish: the same delete, answered
+                life.step("deleted", deleted, None, reason="finished", size=job_id % 97)
+            else:
+                life.step("deleted", deleted, None)
             record.processing.append(Measure(job.tube, deleted, deleted - reserved))
             return
         if outcome in ("release", "release-later"):
             delay = 0 if outcome == "release" else rng.choice((2_000, 120_000))
-            _delayed(rng, life, "released", reserved + rng.randrange(10, 5_000), delay, job_id)
+            released = reserved + rng.randrange(10, 5_000)
+            if job_id % 3 == 0:  # failed by its holder: a fail, then the release it makes
+                life.fail(released)
+                _delayed(rng, life, "released", released, delay, job_id, reason="failed")
+            else:
+                _delayed(rng, life, "released", released, delay, job_id)
         elif outcome == "timeout":
             reason = "disconnect" if job_id % 5 == 0 else "reaped" if job_id % 7 == 3 else ""
             life.step("timed-out", reserved + life.ttr_ms, "ready", reason=reason)
         else:
             # A job policy's bury names its reason; a client's has none.
             why = "max-tries" if job_id % 6 == 1 else "expired" if job_id % 6 == 2 else ""
-            life.step("buried", reserved + rng.randrange(10, 8_000), "buried", reason=why)
+            buried = reserved + rng.randrange(10, 8_000)
+            if why == "max-tries" and job_id % 4 == 1:  # its last try ended by a fail
+                life.fail(buried)
+            life.step("buried", buried, "buried", reason=why)
             after = rng.choice(("kick", "kick", "delete", "stay"))
             if after == "stay":
                 return
@@ -176,13 +200,15 @@ def events(record: Record) -> list[tuple[str | int, ...]]:
     merged.sort(key=lambda item: (item[0], item[1], item[2]))
     rows: list[tuple[str | int, ...]] = []
     last_ms, seq = -1, 0
-    for at, job_id, _, job, (event, _, delay_ms, due_ms, tries, reason) in merged:
+    for at, job_id, _, job, (event, _, delay_ms, due_ms, tries, reason, size, error,
+                             failures) in merged:
         seq = seq + 1 if at == last_ms else 0
         last_ms = at
         values: dict[str, str | int] = {
             "event": event, "id": job_id, "tube": job.tube, "pri": 100, "delay_ms": delay_ms,
             "ttr_ms": 5_000, "due_ms": due_ms, "tries": tries, "time_ms": at,
-            "by": "sim-1", "reason": reason, "size": 0, "error": "", "failures": 0,
+            "by": "sim-1", "reason": reason, "size": size, "error": error,
+            "failures": failures,
         }
         rows.append((f"{at}-{seq}", *(values[name] for name in FIELDS)))
     random.Random(1).shuffle(rows)

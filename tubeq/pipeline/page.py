@@ -17,8 +17,8 @@ Rules:
 * Series that coincide stay visible: the first is drawn wide and light under the others, the
   next dashed or dotted.
 * The per-tube tables fit a 1,500 px window: counts and times are two tables, each with its
-  columns grouped under a heading (jobs, time-outs by reason, buries by reason; one group per
-  measure).
+  columns grouped under a heading (jobs, time-outs by reason, buries by reason, the ends: jobs
+  finished, fails and the results' bytes; one group per measure).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ COUNT_GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
     ("time-outs", (("timed_out", "TTR"), ("disconnected", "disconnect"), ("reaped", "reaped"))),
     ("buries", (("buried", "all"), ("buried_deliberate", "deliberate"),
                 ("buried_max_tries", "max-tries"), ("buried_expired", "expired"))),
+    ("ends", (("finished", "finished"), ("failed", "failed"), ("result_bytes", "result bytes"))),
 )
 _MEASURE_HEADINGS: Final = {"wait_ms": "queue wait, ms", "processing_ms": "processing, ms",
                             "lateness_ms": "delay lateness, ms"}
@@ -149,15 +150,18 @@ def render_html(tables: Mapping[str, Sequence[Row]]) -> str:
         '<p class="note">time-outs: TTR is a TTR running out (the server\'s job-timeouts); '
         "disconnect and reaped are jobs given back because their connection closed or their "
         "process died, not failures. buries: all of them, then by who buried the job (a "
-        "client, deliberately; a job policy, at max-tries or at its expiry).</p>",
+        "client, deliberately; a job policy, at max-tries or at its expiry). ends: jobs "
+        "finished (also counted in deleted) and their results' bytes; failed counts every fail, "
+        "and the job's move after it (released, buried) is counted there too.</p>",
         "<h2>Per tube: times</h2>",
         _grouped_table(ordered, TIME_GROUPS, "table-times"),
-        "<h2>Tubes that fail most (TTR time-outs + buries)</h2>",
-        _table(failing_tubes[:MAX_RANKED_ROWS], ["rank", "tube", "timed_out", "buried",
-                                                 "failures"], "table-failing-tubes"),
+        "<h2>Tubes that fail most (TTR time-outs + fails + buries)</h2>",
+        _table(failing_tubes[:MAX_RANKED_ROWS], ["rank", "tube", "timed_out", "failed",
+                                                 "buried", "failures"], "table-failing-tubes"),
         "<h2>Hours that fail most</h2>",
         _table(failing_hours[:MAX_RANKED_ROWS], ["rank", "tube", "bucket_ms", "timed_out",
-                                                 "buried", "failures"], "table-failing-hours"),
+                                                 "failed", "buried", "failures"],
+               "table-failing-hours"),
         "<h2>Tries per job (all tubes)</h2>",
         _table(tries, ["tries", "jobs"], "table-tries"),
         f'<script type="application/json" id="report-data">{payload}</script>',

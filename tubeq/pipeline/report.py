@@ -34,6 +34,16 @@ Rules:
   ``reaped`` (the process holding it died) count those, and neither is a failure.
 * ``buried`` counts every bury, and ``buried_deliberate`` (a client's bury),
   ``buried_max_tries`` and ``buried_expired`` (a job policy's, by the event's reason) split it.
+* The ends (issue 32): ``finished`` counts the ``deleted`` events with reason ``finished`` (a
+  finish is a delete that answered: ``deleted`` counts it too, and processing time is measured
+  at it as at any delete of a reserved job), and ``result_bytes`` sums their ``size``. ``failed``
+  counts the ``failed`` events, one per ``fail``, which leave the job reserved: the ``released``,
+  ``buried`` or ``expired`` after it moves the job and is counted as such. The server's
+  stats-tube ``total-finished`` and ``total-failed`` count the same. An archive written before
+  ``size`` existed reads it null: 0 bytes.
+* A tube's or an hour's failures, which the rankings sort by, are its TTR time-outs, fails and
+  buries (``timed_out + failed + buried``): a fail that was a job's last try counts twice (its
+  ``failed`` and its ``buried``), as a time-out that was does.
 * Every table also has rows for all tubes together, with ``tube`` = ``"*"`` (a character no tube
   name may contain).
 * Backlog is derived from the event flow only: per minute, the jobs in each state at the end of
@@ -61,7 +71,7 @@ from numpy.typing import NDArray
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tubeq.model.events import FIELDS, SPARK_DDL, EventName
+from tubeq.model.events import FIELDS, INT_FIELDS, LATER_FIELDS, SPARK_DDL, EventName
 from tubeq.pipeline.layout import is_old_format, local_path, old_format_error
 from tubeq.pipeline.page import render_html
 from tubeq.pipeline.session import PipelineError, spark_session
@@ -74,6 +84,7 @@ from tubeq.pipeline.tables import (
     COUNTED_COLUMNS,
     DELAYED,
     DISCONNECTED,
+    FINISHED,
     HOUR_MS,
     MEASURES,
     MINUTE_MS,
@@ -82,6 +93,7 @@ from tubeq.pipeline.tables import (
     REAPED,
     RESERVED,
     STATES,
+    SUMMED,
     TABLES,
 )
 
@@ -90,7 +102,7 @@ GONE: Final = "gone"
 # The per-job window sorts every event of the archive, so its rows are kept narrow: events and
 # states travel through it as small integer codes (their index in these tuples), not as strings.
 _EVENT_CODES: Final[tuple[str, ...]] = (*EventName, DISCONNECTED, REAPED, BURIED_MAX_TRIES,
-                                         BURIED_EXPIRED)
+                                         BURIED_EXPIRED, FINISHED)
 _STATE_CODES: Final = (*STATES, GONE)
 
 
@@ -104,8 +116,9 @@ def _state(state: str) -> Column:
 
 def event_code(event: Column, reason: Column) -> Column:
     """The code of the event named by ``event``, told apart by ``reason`` where the report counts
-    reasons apart (a ``timed-out`` or ``buried`` that tubeq did on its own); null for a name this
-    module does not know. Public for the live table (``live.py``), which counts the same way."""
+    reasons apart (a ``timed-out`` or ``buried`` that tubeq did on its own, a ``deleted`` by
+    finish); null for a name this module does not know. Public for the live table
+    (``live.py``), which counts the same way."""
     by_name = F.create_map(*[F.lit(part) for code, name in enumerate(_EVENT_CODES)
                              for part in (str(name), code)])[event]
     why = F.coalesce(reason, F.lit(""))
@@ -115,7 +128,13 @@ def event_code(event: Column, reason: Column) -> Column:
             .when(timed_out & (why != ""), _event(DISCONNECTED))
             .when(buried & (why == "max-tries"), _event(BURIED_MAX_TRIES))
             .when(buried & (why == "expired"), _event(BURIED_EXPIRED))
+            .when(_finished(event, reason), _event(FINISHED))
             .otherwise(by_name))
+
+
+def _finished(event: Column, reason: Column) -> Column:
+    """Whether the event (by name and reason) is a finish's ``deleted``."""
+    return (event == EventName.DELETED.value) & (F.coalesce(reason, F.lit("")) == "finished")
 
 
 def _new_state(event: Column, delay_ms: Column) -> Column:
@@ -127,7 +146,9 @@ def _new_state(event: Column, delay_ms: Column) -> Column:
         # A time-out with a retry backoff (put-with backoff-ms) leaves the job delayed.
         .when(event.isin(EventName.RELEASED.value, EventName.TIMED_OUT.value), delayed_or_ready)
         .when(event.isin(EventName.PROMOTED.value, EventName.KICKED.value), _state(READY))
-        .when(event.isin(EventName.RESERVED.value, EventName.TOUCHED.value), _state(RESERVED))
+        # A fail leaves the job reserved for the instant until its move, the next event.
+        .when(event.isin(EventName.RESERVED.value, EventName.TOUCHED.value,
+                         EventName.FAILED.value), _state(RESERVED))
         .when(event == EventName.BURIED.value, _state(BURIED))
         .when(event.isin(EventName.DELETED.value, EventName.EXPIRED.value,
                          EventName.DEAD_LETTERED.value), _state(GONE))
@@ -198,8 +219,10 @@ def annotate(events: DataFrame) -> DataFrame:
     ``_EVENT_CODES`` and ``_STATE_CODES``); known_before (the code of the state the job's previous
     event left, null for its first event in the archive); job_tries (on the job's first event
     only: the most reservations any of its events counts); measure (the index in ``MEASURES`` of
-    what the event measures, null if nothing) and value (that measure, ms).
+    what the event measures, null if nothing) and value (that measure, ms); result_bytes (a
+    finish's result size, 0 where the archive has none; null on every other event).
     """
+    events = with_later_fields(events)
     event = F.col("event")
     time_ms = F.col("time_ms")
     state_after = F.col("state_after")
@@ -212,7 +235,9 @@ def annotate(events: DataFrame) -> DataFrame:
                     F.substring_index(sid, "-", 1).cast("long").alias("sid_ms"),
                     F.coalesce(sid_seq, F.lit(0)).alias("sid_seq"),
                     event_code(event, F.col("reason")).alias("event"),
-                    _new_state(event, F.col("delay_ms")).alias("state_after"))
+                    _new_state(event, F.col("delay_ms")).alias("state_after"),
+                    F.when(_finished(event, F.col("reason")),
+                           F.coalesce(F.col("size"), F.lit(0))).alias("result_bytes"))
             .where(state_after.isNotNull()))
     # The job id first: the sort's prefix is then a long that settles nearly every comparison,
     # where the tube (a string shared by a fiftieth of the events) settles none.
@@ -221,7 +246,7 @@ def annotate(events: DataFrame) -> DataFrame:
     whole = job.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     # All in one select, so Spark evaluates them in one window operator over one sort.
     rows = rows.select(
-        "tube", "event", "state_after", "time_ms", "due_ms",
+        "tube", "event", "state_after", "time_ms", "due_ms", "result_bytes",
         F.lag("state_after").over(job).alias("known_before"),
         F.when(F.row_number().over(job) == 1, F.max("tries").over(whole)).alias("job_tries"),
         F.last(F.when(state_after == _state(READY), time_ms), ignorenulls=True)
@@ -234,7 +259,8 @@ def annotate(events: DataFrame) -> DataFrame:
     own_due = F.when(F.col("due_ms") > 0, F.col("due_ms"))
     # An event measures one thing at most: the three conditions exclude each other by event.
     wait = (event == _event(EventName.RESERVED)) & (known_before == _state(READY))
-    processing = (event == _event(EventName.DELETED)) & (known_before == _state(RESERVED))
+    processing = (event.isin(_event(EventName.DELETED), _event(FINISHED))
+                  & (known_before == _state(RESERVED)))
     lateness = event == _event(EventName.PROMOTED)
     value = (F.when(wait, time_ms - F.col("ready_since"))
              .when(processing, time_ms - F.col("reserved_since"))
@@ -245,7 +271,19 @@ def annotate(events: DataFrame) -> DataFrame:
     return rows.select(
         "tube", _bucket(time_ms, MINUTE_MS).alias("bucket_ms"), "event", "known_before",
         "state_after", "job_tries",
-        F.when(value.isNotNull(), measure).alias("measure"), value.alias("value"))
+        F.when(value.isNotNull(), measure).alias("measure"), value.alias("value"),
+        "result_bytes")
+
+
+def with_later_fields(events: DataFrame) -> DataFrame:
+    """``events`` with the ``LATER_FIELDS`` it lacks added as nulls: a DataFrame of the schema
+    before them (an old archive read without ``read_archive``'s schema) reports as one with them
+    null."""
+    for name in LATER_FIELDS:
+        if name not in events.columns:
+            kind = "bigint" if name in INT_FIELDS else "string"
+            events = events.withColumn(name, F.lit(None).cast(kind))
+    return events
 
 
 def _bucket(time_ms: Column, size_ms: int) -> Column:
@@ -291,13 +329,15 @@ def counted(code: Column) -> list[Column]:
 
 
 def _minute_flows(facts: DataFrame) -> DataFrame:
-    """Per tube and minute: each counted event's count, and each state's net change
-    ``d_<state>`` (jobs that entered it minus jobs that left it)."""
+    """Per tube and minute: each counted event's count, the ``SUMMED`` sums, and each state's
+    net change ``d_<state>`` (jobs that entered it minus jobs that left it)."""
     # A job's first event in the archive only adds it: it was in no count before.
     deltas = [(F.count(F.when(F.col("state_after") == _state(state), 1))
                - F.count(F.when(F.col("known_before") == _state(state), 1))).alias(f"d_{state}")
               for state in STATES]
-    return facts.groupBy("tube", "bucket_ms").agg(*counted(F.col("event")), *deltas)
+    # SUMMED, in its order: facts has a column of each, null on the events it does not apply to.
+    sums = [F.coalesce(F.sum(column), F.lit(0)).cast("long").alias(column) for column in SUMMED]
+    return facts.groupBy("tube", "bucket_ms").agg(*counted(F.col("event")), *sums, *deltas)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,8 +475,9 @@ def _percentiles(figures: DataFrame, grain_ms: int | None) -> DataFrame:
 
 
 def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
-    """Event counts per tube (and bucket of ``grain_ms``), all tubes included."""
-    counted = list(COUNTED_COLUMNS)
+    """Event counts and ``SUMMED`` sums per tube (and bucket of ``grain_ms``), all tubes
+    included."""
+    counted = [*COUNTED_COLUMNS, *SUMMED]
     keys = _keys(grain_ms)
     per_tube = _summed(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms), keys,
                        counted)
@@ -453,7 +494,7 @@ def _metrics(flows: DataFrame, figures: DataFrame, grain_ms: int | None) -> Data
     shares = [f"{measure}_p{round(fraction * 100)}"
               for measure in MEASURES for fraction in PERCENTILES]
     return (counts.join(percentiles, keys, "left")
-            .select(*keys, *COUNTED_COLUMNS, *samples, *shares)
+            .select(*keys, *COUNTED_COLUMNS, *SUMMED, *samples, *shares)
             .orderBy(*keys))
 
 
@@ -491,8 +532,9 @@ def _backlog(flows: DataFrame) -> DataFrame:
 
 def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
     failing = (counts.where(F.col("tube") != ALL_TUBES)
-               .select(*keys, "timed_out", "buried",
-                       (F.col("timed_out") + F.col("buried")).alias("failures"))
+               .select(*keys, "timed_out", "failed", "buried",
+                       (F.col("timed_out") + F.col("failed") + F.col("buried"))
+                       .alias("failures"))
                .where(F.col("failures") > 0))
     # One partition either way (a ranking is global; the rows are per tube or tube-hour, few),
     # named, so Spark does not warn of a window with none (a warning Spark Connect prints on
@@ -500,7 +542,8 @@ def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
     order = Window.partitionBy(F.lit(0)).orderBy(F.col("failures").desc(),
                                                   *[F.col(key) for key in keys])
     return (failing.withColumn("rank", F.row_number().over(order))
-            .select("rank", *keys, "timed_out", "buried", "failures").orderBy("rank"))
+            .select("rank", *keys, "timed_out", "failed", "buried", "failures")
+            .orderBy("rank"))
 
 
 def build_report(events: DataFrame) -> dict[str, DataFrame]:

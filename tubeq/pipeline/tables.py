@@ -29,6 +29,8 @@ DISCONNECTED: Final = "timed-out+disconnect"
 REAPED: Final = "timed-out+reaped"
 BURIED_MAX_TRIES: Final = "buried+max-tries"
 BURIED_EXPIRED: Final = "buried+expired"
+# A ``deleted`` by finish (reason "finished"): a delete that answered, with its result's size.
+FINISHED: Final = "deleted+finished"
 
 # Events counted per tube and bucket: (column, the events it counts).
 COUNTED: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
@@ -45,9 +47,16 @@ COUNTED: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("buried_max_tries", (BURIED_MAX_TRIES,)),
     ("buried_expired", (BURIED_EXPIRED,)),
     ("kicked", (EventName.KICKED,)),
-    ("deleted", (EventName.DELETED,)),
+    ("deleted", (EventName.DELETED, FINISHED)),  # every delete, finishes included
+    ("finished", (FINISHED,)),  # by finish (the server's total-finished)
+    # Every fail (the server's total-failed); what became of the job is counted where its own
+    # event is: released, buried_max_tries or (an expired job) nowhere.
+    ("failed", (EventName.FAILED,)),
 )
 COUNTED_COLUMNS: Final = tuple(column for column, _ in COUNTED)
+# Sums per tube and bucket, beside the counts (the report's tables only; the live table counts):
+# result_bytes is the sum of the finished jobs' result sizes (their events' ``size``).
+SUMMED: Final = ("result_bytes",)
 # The measures, each with p50/p95/p99 and a sample count column: <measure>_p50 ... <measure>_n.
 MEASURES: Final = ("wait_ms", "processing_ms", "lateness_ms")
 
@@ -58,6 +67,6 @@ TABLES: Final = (
     "by_hour",        # tube, bucket_ms: the same per hour
     "tries",          # tube, tries, jobs: how many jobs were reserved that many times
     "backlog",        # tube, bucket_ms: jobs ready/delayed/reserved/buried at the minute's end
-    "failing_tubes",  # rank, tube, timed_out, buried, failures (timeouts + buries), most first
-    "failing_hours",  # rank, tube, bucket_ms, timed_out, buried, failures, most first
+    "failing_tubes",  # rank, tube, timed_out, failed, buried, failures (their sum), most first
+    "failing_hours",  # rank, tube, bucket_ms, timed_out, failed, buried, failures, most first
 )
