@@ -103,7 +103,8 @@ def test_workers_need_a_fixed_tcp_port() -> None:
 
 def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisProcess) -> None:
     """--workers 2: a wait (and a request/reply) on one process is answered by a finish on
-    the other (the ends channel reaches every worker)."""
+    the other (the ends channel reaches every worker), and a held child on one runs after its
+    parent finished on the other."""
     port, proc = _two_workers(redis_process)
     try:
         _wait_for(port, proc)
@@ -120,6 +121,19 @@ def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisPr
                     assert worker.ask(b"finish 1 3\r\nABC\r\n") == b"FINISHED\r\n"
                     break
             assert caller.reply() == b"ENDED 1 finished 3\r\nABC\r\n"
+            # dependencies: a child put on this worker runs once its parent finished on the
+            # other (its end reaches the child through Redis, whichever process drains it)
+            assert caller.ask(b"put 0 0 60 1\r\np\r\n") == b"INSERTED 2\r\n"
+            assert caller.ask(b"put-with 0 0 60 1 after=2\r\nc\r\n") == b"INSERTED 3\r\n"
+            while True:
+                assert time.monotonic() < deadline, "no connection reached the other worker"
+                with Wire("127.0.0.1", port) as worker:
+                    if int(worker.yaml("stats")["pid"]) == mine:
+                        continue
+                    assert worker.ask("reserve-with-timeout 5") == b"RESERVED 2 1\r\np\r\n"
+                    assert worker.ask(b"finish 2 0\r\n\r\n") == b"FINISHED\r\n"
+                    break
+            assert caller.ask("reserve-with-timeout 10") == b"RESERVED 3 1\r\nc\r\n"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
