@@ -476,6 +476,57 @@ async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None
     assert gauges[9] == 1  # current-waiting
 
 
+async def test_a_staying_take_counts_in_when_it_finds_nothing_and_out_when_it_takes(
+        env: Env) -> None:
+    """reserve_many(stay=True), the push loop's take: one that finds nothing counts the
+    connection in as waiting in the same script (a put then hands it the job), one that takes
+    jobs counts it out, whatever it was before."""
+    s = env.store
+    assert await s.reserve_many(BOB, 4, stay=True) == []
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 1  # current-waiting
+    handed = await env.put(body=b"handed")
+    assert await env.state(handed) is JobState.RESERVED  # handed over: BOB was counted in
+    ready = await env.put(body=b"ready")  # BOB was counted out with the hand-over
+    assert await env.state(ready) is JobState.READY
+    taken = await s.reserve_many(BOB, 4, counted_waiting=False, stay=True)
+    assert [(r.id, r.body) for r in taken] == [(handed, b"handed"), (ready, b"ready")]
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 0
+    assert await s.reserve_many(BOB, 4, stay=True) == []  # nothing: counted in again
+    assert await s.reserve_many(BOB, 4, stay=True) == []  # already in: still once
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 1
+    assert await s.set_waiting(BOB, -1, claim=True) == []
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 0  # current-waiting
+
+
+async def test_a_staying_take_over_shards_counts_in_and_tries_again(redis_url: str) -> None:
+    """Over several shards no one script takes and counts in: a take that finds nothing
+    counts the connection in for wake-ups, then tries again (a job that came in between is
+    taken, and it is counted out); it ends counted in iff no job came."""
+    client = await RedisClient.connect(redis_url)
+    try:
+        store = ShardedStore(client, "split-stay", "inst", 4, FakeClock())
+        await store.load_scripts()
+        await store.connect(ALICE)
+        tubes: dict[int, str] = {}
+        for i in range(40):
+            tubes.setdefault(shard_of_tube(f"t{i}", 4), f"t{i}")
+        await store.change_watches(ALICE, [("+w", tubes[0]), ("+w", tubes[1])])
+        assert await store.reserve_many(ALICE, 4, stay=True) == []
+        waiting = [await store.shards[k].tube_counts(tubes[k]) for k in (0, 1)]
+        assert [c[8] if c else None for c in waiting] == [1, 1]  # counted in both
+        job_id = await store.put(tubes[1], 0, 0, 60, b"woken")  # never handed: a wake-up
+        taken = await store.reserve_many(ALICE, 4, counted_waiting=True, stay=True)
+        assert [r.id for r in taken] == [job_id]
+        waiting = [await store.shards[k].tube_counts(tubes[k]) for k in (0, 1)]
+        assert [c[8] if c else None for c in waiting] == [0, 0]  # counted out of both
+    finally:
+        await client.close()
+
+
 async def test_a_waiter_watching_several_tubes_gets_its_best_job(env: Env) -> None:
     s = env.store
     await s.change_watches(BOB, [("+w", "urgent")])

@@ -8,7 +8,10 @@ a credit. The frames join the connection's reply stream between whole replies (`
 
 Rules:
 * The loop waits as a blocked reserve does (tubeq.server.reserve_wait), registered for its
-  whole life.
+  whole life. A take that finds nothing counts it in as waiting in the same script
+  (``reserve_many(stay=True)``), where a take, a count-in and a take again were three
+  scripts. While it is counted in, a credit coming back does not wake it: puts hand it
+  their jobs, or wake it, as they come.
 * It takes no jobs while the client is not taking its replies (FlowControl.write_paused).
 * Credits a delete-many frees as it is sent (:meth:`Push.settled` with ``take_now``) start the
   next take at once when the loop sleeps for want of credit: the take leaves in the same Redis
@@ -91,7 +94,10 @@ class Push:
             if job_id in pushed:
                 del pushed[job_id]
                 freed = True
-        if freed:
+        wait = self.wait
+        if freed and (wait is None or not wait.counted):
+            # (A loop counted in as waiting had credit left and found nothing: puts hand it
+            # their jobs or wake it; a credit back finds nothing more.)
             if take_now:
                 self._take_early()
             self.nudge()
@@ -145,14 +151,13 @@ class Push:
             free = 0  # the client is not taking frames: take no more jobs for it
         early, self._early = self._early, None
         if early is not None or free > 0:
-            jobs = await wait.took(
-                early if early is not None else wait.send_take(min(free, PUSH_BATCH_MAX)))
+            jobs = await wait.took(early if early is not None else wait.send_take(
+                min(free, PUSH_BATCH_MAX), stay=True))
             if jobs:
                 self._send_jobs(jobs)
-                return
-            if not wait.counted:
-                await wait.count_in()
-                return  # try once more now that a put would wake us
+                return  # look again: more may have come meanwhile (jobs in one take each)
+            # None: counted in by the same script, so a put hands it a job or wakes it from
+            # now on.
         elif wait.counted:
             # No credit left (push 0, or credits lowered): stop waiting, so puts stop handing
             # jobs over; one a put handed over while credit was free is sent.

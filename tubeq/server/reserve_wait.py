@@ -7,9 +7,10 @@ script, sleep on the signal with a bound, claim what a put handed over, count ou
 The race these steps close is drawn in tubeq.server.waiters.
 
 Rules:
-* A wait is counted in Redis from the moment its count-in is sent until a grant (the script
-  counts the token out with it), a claim, or its count-out at :meth:`Wait.leave`: whatever
-  ends the caller, ``leave`` must run (``finally``), so a token is never left counted.
+* A wait is counted in Redis from the moment its count-in (or a staying take) is sent until
+  a grant (the script counts the token out with it), a claim, a staying take that found
+  jobs, or its count-out at :meth:`Wait.leave`: whatever ends the caller, ``leave`` must
+  run (``finally``), so a token is never left counted.
 * Every try re-arms first, so a hint that arrives while the script runs wakes the next sleep.
 * A wait that was woken and leaves without using the wake-up passes it on (the registry does).
 * Redis that lost the token's registration (:meth:`Wait.registration_lost`) makes the wait count
@@ -57,7 +58,8 @@ class GrantOwner(Protocol):
 class Wait(Waiter):
     """One token's wait, registered from construction until :meth:`leave`."""
 
-    __slots__ = ("_deadline", "_owner", "_registry", "_store", "attempt", "counted", "recount")
+    __slots__ = ("_deadline", "_owner", "_registry", "_staying", "_store", "attempt", "counted",
+                 "recount")
 
     def __init__(self, registry: WaiterRegistry, store: JobStore, token: str,
                  tubes: Iterable[str], *, owner: GrantOwner | None = None,
@@ -73,6 +75,7 @@ class Wait(Waiter):
         # The store call that may grant jobs, while it is awaited: a caller that leaves mid-call
         # gives back what it grants.
         self.attempt: asyncio.Future[Any] | None = None
+        self._staying = False  # a staying take was sent and not yet answered (send_take)
         registry.register(self)
 
     async def count_in(self) -> None:
@@ -104,12 +107,18 @@ class Wait(Waiter):
         return await self.took(self._tracked(
             store.reserve_many(self.token, count, counted_waiting=self.counted)))
 
-    def send_take(self, count: int) -> asyncio.Future[list[Reservation]]:
+    def send_take(self, count: int, *, stay: bool = False) -> asyncio.Future[list[Reservation]]:
         """The first half of ``take(count)``: the try, sent now (in the Redis write of the
-        calls sent before it in this tick); :meth:`took` is the second half."""
+        calls sent before it in this tick); :meth:`took` is the second half. ``stay``: a try
+        that finds nothing also counts the token in as waiting (one that finds jobs counts
+        it out): a try and a count-in in one step."""
         self.rearm()
-        return self._tracked(
-            self._store.reserve_many(self.token, count, counted_waiting=self.counted))
+        call = self._store.reserve_many(self.token, count, counted_waiting=self.counted,
+                                        stay=stay)
+        if stay:
+            self.counted = True  # from the moment it is sent: `leave` must count it out
+            self._staying = True
+        return self._tracked(call)
 
     @overload
     async def took(self, call: asyncio.Future[list[Reservation]]) -> list[Reservation]: ...
@@ -120,9 +129,12 @@ class Wait(Waiter):
     async def took(self, call: asyncio.Future[Any]) -> Any:
         """A try's outcome (a grant counts the token out of the waiters)."""
         self.attempt = call
+        staying, self._staying = self._staying, False
         result = await self._awaited(call)
         self.attempt = None  # not kept alive through the next (long) wait
-        if isinstance(result, Reservation) or (isinstance(result, list) and result):
+        if staying:
+            self.counted = not result  # counted in with the try that found nothing, or out
+        elif isinstance(result, Reservation) or (isinstance(result, list) and result):
             self.counted = False  # the script counted the token out with the grant
         return result
 

@@ -228,12 +228,32 @@ class ShardedStore:
         return asyncio.ensure_future(self._reserve_across(token, shards, None, counted_waiting))
 
     def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
-                     number: int = 0, each: bool = False) -> asyncio.Future[list[Reservation]]:
+                     number: int = 0, each: bool = False,
+                     stay: bool = False) -> asyncio.Future[list[Reservation]]:
         shards = self._watching(token)
         if len(shards) == 1:
             return self.shards[shards[0]].reserve_many(token, count,
-                                                       counted_waiting=counted_waiting)
+                                                       counted_waiting=counted_waiting,
+                                                       stay=stay)
+        if stay:
+            return asyncio.ensure_future(self._take_staying(token, shards, count,
+                                                            counted_waiting))
         return asyncio.ensure_future(self._reserve_across(token, shards, count, counted_waiting))
+
+    async def _take_staying(self, token: str, shards: list[int], count: int,
+                            counted: bool) -> list[Reservation]:
+        """``reserve_many(stay=True)`` over several shards, where no one script can take and
+        count in together: a try that finds nothing counts the token in (for wake-ups) and
+        tries once more, as the push loop did step by step; the token ends counted in iff no
+        job came."""
+        taken: list[Reservation] = await self._reserve_across(token, shards, count, False)
+        if not taken and not counted:
+            await self.set_waiting(token, 1)
+            counted = True  # a put from now on wakes it: what it missed, this try takes
+            taken = await self._reserve_across(token, shards, count, False)
+        if taken and counted:
+            await self.set_waiting(token, -1)
+        return taken
 
     async def _reserve_across(self, token: str, shards: list[int], count: int | None,
                               counted_waiting: bool) -> Any:

@@ -4,7 +4,9 @@ Jobs a put already handed to this connection while it waited (put.lua) come firs
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token (the
          connection), now (ms), count, waiter instance ('' unless the connection is counted as
-         waiting: then a grant also counts it out, in the same step), optionally the
+         waiting: then a grant also counts it out, in the same step; '+' and the instance:
+         the push extension's take, which also counts the connection in as waiting when it
+         finds nothing, in the same step), optionally the
          reserve's number on its connection (its first try: one that finds nothing records
          it, see blocked_ahead in includes/jobs.lua) and then 'each': the call is the first
          try of `count` pipelined reserves of one job each, the given number the last one's,
@@ -29,7 +31,11 @@ while #granted < 5 * count do
     or take_entry(entry, token, now)
   for _, v in ipairs(taken) do granted[#granted + 1] = v end
 end
-if #granted > 0 and waiter ~= '' then count_waiting(waiter, token, -1) end
+if string.sub(waiter, 1, 1) == '+' then  -- the push loop's take: counted in iff it got nothing
+  count_waiting(string.sub(waiter, 2), token, #granted == 0 and 1 or -1)
+elseif #granted > 0 and waiter ~= '' then
+  count_waiting(waiter, token, -1)
+end
 if ARGV[7] and (#granted == 0 or (ARGV[8] and #granted < 5 * count)) then
   rcall('SET', k_blocked(token), ARGV[7], 'PX', BLOCKED_TTL_MS)
 end
