@@ -114,7 +114,7 @@ async def test_a_parent_deleted_by_its_holder_counts_as_done(ctx: ServerContext)
     assert await reserve(client, "jobs") == (child, b"c")
 
 
-@pytest.mark.parametrize("how", ["bury", "delete-unrun", "cancel"])
+@pytest.mark.parametrize("how", ["bury", "delete-unrun", "cancel", "cancel-then-delete"])
 async def test_a_parent_that_ends_unfinished_buries_its_child_and_its_waiters_hear(
         ctx: ServerContext, how: str) -> None:
     client, waiter = Client(ctx), Client(ctx)
@@ -130,6 +130,13 @@ async def test_a_parent_that_ends_unfinished_buries_its_child_and_its_waiters_he
     elif how == "cancel":
         client.send(b"cancel %d\r\n" % parent)
         await client.expect(b"CANCELLED\r\n")
+    elif how == "cancel-then-delete":  # cancelled while held: its holder's delete is no done
+        assert (await reserve(client, "jobs"))[0] == parent
+        canceller = Client(ctx)
+        canceller.send(b"cancel %d\r\n" % parent)
+        await canceller.expect(b"CANCELLED\r\n")
+        client.send(b"delete %d\r\n" % parent)
+        await client.expect(b"DELETED\r\n")
     else:
         client.send(b"delete %d\r\n" % parent)
         await client.expect(b"DELETED\r\n")

@@ -875,41 +875,73 @@ async def test_a_parents_end_for_a_child_deleted_while_held_is_dropped(env: Env)
     assert await env.raw.zcard(env.keys.parent_ends) == 1
     assert await env.store.tell_children() == (1, 0)
     assert await env.raw.zcard(env.keys.parent_ends) == 0
+    assert not await env.raw.exists(env.keys.root + f"ae:{child}")  # nothing kept for it
 
 
-async def test_over_shards_an_end_waits_a_while_for_a_child_not_stored_yet(
-        redis_url: str) -> None:
-    """A child of another shard is told of its parents before it is stored
-    (ShardedStore._put_after_far): a parent that ends in between leaves an end for a child
-    not there yet, kept UNKNOWN_CHILD_KEEP_MS and told once the child exists; one whose
-    child never comes is dropped after that."""
-    clock = FakeClock()
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+@pytest.mark.parametrize("done", [True, False], ids=["finished", "buried"])
+async def test_over_shards_an_end_that_comes_before_its_child_is_kept_for_its_put(
+        redis_url: str, functions: bool, done: bool) -> None:
+    """A child of another shard is told to its parents before it is stored
+    (ShardedStore._put_after_far): a parent that ends in between leaves its end on the child's
+    shard (k_early_ends), and the child's put reads it: ready at once after a finished parent,
+    buried after one that ended otherwise. Both ways of calling the scripts (the EVALSHA
+    build prunes each script to its own includes)."""
     client = await RedisClient.connect(redis_url)
     try:
-        store = ShardedStore(client, "split-after", "inst", 4, clock)
+        store = ShardedStore(client, f"split-after-{functions}-{done}", "inst", 4, FakeClock(),
+                             functions=functions)
         await store.load_scripts()
         await store.connect(ALICE)
         tubes = {shard_of_tube(f"t{i}", 4): f"t{i}" for i in range(40)}
         parent = await store.put(tubes[0], 0, 0, 60, b"p")
-        other = tubes[1]
         home = store.shards[1]
-        child = await home.burn_id(other) * 4 + 1  # as _put_after_far takes it
+        child = await home.burn_id(tubes[1]) * 4 + 1  # as _put_after_far takes it
         assert await store.shards[0].add_child(child, 3_600_000, [parent]) == [PARENT_LIVING]
         assert isinstance(await store.reserve_job(ALICE, parent), Reservation)
-        assert await store.finish(ALICE, parent, b"r", 3_600_000) is not False
-        assert await store.tell_children() == (0, 0)  # the child is not there: kept
-        outcome = await store.put_with(other, 0, 0, 60, b"c", (
+        if done:
+            assert await store.finish(ALICE, parent, b"r", 3_600_000) is not False
+        else:
+            assert await store.bury(ALICE, parent, 0)
+        assert await store.tell_children() == (1, 0)  # handled: kept on the child's shard
+        outcome = await store.put_with(tubes[1], 0, 0, 60, b"c", (
             ("after-far", str(parent)), ("after-keep", 3_600_000), ("id", child)))
         assert (outcome.id, outcome.inserted) == (child, True)
-        assert await store.tell_children() == (1, 0)
         info = await store.job_info(child)
-        assert info is not None and info.state == "ready"
-        lost = await home.burn_id(other) * 4 + 1  # a child whose put never comes
-        second = await store.put(tubes[0], 0, 0, 60, b"q")
-        await store.shards[0].add_child(lost, 3_600_000, [second])
-        assert await store.delete(ALICE, second)
-        assert await store.tell_children() == (0, 0)
-        clock.advance(61)
-        assert await store.tell_children() == (1, 0)
+        assert info is not None and info.state == ("ready" if done else "buried")
+        assert not await client.call("EXISTS", home.keys.root + f"ae:{child}")
+        # another shard's parent that had already ended when the child was put
+        put = await store.put_with(tubes[1], 0, 0, 60, b"d", (
+            ("after", str(parent)), ("after-keep", 3_600_000)))
+        assert put.inserted and put.unknown_parent == 0
+        again = await store.job_info(put.id)
+        assert again is not None and again.state == ("ready" if done else "buried")
+    finally:
+        await client.close()
+
+
+async def test_over_shards_a_refused_put_takes_its_child_back_from_the_parents(
+        redis_url: str) -> None:
+    """_put_after_far told the other shards' living parents of the child before the put was
+    refused (an unknown parent, a duplicate key): they forget it again."""
+    client = await RedisClient.connect(redis_url)
+    try:
+        store = ShardedStore(client, "split-undo", "inst", 4, FakeClock())
+        await store.load_scripts()
+        tubes = {shard_of_tube(f"t{i}", 4): f"t{i}" for i in range(40)}
+        living = await store.put(tubes[0], 0, 0, 60, b"p")
+        children = store.shards[0].keys.root + f"ch:{living}"
+        keyed = await store.put_with(tubes[1], 0, 0, 60, b"k", (("key", "dup"),))
+        assert keyed.inserted
+        refusals = [
+            ((("after", f"{living},{living + 400}"), ("after-keep", 1000)), "unknown"),
+            ((("key", "dup"), ("after", str(living)), ("after-keep", 1000)), "duplicate")]
+        for options, why in refusals:
+            outcome = await store.put_with(tubes[1], 0, 0, 60, b"c", options)
+            assert not outcome.inserted, why
+            assert await client.call("SCARD", children) == 0, why
+        assert (await store.put_with(tubes[1], 0, 0, 60, b"c", (
+            ("after", str(living)), ("after-keep", 1000)))).inserted
+        assert await client.call("SCARD", children) == 1
     finally:
         await client.close()

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import redis
 
-# For one root (KEYS[1]): {u, r, d, b} as counted, then as the tubes' sets hold them.
+# For one root (KEYS[1]): {u, r, d, b, h} as counted, then as the tubes' sets hold them, then
+# the tubes whose held count (tube field nheld, stats-tube's current-jobs-held) differs from
+# their held set.
 _COMPARE = """
 local ns = KEYS[1]
-local c = redis.call('HMGET', ns .. 'counts', 'u', 'r', 'd', 'b')
+local c = redis.call('HMGET', ns .. 'counts', 'u', 'r', 'd', 'b', 'h')
 local out = {tonumber(c[1] or 0), tonumber(c[2] or 0), tonumber(c[3] or 0), tonumber(c[4] or 0),
-             0, 0, 0, 0}
+             tonumber(c[5] or 0), 0, 0, 0, 0, 0, 0}
 for _, t in ipairs(redis.call('ZRANGE', ns .. 'tubes', 0, -1)) do
   local rk = ns .. 't:' .. t .. ':r'
   local urgent = redis.call('ZCOUNT', rk, '-inf', '(1024')
-  out[5] = out[5] + urgent
-  out[6] = out[6] + redis.call('ZCARD', rk) - urgent
-  out[7] = out[7] + redis.call('ZCARD', ns .. 't:' .. t .. ':d')
-  out[8] = out[8] + redis.call('ZCARD', ns .. 't:' .. t .. ':b')
+  out[6] = out[6] + urgent
+  out[7] = out[7] + redis.call('ZCARD', rk) - urgent
+  out[8] = out[8] + redis.call('ZCARD', ns .. 't:' .. t .. ':d')
+  out[9] = out[9] + redis.call('ZCARD', ns .. 't:' .. t .. ':b')
+  local held = redis.call('ZCARD', ns .. 't:' .. t .. ':h')
+  out[10] = out[10] + held
+  if held ~= tonumber(redis.call('HGET', ns .. 't:' .. t, 'nheld') or 0) then
+    out[11] = out[11] + 1
+  end
 end
 return out
 """
@@ -41,10 +48,13 @@ def count_mismatches(url: str) -> list[str]:
         wrong = []
         for root in sorted(roots):
             got = client.eval(_COMPARE, 1, root)
-            counted, held = got[:4], got[4:]
+            counted, held, tubes_off = got[:5], got[5:10], got[10]
             if counted != held:
                 wrong.append(f"{root.decode(errors='replace')}: counted (urgent, other ready, "
-                              f"delayed, buried) {counted}, the sets hold {held}")
+                              f"delayed, buried, held) {counted}, the sets hold {held}")
+            if tubes_off:
+                wrong.append(f"{root.decode(errors='replace')}: {tubes_off} tubes' nheld differ "
+                              f"from their held sets")
         return wrong
     finally:
         client.close()

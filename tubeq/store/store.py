@@ -70,11 +70,8 @@ SWEEP_LIMIT = 1000
 KICK_CHUNK = 1000
 TUBE_PAGE = 1000
 
-# Dependencies (tell_children): parents' ends drained per call at most, and how long an end
-# whose child is not stored (yet) is kept: tubeq.store.shards registers a child with its
-# parents' shards before it stores the child, a few round trips, never near a minute.
+# Dependencies (tell_children): parents' ends drained per call at most.
 PARENT_ENDS_BATCH = 200
-UNKNOWN_CHILD_KEEP_MS = 60_000
 
 # pause_until (ms) of a tube paused with no end: lua/includes/jobs.lua's PAUSE_FOREVER.
 PAUSE_FOREVER_MS = 10**15
@@ -362,24 +359,22 @@ class Store:
         return self.client.call("ZRANGE", self.keys.parent_ends, 0, limit - 1, "WITHSCORES",
                                 decode=decode)
 
-    def after_end(self, ends: Sequence[ParentEnd]) -> asyncio.Future[tuple[list[bool], int]]:
-        """Tell this shard's children of their parents' ``ends``: per end whether the child was
-        found (False: not stored, or not any more), and the earliest due instant of a child
-        released into delayed (0: none)."""
+    def after_end(self, ends: Sequence[ParentEnd], *, early: bool) -> asyncio.Future[int]:
+        """Tell this shard's children of their parents' ``ends``: the earliest due instant of
+        a child released into delayed (0: none). ``early``: the parents are another shard's,
+        so an end whose child is not found may have come before the child's put, which reads
+        it (lua/includes/after.lua); else such a child is gone and its end dropped."""
         flat = [x for e in ends for x in (e.child, e.parent, int(e.done))]
-        return self._eval("after_end", self.clock(), *flat,
-                          decode=lambda r: ([bool(int(v)) for v in r[:-1]], int(r[-1])))
+        return self._eval("after_end", self.clock(), int(early), *flat, decode=int)
 
     async def tell_children(self, store_of: Callable[[int], Store] | None = None,
                             limit: int = PARENT_ENDS_BATCH) -> tuple[int, int]:
         """One batch of this shard's parents' ends, told to their children (``store_of``: the
         store of a child's id, this one by default): the ends handled, and the earliest due
-        instant of a child released into delayed (0: none). An end whose child is not stored
-        stays UNKNOWN_CHILD_KEEP_MS when the child is another shard's: its put may be on its
-        way (tubeq.store.shards registers a child on its parents' shards before it stores it);
-        a child of this shard was stored before its parents knew it, so it is gone (deleted
-        while held) and its end is dropped at once. Telling twice changes nothing, so any
-        number of processes may drain at once."""
+        instant of a child released into delayed (0: none). Every end read is handled: a
+        child of another shard not stored yet (tubeq.store.shards tells the parents before it
+        stores the child) finds it on its own shard when it is put. Telling twice changes
+        nothing, so any number of processes may drain at once."""
         ends = await self.parent_ends(limit)
         if not ends:
             return 0, 0
@@ -387,18 +382,10 @@ class Store:
         for end in ends:
             store = self if store_of is None else store_of(end.child)
             by_store.setdefault(id(store), (store, []))[1].append(end)
-        told = await asyncio.gather(*(s.after_end(batch) for s, batch in by_store.values()))
-        now = self.clock()
-        handled: list[str] = []
-        earliest = 0
-        for (store, batch), (found, due) in zip(by_store.values(), told, strict=True):
-            handled += [end.member for end, known in zip(batch, found, strict=True)
-                        if known or store is self or now - end.at > UNKNOWN_CHILD_KEEP_MS]
-            if due and (not earliest or due < earliest):
-                earliest = due
-        if handled:
-            await self.client.call("ZREM", self.keys.parent_ends, *handled)
-        return len(handled), earliest
+        dues = await asyncio.gather(*(s.after_end(batch, early=s is not self)
+                                      for s, batch in by_store.values()))
+        await self.client.call("ZREM", self.keys.parent_ends, *(end.member for end in ends))
+        return len(ends), min((due for due in dues if due), default=0)
 
     def progress(self, token: str, job_id: int, data: bytes, *,
                  behind: int = 0) -> asyncio.Future[int]:

@@ -8,6 +8,7 @@ Returns  per parent what it is (includes/after.lua): 0 unknown, 1 living (told),
          finished, 3 ended otherwise; with undo, nothing
 ]]
 --- @include "keys"
+--- @include "ends"
 --- @include "jobs"
 --- @include "after"
 local child, keep, undo = ARGV[1], ARGV[2], ARGV[3] == '1'

@@ -17,11 +17,12 @@ local token, id, now = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if blocked_ahead(token, ARGV[6]) then return DEFERRED end
 local jk = k_job(id)
 local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED)
+  JOB_RESERVED_AT, JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_WAITED, JOB_CANCELLED)
 local state, t = f[1], f[2]
 if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
--- its holder's delete is beanstalkd's "done": a child put after it runs (includes/after.lua)
-if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10], state == 'reserved') end
+-- its holder's delete is beanstalkd's "done": a child put after it runs (includes/after.lua),
+-- unless it was cancelled meanwhile
+if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10], state == 'reserved' and not f[11]) end
 unlink(id, t, state, now)
 forget_job(id, jk, {f[8], f[9]})  -- its dedupe key is free, its TTL entry goes (policies)
 rcall('DEL', jk)

@@ -25,10 +25,12 @@ local unreserved = {}  -- the members of the reserved jobs deleted, for one ZREM
 local function delete_one(id)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED)
+    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED, JOB_CANCELLED)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
-  if f[10] then end_job(id, t, 'deleted', '', now, nil, f[10], state == 'reserved') end
+  if f[10] then
+    end_job(id, t, 'deleted', '', now, nil, f[10], state == 'reserved' and not f[11])
+  end
   if not deleted[t] then
     deleted[t], held[t] = 0, 0
     tubes[#tubes + 1] = t

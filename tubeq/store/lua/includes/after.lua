@@ -29,10 +29,16 @@ local function add_child(p, child, keep)
   if not waited or tonumber(waited) < tonumber(keep) then rcall('HSET', jk, JOB_WAITED, keep) end
 end
 
+-- How long an end that came before its child is kept for it (after_end.lua): a put of a split
+-- namespace stalled that long between telling the parents and storing the child loses it.
+local EARLY_END_KEEP_MS = 86400000
+
 -- A put's parents (put-with options `opts`): 'after' (this shard's, to check here) and
 -- 'after-far' (other shards' living parents, registered already by tubeq.store.shards), and
--- 'after-failed' ('1': one of those had ended otherwise). Returns the parents here still
--- living, the other shards' ones, and whether one failed; or nil and the first unknown parent.
+-- 'after-failed' ('1': one of those had ended otherwise). A far parent that has ended since
+-- left its end here for the child (k_early_ends of its given 'id'). Returns the parents here
+-- still living, the other shards' ones still to end, and whether one failed; or nil and the
+-- first unknown parent.
 local function check_parents(opts)
   local near, far, failed = {}, {}, opts['after-failed'] == '1'
   for p in string.gmatch(opts.after or '', '%d+') do
@@ -44,7 +50,19 @@ local function check_parents(opts)
       failed = true
     end
   end
-  for p in string.gmatch(opts['after-far'] or '', '%d+') do far[#far + 1] = p end
+  local ended = {}
+  if opts.id then
+    local ek = k_early_ends(opts.id)
+    for _, e in ipairs(rcall('SMEMBERS', ek)) do
+      local p, done = string.match(e, '^(%d+) (%d)$')
+      ended[p] = true
+      if done ~= '1' then failed = true end
+    end
+    rcall('DEL', ek)
+  end
+  for p in string.gmatch(opts['after-far'] or '', '%d+') do
+    if not ended[p] then far[#far + 1] = p end
+  end
   return near, far, failed
 end
 

@@ -63,12 +63,16 @@ local function k_end(id) return NS .. 'e:' .. text(id) end
 local K_ENDED = NS .. 'ended'
 -- Dependencies (put-with after=, includes/after.lua): a held job's parents that have not
 -- finished yet (a set of ids), a parent's children (ids, on any shard), a tube's held jobs
--- (scored by id), and the ends of parents not yet told to their children: member
+-- (scored by id), ends that came before their child (below), and the ends of parents not yet
+-- told to their children: member
 -- '<child> <parent> <1 finished | 0 not>', scored by when (ms), drained by every process
 -- (tubeq.server.parents) when told on its channel.
 local function k_after(id) return NS .. 'af:' .. text(id) end
 local function k_children(id) return NS .. 'ch:' .. text(id) end
 local function k_held(t) return NS .. 't:' .. t .. ':h' end
+-- Parents' ends that reached this shard before their child (a child of a split namespace is
+-- told to its parents before it is stored): '<parent> <1|0>', read by the child's put.
+local function k_early_ends(id) return NS .. 'ae:' .. text(id) end
 local K_PARENT_ENDS = NS .. 'parent_ends'
 -- Job policies and deduplicated put (includes/policies.lua).
 local K_TTL = NS .. 'ttl'
