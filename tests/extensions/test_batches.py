@@ -428,13 +428,13 @@ async def test_a_connection_holding_many_jobs_prunes_its_map_amortized(redis_url
         real_clock = conn.store.clock
         conn.store.clock = clock  # the server's own store: put back before it stops
         for job_id in range(1000):
-            conn.reserves._hold((Reservation(job_id, 60, b"", now + 60_000),))
+            conn.reserves.hold((Reservation(job_id, 60, b"", now + 60_000),))
         assert len(conn.reserved) == 1000  # every live job kept
         assert readings <= 6  # pruned at 64, 128, 256, 512: not once per job
         # Jobs whose TTR ran out go at the next pruning.
         now += 120_000
         for job_id in range(1000, 2000):
-            conn.reserves._hold((Reservation(job_id, 60, b"", now + 60_000),))
+            conn.reserves.hold((Reservation(job_id, 60, b"", now + 60_000),))
         assert sorted(conn.reserved) == list(range(1000, 2000))
         assert readings <= 6 + 1000 // PRUNE_RESERVED_AT
         conn.store.clock = real_clock

@@ -479,27 +479,92 @@ async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None
 async def test_a_staying_take_counts_in_when_it_finds_nothing_and_out_when_it_takes(
         env: Env) -> None:
     """reserve_many(stay=True), the push loop's take: one that finds nothing counts the
-    connection in as waiting in the same script (a put then hands it the job), one that takes
-    jobs counts it out, whatever it was before."""
+    connection in as waiting in the same script (a put of another process then hands it the
+    job as any hand-over: recorded, its process told), one that takes jobs counts it out."""
     s = env.store
-    assert await s.reserve_many(BOB, 4, stay=True) == []
+    other = Store(s.client, env.keys, "other", env.clock)
+    await other.heartbeat()
+    await other.connect("other:1")
+    assert await other.reserve_many("other:1", 4, stay=True) == []
     counts = await s.tube_counts("default")
     assert counts is not None and counts[8] == 1  # current-waiting
-    handed = await env.put(body=b"handed")
-    assert await env.state(handed) is JobState.RESERVED  # handed over: BOB was counted in
-    ready = await env.put(body=b"ready")  # BOB was counted out with the hand-over
+    handed = await env.put(body=b"handed")  # by "inst": not the waiter's process
+    assert await env.state(handed) is JobState.RESERVED
+    ready = await env.put(body=b"ready")  # the waiter was counted out with the hand-over
     assert await env.state(ready) is JobState.READY
-    taken = await s.reserve_many(BOB, 4, counted_waiting=False, stay=True)
+    taken = await other.reserve_many("other:1", 4, counted_waiting=False, stay=True)
     assert [(r.id, r.body) for r in taken] == [(handed, b"handed"), (ready, b"ready")]
     counts = await s.tube_counts("default")
     assert counts is not None and counts[8] == 0
-    assert await s.reserve_many(BOB, 4, stay=True) == []  # nothing: counted in again
-    assert await s.reserve_many(BOB, 4, stay=True) == []  # already in: still once
+    assert await other.reserve_many("other:1", 4, stay=True) == []  # nothing: counted in again
+    assert await other.reserve_many("other:1", 4, stay=True) == []  # already in: still once
     counts = await s.tube_counts("default")
     assert counts is not None and counts[8] == 1
-    assert await s.set_waiting(BOB, -1, claim=True) == []
+    assert await other.set_waiting("other:1", -1, claim=True) == []
     gauges, _ = await s.server_counts()
     assert gauges[9] == 0  # current-waiting
+
+
+async def test_a_put_hands_its_job_straight_to_a_push_loop_of_its_own_process(
+        env: Env) -> None:
+    """A push loop counted in by its take (mode 'p') that is first in its tube's line, watches
+    that tube alone, and finds it without ready jobs: a put of its own process stores the job
+    reserved by it, answers {id, token} (the store hands the job to direct_grants) and leaves it
+    counted in; the events are a hand-over's. Anyone else in line still gets its turn."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    first = await env.put(pri=7, ttr=30, body=b"first")
+    assert direct == [(BOB, Reservation(first, 30, b"first", env.clock.now_ms + 30_000, 0,
+                                        "default"), 7)]
+    info = await s.job_info(first)
+    assert info is not None and (info.state, info.reserves) == ("reserved", 1)
+    counts = await s.tube_counts("default")
+    assert counts is not None and (counts[1], counts[2], counts[8]) == (0, 1, 1)
+    outcome = await s.put_with("default", 0, 0, 60, b"second", (("waited", 1000),))
+    assert (outcome.id, outcome.inserted) == (direct[-1][1].id, True)  # still counted in
+    await s.set_waiting(ALICE, 1)  # behind BOB in line: BOB, then ALICE, then BOB again
+    third = await env.put(body=b"third")
+    fourth = await env.put(body=b"fourth")  # the classic hand-over, to ALICE
+    fifth = await env.put(body=b"fifth")
+    assert [(t, j.id) for t, j, _ in direct[2:]] == [(BOB, third), (BOB, fifth)]
+    assert [r.id for r in await s.set_waiting(ALICE, -1, claim=True)] == [fourth]
+    assert await s.delete(BOB, first) and await s.finish(BOB, third, b"done", 1000)
+    if env.store.events_maxlen:
+        events = [(e[b"event"], int(e[b"id"]), e[b"tries"])
+                  for _, e in await env.raw.xrange(env.keys.events)]
+        assert events[:2] == [(b"put", first, b"0"), (b"reserved", first, b"1")]
+    s.direct_grants = None
+
+
+async def test_a_put_does_not_hand_its_job_straight_over_when_that_would_change_what_is_taken(
+        env: Env) -> None:
+    """No direct hand-over where the classic one would do otherwise: another process's push
+    loop, a loop that watches two tubes (it gets its best job), a tube with a ready job (it
+    gets the older one), a paused tube (nobody takes a job now)."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    await s.change_watches(BOB, [("+w", "other")])
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    two_tubes = await env.put(body=b"a")
+    assert direct == [] and [r.id for r in await s.reserve_many(BOB, 8, stay=True)] == \
+        [two_tubes]
+    await s.change_watches(BOB, [("-w", "other")])
+    older = await env.put(body=b"older")  # BOB was counted out: it stays ready
+    assert await s.reserve_many(BOB, 8, stay=True) != []  # takes it, counted out
+    await s.pause("default", 0)
+    assert await s.reserve_many(BOB, 8, stay=True) == []  # counted in
+    await s.pause("default", 60)
+    paused = await env.put(body=b"paused")
+    assert direct == [] and await env.state(paused) is JobState.READY
+    assert await env.state(older) is JobState.RESERVED
+    await s.pause("default", 0)  # resumed: the paused job is ready, and comes first
+    newer = await env.put(body=b"newer")
+    assert direct == []
+    assert [r.id for r in await s.reserve_many(BOB, 8, stay=True)] == [paused, newer]
+    s.direct_grants = None
 
 
 async def test_a_staying_take_over_shards_counts_in_and_tries_again(redis_url: str) -> None:

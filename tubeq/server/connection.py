@@ -48,6 +48,7 @@ from tubeq.server.metrics import command_label
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
 from tubeq.server.runs import DeleteRun, PutRun
+from tubeq.store.records import Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -540,6 +541,17 @@ class Connection(asyncio.Protocol):
         self._push.cancels = cancels
         self._push.start(credits)
         return replies.pushing(credits)
+
+    def granted_directly(self, job: Reservation) -> bool:
+        """A put of this process handed ``job`` straight to this connection's push loop
+        (put.lua's direct hand-over): held and sent as its take would; False when no push
+        loop takes it (none, stopped, or the connection is going)."""
+        push = self._push
+        if push is None or self._lost or not push.takes_directly():
+            return False
+        self.reserves.hold((job,))
+        push.send_direct(job)
+        return True
 
     def job_cancelled(self, job_id: int) -> None:
         """cancel.lua marked job ``job_id``, which this connection holds: a push connection

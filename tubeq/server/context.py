@@ -36,6 +36,7 @@ from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.base import JobStore
+from tubeq.store.records import Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -147,6 +148,15 @@ class ServerContext:
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
 
+    def deliver_direct(self, token: str, job: Reservation, pri: int) -> None:
+        """The store's ``direct_grants``: a put of this process handed ``job`` (priority
+        ``pri``) straight to connection ``token``'s push loop (put.lua). It goes there; when
+        that loop takes jobs no more (stopped, the connection going), it is given back to
+        ready at once, as a release would, not left reserved until its TTR."""
+        conn = self.connections.get(token)
+        if conn is None or not conn.granted_directly(job):
+            self.store.release(token, job.id, pri, 0).add_done_callback(discard)
+
     def restore_registrations(self) -> None:
         """This process was found unregistered in Redis (reaped after a pause, or Redis lost
         its data: tubeq.server.scheduler): put back what its live connections need, once per loop
@@ -250,6 +260,12 @@ class Session(Protocol):
     def start_push(self, credits: int, *, cancels: bool = False) -> bytes: ...
 
     def job_cancelled(self, job_id: int) -> None: ...
+
+    def granted_directly(self, job: Reservation) -> bool:
+        """A put of this process handed ``job`` straight to this connection's push loop
+        (put.lua's direct hand-over): hold it and send it; False when no push loop takes it
+        (stopped, or the connection is going), and the caller gives it back."""
+        ...
 
     def hold(self, reply: asyncio.Future[bytes], give_up: Callable[[], None]) -> None:
         """Run no command after this one until ``reply`` is settled (a blocking command:

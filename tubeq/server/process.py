@@ -372,6 +372,7 @@ class Server:
             extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms,
             max_result_size=(config.max_job_size if config.max_result_size is None
                              else config.max_result_size))
+        store.direct_grants = ctx.deliver_direct  # puts handing jobs to our push loops
         for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
             each_client.add_reconnect_callback(ctx.end_waits.wake_all)
         scheduler.when_registration_lost(ctx.restore_registrations)

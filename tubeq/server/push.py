@@ -176,6 +176,20 @@ class Push:
             # since stays: the loop tries once more.)
             wait.event.clear()
 
+    def takes_directly(self) -> bool:
+        """Whether the loop runs, so a put's direct hand-over to it is its own (a put sent
+        while it was counted in as waiting with mode 'p': lua/includes/handing.lua)."""
+        return self.wait is not None
+
+    def send_direct(self, job: Reservation) -> None:
+        """A put of this process handed ``job`` straight to this loop (the connection holds it
+        already): sent as a take's jobs are. The loop stays counted in as waiting, so puts go
+        on handing it jobs; once its credit is used up (or the client takes no frames), it is
+        woken to count itself out."""
+        self._send_jobs([job])
+        if self._flow.write_paused or len(self.pushed) >= self.credits:
+            self.nudge()
+
     def _send_jobs(self, jobs: list[Reservation]) -> None:
         """Send ``jobs`` as RESERVED frames, but those whose TTR ran out on the way here."""
         now = self._session.store.clock()

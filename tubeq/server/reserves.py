@@ -137,7 +137,7 @@ class ReserveQueue:
         self.grants: list[asyncio.Future[Any]] | None = None
         self.blocking: asyncio.Task[bytes] | None = None  # the head reserve's wait
         self.wait: Wait | None = None  # the head reserve's, while it waits
-        self._prune_at = PRUNE_RESERVED_AT  # see _hold
+        self._prune_at = PRUNE_RESERVED_AT  # see hold
         self._eof = False  # the client half-closed
         self._lost = False  # the connection is gone
 
@@ -232,12 +232,13 @@ class ReserveQueue:
         result = f.result()
         if isinstance(result, list):
             if result:
-                self._hold(result)
+                self.hold(result)
         elif isinstance(result, Reservation):
-            self._hold((result,))
+            self.hold((result,))
 
-    def _hold(self, jobs: Sequence[Reservation]) -> None:
-        """``jobs`` (one store call's grants) are this connection's until settled."""
+    def hold(self, jobs: Sequence[Reservation]) -> None:
+        """``jobs`` (one store call's grants, or a put's direct hand-over) are this
+        connection's until settled."""
         conn = self._conn
         if len(conn.reserved) >= self._prune_at:
             # Jobs whose TTR ran out are no longer ours (expire.lua requeued them, or will).

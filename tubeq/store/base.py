@@ -31,6 +31,7 @@ from tubeq.redisio.client import Reply
 from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
+    DirectGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -58,6 +59,7 @@ class JobStore(Protocol):
     # Whether a command pipelined behind a reserve may be sent at once (records.Deferred).
     defers_behind_reserves: bool
     metrics: JobObserver | None
+    direct_grants: DirectGrants | None
 
     async def load_scripts(self) -> bool: ...
 

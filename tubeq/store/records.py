@@ -188,6 +188,12 @@ class Deferred(Exception):
     connection's reserve queue sends the command again then (tubeq.server.reserves)."""
 
 
+# Where a put's new job goes that put.lua handed straight to a push loop of the calling
+# process (its direct hand-over): the connection's token, the job's reservation and its
+# priority. Set on the store by the server (tubeq.server.context.ServerContext.deliver_direct).
+DirectGrants = Callable[[str, Reservation, int], None]
+
+
 class JobObserver(Protocol):
     """What the store tells of the figures its scripts return, when metrics are on: the server's
     Metrics (tubeq.server.metrics) is one. Stated here so the store imports nothing above it."""

@@ -61,6 +61,7 @@ from tubeq.store.records import (
     PARENT_LIVING,
     PARENT_UNKNOWN,
     Clock,
+    DirectGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -135,6 +136,7 @@ class ShardedStore:
         self.instance_id = instance_id
         self.clock = clock
         self._metrics: JobObserver | None = None
+        self._direct_grants: DirectGrants | None = None
         self.count = shards
         self.shards = [
             Store(clients[k] if clients is not None else client,
@@ -157,6 +159,7 @@ class ShardedStore:
                     events_maxlen=old.events_maxlen, functions=old.wants_functions)
         new.holds_default = old.holds_default
         new.metrics = old.metrics
+        new.direct_grants = old.direct_grants
         self.shards[shard] = new
         if old is self.home:
             self.home = new
@@ -207,6 +210,17 @@ class ShardedStore:
         self._metrics = value
         for shard in self.shards:
             shard.metrics = value
+
+    @property
+    def direct_grants(self) -> DirectGrants | None:
+        return self._direct_grants
+
+    @direct_grants.setter
+    def direct_grants(self, value: DirectGrants | None) -> None:
+        """Set by the server: every shard's puts hand their jobs there (Store.direct_grants)."""
+        self._direct_grants = value
+        for shard in self.shards:
+            shard.direct_grants = value
 
     # -- jobs ---------------------------------------------------------------------------------
 

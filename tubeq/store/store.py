@@ -37,6 +37,7 @@ from tubeq.store.records import (
     CANCELLED,
     Clock,
     Deferred,
+    DirectGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -154,6 +155,9 @@ class Store:
         # Set by the server when metrics are on: told of waits, holds and lateness the scripts
         # return (tubeq.server.metrics).
         self.metrics: JobObserver | None = None
+        # Set by the server: where a put's job goes that put.lua handed straight to a push loop
+        # of this process (its direct hand-over); unset, such a job waits for its TTR.
+        self.direct_grants: DirectGrants | None = None
         self._scripts: dict[str, Script] = load_all()
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
@@ -251,8 +255,31 @@ class Store:
     def put(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
             answer: Callable[[int], Any] | None = None) -> asyncio.Future[Any]:
         """``answer``: given the new id (0: the tube is full), straight from the reply (an
-        integer reply is an int already)."""
-        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), decode=answer or int)
+        integer reply is an int already; a job handed straight to a push loop of this process
+        goes to :attr:`direct_grants` first)."""
+        now = self.clock()
+
+        def decode(r: Any) -> Any:
+            if type(r) is list:
+                r = self._handed_direct(r, tube, pri, ttr, body, now)
+            return r if answer is None else answer(r)
+
+        return self._eval("put", tube, pri, delay, ttr, body, now, decode=decode)
+
+    def _handed_direct(self, r: list[Any], tube: str, pri: int, ttr: int, body: bytes,
+                       now: int) -> int:
+        """put.lua's ``{id, token}``: the new job was handed to that push connection of this
+        process, stored reserved by it from ``now`` on; it goes there. Returns its id."""
+        job_id = int(r[0])
+        job = Reservation(job_id, ttr, body, now + ttr * 1000, 0, tube)
+        if self.metrics is not None:
+            self.metrics.job_reserved(tube, 0)
+        if self.direct_grants is not None:
+            self.direct_grants(r[1].decode(), job, pri)
+        else:
+            log.warning("a put's job was handed to a push connection nobody serves",
+                        job=job_id, token=r[1].decode())
+        return job_id
 
     def burn_id(self, tube: str = "default") -> asyncio.Future[int]:
         """Use up one job id (a put that failed after its body arrived, as beanstalkd does);
@@ -815,14 +842,17 @@ class Store:
         """A put with options (tubeq.model.options.PUT_OPTIONS): the new job, or the living job
         whose dedupe key the options name (then nothing was stored)."""
         flat = [x for pair in opts for x in pair]
+        now = self.clock()
 
         def decode(r: Any) -> PutOutcome:
-            if isinstance(r, list):  # {'unknown', parent}: after= names a job tubeq does not know
-                return PutOutcome(0, False, unknown_parent=int(r[1]))
+            if isinstance(r, list):
+                if r[0] == b"unknown":  # {'unknown', parent}: after= names a job tubeq lacks
+                    return PutOutcome(0, False, unknown_parent=int(r[1]))
+                return PutOutcome(self._handed_direct(r, tube, pri, ttr, body, now), True)
             job_id = int(r)
             return PutOutcome(abs(job_id), inserted=job_id > 0)
 
-        return self._eval("put", tube, pri, delay, ttr, body, self.clock(), *flat, decode=decode)
+        return self._eval("put", tube, pri, delay, ttr, body, now, *flat, decode=decode)
 
     def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]:
         """The living job put with dedupe ``key``: (id, body), or None."""

@@ -6,15 +6,18 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
          (put-with after= adds internal ones: 'after' this shard's parents, 'after-far' the
          other shards' living parents, 'after-failed', 'after-keep' ms, 'id' the job's id)
-Returns  the new job id (counted in total-jobs, the server's and the tube's); put-with
-         key=...: -id of the living job with that key (nothing stored: a duplicate); 0 when
-         the tube is full (tube-set max-jobs: nothing stored, no id used); {'unknown', id}
-         when a parent is unknown (nothing stored, no id used)
+Returns  the new job id (counted in total-jobs, the server's and the tube's); {id, token}
+         when it was handed straight to that connection, a push loop of the calling process
+         (direct_taker in includes/handing.lua: the caller sends it on); put-with key=...: -id
+         of the living job with that key (nothing stored: a duplicate); 0 when the tube is
+         full (tube-set max-jobs: nothing stored, no id used); {'unknown', id} when a parent
+         is unknown (nothing stored, no id used)
 Events   'put' (reason 'after' for a job held or buried by after=); on a hand-over also
          'reserved' (tries 1) for the waiting connection; 'deduplicated' (the existing job)
          instead for a duplicate.
-Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
-         told on grant:<instance>; without one, reserves blocked on the tube are woken
+Wakes    a hand-over to another process's connection, or to one not taking it at once, is
+         recorded for the waiting connection (c:<token>:g) and its process is told on
+         grant:<instance>; without one, reserves blocked on the tube are woken
 ]]
 --- @include "keys"
 --- @include "events"
@@ -67,14 +70,30 @@ if delay_ms > 0 then
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
 else
+  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
+  waiting = waiting and tonumber(waiting) > 0
+  local taker = waiting and direct_taker(t, meta)
+  if taker then
+    -- Handed straight to a push loop of this process: stored reserved, as the hand-over
+    -- below leaves it, without the trip through the ready set; its process sends it on.
+    local due = text(now + ttr * 1000)
+    rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
+      text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
+      JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1))
+    start_policies(id, jk, t, opts, now, limits[2])
+    rcall('ZADD', K_RESERVED, due, member(id))
+    rcall('HINCRBY', k_tube(t), 'nres', '1')
+    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+    add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
+    return {id, taker}
+  end
   store_job(jk, t, pri, ttr, body, now)
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_ready(id, t, pri, now, meta)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
-  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.
-  if waiting and tonumber(waiting) > 0 and hand_over_in(t, now) ~= id then
+  if waiting and hand_over_in(t, now) ~= id then
     rcall('PUBLISH', k_wake(t), '')
   end
 end

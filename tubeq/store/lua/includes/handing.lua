@@ -19,7 +19,9 @@ local function hand_over_in(t, now)
   end
   if not token then return false end
   -- It waits over several shards (tubeq.store.shards): it reserves the job itself once woken.
-  if rcall('HGET', K_WAITING, token) ~= '1' then return false end
+  -- ('p', a push loop: as '1' here; see direct_taker.)
+  local mode = rcall('HGET', K_WAITING, token)
+  if mode ~= '1' and mode ~= 'p' then return false end
   local entry = best_entry(token)
   if not entry then return false end  -- e.g. the tube is paused
   local job = take_entry(entry, token, now)
@@ -28,4 +30,25 @@ local function hand_over_in(t, now)
   rcall('RPUSH', k_handed(token), job[1])
   rcall('PUBLISH', k_grant(inst), token)
   return job[1]
+end
+
+-- The push loop of the calling process (EVENTS_BY, includes/events.lua) that takes a new ready
+-- job of tube t at once, in the put's own reply (put.lua's direct hand-over), or false. Only
+-- when that changes nothing of what the classic hand-over above would do: its connection is
+-- the first waiting on t, counted in by its push loop (mode 'p', includes/waiter_counts.lua),
+-- watches t alone, and t has no ready job (`meta`, ensure_tube's fields: no ready_tubes entry,
+-- no pause that may still hold jobs back, no reserve limits), so the new job is the one it
+-- would reserve. It stays counted in (its process counts it out once its credit is used), and
+-- goes to the back of t's line when others wait there too, as a grant and its next count-in
+-- would put it.
+local function direct_taker(t, meta)
+  if not meta or meta[1] or meta[2] or meta[3] then return false end
+  local line = rcall('ZRANGE', k_waiters(t), '0', '1')
+  local token = line[1]
+  if not token or instance_of(token) ~= EVENTS_BY then return false end
+  if rcall('HGET', K_WAITING, token) ~= 'p' or rcall('SCARD', k_watch(token)) ~= 1 then
+    return false
+  end
+  if line[2] then rcall('ZADD', k_waiters(t), rcall('HINCRBY', K_SEQS, 'wait', 1), token) end
+  return token
 end

@@ -16,7 +16,11 @@ end
 -- shards hand one wait a job each ('h' in one shard, whose process gauge 'waiting' counts it,
 -- 'o' in the others). Such a connection still takes its turn in each tube's queue of waiters:
 -- a put whose first waiter it is hands the job to nobody and PUBLISHes the wake-up that makes
--- it reserve, so it is served before the connections that started waiting after it.
+-- it reserve, so it is served before the connections that started waiting after it. And 'p',
+-- a push loop (reserve.lua's take that found nothing): handed jobs as '1', and a put by its own
+-- process whose new job it takes at once hands it over in the put's reply and leaves it
+-- counted in (put.lua, direct_taker in includes/handing.lua): the loop counts itself out when
+-- its credit is used up.
 local function count_waiting(inst, token, delta, mode)
   if delta > 0 then
     mode = mode or '1'
