@@ -73,13 +73,17 @@ else
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   waiting = waiting and tonumber(waiting) > 0
   local taker = waiting and direct_taker(t, meta)
+  -- put-with wait-ms (a request/reply): waited for from its birth, a field of the job's own
+  -- HSET (start_policies would write it with one more)
+  local extra = {}
+  if opts and opts.waited then extra, opts.waited = {JOB_WAITED, opts.waited}, nil end
   if taker then
     -- Handed straight to a push loop of this process: stored reserved, as the hand-over
     -- below leaves it, without the trip through the ready set; its process sends it on.
     local due = text(now + ttr * 1000)
     rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
       text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
-      JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1))
+      JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1), unpack(extra))
     start_policies(id, jk, t, opts, now, limits[2])
     rcall('ZADD', K_RESERVED, due, member(id))
     rcall('HINCRBY', k_tube(t), 'nres', '1')
@@ -87,7 +91,7 @@ else
     add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
     return {id, taker}
   end
-  store_job(jk, t, pri, ttr, body, now)
+  store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(extra))
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_ready(id, t, pri, now, meta)
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')

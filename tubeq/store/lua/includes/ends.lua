@@ -35,8 +35,12 @@ local function end_job(id, t, how, data, now, keep, waited, done)
   if not keep then return end
   done = done or how == 'finished'
   local ek = k_end(id)
-  redis.call('HSET', ek, END_HOW, how, END_DATA, data, END_AT, text(now), END_TUBE, t)
-  if done then redis.call('HSET', ek, END_DONE, '1') end
+  if done then  -- (one HSET either way)
+    redis.call('HSET', ek, END_HOW, how, END_DATA, data, END_AT, text(now), END_TUBE, t,
+      END_DONE, '1')
+  else
+    redis.call('HSET', ek, END_HOW, how, END_DATA, data, END_AT, text(now), END_TUBE, t)
+  end
   redis.call('PEXPIRE', ek, keep)
   if waited then
     if #data <= END_INLINE_MAX then
