@@ -21,6 +21,7 @@ from tubeq.client import (
     TimedOut,
     UnknownCommand,
 )
+from tubeq.client import client as client_module
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -225,3 +226,34 @@ async def test_json_values_through_a_call_a_consumer_and_a_wait(
         assert job.id == job_id
         await job.finish(JSON.encode([1, "two", None]))
         assert await other.wait(job_id, timeout=5, codec=JSON) == [1, "two", None]
+
+
+async def test_a_server_that_does_not_answer_times_a_call_out_and_a_cancel_stays_a_cancel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing answers (a server that reads and never writes): a call raises CallTimedOut
+    (no job id: stored or not, unknown), a wait TimedOut, once their timeout and the grace
+    ran out; a call whose task is cancelled raises CancelledError, not a timeout."""
+    monkeypatch.setattr(client_module, "REPLY_GRACE_S", 0.05)
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    try:
+        async with Client("127.0.0.1", port) as client, asyncio.timeout(WAIT_S):
+            with pytest.raises(CallTimedOut) as timed_out:
+                await client.call("t", b"x", timeout=0.05)
+            assert timed_out.value.job_id is None
+            with pytest.raises(TimedOut):
+                await client.wait(1, timeout=0.05)
+            calling = asyncio.ensure_future(client.call("t", b"y", timeout=30))
+            await asyncio.sleep(0.05)
+            calling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await calling
+    finally:
+        silent.close()
+        await silent.wait_closed()

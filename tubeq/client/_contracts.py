@@ -40,6 +40,11 @@ class Connection(Protocol):
         """Write one command; the future gets ``convert(reply, connection)`` or its exception."""
         ...
 
+    @property
+    def writable(self) -> bool:
+        """Whether the transport's write buffer is below its high-water mark now."""
+        ...
+
     async def wait_writable(self) -> None:
         """Return once the transport's write buffer is below its high-water mark."""
         ...

@@ -274,10 +274,34 @@ class Client:
     async def _call(self, data: bytes, convert: Convert[T], *, reserves: bool = False) -> T:
         return await self._call_on(await self._current_link(), data, convert, reserves=reserves)
 
+    async def _call_within(self, data: bytes, convert: Convert[T], seconds: float) -> T:
+        """``_call`` bounded by ``seconds``: TimeoutError once they ran out (the reply, if it
+        comes later, is dropped as a cancelled call's). On an open connection that takes writes
+        (the usual case) one loop timer cancels the reply's future, where ``asyncio.timeout``
+        cost a fifth of a request/reply's client CPU (its context manager, the task's
+        cancellation and uncancellation); else (connecting, the server not reading) the
+        call runs under ``asyncio.timeout``, as every part of it then may wait."""
+        link = self._link
+        if link is None or not link.usable or not link.writable:
+            async with asyncio.timeout(seconds):
+                return await self._call(data, convert)
+        future = link.send(data, convert)
+        timer = future.get_loop().call_later(seconds, future.cancel)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller was cancelled, not the call
+            raise TimeoutError from None
+        finally:
+            timer.cancel()
+
     async def _call_on(self, link: Connection, data: bytes, convert: Convert[T], *,
                        reserves: bool = False) -> T:
         future = link.send(data, convert, reserves=reserves)
-        await link.wait_writable()
+        if not link.writable:
+            await link.wait_writable()
         return await future
 
     def _job_from(self, reply: Reply, link: Connection | None, tube: str | None) -> Job:
@@ -599,8 +623,7 @@ class Client:
 
         line = wait_line(job_id, timeout, progress_after)
         try:
-            async with asyncio.timeout(timeout + REPLY_GRACE_S):
-                return await self._call(line, convert)
+            return await self._call_within(line, convert, timeout + REPLY_GRACE_S)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise TimedOut("wait", " (no answer from the server)") from None
 
@@ -653,18 +676,22 @@ class Client:
         if codec is not None:
             body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-        line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
-                             backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
-                             on_expire=None, key=key)
-        line = line[:-2] + b" tube=%s wait-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
+        if max_tries is None and ttl_ms is None and key is None:  # the usual call, at once
+            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d\r\n" % (
+                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout))
+        else:
+            line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
+                                 backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
+                                 on_expire=None, key=key)
+            line = line[:-2] + b" tube=%s wait-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
 
         def convert(reply: Reply, link: Connection) -> Ended | int:
             _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
             return ended_of(reply) if reply.word == ENDED else reply.int_arg(0)
 
         try:
-            async with asyncio.timeout(timeout + REPLY_GRACE_S):
-                outcome = await self._call(line + data + CRLF, convert)
+            outcome = await self._call_within(line + data + CRLF, convert,
+                                              timeout + REPLY_GRACE_S)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise CallTimedOut("call", None) from None
         if isinstance(outcome, int):

@@ -432,7 +432,10 @@ class Consumer:
         link = job._link
         if hold is None or link is None:
             return False
-        return "finish" in await hold.lane.client._extensions_of(link)
+        known = link.extensions  # asked once per connection
+        if known is None:
+            known = await hold.lane.client._extensions_of(link)
+        return "finish" in known
 
     # -- lifecycle ----------------------------------------------------------------------------
 

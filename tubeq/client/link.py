@@ -118,6 +118,11 @@ class _Link(asyncio.Protocol):
         return type(self.error)(*self.error.args)
 
     @property
+    def writable(self) -> bool:
+        """Whether the transport takes writes now (not paused by a server slow to read)."""
+        return self._writable.is_set()
+
+    @property
     def usable(self) -> bool:
         return self.error is None and self._transport is not None
 
