@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -421,6 +422,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
         (server.drain if signum == signal.SIGUSR1 else stop.set)()
     try:
         await server.start()
+        settle_collector()
         await stop.wait()
         log.info("shutting down")
         await server.stop()
@@ -429,6 +431,23 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
             supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
+
+
+# The cyclic garbage collector of a serving process: its young generation is collected after
+# this many allocations (CPython's default is 700: a few commands' worth, each collection
+# walking the futures and buffers still in use); the older generations as CPython's.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def settle_collector() -> None:
+    """Once started: what start-up built (modules, the scripts, the listeners) lives as long as
+    the process, so no collection walks it again (gc.freeze), and the young generation is
+    collected less often; a serving process allocates mostly objects that go within a request,
+    freed by reference counting before any collection sees them. Measured on the request/reply
+    bench (32 callers): ~5 % fewer instructions of the tubeq process per call (callgrind)."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | None,
