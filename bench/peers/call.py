@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.peers.call                    full: ~5 min (bench/out/)
     .venv/bin/python -m bench.peers.call --quick            small counts, ~1 min
     .venv/bin/python -m bench.peers.call --revision HEAD    tubeq (server and client) of HEAD
+    .venv/bin/python -m bench.peers.call --systems tubeq,BullMQ --base REV
+                                                            and tubeq of REV, a row of its own
 
 Owns: the request/reply systems and their order, the sizes and bounds of a call run, and the
 CPU accounting of its servers and worker. A call is a request put into a queue, run by a worker
@@ -119,11 +121,15 @@ class CallBench(Bench):
     """Each system's worker and callers, on fresh servers, repetitions interleaved."""
 
     def __init__(self, scale: CallScale, log: Callable[[str], None], code_dir: Path,
-                 tubeq_version: str | None) -> None:
+                 tubeq_version: str | None,
+                 other_code: dict[str, tuple[Path, str]] | None = None) -> None:
+        """``other_code``: systems (by name) that run another tubeq than ``code_dir``'s, each
+        with its directory and version (``--base``)."""
         super().__init__(scale, log, log_name="peers-call-logs", quiet_wait_s=QUIET_WAIT_S)
         self.scale: CallScale = scale
         self.code_dir = code_dir
         self.tubeq_version = tubeq_version
+        self.other_code = other_code or {}
         self.setup: dict[str, dict[str, Any]] = {}
 
     def prepare(self, system: CallSystem) -> list[str]:
@@ -142,7 +148,8 @@ class CallBench(Bench):
 
     def _main_versions(self, system: CallSystem) -> dict[str, str]:
         versions = machine_and_versions()
-        tubeq = self.tubeq_version or versions["tubeq"]
+        other = self.other_code.get(system.name)
+        tubeq = other[1] if other else self.tubeq_version or versions["tubeq"]
         if system.server == "beanstalkd":
             return {"server": versions["beanstalkd"], "tubeq client": tubeq,
                     "uvloop": versions["uvloop"]}
@@ -160,15 +167,20 @@ class CallBench(Bench):
         timeout, and its start."""
         return 3 * (self.scale.phase_limit_s + CALL_TIMEOUT_S) + 30.0
 
-    def _spawn(self, command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def code_of(self, system: CallSystem) -> Path:
+        """Where the system's tubeq (server and client) comes from."""
+        other = self.other_code.get(system.name)
+        return other[0] if other else self.code_dir
+
+    def _spawn(self, command: list[str], log: Path, code_dir: Path) -> subprocess.Popen[bytes]:
         """A driver process, its tubeq taken from ``code_dir``: ``python -m`` puts its working
         directory first on sys.path, ahead of PYTHONPATH and of the editable install; bench/
         comes from PYTHONPATH."""
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(self.code_dir), str(REPO_ROOT)]))
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(code_dir), str(REPO_ROOT)]))
         with open(log, "ab") as sink:
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink,
-                                    stderr=sink, cwd=self.code_dir, env=env)
+                                    stderr=sink, cwd=code_dir, env=env)
 
     def run_system(self, system: CallSystem, rep: int) -> None:
         entry: dict[str, Any] = {"system": system.name, "rep": rep}
@@ -180,7 +192,8 @@ class CallBench(Bench):
             self._record(entry)
             return
         entry["quiet_before"] = round(wait_until_quiet(QUIET_CORES, QUIET_WAIT_S), 3)
-        servers = Servers(system.server, self.log_dir, self.code_dir)
+        code_dir = self.code_of(system)
+        servers = Servers(system.server, self.log_dir, code_dir)
         name = f"{_file_name(system)}-{rep}"
         log = self.log_dir / f"{name}.log"
         out = self.log_dir / f"{name}.json"
@@ -192,10 +205,10 @@ class CallBench(Bench):
             # The worker outlives the caller by its own bound only if this process dies.
             worker = self._spawn([*prefix, *self._args("serve", url, caller_limit + 60.0,
                                                       self.log_dir / f"{name}-worker.json")],
-                                 self.log_dir / f"{name}-worker.log")
+                                 self.log_dir / f"{name}-worker.log", code_dir)
             with Sampler({**servers.pids, "worker": worker.pid}) as sampler:
                 caller = self._spawn([*prefix, *self._args("call", url, caller_limit, out)],
-                                     log)
+                                     log, code_dir)
                 try:
                     caller.wait(caller_limit + KILL_SLACK_S)
                 except subprocess.TimeoutExpired:
@@ -262,15 +275,29 @@ def _code(revision: str | None, stamp: str) -> tuple[Path, str | None]:
     return code_dir, f"commit {commit} (git archive: the working tree's edits not included)"
 
 
+def base_system(commit: str) -> CallSystem:
+    """``--base``: the tubeq row again, server and client of ``commit``, as a row of its own."""
+    return CallSystem(f"tubeq {commit}", "main", "bundled", "tubeq",
+                      f"as the tubeq row, tubeq (server and client) of {commit}")
+
+
 def run(scale: CallScale, systems: tuple[CallSystem, ...], revision: str | None,
-        output: Path | None) -> Path:
+        output: Path | None, base: str | None = None) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     code_dir, tubeq_version = _code(revision, stamp)
-    bench = CallBench(scale, log, code_dir, tubeq_version)
+    other: dict[str, tuple[Path, str]] = {}
+    if base is not None:  # right after the tubeq row, so each repetition runs them in turn
+        base_dir, base_version = _code(base, stamp + "-base")
+        assert base_version is not None
+        extra = base_system(base_version.split()[1])
+        other[extra.name] = (base_dir, base_version)
+        at = next((i + 1 for i, s in enumerate(systems) if s.name == "tubeq"), 0)
+        systems = (*systems[:at], extra, *systems[at:])
+    bench = CallBench(scale, log, code_dir, tubeq_version, other)
     meta: dict[str, Any] = {
         "scale": asdict(scale), "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu_model": machine.cpu_model(), "machine": machine_and_versions(),
@@ -304,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--revision", default=None, metavar="REV",
                    help="run tubeq (server and bundled client) as of REV, from `git archive` "
                         "(default: the working tree's tubeq/)")
+    p.add_argument("--base", default=None, metavar="REV",
+                   help="also run tubeq (server and bundled client) as of REV, from `git "
+                        "archive`, as a row of its own, interleaved with the others: an A/B "
+                        "of two revisions in one run")
     p.add_argument("--output", type=Path, default=None,
                    help="report path (default bench/out/peers-call-<stamp>.md)")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
@@ -323,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         if not systems:
             p.error(f"no system among {[s.name for s in CALL_SYSTEMS]} matches "
                     f"{args.systems!r}")
-    run(scale, systems, args.revision, args.output)
+    run(scale, systems, args.revision, args.output, args.base)
     return 0
 
 
