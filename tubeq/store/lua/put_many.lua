@@ -21,7 +21,9 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "policies"
 local t, now = ARGV[3], tonumber(ARGV[4])
 
-ensure_tube(t, now)
+local meta = ensure_tube(t, now)
+-- In group mode (includes/groups.lua) unless it holds no job: these jobs have no group.
+local grouped = meta and meta[5] and not leave_group_mode(t) and true or false
 local limits = tube_limits(t)
 local ids = {}
 local stored = 0
@@ -49,7 +51,7 @@ local function put_one(pri, delay, ttr, body)
     store_job(jk, t, pri, ttr, body, now)
     start_policies(id, jk, t, false, now, limits[2])
     local p = pri + 0
-    enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most)
+    enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most, grouped)
     if head_at_most == nil or p < head_at_most then head_at_most = p end
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
     if waiters then
