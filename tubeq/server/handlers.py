@@ -306,7 +306,7 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
     store = conn.store
 
     def answer(results: list[Any]) -> bytes:
-        counts, settings, policy_counts, figures = results
+        counts, settings, policy_counts, figures, groups = results
         if counts is None:
             return replies.NOT_FOUND
         now = store.clock()
@@ -315,10 +315,12 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
         # admin figures: the delay histogram, the oldest ready job's age
         if figures is not None:
             extra += figures.stats_keys(now)
+        extra += groups.stats_keys()  # its groups (put-with group=)
         return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
 
     return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
-                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube)),
+                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube),
+                               store.tube_groups(cmd.tube)),
                 answer)
 
 

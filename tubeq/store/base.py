@@ -215,6 +215,8 @@ class JobStore(Protocol):
 
     def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]: ...
 
+    def tube_groups(self, tube: str) -> asyncio.Future[admin.TubeGroups]: ...
+
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,

@@ -607,6 +607,9 @@ class ShardedStore:
     def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
         return self.of_tube(tube).tube_figures(tube)
 
+    def tube_groups(self, tube: str) -> asyncio.Future[admin.TubeGroups]:
+        return self.of_tube(tube).tube_groups(tube)
+
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,

@@ -812,6 +812,16 @@ class Store:
         return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
                           admin.OLDEST_READY_LEVELS, decode=decode)
 
+    def tube_groups(self, tube: str) -> asyncio.Future[admin.TubeGroups]:
+        """A tube's groups (put-with group=): how many have ready jobs, the busiest first."""
+        def decode(r: Any) -> admin.TubeGroups:
+            loads = tuple(admin.GroupLoad(bytes(r[i]).decode(), int(r[i + 1]), int(r[i + 2]))
+                          for i in range(1, len(r), 3))
+            return admin.TubeGroups(int(r[0]), loads)
+
+        return self._eval("group_stats", tube, admin.BUSIEST_GROUPS, admin.GROUP_SCAN_BUDGET,
+                          decode=decode)
+
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
