@@ -5,19 +5,22 @@ slot frees. The Lua side, move by move: tests/store/test_groups.py."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
 
+from tests.store.test_shards import tubes_in_distinct_shards
 from tests.support.http_support import running_server
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.support.wire import Wire
+from tubeq.client import BadOption, Client
+from tubeq.client.policies import put_with_line
 
 
-def put(w: Wire, group: str | None, body: str = "x", extra: str = "") -> int:
+def put(w: Wire, group: str | None, body: str = "x") -> int:
     option = f" group={group}" if group is not None else ""
-    reply = w.ask(f"put-with 0 0 60 {len(body)}{option}{extra}\r\n{body}")
+    reply = w.ask(f"put-with 0 0 60 {len(body)}{option}\r\n{body}")
     assert reply.startswith(b"INSERTED "), reply
     return int(reply.split()[1])
 
@@ -119,6 +122,94 @@ def test_stats_tube_counts_the_groups_and_names_the_busiest(server: ServerProces
         assert "groups" not in plain.yaml("stats-tube groups-stats")
 
 
+def test_push_and_reserve_many_serve_the_groups_in_turns(server: ServerProcess) -> None:
+    with Wire(server.host, server.port) as w:
+        w.ask("use groups-push")
+        a = [put(w, "a") for _ in range(3)]
+        b = [put(w, "b") for _ in range(3)]
+        w.ask("watch groups-push")
+        w.ask("ignore default")
+        reply = w.ask("reserve-many 3 0")
+        assert reply == b"BATCH 3\r\n"
+        got = [int(w.reply().split()[1]) for _ in range(3)]
+        assert got == [a[0], b[0], a[1]]
+        assert w.ask("push 3") == b"PUSHING 3\r\n"
+        pushed = [int(w.reply().split()[1]) for _ in range(3)]
+        assert pushed == [b[1], a[2], b[2]]
+        assert w.ask("push 0") == b"PUSHING 0\r\n"
+        for job in got + pushed:
+            assert w.ask(f"delete {job}") == b"DELETED\r\n"
+
+
+# -- several processes, shards ------------------------------------------------------------------
+
+@pytest.fixture
+def two_servers(tubeq_cluster: TubeqCluster) -> Iterator[list[ServerProcess]]:
+    """Two tubeq processes on one namespace (what --workers runs on one port)."""
+    prefix = unique_prefix("grp")
+    servers = [tubeq_cluster.start(prefix, label=f"tubeq-grp-{n}") for n in (1, 2)]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_a_slot_freed_on_one_process_wakes_a_reserve_on_another(
+        two_servers: list[ServerProcess]) -> None:
+    one, two = two_servers
+    with Wire(one.host, one.port) as w, Wire(two.host, two.port) as other:
+        assert w.ask("tube-set groups-2p group-concurrency=1") == b"SET\r\n"
+        for conn in (w, other):
+            conn.ask("watch groups-2p")
+            conn.ask("ignore default")
+        w.ask("use groups-2p")
+        a = [put(w, "a") for _ in range(2)]
+        b = put(w, "b")
+        assert [reserve(w), reserve(other)] == [a[0], b]
+        got: list[bytes] = []
+        waiter = threading.Thread(target=lambda: got.append(other.ask("reserve-with-timeout 10")))
+        waiter.start()
+        assert w.ask(f"delete {a[0]}") == b"DELETED\r\n"
+        waiter.join(timeout=15)
+        assert got and got[0].startswith(f"RESERVED {a[1]} ".encode()), got
+        for job in (a[1], b):
+            assert other.ask(f"delete {job}") == b"DELETED\r\n"
+
+
+@pytest.fixture
+def split_server(tubeq_cluster: TubeqCluster) -> Iterator[ServerProcess]:
+    server = tubeq_cluster.start(unique_prefix("grp-shard"), label="tubeq-grp-shards",
+                                 flags=("--shards", "4"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_groups_over_shards(split_server: ServerProcess) -> None:
+    """A tube lives in one shard: its groups take turns there; a connection watching tubes of
+    several shards still gets (pri, put order) across them."""
+    grouped, plain = tubes_in_distinct_shards(2, "grp")
+    with Wire(split_server.host, split_server.port) as w:
+        w.ask(f"use {grouped}")
+        a = [put(w, "a") for _ in range(2)]
+        b = put(w, "b")
+        w.ask(f"use {plain}")
+        urgent = int(w.ask("put 1 0 60 1\r\nu").split()[1])
+        later = int(w.ask("put 0 0 60 1\r\nl").split()[1])
+        for tube in (grouped, plain):
+            w.ask(f"watch {tube}")
+        w.ask("ignore default")
+        got = []
+        while (job := reserve(w)) is not None:
+            got.append(job)
+            assert w.ask(f"delete {job}") == b"DELETED\r\n"
+        # pri 0: the grouped tube's head by turns (a, b, a), each against the other tube's
+        # best by put order; then pri 1
+        assert got == [a[0], b, a[1], later, urgent]
+
+
 # -- HTTP ---------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -163,3 +254,34 @@ async def test_http_stats_of_a_tube_show_its_groups(http_base: str) -> None:
         assert stats["groups"] == 2
         assert stats["groups_busiest"] == [{"group": "b", "ready": 2, "reserved": 0},
                                            {"group": "a", "ready": 1, "reserved": 0}]
+
+
+# -- the bundled client -------------------------------------------------------------------------
+
+def test_the_client_sends_a_group_and_refuses_one_that_would_split_the_line() -> None:
+    def line(group: str) -> bytes:
+        return put_with_line(0, 0, 60, 1, delay_ms=None, max_tries=None, backoff_ms=None,
+                             backoff_max_ms=None, ttl_ms=None, on_expire=None, key=None,
+                             group=group)
+
+    assert line("tenant-7") == b"put-with 0 0 60 1 group=tenant-7\r\n"
+    for bad in ("", "a b", "a\r\nb"):
+        with pytest.raises(ValueError):
+            line(bad)
+
+
+async def test_the_client_puts_with_a_group(server: ServerProcess) -> None:
+    async with Client(server.host, server.port) as client:
+        await client.use("groups-client")
+        await client.watch("groups-client")
+        await client.ignore("default")
+        a = [(await client.put_with(b"a", group="a")).id for _ in range(2)]
+        b = (await client.put_with(b"b", group="b")).id
+        got = []
+        for _ in range(3):
+            job = await client.reserve_with_timeout(0)
+            got.append(job.id)
+            await client.delete(job.id)
+        assert got == [a[0], b, a[1]]
+        with pytest.raises(BadOption):
+            await client.put_with(b"x", group="a:b")
