@@ -104,7 +104,7 @@ else
   end
   store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(extra))
   start_policies(id, jk, t, opts, now, limits[2])
-  enqueue_ready(id, t, pri, now, meta)
+  enqueue_ready(id, t, pri, now, meta, nil, nil, opts and opts.group or '')
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.

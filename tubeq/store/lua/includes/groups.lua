@@ -116,6 +116,32 @@ local function group_remove(t, g, m, now, limited, served)
   group_place(t, g, now, limited, served)
 end
 
+-- A reserve took job member m, the head of the group whose turn it was in tube t (index_tube
+-- named it), out of k_ready(t): the group goes behind the others. Its group and turn come from
+-- the first member of k_group_turns (no read of the job or of the group's place); should m not
+-- be that group's (never, while the index is right), the job's own group is looked up.
+local function group_serve(t, m, now, limited)
+  local turns = k_group_turns(t)
+  local first = redis.call('ZRANGE', turns, 0, 0)[1]
+  local g = first and turn_group(first)
+  if not g or redis.call('ZREM', k_group_ready(t, g), m) == 0 then
+    g = redis.call('HGET', k_job(string.sub(m, 2)), JOB_GROUP) or ''
+    group_remove(t, g, m, now, limited, true)
+    return
+  end
+  local head = redis.call('ZRANGE', k_group_ready(t, g), 0, 0, 'WITHSCORES')
+  redis.call('ZREM', turns, first)
+  if not head[1] then
+    redis.call('HDEL', k_group_places(t), g)
+    return
+  end
+  local turn = redis.call('HINCRBY', k_tube(t), 'gturn', 1)
+  redis.call('HSET', k_group_places(t), g, turn)
+  if not (limited and group_blocked(t, g, now)) then
+    redis.call('ZADD', turns, head[2], turn_member(turn, g))
+  end
+end
+
 -- The best job of the group whose turn it is in tube t: {member, pri}, or {} when no group
 -- may be served.
 local function group_head(t)

@@ -153,8 +153,9 @@ end
 -- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
 -- `behind`: the caller knows the job is not the tube's new head (put_many.lua), and the
 -- ZRANK that would tell is skipped. `grouped`: whether the tube is in group mode, when the
--- caller knows it and passes no meta (nil: read).
-local function enqueue_ready(id, t, pri, now, meta, behind, grouped)
+-- caller knows it and passes no meta (nil: read). `group`: the job's group, when the caller
+-- knows it (nil: read from the job if the tube is in group mode).
+local function enqueue_ready(id, t, pri, now, meta, behind, grouped, group)
   local m = member(id)
   if grouped == nil then
     if not meta then meta = tube_meta(t) end
@@ -163,7 +164,7 @@ local function enqueue_ready(id, t, pri, now, meta, behind, grouped)
   if rcall('ZADD', k_ready(t), text(pri), m) == 1 then count_ready(pri, 1) end
   if grouped then
     meta = meta or tube_meta(t)
-    group_add(t, group_of(id), m, text(pri), now, meta[3])
+    group_add(t, group or group_of(id), m, text(pri), now, meta[3])
     index_tube(t, now, nil, nil, meta)
     return
   end

@@ -59,7 +59,7 @@ local function take_entry(entry, token, now)
   local m, t = split_entry(entry)
   rcall('ZREM', k_ready(t), m)
   local meta = tube_meta(t)
-  if meta[5] then group_remove(t, group_of(id_of(m)), m, now, meta[3], true) end
+  if meta[5] then group_serve(t, m, now, meta[3]) end
   local limited = index_tube(t, now, nil, nil, meta)
   return grant(id_of(m), t, token, now, true, limited)
 end
