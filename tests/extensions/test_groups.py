@@ -15,6 +15,7 @@ from tests.support.http_support import running_server
 from tests.support.servers import ServerProcess, TubeqCluster, unique_prefix
 from tests.support.wire import Wire
 from tubeq.client import BadOption, Client
+from tubeq.client.batches import NewJob
 from tubeq.client.policies import put_with_line
 
 
@@ -120,6 +121,24 @@ def test_stats_tube_counts_the_groups_and_names_the_busiest(server: ServerProces
         assert doc["groups-busiest"] == '"big 3 1, mid 2 0, one 1 0"'
         # a connection that never used an extension sees beanstalkd's document only
         assert "groups" not in plain.yaml("stats-tube groups-stats")
+
+
+def test_put_many_entries_take_a_group(server: ServerProcess) -> None:
+    with Wire(server.host, server.port) as w:
+        w.ask("use groups-many")
+        w.send(b"put-many 4\r\n0 0 60 1 group=a\r\na\r\n0 0 60 1 group=a\r\na\r\n"
+               b"0 0 60 1 group=b c\r\nx\r\n0 0 60 1 group=b\r\nb\r\n")
+        assert w.reply() == b"BATCH 4\r\n"
+        replies = [w.reply() for _ in range(4)]
+        assert replies[2] == b"BAD_FORMAT\r\n"  # a space ends the key: nothing stored
+        a1, a2, b = (int(r.split()[1]) for r in replies[:2] + replies[3:])
+        w.ask("watch groups-many")
+        w.ask("ignore default")
+        got = []
+        while (job := reserve(w)) is not None:
+            got.append(job)
+            assert w.ask(f"delete {job}") == b"DELETED\r\n"
+        assert got == [a1, b, a2]
 
 
 def test_push_and_reserve_many_serve_the_groups_in_turns(server: ServerProcess) -> None:
@@ -285,3 +304,18 @@ async def test_the_client_puts_with_a_group(server: ServerProcess) -> None:
         assert got == [a[0], b, a[1]]
         with pytest.raises(BadOption):
             await client.put_with(b"x", group="a:b")
+
+
+async def test_the_client_puts_many_with_groups(server: ServerProcess) -> None:
+    async with Client(server.host, server.port) as client:
+        await client.use("groups-client-many")
+        await client.watch("groups-client-many")
+        await client.ignore("default")
+        ids = await client.put_many([NewJob(b"a", group="a"), NewJob(b"a", group="a"),
+                                     NewJob(b"b", group="b"), b"plain"])
+        got = []
+        for _ in ids:
+            job = await client.reserve_with_timeout(0)
+            got.append(job.id)
+            await client.delete(job.id)
+        assert got == [ids[0], ids[2], ids[3], ids[1]]

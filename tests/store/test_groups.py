@@ -195,6 +195,23 @@ async def test_clear_tube_in_batches_keeps_the_other_groups(env: Env) -> None:
     assert await order(env, 3) == [jobs[4], jobs[3], jobs[5]]
 
 
+async def test_a_put_many_puts_each_job_in_its_group(env: Env) -> None:
+    u = await env.put()  # ready before group mode: the group ""
+    ids = await env.store.put_many("default", [(0, 0, 60, b"x")] * 5,
+                                   groups=["a", "a", "", "b", "a"])
+    assert await grouped(env)
+    later = await env.store.put_many("default", [(0, 0, 60, b"y")])  # no groups: group ""
+    assert await order(env, 8) == [u, ids[0], ids[3], ids[2], ids[1], later[0], ids[4]]
+
+
+async def test_a_put_many_without_groups_ends_group_mode_in_an_empty_tube(env: Env) -> None:
+    await gput(env, "a")
+    await order(env, 1)
+    ids = await env.store.put_many("default", [(0, 0, 60, b"x")] * 2)
+    assert not await grouped(env)
+    assert await order(env, 2) == ids
+
+
 async def test_a_connection_watching_several_tubes_gets_pri_id_order_across(env: Env) -> None:
     await env.store.change_watches(ALICE, [("+w", "x")])
     a = [await gput(env, "a", pri=2) for _ in range(2)]

@@ -860,7 +860,8 @@ class Client:
         A job is a body (``str`` as UTF-8) with ``pri``/``delay``/``ttr``, or a
         :class:`NewJob` with its own. Against tubeq the jobs go as ``put-many`` commands of at
         most 1000 jobs and 4 MiB of bodies each, written at once; against a server without
-        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands.
+        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands (a
+        NewJob with a group is then refused BAD_FORMAT: groups are tubeq's).
         """
         entries = batches._entries(jobs, pri, delay, ttr)
         if not entries:

@@ -825,12 +825,19 @@ class Store:
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False) -> asyncio.Future[list[int]]:
+                 send_now: bool = False,
+                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
         """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
-        order. ``send_now``: written to Redis at once, not at the end of the loop's turn."""
+        order. ``send_now``: written to Redis at once, not at the end of the loop's turn.
+        ``groups``: each job's group ("" for none; None: no job has one)."""
         flat: list[bytes | str | int] = []
-        for job in jobs:
-            flat += job
+        if groups is None:
+            for job in jobs:
+                flat += job
+        else:
+            flat.append("g")  # put_many.lua: each job with its group
+            for (pri, delay, ttr, body), group in zip(jobs, groups, strict=True):
+                flat += (pri, delay, ttr, group, body)
         call = self._eval("put_many", tube, self.clock(), *flat,
                           decode=lambda r: [int(v) for v in r])
         if send_now:

@@ -120,9 +120,14 @@ end
 -- named it), out of k_ready(t): the group goes behind the others. Its group and turn come from
 -- the first member of k_group_turns (no read of the job or of the group's place); should m not
 -- be that group's (never, while the index is right), the job's own group is looked up.
+-- A group served alone (no other group in the turns, and no limits, so none parked either)
+-- keeps its turn number: a new one would change no order, as every group that comes later
+-- takes a later number anyway. That spares a tube that one group fills four calls a reserve;
+-- and its new head is the tube's, returned (member, pri) so index_tube need not look.
 local function group_serve(t, m, now, limited)
   local turns = k_group_turns(t)
-  local first = redis.call('ZRANGE', turns, 0, 0)[1]
+  local firsts = redis.call('ZRANGE', turns, 0, 1, 'WITHSCORES')
+  local first = firsts[1]
   local g = first and turn_group(first)
   if not g or redis.call('ZREM', k_group_ready(t, g), m) == 0 then
     g = redis.call('HGET', k_job(string.sub(m, 2)), JOB_GROUP) or ''
@@ -130,6 +135,10 @@ local function group_serve(t, m, now, limited)
     return
   end
   local head = redis.call('ZRANGE', k_group_ready(t, g), 0, 0, 'WITHSCORES')
+  if head[1] and not limited and not firsts[3] then
+    if tonumber(head[2]) ~= tonumber(firsts[2]) then redis.call('ZADD', turns, head[2], first) end
+    return head[1], head[2]
+  end
   redis.call('ZREM', turns, first)
   if not head[1] then
     redis.call('HDEL', k_group_places(t), g)

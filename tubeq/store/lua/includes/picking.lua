@@ -59,8 +59,9 @@ local function take_entry(entry, token, now)
   local m, t = split_entry(entry)
   rcall('ZREM', k_ready(t), m)
   local meta = tube_meta(t)
-  if meta[5] then group_serve(t, m, now, meta[3]) end
-  local limited = index_tube(t, now, nil, nil, meta)
+  local head_member, head_pri
+  if meta[5] then head_member, head_pri = group_serve(t, m, now, meta[3]) end
+  local limited = index_tube(t, now, head_member, head_pri, meta)
   return grant(id_of(m), t, token, now, true, limited)
 end
 
