@@ -1,0 +1,170 @@
+"""What groups inside a tube cost Redis per reserve and delete, counted, not timed.
+
+    .venv/bin/python -m bench.probes.group_cost [--jobs 2000] [--no-callgrind]
+
+Three loads into one tube of a private redis-server, each through the store's own calls
+(tubeq.store.store.Store, events off): jobs without a group, jobs of one group, jobs spread
+over 51 groups (put-with group=). Then ``--jobs`` reserves, each followed by its delete, one at
+a time. Printed per load: the redis.call()s the scripts made per reserve+delete and per put
+(INFO commandstats of every command but the script calls: exact, the same on any machine),
+and with valgrind the instructions Redis executed per reserve+delete (callgrind's Ir, zeroed
+before the reserves and dumped after: a figure that does not drift with a shared host's load).
+Loopback only; every redis-server is started here and stopped by its PID; each phase is bounded
+by ``PHASE_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+from bench.harness.machine import cpu_model
+from tubeq.redisio.client import RedisClient
+from tubeq.redisio.process import RedisProcess, free_port
+from tubeq.store.keys import Keys
+from tubeq.store.records import Reservation
+from tubeq.store.store import Store
+
+LOOPBACK = "127.0.0.1"
+TOKEN = "inst:1"
+TUBE = "q"
+PHASE_TIMEOUT_S = 600.0
+LOADS: dict[str, Sequence[str] | None] = {
+    "no groups": None,
+    "one group": ["big"],
+    "51 groups": [f"g{i}" for i in range(51)],
+}
+_SCRIPT_CALLS = ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_config", "cmdstat_info")
+
+
+async def _open(url: str) -> tuple[RedisClient, Store]:
+    client = await RedisClient.connect(url)
+    store = Store(client, Keys("cost"), "inst", lambda: 1_700_000_000_000, events_maxlen=0)
+    await store.load_scripts()
+    await store.heartbeat()
+    await store.connect(TOKEN)
+    await store.change_watches(TOKEN, [("+w", TUBE), ("-w", "default")])
+    return client, store
+
+
+async def _put(store: Store, groups: Sequence[str] | None, count: int) -> None:
+    await asyncio.gather(*(
+        store.put_with(TUBE, 0, 0, 600, b"x", (("group", groups[i % len(groups)]),) if groups
+                       else ()) for i in range(count)))
+
+
+async def _cycles(store: Store, count: int) -> None:
+    for _ in range(count):
+        r = await store.reserve(TOKEN)
+        assert isinstance(r, Reservation), r
+        await store.delete(TOKEN, r.id)
+
+
+def _calls(raw: redis.Redis) -> int:
+    stats = raw.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if not k.startswith(_SCRIPT_CALLS))
+
+
+async def count_calls(groups: Sequence[str] | None, jobs: int) -> tuple[float, float]:
+    """redis.call()s per put and per reserve+delete."""
+    with tempfile.TemporaryDirectory() as folder:
+        server = RedisProcess(Path(folder))
+        server.start()
+        try:
+            client, store = await _open(server.url)
+            raw = redis.Redis.from_url(server.url)
+            await _put(store, groups, 100)
+            raw.config_resetstat()
+            await _put(store, groups, jobs)
+            per_put = _calls(raw) / jobs
+            raw.config_resetstat()
+            await _cycles(store, jobs)
+            per_cycle = _calls(raw) / jobs
+            raw.close()
+            await client.close()
+        finally:
+            server.stop()
+    return per_put, per_cycle
+
+
+def _ir(path: str) -> int:
+    total = 0
+    with open(path) as f:
+        for line in f:
+            found = re.match(r"^(?:summary|totals): (\d+)", line)
+            if found:
+                total = int(found[1])
+    return total
+
+
+async def count_instructions(groups: Sequence[str] | None, jobs: int) -> float:
+    """Redis's instructions per reserve+delete, under callgrind."""
+    with tempfile.TemporaryDirectory() as folder:
+        port = free_port(LOOPBACK)
+        out = os.path.join(folder, "callgrind.out")
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server",
+             "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            while True:
+                try:
+                    socket.create_connection((LOOPBACK, port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            client, store = await _open(f"redis://{LOOPBACK}:{port}")
+            await _put(store, groups, jobs + 100)
+            subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
+                           timeout=PHASE_TIMEOUT_S, check=True)
+            await asyncio.wait_for(_cycles(store, jobs), PHASE_TIMEOUT_S)
+            subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True,
+                           timeout=PHASE_TIMEOUT_S, check=True)
+            await client.close()
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        dumps = sorted(glob.glob(out + ".*"))
+        return _ir(dumps[-1]) / jobs
+
+
+async def run(jobs: int, callgrind: bool) -> None:
+    print(f"cpu: {cpu_model()}; load average {os.getloadavg()}; {jobs:,} jobs per load")
+    print("| load | redis.call()s per put | per reserve+delete | Redis instructions per "
+          "reserve+delete |")
+    print("|---|---|---|---|")
+    for name, groups in LOADS.items():
+        per_put, per_cycle = await count_calls(groups, jobs)
+        ir = f"{await count_instructions(groups, jobs) / 1000:,.0f}k" if callgrind else "-"
+        print(f"| {name} | {per_put:.1f} | {per_cycle:.1f} | {ir} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.probes.group_cost",
+                                description=(__doc__ or "").split("\n", 1)[0])
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--no-callgrind", action="store_true", help="only count the calls")
+    args = p.parse_args(argv)
+    callgrind = not args.no_callgrind and shutil.which("valgrind") is not None
+    asyncio.run(run(args.jobs, callgrind))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
