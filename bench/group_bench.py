@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.big, args.consume, args.reps = 10_000, 2_000, 1
     cpu = cpu_model()
+    start_load = os.getloadavg()[0]
     print(f"cpu: {cpu}; load average {os.getloadavg()}", flush=True)
     runs: dict[bool, list[Run]] = {True: [], False: []}
     for rep in range(args.reps):
@@ -246,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         command = " ".join(["python -m bench.group_bench", *(argv or sys.argv[1:])])
         out.write_text(f"# Groups inside a tube: fairness and cost\n\n`{command}`, "
                        f"{time.strftime('%Y-%m-%d', time.gmtime())}, cpu {cpu}, load "
-                       f"average at the start {os.getloadavg()[0]:.2f} (a shared machine).\n\n"
+                       f"average {start_load:.2f} at the start, {os.getloadavg()[0]:.2f} at the "
+                       f"end (a shared machine).\n\n"
                        f"{text}\n")
     return 0
 

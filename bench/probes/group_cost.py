@@ -1,6 +1,6 @@
 """What groups inside a tube cost Redis per reserve and delete, counted, not timed.
 
-    .venv/bin/python -m bench.probes.group_cost [--jobs 2000] [--no-callgrind]
+    .venv/bin/python -m bench.probes.group_cost [--jobs 2000] [--no-callgrind] [--base REV]
 
 Three loads into one tube of a private redis-server, each through the store's own calls
 (tubeq.store.store.Store, events off): jobs without a group, jobs of one group, jobs spread
@@ -9,6 +9,8 @@ a time. Printed per load: the redis.call()s the scripts made per reserve+delete 
 (INFO commandstats of every command but the script calls: exact, the same on any machine),
 and with valgrind the instructions Redis executed per reserve+delete (callgrind's Ir, zeroed
 before the reserves and dumped after: a figure that does not drift with a shared host's load).
+``--base REV`` runs the load without groups once more with REV's scripts (its ``tubeq/``, a
+``git archive`` snapshot, in a process of its own), to show a tube without groups pays nothing.
 Loopback only; every redis-server is started here and stopped by its PID; each phase is bounded
 by ``PHASE_TIMEOUT_S``.
 """
@@ -32,6 +34,8 @@ from pathlib import Path
 import redis
 
 from bench.harness.machine import cpu_model
+from bench.harness.paths import REPO_ROOT
+from bench.harness.servers import snapshot_revision
 from tubeq.redisio.client import RedisClient
 from tubeq.redisio.process import RedisProcess, free_port
 from tubeq.store.keys import Keys
@@ -144,15 +148,29 @@ async def count_instructions(groups: Sequence[str] | None, jobs: int) -> float:
         return _ir(dumps[-1]) / jobs
 
 
-async def run(jobs: int, callgrind: bool) -> None:
+async def row(name: str, jobs: int, callgrind: bool) -> str:
+    groups = LOADS[name]
+    per_put, per_cycle = await count_calls(groups, jobs)
+    ir = f"{await count_instructions(groups, jobs) / 1000:,.0f}k" if callgrind else "-"
+    return f"{per_put:.1f} | {per_cycle:.1f} | {ir} |"
+
+
+async def run(jobs: int, callgrind: bool, base: str | None) -> None:
     print(f"cpu: {cpu_model()}; load average {os.getloadavg()}; {jobs:,} jobs per load")
     print("| load | redis.call()s per put | per reserve+delete | Redis instructions per "
           "reserve+delete |")
     print("|---|---|---|---|")
-    for name, groups in LOADS.items():
-        per_put, per_cycle = await count_calls(groups, jobs)
-        ir = f"{await count_instructions(groups, jobs) / 1000:,.0f}k" if callgrind else "-"
-        print(f"| {name} | {per_put:.1f} | {per_cycle:.1f} | {ir} |", flush=True)
+    for name in LOADS:
+        print(f"| {name} | {await row(name, jobs, callgrind)}", flush=True)
+    if base is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            code = snapshot_revision(base, Path(folder))
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(code), str(REPO_ROOT)))}
+            argv = [sys.executable, "-m", "bench.probes.group_cost", "--row", "no groups",
+                    "--jobs", str(jobs), *(() if callgrind else ("--no-callgrind",))]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True,
+                                  timeout=PHASE_TIMEOUT_S)
+            print(f"| no groups, {base}'s scripts | {done.stdout.strip()}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,9 +178,14 @@ def main(argv: list[str] | None = None) -> int:
                                 description=(__doc__ or "").split("\n", 1)[0])
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--no-callgrind", action="store_true", help="only count the calls")
+    p.add_argument("--base", help="also the load without groups with this revision's scripts")
+    p.add_argument("--row", choices=tuple(LOADS), help=argparse.SUPPRESS)  # --base's own run
     args = p.parse_args(argv)
     callgrind = not args.no_callgrind and shutil.which("valgrind") is not None
-    asyncio.run(run(args.jobs, callgrind))
+    if args.row is not None:
+        print(asyncio.run(row(args.row, args.jobs, callgrind)))
+        return 0
+    asyncio.run(run(args.jobs, callgrind, args.base))
     return 0
 
 
