@@ -7,8 +7,9 @@ Three loads into one tube of a private redis-server, each through the store's ow
 over 51 groups (put-with group=). Then ``--jobs`` reserves, each followed by its delete, one at
 a time. Printed per load: the redis.call()s the scripts made per reserve+delete and per put
 (INFO commandstats of every command but the script calls: exact, the same on any machine),
-and with valgrind the instructions Redis executed per reserve+delete (callgrind's Ir, zeroed
-before the reserves and dumped after: a figure that does not drift with a shared host's load).
+and with valgrind the instructions Redis executed per put (each awaited alone) and per
+reserve+delete (callgrind's Ir, zeroed before each phase and dumped after: a figure that does
+not drift with a shared host's load).
 ``--base REV`` runs the load without groups once more with REV's scripts (its ``tubeq/``, a
 ``git archive`` snapshot, in a process of its own), to show a tube without groups pays nothing.
 Loopback only; every redis-server is started here and stopped by its PID; each phase is bounded
@@ -64,10 +65,13 @@ async def _open(url: str) -> tuple[RedisClient, Store]:
     return client, store
 
 
+async def _put_one(store: Store, groups: Sequence[str] | None, i: int) -> None:
+    await store.put_with(TUBE, 0, 0, 600, b"x",
+                         (("group", groups[i % len(groups)]),) if groups else ())
+
+
 async def _put(store: Store, groups: Sequence[str] | None, count: int) -> None:
-    await asyncio.gather(*(
-        store.put_with(TUBE, 0, 0, 600, b"x", (("group", groups[i % len(groups)]),) if groups
-                       else ()) for i in range(count)))
+    await asyncio.gather(*(_put_one(store, groups, i) for i in range(count)))
 
 
 async def _cycles(store: Store, count: int) -> None:
@@ -114,8 +118,14 @@ def _ir(path: str) -> int:
     return total
 
 
-async def count_instructions(groups: Sequence[str] | None, jobs: int) -> float:
-    """Redis's instructions per reserve+delete, under callgrind."""
+def _callgrind(pid: int, what: str) -> None:
+    subprocess.run(["callgrind_control", what, str(pid)], capture_output=True,
+                   timeout=PHASE_TIMEOUT_S, check=True)
+
+
+async def count_instructions(groups: Sequence[str] | None, jobs: int) -> tuple[float, float]:
+    """Redis's instructions per put (each awaited alone) and per reserve+delete, under
+    callgrind."""
     with tempfile.TemporaryDirectory() as folder:
         port = free_port(LOOPBACK)
         out = os.path.join(folder, "callgrind.out")
@@ -134,32 +144,37 @@ async def count_instructions(groups: Sequence[str] | None, jobs: int) -> float:
                         raise
                     time.sleep(0.2)
             client, store = await _open(f"redis://{LOOPBACK}:{port}")
-            await _put(store, groups, jobs + 100)
-            subprocess.run(["callgrind_control", "-z", str(proc.pid)], capture_output=True,
-                           timeout=PHASE_TIMEOUT_S, check=True)
+            await _put(store, groups, 100)
+            _callgrind(proc.pid, "-z")
+            for i in range(jobs):
+                await _put_one(store, groups, i)
+            _callgrind(proc.pid, "-d")
+            _callgrind(proc.pid, "-z")
             await asyncio.wait_for(_cycles(store, jobs), PHASE_TIMEOUT_S)
-            subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True,
-                           timeout=PHASE_TIMEOUT_S, check=True)
+            _callgrind(proc.pid, "-d")
             await client.close()
         finally:
             proc.terminate()
             proc.wait(60)
-        dumps = sorted(glob.glob(out + ".*"))
-        return _ir(dumps[-1]) / jobs
+        dumps = sorted(glob.glob(out + ".*"), key=lambda name: int(name.rsplit(".", 1)[1]))
+        return _ir(dumps[-2]) / jobs, _ir(dumps[-1]) / jobs
 
 
 async def row(name: str, jobs: int, callgrind: bool) -> str:
     groups = LOADS[name]
     per_put, per_cycle = await count_calls(groups, jobs)
-    ir = f"{await count_instructions(groups, jobs) / 1000:,.0f}k" if callgrind else "-"
+    ir = "- | -"
+    if callgrind:
+        ir_put, ir_cycle = await count_instructions(groups, jobs)
+        ir = f"{ir_put / 1000:,.0f}k | {ir_cycle / 1000:,.0f}k"
     return f"{per_put:.1f} | {per_cycle:.1f} | {ir} |"
 
 
 async def run(jobs: int, callgrind: bool, base: str | None) -> None:
     print(f"cpu: {cpu_model()}; load average {os.getloadavg()}; {jobs:,} jobs per load")
-    print("| load | redis.call()s per put | per reserve+delete | Redis instructions per "
-          "reserve+delete |")
-    print("|---|---|---|---|")
+    print("| load | redis.call()s per put | per reserve+delete | Redis instructions per put | "
+          "per reserve+delete |")
+    print("|---|---|---|---|---|")
     for name in LOADS:
         print(f"| {name} | {await row(name, jobs, callgrind)}", flush=True)
     if base is not None:
