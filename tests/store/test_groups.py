@@ -84,6 +84,15 @@ async def test_a_better_priority_goes_first_and_inside_a_group_pri_id_order(env:
     assert await order(env, 5) == [a_urgent, b_urgent, a1, b1, a2]
 
 
+async def test_a_put_that_improves_its_groups_best_priority_may_lead(env: Env) -> None:
+    a5 = await gput(env, "a", pri=5)  # a: the first turn, at priority 5
+    b0 = await gput(env, "b", pri=0)  # b leads at priority 0
+    a0 = await gput(env, "a", pri=0)  # a at priority 0 too, with the earlier turn: it leads
+    peeked = await env.store.peek_state("ready", "default")
+    assert peeked is not None and peeked[0] == a0
+    assert await order(env, 3) == [a0, b0, a5]
+
+
 async def test_jobs_without_a_group_are_one_group(env: Env) -> None:
     u = [await env.put() for _ in range(3)]  # before group mode: become the group ""
     g = [await gput(env, "g") for _ in range(2)]
