@@ -303,6 +303,22 @@ async def test_raising_the_cap_brings_parked_groups_back_at_once(env: Env) -> No
     assert await env.raw.hget(env.keys.tube("default"), "lim") is None
 
 
+async def test_removing_the_last_limit_forgets_the_counts(env: Env) -> None:
+    """A reservation counted under a cap and ended while the tube had no limit is not counted
+    out later: the counts started again when the last limit went."""
+    await limit(env, group_concurrency=1)
+    a = [await gput(env, "a") for _ in range(3)]
+    assert (await env.reserve(ALICE)).id == a[0]  # counted
+    await limit(env, group_concurrency=0)
+    assert (await env.reserve(BOB)).id == a[1]  # not counted: no limit
+    assert await env.store.delete(ALICE, a[0])  # ends uncounted: no limit
+    await limit(env, group_concurrency=1)
+    assert (await env.reserve(CAROL)).id == a[2]  # a counts none: a[1] was not counted
+    assert await env.raw.hget(env.keys.group_reserved("default"), "a") == b"1"
+    assert await env.store.delete(BOB, a[1])  # counted in no epoch: leaves the count alone
+    assert await env.raw.hget(env.keys.group_reserved("default"), "a") == b"1"
+
+
 async def test_group_rate_holds_a_group_until_its_second_ends(env: Env) -> None:
     await limit(env, group_rate=2)
     a = [await gput(env, "a") for _ in range(4)]
