@@ -41,6 +41,8 @@ EXPECTED: dict[str, tuple[EventName, str]] = {
     "touch": (EventName.TOUCHED, ""),
     "expire": (EventName.TIMED_OUT, ""),
     "disconnect": (EventName.TIMED_OUT, "disconnect"),
+    "disconnect at shutdown": (EventName.TIMED_OUT, "shutdown"),
+    "hand-back": (EventName.RELEASED, "hand-back"),
     "kick": (EventName.KICKED, ""),
     "kick_job": (EventName.KICKED, ""),
     "delete": (EventName.DELETED, ""),
@@ -167,6 +169,7 @@ async def test_calls_that_change_nothing_write_nothing(env: Env) -> None:
     record = await Recorder.start(env)
     await record.new()
     assert not await s.release(BOB, ready, 0, 0)  # not BOB's
+    assert await s.hand_back(BOB, ready) == 0
     assert not await s.bury(BOB, ready, 0)
     assert not await s.touch(BOB, ready)
     assert not await s.delete(BOB, ready)

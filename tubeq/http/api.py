@@ -41,7 +41,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.handlers import TUBE_POLICY_COUNTERS
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.records import JobEnd, JobInfo, Progress
+from tubeq.store.records import CANCELLED, JobEnd, JobInfo, Progress
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -60,6 +60,7 @@ RESULT_OPTIONS: Final = frozenset({"wait-ms", "progress"})  # the result long po
 RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
 BURY_OPTIONS: Final = frozenset({"reservation", "pri"})
 OWNER_OPTIONS: Final = frozenset({"reservation"})
+QUIET_OPTIONS: Final = frozenset({"tube", "conn"})
 KICK_OPTIONS: Final = frozenset({"bound"})
 PAUSE_OPTIONS: Final = frozenset({"delay"})
 LIST_OPTIONS: Final = frozenset({"state", "limit"})
@@ -89,6 +90,8 @@ def add_routes(app: web.Application, server: Server) -> None:
     app.router.add_post("/api/jobs/{id}/release", release)
     app.router.add_post("/api/jobs/{id}/bury", bury)
     app.router.add_post("/api/jobs/{id}/touch", touch)
+    app.router.add_post("/api/jobs/{id}/hand-back", hand_back)
+    app.router.add_post("/api/quiet", quiet)
     app.router.add_get("/api/stats", _taking_no_options(stats))
     app.router.add_get("/api/servers", _taking_no_options(servers))
 
@@ -380,6 +383,38 @@ async def touch(request: web.Request) -> web.Response:
     if not deadline:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
     return web.json_response({"touched": jid, "deadline_ms": deadline})
+
+
+async def hand_back(request: web.Request) -> web.Response:
+    """hand-back: a job this reservation holds back to ready at once, its try not counted."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    token = _reservation(await read_options(request, OWNER_OPTIONS))
+    done = await ops.hand_back(ctx, token, jid)
+    if done == CANCELLED:
+        _outcome(request, "hand-back", replies.CANCELLED)
+        raise HttpError(410, f"job {jid} was cancelled: it is gone")
+    _outcome(request, "hand-back", replies.RELEASED if done else replies.NOT_FOUND)
+    if not done:
+        raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    return web.json_response({"handed_back": jid, "state": "ready"})
+
+
+async def quiet(request: web.Request) -> web.Response:
+    """quiet: push consumers (all, those watching ``tube``, or connection ``conn``) stop
+    taking jobs, on every process."""
+    ctx = _ctx(request)
+    options = await read_options(request, QUIET_OPTIONS)
+    if len(options) > 1:
+        raise HttpError(400, "give 'tube' or 'conn', or neither (all)")
+    scope, target = next(iter(options.items()), ("all", ""))
+    if scope != "all" and (not isinstance(target, str) or not target or " " in target):
+        raise HttpError(400, f"'{scope}' must be a name without spaces")
+    if scope == "tube":
+        target = tube_name(target)
+    await ops.quiet(ctx, scope, target)
+    return web.json_response({"quieting": scope, **({scope: target} if target else {})},
+                             status=202)
 
 
 def _reservation(options: dict[str, Any], *, required: bool = True) -> str:

@@ -128,9 +128,11 @@ FAIL_OPTIONS: Final[Mapping[str, Spec]] = {
     "backoff-ms": _MS,
     "backoff-max-ms": _MS,
 }
-# push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled.
+# push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled;
+# quiet=1, a frame QUIET when the server asks its consumers to stop taking jobs.
 PUSH_OPTIONS: Final[Mapping[str, Spec]] = {
     "cancels": Spec(maximum=1),
+    "quiet": Spec(maximum=1),
 }
 # wait's options: progress=N, answer a progress report past the N-th as well as an end.
 WAIT_OPTIONS: Final[Mapping[str, Spec]] = {

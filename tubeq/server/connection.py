@@ -273,7 +273,8 @@ class Connection(asyncio.Protocol):
         using.release(self.used)
         for tube in self.watched:
             using.watch(tube, -1)
-        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
+                                     shutdown=self.ctx.stopping)
         done.add_done_callback(self._disconnected)
         if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
             done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
@@ -294,7 +295,8 @@ class Connection(asyncio.Protocol):
             self._closed.set_result(None)
 
     def _disconnect_again(self, tries: int) -> None:
-        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
+                                     shutdown=self.ctx.stopping)
         done.add_done_callback(functools.partial(self._disconnected, tries=tries))
 
     async def wait_closed(self) -> None:
@@ -488,7 +490,8 @@ class Connection(asyncio.Protocol):
                 break
         del self._replies[:len(out)]
         transport = self.transport
-        if out and transport is not None and not self._lost:
+        if out and transport is not None and not self._lost and not transport.is_closing():
+            # (closing: the server closed it, e.g. stopping, with a push frame queued)
             transport.write(b"".join(out))
             if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
                                            self.token):
@@ -534,13 +537,21 @@ class Connection(asyncio.Protocol):
 
     # -- push extension -----------------------------------------------------------------------
 
-    def start_push(self, credits: int, *, cancels: bool = False) -> bytes:
+    def start_push(self, credits: int, *, cancels: bool = False, quiet: bool = False) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
         if self._push is None:
             self._push = Push(self, self._flow, self._push_frames)
         self._push.cancels = cancels
+        self._push.tell_quiet = quiet
         self._push.start(credits)
         return replies.pushing(credits)
+
+    def quiet(self) -> bool:
+        push = self._push
+        if push is None or self._lost:
+            return False
+        push.quiet()
+        return True
 
     def granted_directly(self, job: Reservation) -> bool:
         """A put of this process handed ``job`` straight to this connection's push loop

@@ -121,6 +121,9 @@ class ServerContext:
     # Connections waiting for jobs to end (wait), woken by the ended channel.
     end_waits: EndWaits = field(default_factory=EndWaits)
     draining: bool = False
+    # The process is stopping (Server.stop): push loops take no more jobs, and the push
+    # connections that asked are told QUIET (tubeq.server.push).
+    stopping: bool = False
     # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
     # puts answer OUT_OF_MEMORY until a count finds room.
     full: bool = False
@@ -147,6 +150,14 @@ class ServerContext:
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
+
+    def quiet_consumers(self, scope: str, target: str = "") -> int:
+        """``quiet``: the push connections of this process in ``scope`` ("all"; "tube": those
+        watching tube ``target``; "conn": the one whose token is ``target``) stop taking
+        jobs, and those that asked are told. How many push connections it reached."""
+        return sum(conn.quiet() for conn in list(self.connections.values())
+                   if scope == "all" or (scope == "conn" and conn.token == target)
+                   or (scope == "tube" and target in conn.watched))
 
     def deliver_direct(self, token: str, job: Reservation, pri: int) -> None:
         """The store's ``direct_grants``: a put of this process handed ``job`` (priority
@@ -257,9 +268,15 @@ class Session(Protocol):
 
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]: ...
 
-    def start_push(self, credits: int, *, cancels: bool = False) -> bytes: ...
+    def start_push(self, credits: int, *, cancels: bool = False, quiet: bool = False,
+                   ) -> bytes: ...
 
     def job_cancelled(self, job_id: int) -> None: ...
+
+    def quiet(self) -> bool:
+        """Stop pushing jobs to this connection (as ``push 0``); tell it ``QUIET`` if it asked
+        (``push ... quiet=1``). False (nothing done) for a connection that does not push."""
+        ...
 
     def granted_directly(self, job: Reservation) -> bool:
         """A put of this process handed ``job`` straight to this connection's push loop

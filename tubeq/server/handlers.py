@@ -211,6 +211,13 @@ def _fail(conn: Session, cmd: c.Fail) -> Reply:
                          worker_policy=cmd.options), answer)
 
 
+def _hand_back(conn: Session, cmd: c.HandBack) -> Reply:
+    handed = _forget_on(conn, cmd.id, replies.RELEASED)
+    cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
+    return then(ops.hand_back(conn.ctx, conn.token, cmd.id),
+                lambda done: cancelled(True) if done == CANCELLED else handed(bool(done)))
+
+
 def _cancel(conn: Session, cmd: c.Cancel) -> Reply:
     return then(ops.cancel(conn.ctx, cmd.id),
                 lambda done: replies.CANCELLED if done else replies.NOT_FOUND)
@@ -366,7 +373,11 @@ def _pause_tube(conn: Session, cmd: c.PauseTube) -> Reply:
 
 
 def _push(conn: Session, cmd: c.Push) -> Reply:
-    return conn.start_push(cmd.credits, cancels=cmd.cancels)
+    return conn.start_push(cmd.credits, cancels=cmd.cancels, quiet=cmd.quiet)
+
+
+def _quiet(conn: Session, cmd: c.Quiet) -> Reply:
+    return then(ops.quiet(conn.ctx, cmd.scope, cmd.target), lambda _: replies.QUIETING)
 
 
 def _extensions(conn: Session, cmd: c.Extensions) -> Reply:
@@ -685,6 +696,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Quit: _quit,
     c.PauseTube: _pause_tube,
     c.Push: _extension(_push),
+    c.Quiet: _extension(_quiet),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
     # recurring jobs
@@ -709,6 +721,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Finish: _extension(_finish),
     c.Fail: _extension(_fail),
     c.ReportProgress: _extension(_progress),
+    c.HandBack: _extension(_hand_back),
     c.Cancel: _extension(_cancel),
     c.Wait: _extension(_wait),
     c.WaitMs: _extension(_wait),

@@ -150,6 +150,19 @@ def release(ctx: ServerContext, token: str, job_id: int, pri: int,
     return call
 
 
+def hand_back(ctx: ServerContext, token: str, job_id: int) -> asyncio.Future[int]:
+    """A job ``token`` holds back to ready at once, its try not counted (the holder is
+    shutting down): 1 done, 0 not held, CANCELLED (it was cancelled, and is gone)."""
+    return ctx.store.hand_back(token, job_id)
+
+
+def quiet(ctx: ServerContext, scope: str, target: str = "") -> asyncio.Future[int]:
+    """Push consumers in ``scope`` ("all"; "tube" ``target``; "conn" ``target``, a connection's
+    token) stop taking jobs, on every process (told over pub/sub, this one's too): the
+    processes that heard it."""
+    return ctx.store.quiet(scope, target)
+
+
 def bury(ctx: ServerContext, token: str, job_id: int, pri: int, *,
          behind: int = 0) -> asyncio.Future[bool]:
     """Put a job ``token`` holds aside (buried)."""

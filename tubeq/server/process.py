@@ -8,7 +8,8 @@ until ``auth``; the file's bound listeners put theirs straight into a namespace.
 listener (``--metrics``) is the composition root's (tubeq.cli): it hands the Server a
 factory (:class:`HttpFront`), and this package imports nothing of tubeq.http.
 
-Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
+Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; quiet the
+push connections (no more jobs pushed; those that asked hear ``QUIET``); give the
 connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
 worker finishes its job instead of having it run twice); close every client connection (each
 one's reserved jobs go back to ready through disconnect.lua), wait for that with a bound, stop the
@@ -262,6 +263,7 @@ class Server:
         self._ends: dict[bytes, EndWaits] = {}  # ended channel -> its namespace's waits
         self._parent_ends: dict[bytes, ParentEnds] = {}  # parent_ends channel -> its drain
         self._cancels: dict[bytes, ServerContext] = {}  # cancels channel -> its namespace
+        self._quiets: dict[bytes, ServerContext] = {}  # quiet channel -> its namespace
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -392,6 +394,9 @@ class Server:
             cancels = each.cancels_channel(self.instance_id).encode()  # held jobs cancelled
             self._cancels[cancels] = ctx
             self._subscriber.subscribe(cancels)
+            quiet = each.quiet_channel.encode()  # quiet: push consumers to stop taking jobs
+            self._quiets[quiet] = ctx
+            self._subscriber.subscribe(quiet)
             parent_ends = each.parent_ends.encode()  # parents that ended with children held
             self._parent_ends[parent_ends] = children
             self._subscriber.subscribe(parent_ends)
@@ -444,6 +449,12 @@ class Server:
             conn = cancelled_in.connections.get(token)
             if conn is not None and job_id.isdigit():
                 conn.job_cancelled(int(job_id))
+            return
+        quiet_in = self._quiets.get(channel)
+        if quiet_in is not None:  # quiet: 'all', 'tube <name>' or 'conn <token>'
+            scope, _, target = data.decode().partition(" ")
+            reached = quiet_in.quiet_consumers(scope, target)
+            log.info("quiet", scope=scope, target=target, push_connections=reached)
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2
@@ -634,6 +645,11 @@ class Server:
         for path in self._unix_paths:
             with contextlib.suppress(OSError):
                 path.unlink()
+        for ctx in self.namespaces.values():
+            # Push loops take no more jobs; the consumers that asked hear QUIET and hand back
+            # what they have not started (hand-back), then finish the rest within the grace.
+            ctx.stopping = True
+            ctx.quiet_consumers("all")
         for ctx in self.namespaces.values():
             await self._let_jobs_finish(ctx, self.config.shutdown_grace_s)
         connections = [conn for ctx in self.namespaces.values()

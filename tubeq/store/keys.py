@@ -237,6 +237,12 @@ class Keys:
         and the channel that says one was added."""
         return self.root + "parent_ends"
 
+    @property
+    def quiet_channel(self) -> str:
+        """Where quiet.lua asks every process to quiet push consumers ('all', 'tube <name>',
+        'conn <token>')."""
+        return self.root + "quiet"
+
     def grant_channel(self, instance_id: str) -> str:
         """Where put.lua tells a process that one of its waiting connections got a job."""
         return f"{self.root}grant:{instance_id}"

@@ -352,8 +352,14 @@ class Store:
                           *_numbered(behind), decode=_unless_deferred(
                               lambda r: CANCELLED if r == CANCELLED else _deleted(r, metrics)))
 
+    def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
+        return self._eval("hand_back", token, job_id, self.clock(), decode=int)
+
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         return self._eval("cancel", job_id, self.clock(), decode=int)
+
+    def quiet(self, scope: str, target: str = "") -> asyncio.Future[int]:
+        return self._eval("quiet", f"{scope} {target}" if target else scope, decode=int)
 
     def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
              worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
@@ -654,11 +660,12 @@ class Store:
         call.add_done_callback(discard)
 
     def disconnect(self, token: str, producer: bool, worker: bool,
-                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
+                   reserved: Sequence[int], *, home: bool = True,
+                   shutdown: bool = False) -> asyncio.Future[Reply]:
         """``home``: :meth:`connect` counted the connection in this store (a split namespace's
         other shards only saw its watches: tubeq.store.shards)."""
         return self._eval("disconnect", token, int(producer), int(worker), self.clock(),
-                          int(home), *reserved)
+                          int(home), int(shutdown), *reserved)
 
     # -- time ---------------------------------------------------------------------------------
 
