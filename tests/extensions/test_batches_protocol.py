@@ -99,12 +99,19 @@ def test_count_zero_is_an_empty_batch_at_once() -> None:
 
 
 def test_a_malformed_entry_in_the_middle_fails_alone_and_the_batch_stays_in_step() -> None:
-    # Trailing text after the four numbers (the place put-with's options will take): refused,
-    # and its body swallowed, not read as the next entry.
+    # An option an entry does not take (entries take group= only): refused, and its body
+    # swallowed, not read as the next entry.
     data = (b"put-many 3\r\n" + entry(b"one") + b"0 0 60 3 max-tries=2\r\nbad\r\n"
             + entry(b"three"))
-    check(data, [PutMany((PutEntry(0, 0, 60, b"one"), replies.BAD_FORMAT,
+    check(data, [PutMany((PutEntry(0, 0, 60, b"one"), replies.bad_option("max-tries"),
                           PutEntry(0, 0, 60, b"three")))])
+
+
+def test_an_entry_takes_a_group_and_a_bad_one_is_refused_alone() -> None:
+    data = (b"put-many 4\r\n0 0 60 1 group=tenant-a\r\na\r\n"
+            b"0 0 60 1 group=a:b\r\nb\r\n0 0 60 1 group=a group=b\r\nc\r\n" + entry(b"d"))
+    check(data, [PutMany((PutEntry(0, 0, 60, b"a", "tenant-a"), replies.bad_option("group"),
+                          replies.bad_option("group"), PutEntry(0, 0, 60, b"d")))])
 
 
 @pytest.mark.parametrize("line", [

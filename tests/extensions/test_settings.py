@@ -71,7 +71,8 @@ def test_tube_set_changes_settings_that_stats_tube_shows_to_a_tubeq_client(
             "pause-time-left", "max-tries"]
         assert {k: doc[k] for k in TUBE_SETTINGS} == {
             "max-tries": "3", "backoff-ms": "0", "backoff-max-ms": "0", "ttl-ms": "60000",
-            "on-expire": "delete", "rate": "50", "concurrency": "4", "max-jobs": "0"}
+            "on-expire": "delete", "rate": "50", "concurrency": "4", "max-jobs": "0",
+            "group-concurrency": "0", "group-rate": "0"}
         # A client that never sent an extension sees beanstalkd's document, nothing more.
         assert list(plain.yaml("stats-tube settings-a"))[-1] == "pause-time-left"
         # Back to the defaults, one at a time; the others stay.

@@ -319,3 +319,26 @@ def test_a_tube_page_lists_its_held_jobs(dashboard: tuple[ServerProcess, str]) -
         served = page.read().decode()
     held = served[served.index('id="jobs-held"'):]
     assert f'id="job-{child.decode()}"' in held[:held.index("</table>")]
+
+
+def test_a_tube_page_lists_its_groups_and_follows_them(
+        dashboard: tuple[ServerProcess, str], browser: WebDriver) -> None:
+    server, url = dashboard
+    wire = Wire(server.port)
+    try:
+        assert wire.ask(b"use tenants") == b"USING tenants\r\n"
+        for group in (b"a", b"a", b"b"):
+            assert wire.ask(b"put-with 0 0 60 1 group=" + group, b"x").startswith(b"INSERTED")
+        with urllib.request.urlopen(f"{url}/tubes/tenants", timeout=10) as page:
+            served = page.read().decode()
+        groups = served[served.index('id="groups"'):]
+        assert '<span class="count" id="count-groups">2</span>' in groups
+        assert "<tr><td>a</td><td>2</td><td>0</td></tr><tr><td>b</td><td>1</td>" in groups
+        # the open page follows a new group without a reload
+        browser.get(url + "/tubes/tenants")
+        wait_for(browser, "#count-groups", "2")
+        assert wire.ask(b"put-with 0 0 60 1 group=c", b"x").startswith(b"INSERTED")
+        wait_for(browser, "#count-groups", "3")
+        wait_for(browser, "#groups-busiest tbody", "c")
+    finally:
+        wire.close()

@@ -226,6 +226,21 @@ def test_dedupe_keys_need_tubeq(spark: SparkSession, beanstalkd: ServerProcess) 
     assert [body for body, _ in drain(beanstalkd, tube)] == [b"b"]
 
 
+GROUPED = "body STRING, tube STRING, group STRING"
+
+
+def test_a_group_column_puts_each_row_in_its_group(spark: SparkSession,
+                                                   tubeq: ServerProcess) -> None:
+    """Rows of one tenant first, then another's: the tube serves the groups in turns; a bad
+    group is counted, a null one is put without a group."""
+    tube = fresh_tube("groups")
+    rows = [*((f"a{i}", tube, "tenant-a") for i in range(3)), ("b0", tube, "tenant-b"),
+            ("plain", tube, None), ("bad", tube, "has space")]
+    result = schedule.schedule(spark.createDataFrame(rows, GROUPED).coalesce(1), address(tubeq))
+    assert result.counts.put == 5 and result.counts.bad == {"bad_group": 1}
+    assert [body for body, _ in drain(tubeq, tube)] == [b"a0", b"b0", b"plain", b"a1", b"a2"]
+
+
 def test_bad_options_fail_before_any_put(spark: SparkSession, tubeq: ServerProcess) -> None:
     frame = spark.createDataFrame([("x",)], "body STRING")
     for options, message in (({"tube": "-no"}, "tube"), ({"ttr": "0"}, "ttr")):

@@ -32,6 +32,7 @@ from tests.support.servers import (
     start_tubeq,
     unique_prefix,
 )
+from tests.support.wire import Wire
 from tubeq.client import Client, Job, TimedOut, UnknownParent
 from tubeq.client.errors import CommandError
 from tubeq.redisio.cluster import ClusterSeeds
@@ -122,6 +123,29 @@ async def test_a_blocked_reserve_is_woken_by_a_put_through_another_process_and_n
             job_id = await producer.put(tube.encode())
             job = await asyncio.wait_for(waiting, 20)
             assert (job.id, job.body) == (job_id, tube.encode())
+            await worker.delete(job.id)
+
+
+async def test_groups_take_turns_across_processes_and_nodes(
+        servers: list[ServerProcess]) -> None:
+    """put-with group= through one process, reserved through the other: the tube's groups take
+    turns, and a group at its group-concurrency cap waits until its job is deleted."""
+    with Wire(servers[0].host, servers[0].port) as admin:
+        assert admin.ask("tube-set tenants group-concurrency=1") == b"SET\r\n"
+    async with Client(*servers[0].address) as producer, \
+            connected(*servers[1].address, "tenants") as worker:
+        await producer.use("tenants")
+        a = [await producer.put_with(b"a", group="a") for _ in range(2)]
+        b = await producer.put_with(b"b", group="b")
+        first = await worker.reserve_with_timeout(5)
+        second = await worker.reserve_with_timeout(5)
+        assert [first.id, second.id] == [a[0].id, b.id]
+        with pytest.raises(TimedOut):
+            await worker.reserve_with_timeout(0)  # a is at its cap
+        await worker.delete(first.id)
+        third = await worker.reserve_with_timeout(5)
+        assert third.id == a[1].id
+        for job in (second, third):
             await worker.delete(job.id)
 
 

@@ -214,3 +214,15 @@ async def test_jobs_a_stopping_process_takes_back_count_no_try(redis_url: str) -
         assert (job["state"], job["tries"]) == ("ready", "0")
     finally:
         await watcher.stop()
+
+
+async def test_a_hand_back_frees_its_groups_slot(ctx: ServerContext) -> None:
+    """In a tube with group-concurrency=1, a handed-back job's group may be served again at
+    once: the job is ready at its place in its group, and its reservation is counted out."""
+    client = Client(ctx)
+    client.send(b"tube-set default group-concurrency=1\r\n"
+                b"put-with 0 0 60 1 group=a\r\nx\r\nput-with 0 0 60 1 group=a\r\ny\r\n"
+                b"reserve\r\nreserve-with-timeout 0\r\nhand-back 1\r\n"
+                b"reserve-with-timeout 0\r\n")
+    await client.expect(b"SET\r\nINSERTED 1\r\nINSERTED 2\r\nRESERVED 1 1\r\nx\r\n"
+                        b"TIMED_OUT\r\nRELEASED\r\nRESERVED 1 1\r\nx\r\n")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tubeq.client._contracts import Connection, Convert
-from tubeq.client.args import _expect, _job_id, _uint
+from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.errors import CommandError, NotFound, ProtocolError, UnknownCommand
 from tubeq.client.parser import Reply, parse_yaml_list
 from tubeq.client.wire import (
@@ -42,12 +42,14 @@ PUT_MANY_BYTES: Final = 4 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """One job of :meth:`Client.put_many` with its own priority, delay (s) or TTR (s)."""
+    """One job of :meth:`Client.put_many` with its own priority, delay (s) or TTR (s), and
+    its group in the tube (tubeq's groups: protocol.md, "Groups"; None: none)."""
 
     body: bytes | str
     pri: int = DEFAULT_PRIORITY
     delay: int = 0
     ttr: int = DEFAULT_TTR
+    group: str | None = None
 
 
 PutResult = int | CommandError
@@ -67,8 +69,10 @@ def _entries(jobs: Iterable[bytes | str | NewJob], pri: int, delay: int,
         if not isinstance(job, NewJob):
             job = NewJob(job, pri, delay, ttr)
         body = job.body.encode("utf-8") if isinstance(job.body, str) else bytes(job.body)
-        out.append(b"%d %d %d %d\r\n%s\r\n" % (_uint(job.pri, "pri"), _uint(job.delay, "delay"),
-                                               _uint(job.ttr, "ttr"), len(body), body))
+        group = b"" if job.group is None else b" group=" + _tube(job.group)
+        out.append(b"%d %d %d %d%s\r\n%s\r\n" % (
+            _uint(job.pri, "pri"), _uint(job.delay, "delay"), _uint(job.ttr, "ttr"), len(body),
+            group, body))
     return out
 
 

@@ -588,13 +588,14 @@ class Client:
                        backoff_max_ms: int | None = None, ttl_ms: int | None = None,
                        on_expire: str | None = None, key: str | None = None,
                        after: Sequence[int] | None = None,
-                       result_ttl_ms: int | None = None) -> PutResult:
+                       result_ttl_ms: int | None = None, group: str | None = None) -> PutResult:
         """Put a job with tubeq's options (protocol.md, "put-with"); an option left None is not
         sent (the tube's setting applies). Returns the new job's id, or, when a living job has
         ``key``, that job's id with ``inserted`` False (nothing was enqueued). ``after``: the
         job is held until these jobs finished (protocol.md, "Dependencies"); a child reads
         their results with :meth:`wait`. ``result_ttl_ms``: how long the job's result is kept
-        once finished, instead of the server's --result-ttl.
+        once finished, instead of the server's --result-ttl. ``group``: the job's group in its
+        tube (protocol.md, "Groups"): the tube's groups take turns.
 
         Raises ValueError for an option the server would refuse, :class:`BadOption`,
         :class:`UnknownParent`, :class:`JobTooBig`, :class:`Draining`, and
@@ -604,7 +605,7 @@ class Client:
         line = put_with_line(pri, delay, ttr, len(data), delay_ms=delay_ms, max_tries=max_tries,
                              backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
                              ttl_ms=ttl_ms, on_expire=on_expire, key=key, after=after,
-                             result_ttl_ms=result_ttl_ms)
+                             result_ttl_ms=result_ttl_ms, group=group)
 
         def convert(reply: Reply, link: Connection) -> PutResult:
             _expect(reply, "put-with", INSERTED, DUPLICATE)
@@ -896,7 +897,8 @@ class Client:
         A job is a body (``str`` as UTF-8) with ``pri``/``delay``/``ttr``, or a
         :class:`NewJob` with its own. Against tubeq the jobs go as ``put-many`` commands of at
         most 1000 jobs and 4 MiB of bodies each, written at once; against a server without
-        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands.
+        batches (beanstalkd, asked once per connection) as pipelined ``put`` commands (a
+        NewJob with a group is then refused BAD_FORMAT: groups are tubeq's).
         """
         entries = batches._entries(jobs, pri, delay, ttr)
         if not entries:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from tubeq.client.args import _uint
+from tubeq.client.args import _tube, _uint
 from tubeq.client.wire import MAX_MS, U32_MAX, U64_MAX
 
 ON_EXPIRE: Final = ("bury", "delete")
@@ -48,7 +48,8 @@ def _after(parents: Sequence[int]) -> bytes:
 def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | None,
                   max_tries: int | None, backoff_ms: int | None, backoff_max_ms: int | None,
                   ttl_ms: int | None, on_expire: str | None, key: str | None,
-                  after: Sequence[int] | None = None, result_ttl_ms: int | None = None) -> bytes:
+                  after: Sequence[int] | None = None, result_ttl_ms: int | None = None,
+                  group: str | None = None) -> bytes:
     """The ``put-with`` command line (CRLF included) for these arguments and options."""
     if delay_ms is not None and delay:
         raise ValueError("give delay (s) or delay_ms, not both")
@@ -68,6 +69,8 @@ def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | 
         line += b" key=" + _key(key)
     if after is not None:
         line += b" after=" + _after(after)
+    if group is not None:  # spelled as a tube name
+        line += b" group=" + _tube(group)
     return line + b"\r\n"
 
 

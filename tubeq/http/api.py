@@ -219,7 +219,7 @@ def _put_with_options(options: dict[str, Any]) -> job_options.Options:
             given = options[name]
             if spec.ids and isinstance(given, list) and all(type(i) is int for i in given):
                 given = ",".join(map(str, given))  # after: a JSON list of ids, or "1,2,3"
-            textual = spec.key or bool(spec.choices) or spec.ids
+            textual = spec.key or bool(spec.choices) or spec.ids or spec.tube
             if not (isinstance(given, QueryValue) or (
                     isinstance(given, str) if textual else type(given) is int)):
                 raise HttpError(400, f"bad value for option '{name}' (a JSON "
@@ -496,11 +496,15 @@ async def stats_tube(request: web.Request) -> web.Response:
     tube = tube_name(request.match_info["tube"])
     ctx.counters.incr("stats-tube")
     ops.sync_counts(ctx)
-    counts, policy_counts = await asyncio.gather(_tube_counts(ctx, tube),
-                                                 ctx.store.tube_policy_counts(tube))
-    out = dict(tube_pairs(tube, counts, ctx.store.clock()))
+    counts, policy_counts, groups = await asyncio.gather(
+        _tube_counts(ctx, tube), ctx.store.tube_policy_counts(tube), ctx.store.tube_groups(tube))
+    out: dict[str, Any] = dict(tube_pairs(tube, counts, ctx.store.clock()))
     # stats-tube's extra counters (total-expired ... total-finished, total-failed)
     out.update(zip(TUBE_POLICY_COUNTERS, policy_counts, strict=True))
+    # its groups (put-with group=): how many have ready jobs, the busiest first
+    out["groups"] = groups.count
+    out["groups_busiest"] = [{"group": g.group, "ready": g.ready, "reserved": g.reserved}
+                             for g in groups.busiest]
     return web.json_response(out)
 
 

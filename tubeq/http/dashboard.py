@@ -24,6 +24,7 @@ from aiohttp import web
 from tubeq import __version__
 from tubeq.http.api import STATES, job_document, tube_ends
 from tubeq.http.common import HttpError, job_id, namespace_of, server_of, tube_name
+from tubeq.model.admin import TubeGroups
 from tubeq.server import ops
 
 STATIC: Final = {
@@ -175,10 +176,21 @@ async def tube_page(request: web.Request) -> web.Response:
 <span id="status" role="status"></span>
 </form>
 {"".join(sections)}
+{_groups_section(await ctx.store.tube_groups(tube))}
 <section><h3>Peeked job</h3><pre id="peek">Press peek on a job to see its body.</pre></section>
 </main>"""
     return _page(f"tubeq: {tube}", body,
                  data=f'data-page="tube" data-tube="{html.escape(tube, quote=True)}"')
+
+
+def _groups_section(groups: TubeGroups) -> str:
+    """The tube's groups (put-with group=): how many have ready jobs, the busiest first."""
+    rows = "".join(f"<tr><td>{html.escape(g.group)}</td><td>{g.ready}</td><td>{g.reserved}</td>"
+                   f"</tr>" for g in groups.busiest)
+    return (f'<section id="groups"><h3>groups <span class="count" id="count-groups">'
+            f'{groups.count}</span></h3><table class="jobs" id="groups-busiest"><thead><tr>'
+            f'<th>group</th><th>ready</th><th>reserved</th></tr></thead><tbody>{rows}</tbody>'
+            f'</table></section>')
 
 
 def _job_row(state: str, job_id: int, pri: int, reserves: int, body: bytes) -> str:

@@ -68,6 +68,42 @@ class TubeFigures:
         return [*zip(FIGURE_KEYS, self.delayed, strict=False), ("oldest-ready-age-ms", age)]
 
 
+# A tube's groups (put-with group=) as stats-tube, the HTTP API and the dashboard show them: how
+# many have ready jobs, and the busiest by ready jobs. Five name who crowds a tube; the groups
+# looked at are bounded (one ZCARD each, ~1 us of Redis): a tube of more groups than that shows
+# the busiest of a sample of that many (lua/group_stats.lua).
+BUSIEST_GROUPS: Final = 5
+GROUP_SCAN_BUDGET: Final = 1000
+
+# The extra stats-tube keys of a tube's groups, after the figures above.
+GROUP_KEYS: Final = ("groups", "groups-busiest")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """One group of a tube: its ready jobs, and its reserved ones while the tube has group
+    limits (0 otherwise: they are counted only then)."""
+
+    group: str
+    ready: int
+    reserved: int
+
+
+@dataclass(frozen=True, slots=True)
+class TubeGroups:
+    """What group_stats.lua read: the tube's groups with ready jobs, the busiest first."""
+
+    count: int
+    busiest: tuple[GroupLoad, ...]
+
+    def stats_keys(self) -> list[tuple[str, object]]:
+        """The extra stats-tube keys: the number of groups, then the busiest as one YAML
+        double-quoted string of ``<group> <ready> <reserved>`` entries joined by ``, `` (a
+        group key is spelled as a tube name: nothing in it needs escaping)."""
+        busiest = ", ".join(f"{g.group} {g.ready} {g.reserved}" for g in self.busiest)
+        return [("groups", self.count), ("groups-busiest", f'"{busiest}"')]
+
+
 @dataclass(frozen=True, slots=True)
 class ListedJob:
     id: int

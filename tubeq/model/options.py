@@ -116,7 +116,10 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "wait-ms": _MS,
     "after": Spec(ids=True),
     "result-ttl-ms": _MS,
+    "group": Spec(tube=True),  # its group in the tube (round robin): spelled as a tube name
 }
+# A put-many entry's options (name=value tokens after its four numbers): its group.
+PUT_MANY_OPTIONS: Final[Mapping[str, Spec]] = {"group": PUT_OPTIONS["group"]}
 # put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its
 # route's, so it takes PUT_OPTIONS.
@@ -153,6 +156,8 @@ TUBE_SETTINGS: Final[Mapping[str, Spec]] = {
     "rate": _COUNT,
     "concurrency": _COUNT,
     "max-jobs": _COUNT,
+    "group-concurrency": _COUNT,
+    "group-rate": _COUNT,
 }
 
 # The defaults a setting has until a tube-set changes it (and after it is set back to them).

@@ -14,7 +14,10 @@ Columns (any other column is ignored; select or alias to these names):
   ready. A due time is turned into a delay when the row is written (rounded up to whole seconds;
   a due time already past is delay 0). Else the ``delay`` option (default 0);
 * ``ttr`` (seconds), else the ``ttr`` option (default 60);
-* ``dedupe_key`` (string), see "Retries" below.
+* ``dedupe_key`` (string), see "Retries" below;
+* ``group`` (string, spelled as a tube name): the job's group in its tube (put-with group=,
+  protocol.md "Groups"); a row whose group is null is put without one. Like a key, it needs
+  tubeq (a row with a group for another server is counted ``failed``, never sent).
 
 Options (lower-case keys, as Spark hands them over): ``address`` (required, ``host:port``),
 ``tube``, ``priority``, ``delay``, ``ttr``, ``max_job_size`` (default 65535, the server's
@@ -28,9 +31,9 @@ row with a ``dedupe_key`` whose job already lives: DUPLICATE, nothing enqueued),
 server refused a well-formed put: DRAINING, OUT_OF_MEMORY, ...; or a keyed row for a server
 without put-with, never sent), ``bad`` per reason (checked before sending: missing or non-text
 body, body too big, bad tube name, negative or out-of-range delay/priority/ttr, a dedupe key
-that is not 1-200 printable ASCII bytes without space or ``=``; a JOB_TOO_BIG answer counts as
-too big too). Bad and failed rows are counted, never fatal. A connection that cannot be made or
-is lost fails the task, and Spark retries it.
+that is not 1-200 printable ASCII bytes without space or ``=``, a group that is no tube name;
+a JOB_TOO_BIG answer counts as too big too). Bad and failed rows are counted, never fatal. A
+connection that cannot be made or is lost fails the task, and Spark retries it.
 
 Retries: without a ``dedupe_key`` column this writer is **at least once**. A task that fails
 after some puts were acknowledged and is retried puts those rows again (plain ``put`` has no
@@ -92,6 +95,7 @@ BAD_DELAY: Final = "bad_delay"
 BAD_PRIORITY: Final = "bad_priority"
 BAD_TTR: Final = "bad_ttr"
 BAD_KEY: Final = "bad_dedupe_key"
+BAD_GROUP: Final = "bad_group"
 
 _NAME_BYTES: Final = frozenset(TUBE_NAME_CHARS)
 
@@ -219,6 +223,7 @@ class Put:
     ttr: int
     body: bytes
     dedupe_key: str | None = None
+    group: str | None = None
 
 
 def _uint(value: Any, reason: str) -> int:
@@ -275,7 +280,10 @@ def check_row(row: Mapping[str, Any], options: WriteOptions, now_ms: int) -> Put
     key = row.get("dedupe_key")
     if key is not None and (not isinstance(key, str) or _KEY.fullmatch(key) is None):
         raise BadRow(BAD_KEY)
-    return Put(tube, priority, delay, ttr, data, key)
+    group = row.get("group")
+    if group is not None and (not isinstance(group, str) or not _tube_ok(group)):
+        raise BadRow(BAD_GROUP)
+    return Put(tube, priority, delay, ttr, data, key, group)
 
 
 # A dedupe key as put-with takes it (tubeq.model.options): 1-200 printable ASCII, no space, no '='.
@@ -283,12 +291,14 @@ _KEY: Final = re.compile(r"[!-<>-~]{1,200}")
 
 
 def _put_command(put: Put) -> bytes:
-    """The one place a put is spelled: plain ``put``, or ``put-with ... key=`` for a keyed row."""
+    """The one place a put is spelled: plain ``put``, or ``put-with ... key= group=`` for a row
+    with a key or a group."""
     numbers = b"%d %d %d %d" % (put.priority, put.delay, put.ttr, len(put.body))
-    if put.dedupe_key is None:
+    if put.dedupe_key is None and put.group is None:
         return b"put " + numbers + CRLF + put.body + CRLF
-    return (b"put-with " + numbers + b" key=" + put.dedupe_key.encode("ascii") + CRLF
-            + put.body + CRLF)
+    key = b"" if put.dedupe_key is None else b" key=" + put.dedupe_key.encode("ascii")
+    group = b"" if put.group is None else b" group=" + put.group.encode("ascii")
+    return b"put-with " + numbers + key + group + CRLF + put.body + CRLF
 
 
 class _Link:
@@ -342,12 +352,13 @@ class _Batch:
         return self.put_with
 
     def add(self, put: Put) -> None:
-        if put.dedupe_key is not None and not self._has_put_with():
+        if (put.dedupe_key is not None or put.group is not None) and not self._has_put_with():
             # Never sent to a server without put-with: beanstalkd would answer the line
             # UNKNOWN_COMMAND and then read the body as commands.
             self.counts.failed += 1
             if len(self.counts.errors) < MAX_ERRORS:
-                self.counts.errors.append("dedupe_key: the server has no put-with (not tubeq)")
+                column = "dedupe_key" if put.dedupe_key is not None else "group"
+                self.counts.errors.append(f"{column}: the server has no put-with (not tubeq)")
             return
         if put.tube != self.using:
             self.data += b"use " + put.tube.encode() + CRLF

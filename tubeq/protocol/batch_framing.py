@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from tubeq.model import options
 from tubeq.protocol import replies
 from tubeq.protocol.commands import Command, PutEntry, PutMany, Rejected
 
@@ -59,8 +60,7 @@ DEFAULT_MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
 _U32_MAX: Final = 2**32 - 1
 
 # An entry line: put's four numbers (read as put reads them: spaces before each), then the
-# rest. The rest will carry the job options of put-with (name=value tokens after a space); until
-# they exist anything there refuses the entry (BAD_FORMAT), so no client comes to rely on it.
+# rest: its options (tubeq.model.options.PUT_MANY_OPTIONS, put-with's grammar), if any.
 _ENTRY: Final = re.compile(rb" *+([0-9]++) *+([0-9]++) *+([0-9]++) *+([0-9]++)(.*+)", re.DOTALL)
 
 
@@ -82,8 +82,9 @@ class _Phase(enum.Enum):
 class PutManyReader:
     """Reads the entries of one ``put-many`` out of a buffer shared with the parser."""
 
-    __slots__ = ("_entries", "_header", "_left", "_line_max", "_max_bytes", "_max_job_size",
-                 "_part", "_phase", "_refuse", "_scanned", "_skip_left", "_skip_reply", "held")
+    __slots__ = ("_entries", "_group", "_header", "_left", "_line_max", "_max_bytes",
+                 "_max_job_size", "_part", "_phase", "_refuse", "_scanned", "_skip_left",
+                 "_skip_reply", "held")
 
     def __init__(self, count: int, *, max_job_size: int, max_bytes: int, line_max: int,
                  part: int = PUT_MANY_PART) -> None:
@@ -100,6 +101,7 @@ class PutManyReader:
         self._phase = _Phase.LINE
         self._scanned = 0  # bytes of the entry line known to hold no CRLF
         self._header: tuple[int, int, int, int] | None = None  # pri, delay, ttr, size (BODY)
+        self._group = ""  # the entry's group= (BODY)
         self._skip_left = 0
         self._skip_reply = b""
 
@@ -158,12 +160,21 @@ class PutManyReader:
         # put's order: the size limit first, then the rest of the line.
         if size > self._max_job_size:
             self._swallow(size, replies.JOB_TOO_BIG)
-        elif match[5] or b"\0" in line or max(pri, delay, ttr) > _U32_MAX:
+        elif b"\0" in line or max(pri, delay, ttr) > _U32_MAX:
             self._swallow(size, replies.BAD_FORMAT)
         elif self._refuse or self.held + size > self._max_bytes:
             self._swallow(size, replies.JOB_TOO_BIG)
         else:
+            try:
+                given = dict(options.parse(match[5], options.PUT_MANY_OPTIONS))
+            except options.BadFormat:
+                self._swallow(size, replies.BAD_FORMAT)
+                return
+            except options.BadOption as refused:
+                self._swallow(size, replies.bad_option(refused.name))
+                return
             self._header = (pri, delay, ttr, size)
+            self._group = str(given.get("group", ""))
             self._phase = _Phase.BODY
 
     def _swallow(self, size: int, reply: bytes) -> None:
@@ -184,7 +195,7 @@ class PutManyReader:
             self._done(replies.EXPECTED_CRLF)
             return True
         self.held += size
-        self._done(PutEntry(pri, delay, ttr, body))
+        self._done(PutEntry(pri, delay, ttr, body, self._group))
         return True
 
     def _skip(self, buffer: bytearray) -> bool:

@@ -373,12 +373,14 @@ class TubeResume(Command):
 
 @dataclass(frozen=True, slots=True)
 class PutEntry:
-    """One job of a put-many, complete (body and CRLF arrived); ``ttr`` as sent."""
+    """One job of a put-many, complete (body and CRLF arrived); ``ttr`` as sent; ``group``
+    its group= ("" for none)."""
 
     pri: int
     delay: int
     ttr: int
     body: bytes
+    group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,7 +313,7 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
     store = conn.store
 
     def answer(results: list[Any]) -> bytes:
-        counts, settings, policy_counts, figures = results
+        counts, settings, policy_counts, figures, groups = results
         if counts is None:
             return replies.NOT_FOUND
         now = store.clock()
@@ -322,10 +322,12 @@ def _stats_tube_extended(conn: Session, cmd: c.StatsTube) -> Reply:
         # admin figures: the delay histogram, the oldest ready job's age
         if figures is not None:
             extra += figures.stats_keys(now)
+        extra += groups.stats_keys()  # its groups (put-with group=)
         return replies.ok(tube_yaml(cmd.tube, counts, now, extra))
 
     return then(asyncio.gather(store.tube_counts(cmd.tube), store.tube_settings(cmd.tube),
-                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube)),
+                               store.tube_policy_counts(cmd.tube), store.tube_figures(cmd.tube),
+                               store.tube_groups(cmd.tube)),
                 answer)
 
 
@@ -585,8 +587,9 @@ def _put_many_part(conn: Session, entries: tuple[c.PutEntry | bytes, ...], *,
     if not jobs or conn.ctx.draining:
         # Nothing to store (refused entries use no id; while draining no job is taken).
         return [replies.DRAINING if isinstance(e, c.PutEntry) else e for e in entries]
+    groups = [e.group for e in jobs] if any(e.group for e in jobs) else None
     call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs],
-                        send_now=send_now)
+                        send_now=send_now, groups=groups)
     # Read even if the connection closes before the batch's last part (nothing else would:
     # asyncio would log its failure as never retrieved).
     call.add_done_callback(discard)

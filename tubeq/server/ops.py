@@ -116,14 +116,17 @@ def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, 
 
 
 def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,
-             send_now: bool = False) -> asyncio.Future[list[int]]:
+             send_now: bool = False, groups: list[str] | None = None
+             ) -> asyncio.Future[list[int]]:
     """Store ``(pri, delay, ttr, body)`` jobs in one script call: their ids, 0 for each the
     tube refused (its max-jobs). The caller checks draining and --max-jobs first: a batch
     refused whole uses no id. ``send_now``: the call goes to Redis at once, not at the end of
-    the loop's turn (a part of a batch whose rest is still being read)."""
+    the loop's turn (a part of a batch whose rest is still being read). ``groups``: each job's
+    group ("" for none), or None when no job has one."""
     store = ctx.store
     call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
-                                 for pri, delay, ttr, body in jobs], send_now=send_now)
+                                 for pri, delay, ttr, body in jobs], send_now=send_now,
+                          groups=groups)
     delays = [delay for _, delay, _, _ in jobs if delay > 0]
     if delays:
         _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)

@@ -47,7 +47,12 @@ from enum import StrEnum
 #      ends on their way to children ({p}:parent_ends). A layout-3 build would take a held job
 #      for a living one it cannot move (reserve-job would run it before its parents) and never
 #      tell a child its parents ended: it must not serve a layout-4 namespace.
-LAYOUT_VERSION = 4
+#   5  Adds groups inside a tube (put-with group=, lua/includes/groups.lua): job fields 'g'/'gk',
+#      tube fields grp/gturn, {p}:t:<tube>:g:<group>:r, :gt, :gp, :gc, :gw. A layout-4 build
+#      moves a grouped job into and out of ready without its group's set and turn: the tube's
+#      index entry then names a job no longer ready (or misses one), so it must not serve a
+#      layout-5 namespace.
+LAYOUT_VERSION = 5
 # The oldest recorded layout this build takes over in place: everything layouts 2 and 3 added is
 # new keys, members and fields, so layout-1 data is valid layout-3 data once recount.lua has
 # counted its jobs by state (tubeq.store.layout). A future layout that cannot read older data
@@ -97,6 +102,8 @@ class JobField(StrEnum):
     PROGRESS_SEQ = "ps"
     AFTER_DELAY = "ad"
     RESULT_TTL = "rt"
+    GROUP = "g"
+    GROUP_COUNTED = "gk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +151,28 @@ class Keys:
 
     def buried(self, tube: str) -> str:
         return f"{self.root}t:{tube}:b"
+
+    # -- groups of a tube (put-with group=, lua/includes/groups.lua) ----------------------------
+
+    def group_ready(self, tube: str, group: str) -> str:
+        """A group's ready jobs, scored by priority (the tube's ready set holds them too)."""
+        return f"{self.root}t:{tube}:g:{group}:r"
+
+    def group_turns(self, tube: str) -> str:
+        """The groups a reserve may serve, in serving order (score: the group's best priority)."""
+        return f"{self.root}t:{tube}:gt"
+
+    def group_places(self, tube: str) -> str:
+        """Every group with ready jobs -> its turn number."""
+        return f"{self.root}t:{tube}:gp"
+
+    def group_reserved(self, tube: str) -> str:
+        """Group -> its reserved jobs, counted while the tube has group limits."""
+        return f"{self.root}t:{tube}:gc"
+
+    def group_windows(self, tube: str) -> str:
+        """Group -> '<window> <reserves granted in it>' (tube-set group-rate)."""
+        return f"{self.root}t:{tube}:gw"
 
     @property
     def tubes(self) -> str:

@@ -60,7 +60,7 @@ _NAME_OR_NOT_CODE = re.compile(_NOT_CODE.pattern + r"|(?<![.:\w])[A-Za-z_]\w*", 
 
 
 # The includes in the order the library defines them: each after the ones it uses.
-INCLUDE_ORDER = ("text", "job_record", "keys", "ends", "events", "limits", "jobs", "refs",
+INCLUDE_ORDER = ("text", "job_record", "keys", "ends", "events", "limits", "groups", "jobs", "refs",
                  "waiter_counts", "picking", "handing", "policies", "after")
 
 # Commands that only read: a script calling nothing else is a read-only function.

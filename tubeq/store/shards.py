@@ -614,11 +614,15 @@ class ShardedStore:
     def tube_figures(self, tube: str) -> asyncio.Future[admin.TubeFigures | None]:
         return self.of_tube(tube).tube_figures(tube)
 
+    def tube_groups(self, tube: str) -> asyncio.Future[admin.TubeGroups]:
+        return self.of_tube(tube).tube_groups(tube)
+
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False) -> asyncio.Future[list[int]]:
-        return self.of_tube(tube).put_many(tube, jobs, send_now=send_now)
+                 send_now: bool = False,
+                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
+        return self.of_tube(tube).put_many(tube, jobs, send_now=send_now, groups=groups)
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:

@@ -819,15 +819,32 @@ class Store:
         return self._eval("tube_figures", tube, self.clock(), *admin.DELAY_BOUNDS_MS,
                           admin.OLDEST_READY_LEVELS, decode=decode)
 
+    def tube_groups(self, tube: str) -> asyncio.Future[admin.TubeGroups]:
+        """A tube's groups (put-with group=): how many have ready jobs, the busiest first."""
+        def decode(r: Any) -> admin.TubeGroups:
+            loads = tuple(admin.GroupLoad(bytes(r[i]).decode(), int(r[i + 1]), int(r[i + 2]))
+                          for i in range(1, len(r), 3))
+            return admin.TubeGroups(int(r[0]), loads)
+
+        return self._eval("group_stats", tube, admin.BUSIEST_GROUPS, admin.GROUP_SCAN_BUDGET,
+                          decode=decode)
+
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False) -> asyncio.Future[list[int]]:
+                 send_now: bool = False,
+                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
         """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
-        order. ``send_now``: written to Redis at once, not at the end of the loop's turn."""
+        order. ``send_now``: written to Redis at once, not at the end of the loop's turn.
+        ``groups``: each job's group ("" for none; None: no job has one)."""
         flat: list[bytes | str | int] = []
-        for job in jobs:
-            flat += job
+        if groups is None:
+            for job in jobs:
+                flat += job
+        else:
+            flat.append("g")  # put_many.lua: each job with its group
+            for (pri, delay, ttr, body), group in zip(jobs, groups, strict=True):
+                flat += (pri, delay, ttr, group, body)
         call = self._eval("put_many", tube, self.clock(), *flat,
                           decode=lambda r: [int(v) for v in r])
         if send_now:

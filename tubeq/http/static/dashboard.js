@@ -182,6 +182,13 @@ async function refreshTube(tube) {
   const counts = {ready: stats["current-jobs-ready"], delayed: stats["current-jobs-delayed"],
                   buried: stats["current-jobs-buried"], reserved: stats["current-jobs-reserved"],
                   held: stats["current-jobs-held"]};
+  document.getElementById("count-groups").textContent = stats.groups;
+  document.querySelector("#groups-busiest tbody").replaceChildren(...stats.groups_busiest.map(
+    (g) => {
+      const tr = document.createElement("tr");
+      for (const v of [g.group, g.ready, g.reserved]) tr.appendChild(cell(v));
+      return tr;
+    }));
   for (const state of STATES) {
     document.getElementById("count-" + state).textContent = counts[state];
     const data = await api("GET", "/api/tubes/" + enc + "/jobs?state=" + state);

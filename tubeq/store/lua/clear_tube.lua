@@ -33,9 +33,17 @@ for i = 1, #states do
         count_in(letter, -#members)
       end
     end
+    local grouped = letter == 'r' and rcall('HEXISTS', k_tube(t), 'grp') == 1
+    local groups = {}  -- group -> its members cleared here (includes/groups.lua)
     for _, m in ipairs(members) do
       local id = id_of(m)
-      local waited = rcall('HGET', k_job(id), JOB_WAITED)
+      local f = rcall('HMGET', k_job(id), JOB_WAITED, JOB_GROUP)
+      local waited = f[1]
+      if grouped then
+        local g = f[2] or ''
+        groups[g] = groups[g] or {}
+        table.insert(groups[g], m)
+      end
       if waited then end_job(id, t, 'deleted', '', now, nil, waited) end
       job_event('deleted', id, now, 0, 0, 'cleared')
       forget_job(id, k_job(id))  -- its dedupe key is free, its TTL entry goes (as delete.lua)
@@ -49,6 +57,11 @@ for i = 1, #states do
       rcall('ZREM', key, unpack(members))
       deleted = deleted + #members
       if letter == 'r' then
+        local limited = grouped and rcall('HEXISTS', k_tube(t), 'lim') == 1
+        for g, gm in pairs(groups) do
+          rcall('ZREM', k_group_ready(t, g), unpack(gm))
+          group_place(t, g, now, limited)
+        end
         index_tube(t, now)
       elseif letter == 'd' then
         arm_delay_timer(t)

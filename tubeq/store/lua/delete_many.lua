@@ -25,7 +25,8 @@ local unreserved = {}  -- the members of the reserved jobs deleted, for one ZREM
 local function delete_one(id)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_STATE, JOB_TUBE, JOB_OWNER, JOB_PRI, JOB_TTR, JOB_RESERVES,
-    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED, JOB_CANCELLED)
+    JOB_DEDUPE_KEY, JOB_EXPIRES_AT, JOB_RESERVED_AT, JOB_WAITED, JOB_CANCELLED,
+    JOB_GROUP_COUNTED)
   local state, t = f[1], f[2]
   if not state or (state == 'reserved' and f[3] ~= token) then return 0 end
   if f[10] then
@@ -38,6 +39,7 @@ local function delete_one(id)
   if state == 'reserved' then
     unreserved[#unreserved + 1] = member(id)  -- out of K_RESERVED, and counted: below
     held[t] = held[t] + 1
+    if f[12] then uncount_group_reserve(t, jk, now) end  -- its group's limits (groups.lua)
   else
     unlink(id, t, state, now)
   end

@@ -37,9 +37,11 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       late[#late + 1] = now - tonumber(f[2])
     end
     arm_delay_timer(t)
-  elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended
+  elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended (the tube's or a group's)
     rcall('ZREM', K_TIMERS, name)
-    index_tube(t, now)
+    local meta = tube_meta(t)
+    if meta[5] and meta[3] then regroup(t, now, true) end
+    index_tube(t, now, nil, nil, meta)
   else
     rcall('HDEL', k_tube(t), 'pause', 'pause_until')
     rcall('ZREM', K_TIMERS, name)

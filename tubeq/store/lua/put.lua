@@ -3,7 +3,8 @@ connection waiting on the tube, as beanstalkd hands it over before it answers th
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, pri,
          delay (s), ttr (s), body, now (ms); put-with: then (option name, value) pairs
-         (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay)
+         (tubeq.model.options.PUT_OPTIONS; delay-ms replaces the delay; group puts the tube in
+         group mode, includes/groups.lua)
          (put-with after= adds internal ones: 'after' this shard's parents, 'after-far' the
          other shards' living parents, 'after-failed', 'after-keep' ms, 'id' the job's id)
 Returns  the new job id (counted in total-jobs, the server's and the tube's); {id, token}
@@ -50,6 +51,16 @@ end
 local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 local meta = ensure_tube(t, now)
+-- put-with group=: the tube serves its groups in turns from now on (includes/groups.lua); a
+-- put without one into a tube in group mode that holds no job ends that mode.
+if opts and opts.group then
+  if not (meta and meta[5]) then
+    enter_group_mode(t, now, meta and meta[3])
+    meta = nil  -- read again where needed
+  end
+elseif meta and meta[5] and leave_group_mode(t) then
+  meta = nil
+end
 local id, jk = new_job(opts and tonumber(opts.id))
 count_stored(t, 1)
 if near and (failed or near[1] or far[1]) then  -- held, or buried at once
@@ -93,7 +104,7 @@ else
   end
   store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(extra))
   start_policies(id, jk, t, opts, now, limits[2])
-  enqueue_ready(id, t, pri, now, meta)
+  enqueue_ready(id, t, pri, now, meta, nil, nil, opts and opts.group or '')
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.

@@ -3,7 +3,8 @@ delayed; a ready job goes straight to the first connection waiting on the tube).
 put-many batch; the entries the parser refused never reach it.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
-         (ms), then per job: pri, delay (s), ttr (s), body
+         (ms), then per job: pri, delay (s), ttr (s), body; or 'g' and then per job: pri,
+         delay (s), ttr (s), group ('' for none: includes/groups.lua), body
 Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
          put); 0 for a job refused because the tube is full (tube-set max-jobs). The tube's
          ttl-ms applies to each job, as for put.
@@ -21,7 +22,12 @@ Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and it
 --- @include "policies"
 local t, now = ARGV[3], tonumber(ARGV[4])
 
-ensure_tube(t, now)
+local meta = ensure_tube(t, now)
+local first, step = 5, 4
+if ARGV[5] == 'g' then first, step = 6, 5 end  -- each job with its group
+-- In group mode (includes/groups.lua) unless it holds no job and the batch has no groups.
+local grouped = meta and meta[5] and true or false
+if grouped and step == 4 and leave_group_mode(t) then grouped = false end
 local limits = tube_limits(t)
 local ids = {}
 local stored = 0
@@ -35,21 +41,34 @@ local waiters = waiting and tonumber(waiting) > 0
 -- batch whose priority is not lower cannot be the new head: its ZRANK is skipped. A
 -- hand-over may take the head away: then it is not known.
 local head_at_most
--- One job of the batch, as put.lua stores it; returns its id.
-local function put_one(pri, delay, ttr, body)
+-- One job of the batch, as put.lua stores it (`group`: '' for none); returns its id.
+local function put_one(pri, delay, ttr, body, group)
+  if group ~= '' and not grouped then
+    enter_group_mode(t, now, rcall('HEXISTS', k_tube(t), 'lim') == 1)
+    grouped = true
+  end
   local id, jk = new_job()
   delay = delay + 0
   if delay > 0 then
     local due = now + delay * 1000
-    store_job(jk, t, pri, ttr, body, now, delay, due)
+    if group == '' then
+      store_job(jk, t, pri, ttr, body, now, delay, due)
+    else
+      store_job(jk, t, pri, ttr, body, now, delay, due, JOB_GROUP, group)
+    end
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_delayed(id, t, due)
     add_event('put', id, t, pri, delay * 1000, ttr, due, 0, now, '')
   else
-    store_job(jk, t, pri, ttr, body, now)
+    if group == '' then
+      store_job(jk, t, pri, ttr, body, now)
+    else
+      store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_GROUP, group)
+    end
     start_policies(id, jk, t, false, now, limits[2])
     local p = pri + 0
-    enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most)
+    enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most, grouped,
+      group)
     if head_at_most == nil or p < head_at_most then head_at_most = p end
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
     if waiters then
@@ -62,11 +81,12 @@ local function put_one(pri, delay, ttr, body)
   return id
 end
 
-for i = 5, #ARGV, 4 do
+for i = first, #ARGV, step do
   if tube_full(t, limits[1]) then
     ids[#ids + 1] = 0
   else
-    ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    ids[#ids + 1] = step == 4 and put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], '')
+      or put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 4], ARGV[i + 3])
     stored = stored + 1
   end
 end

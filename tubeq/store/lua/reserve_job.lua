@@ -14,8 +14,11 @@ local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE)
 local state, t = f[1], f[2]
 if not state or state == 'reserved' or state == 'held' then return {} end
 if state == 'ready' then  -- grant counts it out of ready
-  rcall('ZREM', k_ready(t), member(id))
-  index_tube(t, now)
+  local m = member(id)
+  rcall('ZREM', k_ready(t), m)
+  local meta = tube_meta(t)
+  if meta[5] then group_remove(t, group_of(id), m, now, meta[3]) end  -- its group keeps its turn
+  index_tube(t, now, nil, nil, meta)
 else
   unlink(id, t, state, now)
 end

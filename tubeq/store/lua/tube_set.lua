@@ -3,7 +3,8 @@ KEYS[1]  namespace root
 ARGV     tube, now (ms), then (name, value) pairs; a value equal to the setting's default
          ('0', or 'bury' for on-expire) removes the setting
 Returns  1
-Wakes    reserves blocked on the tube when its reserve limits (rate, concurrency) changed
+Wakes    reserves blocked on the tube when its reserve limits (rate, concurrency,
+         group-concurrency, group-rate) changed
 Settings live in their own hash (k_settings), not in the tube's: a tube vanishes when nothing
 references it (gc_tube), its settings stay and apply again when it reappears.
 The scripts that enforce a setting read it from k_settings when they run, so a change applies
@@ -21,12 +22,18 @@ for i = 3, #ARGV, 2 do
   else
     redis.call('HSET', sk, name, value)
   end
-  if name == 'rate' or name == 'concurrency' then limits_changed = true end
+  if name == 'rate' or name == 'concurrency' or name == 'group-concurrency'
+      or name == 'group-rate' then
+    limits_changed = true
+  end
 end
--- Reserve limits apply at once: the tube is re-indexed (held or released) and its waiters woken.
+-- Reserve limits apply at once: the tube is re-indexed (held or released) and its waiters woken;
+-- in group mode every group is placed again (includes/groups.lua).
 if limits_changed and redis.call('EXISTS', k_tube(t)) == 1 then
   sync_limit_flag(t)
-  index_tube(t, now)
+  local meta = tube_meta(t)
+  if meta[5] then regroup(t, now, meta[3]) end
+  index_tube(t, now, nil, nil, meta)
   wake(t)
 end
 return 1

@@ -76,6 +76,12 @@ local JOB_RESULT_TTL = 'rt'
 -- put-with after= (includes/after.lua): ms, the delay a held job takes when its last parent
 -- finished (absent: none; its parents still pending are the set k_after(id)).
 local JOB_AFTER_DELAY = 'ad'
+-- put-with group= (includes/groups.lua): the job's group key; absent: the group "". Never
+-- changes.
+local JOB_GROUP = 'g'
+-- ...and while reserved from a tube with group limits: 1 when its group's reserved count
+-- (k_group_reserved) counts it, so the end of the reservation counts it out exactly once.
+local JOB_GROUP_COUNTED = 'gk'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs

@@ -1,4 +1,5 @@
 --- @include "limits"
+--- @include "groups"
 
 -- Shared pieces of every transition: job members, tube bookkeeping, the ready-tube index,
 -- timers and wake-ups. A state change, its index update and its wake-up happen in one script.
@@ -57,12 +58,18 @@ local function blocked_ahead(token, lo)
   return b ~= false and tonumber(b) >= tonumber(lo)
 end
 
+-- A tube's meta fields that index_tube and the moves into and out of ready read: {ix,
+-- pause_until, lim, c, grp} ('grp': the tube is in group mode, includes/groups.lua).
+local function tube_meta(t)
+  return rcall('HMGET', k_tube(t), 'ix', 'pause_until', 'lim', 'c', 'grp')
+end
+
 -- A tube exists from its first reference (use, watch, put) until gc_tube removes it. Returns
--- the meta fields index_tube reads ({ix, pause_until, lim}, and 'c') when the tube existed (a
--- put passes them on: one read for both), nil when it was created here.
+-- its meta fields (tube_meta) when the tube existed (a put passes them on: one read for both),
+-- nil when it was created here.
 local function ensure_tube(t, now)
   local tk = k_tube(t)
-  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim', 'c')
+  local meta = tube_meta(t)
   -- Every tube has 'c' from its creation; a hash without it is looked at the long way.
   if meta[4] or rcall('EXISTS', tk) == 1 then return meta end
   -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
@@ -87,15 +94,22 @@ end
 -- connection watches is the job it reserves. The tube's current entry is kept in its meta
 -- field 'ix', to be replaced when the head changes. (Job members never contain ':'.)
 -- A caller that knows the new head (member, pri) passes it and saves the lookup; one that has
--- just read the tube's meta fields (ensure_tube) passes them too.
+-- just read the tube's meta fields (tube_meta, ensure_tube) passes them too. A tube in group
+-- mode's head is the best job of the group whose turn it is (includes/groups.lua).
 -- Returns whether the tube has reserve limits (includes/limits.lua), read on the way.
 local function index_tube(t, now, head_member, head_pri, meta)
   local tk = k_tube(t)
-  meta = meta or rcall('HMGET', tk, 'ix', 'pause_until', 'lim')
+  meta = meta or tube_meta(t)
   local old = meta[1]
   local entry = false
-  local head = head_member and {head_member, head_pri}
-    or rcall('ZRANGE', k_ready(t), '0', '0', 'WITHSCORES')
+  local head
+  if head_member then
+    head = {head_member, head_pri}
+  elseif meta[5] then
+    head = group_head(t)
+  else
+    head = rcall('ZRANGE', k_ready(t), '0', '0', 'WITHSCORES')
+  end
   if head[1] and not (meta[2] and tonumber(meta[2]) > now)
       and not (meta[3] and limit_reached(t, now)) then
     entry = head[1] .. ':' .. t
@@ -138,10 +152,22 @@ end
 -- Put a job (whose hash the caller has updated) into its tube's ready set. The caller wakes.
 -- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
 -- `behind`: the caller knows the job is not the tube's new head (put_many.lua), and the
--- ZRANK that would tell is skipped.
-local function enqueue_ready(id, t, pri, now, meta, behind)
+-- ZRANK that would tell is skipped. `grouped`: whether the tube is in group mode, when the
+-- caller knows it and passes no meta (nil: read). `group`: the job's group, when the caller
+-- knows it (nil: read from the job if the tube is in group mode).
+local function enqueue_ready(id, t, pri, now, meta, behind, grouped, group)
   local m = member(id)
+  if grouped == nil then
+    if not meta then meta = tube_meta(t) end
+    grouped = meta[5] ~= false
+  end
   if rcall('ZADD', k_ready(t), text(pri), m) == 1 then count_ready(pri, 1) end
+  if grouped then
+    meta = meta or tube_meta(t)
+    group_add(t, group or group_of(id), m, text(pri), now, meta[3])
+    index_tube(t, now, nil, nil, meta)
+    return
+  end
   if not behind and rcall('ZRANK', k_ready(t), m) == 0 then  -- the entry names the head only
     index_tube(t, now, m, pri, meta)
   end
@@ -163,7 +189,9 @@ local function unlink(id, t, state, now)
       rcall('ZREM', rk, m)
       count_ready(pri, -1)
     end
-    index_tube(t, now)
+    local meta = tube_meta(t)
+    if meta[5] and pri then group_remove(t, group_of(id), m, now, meta[3]) end
+    index_tube(t, now, nil, nil, meta)
   elseif state == 'delayed' then
     count_in('d', -rcall('ZREM', k_delayed(t), m))
     arm_delay_timer(t)
@@ -179,6 +207,7 @@ local function unlink(id, t, state, now)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
     rcall('HINCRBY', k_tube(t), 'nres', '-1')
     if rcall('HEXISTS', k_tube(t), 'lim') == 1 then  -- reserve limits: maybe below its cap now
+      uncount_group_reserve(t, k_job(id), now)
       index_tube(t, now)
       wake(t)
     end
@@ -204,7 +233,7 @@ end
 local function grant(id, t, token, now, from_ready, limited, run)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
-    JOB_RESERVES)
+    JOB_RESERVES, JOB_GROUP)
   local ttr = f[1] + 0  -- (the digits read once: tonumber() reads them twice)
   if from_ready then count_ready(f[3], -1) end
   local due = text(now + ttr * 1000)
@@ -221,6 +250,7 @@ local function grant(id, t, token, now, from_ready, limited, run)
   if limited == nil then limited = rcall('HEXISTS', k_tube(t), 'lim') == 1 end
   if limited then  -- reserve limits: count it, maybe hold
     count_limited_reserve(t, now)
+    if rcall('HEXISTS', k_tube(t), 'grp') == 1 then count_group_reserve(t, f[7] or '', jk, now) end
     index_tube(t, now)
   end
   add_event('reserved', id, t, f[3], 0, f[1], 0, tries, now, '')
@@ -252,12 +282,13 @@ local function gc_tube(t)
   local refs = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
   if tonumber(refs[1] or 0) > 0 or tonumber(refs[2] or 0) > 0 then return end
   if rcall('EXISTS', k_ready(t), k_delayed(t), k_buried(t), k_held(t)) > 0 then return end
-  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until')
+  local meta = rcall('HMGET', k_tube(t), 'nres', 'ix', 'pause_until', 'grp')
   if tonumber(meta[1] or 0) > 0 then return end
   -- A tube paused with no end stays until tube-resume (admin verbs, protocol.md).
   if tonumber(meta[3] or 0) >= PAUSE_FOREVER then return end
   if meta[2] then rcall('ZREM', K_READY_TUBES, meta[2]) end
   rcall('DEL', k_tube(t), k_waiters(t))
+  if meta[4] then leave_group_mode(t) end
   rcall('ZREM', K_TUBES, t)
   rcall('ZREM', K_TIMERS, 'd:' .. t, 'p:' .. t)
   rcall('HDEL', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)

@@ -46,6 +46,14 @@ local function k_settings(t) return NS .. 's:' .. t end
 local function k_ready(t) return NS .. 't:' .. t .. ':r' end
 local function k_delayed(t) return NS .. 't:' .. t .. ':d' end
 local function k_buried(t) return NS .. 't:' .. t .. ':b' end
+-- Groups of a tube (put-with group=, includes/groups.lua): a group's ready jobs, the groups in
+-- serving order, every group with ready jobs -> its turn, and per group its reserved jobs and
+-- its rate window (tube-set group-concurrency, group-rate).
+local function k_group_ready(t, g) return NS .. 't:' .. t .. ':g:' .. g .. ':r' end
+local function k_group_turns(t) return NS .. 't:' .. t .. ':gt' end
+local function k_group_places(t) return NS .. 't:' .. t .. ':gp' end
+local function k_group_reserved(t) return NS .. 't:' .. t .. ':gc' end
+local function k_group_windows(t) return NS .. 't:' .. t .. ':gw' end
 local function k_instance(i) return NS .. 'i:' .. i end
 local function k_instance_conns(i) return NS .. 'i:' .. i .. ':conns' end
 local function k_watch(token) return NS .. 'c:' .. token .. ':w' end

@@ -15,10 +15,13 @@
 -- reserves are granted within one; 'rw' (the window) and 'rn' (reserves granted in it) live
 -- in the tube's meta hash and go with the tube when it vanishes.
 
--- Keep the tube's 'lim' flag in step with its settings (the tube's meta hash must exist).
+-- Keep the tube's 'lim' flag in step with its settings (the tube's meta hash must exist); the
+-- group limits (group-concurrency, group-rate: includes/groups.lua) set it too.
 local function sync_limit_flag(t)
-  local s = redis.call('HMGET', k_settings(t), 'rate', 'concurrency')
-  if tonumber(s[1] or 0) > 0 or tonumber(s[2] or 0) > 0 then
+  local s = redis.call('HMGET', k_settings(t), 'rate', 'concurrency', 'group-concurrency',
+    'group-rate')
+  if tonumber(s[1] or 0) > 0 or tonumber(s[2] or 0) > 0 or tonumber(s[3] or 0) > 0
+      or tonumber(s[4] or 0) > 0 then
     redis.call('HSET', k_tube(t), 'lim', 1)
   else
     redis.call('HDEL', k_tube(t), 'lim')

@@ -53,11 +53,15 @@ local function best_entry(token)
   end
 end
 
--- Reserve for `token` the job best_entry named; returns its reservation (see grant).
+-- Reserve for `token` the job best_entry named; returns its reservation (see grant). In a
+-- tube in group mode its group is served: it goes behind the others (includes/groups.lua).
 local function take_entry(entry, token, now)
   local m, t = split_entry(entry)
   rcall('ZREM', k_ready(t), m)
-  local limited = index_tube(t, now)
+  local meta = tube_meta(t)
+  local head_member, head_pri
+  if meta[5] then head_member, head_pri = group_serve(t, m, now, meta[3]) end
+  local limited = index_tube(t, now, head_member, head_pri, meta)
   return grant(id_of(m), t, token, now, true, limited)
 end
 
@@ -65,11 +69,21 @@ end
 -- tube in (pri, id) order, the one `entry` named first; returns their reservations one after
 -- another. The tube's index entry is brought up to date once for them all, not once a job
 -- (the push extension takes up to 64 at a time). A tube with reserve limits gives one job:
--- its limit is counted and checked job by job (take_entry).
+-- its limit is counted and checked job by job (take_entry). A tube in group mode gives its
+-- jobs one by one in its groups' turns.
 local function take_run(entry, token, now, n)
   local _, t = split_entry(entry)
-  local meta = rcall('HMGET', k_tube(t), 'ix', 'pause_until', 'lim')
+  local meta = tube_meta(t)
   if meta[3] then return take_entry(entry, token, now) end
+  if meta[5] then
+    local out = {}
+    for _ = 1, n do
+      for _, v in ipairs(take_entry(entry, token, now)) do out[#out + 1] = v end
+      entry = rcall('HGET', k_tube(t), 'ix')
+      if not entry then break end
+    end
+    return out
+  end
   -- ZRANGE then ZREMRANGEBYRANK, not ZPOPMIN: a reply without scores, which Redis would
   -- write as text ('%.17g') for nobody to read.
   local rk = k_ready(t)
