@@ -219,7 +219,7 @@ def _put_with_options(options: dict[str, Any]) -> job_options.Options:
             given = options[name]
             if spec.ids and isinstance(given, list) and all(type(i) is int for i in given):
                 given = ",".join(map(str, given))  # after: a JSON list of ids, or "1,2,3"
-            textual = spec.key or bool(spec.choices) or spec.ids
+            textual = spec.key or bool(spec.choices) or spec.ids or spec.traceparent
             if not (isinstance(given, QueryValue) or (
                     isinstance(given, str) if textual else type(given) is int)):
                 raise HttpError(400, f"bad value for option '{name}' (a JSON "
@@ -294,6 +294,7 @@ async def job_document(ctx: ServerContext, jid: int) -> dict[str, Any]:
     progress = body_fields(policies.progress)
     out["progress"], out["progress_base64"] = progress["body"], progress["body_base64"]
     out["parents_pending"] = policies.parents_pending
+    out["traceparent"] = policies.traceparent  # put-with traceparent=, or ""
     return out
 
 

@@ -97,6 +97,7 @@ class JobField(StrEnum):
     PROGRESS_SEQ = "ps"
     AFTER_DELAY = "ad"
     RESULT_TTL = "rt"
+    TRACEPARENT = "tp"
 
 
 @dataclass(frozen=True, slots=True)

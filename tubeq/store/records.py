@@ -180,6 +180,7 @@ class JobPolicies:
     progress_seq: int = 0  # progress reports its holders made (progress)
     progress: bytes = b""  # the latest one
     parents_pending: int = 0  # held (put-with after=): its parents not finished yet
+    traceparent: str = ""  # put-with traceparent=: the producer's W3C context, or ""
 
 
 class Deferred(Exception):

@@ -875,7 +875,7 @@ class Store:
                 return None
             return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
                                bytes(r[4]).decode(), int(r[5]), bytes(r[6]), int(r[7]),
-                               bytes(r[8]), int(r[9]))
+                               bytes(r[8]), int(r[9]), bytes(r[10]).decode())
 
         return self._eval("job_policies", job_id, decode=decode)
 

@@ -76,6 +76,9 @@ local JOB_RESULT_TTL = 'rt'
 -- put-with after= (includes/after.lua): ms, the delay a held job takes when its last parent
 -- finished (absent: none; its parents still pending are the set k_after(id)).
 local JOB_AFTER_DELAY = 'ad'
+-- put-with traceparent=: the producer's W3C traceparent, as given (protocol.md, "Traces"); an
+-- older build ignores the field (it reads only the fields it names), so no new layout.
+local JOB_TRACEPARENT = 'tp'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs
