@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import structlog
 
@@ -149,11 +149,17 @@ def _reserve_job(conn: Session, cmd: c.ReserveJob) -> Reply:
     return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
 
 
+# How a reservation ended, by the reply that settled it (for its span: tubeq.server.tracing).
+_ENDED_BY: Final = {reply: reply.split()[0].decode().lower() for reply in (
+    replies.DELETED, replies.RELEASED, replies.BURIED, replies.FINISHED, replies.FAILED,
+    replies.CANCELLED)}
+
+
 def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn.settled(job_id)
+        conn.settled(job_id, how=_ENDED_BY[ok])
         return ok
 
     return answer
@@ -179,7 +185,7 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:  # someone cancelled it: gone (only after a cancel)
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             # a beanstalkd client knows no CANCELLED: for it, as for beanstalkd, the job it
             # touches is no longer its own
             return replies.CANCELLED if conn.extended else replies.NOT_FOUND
@@ -231,7 +237,7 @@ def _progress(conn: Session, cmd: c.ReportProgress) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             return replies.CANCELLED
         conn.reserved[cmd.id] = deadline
         return replies.TOUCHED
@@ -656,7 +662,7 @@ def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
 
     def answer(done: list[bool]) -> bytes:
         conn.settled(*(job_id for job_id, deleted in zip(cmd.ids, done, strict=True)
-                       if deleted))
+                       if deleted), how="deleted")
         return replies.batch([replies.DELETED if deleted else replies.NOT_FOUND
                               for deleted in done])
 

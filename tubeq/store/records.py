@@ -183,6 +183,18 @@ class JobPolicies:
     traceparent: str = ""  # put-with traceparent=: the producer's W3C context, or ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobTrace:
+    """What the server's spans of a reservation need of a traced job (put-with traceparent=):
+    its context, when it was put and last became ready (ms; 0: straight from its put), and how
+    many times it has been reserved (this reservation included)."""
+
+    traceparent: str
+    created_ms: int
+    ready_since_ms: int
+    reserves: int
+
+
 class Deferred(Exception):
     """A command pipelined behind a reserve of its connection did nothing: that reserve waits
     for a job, and beanstalkd runs what follows a reserve only once it is answered. The
