@@ -40,9 +40,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import structlog
 
@@ -51,6 +51,7 @@ from tubeq.store.records import JobTrace, Reservation
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, SpanContext, Tracer
 
 log = structlog.get_logger("tubeq.tracing")
@@ -326,19 +327,51 @@ class _PresetIds:
         return self._random.getrandbits(128) or 1
 
 
-def start_tracing(endpoint: str | None) -> JobTracer:
-    """The process's tracer, exporting over OTLP/HTTP to ``endpoint`` (its base URL; None or
-    "": where the OTEL_EXPORTER_OTLP_* variables say), batched. Raises
-    :class:`TracingUnavailable` without the SDK (``pip install 'tubeq[otel]'``)."""
+class LoggedExporter:
+    """A span exporter (the SDK's SpanExporter, by its methods) whose failures are counted and
+    logged at most once every EXPORT_FAILURE_LOG_S, with the spans lost since the last line;
+    an exception from the exporter is such a failure (its batch is lost, nothing more)."""
+
+    def __init__(self, inner: Any, where: str, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self._inner = inner
+        self._where = where
+        self._clock = clock
+        self._results = SpanExportResult
+        self.lost = 0  # spans lost since the last line
+        self._logged_at = float("-inf")
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        error = ""
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:
+            result, error = self._results.FAILURE, repr(exc)
+        if result is not self._results.SUCCESS:
+            self.lost += len(spans)
+            now = self._clock()
+            if now - self._logged_at >= EXPORT_FAILURE_LOG_S:
+                log.warning("span export failed", spans_lost=self.lost, endpoint=self._where,
+                            error=error or None)
+                self.lost, self._logged_at = 0, now
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+
+def build_tracer(processor: Any) -> JobTracer:
+    """A JobTracer whose spans go to ``processor`` (an SDK span processor), with the derived
+    ids of first reservations (_PresetIds). Raises :class:`TracingUnavailable` without the
+    SDK."""
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            SpanExporter,
-            SpanExportResult,
-        )
         from opentelemetry.sdk.trace.id_generator import IdGenerator
     except ImportError as error:
         raise TracingUnavailable(
@@ -348,46 +381,33 @@ def start_tracing(endpoint: str | None) -> JobTracer:
     class Ids(_PresetIds, IdGenerator):
         pass
 
-    class LoggedExporter(SpanExporter):
-        """The OTLP exporter, its failures counted and logged once a minute at most."""
+    ids = Ids()
+    resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME")
+                               else {"service.name": "tubeq"})
+    provider = TracerProvider(resource=resource, id_generator=ids)
+    provider.add_span_processor(processor)
+    return JobTracer(provider, provider.get_tracer("tubeq"), ids)
 
-        def __init__(self, inner: SpanExporter, where: str) -> None:
-            self._inner = inner
-            self._where = where
-            self._lost = 0
-            self._logged_at = float("-inf")
 
-        def export(self, spans: Sequence[Any]) -> SpanExportResult:
-            error = ""
-            try:
-                result = self._inner.export(spans)
-            except Exception as exc:  # an exporter that raises loses its batch, nothing more
-                result, error = SpanExportResult.FAILURE, repr(exc)
-            if result is not SpanExportResult.SUCCESS:
-                self._lost += len(spans)
-                now = time.monotonic()
-                if now - self._logged_at >= EXPORT_FAILURE_LOG_S:
-                    log.warning("span export failed", spans_lost=self._lost,
-                                endpoint=self._where, error=error or None)
-                    self._lost, self._logged_at = 0, now
-            return result
-
-        def shutdown(self) -> None:
-            self._inner.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return self._inner.force_flush(timeout_millis)
-
+def start_tracing(endpoint: str | None) -> JobTracer:
+    """The process's tracer, exporting over OTLP/HTTP to ``endpoint`` (its base URL; None or
+    "": where the OTEL_EXPORTER_OTLP_* variables say), batched. Raises
+    :class:`TracingUnavailable` without the SDK and exporter (``pip install 'tubeq[otel]'``)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as error:
+        raise TracingUnavailable(
+            f"traces need the OpenTelemetry SDK and OTLP exporter: pip install 'tubeq[otel]' "
+            f"({error})") from None
     # The exporter logs every failed batch itself; LoggedExporter says it once a minute.
     logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
     url = traces_url(endpoint) if endpoint else None
     where = url or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "") + TRACES_PATH)
-    ids = Ids()
-    resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME")
-                               else {"service.name": "tubeq"})
-    provider = TracerProvider(resource=resource, id_generator=ids)
-    provider.add_span_processor(BatchSpanProcessor(
-        LoggedExporter(OTLPSpanExporter(endpoint=url), where)))
+    # (LoggedExporter is a SpanExporter by its methods: defined without the SDK's base class,
+    # as this module is imported where the SDK is not installed)
+    exporter = cast("SpanExporter", LoggedExporter(OTLPSpanExporter(endpoint=url), where))
+    tracer = build_tracer(BatchSpanProcessor(exporter))
     log.info("exporting traces", endpoint=where)
-    return JobTracer(provider, provider.get_tracer("tubeq"), ids)
+    return tracer
