@@ -107,7 +107,8 @@ async def test_a_put_span_is_a_child_of_the_producer(setup: Setup) -> None:
         "inserted", "7")
 
 
-@pytest.mark.parametrize("how", ["deleted", "released", "buried", "finished", "failed"])
+@pytest.mark.parametrize("how", ["deleted", "released", "hand-back", "buried", "finished",
+                                 "failed", "cancelled"])
 async def test_a_reservation_ends_how_its_holder_settled_it(setup: Setup, how: str) -> None:
     await setup.grant(7, JobTrace(TP, created_ms=999_000, ready_since_ms=0, reserves=1))
     (wait,) = setup.finished("queue-wait t")
@@ -168,13 +169,14 @@ async def test_a_reservation_not_touched_ends_at_its_deadline_a_touched_one_late
     assert touched.end_time == 1_001_050 * NS
 
 
-async def test_a_closed_connection_ends_its_reservations_as_disconnect(setup: Setup) -> None:
+@pytest.mark.parametrize("how", ["disconnect", "shutdown"])
+async def test_a_closed_connection_ends_its_reservations(setup: Setup, how: str) -> None:
     await setup.grant(7, JobTrace(TP, 999_000, 0, 1))
     await setup.grant(8, JobTrace(TP, 999_000, 0, 1))
-    setup.tracer.closed("i:1")
+    setup.tracer.closed("i:1", how)
     held = setup.finished("reservation t")
     assert len(held) == 2
-    assert {s.attributes["tubeq.outcome"] for s in held if s.attributes} == {"disconnect"}
+    assert {s.attributes["tubeq.outcome"] for s in held if s.attributes} == {how}
 
 
 async def test_a_deferred_job_is_linked_not_nested_and_a_retry_links_to_the_first(

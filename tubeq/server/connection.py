@@ -276,8 +276,8 @@ class Connection(asyncio.Protocol):
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
                                      shutdown=self.ctx.stopping)
         done.add_done_callback(self._disconnected)
-        if self.ctx.tracer is not None:
-            self.ctx.tracer.closed(self.token)
+        if self.ctx.tracer is not None:  # (a stopping server's close is no try: 'shutdown')
+            self.ctx.tracer.closed(self.token, "shutdown" if self.ctx.stopping else "disconnect")
         if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
             done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 

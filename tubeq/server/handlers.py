@@ -155,11 +155,16 @@ _ENDED_BY: Final = {reply: reply.split()[0].decode().lower() for reply in (
     replies.CANCELLED)}
 
 
-def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+def _forget_on(conn: Session, job_id: int, ok: bytes,
+               how: str = "") -> Callable[[bool], bytes]:
+    """The answer of a command that ends ``job_id``'s reservation when it succeeds: ``ok``;
+    ``how`` it ended (its span's outcome) when ``ok``'s word does not say it."""
+    how = how or _ENDED_BY[ok]
+
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn.settled(job_id, how=_ENDED_BY[ok])
+        conn.settled(job_id, how=how)
         return ok
 
     return answer
@@ -218,7 +223,7 @@ def _fail(conn: Session, cmd: c.Fail) -> Reply:
 
 
 def _hand_back(conn: Session, cmd: c.HandBack) -> Reply:
-    handed = _forget_on(conn, cmd.id, replies.RELEASED)
+    handed = _forget_on(conn, cmd.id, replies.RELEASED, how="hand-back")
     cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
     return then(ops.hand_back(conn.ctx, conn.token, cmd.id),
                 lambda done: cancelled(True) if done == CANCELLED else handed(bool(done)))

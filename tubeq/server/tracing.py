@@ -19,15 +19,15 @@ Rules:
 * Shapes. The put span (SERVER) is a child of the producer's span. The queue wait (INTERNAL)
   runs from the put (a retry's: from its return to ready) to the reserve, a child of the
   producer's span and linked to it. A reservation span (CONSUMER) runs from the reserve to
-  its end: ``deleted``, ``released``, ``buried``, ``finished``, ``failed``, ``cancelled``,
-  ``ttr`` (its deadline passed untouched) or ``disconnect``; it is a child of the producer's
-  span and linked to it, except for a deferred job (one that did not go straight from its put
-  to ready: delayed, held by after=, kicked): its first reservation has no parent, only the
-  link (a job that runs hours later is not part of the request that put it), but keeps the
-  producer's trace id, so the trace still finds it. A retry (a later reservation) is a new
-  span, a child of the producer's, linked to the producer's and to the first reservation's,
-  whose span id every process derives from the job (:func:`first_reservation`): nothing more
-  is stored with the job.
+  its end: ``deleted``, ``released``, ``hand-back``, ``buried``, ``finished``, ``failed``,
+  ``cancelled``, ``ttr`` (its deadline passed untouched), ``disconnect`` or ``shutdown``; it
+  is a child of the producer's span and linked to it, except for a deferred job (one that did
+  not go straight from its put to ready: delayed, held by after=, kicked): its first
+  reservation has no parent, only the link (a job that runs hours later is not part of the
+  request that put it), but keeps the producer's trace id, so the trace still finds it. A
+  retry (a later reservation) is a new span, a child of the producer's, linked to the
+  producer's and to the first reservation's, whose span id every process derives from the job
+  (:func:`first_reservation`): nothing more is stored with the job.
 """
 
 from __future__ import annotations
@@ -247,14 +247,15 @@ class JobTracer:
                 if pending is not None:
                     pending.ended = (how, now)
 
-    def closed(self, token: str) -> None:
-        """Connection ``token`` went away: what it held returns to the queue."""
+    def closed(self, token: str, how: str = "disconnect") -> None:
+        """Connection ``token`` went away (``how``: 'disconnect', or 'shutdown' when its
+        stopping server closed it): what it held returns to the queue."""
         now = self.clock_ms()
         for opened in self._open.pop(token, {}).values():
-            self._end(opened, "disconnect", now)
+            self._end(opened, how, now)
         for key, pending in self._pending.items():
             if key[0] == token and pending.ended is None:
-                pending.ended = ("disconnect", now)
+                pending.ended = (how, now)
 
     def _drop(self, token: str, job_id: int) -> _Open | None:
         held = self._open.get(token)
