@@ -127,3 +127,15 @@ async def test_an_http_put_takes_a_traceparent_and_the_job_json_shows_it(
             assert r.status == 400
         async with session.get(f"{base}/api/tubes/tp-http") as r:
             assert (await r.json())["total-jobs"] == 3  # the refused puts stored nothing
+        # The W3C header (an instrumented HTTP client's span) when no option gives one; an
+        # invalid header is ignored, as W3C Trace Context says; the option wins over it.
+        other = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+        for headers, params, expected in (({"traceparent": TP}, {}, TP),
+                                          ({"traceparent": "garbage"}, {}, ""),
+                                          ({"traceparent": other}, {"traceparent": TP}, TP)):
+            async with session.post(f"{base}/api/tubes/tp-http/jobs", data=b"h",
+                                    headers=headers, params=params) as r:
+                assert r.status == 201, await r.text()
+                job_id = (await r.json())["id"]
+            async with session.get(f"{base}/api/jobs/{job_id}") as r:
+                assert (await r.json())["traceparent"] == expected
