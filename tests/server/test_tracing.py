@@ -6,6 +6,7 @@ retry's link, the throttled export failures, and a start without the SDK."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -246,3 +247,36 @@ async def test_a_server_asked_for_traces_without_the_sdk_does_not_start(
     with pytest.raises(StartupError, match=r"tubeq\[otel\]"):
         async with running_server(redis_url, otel_endpoint="http://127.0.0.1:4318"):
             pass
+
+
+def test_without_opentelemetry_the_server_and_client_import_and_trace_nothing() -> None:
+    """opentelemetry made unimportable: the server's and the client's modules still import,
+    nothing of OpenTelemetry is loaded, and the client has no context to send."""
+    script = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None\n"
+        "import tubeq.cli, tubeq.server.process, tubeq.http, tubeq.client\n"
+        "from tubeq.client import tracing\n"
+        "from tubeq.client.policies import traceparent_option\n"
+        "assert tracing.current_traceparent() is None and not tracing.recording()\n"
+        "assert traceparent_option(None) == b''\n"
+        "with tracing.handler_span('00-' + '1' * 32 + '-' + '2' * 16 + '-01', 1, 't'):\n"
+        "    pass\n"
+        "loaded = [m for m in sys.modules if m.startswith('opentelemetry.')]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+
+
+def test_a_server_without_the_flag_loads_no_opentelemetry() -> None:
+    script = (
+        "import sys\n"
+        "import tubeq.cli, tubeq.server.process, tubeq.server.tracing, tubeq.http\n"
+        "loaded = [m for m in sys.modules if m.startswith('opentelemetry')]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
