@@ -134,6 +134,16 @@ async def test_a_job_without_a_context_makes_no_span(setup: Setup) -> None:
     assert setup.spans.get_finished_spans() == ()
 
 
+async def test_a_context_not_sampled_makes_no_span(setup: Setup) -> None:
+    """flags 00: the producer records nothing of this trace; a deferred job's first
+    reservation (a root, which a sampler would sample on its own) included."""
+    unsampled = TP[:-2] + "00"
+    setup.tracer.put(unsampled, "t", "ns", 1_000_000, 7, "inserted")
+    await setup.grant(7, JobTrace(unsampled, 990_000, ready_since_ms=995_000, reserves=1))
+    setup.tracer.ended("i:1", [7], "deleted")
+    assert setup.spans.get_finished_spans() == ()
+
+
 async def test_an_end_heard_before_the_record_ends_the_span_when_it_comes(setup: Setup) -> None:
     setup.store.later = True
     await setup.grant(7, JobTrace(TP, 999_000, 0, 1))

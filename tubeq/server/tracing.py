@@ -12,6 +12,8 @@ Rules:
 * Off costs nothing: the server then holds None instead of a :class:`JobTracer`, and each of its
   hooks (a put-with, a grant, a settle, a disconnect) is one ``is None`` test. A job without a
   traceparent costs a traced server one HMGET per reservation (:meth:`Store.job_trace`) and no span.
+* Only sampled contexts (traceparent flags 01) make spans: the producer's sampling decides,
+  and a span costs the SDK ~0.1 ms of CPU to make and as much to encode (bench/RESULTS-traces.md).
 * Serving never waits for the exporter: a span ends into the SDK's batch processor (a bounded
   queue, 2,048 spans unless ``OTEL_BSP_MAX_QUEUE_SIZE`` says otherwise; a full queue drops
   spans), whose own thread exports them. Failed exports are logged at most once a minute, with
@@ -288,10 +290,14 @@ class JobTracer:
 
 
 def _span_context(traceparent: str) -> SpanContext | None:
+    """The producer's context, or None when it makes no span here: not a traceparent, or not
+    sampled (flags bit 0 clear: the producer records nothing of this trace, so the server does
+    not either, as the SDK's parent-based sampler decides; a deferred job's first reservation,
+    a root, would otherwise be sampled on its own)."""
     from opentelemetry import trace
 
     found = _TRACEPARENT.fullmatch(traceparent)
-    if found is None:
+    if found is None or not int(found[3], 16) & 1:
         return None
     return trace.SpanContext(int(found[1], 16), int(found[2], 16), is_remote=True,
                              trace_flags=trace.TraceFlags(int(found[3], 16)))
