@@ -180,6 +180,18 @@ async def test_a_reservation_not_touched_ends_at_its_deadline_a_touched_one_late
     assert touched.end_time == 1_001_050 * NS
 
 
+async def test_a_job_back_to_the_same_connection_after_its_ttr_ends_the_first_span(
+        setup: Setup) -> None:
+    await setup.grant(7, JobTrace(TP, 999_000, 0, 1), ttr=60)
+    setup.now[0] = 1_070_000  # its TTR ran out (the timer not fired yet) and it came back
+    await setup.grant(7, JobTrace(TP, 999_000, 1_060_000, 2), ttr=60)
+    (first,) = setup.finished("reservation t")
+    assert first.attributes is not None and first.attributes["tubeq.outcome"] == "ttr"
+    assert first.end_time == 1_060_000 * NS
+    setup.tracer.ended("i:1", [7], "deleted")
+    assert len(setup.finished("reservation t")) == 2
+
+
 @pytest.mark.parametrize("how", ["disconnect", "shutdown"])
 async def test_a_closed_connection_ends_its_reservations(setup: Setup, how: str) -> None:
     await setup.grant(7, JobTrace(TP, 999_000, 0, 1))

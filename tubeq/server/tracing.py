@@ -214,7 +214,11 @@ class JobTracer:
         if pending.ended is not None:  # settled before its record came back
             self._end(opened, *pending.ended)
             return
-        self._open.setdefault(holder.token, {})[job.id] = opened
+        held = self._open.setdefault(holder.token, {})
+        earlier = held.get(job.id)
+        if earlier is not None:  # its TTR ran out and it came back to the same connection
+            self._end(earlier, "ttr", min(earlier.deadline_ms, reserved_ms))
+        held[job.id] = opened
         self._arm(opened, job.deadline_ms)
 
     def _arm(self, opened: _Open, deadline_ms: int) -> None:
