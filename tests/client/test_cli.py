@@ -248,11 +248,15 @@ def test_quiet_asks_push_consumers_to_stop(client_tubeq: ServerProcess) -> None:
     with socket.create_connection(client_tubeq.address, timeout=RUN_TIMEOUT_S) as consumer:
         consumer.sendall(b"watch cli-quiet\r\npush 1 quiet=1\r\n")
         got = b""
-        while not got.endswith(b"PUSHING 1\r\n"):
+        while b"PUSHING 1\r\n" not in got:
             got += consumer.recv(100)
+        assert got == b"WATCHING 2\r\nPUSHING 1\r\n"
         assert cli.run("quiet", "--tube", "cli-quiet").stdout == (
             "asked push consumers (watching tube cli-quiet) to stop taking jobs\n")
-        assert consumer.recv(100) == b"QUIET\r\n"
+        got = b""
+        while len(got) < len(b"QUIET\r\n"):
+            got += consumer.recv(100)
+        assert got == b"QUIET\r\n"
     assert cli.json("quiet") == {"quieting": "all"}
     assert cli.json("quiet", "--conn", "abc:1") == {"quieting": "conn", "conn": "abc:1"}
     assert cli.fails("quiet", "--conn", "a b") == (

@@ -66,7 +66,7 @@ from tubeq.client.parser import (
     parse_yaml_list,
     parse_yaml_mapping,
 )
-from tubeq.client.policies import PutResult, key_arg, put_with_line
+from tubeq.client.policies import PutResult, key_arg, put_with_line, traceparent_option
 from tubeq.client.schedules import Schedule, cron_on_the_wire, parse_schedule_list
 from tubeq.client.wire import (
     CANCELLED,
@@ -588,14 +588,18 @@ class Client:
                        backoff_max_ms: int | None = None, ttl_ms: int | None = None,
                        on_expire: str | None = None, key: str | None = None,
                        after: Sequence[int] | None = None,
-                       result_ttl_ms: int | None = None, group: str | None = None) -> PutResult:
+                       result_ttl_ms: int | None = None, group: str | None = None,
+                       traceparent: str | None = None) -> PutResult:
         """Put a job with tubeq's options (protocol.md, "put-with"); an option left None is not
         sent (the tube's setting applies). Returns the new job's id, or, when a living job has
         ``key``, that job's id with ``inserted`` False (nothing was enqueued). ``after``: the
         job is held until these jobs finished (protocol.md, "Dependencies"); a child reads
         their results with :meth:`wait`. ``result_ttl_ms``: how long the job's result is kept
         once finished, instead of the server's --result-ttl. ``group``: the job's group in its
-        tube (protocol.md, "Groups"): the tube's groups take turns.
+        tube (protocol.md, "Groups"): the tube's groups take turns. ``traceparent``: the W3C
+        context the job carries to its worker (protocol.md, "Traces"); None sends the current
+        OpenTelemetry span's when opentelemetry-api is installed and a span is current, ""
+        sends none.
 
         Raises ValueError for an option the server would refuse, :class:`BadOption`,
         :class:`UnknownParent`, :class:`JobTooBig`, :class:`Draining`, and
@@ -605,7 +609,8 @@ class Client:
         line = put_with_line(pri, delay, ttr, len(data), delay_ms=delay_ms, max_tries=max_tries,
                              backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
                              ttl_ms=ttl_ms, on_expire=on_expire, key=key, after=after,
-                             result_ttl_ms=result_ttl_ms, group=group)
+                             result_ttl_ms=result_ttl_ms, group=group,
+                             traceparent=traceparent)
 
         def convert(reply: Reply, link: Connection) -> PutResult:
             _expect(reply, "put-with", INSERTED, DUPLICATE)
@@ -692,8 +697,9 @@ class Client:
             body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if max_tries is None and ttl_ms is None and key is None:  # the usual call, at once
-            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d\r\n" % (
-                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout))
+            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d%s\r\n" % (
+                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout),
+                traceparent_option(None))
         else:
             line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                                  backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,

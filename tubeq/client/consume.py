@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol, cast
 
+from tubeq.client import tracing
 from tubeq.client._contracts import Connection
 from tubeq.client.args import _tube, _uint
 from tubeq.client.ends import Codec
@@ -402,7 +403,13 @@ class Consumer:
         (tubeq) it is finished with that result, for whoever waits for it (``Client.call``,
         ``Client.wait``). With ``codec`` (e.g. :data:`tubeq.client.JSON`) any value but None
         is encoded by it and answers the job. On beanstalkd, and for any other return value,
-        it is deleted."""
+        it is deleted.
+
+        Traces: where the application has set an OpenTelemetry tracer provider, the handler
+        runs in a span ``process <tube>`` that is a child of the job's context (put-with
+        traceparent=, which the bundled producer sets from its current span) and linked to
+        it, so the handler's own spans join the producer's trace; the context costs one
+        ``stats-job`` per job then, and nothing otherwise (tubeq.client.tracing)."""
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(job: Job) -> None:
@@ -411,7 +418,9 @@ class Consumer:
                 hold.handler = asyncio.current_task()
             try:
                 async with job:
-                    result = await handler(job)
+                    traceparent = await self._traceparent(job) if tracing.recording() else None
+                    with tracing.handler_span(traceparent, job.id, job.tube):
+                        result = await handler(job)
                     if result is not None and self.codec is not None:
                         result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._answers(job):
@@ -446,6 +455,17 @@ class Consumer:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _traceparent(self, job: Job) -> str | None:
+        """The job's OpenTelemetry context (put-with traceparent=, stats-job's key), asked only
+        where the application records spans (tracing.recording); None if it has none, or the
+        server does not say (beanstalkd, or the question failed: the handler runs untraced)."""
+        try:
+            value = (await job.stats()).get("traceparent")
+        except ClientError as error:
+            log.debug("job %d: no trace context: %s", job.id, error)
+            return None
+        return value if isinstance(value, str) else None
 
     async def _finish(self, job: Job, result: bytes | str) -> None:
         """Finish ``job`` with its handler's ``result``; a result the server refuses (too big:

@@ -140,7 +140,7 @@ async def put(request: web.Request) -> web.Response:
         size = len(body) if body is not None else request.content_length
         told = f"{size} bytes" if size is not None else "more bytes"
         raise HttpError(413, f"job body too big: {told}, at most {ctx.max_job_size}")
-    extras = _put_with_options(options)
+    extras = _traced(request, _put_with_options(options))
     if extras:
         opts = dict(extras)
         if delay and "delay-ms" in opts:
@@ -174,6 +174,18 @@ async def put(request: web.Request) -> web.Response:
     _outcome(request, "put", replies.inserted(new_id))
     return web.json_response({"id": new_id, "tube": tube,
                               "state": "delayed" if delayed else "ready"}, status=201)
+
+
+def _traced(request: web.Request, extras: job_options.Options) -> job_options.Options:
+    """A put's options with the request's W3C ``traceparent`` header as the job's context
+    (an instrumented HTTP client sends its span's), unless the option gives one. A header that
+    is not a valid traceparent is ignored, as W3C Trace Context says a receiver does (the
+    option, a client's deliberate choice, is checked: 400)."""
+    header = request.headers.get("traceparent")
+    if header is None or any(name == "traceparent" for name, _ in extras):
+        return extras
+    value = job_options.PUT_OPTIONS["traceparent"].convert(header.strip().encode("latin-1"))
+    return extras if value is None else (*extras, ("traceparent", value))
 
 
 def _end_data(data: bytes) -> dict[str, Any]:
@@ -219,7 +231,8 @@ def _put_with_options(options: dict[str, Any]) -> job_options.Options:
             given = options[name]
             if spec.ids and isinstance(given, list) and all(type(i) is int for i in given):
                 given = ",".join(map(str, given))  # after: a JSON list of ids, or "1,2,3"
-            textual = spec.key or bool(spec.choices) or spec.ids or spec.tube
+            textual = (spec.key or bool(spec.choices) or spec.ids or spec.tube
+                       or spec.traceparent)
             if not (isinstance(given, QueryValue) or (
                     isinstance(given, str) if textual else type(given) is int)):
                 raise HttpError(400, f"bad value for option '{name}' (a JSON "
@@ -294,6 +307,7 @@ async def job_document(ctx: ServerContext, jid: int) -> dict[str, Any]:
     progress = body_fields(policies.progress)
     out["progress"], out["progress_base64"] = progress["body"], progress["body_base64"]
     out["parents_pending"] = policies.parents_pending
+    out["traceparent"] = policies.traceparent  # put-with traceparent=, or ""
     return out
 
 

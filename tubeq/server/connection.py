@@ -276,6 +276,8 @@ class Connection(asyncio.Protocol):
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
                                      shutdown=self.ctx.stopping)
         done.add_done_callback(self._disconnected)
+        if self.ctx.tracer is not None:  # (a stopping server's close is no try: 'shutdown')
+            self.ctx.tracer.closed(self.token, "shutdown" if self.ctx.stopping else "disconnect")
         if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
             done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
@@ -570,11 +572,14 @@ class Connection(asyncio.Protocol):
         if self._push is not None and self._push.cancels and job_id in self.reserved:
             self._push_frames(replies.cancelled_notice(job_id))
 
-    def settled(self, *job_ids: int) -> None:
-        """Jobs this connection held are no longer its own: free their push credits, if any."""
+    def settled(self, *job_ids: int, how: str = "") -> None:
+        """Jobs this connection held are no longer its own: free their push credits, if any,
+        and end their reservation spans (``how`` they ended)."""
         reserved = self.reserved
         for job_id in job_ids:
             reserved.pop(job_id, None)
+        if self.ctx.tracer is not None:
+            self.ctx.tracer.ended(self.token, job_ids, how or "settled")
         if self._push is not None:
             self._push.settled(job_ids)
 

@@ -33,6 +33,7 @@ from tubeq.server.metrics import Metrics
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
+from tubeq.server.tracing import JobTracer
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.base import JobStore
@@ -139,6 +140,8 @@ class ServerContext:
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
     observer: Metrics | None = None
+    # Spans of traced jobs (tubeq.server.tracing); None unless the process exports traces.
+    tracer: JobTracer | None = None
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
     # Whole-namespace reads, one call out at a time per namespace, shared by the callers that
@@ -289,7 +292,10 @@ class Session(Protocol):
         ``wait``); ``give_up`` ends it early when the client half-closes or goes."""
         ...
 
-    def settled(self, *job_ids: int) -> None: ...
+    def settled(self, *job_ids: int, how: str = "") -> None:
+        """Jobs it held are no longer its own; ``how``: the reply's word in lower case
+        (deleted, released, ...), for the reservation spans (tubeq.server.tracing)."""
+        ...
 
     def settling(self, job_ids: Sequence[int]) -> None: ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import structlog
 
@@ -149,11 +149,22 @@ def _reserve_job(conn: Session, cmd: c.ReserveJob) -> Reply:
     return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
 
 
-def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+# How a reservation ended, by the reply that settled it (for its span: tubeq.server.tracing).
+_ENDED_BY: Final = {reply: reply.split()[0].decode().lower() for reply in (
+    replies.DELETED, replies.RELEASED, replies.BURIED, replies.FINISHED, replies.FAILED,
+    replies.CANCELLED)}
+
+
+def _forget_on(conn: Session, job_id: int, ok: bytes,
+               how: str = "") -> Callable[[bool], bytes]:
+    """The answer of a command that ends ``job_id``'s reservation when it succeeds: ``ok``;
+    ``how`` it ended (its span's outcome) when ``ok``'s word does not say it."""
+    how = how or _ENDED_BY[ok]
+
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn.settled(job_id)
+        conn.settled(job_id, how=how)
         return ok
 
     return answer
@@ -179,7 +190,7 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:  # someone cancelled it: gone (only after a cancel)
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             # a beanstalkd client knows no CANCELLED: for it, as for beanstalkd, the job it
             # touches is no longer its own
             return replies.CANCELLED if conn.extended else replies.NOT_FOUND
@@ -212,7 +223,7 @@ def _fail(conn: Session, cmd: c.Fail) -> Reply:
 
 
 def _hand_back(conn: Session, cmd: c.HandBack) -> Reply:
-    handed = _forget_on(conn, cmd.id, replies.RELEASED)
+    handed = _forget_on(conn, cmd.id, replies.RELEASED, how="hand-back")
     cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
     return then(ops.hand_back(conn.ctx, conn.token, cmd.id),
                 lambda done: cancelled(True) if done == CANCELLED else handed(bool(done)))
@@ -231,7 +242,7 @@ def _progress(conn: Session, cmd: c.ReportProgress) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             return replies.CANCELLED
         conn.reserved[cmd.id] = deadline
         return replies.TOUCHED
@@ -659,7 +670,7 @@ def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
 
     def answer(done: list[bool]) -> bytes:
         conn.settled(*(job_id for job_id, deleted in zip(cmd.ids, done, strict=True)
-                       if deleted))
+                       if deleted), how="deleted")
         return replies.batch([replies.DELETED if deleted else replies.NOT_FOUND
                               for deleted in done])
 

@@ -47,6 +47,7 @@ from tubeq.redisio.cluster import (
 )
 from tubeq.redisio.pubsub import Subscriber
 from tubeq.redisio.sentinel import MasterNotFound
+from tubeq.server import tracing
 from tubeq.server.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
 from tubeq.server.connection import Connection
 from tubeq.server.context import (
@@ -190,6 +191,9 @@ class Config:
     shutdown_grace_s: float = 0.0
     # The namespace's tubes spread over this many Redis hash tags (tubeq.store.shards); 1: one.
     shards: int = 1
+    # Spans of traced jobs over OTLP/HTTP (tubeq.server.tracing): the collector's base URL; ""
+    # where the OTEL_EXPORTER_OTLP_* variables say; None: off (unless those variables are set).
+    otel_endpoint: str | None = None
 
 
 class HttpFront(Protocol):
@@ -271,6 +275,7 @@ class Server:
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
         self.metrics: Metrics | None = None
+        self.tracer: tracing.JobTracer | None = None
         self._http: HttpFront | None = None
 
     @property
@@ -371,6 +376,7 @@ class Server:
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             max_watch=config.max_watch, capacity=self._capacity, observer=self.metrics,
+            tracer=self.tracer,
             extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms,
             max_result_size=(config.max_job_size if config.max_result_size is None
                              else config.max_result_size))
@@ -567,6 +573,11 @@ class Server:
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
         elif config.slow_ms > 0:  # only the slow-command line
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
+        if tracing.wanted(config.otel_endpoint):
+            try:
+                self.tracer = tracing.start_tracing(config.otel_endpoint)
+            except tracing.TracingUnavailable as error:
+                raise StartupError(str(error)) from None
         url = config.redis_url
         if is_cluster_url(url):
             try:
@@ -673,6 +684,8 @@ class Server:
                 await asyncio.wait_for(ctx.store.leave(), SHUTDOWN_GRACE_S)
         for node in self._nodes.values():
             await node.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         log.info("stopped")
 
     @staticmethod

@@ -159,7 +159,7 @@ class Push:
         now = store.clock()
         expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
         if expired:
-            session.settled(*expired)  # their TTR ran out: the jobs are queued again
+            session.settled(*expired, how="ttr")  # their TTR ran out: queued again
         free = self.credits - len(pushed)
         if self._flow.write_paused or session.ctx.stopping:
             free = 0  # the client is not taking frames, or this process stops: take no more

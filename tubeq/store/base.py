@@ -39,6 +39,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     Progress,
     PutOutcome,
@@ -287,5 +288,7 @@ class JobStore(Protocol):
     def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]: ...
 
     def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]: ...
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]: ...
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]: ...

@@ -104,6 +104,7 @@ class JobField(StrEnum):
     RESULT_TTL = "rt"
     GROUP = "g"
     GROUP_COUNTED = "gk"
+    TRACEPARENT = "tp"
 
 
 @dataclass(frozen=True, slots=True)

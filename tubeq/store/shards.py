@@ -69,6 +69,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     Progress,
     PutOutcome,
@@ -715,6 +716,9 @@ class ShardedStore:
 
     def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]:
         return self.of_id(job_id).job_policies(job_id)
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]:
+        return self.of_id(job_id).job_trace(job_id)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).tube_policy_counts(tube)

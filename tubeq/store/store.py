@@ -45,6 +45,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     ParentEnd,
     Progress,
@@ -892,9 +893,22 @@ class Store:
                 return None
             return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
                                bytes(r[4]).decode(), int(r[5]), bytes(r[6]), int(r[7]),
-                               bytes(r[8]), int(r[9]))
+                               bytes(r[8]), int(r[9]), bytes(r[10]).decode())
 
         return self._eval("job_policies", job_id, decode=decode)
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]:
+        """A job's trace context and the instants its spans need (a plain read, asked only
+        by a process that exports traces: tubeq.server.tracing); None when it has no
+        traceparent or is gone."""
+        def decode(r: Any) -> JobTrace | None:
+            if r[0] is None:
+                return None
+            return JobTrace(r[0].decode(), _as_int(r[1]), _as_int(r[2]), _as_int(r[3]))
+
+        return self.client.call("HMGET", self.keys.job(job_id), JobField.TRACEPARENT,
+                                JobField.CREATED, JobField.READY_SINCE, JobField.RESERVES,
+                                decode=decode)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         """A tube's jobs expired, dead-lettered (max-tries), deduplicated puts, its jobs

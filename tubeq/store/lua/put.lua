@@ -84,10 +84,14 @@ else
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   waiting = waiting and tonumber(waiting) > 0
   local taker = waiting and direct_taker(t, meta)
-  -- put-with wait-ms (a request/reply): waited for from its birth, a field of the job's own
-  -- HSET (start_policies would write it with one more)
+  -- put-with wait-ms (a request/reply): waited for from its birth, and traceparent: fields
+  -- of the job's own HSET (start_policies would write each with one more)
   local extra = {}
   if opts and opts.waited then extra, opts.waited = {JOB_WAITED, opts.waited}, nil end
+  if opts and opts.traceparent then
+    extra[#extra + 1], extra[#extra + 2] = JOB_TRACEPARENT, opts.traceparent
+    opts.traceparent = nil
+  end
   if taker then
     -- Handed straight to a push loop of this process: stored reserved, as the hand-over
     -- below leaves it, without the trip through the ready set; its process sends it on.

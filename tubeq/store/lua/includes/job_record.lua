@@ -82,6 +82,9 @@ local JOB_GROUP = 'g'
 -- ...and while reserved from a tube with group limits: 1 when its group's reserved count
 -- (k_group_reserved) counts it, so the end of the reservation counts it out exactly once.
 local JOB_GROUP_COUNTED = 'gk'
+-- put-with traceparent=: the producer's W3C traceparent, as given (protocol.md, "Traces"); an
+-- older build ignores the field (it reads only the fields it names), so no new layout.
+local JOB_TRACEPARENT = 'tp'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs
