@@ -246,11 +246,11 @@ def test_quiet_asks_push_consumers_to_stop(client_tubeq: ServerProcess) -> None:
     QUIET; beanstalkd knows no quiet (a clear error)."""
     cli = Cli(client_tubeq.host, client_tubeq.port)
     with socket.create_connection(client_tubeq.address, timeout=RUN_TIMEOUT_S) as consumer:
-        consumer.sendall(b"watch cli-quiet\r\npush 1 quiet=1\r\n")
+        consumer.sendall(b"watch cli-quiet\r\nignore default\r\npush 1 quiet=1\r\n")
         got = b""
         while b"PUSHING 1\r\n" not in got:
             got += consumer.recv(100)
-        assert got == b"WATCHING 2\r\nPUSHING 1\r\n"
+        assert got == b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 1\r\n"
         assert cli.run("quiet", "--tube", "cli-quiet").stdout == (
             "asked push consumers (watching tube cli-quiet) to stop taking jobs\n")
         got = b""
