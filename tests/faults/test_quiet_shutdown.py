@@ -56,6 +56,21 @@ async def put_jobs(client: Client, tube: str, count: int) -> dict[int, bytes]:
     return jobs
 
 
+async def wait_when_held(look: Client, waiter: Client, tube: str, jobs: dict[int, bytes],
+                         who: str) -> asyncio.Future[bytes]:
+    """Once ``who`` holds 32 jobs and 64 prefetched: a wait (WAIT_S) on the first long job,
+    opened before the fault."""
+    async def holding() -> bool:
+        stats = await look.stats_tube(tube)
+        return stats["current-jobs-reserved"] == CONCURRENCY + PREFETCH
+
+    await until(holding, f"{who} holds 32 jobs and 64 prefetched")
+    first_long = min(i for i, b in jobs.items() if b.endswith(b"%g" % LONG_S))
+    waited = asyncio.ensure_future(waiter.wait(first_long, timeout=WAIT_S))
+    await asyncio.sleep(0.1)  # (the wait is sent before the fault)
+    return waited
+
+
 async def check_every_job(look: Client, jobs: dict[int, bytes]) -> dict[str, int]:
     """Each job finished (short ones only) or ready with its policy counts unchanged."""
     seen = {"finished": 0, "ready": 0}
@@ -90,14 +105,7 @@ async def test_sigterm_of_a_consumer_holding_32_jobs_and_64_prefetched(
                  tube, str(CONCURRENCY), str(PREFETCH), str(GRACE_S)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-            async def holding() -> bool:
-                stats = await look.stats_tube(tube)
-                return stats["current-jobs-reserved"] == CONCURRENCY + PREFETCH
-
-            await until(holding, "the worker holds 32 jobs and 64 prefetched")
-            first_long = min(i for i, b in jobs.items() if b.endswith(b"%g" % LONG_S))
-            waited = asyncio.ensure_future(waiter.wait(first_long, timeout=WAIT_S))
-            await asyncio.sleep(0.1)
+            waited = await wait_when_held(look, waiter, tube, jobs, "the worker")
             began = time.monotonic()
             worker.send_signal(signal.SIGTERM)
             with pytest.raises(TimedOut):  # it was handed back, not ended: the wait times out
@@ -149,13 +157,7 @@ async def test_sigterm_of_the_server_a_push_consumer_uses(redis: RedisProcess,
                                       grace=GRACE_S, stop_signals=())
             running = asyncio.ensure_future(consumer.run(handle))
 
-            async def holding() -> bool:
-                stats = await look.stats_tube(tube)
-                return stats["current-jobs-reserved"] == CONCURRENCY + PREFETCH
-
-            await until(holding, "the consumer holds 32 jobs and 64 prefetched")
-            first_long = min(i for i, b in jobs.items() if b.endswith(b"%g" % LONG_S))
-            waited = asyncio.ensure_future(waiter.wait(first_long, timeout=WAIT_S))
+            waited = await wait_when_held(look, waiter, tube, jobs, "the consumer")
             began = time.monotonic()
             stopping.send_signal(signal.SIGTERM)  # QUIET: the consumer stops, gives back
             await asyncio.wait_for(running, BOUND_S)  # it ended: the server asked it to
