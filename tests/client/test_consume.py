@@ -9,7 +9,9 @@ Each checks the server's view from a separate connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from tests.support.client_support import WAIT_S, Proxy, connected, eventually, tube_settles
 from tests.support.servers import ServerProcess
 from tubeq.client import Client, Consumer, Job, NotFound, UnknownCommand
-from tubeq.client.consume import default_connections
+from tubeq.client.consume import _STOP_ON_SIGNALS, default_connections
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -412,3 +414,43 @@ async def test_quiet_checks_its_arguments_before_sending() -> None:
             await client.quiet(**kwargs)
     with pytest.raises(ValueError):
         Consumer(client, "t", prefetch=-1)
+
+
+async def test_stop_signals_stop_consumers_and_leave_an_applications_handler_alone() -> None:
+    """The handler consume() installs stops every consumer registered for the signal and goes
+    back to the default when the last one closes; a signal the application handles already
+    is not taken over. (SIGUSR2 stands for SIGTERM: the test process must survive.)"""
+    sig = signal.SIGUSR2
+    assert signal.getsignal(sig) == signal.SIG_DFL
+    loop = asyncio.get_running_loop()
+    client = Client("127.0.0.1", 1)
+    first, second = (Consumer(client, "t", stop_signals=(sig,)) for _ in range(2))
+    _STOP_ON_SIGNALS.add(first)
+    _STOP_ON_SIGNALS.add(second)
+    assert signal.getsignal(sig) != signal.SIG_DFL  # handled: the kill below is safe
+    os.kill(os.getpid(), sig)
+    await eventually(_async(lambda: first._stopping and second._stopping), "both stopped")
+    await first.aclose()
+    await second.aclose()  # (closing discards them)
+    assert signal.getsignal(sig) == signal.SIG_DFL
+
+    heard: list[int] = []
+    loop.add_signal_handler(sig, heard.append, 1)
+    try:
+        third = Consumer(client, "t", stop_signals=(sig,))
+        _STOP_ON_SIGNALS.add(third)
+        os.kill(os.getpid(), sig)
+        await eventually(_async(lambda: heard == [1]), "the application's handler ran")
+        assert not third._stopping
+        _STOP_ON_SIGNALS.discard(third)
+        os.kill(os.getpid(), sig)  # still the application's
+        await eventually(_async(lambda: heard == [1, 1]), "the application's handler ran again")
+    finally:
+        loop.remove_signal_handler(sig)
+
+
+def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked

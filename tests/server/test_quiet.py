@@ -226,3 +226,30 @@ async def test_a_hand_back_frees_its_groups_slot(ctx: ServerContext) -> None:
                 b"reserve-with-timeout 0\r\n")
     await client.expect(b"SET\r\nINSERTED 1\r\nINSERTED 2\r\nRESERVED 1 1\r\nx\r\n"
                         b"TIMED_OUT\r\nRELEASED\r\nRESERVED 1 1\r\nx\r\n")
+
+
+async def test_a_clients_own_disconnect_during_the_grace_still_counts_a_try(
+        redis_url: str) -> None:
+    """Only the connections the stopping process closes give their jobs back without a try: a
+    worker that drops its connection itself during the grace (it crashed on the job, say) ends
+    a try, as always (here its last: max-tries=1 buries the job)."""
+    config = Config(port=0, redis_url=redis_url, prefix="quiet-grace", shutdown_grace_s=30.0)
+    stopping, watcher = Server(config), Server(config)
+    await stopping.start()
+    await watcher.start()
+    try:
+        assert stopping.ctx is not None and watcher.ctx is not None
+        worker, look = Client(stopping.ctx), Client(watcher.ctx)
+        look.send(b"tube-set default max-tries=1\r\nput 0 0 60 1\r\nx\r\n")
+        await look.expect(b"SET\r\nINSERTED 1\r\n")
+        worker.send(b"reserve\r\n")
+        await worker.expect(b"RESERVED 1 1\r\nx\r\n")
+        stop = asyncio.create_task(stopping.stop())
+        await asyncio.sleep(0.2)  # in the grace: the worker holds its job
+        assert not stop.done()
+        await worker.gone()
+        await asyncio.wait_for(stop, 20.0)  # not the 30 s grace: nobody holds a job
+        job = await stats_job(look, 1)
+        assert (job["state"], job["tries"], job["reason"]) == ("buried", "1", "max-tries")
+    finally:
+        await watcher.stop()

@@ -166,6 +166,7 @@ class _Hold:
     uses_slot: bool
     handed: bool = False
     handing_back: bool = False  # a hand-back (or put-back release) of it is on its way
+    settling: bool = False  # its block ended: its delete, finish, fail... is on its way
     keep_alive: asyncio.Task[None] | None = None
     # run()'s task handling the job: cancelled when the job is (auto_touch hears it)
     handler: asyncio.Task[None] | None = None
@@ -424,6 +425,8 @@ class Consumer:
                     if result is not None and self.codec is not None:
                         result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._answers(job):
+                        if hold is not None:
+                            hold.settling = True  # (a stop past the grace lets it finish)
                         await self._finish(job, result)
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
@@ -533,7 +536,9 @@ class Consumer:
         for lane in self._lanes:
             for job in list(lane.held):
                 hold = _hold_of(job)
-                if hold is not None and hold.handler is not None and not hold.handler.done():
+                if hold is None or hold.settling:
+                    continue  # its block ended: its delete (or finish...) is on its way
+                if hold.handler is not None and not hold.handler.done():
                     hold.handler.cancel()  # its block gives the job back (_settle_block)
                     late.append(hold.handler)
                 else:
@@ -547,6 +552,14 @@ class Consumer:
                     await asyncio.wait(late)
                 while self._handing:
                     await asyncio.wait(set(self._handing))
+                while any(hold.settling for lane in self._lanes for job in lane.held
+                          if (hold := _hold_of(job)) is not None):
+                    settled = asyncio.get_running_loop().create_future()
+                    self._readers.add(settled)  # woken as each job is forgotten (_forget)
+                    try:
+                        await settled
+                    finally:
+                        self._readers.discard(settled)
         self._close_now()
 
     def _close_now(self) -> None:
@@ -826,6 +839,9 @@ class Consumer:
 
     async def _settle_block(self, job: Job, exc: BaseException | None) -> bool:
         """The end of ``async with job``: delete, or release with backoff / bury, or put back."""
+        hold = _hold_of(job)
+        if hold is not None:
+            hold.settling = True  # (a stop past the grace lets it finish)
         if exc is None:
             try:
                 if not await self._ack(job):
@@ -942,36 +958,45 @@ class Consumer:
 
 class _SignalStops:
     """The consumers that stop on signals (``stop_signals``), and the loop's one handler per
-    signal that stops them all: several consumers of one process share it, and the signal's
-    handling goes back to the default once the last of them closed."""
+    signal that stops them all: several consumers of one process share it. It takes a signal
+    only while nobody else handles it (its disposition is the default: an application's own
+    handler, the loop's or not, is left alone) and gives it back to the default once the last
+    of its consumers closed. A new event loop starts afresh (consumers of a loop that ended
+    are forgotten)."""
 
     def __init__(self) -> None:
-        self._consumers: dict[int, set[Consumer]] = {}
+        self._consumers: dict[int, set[Consumer]] = {}  # signal -> the consumers it stops
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, consumer: Consumer) -> None:
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._consumers, self._loop = {}, loop
         for sig in consumer.stop_signals:
-            consumers = self._consumers.setdefault(sig, set())
-            if not consumers or loop is not self._loop:
+            consumers = self._consumers.get(sig)
+            if consumers is None:
+                if signal.getsignal(sig) not in (signal.SIG_DFL, signal.default_int_handler):
+                    log.info("signal %d has a handler already: consume() leaves it alone", sig)
+                    continue
                 try:
                     loop.add_signal_handler(sig, self._stop, sig)
                 except (NotImplementedError, RuntimeError, ValueError):
                     continue  # no signals on this loop (Windows, or not the main thread)
+                consumers = self._consumers[sig] = set()
             consumers.add(consumer)
-        self._loop = loop
 
     def discard(self, consumer: Consumer) -> None:
         for sig, consumers in list(self._consumers.items()):
-            if consumer in consumers:
-                consumers.discard(consumer)
-                if not consumers and self._loop is not None and not self._loop.is_closed():
+            consumers.discard(consumer)
+            if not consumers:
+                del self._consumers[sig]
+                if self._loop is not None and not self._loop.is_closed():
                     self._loop.remove_signal_handler(sig)
-                    del self._consumers[sig]
 
     def _stop(self, sig: int) -> None:
-        log.info("signal %d: stopping %d consumer(s)", sig, len(self._consumers.get(sig, ())))
-        for consumer in list(self._consumers.get(sig, ())):
+        consumers = list(self._consumers.get(sig, ()))
+        log.info("signal %d: stopping %d consumer(s)", sig, len(consumers))
+        for consumer in consumers:
             consumer.stop()
 
 

@@ -41,7 +41,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.handlers import TUBE_POLICY_COUNTERS
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.records import CANCELLED, JobEnd, JobInfo, Progress
+from tubeq.store.records import CANCELLED, HANDED_BACK_EXPIRED, JobEnd, JobInfo, Progress
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -411,7 +411,8 @@ async def hand_back(request: web.Request) -> web.Response:
     _outcome(request, "hand-back", replies.RELEASED if done else replies.NOT_FOUND)
     if not done:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
-    return web.json_response({"handed_back": jid, "state": "ready"})
+    return web.json_response({"handed_back": jid,
+                              "state": "expired" if done == HANDED_BACK_EXPIRED else "ready"})
 
 
 async def quiet(request: web.Request) -> web.Response:

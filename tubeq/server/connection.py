@@ -69,7 +69,7 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_cleaned_up", "_closed", "_deletes", "_eof", "_flow",
+        "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop", "_deletes", "_eof", "_flow",
         "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled", "_push", "_puts", "_quit",
         "_replies", "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing",
         "producer", "replaying", "reserved", "reserves", "store", "token", "transport",
@@ -131,6 +131,9 @@ class Connection(asyncio.Protocol):
         self._lost = False
         self._closed: asyncio.Future[None] | None = None  # made when someone waits
         self._cleaned_up = False
+        # Closed by its stopping process (Server.stop), not by the client: the jobs it held go
+        # back with no try counted (disconnect.lua's shutdown)
+        self._closed_by_stop = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -274,7 +277,7 @@ class Connection(asyncio.Protocol):
         for tube in self.watched:
             using.watch(tube, -1)
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
-                                     shutdown=self.ctx.stopping)
+                                     shutdown=self._closed_by_stop)
         done.add_done_callback(self._disconnected)
         if self.ctx.tracer is not None:  # (a stopping server's close is no try: 'shutdown')
             self.ctx.tracer.closed(self.token, "shutdown" if self.ctx.stopping else "disconnect")
@@ -298,7 +301,7 @@ class Connection(asyncio.Protocol):
 
     def _disconnect_again(self, tries: int) -> None:
         done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
-                                     shutdown=self.ctx.stopping)
+                                     shutdown=self._closed_by_stop)
         done.add_done_callback(functools.partial(self._disconnected, tries=tries))
 
     async def wait_closed(self) -> None:
@@ -309,8 +312,9 @@ class Connection(asyncio.Protocol):
             self._closed = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._closed)
 
-    def close(self) -> None:
+    def close(self, *, stopping: bool = False) -> None:
         if self.transport is not None and not self._lost:
+            self._closed_by_stop = stopping
             self.transport.close()
 
     def mark_producer(self) -> None:

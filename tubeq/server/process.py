@@ -666,7 +666,7 @@ class Server:
         connections = [conn for ctx in self.namespaces.values()
                        for conn in ctx.connections.values()]
         for conn in connections:
-            conn.close()
+            conn.close(stopping=True)
         if connections:
             await asyncio.wait([asyncio.ensure_future(conn.wait_closed())
                                 for conn in connections], timeout=SHUTDOWN_GRACE_S)

@@ -242,7 +242,8 @@ class JobStore(Protocol):
 
     def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
         """A job ``token`` holds goes back to ready at once, its try not counted (its holder
-        is shutting down): 1 handed back, 0 not held, CANCELLED (it was cancelled: gone)."""
+        is shutting down): 1 handed back, HANDED_BACK_EXPIRED (past its TTL, it expired
+        instead), 0 not held, CANCELLED (it was cancelled: gone)."""
         ...
 
     def cancel(self, job_id: int) -> asyncio.Future[int]:

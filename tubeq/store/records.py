@@ -42,6 +42,8 @@ END_HOWS = ("finished", "deleted", "buried", "expired", "cancelled")
 # What touch (instead of a deadline) and finish (instead of True) answer for a job cancelled
 # while its holder held it: the job is gone (lua/cancel.lua).
 CANCELLED = -2
+# hand_back.lua's answer for a job past its TTL: it expired instead of going back to ready.
+HANDED_BACK_EXPIRED = 3
 
 
 @dataclass(frozen=True, slots=True)

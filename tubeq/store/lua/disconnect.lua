@@ -13,7 +13,8 @@ Returns  the number of jobs released. Idempotent: sent again after a failure (it
 Events   'timed-out' per job given back, reason 'disconnect'; a job it held ends a try and
          its policies apply as on a TTR timeout (includes/policies.lua: backoff, max-tries,
          TTL), so it may be delayed, buried or expired instead; but with shutdown a job it held
-         goes back to ready with no try counted (reason 'shutdown'), as a hand-back would
+         goes back to ready with no try counted (reason 'shutdown'), or expires past its TTL,
+         as a hand-back would
 Wakes    reserves blocked on each tube that got a job back
 ]]
 --- @include "keys"
@@ -34,6 +35,9 @@ local function give_back(id, held)
     local fate = 'ready'
     if held and not shutdown then
       fate = retry(id, f[2], now, 'disconnect')
+    elseif held and rcall('HEXISTS', k_job(id), JOB_CANCELLED) == 0
+        and expire_if_past_ttl(id, f[2], k_job(id), now) then
+      fate = false  -- past its TTL: expired, as after any reservation
     elseif not give_back_handed(id, f[2], now, held and 'shutdown' or 'disconnect') then
       fate = false  -- cancelled meanwhile: gone
     end

@@ -4,8 +4,8 @@ stopping, a deploy): ready at once at its own priority, and its try is not count
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then token, id,
          now (ms)
-Returns  1 handed back | 0 not reserved by this connection | CANCELLED (it was cancelled while
-         held: gone now, as at any end of its reservation)
+Returns  1 handed back | 3 expired instead (past its TTL) | 0 not reserved by this connection |
+         CANCELLED (it was cancelled while held: gone now, as at any end of its reservation)
 Events   'released' with reason 'hand-back' (or the TTL's 'expired' / 'buried')
 Wakes    reserves blocked on the tube
 ]]
@@ -22,11 +22,7 @@ if f[5] then
   drop_cancelled(id, t, jk, 'reserved', now)
   return CANCELLED
 end
-local x, _, _, _, on_expire = policies_of(jk, t)
-if x > 0 and x <= now then
-  expire_job(id, t, jk, 'reserved', now, on_expire)
-  return 1
-end
+if expire_if_past_ttl(id, t, jk, now) then return 3 end
 unlink(id, t, 'reserved', now)
 rcall('HSET', jk, JOB_STATE, 'ready', JOB_READY_SINCE, now)
 rcall('HDEL', jk, JOB_OWNER, JOB_DUE)

@@ -244,6 +244,18 @@ local function end_try(id, t, jk, now, how, worker)
   return false, 0
 end
 
+-- A reservation of job `id` (tube t) that ends without a try (hand_back.lua; disconnect.lua
+-- when the job's process closed the connection as it stopped): past its TTL the job expires
+-- (expire_job, its events written) and true is returned; else false, and the caller requeues.
+local function expire_if_past_ttl(id, t, jk, now)
+  local x, _, _, _, on_expire = policies_of(jk, t)
+  if x > 0 and x <= now then
+    expire_job(id, t, jk, 'reserved', now, on_expire)
+    return true
+  end
+  return false
+end
+
 -- A reservation ended by TTR (reason '') or by its connection going away ('disconnect'): the
 -- policies, then back to ready, or delayed by the backoff (event 'timed-out' with delay_ms and
 -- due_ms). Returns 'ready', the due instant (ms) when delayed, or false when a policy took it.
