@@ -26,6 +26,18 @@ local function add_event(event, id, t, pri, delay_ms, ttr_s, due_ms, tries, now,
     'error', err or '', 'failures', text(failures or 0))
 end
 
+-- The 'put' of a job put with traceparent= (put-with): every field, then its context as one
+-- more, 'traceparent' (tubeq.model.events.TRAILING_FIELDS): only such entries carry it, so the
+-- others cost nothing more; Redis keeps its name in the entry (not the stream node's).
+local function add_traced_put(id, t, pri, delay_ms, ttr_s, due_ms, now, reason, traceparent)
+  if EVENTS_MAXLEN == 0 then return end
+  redis.call('XADD', K_EVENTS, '*',
+    'event', 'put', 'id', text(id), 'tube', t, 'pri', text(pri), 'delay_ms', text(delay_ms),
+    'ttr_ms', text(ttr_s * 1000), 'due_ms', text(due_ms), 'tries', '0', 'time_ms', text(now),
+    'by', EVENTS_BY, 'reason', reason, 'size', '0', 'error', '', 'failures', '0',
+    'traceparent', traceparent)
+end
+
 -- Append one event about a job whose tube, priority, TTR and reserve count its hash holds
 -- (read only when events are on): for the transitions off the hot path.
 local function job_event(event, id, now, delay_ms, due_ms, reason)
