@@ -180,6 +180,23 @@ async def test_a_reservation_not_touched_ends_at_its_deadline_a_touched_one_late
     assert touched.end_time == 1_001_050 * NS
 
 
+async def test_a_touch_of_a_holder_without_a_connection_moves_the_deadline(
+        setup: Setup) -> None:
+    """An HTTP reservation (tracing.Held): its touch reaches the tracer (moved)."""
+    setup.holder = FakeHolder(token="i:h1")
+    await setup.grant(7, JobTrace(TP, 999_000, 0, 1), ttr=1)
+    setup.tracer.moved("i:h1", 7, 1_061_000)
+    setup.tracer.moved("i:h1", 8, 1_061_000)  # not held: nothing
+    setup.now[0] = 1_001_000
+    opened = setup.tracer._open["i:h1"][7]
+    assert opened.timer is not None
+    opened.timer.cancel()
+    setup.tracer._deadline(opened)  # the first deadline: moved, so still open
+    assert setup.finished("reservation t") == []
+    setup.tracer.ended("i:h1", [7], "deleted")
+    assert len(setup.finished("reservation t")) == 1
+
+
 async def test_a_job_back_to_the_same_connection_after_its_ttr_ends_the_first_span(
         setup: Setup) -> None:
     await setup.grant(7, JobTrace(TP, 999_000, 0, 1), ttr=60)

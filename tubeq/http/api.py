@@ -336,10 +336,12 @@ async def delete(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     options = await read_options(request, OWNER_OPTIONS, json_body=False)
     ctx.counters.incr("delete")
-    deleted = await ops.delete(ctx, _reservation(options, required=False), jid, bool)
+    token = _reservation(options, required=False)
+    deleted = await ops.delete(ctx, token, jid, bool)
     _outcome(request, "delete", replies.DELETED if deleted else replies.NOT_FOUND)
     if not deleted:
         raise HttpError(404, f"job {jid} not found (or reserved under another reservation)")
+    _reservation_ended(ctx, token, jid, "deleted")
     return web.json_response({"deleted": jid})
 
 
@@ -368,6 +370,7 @@ async def release(request: web.Request) -> web.Response:
     _outcome(request, "release", replies.RELEASED if released else replies.NOT_FOUND)
     if not released:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "released")
     return web.json_response({"released": jid, "state": "delayed" if delay else "ready"})
 
 
@@ -383,6 +386,7 @@ async def bury(request: web.Request) -> web.Response:
     _outcome(request, "bury", replies.BURIED if buried else replies.NOT_FOUND)
     if not buried:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "buried")
     return web.json_response({"buried": jid})
 
 
@@ -396,6 +400,8 @@ async def touch(request: web.Request) -> web.Response:
     _outcome(request, "touch", replies.TOUCHED if deadline else replies.NOT_FOUND)
     if not deadline:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    if ctx.tracer is not None:
+        ctx.tracer.moved(token, jid, deadline)
     return web.json_response({"touched": jid, "deadline_ms": deadline})
 
 
@@ -407,10 +413,12 @@ async def hand_back(request: web.Request) -> web.Response:
     done = await ops.hand_back(ctx, token, jid)
     if done == CANCELLED:
         _outcome(request, "hand-back", replies.CANCELLED)
+        _reservation_ended(ctx, token, jid, "cancelled")
         raise HttpError(410, f"job {jid} was cancelled: it is gone")
     _outcome(request, "hand-back", replies.RELEASED if done else replies.NOT_FOUND)
     if not done:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "hand-back")
     return web.json_response({"handed_back": jid,
                               "state": "expired" if done == HANDED_BACK_EXPIRED else "ready"})
 
@@ -430,6 +438,13 @@ async def quiet(request: web.Request) -> web.Response:
     await ops.quiet(ctx, scope, target)
     return web.json_response({"quieting": scope, **({scope: target} if target else {})},
                              status=202)
+
+
+def _reservation_ended(ctx: ServerContext, token: str, jid: int, how: str) -> None:
+    """An HTTP reservation's job settled ``how``: its span ends (tubeq.server.tracing), as a
+    connection's settle ends it (Connection.settled); ``token`` "": none (a job not reserved)."""
+    if ctx.tracer is not None and token:
+        ctx.tracer.ended(token, (jid,), how)
 
 
 def _reservation(options: dict[str, Any], *, required: bool = True) -> str:

@@ -83,6 +83,15 @@ class Holder(Protocol):
     reserved: dict[int, int]
 
 
+@dataclass(eq=False)
+class Held:
+    """A holder without a connection: an HTTP API reservation (its token, and the one job it
+    holds with its deadline, which the HTTP touch moves: :meth:`JobTracer.moved`)."""
+
+    token: str
+    reserved: dict[int, int]
+
+
 def traces_url(endpoint: str) -> str:
     """The OTLP/HTTP traces URL of ``--otel-endpoint``: the collector's base URL, to which
     ``/v1/traces`` is added (a URL that already ends in it is taken as it is)."""
@@ -254,6 +263,13 @@ class JobTracer:
                 pending = self._pending.get((token, job_id))
                 if pending is not None:
                     pending.ended = (how, now)
+
+    def moved(self, token: str, job_id: int, deadline_ms: int) -> None:
+        """``token``'s reservation of ``job_id`` got a new TTR deadline (a touch of a holder
+        without a connection: a connection's own reserved map says it already)."""
+        opened = self._open.get(token, {}).get(job_id)
+        if opened is not None:
+            opened.holder.reserved[job_id] = deadline_ms
 
     def closed(self, token: str, how: str = "disconnect") -> None:
         """Connection ``token`` went away (``how``: 'disconnect', or 'shutdown' when its
