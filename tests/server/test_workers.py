@@ -137,3 +137,38 @@ def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisPr
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_groups_take_turns_and_a_group_cap_holds_across_workers(
+        redis_process: RedisProcess) -> None:
+    """--workers 2: jobs of two groups put through one worker are reserved through the other in
+    turns, and group-concurrency counts the reservations of both workers."""
+    port, proc = _two_workers(redis_process)
+    try:
+        _wait_for(port, proc)
+        with Wire("127.0.0.1", port) as first:
+            mine = int(first.yaml("stats")["pid"])
+            assert first.ask("tube-set tenants group-concurrency=1") == b"SET\r\n"
+            first.ask("use tenants")
+            first.ask("watch tenants")
+            ids = [int(first.ask(f"put-with 0 0 60 1 group={g}\r\nx").split()[1])
+                   for g in ("a", "a", "b")]
+            assert first.ask("reserve-with-timeout 5").startswith(f"RESERVED {ids[0]} ".encode())
+            deadline = time.monotonic() + WAIT_S
+            while True:  # a connection on the other worker
+                assert time.monotonic() < deadline, "no connection reached the other worker"
+                with Wire("127.0.0.1", port) as other:
+                    if int(other.yaml("stats")["pid"]) == mine:
+                        continue
+                    other.ask("watch tenants")
+                    other.ask("ignore default")
+                    assert other.ask("reserve-with-timeout 5").startswith(
+                        f"RESERVED {ids[2]} ".encode())
+                    assert other.ask("reserve-with-timeout 0") == b"TIMED_OUT\r\n"  # a's cap
+                    assert first.ask(f"delete {ids[0]}") == b"DELETED\r\n"
+                    assert other.ask("reserve-with-timeout 5").startswith(
+                        f"RESERVED {ids[1]} ".encode())
+                    break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -6,6 +6,7 @@ teardown checks the groups' invariants too (tests/support/job_counts.py)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from importlib import resources
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.store.test_lua import ALICE, BOB, Env, open_env
 from tests.support.job_counts import count_mismatches
 from tubeq.model.states import JobState
 from tubeq.store.records import NoJob, Reservation
+from tubeq.store.scripts import expand
 
 CAROL = "inst:3"
 
@@ -80,6 +82,15 @@ async def test_a_better_priority_goes_first_and_inside_a_group_pri_id_order(env:
     a_urgent = await gput(env, "a", pri=1)
     # at pri 1: a's turn (1) before b's (2); then a was served, b at 1 goes; then at pri 5
     assert await order(env, 5) == [a_urgent, b_urgent, a1, b1, a2]
+
+
+async def test_a_put_that_improves_its_groups_best_priority_may_lead(env: Env) -> None:
+    a5 = await gput(env, "a", pri=5)  # a: the first turn, at priority 5
+    b0 = await gput(env, "b", pri=0)  # b leads at priority 0
+    a0 = await gput(env, "a", pri=0)  # a at priority 0 too, with the earlier turn: it leads
+    peeked = await env.store.peek_state("ready", "default")
+    assert peeked is not None and peeked[0] == a0
+    assert await order(env, 3) == [a0, b0, a5]
 
 
 async def test_jobs_without_a_group_are_one_group(env: Env) -> None:
@@ -322,3 +333,15 @@ async def test_the_teardown_check_sees_a_group_out_of_step(env: Env, redis_url: 
     await env.raw.zadd(key, {member[0]: 0})
     assert count_mismatches(redis_url) == []
     assert (await env.reserve()).id == a
+
+
+async def test_the_group_keys_of_lua_and_python_agree(env: Env) -> None:
+    keys_lua = resources.files("tubeq.store").joinpath("lua", "includes", "keys.lua").read_text()
+    probe = expand(keys_lua + """
+return {k_group_ready(ARGV[1], ARGV[2]), k_group_turns(ARGV[1]), k_group_places(ARGV[1]),
+        k_group_reserved(ARGV[1]), k_group_windows(ARGV[1])}""")
+    k = env.keys
+    names = await env.raw.eval(probe, 1, k.root, "a-tube", "tenant-7")
+    assert [n.decode() for n in names] == [
+        k.group_ready("a-tube", "tenant-7"), k.group_turns("a-tube"), k.group_places("a-tube"),
+        k.group_reserved("a-tube"), k.group_windows("a-tube")]

@@ -55,8 +55,11 @@ local limits = tube_limits(t)
 if tube_full(t, limits[1]) then return 0 end
 local meta = ensure_tube(t, now)
 -- put-with group=: the tube serves its groups in turns from now on (includes/groups.lua); a
--- put without one into a tube in group mode that holds no job ends that mode.
+-- put without one into a tube in group mode that holds no job ends that mode. The group is a
+-- field of the record's one write (group_field).
+local group_field = {}
 if opts and opts.group then
+  group_field = {JOB_GROUP, opts.group}
   if not (meta and meta[5]) then
     enter_group_mode(t, now, meta and meta[3])
     meta = nil  -- read again where needed
@@ -67,7 +70,7 @@ end
 local id, jk = new_job(opts and tonumber(opts.id))
 count_stored(t, 1)
 if near and (failed or near[1] or far[1]) then  -- held, or buried at once
-  store_job(jk, t, pri, ttr, body, now)
+  store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(group_field))
   start_policies(id, jk, t, opts, now, limits[2])
   add_event('put', id, t, pri, delay_ms, ttr, 0, 0, now, 'after', nil, nil, nil, traced)
   if failed then
@@ -79,7 +82,7 @@ if near and (failed or near[1] or far[1]) then  -- held, or buried at once
 end
 if delay_ms > 0 then
   local due = now + delay_ms
-  store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due)
+  store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due, unpack(group_field))
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '', nil, nil, nil, traced)
@@ -88,10 +91,13 @@ else
   waiting = waiting and tonumber(waiting) > 0
   local taker = waiting and direct_taker(t, meta)
   -- put-with wait-ms (a request/reply): waited for from its birth, and traceparent: fields
-  -- of the job's own HSET (start_policies would write each with one more)
-  local extra = {}
-  if opts and opts.waited then extra, opts.waited = {JOB_WAITED, opts.waited}, nil end
+  -- of the job's own HSET beside its group (start_policies would write each with one more)
+  local extra = group_field
+  if opts and opts.waited then
+    extra, opts.waited = {JOB_WAITED, opts.waited, unpack(group_field)}, nil
+  end
   if opts and opts.traceparent then
+    if extra == group_field then extra = {unpack(group_field)} end
     extra[#extra + 1], extra[#extra + 2] = JOB_TRACEPARENT, opts.traceparent
     opts.traceparent = nil
   end

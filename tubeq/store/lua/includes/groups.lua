@@ -97,15 +97,17 @@ end
 
 -- Job member m (priority pri) of group g became ready in tube t (in group mode); the caller
 -- has added it to k_ready(t). A group already placed keeps its turn (and stays parked if it
--- is): only its best priority may have improved.
+-- is): only its best priority may have improved. Returns whether the group's place changed
+-- (it is new, or its best priority improved): if not, a job newer than every other of its
+-- group cannot be the tube's new head (at its priority its group's older jobs come first).
 local function group_add(t, g, m, pri, now, limited)
   redis.call('ZADD', k_group_ready(t, g), pri, m)
   local turn = redis.call('HGET', k_group_places(t), g)
   if turn then
-    redis.call('ZADD', k_group_turns(t), 'XX', 'LT', pri, turn_member(turn, g))
-  else
-    group_place(t, g, now, limited)
+    return redis.call('ZADD', k_group_turns(t), 'XX', 'LT', 'CH', pri, turn_member(turn, g)) == 1
   end
+  group_place(t, g, now, limited)
+  return true
 end
 
 -- Job member m of group g left tube t's ready jobs (the caller took it out of k_ready(t)):

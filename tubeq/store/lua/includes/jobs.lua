@@ -153,9 +153,11 @@ end
 -- `meta`: the tube's meta fields as ensure_tube returned them, if nothing changed them since.
 -- `behind`: the caller knows the job is not the tube's new head (put_many.lua), and the
 -- ZRANK that would tell is skipped. `grouped`: whether the tube is in group mode, when the
--- caller knows it and passes no meta (nil: read). `group`: the job's group, when the caller
--- knows it (nil: read from the job if the tube is in group mode).
-local function enqueue_ready(id, t, pri, now, meta, behind, grouped, group)
+-- caller knows it and passes no meta (nil: read). `put_group`: a put's (put.lua, put_many.lua)
+-- job's group ('' for none); a put's job is the newest of the tube, so in a group whose place
+-- did not change it is not the new head and the head is not looked up (nil: any other move,
+-- the group read from the job if the tube is in group mode).
+local function enqueue_ready(id, t, pri, now, meta, behind, grouped, put_group)
   local m = member(id)
   if grouped == nil then
     if not meta then meta = tube_meta(t) end
@@ -164,8 +166,8 @@ local function enqueue_ready(id, t, pri, now, meta, behind, grouped, group)
   if rcall('ZADD', k_ready(t), text(pri), m) == 1 then count_ready(pri, 1) end
   if grouped then
     meta = meta or tube_meta(t)
-    group_add(t, group or group_of(id), m, text(pri), now, meta[3])
-    index_tube(t, now, nil, nil, meta)
+    local moved = group_add(t, put_group or group_of(id), m, text(pri), now, meta[3])
+    if moved or not put_group then index_tube(t, now, nil, nil, meta) end
     return
   end
   if not behind and rcall('ZRANK', k_ready(t), m) == 0 then  -- the entry names the head only

@@ -18,7 +18,7 @@ local MAX_DELAY_MS = 4294967295000
 -- put-with's option names -> the job hash fields that keep them.
 local JOB_POLICY_FIELDS = {['max-tries'] = JOB_MAX_TRIES, ['backoff-ms'] = JOB_BACKOFF,
   ['backoff-max-ms'] = JOB_BACKOFF_MAX, ['on-expire'] = JOB_ON_EXPIRE, key = JOB_DEDUPE_KEY,
-  ['result-ttl-ms'] = JOB_RESULT_TTL, group = JOB_GROUP, traceparent = JOB_TRACEPARENT}
+  ['result-ttl-ms'] = JOB_RESULT_TTL, traceparent = JOB_TRACEPARENT}
 
 -- A deterministic fraction in [0, 1) from a job id and a try number: the backoff's jitter.
 -- tubeq.model.policies.jitter computes the same, so a test knows the schedule. (Redis gives a script
