@@ -191,11 +191,22 @@ end
 local function count_group_reserve(t, g, jk, now)
   redis.call('HINCRBY', k_group_reserved(t), g, 1)
   redis.call('HSET', jk, JOB_GROUP_COUNTED, 1)
-  local window = math.floor(now / 1000)
-  local w = redis.call('HGET', k_group_windows(t), g)
-  local seen, n = string.match(w or '', '^(%d+) (%d+)$')
-  n = tonumber(seen) == window and tonumber(n) + 1 or 1
-  redis.call('HSET', k_group_windows(t), g, window .. ' ' .. n)
+  if tonumber(redis.call('HGET', k_settings(t), 'group-rate') or 0) > 0 then
+    local wk, window = k_group_windows(t), math.floor(now / 1000)
+    local w = redis.call('HGET', wk, g)
+    local seen, n = string.match(w or '', '^(%d+) (%d+)$')
+    n = tonumber(seen) == window and tonumber(n) + 1 or 1
+    redis.call('HSET', wk, g, window .. ' ' .. n)
+    -- Two entries picked at random go if they are of a past second (only this second's
+    -- count matters): the hash holds about the groups reserved lately, not every group the
+    -- tube ever served (one per tenant would grow without end).
+    local some = redis.call('HRANDFIELD', wk, 2, 'WITHVALUES')
+    for i = 1, #some, 2 do
+      if tonumber(string.match(some[i + 1], '^(%d+) ') or window) < window then
+        redis.call('HDEL', wk, some[i])
+      end
+    end
+  end
   if redis.call('HEXISTS', k_group_places(t), g) == 1 then group_place(t, g, now, true) end
 end
 
