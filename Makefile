@@ -10,7 +10,7 @@ ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,pipeline]'
+	$(BIN)/pip install --quiet -e '.[test,pipeline,otel]'
 	touch $(STAMP)
 
 # Debian packages the suite runs against: beanstalkd (the reference), redis-server, and chromium

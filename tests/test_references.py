@@ -26,7 +26,10 @@ _BASES = (ROOT, ROOT / "tubeq", ROOT / "tubeq" / "store", ROOT / "tubeq" / "stor
           ROOT / "bench")
 # Files and a logger that are named like symbols: the data directory's lock, a socket path in
 # an example, and the slow-command log's logger name.
-NOT_SYMBOLS = frozenset({"tubeq.lock", "tubeq.sock", "tubeq.slow"})
+NOT_SYMBOLS = frozenset({"tubeq.lock", "tubeq.sock", "tubeq.slow",
+                         # span attribute and tracer names (protocol.md, "Traces")
+                         "tubeq.namespace", "tubeq.outcome", "tubeq.reserves", "tubeq.link",
+                         "tubeq.tracing"})
 
 
 def _sources() -> Iterator[Path]:

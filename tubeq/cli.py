@@ -163,6 +163,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-max-tubes", type=int, default=DEFAULT_MAX_TUBES, metavar="N",
                    help="tubes with series of their own per metric; the others are summed "
                         f"under tube=\"~other\" ({DEFAULT_MAX_TUBES})")
+    p.add_argument("--otel-endpoint", default=None, metavar="URL",
+                   help="export OpenTelemetry spans of the jobs put with a traceparent over "
+                        "OTLP/HTTP to this collector (its base URL, e.g. http://127.0.0.1:4318; "
+                        "traces go to URL/v1/traces); the OTEL_EXPORTER_OTLP_* variables turn "
+                        "it on too (default: off; needs tubeq[otel])")
     p.add_argument("--max-jobs", type=int, default=0, metavar="N",
                    help="the most jobs a namespace may hold, every state together; past it "
                         "puts answer OUT_OF_MEMORY (counted once a second; 0: no cap)")
@@ -410,7 +415,8 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            min_replicas_timeout_ms=args.min_replicas_timeout,
                            redis_timeout_s=args.redis_timeout,
                            allow_eviction=args.allow_eviction,
-                           shutdown_grace_s=args.shutdown_grace, shards=args.shards),
+                           shutdown_grace_s=args.shutdown_grace, shards=args.shards,
+                           otel_endpoint=args.otel_endpoint),
                     http=http_listener if args.metrics else None, prebound=prebound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -239,3 +239,30 @@ def test_put_after_holds_a_job_until_its_parent_finished(client_tubeq: ServerPro
         f": UNKNOWN_PARENT 987654321")
     assert "--after: 'x,1': job ids joined by commas" in cli.fails(
         "put", "x", "--after", "x,1", status=2, connect=False)
+
+
+def test_quiet_asks_push_consumers_to_stop(client_tubeq: ServerProcess) -> None:
+    """tubeq-cli quiet: all, a tube's, one connection's; a push connection that asked hears
+    QUIET; beanstalkd knows no quiet (a clear error)."""
+    cli = Cli(client_tubeq.host, client_tubeq.port)
+    with socket.create_connection(client_tubeq.address, timeout=RUN_TIMEOUT_S) as consumer:
+        consumer.sendall(b"watch cli-quiet\r\nignore default\r\npush 1 quiet=1\r\n")
+        got = b""
+        while b"PUSHING 1\r\n" not in got:
+            got += consumer.recv(100)
+        assert got == b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 1\r\n"
+        assert cli.run("quiet", "--tube", "cli-quiet").stdout == (
+            "asked push consumers (watching tube cli-quiet) to stop taking jobs\n")
+        got = b""
+        while len(got) < len(b"QUIET\r\n"):
+            got += consumer.recv(100)
+        assert got == b"QUIET\r\n"
+    assert cli.json("quiet") == {"quieting": "all"}
+    assert cli.json("quiet", "--conn", "abc:1") == {"quieting": "conn", "conn": "abc:1"}
+    assert cli.fails("quiet", "--conn", "a b") == (
+        "tubeq-cli: quiet: not a connection token: 'a b'")
+
+
+def test_quiet_against_beanstalkd_says_it_is_not_there(client_beanstalkd: ServerProcess) -> None:
+    cli = Cli(client_beanstalkd.host, client_beanstalkd.port)
+    assert cli.fails("quiet").endswith(" answered quiet: UNKNOWN_COMMAND")

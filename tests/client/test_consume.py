@@ -9,7 +9,9 @@ Each checks the server's view from a separate connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from tests.support.client_support import WAIT_S, Proxy, connected, eventually, tube_settles
 from tests.support.servers import ServerProcess
 from tubeq.client import Client, Consumer, Job, NotFound, UnknownCommand
-from tubeq.client.consume import default_connections
+from tubeq.client.consume import _STOP_ON_SIGNALS, default_connections
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,9 +279,13 @@ async def test_push_by_default_when_the_server_has_it(any_server: ServerProcess,
             Client(*any_server.address) as client, asyncio.timeout(WAIT_S):
         await admin.put(b"x")
         async with client.consume(tube_name, concurrency=4, connections=2) as jobs:
+            async def decided() -> bool:  # (each connection decides as it connects)
+                return None not in jobs.modes
+
             async for job in jobs:
                 async with job:
                     pass
+                await eventually(decided, "both connections chose how to get jobs")
                 jobs.stop()
             assert jobs.modes == [expected, expected]
         await tube_settles(admin, tube_name, current_jobs_reserved=0, cmd_delete=1)
@@ -347,3 +353,104 @@ def test_a_consumer_opens_one_connection_per_16_jobs_in_flight_at_most_4() -> No
     assert len(client.consume("t", concurrency=32)._lanes) == 2
     assert len(client.consume("t", concurrency=32, connections=4)._lanes) == 4
     assert len(client.consume("t", concurrency=3, connections=8)._lanes) == 3
+
+
+async def test_stop_gives_back_the_prefetched_jobs_at_once(any_server: ServerProcess,
+                                                           tube_name: str) -> None:
+    """concurrency 1 + prefetch 3: four jobs held, one handed out. stop() gives the other three
+    back at once (tubeq: hand-back, no release counted; beanstalkd: a release at their own
+    priority) while the handed one still runs, and it is deleted when its block ends."""
+    tubeq = any_server.kind == "tubeq"
+    async with connected(*any_server.address, tube_name) as admin, \
+            Client(*any_server.address) as client, asyncio.timeout(WAIT_S):
+        ids = [await admin.put(b"job", pri=7) for _ in range(4)]
+        async with client.consume(tube_name, concurrency=1, prefetch=3, stop_signals=()) as jobs:
+            async def held_all() -> bool:
+                return jobs.held == 4
+
+            async for job in jobs:
+                await eventually(held_all, "the consumer holds four jobs")
+                jobs.stop()
+
+                async def back() -> bool:
+                    return (await admin.stats_tube(tube_name))["current-jobs-ready"] == 3
+
+                await eventually(back, "the three not handed out are ready again")
+                async with job:
+                    pass
+        for other in ids:
+            if other == job.id:
+                continue
+            stats = await admin.stats_job(other)
+            assert (stats["state"], stats["pri"], stats["releases"]) == (
+                "ready", 7, 0 if tubeq else 1)
+        await tube_settles(admin, tube_name, current_jobs_reserved=0, cmd_delete=1)
+
+
+async def test_a_quiet_from_the_server_stops_the_consumer(client_tubeq: ServerProcess,
+                                                          tube_name: str) -> None:
+    """quiet all (an operator's): the consumer's push connections hear QUIET, it stops and
+    gives back what it held; the iteration ends."""
+    async with connected(*client_tubeq.address, tube_name) as admin, \
+            Client(*client_tubeq.address) as client, asyncio.timeout(WAIT_S):
+        for _ in range(3):
+            await admin.put(b"job")
+        seen = []
+        async for job in client.consume(tube_name, concurrency=1, prefetch=2, stop_signals=()):
+            seen.append(job.id)
+            await admin.quiet()
+            async with job:
+                pass
+        assert len(seen) == 1
+        await tube_settles(admin, tube_name, current_jobs_reserved=0, current_jobs_ready=2,
+                           cmd_delete=1)
+
+
+async def test_quiet_checks_its_arguments_before_sending() -> None:
+    client = Client("127.0.0.1", 1)  # never connected: nothing is sent
+    for kwargs in ({"tube": "a", "conn": "b"}, {"conn": "a b"}, {"conn": ""},
+                   {"tube": "bad name"}):
+        with pytest.raises(ValueError):
+            await client.quiet(**kwargs)
+    with pytest.raises(ValueError):
+        Consumer(client, "t", prefetch=-1)
+
+
+async def test_stop_signals_stop_consumers_and_leave_an_applications_handler_alone() -> None:
+    """The handler consume() installs stops every consumer registered for the signal and goes
+    back to the default when the last one closes; a signal the application handles already
+    is not taken over. (SIGUSR2 stands for SIGTERM: the test process must survive.)"""
+    sig = signal.SIGUSR2
+    assert signal.getsignal(sig) == signal.SIG_DFL
+    loop = asyncio.get_running_loop()
+    client = Client("127.0.0.1", 1)
+    first, second = (Consumer(client, "t", stop_signals=(sig,)) for _ in range(2))
+    _STOP_ON_SIGNALS.add(first)
+    _STOP_ON_SIGNALS.add(second)
+    assert signal.getsignal(sig) != signal.SIG_DFL  # handled: the kill below is safe
+    os.kill(os.getpid(), sig)
+    await eventually(_async(lambda: first._stopping and second._stopping), "both stopped")
+    await first.aclose()
+    await second.aclose()  # (closing discards them)
+    assert signal.getsignal(sig) == signal.SIG_DFL
+
+    heard: list[int] = []
+    loop.add_signal_handler(sig, heard.append, 1)
+    try:
+        third = Consumer(client, "t", stop_signals=(sig,))
+        _STOP_ON_SIGNALS.add(third)
+        os.kill(os.getpid(), sig)
+        await eventually(_async(lambda: heard == [1]), "the application's handler ran")
+        assert not third._stopping
+        _STOP_ON_SIGNALS.discard(third)
+        os.kill(os.getpid(), sig)  # still the application's
+        await eventually(_async(lambda: heard == [1, 1]), "the application's handler ran again")
+    finally:
+        loop.remove_signal_handler(sig)
+
+
+def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked

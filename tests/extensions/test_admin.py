@@ -162,7 +162,10 @@ def test_stats_tube_shows_the_figures_to_an_extended_connection_only(
         assert w.ask("extensions").startswith(b"OK ")
         doc = w.yaml("stats-tube figures-a")
         keys = list(doc)
-        assert keys[-len(admin.FIGURE_KEYS):] == list(admin.FIGURE_KEYS)  # the last keys
+        # the figures, then the groups' keys last (protocol.md, "Groups")
+        assert keys[-len(admin.FIGURE_KEYS) - len(admin.GROUP_KEYS):-len(admin.GROUP_KEYS)] == \
+            list(admin.FIGURE_KEYS)
+        assert keys[-len(admin.GROUP_KEYS):] == list(admin.GROUP_KEYS)
         assert [doc[k] for k in admin.FIGURE_KEYS[:-1]] == ["1", "2", "0", "0", "1", "0", "1",
                                                              "0", "0"]
         assert doc["oldest-ready-age-ms"].isdigit()

@@ -15,7 +15,7 @@ from tubeq.model.options import Options
 from tubeq.model.policies import POLICY_TRANSITIONS, backoff_delay, jitter
 from tubeq.model.states import JobState
 from tubeq.redisio.client import RedisClient
-from tubeq.store.records import JobInfo, JobPolicies, PutOutcome, Reservation
+from tubeq.store.records import HANDED_BACK_EXPIRED, JobInfo, JobPolicies, PutOutcome, Reservation
 from tubeq.store.scripts import expand
 from tubeq.store.store import Store
 
@@ -255,6 +255,35 @@ async def test_a_reserved_job_past_its_ttl_released_expires(env: Env) -> None:
     env.clock.advance(1)
     assert await env.store.release(ALICE, job_id, 0, 0)
     assert await env.store.job_info(job_id) is None
+
+
+@pytest.mark.parametrize("end", ["hand-back", "disconnect at shutdown"])
+async def test_a_reservation_that_ends_without_a_try_past_the_ttl_expires(env: Env,
+                                                                          end: str) -> None:
+    """hand-back and a stopping process's disconnect count no try, but a job past its TTL
+    still expires (the sweep skipped it while it was reserved: it would never expire)."""
+    job_id = await put_with(env, ("ttl-ms", 500), ("on-expire", "delete"), ttr=5)
+    await env.reserve()
+    env.clock.advance(1)
+    await env.store.promote()  # the TTL sweep: reserved, left to the end of its reservation
+    if end == "hand-back":
+        assert await env.store.hand_back(ALICE, job_id) == HANDED_BACK_EXPIRED
+    else:
+        assert await env.store.disconnect(ALICE, False, True, [job_id], shutdown=True) == 1
+    assert await env.store.job_info(job_id) is None
+
+
+async def test_a_reservation_that_ends_without_a_try_counts_none(env: Env) -> None:
+    first = await put_with(env, ("max-tries", 1))
+    second = await put_with(env, ("max-tries", 1))
+    assert (await env.reserve()).id == first
+    assert await env.store.hand_back(ALICE, first) == 1
+    assert (await env.reserve()).id == first
+    assert (await env.reserve()).id == second
+    assert await env.store.disconnect(ALICE, False, True, [first, second], shutdown=True) == 2
+    for job_id in (first, second):
+        assert ((await info(env, job_id)).state, (await policies(env, job_id)).tries) == (
+            "ready", 0)
 
 
 async def test_the_tubes_ttl_is_read_at_put_time(env: Env) -> None:

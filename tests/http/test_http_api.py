@@ -170,6 +170,8 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
         "`POST /api/tubes/{t1,t2,...}/reserve?timeout=S`": reserve_buried,
         "`POST /api/jobs/{id}/touch` `{\"reservation\"}`": lambda: api.call(
             "POST", f"/api/jobs/{buried}/touch", json={"reservation": token}),
+        "`POST /api/quiet` `{\"tube\"?, \"conn\"?}`": lambda: api.call(
+            "POST", "/api/quiet", json={"tube": "nobody"}),
         "`POST /api/jobs/{id}/bury` `{\"reservation\", \"pri\"?}`": lambda: api.call(
             "POST", f"/api/jobs/{buried}/bury", json={"reservation": token}),
         "`GET /api/tubes/{tube}/peek/{ready,delayed,buried}`": lambda: api.call(
@@ -178,6 +180,7 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
             "POST", "/api/tubes/c/kick"),
         "`POST /api/jobs/{id}/release` `{\"reservation\", \"pri\"?, \"delay\"?}`":
             lambda: release(),
+        "`POST /api/jobs/{id}/hand-back` `{\"reservation\"}`": lambda: hand_back(),
         "`POST /api/jobs/{id}/kick`": lambda: api.call("POST", f"/api/jobs/{for_kick_job}/kick"),
         "`DELETE /api/jobs/{id}[?reservation=T]`": lambda: api.call(
             "DELETE", f"/api/jobs/{for_kick_job}"),
@@ -195,6 +198,10 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
         return await api.call("POST", f"/api/jobs/{buried}/release",
                               json={"reservation": await held(buried)})
 
+    async def hand_back() -> Any:
+        return await api.call("POST", f"/api/jobs/{buried}/hand-back",
+                              json={"reservation": await held(buried)})
+
     documented = documented_counts()
     assert set(documented) == set(calls)
     for route, call in calls.items():
@@ -204,7 +211,8 @@ async def test_each_route_counts_the_counter_its_row_names(api: Api) -> None:
         assert not isinstance(got, tuple) or got[0] < 300, (route, got)
         counters.flush()
         counted = {name for name, n in counters.totals.items() if n != before.get(name, 0)}
-        if route.startswith("`POST /api/jobs/{id}/release`"):
+        if route.startswith(("`POST /api/jobs/{id}/release`",
+                             "`POST /api/jobs/{id}/hand-back`")):
             counted -= {"reserve-with-timeout"}  # the reserve that took the job back
         want = documented[route]
         if want.endswith(" ..."):  # a family, one per state: peek-ready ... (buried here)
@@ -694,3 +702,44 @@ async def test_a_jobs_json_shows_its_latest_progress_and_parents_to_come(api: Ap
         assert (held["state"], held["parents_pending"], held["progress"]) == ("held", 1, "")
     finally:
         await conn.close()
+
+
+async def test_a_hand_back_is_ready_at_once_without_a_try(api: Api) -> None:
+    job_id = await api.put("hb", pri=42)
+    _, got = await api.reserve("hb")
+    status, data = await api.call("POST", f"/api/jobs/{job_id}/hand-back",
+                                  json={"reservation": got["reservation"]})
+    assert (status, data) == (200, {"handed_back": job_id, "state": "ready"})
+    _, job = await api.call("GET", f"/api/jobs/{job_id}")
+    assert (job["state"], job["pri"], job["releases"], job["timeouts"]) == ("ready", 42, 0, 0)
+    status, data = await api.call("POST", f"/api/jobs/{job_id}/hand-back",
+                                  json={"reservation": got["reservation"]})
+    assert status == 404 and "not reserved" in data["error"]
+    _, got = await api.reserve("hb")
+    bean = await Beanstalk.open(api.server.port)
+    try:
+        assert await bean.ask(b"cancel %d" % job_id) == b"CANCELLED\r\n"
+    finally:
+        await bean.close()
+    status, data = await api.call("POST", f"/api/jobs/{job_id}/hand-back",
+                                  json={"reservation": got["reservation"]})
+    assert status == 410 and "cancelled" in data["error"]
+    assert (await api.call("GET", f"/api/jobs/{job_id}"))[0] == 404
+
+
+async def test_quiet_over_http_reaches_push_connections(api: Api) -> None:
+    bean = await Beanstalk.open(api.server.port)
+    try:
+        assert await bean.ask(b"watch qt\r\npush 2 quiet=1") == b"WATCHING 2\r\n"
+        assert await bean.reader.readline() == b"PUSHING 2\r\n"
+        assert await api.call("POST", "/api/quiet?tube=qt") == (
+            202, {"quieting": "tube", "tube": "qt"})
+        assert await asyncio.wait_for(bean.reader.readline(), 5) == b"QUIET\r\n"
+        assert await api.call("POST", "/api/quiet") == (202, {"quieting": "all"})
+        assert await asyncio.wait_for(bean.reader.readline(), 5) == b"QUIET\r\n"
+    finally:
+        await bean.close()
+    for query, error in (("tube=a&conn=b", "give 'tube' or 'conn'"), ("tube=-x", "tube"),
+                         ("conn=", "'conn' must be"), ("all=1", "all")):
+        status, data = await api.call("POST", f"/api/quiet?{query}")
+        assert status == 400 and error in data["error"], (query, data)

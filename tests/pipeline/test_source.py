@@ -23,6 +23,8 @@ from tubeq.pipeline.source import (
     SourceOptions,
     StreamInfo,
     TubeqStreamReader,
+    _batch,
+    _parse_page,
     find_gap,
     parse_id,
     split_range,
@@ -93,6 +95,19 @@ def test_options_are_checked() -> None:
         SourceOptions.parse({"prefix": "a", "key": "b"})
     opts = SourceOptions.parse({"maxEventsPerTrigger": "7", "prefix": "p"})
     assert opts.max_events_per_trigger == 7 and opts.key == es.key_of("p")
+
+
+def test_a_traced_puts_trailing_field_is_read_and_left_out_of_the_row() -> None:
+    """A put-with traceparent='s put entry (a trailing field after FIELDS) parses, and its
+    row has the archive's columns, no more (protocol.md, "Trailing fields")."""
+    fields = {k.encode(): str(v).encode() for k, v in es.event_fields(1).items()}
+    traced = fields | {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    opts = SourceOptions.parse({"prefix": "p"})
+    events = _parse_page([(b"1-0", fields), (b"1-1", traced)], opts, [0])
+    assert [e.traceparent[:2] for e in events] == ["", "00"]
+    batch = _batch(events)
+    assert batch.schema.names == ["stream_id", *FIELDS]
+    assert batch.to_pylist()[0] | {"stream_id": "1-1"} == batch.to_pylist()[1]
 
 
 # --- the stream reader's offsets, called directly ------------------------------------------------

@@ -18,6 +18,7 @@ from tubeq.model.events import (
     ERROR_EXCERPT_BYTES,
     FIELDS,
     LATER_FIELDS,
+    TRAILING_FIELDS,
     Event,
     EventName,
     MalformedEvent,
@@ -41,6 +42,8 @@ EXPECTED: dict[str, tuple[EventName, str]] = {
     "touch": (EventName.TOUCHED, ""),
     "expire": (EventName.TIMED_OUT, ""),
     "disconnect": (EventName.TIMED_OUT, "disconnect"),
+    "disconnect at shutdown": (EventName.TIMED_OUT, "shutdown"),
+    "hand-back": (EventName.RELEASED, "hand-back"),
     "kick": (EventName.KICKED, ""),
     "kick_job": (EventName.KICKED, ""),
     "delete": (EventName.DELETED, ""),
@@ -167,6 +170,7 @@ async def test_calls_that_change_nothing_write_nothing(env: Env) -> None:
     record = await Recorder.start(env)
     await record.new()
     assert not await s.release(BOB, ready, 0, 0)  # not BOB's
+    assert await s.hand_back(BOB, ready) == 0
     assert not await s.bury(BOB, ready, 0)
     assert not await s.touch(BOB, ready)
     assert not await s.delete(BOB, ready)
@@ -332,6 +336,47 @@ def entry(**values: str | int) -> dict[bytes, bytes]:
 
 OLD_ENTRY = {"event": "deleted", "id": 7, "tube": "t", "pri": 0, "delay_ms": 0, "ttr_ms": 1000,
              "due_ms": 0, "tries": 1, "time_ms": 5, "by": "p", "reason": ""}
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize("how", ["ready", "delayed", "held", "handed"])
+async def test_a_traced_puts_event_alone_carries_its_traceparent_last(env: Env,
+                                                                      how: str) -> None:
+    """put-with traceparent=: its put entry has every field, then traceparent; its other
+    events and every other job's have none (so they cost nothing more)."""
+    if how == "handed":  # a push loop of this process waits on the tube: put.lua hands it over
+        await env.store.set_waiting(ALICE, 1)
+    opts: list[tuple[str, int | str]] = [("traceparent", TRACEPARENT)]
+    if how == "delayed":
+        opts.insert(0, ("delay-ms", 5000))
+    if how == "held":
+        opts[:0] = [("after", str(await env.put())), ("after-keep", 3_600_000)]
+    traced = (await env.store.put_with("default", 0, 0, 60, b"t", tuple(opts))).id
+    plain = await env.put()
+    entries = await env.raw.xrange(env.keys.events, "-", "+")
+    names = [[k.decode() for k in fields] for _, fields in entries]
+    events = [Event.from_entry(sid, fields) for sid, fields in entries]
+    at = next(i for i, e in enumerate(events) if e.event == "put" and e.id == traced)
+    assert names[at] == [*FIELDS, *TRAILING_FIELDS]
+    assert (events[at].traceparent, events[at].reason) == (
+        TRACEPARENT, "after" if how == "held" else "")
+    assert len(events[at].as_row()) == 1 + len(FIELDS)  # the archive's row: FIELDS only
+    assert all(n == list(FIELDS) for i, n in enumerate(names) if i != at)
+    assert [e.traceparent for e in events if e.id == plain] == [""]
+    if how == "handed":
+        assert [e.event for e in events if e.id == traced] == ["put", "reserved"]
+
+
+def test_a_trailing_field_parses_and_is_checked() -> None:
+    full = {**OLD_ENTRY, "event": "put", "size": 0, "error": "", "failures": 0}
+    assert Event.from_entry(b"5-0", entry(**full, traceparent=TRACEPARENT)).traceparent == (
+        TRACEPARENT)
+    assert Event.from_entry(b"5-0", entry(**OLD_ENTRY, traceparent=TRACEPARENT)).traceparent \
+        == TRACEPARENT  # on an entry of the first schema too
+    with pytest.raises(MalformedEvent):
+        Event.from_entry(b"5-0", entry(**full) | {b"traceparent": b"\xff"})
 
 
 def test_an_entry_written_before_the_later_fields_parses_with_their_defaults() -> None:

@@ -303,22 +303,6 @@ async def test_raising_the_cap_brings_parked_groups_back_at_once(env: Env) -> No
     assert await env.raw.hget(env.keys.tube("default"), "lim") is None
 
 
-async def test_removing_the_last_limit_forgets_the_counts(env: Env) -> None:
-    """A reservation counted under a cap and ended while the tube had no limit is not counted
-    out later: the counts started again when the last limit went."""
-    await limit(env, group_concurrency=1)
-    a = [await gput(env, "a") for _ in range(3)]
-    assert (await env.reserve(ALICE)).id == a[0]  # counted
-    await limit(env, group_concurrency=0)
-    assert (await env.reserve(BOB)).id == a[1]  # not counted: no limit
-    assert await env.store.delete(ALICE, a[0])  # ends uncounted: no limit
-    await limit(env, group_concurrency=1)
-    assert (await env.reserve(CAROL)).id == a[2]  # a counts none: a[1] was not counted
-    assert await env.raw.hget(env.keys.group_reserved("default"), "a") == b"1"
-    assert await env.store.delete(BOB, a[1])  # counted in no epoch: leaves the count alone
-    assert await env.raw.hget(env.keys.group_reserved("default"), "a") == b"1"
-
-
 async def test_group_rate_holds_a_group_until_its_second_ends(env: Env) -> None:
     await limit(env, group_rate=2)
     a = [await gput(env, "a") for _ in range(4)]
@@ -361,3 +345,38 @@ return {k_group_ready(ARGV[1], ARGV[2]), k_group_turns(ARGV[1]), k_group_places(
     assert [n.decode() for n in names] == [
         k.group_ready("a-tube", "tenant-7"), k.group_turns("a-tube"), k.group_places("a-tube"),
         k.group_reserved("a-tube"), k.group_windows("a-tube")]
+
+
+async def test_a_limit_removed_and_set_again_does_not_strand_a_group(env: Env,
+                                                                    redis_url: str) -> None:
+    """A reservation counted under group-concurrency, ended after the limit was removed, is
+    counted out all the same: setting the limit again finds the group free (it used to stay
+    at its cap for good, its job never reserved)."""
+    await limit(env, group_concurrency=1)
+    first, second = await gput(env, "a"), await gput(env, "a")
+    assert (await env.store.reserve(ALICE)).id == first  # type: ignore[union-attr]
+    await limit(env, group_concurrency=0)
+    assert await env.store.delete(ALICE, first)
+    assert await env.raw.hlen(env.keys.group_reserved("default")) == 0
+    await limit(env, group_concurrency=1)
+    assert await order(env, 2) == [second]
+    assert count_mismatches(redis_url) == []
+
+
+async def test_rate_windows_are_kept_for_recent_groups_only(env: Env) -> None:
+    """group-concurrency alone keeps no rate windows; with group-rate, windows of past seconds
+    go as new ones are written (one group per tenant must not grow the hash for good)."""
+    await limit(env, group_concurrency=5)
+    await gput(env, "keep")  # the tube stays in group mode
+    for n in range(20):
+        await gput(env, f"g{n}")
+    assert len(await order(env, 21)) == 21
+    assert await env.raw.hlen(env.keys.group_windows("default")) == 0
+    await limit(env, group_rate=1000)
+    for second in range(30):
+        env.clock.advance(1)
+        await gput(env, f"t{second}")
+        assert len(await order(env, 1)) == 1
+    # 30 groups reserved in 30 seconds: at most one window is of the current second, so two
+    # distinct picks out of three or more entries take at least one out: never more than 3
+    assert await env.raw.hlen(env.keys.group_windows("default")) <= 3

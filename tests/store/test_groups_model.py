@@ -40,7 +40,7 @@ class Model:
     none, and when a reserve takes one of its jobs. A group at its group-concurrency cap is
     skipped (its turn kept); the cap holds only in group mode (from a put with a group until a
     put without one finds the tube empty) and counts the reservations made there while a cap
-    was set (setting it back to 0 forgets them). Jobs without a group are the group ""."""
+    was set, each until its reservation ends. Jobs without a group are the group ""."""
 
     jobs: dict[int, Job] = field(default_factory=dict)
     turns: dict[str, int] = field(default_factory=dict)
@@ -65,8 +65,6 @@ class Model:
         return sum(1 for i in self.counted if self.jobs[i].group == group)
 
     def set_cap(self, cap: int) -> None:
-        if not cap:
-            self.counted.clear()
         self.cap = cap
 
     def _new_turn(self, group: str) -> None:

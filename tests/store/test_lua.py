@@ -150,6 +150,10 @@ async def perform(env: Env, op: str, job_id: int) -> None:
         assert await s.kick_job(job_id)
     elif op == "disconnect":
         assert await s.disconnect(ALICE, False, False, [job_id]) == 1
+    elif op == "disconnect at shutdown":
+        assert await s.disconnect(ALICE, False, False, [job_id], shutdown=True) == 1
+    elif op == "hand-back":
+        assert await s.hand_back(ALICE, job_id) == 1
     elif op == "delete":
         assert await s.delete(ALICE, job_id)
     elif op == "cancel":

@@ -70,7 +70,8 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
                          "clear_tube", "change_pri", "change_delay",
                          "schedule_tick",  # recurring jobs: a tick puts a job
                          "finish", "fail", "cancel", "progress",  # ends (wait: a read that marks)
-                         "after_end"}  # dependencies: a held child told its parent ended
+                         "after_end",  # dependencies: a held child told its parent ended
+                         "hand_back"}  # quiet shutdowns
     assert b"local EVENTS_MAXLEN, EVENTS_BY = tonumber(ARGV[1]), ARGV[2]" in \
         load_all()["delete"].source
 

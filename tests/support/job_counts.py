@@ -43,7 +43,7 @@ return out
 # tube's 'gturn') and a group in turns is scored by its best priority under that number; its
 # index entry names the best job of the first group in turns. A tube not in group mode has no
 # group keys and no ready job with a group. Every tube: each group's reserved count equals its
-# reserved jobs marked counted in the tube's current count epoch ('gep').
+# reserved jobs marked counted.
 _GROUPS = """
 local ns = KEYS[1]
 local bad = {}
@@ -51,7 +51,7 @@ local function say(t, what) bad[#bad + 1] = t .. ': ' .. what end
 local reserved = {}
 for _, m in ipairs(redis.call('ZRANGE', ns .. 'reserved', 0, -1)) do
   local f = redis.call('HMGET', ns .. 'j:' .. string.sub(m, 2), 't', 'g', 'gk')
-  if f[1] and f[3] and f[3] == (redis.call('HGET', ns .. 't:' .. f[1], 'gep') or '0') then
+  if f[1] and f[3] then
     local key = f[1] .. ' ' .. (f[2] or '')
     reserved[key] = (reserved[key] or 0) + 1
   end

@@ -261,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = command("resume", "end a tube's pause, with or without an end")
     resume.add_argument("tube")
+    quiet = command("quiet", "ask push consumers to stop taking jobs (a quiet shutdown)")
+    scope = quiet.add_mutually_exclusive_group()
+    scope.add_argument("--tube", help="only those watching TUBE (default: all)")
+    scope.add_argument("--conn", metavar="TOKEN",
+                       help="only the connection TOKEN (as the server's log names it)")
     # recurring jobs (tubeq only)
     schedule = command("schedule", "a tube's recurring jobs (tubeq): add, list, remove")
     actions = schedule.add_subparsers(dest="action", required=True, metavar="ACTION",
@@ -785,6 +790,22 @@ async def cmd_resume(client: Client, args: argparse.Namespace, out: Output) -> N
     except NotFound as error:
         raise CliError(f"tube {args.tube} not found") from error
     out.emit(f"resumed tube {args.tube}", {"tube": args.tube, "paused": 0})
+
+
+async def cmd_quiet(client: Client, args: argparse.Namespace, out: Output) -> None:
+    try:
+        await client.quiet(tube=args.tube, conn=args.conn)
+    except ValueError as error:
+        raise CliError(str(error)) from error
+    target = (f"watching tube {args.tube}" if args.tube is not None
+              else f"on connection {args.conn}" if args.conn is not None else "all")
+    out.emit(f"asked push consumers ({target}) to stop taking jobs",
+             {"quieting": "tube" if args.tube is not None
+              else "conn" if args.conn is not None else "all",
+              **({"tube": args.tube} if args.tube is not None else {}),
+              **({"conn": args.conn} if args.conn is not None else {})})
+
+
 # -- schedule (recurring jobs) -----------------------------------------------------------------
 
 
@@ -841,6 +862,7 @@ COMMANDS: dict[str, Command] = {
     "change-delay": cmd_change_delay,
     "pause-forever": cmd_pause_forever,
     "resume": cmd_resume,
+    "quiet": cmd_quiet,  # quiet shutdowns
     "schedule": cmd_schedule,
 }
 

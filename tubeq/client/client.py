@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -65,7 +66,7 @@ from tubeq.client.parser import (
     parse_yaml_list,
     parse_yaml_mapping,
 )
-from tubeq.client.policies import PutResult, key_arg, put_with_line
+from tubeq.client.policies import PutResult, key_arg, put_with_line, traceparent_option
 from tubeq.client.schedules import Schedule, cron_on_the_wire, parse_schedule_list
 from tubeq.client.wire import (
     CANCELLED,
@@ -88,6 +89,7 @@ from tubeq.client.wire import (
     PROGRESS,
     PUSHING,
     PUT_MANY_MAX,
+    QUIETING,
     REMOVED,
     RESERVED,
     RESUMED,
@@ -527,10 +529,14 @@ class Client:
     # -- the push extension (tubeq) -----------------------------------------------------------
 
     async def push(self, credits: int, *,
-                   on_cancelled: Callable[[int], None] | None = None) -> int:
+                   on_cancelled: Callable[[int], None] | None = None,
+                   on_quiet: Callable[[], None] | None = None) -> int:
         """Ask the server to push ready jobs of the watched tubes, ``credits`` at most held.
         ``on_cancelled``: also ask to be told at once of a held job cancelled (tubeq's
         ``push ... cancels=1``), and call it with the job's id in the reading task.
+        ``on_quiet``: also ask to be told when the server asks its consumers to stop taking
+        jobs (``push ... quiet=1``: an operator's ``quiet``, or the server stopping), and call
+        it in the reading task; the server has stopped pushing to this connection by then.
 
         After ``PUSHING <credits>`` the server sends jobs unsolicited; take them with
         :meth:`next_pushed`. Deleting, releasing or burying a pushed job frees a credit; sending
@@ -548,9 +554,11 @@ class Client:
             link.pushing = True  # RESERVED frames from here on are pushed jobs
             return reply.int_arg(0)
 
-        line = b"push %d%s\r\n" % (_uint(credits, "credits"),
-                                    b"" if on_cancelled is None else b" cancels=1")
+        line = b"push %d%s%s\r\n" % (_uint(credits, "credits"),
+                                      b"" if on_cancelled is None else b" cancels=1",
+                                      b"" if on_quiet is None else b" quiet=1")
         link.on_cancelled = on_cancelled
+        link.on_quiet = on_quiet
         future = link.send(line, convert)
         link.push_requested = True
         await link.wait_writable()
@@ -566,6 +574,12 @@ class Client:
             raise RuntimeError("next_pushed() needs a connection in push mode (see push())")
         return await link.next_pushed()
 
+    def pushed_waiting(self) -> list[Job]:
+        """The jobs the server pushed on this connection that :meth:`next_pushed` has not
+        returned yet, taken now (none when the connection does not push)."""
+        link = self._link
+        return [] if link is None else link.take_pushed()
+
     # -- job policies and deduplicated put (tubeq) ----------------------------------------------
 
     async def put_with(self, body: bytes | str, *, pri: int = DEFAULT_PRIORITY, delay: int = 0,
@@ -574,14 +588,18 @@ class Client:
                        backoff_max_ms: int | None = None, ttl_ms: int | None = None,
                        on_expire: str | None = None, key: str | None = None,
                        after: Sequence[int] | None = None,
-                       result_ttl_ms: int | None = None, group: str | None = None) -> PutResult:
+                       result_ttl_ms: int | None = None, group: str | None = None,
+                       traceparent: str | None = None) -> PutResult:
         """Put a job with tubeq's options (protocol.md, "put-with"); an option left None is not
         sent (the tube's setting applies). Returns the new job's id, or, when a living job has
         ``key``, that job's id with ``inserted`` False (nothing was enqueued). ``after``: the
         job is held until these jobs finished (protocol.md, "Dependencies"); a child reads
         their results with :meth:`wait`. ``result_ttl_ms``: how long the job's result is kept
         once finished, instead of the server's --result-ttl. ``group``: the job's group in its
-        tube (protocol.md, "Groups"): the tube's groups take turns.
+        tube (protocol.md, "Groups"): the tube's groups take turns. ``traceparent``: the W3C
+        context the job carries to its worker (protocol.md, "Traces"); None sends the current
+        OpenTelemetry span's when opentelemetry-api is installed and a span is current, ""
+        sends none.
 
         Raises ValueError for an option the server would refuse, :class:`BadOption`,
         :class:`UnknownParent`, :class:`JobTooBig`, :class:`Draining`, and
@@ -591,7 +609,8 @@ class Client:
         line = put_with_line(pri, delay, ttr, len(data), delay_ms=delay_ms, max_tries=max_tries,
                              backoff_ms=backoff_ms, backoff_max_ms=backoff_max_ms,
                              ttl_ms=ttl_ms, on_expire=on_expire, key=key, after=after,
-                             result_ttl_ms=result_ttl_ms, group=group)
+                             result_ttl_ms=result_ttl_ms, group=group,
+                             traceparent=traceparent)
 
         def convert(reply: Reply, link: Connection) -> PutResult:
             _expect(reply, "put-with", INSERTED, DUPLICATE)
@@ -678,8 +697,9 @@ class Client:
             body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if max_tries is None and ttl_ms is None and key is None:  # the usual call, at once
-            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d\r\n" % (
-                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout))
+            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d%s\r\n" % (
+                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout),
+                traceparent_option(None))
         else:
             line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                                  backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
@@ -776,6 +796,27 @@ class Client:
             _expect(reply, "tube-resume", RESUMED)
 
         await self._call(b"tube-resume %s\r\n" % _tube(tube), convert)
+
+    async def quiet(self, *, tube: str | None = None, conn: str | None = None) -> None:
+        """Ask the namespace's push consumers to stop taking jobs, on every tubeq process:
+        all of them, those watching ``tube``, or connection ``conn`` (its token, as the
+        server's log names it). Consumers of this client stop quietly (see Consumer)."""
+        if tube is not None and conn is not None:
+            raise ValueError("quiet: give tube or conn, or neither (all)")
+        if tube is not None:
+            line = b"quiet tube %s\r\n" % _tube(tube)
+        elif conn is not None:
+            if not conn or not conn.isascii() or not conn.isprintable() or " " in conn:
+                raise ValueError(f"quiet: not a connection token: {conn!r}")
+            line = b"quiet conn %s\r\n" % conn.encode("ascii")
+        else:
+            line = b"quiet all\r\n"
+
+        def convert(reply: Reply, link: Connection) -> None:
+            _expect(reply, "quiet", QUIETING)
+
+        await self._call(line, convert)
+
     # -- recurring jobs (tubeq) ----------------------------------------------------------------
 
     async def schedule_add(self, tube: str, name: str, body: bytes | str, *,
@@ -826,13 +867,15 @@ class Client:
                 connections: int | None = None, auto_touch: bool = False,
                 max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
                 push: bool | None = None, reserve_timeout: int = 1,
-                grace: float = 30.0, codec: Codec | None = None) -> Consumer:
-        """Jobs of ``tubes`` as they come, up to ``concurrency`` held at once (see Consumer)."""
+                grace: float = 30.0, codec: Codec | None = None, prefetch: int = 0,
+                stop_signals: Iterable[int] = (signal.SIGTERM,)) -> Consumer:
+        """Jobs of ``tubes`` as they come, up to ``concurrency`` handled and ``prefetch``
+        more held at once; stopped quietly on ``stop_signals`` (see Consumer)."""
         return Consumer(self, tubes, concurrency=concurrency, connections=connections,
                         auto_touch=auto_touch, max_tries=max_tries, backoff_base=backoff_base,
                         codec=codec,
                         backoff_max=backoff_max, push=push, reserve_timeout=reserve_timeout,
-                        grace=grace)
+                        grace=grace, prefetch=prefetch, stop_signals=stop_signals)
 
     async def work(self, handler: Callable[[Job], Awaitable[object]],
                    tubes: str | Iterable[str], **options: Any) -> None:

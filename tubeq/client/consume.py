@@ -20,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol, cast
 
+from tubeq.client import tracing
 from tubeq.client._contracts import Connection
 from tubeq.client.args import _tube, _uint
 from tubeq.client.ends import Codec
@@ -66,6 +69,9 @@ RECONNECT_MAX_S: Final = 5.0
 # a few connections still spread a consumer over a server's workers (--workers).
 JOBS_PER_CONNECTION: Final = 16
 MAX_DEFAULT_CONNECTIONS: Final = 4
+# A stopping consumer waits at most this long for the jobs it gives back (hand-back) to be
+# answered, and for the handlers it cancelled past the grace to end, before it closes.
+HAND_BACK_WAIT_S: Final = 5.0
 
 
 def default_connections(concurrency: int) -> int:
@@ -94,9 +100,12 @@ class ConsumerClient(Protocol):
     async def ignore(self, tube: str) -> int: ...
 
     async def push(self, credits: int, *,
-                   on_cancelled: Callable[[int], None] | None = None) -> int: ...
+                   on_cancelled: Callable[[int], None] | None = None,
+                   on_quiet: Callable[[], None] | None = None) -> int: ...
 
     async def next_pushed(self) -> Job: ...
+
+    def pushed_waiting(self) -> list[Job]: ...
 
     async def reserve_with_timeout(self, seconds: int) -> Job: ...
 
@@ -156,6 +165,8 @@ class _Hold:
     lane: _Lane
     uses_slot: bool
     handed: bool = False
+    handing_back: bool = False  # a hand-back (or put-back release) of it is on its way
+    settling: bool = False  # its block ended: its delete, finish, fail... is on its way
     keep_alive: asyncio.Task[None] | None = None
     # run()'s task handling the job: cancelled when the job is (auto_touch hears it)
     handler: asyncio.Task[None] | None = None
@@ -198,8 +209,10 @@ class Consumer:
     ``reserves >= max_tries`` (``max_tries=None``: never bury).
 
     ``concurrency`` bounds the jobs the consumer holds: reserved and not yet settled, whether
-    waiting to be handed out, handed out, or in a handler. The consumer asks for more only as
-    jobs are settled. With ``async for`` and no task per job only one job is processed at a time
+    waiting to be handed out, handed out, or in a handler; ``prefetch`` more may be held
+    waiting, so a handler that ends finds its next job here (:meth:`run` still runs at most
+    ``concurrency`` handlers at once). The consumer asks for more only as jobs are settled.
+    With ``async for`` and no task per job only one job is processed at a time
     and the others wait reserved, their TTR running; keep ``concurrency`` small then, or set
     ``auto_touch``.
 
@@ -227,12 +240,20 @@ class Consumer:
     extension (UnknownCommand is raised from the iteration otherwise); ``push=False`` never asks.
     A lost connection is reopened with backoff; the jobs it held went back to the server.
 
-    Stopping: :meth:`stop` (e.g. from a signal handler) stops taking jobs (push connections are
-    sent ``push 0``), lets the jobs handed out finish for up to ``grace`` seconds, then closes
-    the connections, which makes the server put back everything still reserved (jobs waiting
-    unhanded, jobs pushed or granted after the stop). The iteration ends. Cancelling the task
-    that iterates (or runs :meth:`run`) closes at once: the jobs in flight are put back without
-    counting as failures. Use ``async with client.consume(...) as jobs:`` when the loop may be
+    Stopping (a quiet shutdown): :meth:`stop` stops taking jobs (push connections are sent
+    ``push 0``) and gives back at once the jobs it holds and has not handed out (prefetched,
+    or pushed after the stop), then lets the jobs handed out finish for up to ``grace``
+    seconds; past it, :meth:`run`'s handlers still running are cancelled and every job still
+    held is given back; then the connections close. The iteration ends. On tubeq a job is
+    given back with ``hand-back``: ready at once, and the reservation counts as no try
+    (no max-tries try, no backoff); on beanstalkd it is released at its own priority. The
+    consumer stops this way on the signals ``stop_signals`` (default SIGTERM, when it runs
+    in the main thread: ``stop_signals=()`` leaves signals alone), and when a tubeq server
+    asks it to (``QUIET``: an operator's ``quiet``, or the server stopping), which push
+    connections ask to be told of. Cancelling the task
+    that iterates (or runs :meth:`run`) closes at once: the jobs in flight go back through the
+    closed connections (on tubeq each ends a try, as a worker that vanished does). Use
+    ``async with client.consume(...) as jobs:`` when the loop may be
     left by ``break`` or an exception: the connections are then closed when the block ends.
     """
 
@@ -240,7 +261,8 @@ class Consumer:
                  concurrency: int = 32, connections: int | None = None, auto_touch: bool = False,
                  max_tries: int | None = 5, backoff_base: int = 1, backoff_max: int = 60,
                  push: bool | None = None, reserve_timeout: int = 1,
-                 grace: float = 30.0, codec: Codec | None = None) -> None:
+                 grace: float = 30.0, codec: Codec | None = None, prefetch: int = 0,
+                 stop_signals: Iterable[int] = (signal.SIGTERM,)) -> None:
         self.tubes = [tubes] if isinstance(tubes, str) else list(tubes)
         if not self.tubes:
             raise ValueError("consume() needs at least one tube")
@@ -250,10 +272,14 @@ class Consumer:
             raise ValueError("concurrency must be at least 1")
         if max_tries is not None and max_tries < 1:
             raise ValueError("max_tries must be at least 1 (or None: never bury)")
-        count = min(concurrency, connections or default_connections(concurrency))
+        prefetch = _uint(prefetch, "prefetch")
+        held = concurrency + prefetch
+        count = min(held, connections or default_connections(held))
         if count < 1:
             raise ValueError("connections must be at least 1")
         self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.stop_signals = tuple(stop_signals)
         self.auto_touch = auto_touch
         self.max_tries = max_tries
         self.backoff_base = _uint(backoff_base, "backoff_base")
@@ -264,7 +290,7 @@ class Consumer:
         self.codec = codec
         self._lanes: list[_Lane] = []
         for index in range(count):
-            share = concurrency // count + (1 if index < concurrency % count else 0)
+            share = held // count + (1 if index < held % count else 0)
             self._lanes.append(_Lane(index, client._sibling(), share, asyncio.Semaphore(share)))
         self._ready: deque[Job] = deque()
         self._readers: set[asyncio.Future[None]] = set()
@@ -278,6 +304,7 @@ class Consumer:
         self._failure: BaseException | None = None
         self._iterating: asyncio.Task[Any] | None = None
         self._closer: asyncio.Task[None] | None = None
+        self._handing: set[asyncio.Task[None]] = set()  # hand-backs on their way
 
     # -- public surface -----------------------------------------------------------------------
 
@@ -292,7 +319,8 @@ class Consumer:
         return sum(len(lane.held) for lane in self._lanes)
 
     def stop(self) -> None:
-        """Stop taking jobs; the jobs handed out get ``grace`` s to finish, then connections close.
+        """Stop taking jobs and give back those not handed out; the jobs handed out get
+        ``grace`` s to finish, then the rest is given back and the connections close.
 
         Safe to call from a signal handler (``loop.add_signal_handler(SIGTERM, c.stop)``) and
         more than once.
@@ -305,7 +333,10 @@ class Consumer:
         for lane in self._lanes:
             if lane.mode == "push" and lane.client.connected:
                 self._spawn(self._stop_pushing(lane))
-        self._ready.clear()  # never handed out: closing the connections puts them back
+        unstarted = list(self._ready)  # never handed out: given back now
+        self._ready.clear()
+        for job in unstarted:
+            self._give_back(job)
         self._wake_readers()
         self._closer = self._spawn(self._close_when_idle())
 
@@ -373,7 +404,13 @@ class Consumer:
         (tubeq) it is finished with that result, for whoever waits for it (``Client.call``,
         ``Client.wait``). With ``codec`` (e.g. :data:`tubeq.client.JSON`) any value but None
         is encoded by it and answers the job. On beanstalkd, and for any other return value,
-        it is deleted."""
+        it is deleted.
+
+        Traces: where the application has set an OpenTelemetry tracer provider, the handler
+        runs in a span ``process <tube>`` that is a child of the job's context (put-with
+        traceparent=, which the bundled producer sets from its current span) and linked to
+        it, so the handler's own spans join the producer's trace; the context costs one
+        ``stats-job`` per job then, and nothing otherwise (tubeq.client.tracing)."""
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(job: Job) -> None:
@@ -382,23 +419,36 @@ class Consumer:
                 hold.handler = asyncio.current_task()
             try:
                 async with job:
-                    result = await handler(job)
+                    traceparent = await self._traceparent(job) if tracing.recording() else None
+                    with tracing.handler_span(traceparent, job.id, job.tube):
+                        result = await handler(job)
                     if result is not None and self.codec is not None:
                         result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._answers(job):
+                        if hold is not None:
+                            hold.settling = True  # (a stop past the grace lets it finish)
                         await self._finish(job, result)
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
 
+        slots = asyncio.Semaphore(self.concurrency)  # handlers at once; prefetched jobs wait
+
+        def ended(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            slots.release()
+
         try:
-            async for job in self:
+            while True:
+                await slots.acquire()
+                try:
+                    job = await self.__anext__()
+                except StopAsyncIteration:
+                    break
                 task = asyncio.get_running_loop().create_task(handle(job))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                _, late = await asyncio.wait(set(tasks), timeout=self.grace)
-                for task in late:
-                    task.cancel()
+                task.add_done_callback(ended)
+            # stopped: the closer gives the handlers the grace, cancels the late ones (their
+            # jobs are given back) and closes
             await self.wait_closed()
         except BaseException:
             self._close_now()
@@ -408,6 +458,17 @@ class Consumer:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _traceparent(self, job: Job) -> str | None:
+        """The job's OpenTelemetry context (put-with traceparent=, stats-job's key), asked only
+        where the application records spans (tracing.recording); None if it has none, or the
+        server does not say (beanstalkd, or the question failed: the handler runs untraced)."""
+        try:
+            value = (await job.stats()).get("traceparent")
+        except ClientError as error:
+            log.debug("job %d: no trace context: %s", job.id, error)
+            return None
+        return value if isinstance(value, str) else None
 
     async def _finish(self, job: Job, result: bytes | str) -> None:
         """Finish ``job`` with its handler's ``result``; a result the server refuses (too big:
@@ -428,6 +489,10 @@ class Consumer:
 
     async def _answers(self, job: Job) -> bool:
         """Whether ``job`` is still held here, on a connection to a server with ``finish``."""
+        return await self._server_has(job, "finish")
+
+    async def _server_has(self, job: Job, word: str) -> bool:
+        """Whether ``job`` is still held here, on a connection to a server with ``word``."""
         hold = _hold_of(job)
         link = job._link
         if hold is None or link is None:
@@ -435,7 +500,7 @@ class Consumer:
         known = link.extensions  # asked once per connection
         if known is None:
             known = await hold.lane.client._extensions_of(link)
-        return "finish" in known
+        return word in known
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -443,6 +508,8 @@ class Consumer:
         if self._started:
             return
         self._started = True
+        if self.stop_signals and threading.current_thread() is threading.main_thread():
+            _STOP_ON_SIGNALS.add(self)
         for lane in self._lanes:
             self._drivers.append(self._spawn(self._drive(lane)))
 
@@ -453,7 +520,9 @@ class Consumer:
         return task
 
     async def _close_when_idle(self) -> None:
-        """After stop(): wait (bounded) until the handed-out jobs are settled, then close."""
+        """After stop(): wait (bounded by the grace) until the handed-out jobs are settled;
+        then cancel the handlers still running, give back every job still held (and any
+        pushed since), wait for that (bounded), and close."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.grace):
                 while self._handed:
@@ -463,6 +532,34 @@ class Consumer:
                         await waiter
                     finally:
                         self._readers.discard(waiter)
+        late: list[asyncio.Task[None]] = []
+        for lane in self._lanes:
+            for job in list(lane.held):
+                hold = _hold_of(job)
+                if hold is None or hold.settling:
+                    continue  # its block ended: its delete (or finish...) is on its way
+                if hold.handler is not None and not hold.handler.done():
+                    hold.handler.cancel()  # its block gives the job back (_settle_block)
+                    late.append(hold.handler)
+                else:
+                    self._give_back(job)
+            if lane.mode == "push":
+                for job in lane.client.pushed_waiting():  # pushed after the stop
+                    self._take(job, lane, uses_slot=False)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HAND_BACK_WAIT_S):
+                if late:
+                    await asyncio.wait(late)
+                while self._handing:
+                    await asyncio.wait(set(self._handing))
+                while any(hold.settling for lane in self._lanes for job in lane.held
+                          if (hold := _hold_of(job)) is not None):
+                    settled = asyncio.get_running_loop().create_future()
+                    self._readers.add(settled)  # woken as each job is forgotten (_forget)
+                    try:
+                        await settled
+                    finally:
+                        self._readers.discard(settled)
         self._close_now()
 
     def _close_now(self) -> None:
@@ -470,6 +567,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = self._stopping = True
+        _STOP_ON_SIGNALS.discard(self)
         current = asyncio.current_task()
         for task in list(self._background):
             if task is not current:
@@ -535,7 +633,8 @@ class Consumer:
             await asyncio.sleep(DEADLINE_SOON_PAUSE_S)
         try:
             await lane.client.push(lane.share,
-                                   on_cancelled=lambda job_id: self._cancelled(lane, job_id))
+                                   on_cancelled=lambda job_id: self._cancelled(lane, job_id),
+                                   on_quiet=self._quieted)
         except UnknownCommand:
             if self.push:
                 raise
@@ -543,6 +642,14 @@ class Consumer:
             return False
         lane.mode = "push"
         return True
+
+    def _quieted(self) -> None:
+        """The server asks this consumer to stop taking jobs (push ... quiet=1): it stops,
+        as on :meth:`stop`."""
+        if not self._stopping:
+            log.info("the server at %s asks this consumer to stop taking jobs: stopping",
+                     self._lanes[0].client.address)
+            self.stop()
 
     def _cancelled(self, lane: _Lane, job_id: int) -> None:
         """The server says a job this lane holds was cancelled (push ... cancels=1): its
@@ -680,7 +787,8 @@ class Consumer:
         job._hold = hold = _Hold(self, lane, uses_slot)
         lane.held.add(job)
         if self._stopping:
-            return  # held until the connections close, which puts it back
+            self._give_back(job)  # came after the stop (pushed, or a reserve's answer)
+            return
         if self.auto_touch:
             hold.keep_alive = self._spawn(self._keep_alive(job))
         self._ready.append(job)
@@ -731,6 +839,9 @@ class Consumer:
 
     async def _settle_block(self, job: Job, exc: BaseException | None) -> bool:
         """The end of ``async with job``: delete, or release with backoff / bury, or put back."""
+        hold = _hold_of(job)
+        if hold is not None:
+            hold.settling = True  # (a stop past the grace lets it finish)
         if exc is None:
             try:
                 if not await self._ack(job):
@@ -745,7 +856,7 @@ class Consumer:
                     asyncio.current_task() is self._iterating):
                 self._close_now()  # the loop itself is being cancelled
             elif not self._closed:
-                self._spawn(self._put_back(job))
+                self._give_back(job)
             return False
         log.warning("job %d failed", job.id, exc_info=exc)
         try:
@@ -819,12 +930,77 @@ class Consumer:
                 if not done.done():
                     done.set_exception(ClientConnectionError("the consumer closed"))
 
-    async def _put_back(self, job: Job) -> None:
+    def _give_back(self, job: Job) -> None:
+        """Give back a held job that is not to run here (the consumer stops, or its handler
+        was cancelled), once, in a task the closer waits for."""
+        hold = _hold_of(job)
+        if hold is None or hold.handing_back:
+            return
+        hold.handing_back = True
+        task = self._spawn(self._hand_back(job))
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _hand_back(self, job: Job) -> None:
+        """tubeq: ``hand-back`` (ready at once, no try counted); else a release at the job's
+        own priority with no delay."""
         try:
-            await job.release(delay=0)
+            if await self._server_has(job, "hand-back"):
+                await job.hand_back()
+            else:
+                await job.release(delay=0)
+        except JobCancelled:
+            log.info("job %d was cancelled", job.id)
         except ClientError as error:
-            log.debug("job %d not put back: %s", job.id, error)
+            log.debug("job %d not given back: %s", job.id, error)
             self._forget(job)
+
+
+class _SignalStops:
+    """The consumers that stop on signals (``stop_signals``), and the loop's one handler per
+    signal that stops them all: several consumers of one process share it. It takes a signal
+    only while nobody else handles it (its disposition is the default: an application's own
+    handler, the loop's or not, is left alone) and gives it back to the default once the last
+    of its consumers closed. A new event loop starts afresh (consumers of a loop that ended
+    are forgotten)."""
+
+    def __init__(self) -> None:
+        self._consumers: dict[int, set[Consumer]] = {}  # signal -> the consumers it stops
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, consumer: Consumer) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._consumers, self._loop = {}, loop
+        for sig in consumer.stop_signals:
+            consumers = self._consumers.get(sig)
+            if consumers is None:
+                if signal.getsignal(sig) not in (signal.SIG_DFL, signal.default_int_handler):
+                    log.info("signal %d has a handler already: consume() leaves it alone", sig)
+                    continue
+                try:
+                    loop.add_signal_handler(sig, self._stop, sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    continue  # no signals on this loop (Windows, or not the main thread)
+                consumers = self._consumers[sig] = set()
+            consumers.add(consumer)
+
+    def discard(self, consumer: Consumer) -> None:
+        for sig, consumers in list(self._consumers.items()):
+            consumers.discard(consumer)
+            if not consumers:
+                del self._consumers[sig]
+                if self._loop is not None and not self._loop.is_closed():
+                    self._loop.remove_signal_handler(sig)
+
+    def _stop(self, sig: int) -> None:
+        consumers = list(self._consumers.get(sig, ()))
+        log.info("signal %d: stopping %d consumer(s)", sig, len(consumers))
+        for consumer in consumers:
+            consumer.stop()
+
+
+_STOP_ON_SIGNALS: Final = _SignalStops()
 
 
 # A handler's exception as fail's error text: its type and message, at most this many bytes

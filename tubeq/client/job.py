@@ -148,6 +148,13 @@ class Job:
         priority = await self._priority(pri)
         await self._settle(*_bury_command(self.id, priority))
 
+    async def hand_back(self) -> None:
+        """Give the reserved job back because this worker is shutting down (tubeq's
+        ``hand-back``; not in beanstalkd): ready at once at its own priority, and the
+        reservation counts as no try (no max-tries try, no backoff). :class:`JobCancelled`
+        when someone cancelled it (it is gone)."""
+        await self._settle(*_hand_back_command(self.id))
+
     async def touch(self) -> None:
         """Give the reserved job a full TTR from now; :class:`JobCancelled` when someone
         cancelled it (tubeq: it is gone)."""
@@ -214,6 +221,13 @@ def _release_command(job_id: int, pri: int, delay: int) -> tuple[bytes, Convert[
 
     return (b"release %d %d %d\r\n" % (_job_id(job_id), _uint(pri, "pri"), _uint(delay, "delay")),
             convert)
+
+
+def _hand_back_command(job_id: int) -> tuple[bytes, Convert[None]]:
+    def convert(reply: Reply, link: Connection) -> None:
+        _expect(reply, "hand-back", RELEASED)
+
+    return b"hand-back %d\r\n" % _job_id(job_id), convert
 
 
 def _bury_command(job_id: int, pri: int) -> tuple[bytes, Convert[None]]:

@@ -23,7 +23,7 @@ from tubeq.client._contracts import Connection, Convert
 from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
 from tubeq.client.job import Job
 from tubeq.client.parser import Reply, ReplyParser
-from tubeq.client.wire import CANCELLED, RESERVED
+from tubeq.client.wire import CANCELLED, QUIET, RESERVED
 
 T = TypeVar("T")
 
@@ -72,6 +72,7 @@ class _Link(asyncio.Protocol):
         self._push_waiters: set[asyncio.Future[None]] = set()
         # push ... cancels=1: called with the id of a held job the server says was cancelled.
         self.on_cancelled: Callable[[int], None] | None = None
+        self.on_quiet: Callable[[], None] | None = None
         # The server's extension words once asked (tubeq.client.batches), empty for beanstalkd.
         self.extensions: frozenset[str] | None = None
 
@@ -167,6 +168,10 @@ class _Link(asyncio.Protocol):
             if self.on_cancelled is not None:
                 self.on_cancelled(reply.int_arg(0))
             return
+        if reply.word == QUIET and self.pushing:  # a frame: the server asks us to stop taking
+            if self.on_quiet is not None:
+                self.on_quiet()
+            return
         if not self._pending:
             self._fail(ProtocolError(f"unsolicited reply {reply.word.decode()} from "
                                      f"{self._client.address}"))
@@ -215,6 +220,12 @@ class _Link(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
         self._push_waiters.clear()
+
+    def take_pushed(self) -> list[Job]:
+        """The pushed jobs not taken by :meth:`next_pushed` yet, taken now."""
+        jobs = list(self._pushed)
+        self._pushed.clear()
+        return jobs
 
     async def next_pushed(self) -> Job:
         while not self._pushed:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tubeq.client.args import _tube, _uint
+from tubeq.client.tracing import current_traceparent, valid_traceparent
 from tubeq.client.wire import MAX_MS, U32_MAX, U64_MAX
 
 ON_EXPIRE: Final = ("bury", "delete")
@@ -49,8 +50,10 @@ def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | 
                   max_tries: int | None, backoff_ms: int | None, backoff_max_ms: int | None,
                   ttl_ms: int | None, on_expire: str | None, key: str | None,
                   after: Sequence[int] | None = None, result_ttl_ms: int | None = None,
-                  group: str | None = None) -> bytes:
-    """The ``put-with`` command line (CRLF included) for these arguments and options."""
+                  group: str | None = None, traceparent: str | None = None) -> bytes:
+    """The ``put-with`` command line (CRLF included) for these arguments and options.
+    ``traceparent`` None: the current OpenTelemetry context's, if any (tubeq.client.tracing);
+    "": none."""
     if delay_ms is not None and delay:
         raise ValueError("give delay (s) or delay_ms, not both")
     line = b"put-with %d %d %d %d" % (_uint(pri, "pri"), _uint(delay, "delay"),
@@ -71,7 +74,20 @@ def put_with_line(pri: int, delay: int, ttr: int, size: int, *, delay_ms: int | 
         line += b" after=" + _after(after)
     if group is not None:  # spelled as a tube name
         line += b" group=" + _tube(group)
-    return line + b"\r\n"
+    return line + traceparent_option(traceparent) + b"\r\n"
+
+
+def traceparent_option(traceparent: str | None) -> bytes:
+    """`` traceparent=...`` for put-with, or b"": ``traceparent`` None takes the current
+    OpenTelemetry context's (none without opentelemetry-api or a current span), "" sends none;
+    a value the server would refuse is a ValueError."""
+    if traceparent is None:
+        traceparent = current_traceparent()
+    if not traceparent:
+        return b""
+    if not valid_traceparent(traceparent):
+        raise ValueError(f"traceparent {traceparent!r}: a W3C traceparent of version 00")
+    return b" traceparent=" + traceparent.encode("ascii")
 
 
 def key_arg(key: str) -> bytes:

@@ -80,6 +80,9 @@ FINISHED: Final = _word(replies.FINISHED)
 FAILED: Final = _word(replies.FAILED)
 CANCELLED: Final = _word(replies.CANCELLED)
 PROGRESS: Final = b"PROGRESS"  # wait ... progress=N: PROGRESS <id> <n> <bytes>, and its body
+# Quiet shutdowns (tubeq only; see Client.push's on_quiet): the push frame QUIET.
+QUIET: Final = _word(replies.QUIET)
+QUIETING: Final = _word(replies.QUIETING)
 
 # The reply grammar: each word and the argument counts it may carry. Every argument is an
 # unsigned decimal except USING's tube name. RESERVED, FOUND and OK are followed by a body whose
@@ -128,6 +131,8 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     FAILED: frozenset({0}),
     CANCELLED: frozenset({0, 1}),  # with the id: a push frame (push ... cancels=1)
     PROGRESS: frozenset({3}),
+    QUIET: frozenset({0}),  # a push frame (push ... quiet=1)
+    QUIETING: frozenset({0}),
 }
 BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED, PROGRESS})
 TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED})

@@ -41,7 +41,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.handlers import TUBE_POLICY_COUNTERS
 from tubeq.server.process import Server
 from tubeq.server.stats import job_pairs, server_pairs, tube_pairs
-from tubeq.store.records import JobEnd, JobInfo, Progress
+from tubeq.store.records import CANCELLED, HANDED_BACK_EXPIRED, JobEnd, JobInfo, Progress
 
 # Defaults of a put with no options, as pheanstalk has them: 1024 is the first priority that
 # is not "urgent" (stats' current-jobs-urgent counts pri < 1024); a TTR of 60 s.
@@ -60,6 +60,7 @@ RESULT_OPTIONS: Final = frozenset({"wait-ms", "progress"})  # the result long po
 RELEASE_OPTIONS: Final = frozenset({"reservation", "pri", "delay"})
 BURY_OPTIONS: Final = frozenset({"reservation", "pri"})
 OWNER_OPTIONS: Final = frozenset({"reservation"})
+QUIET_OPTIONS: Final = frozenset({"tube", "conn"})
 KICK_OPTIONS: Final = frozenset({"bound"})
 PAUSE_OPTIONS: Final = frozenset({"delay"})
 LIST_OPTIONS: Final = frozenset({"state", "limit"})
@@ -89,6 +90,8 @@ def add_routes(app: web.Application, server: Server) -> None:
     app.router.add_post("/api/jobs/{id}/release", release)
     app.router.add_post("/api/jobs/{id}/bury", bury)
     app.router.add_post("/api/jobs/{id}/touch", touch)
+    app.router.add_post("/api/jobs/{id}/hand-back", hand_back)
+    app.router.add_post("/api/quiet", quiet)
     app.router.add_get("/api/stats", _taking_no_options(stats))
     app.router.add_get("/api/servers", _taking_no_options(servers))
 
@@ -137,7 +140,7 @@ async def put(request: web.Request) -> web.Response:
         size = len(body) if body is not None else request.content_length
         told = f"{size} bytes" if size is not None else "more bytes"
         raise HttpError(413, f"job body too big: {told}, at most {ctx.max_job_size}")
-    extras = _put_with_options(options)
+    extras = _traced(request, _put_with_options(options))
     if extras:
         opts = dict(extras)
         if delay and "delay-ms" in opts:
@@ -171,6 +174,18 @@ async def put(request: web.Request) -> web.Response:
     _outcome(request, "put", replies.inserted(new_id))
     return web.json_response({"id": new_id, "tube": tube,
                               "state": "delayed" if delayed else "ready"}, status=201)
+
+
+def _traced(request: web.Request, extras: job_options.Options) -> job_options.Options:
+    """A put's options with the request's W3C ``traceparent`` header as the job's context
+    (an instrumented HTTP client sends its span's), unless the option gives one. A header that
+    is not a valid traceparent is ignored, as W3C Trace Context says a receiver does (the
+    option, a client's deliberate choice, is checked: 400)."""
+    header = request.headers.get("traceparent")
+    if header is None or any(name == "traceparent" for name, _ in extras):
+        return extras
+    value = job_options.PUT_OPTIONS["traceparent"].convert(header.strip().encode("latin-1"))
+    return extras if value is None else (*extras, ("traceparent", value))
 
 
 def _end_data(data: bytes) -> dict[str, Any]:
@@ -216,7 +231,8 @@ def _put_with_options(options: dict[str, Any]) -> job_options.Options:
             given = options[name]
             if spec.ids and isinstance(given, list) and all(type(i) is int for i in given):
                 given = ",".join(map(str, given))  # after: a JSON list of ids, or "1,2,3"
-            textual = spec.key or bool(spec.choices) or spec.ids or spec.tube
+            textual = (spec.key or bool(spec.choices) or spec.ids or spec.tube
+                       or spec.traceparent)
             if not (isinstance(given, QueryValue) or (
                     isinstance(given, str) if textual else type(given) is int)):
                 raise HttpError(400, f"bad value for option '{name}' (a JSON "
@@ -291,6 +307,7 @@ async def job_document(ctx: ServerContext, jid: int) -> dict[str, Any]:
     progress = body_fields(policies.progress)
     out["progress"], out["progress_base64"] = progress["body"], progress["body_base64"]
     out["parents_pending"] = policies.parents_pending
+    out["traceparent"] = policies.traceparent  # put-with traceparent=, or ""
     return out
 
 
@@ -319,10 +336,12 @@ async def delete(request: web.Request) -> web.Response:
     jid = job_id(request.match_info["id"])
     options = await read_options(request, OWNER_OPTIONS, json_body=False)
     ctx.counters.incr("delete")
-    deleted = await ops.delete(ctx, _reservation(options, required=False), jid, bool)
+    token = _reservation(options, required=False)
+    deleted = await ops.delete(ctx, token, jid, bool)
     _outcome(request, "delete", replies.DELETED if deleted else replies.NOT_FOUND)
     if not deleted:
         raise HttpError(404, f"job {jid} not found (or reserved under another reservation)")
+    _reservation_ended(ctx, token, jid, "deleted")
     return web.json_response({"deleted": jid})
 
 
@@ -351,6 +370,7 @@ async def release(request: web.Request) -> web.Response:
     _outcome(request, "release", replies.RELEASED if released else replies.NOT_FOUND)
     if not released:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "released")
     return web.json_response({"released": jid, "state": "delayed" if delay else "ready"})
 
 
@@ -366,6 +386,7 @@ async def bury(request: web.Request) -> web.Response:
     _outcome(request, "bury", replies.BURIED if buried else replies.NOT_FOUND)
     if not buried:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "buried")
     return web.json_response({"buried": jid})
 
 
@@ -379,7 +400,51 @@ async def touch(request: web.Request) -> web.Response:
     _outcome(request, "touch", replies.TOUCHED if deadline else replies.NOT_FOUND)
     if not deadline:
         raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    if ctx.tracer is not None:
+        ctx.tracer.moved(token, jid, deadline)
     return web.json_response({"touched": jid, "deadline_ms": deadline})
+
+
+async def hand_back(request: web.Request) -> web.Response:
+    """hand-back: a job this reservation holds back to ready at once, its try not counted."""
+    ctx = _ctx(request)
+    jid = job_id(request.match_info["id"])
+    token = _reservation(await read_options(request, OWNER_OPTIONS))
+    done = await ops.hand_back(ctx, token, jid)
+    if done == CANCELLED:
+        _outcome(request, "hand-back", replies.CANCELLED)
+        _reservation_ended(ctx, token, jid, "cancelled")
+        raise HttpError(410, f"job {jid} was cancelled: it is gone")
+    _outcome(request, "hand-back", replies.RELEASED if done else replies.NOT_FOUND)
+    if not done:
+        raise HttpError(404, f"job {jid} is not reserved under this reservation")
+    _reservation_ended(ctx, token, jid, "hand-back")
+    return web.json_response({"handed_back": jid,
+                              "state": "expired" if done == HANDED_BACK_EXPIRED else "ready"})
+
+
+async def quiet(request: web.Request) -> web.Response:
+    """quiet: push consumers (all, those watching ``tube``, or connection ``conn``) stop
+    taking jobs, on every process."""
+    ctx = _ctx(request)
+    options = await read_options(request, QUIET_OPTIONS)
+    if len(options) > 1:
+        raise HttpError(400, "give 'tube' or 'conn', or neither (all)")
+    scope, target = next(iter(options.items()), ("all", ""))
+    if scope != "all" and (not isinstance(target, str) or not target or " " in target):
+        raise HttpError(400, f"'{scope}' must be a name without spaces")
+    if scope == "tube":
+        target = tube_name(target)
+    await ops.quiet(ctx, scope, target)
+    return web.json_response({"quieting": scope, **({scope: target} if target else {})},
+                             status=202)
+
+
+def _reservation_ended(ctx: ServerContext, token: str, jid: int, how: str) -> None:
+    """An HTTP reservation's job settled ``how``: its span ends (tubeq.server.tracing), as a
+    connection's settle ends it (Connection.settled); ``token`` "": none (a job not reserved)."""
+    if ctx.tracer is not None and token:
+        ctx.tracer.ended(token, (jid,), how)
 
 
 def _reservation(options: dict[str, Any], *, required: bool = True) -> str:

@@ -23,6 +23,10 @@ Rules:
   with some of the later fields but not all is malformed, as is one with a field not here.
 * Text a client gave (a fail's error) is decoded with replacement characters where it is not
   UTF-8: an event carries what the job carried, and a client's bytes must not make it unreadable.
+* A trailing field (``TRAILING_FIELDS``) follows every field of ``FIELDS`` on the entries it
+  applies to, and only on them: ``traceparent`` on the ``put`` of a job put with one. So the
+  entries of every other job cost nothing more. It is not a column of ``SPARK_DDL`` (the
+  archive does not keep it) and an entry without it parses to ``""``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ FIELDS: Final = (
 LATER_FIELDS: Final = ("size", "error", "failures")
 LATER_DEFAULTS: Final[dict[str, int | str]] = {"size": 0, "error": "", "failures": 0}
 
+# Fields after FIELDS that only some entries carry (see the rules above): the producer's W3C
+# traceparent on the put of a job put-with gave one (protocol.md, "Traces").
+TRAILING_FIELDS: Final = ("traceparent",)
+
 # The fields that hold integers; the rest are strings.
 INT_FIELDS: Final = frozenset({"id", "pri", "delay_ms", "ttr_ms", "due_ms", "tries", "time_ms",
                                "size", "failures"})
@@ -126,6 +134,7 @@ class Event:
     size: int = 0
     error: str = ""
     failures: int = 0
+    traceparent: str = ""  # a trailing field: not in FIELDS, nor in as_row
 
     @classmethod
     def from_entry(cls, stream_id: bytes | str, fields: Mapping[bytes, bytes]) -> Event:
@@ -134,7 +143,7 @@ class Event:
         sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
         names = {k.decode(errors="replace") for k in fields}
         missing = set(FIELDS) - names
-        extra = names - set(FIELDS)
+        extra = names - set(FIELDS) - set(TRAILING_FIELDS)
         if extra or (missing and missing != set(LATER_FIELDS)):
             raise MalformedEvent(f"entry {sid}: missing {sorted(missing)}, "
                                  f"unexpected {sorted(extra)}")
@@ -151,6 +160,13 @@ class Event:
                 raise MalformedEvent(f"entry {sid}: bad {name} {raw!r}") from exc
         if values["event"] not in _NAMES:
             raise MalformedEvent(f"entry {sid}: unknown event {values['event']!r}")
+        for name in TRAILING_FIELDS:
+            raw = fields.get(name.encode())
+            if raw is not None:
+                try:
+                    values[name] = raw.decode("ascii")  # put-with checked it: W3C, ASCII
+                except UnicodeDecodeError as exc:
+                    raise MalformedEvent(f"entry {sid}: bad {name} {raw!r}") from exc
         return cls(stream_id=sid, **values)  # type: ignore[arg-type]
 
     def as_row(self) -> tuple[int | str, ...]:

@@ -51,6 +51,12 @@ MAX_PARENTS: Final = 1000
 _ID: Final = re.compile(rb"[1-9][0-9]{0,19}")
 U64_MAX: Final = 2**64 - 1
 
+# traceparent=: a W3C Trace Context traceparent (https://www.w3.org/TR/trace-context/),
+# version 00 as that recommendation writes it: lowercase hex, a trace id and a parent span id
+# that are not all zeros. Stored as given, so what a worker reads back is what the producer
+# sent; a later version's longer form is refused rather than cut.
+_TRACEPARENT: Final = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
 
 def _job_ids(raw: bytes) -> str | None:
     """``after=``'s value: the ids in the order given, once each, joined by commas."""
@@ -64,18 +70,21 @@ def _job_ids(raw: bytes) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Spec:
     """One option: an unsigned integer up to ``maximum``, one of ``choices``, a key, a tube
-    name, or a list of job ids."""
+    name, a list of job ids, or a W3C traceparent."""
 
     maximum: int = 0
     choices: tuple[str, ...] = ()
     key: bool = False
     tube: bool = False
     ids: bool = False
+    traceparent: bool = False
 
     def convert(self, raw: bytes) -> OptionValue | None:
         """The value of ``raw``, or None if it is not one this option takes."""
         if self.ids:
             return _job_ids(raw)
+        if self.traceparent:
+            return raw.decode("ascii") if _TRACEPARENT.fullmatch(raw) else None
         if self.key:
             return raw.decode("ascii") if _KEY.fullmatch(raw) else None
         if self.tube:
@@ -107,8 +116,9 @@ JOB_POLICIES: Final[Mapping[str, Spec]] = {
 
 # A put's own options besides the job policies: its delay in ms, a dedupe key, wait-ms (put,
 # then wait for the job's end that long, in one command: request/reply), after (held until
-# those jobs finished: dependencies) and result-ttl-ms (how long its result is kept, instead
-# of the server's --result-ttl).
+# those jobs finished: dependencies), result-ttl-ms (how long its result is kept, instead
+# of the server's --result-ttl) and traceparent (the producer's OpenTelemetry context, which
+# travels with the job to its worker: protocol.md, "Traces").
 PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "delay-ms": _MS,
     **JOB_POLICIES,
@@ -117,6 +127,7 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "after": Spec(ids=True),
     "result-ttl-ms": _MS,
     "group": Spec(tube=True),  # its group in the tube (round robin): spelled as a tube name
+    "traceparent": Spec(traceparent=True),
 }
 # A put-many entry's options (name=value tokens after its four numbers): its group.
 PUT_MANY_OPTIONS: Final[Mapping[str, Spec]] = {"group": PUT_OPTIONS["group"]}
@@ -131,9 +142,11 @@ FAIL_OPTIONS: Final[Mapping[str, Spec]] = {
     "backoff-ms": _MS,
     "backoff-max-ms": _MS,
 }
-# push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled.
+# push's options: cancels=1, a frame CANCELLED <id> as soon as a job it holds is cancelled;
+# quiet=1, a frame QUIET when the server asks its consumers to stop taking jobs.
 PUSH_OPTIONS: Final[Mapping[str, Spec]] = {
     "cancels": Spec(maximum=1),
+    "quiet": Spec(maximum=1),
 }
 # wait's options: progress=N, answer a progress report past the N-th as well as an end.
 WAIT_OPTIONS: Final[Mapping[str, Spec]] = {

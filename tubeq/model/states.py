@@ -35,6 +35,9 @@ TRANSITIONS: dict[tuple[JobState | None, str], JobState | None] = {
     (JobState.RESERVED, "touch"): JobState.RESERVED,
     (JobState.RESERVED, "expire"): JobState.READY,
     (JobState.RESERVED, "disconnect"): JobState.READY,
+    # quiet shutdowns: given back with no try counted (lua/hand_back.lua, disconnect.lua)
+    (JobState.RESERVED, "hand-back"): JobState.READY,
+    (JobState.RESERVED, "disconnect at shutdown"): JobState.READY,
     (JobState.BURIED, "kick"): JobState.READY,
     (JobState.DELAYED, "kick"): JobState.READY,
     (JobState.BURIED, "kick_job"): JobState.READY,

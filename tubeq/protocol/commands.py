@@ -236,11 +236,24 @@ class PauseTube(Command):
 @dataclass(frozen=True, slots=True)
 class Push(Command):
     """tubeq's push extension: deliver ready jobs unasked, up to ``credits`` outstanding;
-    ``cancels``: also tell at once of a held job cancelled (``CANCELLED <id>`` frames)."""
+    ``cancels``: also tell at once of a held job cancelled (``CANCELLED <id>`` frames);
+    ``quiet``: also tell when the server asks its consumers to stop taking jobs (``QUIET``)."""
 
     word: ClassVar[bytes | None] = b"push "
     credits: int
     cancels: bool = False
+    quiet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Quiet(Command):
+    """tubeq's ``quiet``: ask push consumers to stop taking jobs, on every process: all of the
+    namespace's (``scope`` "all"), those watching a tube ("tube", the name), or one
+    connection ("conn", its token)."""
+
+    word: ClassVar[bytes | None] = b"quiet "
+    scope: str
+    target: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +472,15 @@ class ReportProgress(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class HandBack(Command):
+    """tubeq's ``hand-back``: the holder gives a reserved job back because it is shutting
+    down: ready at once, its try not counted."""
+
+    word: ClassVar[bytes | None] = b"hand-back "
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel(Command):
     """tubeq's ``cancel``: the job is not to run (again)."""
 
@@ -501,15 +523,15 @@ BEANSTALKD_COMMANDS: Final[tuple[type[Command], ...]] = (
     KickJob, StatsJob, StatsTube, Stats, ListTubes, ListTubeUsed, ListTubesWatched, Quit,
     PauseTube,
 )
-# tubeq's own, by feature: push, extensions, tube settings; recurring jobs; admin verbs;
+# tubeq's own, by feature: push and quiet, extensions, tube settings; recurring jobs; admin verbs;
 # batches; job policies and deduplicated put; ends; namespaces.
 EXTENSION_COMMANDS: Final[tuple[type[Command], ...]] = (
-    Push, Extensions, TubeSet,
+    Push, Quiet, Extensions, TubeSet,
     ScheduleAdd, ScheduleList, ScheduleRemove,
     ClearTube, ListJobs, ChangePri, ChangeDelay, TubePause, TubeResume,
     PutMany, ReserveMany, DeleteMany,
     PutWith, PeekKey,
-    Finish, Fail, ReportProgress, Cancel, Wait, WaitMs,
+    Finish, Fail, ReportProgress, HandBack, Cancel, Wait, WaitMs,
     Auth,
 )
 # Every command a client's bytes can parse into, in the order of the classes above.

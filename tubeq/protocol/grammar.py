@@ -37,6 +37,7 @@ from tubeq.protocol.commands import (
     Extensions,
     Fail,
     Finish,
+    HandBack,
     Ignore,
     Kick,
     KickJob,
@@ -54,6 +55,7 @@ from tubeq.protocol.commands import (
     Put,
     PutMany,
     PutWith,
+    Quiet,
     Quit,
     Rejected,
     Release,
@@ -360,7 +362,24 @@ _BEANSTALKD_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
 def _push(args: bytes) -> Command:
     credits, end = _read_unsigned(args, 0, U32_MAX)
     given = dict(_options(args[end:], options.PUSH_OPTIONS))
-    return Push(credits, cancels=bool(given.get("cancels", 0)))
+    return Push(credits, cancels=bool(given.get("cancels", 0)),
+                quiet=bool(given.get("quiet", 0)))
+
+
+# A connection's token in ``quiet conn <token>``: '<instance id>:<number>', printable ASCII.
+_CONN_TOKEN: Final = re.compile(rb"[!-~]{1,200}")
+
+
+def _quiet(args: bytes) -> Command:
+    """``all``, ``tube <name>`` or ``conn <token>``."""
+    if args == b"all":
+        return Quiet("all")
+    scope, _, target = args.partition(b" ")
+    if scope == b"tube":
+        return Quiet("tube", _tube_name(target))
+    if scope == b"conn" and _CONN_TOKEN.fullmatch(target) is not None:
+        return Quiet("conn", target.decode("ascii"))
+    raise _BadFormat
 
 
 # A tube name token inside a line (then a space or the end): the longest run of name bytes.
@@ -629,6 +648,7 @@ def _auth(args: bytes) -> Command:
 # tubeq's own commands' argument parsers (protocol.md, "Extensions").
 _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     Push: _push,
+    Quiet: _quiet,
     Extensions: _no_args(Extensions),
     TubeSet: _tube_set,
     # recurring jobs
@@ -653,6 +673,7 @@ _EXTENSION_GRAMMAR: Final[Mapping[type[Command], _ArgParser]] = {
     Finish: _with_body(Finish),
     Fail: _fail,
     ReportProgress: _with_body(ReportProgress),
+    HandBack: _job_id(HandBack),
     Cancel: _job_id(Cancel),
     Wait: _wait(Wait, 1000, U32_MAX),
     WaitMs: _wait(WaitMs, 1, options.MAX_MS),

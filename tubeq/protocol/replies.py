@@ -30,6 +30,9 @@ RESUMED = b"RESUMED\r\n"
 FINISHED = b"FINISHED\r\n"
 FAILED = b"FAILED\r\n"
 CANCELLED = b"CANCELLED\r\n"
+# A push frame (push ... quiet=1): the server asks the consumer to stop taking jobs.
+QUIET = b"QUIET\r\n"
+QUIETING = b"QUIETING\r\n"
 
 
 # INTERNAL_ERROR with the word tubeq adds for a connection that has used an extension command

@@ -69,7 +69,7 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_cleaned_up", "_closed", "_deletes", "_eof", "_flow",
+        "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop", "_deletes", "_eof", "_flow",
         "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled", "_push", "_puts", "_quit",
         "_replies", "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing",
         "producer", "replaying", "reserved", "reserves", "store", "token", "transport",
@@ -131,6 +131,9 @@ class Connection(asyncio.Protocol):
         self._lost = False
         self._closed: asyncio.Future[None] | None = None  # made when someone waits
         self._cleaned_up = False
+        # Closed by its stopping process (Server.stop), not by the client: the jobs it held go
+        # back with no try counted (disconnect.lua's shutdown)
+        self._closed_by_stop = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -273,8 +276,11 @@ class Connection(asyncio.Protocol):
         using.release(self.used)
         for tube in self.watched:
             using.watch(tube, -1)
-        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
+                                     shutdown=self._closed_by_stop)
         done.add_done_callback(self._disconnected)
+        if self.ctx.tracer is not None:  # (a stopping server's close is no try: 'shutdown')
+            self.ctx.tracer.closed(self.token, "shutdown" if self.ctx.stopping else "disconnect")
         if self.reserved:  # job policies: a backoff may have delayed them; re-aim the scheduler
             done.add_done_callback(lambda _: self.ctx.scheduler.note_due(self.store.clock()))
 
@@ -294,7 +300,8 @@ class Connection(asyncio.Protocol):
             self._closed.set_result(None)
 
     def _disconnect_again(self, tries: int) -> None:
-        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved))
+        done = self.store.disconnect(self.token, self.producer, self.worker, list(self.reserved),
+                                     shutdown=self._closed_by_stop)
         done.add_done_callback(functools.partial(self._disconnected, tries=tries))
 
     async def wait_closed(self) -> None:
@@ -305,8 +312,9 @@ class Connection(asyncio.Protocol):
             self._closed = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._closed)
 
-    def close(self) -> None:
+    def close(self, *, stopping: bool = False) -> None:
         if self.transport is not None and not self._lost:
+            self._closed_by_stop = stopping
             self.transport.close()
 
     def mark_producer(self) -> None:
@@ -488,7 +496,8 @@ class Connection(asyncio.Protocol):
                 break
         del self._replies[:len(out)]
         transport = self.transport
-        if out and transport is not None and not self._lost:
+        if out and transport is not None and not self._lost and not transport.is_closing():
+            # (closing: the server closed it, e.g. stopping, with a push frame queued)
             transport.write(b"".join(out))
             if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
                                            self.token):
@@ -534,13 +543,21 @@ class Connection(asyncio.Protocol):
 
     # -- push extension -----------------------------------------------------------------------
 
-    def start_push(self, credits: int, *, cancels: bool = False) -> bytes:
+    def start_push(self, credits: int, *, cancels: bool = False, quiet: bool = False) -> bytes:
         self.mark_worker()  # a push consumer is a worker, as a reserving one is
         if self._push is None:
             self._push = Push(self, self._flow, self._push_frames)
         self._push.cancels = cancels
+        self._push.tell_quiet = quiet
         self._push.start(credits)
         return replies.pushing(credits)
+
+    def quiet(self) -> bool:
+        push = self._push
+        if push is None or self._lost:
+            return False
+        push.quiet()
+        return True
 
     def granted_directly(self, job: Reservation) -> bool:
         """A put of this process handed ``job`` straight to this connection's push loop
@@ -559,11 +576,14 @@ class Connection(asyncio.Protocol):
         if self._push is not None and self._push.cancels and job_id in self.reserved:
             self._push_frames(replies.cancelled_notice(job_id))
 
-    def settled(self, *job_ids: int) -> None:
-        """Jobs this connection held are no longer its own: free their push credits, if any."""
+    def settled(self, *job_ids: int, how: str = "") -> None:
+        """Jobs this connection held are no longer its own: free their push credits, if any,
+        and end their reservation spans (``how`` they ended)."""
         reserved = self.reserved
         for job_id in job_ids:
             reserved.pop(job_id, None)
+        if self.ctx.tracer is not None:
+            self.ctx.tracer.ended(self.token, job_ids, how or "settled")
         if self._push is not None:
             self._push.settled(job_ids)
 

@@ -33,6 +33,7 @@ from tubeq.server.metrics import Metrics
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
+from tubeq.server.tracing import JobTracer
 from tubeq.server.using import UseLedger
 from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.base import JobStore
@@ -121,6 +122,9 @@ class ServerContext:
     # Connections waiting for jobs to end (wait), woken by the ended channel.
     end_waits: EndWaits = field(default_factory=EndWaits)
     draining: bool = False
+    # The process is stopping (Server.stop): push loops take no more jobs, and the push
+    # connections that asked are told QUIET (tubeq.server.push).
+    stopping: bool = False
     # The namespace held --max-jobs jobs or more at its last count (Server._watch_job_count):
     # puts answer OUT_OF_MEMORY until a count finds room.
     full: bool = False
@@ -136,6 +140,8 @@ class ServerContext:
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
     # Outcomes and slow commands (tubeq.server.metrics); None when neither is looked at.
     observer: Metrics | None = None
+    # Spans of traced jobs (tubeq.server.tracing); None unless the process exports traces.
+    tracer: JobTracer | None = None
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     extra_keys_always: bool = False  # --extra-keys always: every connection is extended
     # Whole-namespace reads, one call out at a time per namespace, shared by the callers that
@@ -147,6 +153,14 @@ class ServerContext:
 
     def next_token(self) -> str:
         return f"{self.store.instance_id}:{next(self._seq)}"
+
+    def quiet_consumers(self, scope: str, target: str = "") -> int:
+        """``quiet``: the push connections of this process in ``scope`` ("all"; "tube": those
+        watching tube ``target``; "conn": the one whose token is ``target``) stop taking
+        jobs, and those that asked are told. How many push connections it reached."""
+        return sum(conn.quiet() for conn in list(self.connections.values())
+                   if scope == "all" or (scope == "conn" and conn.token == target)
+                   or (scope == "tube" and target in conn.watched))
 
     def deliver_direct(self, token: str, job: Reservation, pri: int) -> None:
         """The store's ``direct_grants``: a put of this process handed ``job`` (priority
@@ -257,9 +271,15 @@ class Session(Protocol):
 
     def track_grants(self, call: asyncio.Future[T]) -> asyncio.Future[T]: ...
 
-    def start_push(self, credits: int, *, cancels: bool = False) -> bytes: ...
+    def start_push(self, credits: int, *, cancels: bool = False, quiet: bool = False,
+                   ) -> bytes: ...
 
     def job_cancelled(self, job_id: int) -> None: ...
+
+    def quiet(self) -> bool:
+        """Stop pushing jobs to this connection (as ``push 0``); tell it ``QUIET`` if it asked
+        (``push ... quiet=1``). False (nothing done) for a connection that does not push."""
+        ...
 
     def granted_directly(self, job: Reservation) -> bool:
         """A put of this process handed ``job`` straight to this connection's push loop
@@ -272,12 +292,18 @@ class Session(Protocol):
         ``wait``); ``give_up`` ends it early when the client half-closes or goes."""
         ...
 
-    def settled(self, *job_ids: int) -> None: ...
+    def settled(self, *job_ids: int, how: str = "") -> None:
+        """Jobs it held are no longer its own; ``how``: the reply's word in lower case
+        (deleted, released, ...), for the reservation spans (tubeq.server.tracing)."""
+        ...
 
     def settling(self, job_ids: Sequence[int]) -> None: ...
 
     def registration_lost(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, *, stopping: bool = False) -> None:
+        """Close the connection; ``stopping``: its process is stopping (the jobs it held go
+        back with no try counted)."""
+        ...
 
     async def wait_closed(self) -> None: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import structlog
 
@@ -149,11 +149,22 @@ def _reserve_job(conn: Session, cmd: c.ReserveJob) -> Reply:
     return then(conn.track_grants(conn.store.reserve_job(conn.token, cmd.id)), answer)
 
 
-def _forget_on(conn: Session, job_id: int, ok: bytes) -> Callable[[bool], bytes]:
+# How a reservation ended, by the reply that settled it (for its span: tubeq.server.tracing).
+_ENDED_BY: Final = {reply: reply.split()[0].decode().lower() for reply in (
+    replies.DELETED, replies.RELEASED, replies.BURIED, replies.FINISHED, replies.FAILED,
+    replies.CANCELLED)}
+
+
+def _forget_on(conn: Session, job_id: int, ok: bytes,
+               how: str = "") -> Callable[[bool], bytes]:
+    """The answer of a command that ends ``job_id``'s reservation when it succeeds: ``ok``;
+    ``how`` it ended (its span's outcome) when ``ok``'s word does not say it."""
+    how = how or _ENDED_BY[ok]
+
     def answer(done: bool) -> bytes:
         if not done:
             return replies.NOT_FOUND
-        conn.settled(job_id)
+        conn.settled(job_id, how=how)
         return ok
 
     return answer
@@ -179,7 +190,7 @@ def _touch(conn: Session, cmd: c.Touch) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:  # someone cancelled it: gone (only after a cancel)
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             # a beanstalkd client knows no CANCELLED: for it, as for beanstalkd, the job it
             # touches is no longer its own
             return replies.CANCELLED if conn.extended else replies.NOT_FOUND
@@ -211,6 +222,13 @@ def _fail(conn: Session, cmd: c.Fail) -> Reply:
                          worker_policy=cmd.options), answer)
 
 
+def _hand_back(conn: Session, cmd: c.HandBack) -> Reply:
+    handed = _forget_on(conn, cmd.id, replies.RELEASED, how="hand-back")
+    cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
+    return then(ops.hand_back(conn.ctx, conn.token, cmd.id),
+                lambda done: cancelled(True) if done == CANCELLED else handed(bool(done)))
+
+
 def _cancel(conn: Session, cmd: c.Cancel) -> Reply:
     return then(ops.cancel(conn.ctx, cmd.id),
                 lambda done: replies.CANCELLED if done else replies.NOT_FOUND)
@@ -224,7 +242,7 @@ def _progress(conn: Session, cmd: c.ReportProgress) -> Reply:
         if not deadline:
             return replies.NOT_FOUND
         if deadline == CANCELLED:
-            conn.settled(cmd.id)
+            conn.settled(cmd.id, how="cancelled")
             return replies.CANCELLED
         conn.reserved[cmd.id] = deadline
         return replies.TOUCHED
@@ -368,7 +386,11 @@ def _pause_tube(conn: Session, cmd: c.PauseTube) -> Reply:
 
 
 def _push(conn: Session, cmd: c.Push) -> Reply:
-    return conn.start_push(cmd.credits, cancels=cmd.cancels)
+    return conn.start_push(cmd.credits, cancels=cmd.cancels, quiet=cmd.quiet)
+
+
+def _quiet(conn: Session, cmd: c.Quiet) -> Reply:
+    return then(ops.quiet(conn.ctx, cmd.scope, cmd.target), lambda _: replies.QUIETING)
 
 
 def _extensions(conn: Session, cmd: c.Extensions) -> Reply:
@@ -648,7 +670,7 @@ def _delete_many(conn: Session, cmd: c.DeleteMany) -> Reply:
 
     def answer(done: list[bool]) -> bytes:
         conn.settled(*(job_id for job_id, deleted in zip(cmd.ids, done, strict=True)
-                       if deleted))
+                       if deleted), how="deleted")
         return replies.batch([replies.DELETED if deleted else replies.NOT_FOUND
                               for deleted in done])
 
@@ -688,6 +710,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Quit: _quit,
     c.PauseTube: _pause_tube,
     c.Push: _extension(_push),
+    c.Quiet: _extension(_quiet),
     c.Extensions: _extension(_extensions),
     c.TubeSet: _extension(_tube_set),
     # recurring jobs
@@ -712,6 +735,7 @@ HANDLERS: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = {
     c.Finish: _extension(_finish),
     c.Fail: _extension(_fail),
     c.ReportProgress: _extension(_progress),
+    c.HandBack: _extension(_hand_back),
     c.Cancel: _extension(_cancel),
     c.Wait: _extension(_wait),
     c.WaitMs: _extension(_wait),

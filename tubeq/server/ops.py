@@ -78,15 +78,29 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
     delay_ms = int(opts.get("delay-ms", delay * 1000))
     ttl_ms = int(opts.get("ttl-ms", 0))  # the job's own; a tube's ttl-ms is the sweep's to find
     now = store.clock()
+    # put-with traceparent=, on a process that exports traces: the put's span (tracing.py)
+    traced = ctx.tracer is not None and "traceparent" in opts
 
     def stored(outcome: PutOutcome) -> PutOutcome:
         if outcome.id and outcome.inserted and (delay_ms > 0 or ttl_ms > 0):
             for due in (delay_ms, ttl_ms):
                 if due > 0:
                     ctx.scheduler.note_due(now + due)
+        if traced and ctx.tracer is not None:
+            ctx.tracer.put(str(opts["traceparent"]), tube, store.keys.prefix, now,
+                           max(outcome.id, 0), _put_outcome(outcome))
         return outcome
 
     return then(store.put_with(tube, pri, delay, max(ttr, 1), body, options), stored)
+
+
+def _put_outcome(outcome: PutOutcome) -> str:
+    """A put-with's outcome as its span says it."""
+    if outcome.inserted:
+        return "inserted"
+    if outcome.unknown_parent:
+        return "unknown-parent"
+    return "duplicate" if outcome.id > 0 else "refused"
 
 
 Waited = JobEnd | Progress | bool | None  # what wait_for_end answers
@@ -151,6 +165,19 @@ def release(ctx: ServerContext, token: str, job_id: int, pri: int,
     if delay > 0:
         _note_due_when_done(ctx, call, store.clock() + delay * 1000)
     return call
+
+
+def hand_back(ctx: ServerContext, token: str, job_id: int) -> asyncio.Future[int]:
+    """A job ``token`` holds back to ready at once, its try not counted (the holder is
+    shutting down): 1 done, 0 not held, CANCELLED (it was cancelled, and is gone)."""
+    return ctx.store.hand_back(token, job_id)
+
+
+def quiet(ctx: ServerContext, scope: str, target: str = "") -> asyncio.Future[int]:
+    """Push consumers in ``scope`` ("all"; "tube" ``target``; "conn" ``target``, a connection's
+    token) stop taking jobs, on every process (told over pub/sub, this one's too): the
+    processes that heard it."""
+    return ctx.store.quiet(scope, target)
 
 
 def bury(ctx: ServerContext, token: str, job_id: int, pri: int, *,

@@ -8,7 +8,8 @@ until ``auth``; the file's bound listeners put theirs straight into a namespace.
 listener (``--metrics``) is the composition root's (tubeq.cli): it hands the Server a
 factory (:class:`HttpFront`), and this package imports nothing of tubeq.http.
 
-Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; give the
+Shutdown goes in phases: drain (every later put answers DRAINING) and stop accepting; quiet the
+push connections (no more jobs pushed; those that asked hear ``QUIET``); give the
 connections up to ``shutdown_grace_s`` to finish the jobs they hold (delete, release, bury: a
 worker finishes its job instead of having it run twice); close every client connection (each
 one's reserved jobs go back to ready through disconnect.lua), wait for that with a bound, stop the
@@ -46,6 +47,7 @@ from tubeq.redisio.cluster import (
 )
 from tubeq.redisio.pubsub import Subscriber
 from tubeq.redisio.sentinel import MasterNotFound
+from tubeq.server import tracing
 from tubeq.server.access import DEFAULT_NAMESPACE, AccessConfig, namespace_prefix
 from tubeq.server.connection import Connection
 from tubeq.server.context import (
@@ -189,6 +191,9 @@ class Config:
     shutdown_grace_s: float = 0.0
     # The namespace's tubes spread over this many Redis hash tags (tubeq.store.shards); 1: one.
     shards: int = 1
+    # Spans of traced jobs over OTLP/HTTP (tubeq.server.tracing): the collector's base URL; ""
+    # where the OTEL_EXPORTER_OTLP_* variables say; None: off (unless those variables are set).
+    otel_endpoint: str | None = None
 
 
 class HttpFront(Protocol):
@@ -262,6 +267,7 @@ class Server:
         self._ends: dict[bytes, EndWaits] = {}  # ended channel -> its namespace's waits
         self._parent_ends: dict[bytes, ParentEnds] = {}  # parent_ends channel -> its drain
         self._cancels: dict[bytes, ServerContext] = {}  # cancels channel -> its namespace
+        self._quiets: dict[bytes, ServerContext] = {}  # quiet channel -> its namespace
         self._client: RedisClient | None = None  # the default namespace's root's Redis
         self._nodes: dict[str, RedisClient] = {}  # by URL: every Redis this process talks to
         self._slot_map: SlotMap | None = None  # on a Redis Cluster (tubeq.redisio.cluster)
@@ -269,6 +275,7 @@ class Server:
         self._subscriber: Subscriber | None = None
         self._capacity = Capacity(config.max_connections)
         self.metrics: Metrics | None = None
+        self.tracer: tracing.JobTracer | None = None
         self._http: HttpFront | None = None
 
     @property
@@ -369,6 +376,7 @@ class Server:
             identity=ServerIdentity(config.max_job_size), max_job_size=config.max_job_size,
             max_in_flight=config.max_in_flight, max_client_buffer=config.max_client_buffer,
             max_watch=config.max_watch, capacity=self._capacity, observer=self.metrics,
+            tracer=self.tracer,
             extra_keys_always=config.extra_keys_always, result_ttl_ms=config.result_ttl_ms,
             max_result_size=(config.max_job_size if config.max_result_size is None
                              else config.max_result_size))
@@ -392,6 +400,9 @@ class Server:
             cancels = each.cancels_channel(self.instance_id).encode()  # held jobs cancelled
             self._cancels[cancels] = ctx
             self._subscriber.subscribe(cancels)
+            quiet = each.quiet_channel.encode()  # quiet: push consumers to stop taking jobs
+            self._quiets[quiet] = ctx
+            self._subscriber.subscribe(quiet)
             parent_ends = each.parent_ends.encode()  # parents that ended with children held
             self._parent_ends[parent_ends] = children
             self._subscriber.subscribe(parent_ends)
@@ -444,6 +455,12 @@ class Server:
             conn = cancelled_in.connections.get(token)
             if conn is not None and job_id.isdigit():
                 conn.job_cancelled(int(job_id))
+            return
+        quiet_in = self._quiets.get(channel)
+        if quiet_in is not None:  # quiet: 'all', 'tube <name>' or 'conn <token>'
+            scope, _, target = data.decode().partition(" ")
+            reached = quiet_in.quiet_consumers(scope, target)
+            log.info("quiet", scope=scope, target=target, push_connections=reached)
             return
         # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
         split = channel.find(b"}:") + 2
@@ -556,6 +573,11 @@ class Server:
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms)
         elif config.slow_ms > 0:  # only the slow-command line
             self.metrics = Metrics(config.metrics_max_tubes, config.slow_ms, outcomes=False)
+        if tracing.wanted(config.otel_endpoint):
+            try:
+                self.tracer = tracing.start_tracing(config.otel_endpoint)
+            except tracing.TracingUnavailable as error:
+                raise StartupError(str(error)) from None
         url = config.redis_url
         if is_cluster_url(url):
             try:
@@ -635,11 +657,16 @@ class Server:
             with contextlib.suppress(OSError):
                 path.unlink()
         for ctx in self.namespaces.values():
+            # Push loops take no more jobs; the consumers that asked hear QUIET and hand back
+            # what they have not started (hand-back), then finish the rest within the grace.
+            ctx.stopping = True
+            ctx.quiet_consumers("all")
+        for ctx in self.namespaces.values():
             await self._let_jobs_finish(ctx, self.config.shutdown_grace_s)
         connections = [conn for ctx in self.namespaces.values()
                        for conn in ctx.connections.values()]
         for conn in connections:
-            conn.close()
+            conn.close(stopping=True)
         if connections:
             await asyncio.wait([asyncio.ensure_future(conn.wait_closed())
                                 for conn in connections], timeout=SHUTDOWN_GRACE_S)
@@ -657,6 +684,8 @@ class Server:
                 await asyncio.wait_for(ctx.store.leave(), SHUTDOWN_GRACE_S)
         for node in self._nodes.values():
             await node.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         log.info("stopped")
 
     @staticmethod

@@ -12,7 +12,10 @@ Rules:
   (``reserve_many(stay=True)``), where a take, a count-in and a take again were three
   scripts. While it is counted in, a credit coming back does not wake it: puts hand it
   their jobs, or wake it, as they come.
-* It takes no jobs while the client is not taking its replies (FlowControl.write_paused).
+* It takes no jobs while the client is not taking its replies (FlowControl.write_paused), nor
+  once its process is stopping (ServerContext.stopping).
+* ``quiet`` (an admin's, or the process stopping) sets its credits to 0, as ``push 0`` does,
+  and tells a connection that asked (``push ... quiet=1``) with a ``QUIET`` frame.
 * Credits a delete-many frees as it is sent (:meth:`Push.settled` with ``take_now``) start the
   next take at once when the loop sleeps for want of credit: the take leaves in the same Redis
   write as the deletes, and its jobs in the same client write as their replies.
@@ -58,7 +61,7 @@ class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
     __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "cancels", "credits",
-                 "pushed", "task", "wait")
+                 "pushed", "task", "tell_quiet", "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -67,6 +70,7 @@ class Push:
         self._send = send  # frames into the connection's reply stream, between whole replies
         self.credits = 0
         self.cancels = False  # push ... cancels=1: CANCELLED <id> frames for held jobs
+        self.tell_quiet = False  # push ... quiet=1: a QUIET frame when asked to stop taking
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
         self.task: asyncio.Task[None] | None = None
         self.wait: Wait | None = None  # the loop's, while it runs
@@ -80,6 +84,16 @@ class Push:
             self.task = asyncio.get_running_loop().create_task(self._run())
         else:
             self.nudge()
+
+    def quiet(self) -> None:
+        """The server asks this consumer to stop taking jobs (``quiet``, or the process
+        stopping): no more deliveries, as after ``push 0`` (a job a put handed over already is
+        still sent); a connection that asked is told ``QUIET``, between whole replies. A later
+        ``push <credits>`` takes jobs again, unless the process is stopping."""
+        self.credits = 0
+        if self.tell_quiet:
+            self._send(replies.QUIET)
+        self.nudge()
 
     def nudge(self) -> None:
         """Look again now: a credit came back, or the client takes its replies again."""
@@ -145,10 +159,10 @@ class Push:
         now = store.clock()
         expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
         if expired:
-            session.settled(*expired)  # their TTR ran out: the jobs are queued again
+            session.settled(*expired, how="ttr")  # their TTR ran out: queued again
         free = self.credits - len(pushed)
-        if self._flow.write_paused:
-            free = 0  # the client is not taking frames: take no more jobs for it
+        if self._flow.write_paused or session.ctx.stopping:
+            free = 0  # the client is not taking frames, or this process stops: take no more
         early, self._early = self._early, None
         if early is not None or free > 0:
             jobs = await wait.took(early if early is not None else wait.send_take(

@@ -252,6 +252,8 @@ class ReserveQueue:
         for job in jobs:
             reserved[job.id] = job.deadline_ms
         conn.ctx.scheduler.note_due(min(job.deadline_ms for job in jobs))
+        if conn.ctx.tracer is not None:
+            conn.ctx.tracer.reserved(conn.store, conn, jobs)
 
     def _tried(self, pendings: list[PendingReserve],
                f: asyncio.Future[Reservation | NoJob | list[Reservation]]) -> None:

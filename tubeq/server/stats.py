@@ -178,14 +178,18 @@ def yaml_string(text: str) -> str:
 
 
 def job_policy_keys(policies: JobPolicies) -> list[tuple[str, object]]:
-    """stats-job's extra keys of the job policies (protocol.md, put-with)."""
-    return [
+    """stats-job's extra keys of the job policies (protocol.md, put-with); ``traceparent``
+    last, only for a job put with one (protocol.md, "Traces")."""
+    keys: list[tuple[str, object]] = [
         ("reason", policies.reason or '""'), ("tries", policies.tries),
         ("max-tries", policies.max_tries), ("expires-at-ms", policies.expires_at_ms),
         ("key", yaml_string(policies.key)), ("failures", policies.failures),
         ("error", yaml_string(policies.error.decode("utf-8", "replace"))),
         ("progress-reports", policies.progress_seq), ("parents-pending", policies.parents_pending),
     ]
+    if policies.traceparent:  # (lowercase hex and '-' only: a plain YAML scalar)
+        keys.append(("traceparent", policies.traceparent))
+    return keys
 
 
 class ServerIdentity:

@@ -39,6 +39,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     Progress,
     PutOutcome,
@@ -164,7 +165,11 @@ class JobStore(Protocol):
     def bump_gauge(self, field: str, delta: int) -> None: ...
 
     def disconnect(self, token: str, producer: bool, worker: bool,
-                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]: ...
+                   reserved: Sequence[int], *, home: bool = True,
+                   shutdown: bool = False) -> asyncio.Future[Reply]:
+        """The connection is gone: its ``reserved`` jobs back to ready, each ending a try,
+        unless ``shutdown`` (its process stopping closed it: no try counted)."""
+        ...
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -235,9 +240,20 @@ class JobStore(Protocol):
         (it is gone, the result dropped)."""
         ...
 
+    def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
+        """A job ``token`` holds goes back to ready at once, its try not counted (its holder
+        is shutting down): 1 handed back, HANDED_BACK_EXPIRED (past its TTL, it expired
+        instead), 0 not held, CANCELLED (it was cancelled: gone)."""
+        ...
+
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         """The job is not to run again: 1 deleted now, 2 reserved (marked: its holder hears
         it), 0 no such job."""
+        ...
+
+    def quiet(self, scope: str, target: str = "") -> asyncio.Future[int]:
+        """Ask every process of the namespace to quiet its push consumers in ``scope`` ("all",
+        "tube" ``target``, "conn" ``target``): the processes that heard it."""
         ...
 
     def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
@@ -273,5 +289,7 @@ class JobStore(Protocol):
     def peek_key(self, key: str) -> asyncio.Future[tuple[int, bytes] | None]: ...
 
     def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]: ...
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]: ...
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]: ...

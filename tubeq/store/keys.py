@@ -104,6 +104,7 @@ class JobField(StrEnum):
     RESULT_TTL = "rt"
     GROUP = "g"
     GROUP_COUNTED = "gk"
+    TRACEPARENT = "tp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +266,12 @@ class Keys:
         """Parents' ends not yet told to their children ('<child> <parent> <1|0>', by when),
         and the channel that says one was added."""
         return self.root + "parent_ends"
+
+    @property
+    def quiet_channel(self) -> str:
+        """Where quiet.lua asks every process to quiet push consumers ('all', 'tube <name>',
+        'conn <token>')."""
+        return self.root + "quiet"
 
     def grant_channel(self, instance_id: str) -> str:
         """Where put.lua tells a process that one of its waiting connections got a job."""

@@ -42,6 +42,8 @@ END_HOWS = ("finished", "deleted", "buried", "expired", "cancelled")
 # What touch (instead of a deadline) and finish (instead of True) answer for a job cancelled
 # while its holder held it: the job is gone (lua/cancel.lua).
 CANCELLED = -2
+# hand_back.lua's answer for a job past its TTL: it expired instead of going back to ready.
+HANDED_BACK_EXPIRED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,19 @@ class JobPolicies:
     progress_seq: int = 0  # progress reports its holders made (progress)
     progress: bytes = b""  # the latest one
     parents_pending: int = 0  # held (put-with after=): its parents not finished yet
+    traceparent: str = ""  # put-with traceparent=: the producer's W3C context, or ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobTrace:
+    """What the server's spans of a reservation need of a traced job (put-with traceparent=):
+    its context, when it was put and last became ready (ms; 0: straight from its put), and how
+    many times it has been reserved (this reservation included)."""
+
+    traceparent: str
+    created_ms: int
+    ready_since_ms: int
+    reserves: int
 
 
 class Deferred(Exception):

@@ -69,6 +69,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     Progress,
     PutOutcome,
@@ -323,8 +324,14 @@ class ShardedStore:
                behind: int = 0) -> asyncio.Future[bool | int]:
         return self.of_id(job_id).finish(token, job_id, result, keep_ms)
 
+    def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
+        return self.of_id(job_id).hand_back(token, job_id)
+
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         return self.of_id(job_id).cancel(job_id)
+
+    def quiet(self, scope: str, target: str = "") -> asyncio.Future[int]:
+        return self.shards[0].quiet(scope, target)  # every process hears the first shard
 
     def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
              worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
@@ -502,14 +509,15 @@ class ShardedStore:
         self.home.bump_gauge(field, delta)
 
     def disconnect(self, token: str, producer: bool, worker: bool,
-                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
+                   reserved: Sequence[int], *, home: bool = True,
+                   shutdown: bool = False) -> asyncio.Future[Reply]:
         touched = self._touched.get(token, set())
         held: dict[int, list[int]] = {}
         for job_id in reserved:
             held.setdefault(shard_of_id(job_id, self.count), []).append(job_id)
         home_shard = self.shards.index(self.home)
         calls = [self.shards[k].disconnect(token, producer, worker, held.get(k, []),
-                                           home=k == home_shard)
+                                           home=k == home_shard, shutdown=shutdown)
                  for k in sorted(touched | held.keys() | {home_shard})]
         done = self._gather(calls)
         done.add_done_callback(lambda f: self._forget(token, f))
@@ -708,6 +716,9 @@ class ShardedStore:
 
     def job_policies(self, job_id: int) -> asyncio.Future[JobPolicies | None]:
         return self.of_id(job_id).job_policies(job_id)
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]:
+        return self.of_id(job_id).job_trace(job_id)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).tube_policy_counts(tube)

@@ -45,6 +45,7 @@ from tubeq.store.records import (
     JobObserver,
     JobPolicies,
     JobSummary,
+    JobTrace,
     NoJob,
     ParentEnd,
     Progress,
@@ -352,8 +353,14 @@ class Store:
                           *_numbered(behind), decode=_unless_deferred(
                               lambda r: CANCELLED if r == CANCELLED else _deleted(r, metrics)))
 
+    def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
+        return self._eval("hand_back", token, job_id, self.clock(), decode=int)
+
     def cancel(self, job_id: int) -> asyncio.Future[int]:
         return self._eval("cancel", job_id, self.clock(), decode=int)
+
+    def quiet(self, scope: str, target: str = "") -> asyncio.Future[int]:
+        return self._eval("quiet", f"{scope} {target}" if target else scope, decode=int)
 
     def fail(self, token: str, job_id: int, error: bytes, *, behind: int = 0,
              worker_policy: Options = ()) -> asyncio.Future[Failed | None]:
@@ -654,11 +661,12 @@ class Store:
         call.add_done_callback(discard)
 
     def disconnect(self, token: str, producer: bool, worker: bool,
-                   reserved: Sequence[int], *, home: bool = True) -> asyncio.Future[Reply]:
+                   reserved: Sequence[int], *, home: bool = True,
+                   shutdown: bool = False) -> asyncio.Future[Reply]:
         """``home``: :meth:`connect` counted the connection in this store (a split namespace's
         other shards only saw its watches: tubeq.store.shards)."""
         return self._eval("disconnect", token, int(producer), int(worker), self.clock(),
-                          int(home), *reserved)
+                          int(home), int(shutdown), *reserved)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -885,9 +893,22 @@ class Store:
                 return None
             return JobPolicies(bytes(r[0]).decode(), int(r[1]), int(r[2]), int(r[3]),
                                bytes(r[4]).decode(), int(r[5]), bytes(r[6]), int(r[7]),
-                               bytes(r[8]), int(r[9]))
+                               bytes(r[8]), int(r[9]), bytes(r[10]).decode())
 
         return self._eval("job_policies", job_id, decode=decode)
+
+    def job_trace(self, job_id: int) -> asyncio.Future[JobTrace | None]:
+        """A job's trace context and the instants its spans need (a plain read, asked only
+        by a process that exports traces: tubeq.server.tracing); None when it has no
+        traceparent or is gone."""
+        def decode(r: Any) -> JobTrace | None:
+            if r[0] is None:
+                return None
+            return JobTrace(r[0].decode(), _as_int(r[1]), _as_int(r[2]), _as_int(r[3]))
+
+        return self.client.call("HMGET", self.keys.job(job_id), JobField.TRACEPARENT,
+                                JobField.CREATED, JobField.READY_SINCE, JobField.RESERVES,
+                                decode=decode)
 
     def tube_policy_counts(self, tube: str) -> asyncio.Future[list[int]]:
         """A tube's jobs expired, dead-lettered (max-tries), deduplicated puts, its jobs

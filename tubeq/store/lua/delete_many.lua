@@ -39,9 +39,7 @@ local function delete_one(id)
   if state == 'reserved' then
     unreserved[#unreserved + 1] = member(id)  -- out of K_RESERVED, and counted: below
     held[t] = held[t] + 1
-    if f[12] then  -- counted for its group's limits (includes/groups.lua)
-      uncount_group_reserve(t, jk, now, rcall('HGET', k_tube(t), 'gep'))
-    end
+    if f[12] then uncount_group_reserve(t, jk, now) end  -- its group's limits (groups.lua)
   else
     unlink(id, t, state, now)
   end

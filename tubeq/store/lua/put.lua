@@ -13,7 +13,8 @@ Returns  the new job id (counted in total-jobs, the server's and the tube's); {i
          of the living job with that key (nothing stored: a duplicate); 0 when the tube is
          full (tube-set max-jobs: nothing stored, no id used); {'unknown', id} when a parent
          is unknown (nothing stored, no id used)
-Events   'put' (reason 'after' for a job held or buried by after=); on a hand-over also
+Events   'put' (reason 'after' for a job held or buried by after=; put-with traceparent= adds
+         the field 'traceparent' to it, includes/events.lua add_event); on a hand-over also
          'reserved' (tries 1) for the waiting connection; 'deduplicated' (the existing job)
          instead for a duplicate.
 Wakes    a hand-over to another process's connection, or to one not taking it at once, is
@@ -33,6 +34,8 @@ local t, pri, delay, ttr, body, now = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7
 -- put-with: its options (job policies, delay-ms, dedupe key; includes/policies.lua).
 local delay_ms = tonumber(delay) * 1000
 local opts = #ARGV > 8 and put_options(9)
+-- put-with traceparent=: its 'put' event carries it (includes/events.lua add_event)
+local traced = opts and opts.traceparent
 if opts then
   if opts.key then
     local existing = duplicate_of(opts.key, now)
@@ -69,7 +72,7 @@ count_stored(t, 1)
 if near and (failed or near[1] or far[1]) then  -- held, or buried at once
   store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(group_field))
   start_policies(id, jk, t, opts, now, limits[2])
-  add_event('put', id, t, pri, delay_ms, ttr, 0, 0, now, 'after')
+  add_event('put', id, t, pri, delay_ms, ttr, 0, 0, now, 'after', nil, nil, nil, traced)
   if failed then
     fail_held(id, t, jk, now)
   else
@@ -82,16 +85,21 @@ if delay_ms > 0 then
   store_job(jk, t, pri, ttr, body, now, math.floor(delay_ms / 1000), due, unpack(group_field))
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_delayed(id, t, due)
-  add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '')
+  add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '', nil, nil, nil, traced)
 else
   local waiting = rcall('HGET', K_REFS, 'q:' .. t)
   waiting = waiting and tonumber(waiting) > 0
   local taker = waiting and direct_taker(t, meta)
-  -- put-with wait-ms (a request/reply): waited for from its birth, a field of the job's own
-  -- HSET (start_policies would write it with one more)
+  -- put-with wait-ms (a request/reply): waited for from its birth, and traceparent: fields
+  -- of the job's own HSET beside its group (start_policies would write each with one more)
   local extra = group_field
   if opts and opts.waited then
     extra, opts.waited = {JOB_WAITED, opts.waited, unpack(group_field)}, nil
+  end
+  if opts and opts.traceparent then
+    if extra == group_field then extra = {unpack(group_field)} end
+    extra[#extra + 1], extra[#extra + 2] = JOB_TRACEPARENT, opts.traceparent
+    opts.traceparent = nil
   end
   if taker then
     -- Handed straight to a push loop of this process: stored reserved, as the hand-over
@@ -103,14 +111,14 @@ else
     start_policies(id, jk, t, opts, now, limits[2])
     rcall('ZADD', K_RESERVED, due, member(id))
     rcall('HINCRBY', k_tube(t), 'nres', '1')
-    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, traced)
     add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
     return {id, taker}
   end
   store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(extra))
   start_policies(id, jk, t, opts, now, limits[2])
   enqueue_ready(id, t, pri, now, meta, nil, nil, opts and opts.group or '')
-  add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+  add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, traced)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.
   if waiting and hand_over_in(t, now) ~= id then

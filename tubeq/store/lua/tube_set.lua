@@ -30,9 +30,7 @@ end
 -- Reserve limits apply at once: the tube is re-indexed (held or released) and its waiters woken;
 -- in group mode every group is placed again (includes/groups.lua).
 if limits_changed and redis.call('EXISTS', k_tube(t)) == 1 then
-  local had = redis.call('HEXISTS', k_tube(t), 'lim') == 1
   sync_limit_flag(t)
-  if had and redis.call('HEXISTS', k_tube(t), 'lim') == 0 then forget_group_counts(t) end
   local meta = tube_meta(t)
   if meta[4] then regroup(t, now, meta[3]) end
   index_tube(t, now, nil, nil, meta)

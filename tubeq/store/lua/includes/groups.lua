@@ -23,9 +23,8 @@
 -- parked): its jobs stay ready, no reserve sees them. It comes back (group_place) when one of
 -- its reservations ends, when the rate window ends (the timer 'l:<tube>', promote.lua) and
 -- when tube-set changes the limits (regroup). Reservations of a limited tube in group mode are
--- counted per group (k_group_reserved; the job's JOB_GROUP_COUNTED names the count's epoch, the
--- tube's 'gep': a tube-set that removes the last limit forgets the counts by starting the next
--- epoch, so a reservation counted before it is not counted out after it), rate
+-- counted per group (k_group_reserved; the job's JOB_GROUP_COUNTED says it is counted, and it is
+-- counted out when its reservation ends, limits or not), rate
 -- windows are the clock's whole seconds as for the tube's own rate (k_group_windows:
 -- '<window> <reserves in it>').
 
@@ -189,40 +188,41 @@ local function leave_group_mode(t)
 end
 
 -- A reservation of job `jk` (group g) of tube t (in group mode, flagged 'lim') starts: counted
--- for its group's limits, in the tube's count epoch; the group is parked if they now hold it.
+-- for its group's limits; the group is parked if they now hold it.
 local function count_group_reserve(t, g, jk, now)
   redis.call('HINCRBY', k_group_reserved(t), g, 1)
-  local epoch = redis.call('HGET', k_tube(t), 'gep') or '0'
-  redis.call('HSET', jk, JOB_GROUP_COUNTED, epoch)
-  local window = math.floor(now / 1000)
-  local w = redis.call('HGET', k_group_windows(t), g)
-  local seen, n = string.match(w or '', '^(%d+) (%d+)$')
-  n = tonumber(seen) == window and tonumber(n) + 1 or 1
-  redis.call('HSET', k_group_windows(t), g, window .. ' ' .. n)
+  redis.call('HSET', jk, JOB_GROUP_COUNTED, 1)
+  if tonumber(redis.call('HGET', k_settings(t), 'group-rate') or 0) > 0 then
+    local wk, window = k_group_windows(t), math.floor(now / 1000)
+    local w = redis.call('HGET', wk, g)
+    local seen, n = string.match(w or '', '^(%d+) (%d+)$')
+    n = tonumber(seen) == window and tonumber(n) + 1 or 1
+    redis.call('HSET', wk, g, window .. ' ' .. n)
+    -- Two entries picked at random go if they are of a past second (only this second's
+    -- count matters): the hash holds about the groups reserved lately, not every group the
+    -- tube ever served (one per tenant would grow without end).
+    local some = redis.call('HRANDFIELD', wk, 2, 'WITHVALUES')
+    for i = 1, #some, 2 do
+      if tonumber(string.match(some[i + 1], '^(%d+) ') or window) < window then
+        redis.call('HDEL', wk, some[i])
+      end
+    end
+  end
   if redis.call('HEXISTS', k_group_places(t), g) == 1 then group_place(t, g, now, true) end
 end
 
--- A reservation of job `jk` in tube t ends: if its group counted it in the tube's count epoch
--- `epoch` (its 'gep', nil: 0), counted out, and the group comes back to its turn if its limits
--- let it. Returns whether it was.
-local function uncount_group_reserve(t, jk, now, epoch)
+-- A reservation of job `jk` in tube t ends: if its group counted it, counted out, and the
+-- group comes back to its turn if its limits let it. Returns whether it was.
+local function uncount_group_reserve(t, jk, now)
   local f = redis.call('HMGET', jk, JOB_GROUP, JOB_GROUP_COUNTED)
   if not f[2] then return false end
   local g = f[1] or ''
   redis.call('HDEL', jk, JOB_GROUP_COUNTED)
-  if f[2] ~= (epoch or '0') then return false end  -- counted before the counts were forgotten
   if redis.call('HINCRBY', k_group_reserved(t), g, -1) <= 0 then
     redis.call('HDEL', k_group_reserved(t), g)
   end
   if redis.call('HEXISTS', k_group_places(t), g) == 1 then group_place(t, g, now, true) end
   return true
-end
-
--- Tube t lost its last reserve limit (tube_set.lua): its groups' reservation counts are
--- forgotten (nothing keeps them while it has none) and the next epoch starts.
-local function forget_group_counts(t)
-  redis.call('HINCRBY', k_tube(t), 'gep', 1)
-  redis.call('DEL', k_group_reserved(t))
 end
 
 -- Every group of tube t (in group mode) placed again: after its group limits changed

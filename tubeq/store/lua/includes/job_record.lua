@@ -79,10 +79,12 @@ local JOB_AFTER_DELAY = 'ad'
 -- put-with group= (includes/groups.lua): the job's group key; absent: the group "". Never
 -- changes.
 local JOB_GROUP = 'g'
--- ...and while reserved from a tube with group limits: the count epoch (tube field 'gep', 0
--- when absent) in which its group's reserved count (k_group_reserved) counts it, so the end of
--- the reservation counts it out exactly once, and not after the counts were forgotten.
+-- ...and while reserved from a tube with group limits: 1 when its group's reserved count
+-- (k_group_reserved) counts it, so the end of the reservation counts it out exactly once.
 local JOB_GROUP_COUNTED = 'gk'
+-- put-with traceparent=: the producer's W3C traceparent, as given (protocol.md, "Traces"); an
+-- older build ignores the field (it reads only the fields it names), so no new layout.
+local JOB_TRACEPARENT = 'tp'
 
 -- Write a new job's record whole (new_job gave its key `jk`): ready when `due` is nil, else
 -- delayed until `due` (ms) with `delay` (s) kept as given. `...`: more (field, value) pairs

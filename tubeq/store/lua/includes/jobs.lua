@@ -208,11 +208,13 @@ local function unlink(id, t, state, now)
     rcall('ZREM', K_RESERVED, m)
     -- A 0 stays (no HDEL): a busy tube's count goes 0 -> 1 -> 0 with every job.
     rcall('HINCRBY', k_tube(t), 'nres', '-1')
-    local lim = rcall('HMGET', k_tube(t), 'lim', 'gep')
-    if lim[1] then  -- reserve limits: maybe below its cap now
-      uncount_group_reserve(t, k_job(id), now, lim[2])
+    local limited = rcall('HMGET', k_tube(t), 'lim', 'grp')
+    if limited[1] then  -- reserve limits: maybe below its cap now
+      uncount_group_reserve(t, k_job(id), now)
       index_tube(t, now)
       wake(t)
+    elseif limited[2] then  -- counted while the tube had limits, since removed: count it out
+      uncount_group_reserve(t, k_job(id), now)
     end
   end
 end

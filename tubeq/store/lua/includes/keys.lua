@@ -65,6 +65,8 @@ local function k_grant(i) return NS .. 'grant:' .. i end
 -- Where cancel.lua tells a process that a job one of its connections holds was cancelled
 -- (message '<token> <id>'; tubeq.server.process, push ... cancels=1).
 local function k_cancels(i) return NS .. 'cancels:' .. i end
+-- The channel that asks every process's push consumers to stop taking jobs (quiet.lua).
+local K_QUIET = NS .. 'quiet'
 -- How a job ended, kept for a while (includes/ends.lua), and the channel that tells every
 -- process an end its connections may wait for (data: the job id).
 local function k_end(id) return NS .. 'e:' .. text(id) end

@@ -18,7 +18,7 @@ local MAX_DELAY_MS = 4294967295000
 -- put-with's option names -> the job hash fields that keep them.
 local JOB_POLICY_FIELDS = {['max-tries'] = JOB_MAX_TRIES, ['backoff-ms'] = JOB_BACKOFF,
   ['backoff-max-ms'] = JOB_BACKOFF_MAX, ['on-expire'] = JOB_ON_EXPIRE, key = JOB_DEDUPE_KEY,
-  ['result-ttl-ms'] = JOB_RESULT_TTL}
+  ['result-ttl-ms'] = JOB_RESULT_TTL, traceparent = JOB_TRACEPARENT}
 
 -- A deterministic fraction in [0, 1) from a job id and a try number: the backoff's jitter.
 -- tubeq.model.policies.jitter computes the same, so a test knows the schedule. (Redis gives a script
@@ -242,6 +242,18 @@ local function end_try(id, t, jk, now, how, worker)
     return false, backoff_delay(id, tries, backoff, backoff_max)
   end
   return false, 0
+end
+
+-- A reservation of job `id` (tube t) that ends without a try (hand_back.lua; disconnect.lua
+-- when the job's process closed the connection as it stopped): past its TTL the job expires
+-- (expire_job, its events written) and true is returned; else false, and the caller requeues.
+local function expire_if_past_ttl(id, t, jk, now)
+  local x, _, _, _, on_expire = policies_of(jk, t)
+  if x > 0 and x <= now then
+    expire_job(id, t, jk, 'reserved', now, on_expire)
+    return true
+  end
+  return false
 end
 
 -- A reservation ended by TTR (reason '') or by its connection going away ('disconnect'): the
