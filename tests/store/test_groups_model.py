@@ -38,19 +38,34 @@ class Model:
     """protocol.md "Groups": at the best priority the group with the lowest turn number, then
     its oldest job; a group takes the next turn number when it gets a ready job while it had
     none, and when a reserve takes one of its jobs. A group at its group-concurrency cap is
-    skipped (its turn kept). Jobs without a group are the group ""."""
+    skipped (its turn kept); the cap holds only in group mode (from a put with a group until a
+    put without one finds the tube empty) and counts the reservations made there while a cap
+    was set, each until its reservation ends. Jobs without a group are the group ""."""
 
     jobs: dict[int, Job] = field(default_factory=dict)
     turns: dict[str, int] = field(default_factory=dict)
     counter: int = 0
     cap: int = 0
+    counted: set[int] = field(default_factory=set)  # reserved jobs the cap counts
+    grouped: bool = False  # group mode
+
+    def put(self, job_id: int, group: str | None, pri: int) -> None:
+        if group is not None:
+            self.grouped = True
+        elif not self.jobs:
+            self.grouped = False
+        self.jobs[job_id] = Job(group or "", pri, "new")
+        self.became_ready(job_id)
 
     def ready(self, group: str) -> list[int]:
         return sorted((j.pri, i) for i, j in self.jobs.items()
                       if j.group == group and j.state == "ready")  # type: ignore[misc]
 
     def reserved_in(self, group: str) -> int:
-        return sum(1 for j in self.jobs.values() if j.group == group and j.state == "reserved")
+        return sum(1 for i in self.counted if self.jobs[i].group == group)
+
+    def set_cap(self, cap: int) -> None:
+        self.cap = cap
 
     def _new_turn(self, group: str) -> None:
         self.counter += 1
@@ -59,11 +74,13 @@ class Model:
     def became_ready(self, job_id: int) -> None:
         group = self.jobs[job_id].group
         self.jobs[job_id].state = "ready"
+        self.counted.discard(job_id)
         if group not in self.turns:
             self._new_turn(group)
 
     def left_ready(self, job_id: int, state: str | None) -> None:
         job = self.jobs[job_id]
+        self.counted.discard(job_id)
         if state is None:
             del self.jobs[job_id]
         else:
@@ -72,8 +89,8 @@ class Model:
             self.turns.pop(job.group, None)
 
     def next_job(self) -> int | None:
-        open_groups = [g for g in self.turns
-                       if not (self.cap and self.reserved_in(g) >= self.cap)]
+        capped = self.cap and self.grouped
+        open_groups = [g for g in self.turns if not (capped and self.reserved_in(g) >= self.cap)]
         heads = {g: self.ready(g)[0] for g in open_groups}
         if not heads:
             return None
@@ -87,6 +104,8 @@ class Model:
             return None
         group = self.jobs[job_id].group
         self.left_ready(job_id, "reserved")
+        if self.cap and self.grouped:
+            self.counted.add(job_id)
         if group in self.turns:
             self._new_turn(group)
         return job_id
@@ -122,8 +141,7 @@ async def _run(url: str, ops: list[tuple[object, ...]]) -> None:
                 group, pri = op[1], int(op[2])  # type: ignore[call-overload]
                 opts = (("group", group),) if group is not None else ()
                 job_id = (await store.put_with(TUBE, pri, 0, 60, b"x", opts)).id
-                model.jobs[job_id] = Job(str(group or ""), pri, "delayed")
-                model.became_ready(job_id)
+                model.put(job_id, None if group is None else str(group), pri)
             elif name == "reserve":
                 got = await store.reserve(TOKEN)
                 want = model.reserve()
@@ -153,10 +171,10 @@ async def _run(url: str, ops: list[tuple[object, ...]]) -> None:
                     model.became_ready(min(buried))
             elif name == "cap":
                 await store.set_tube(TUBE, (("group-concurrency", int(op[1])),))  # type: ignore[call-overload]
-                model.cap = int(op[1])  # type: ignore[call-overload]
+                model.set_cap(int(op[1]))  # type: ignore[call-overload]
         # drain: every ready job comes out in the model's order once no cap holds them
         await store.set_tube(TUBE, (("group-concurrency", 0),))
-        model.cap = 0
+        model.set_cap(0)
         while (want := model.reserve()) is not None:
             got = await store.reserve(TOKEN)
             assert isinstance(got, Reservation) and got.id == want, (ops, "drain")

@@ -28,13 +28,13 @@ if state == 'ready' then
   count_ready(f[3], -1)  -- urgent or not by its new priority
   count_ready(pri, 1)
   local meta = tube_meta(t)
-  if meta[5] then  -- in its group too; the group keeps its turn (includes/groups.lua)
+  if meta[4] then  -- in its group too; the group keeps its turn (includes/groups.lua)
     local g = group_of(id)
     rcall('ZADD', k_group_ready(t, g), pri, m)
     group_place(t, g, now, meta[3])
   end
   index_tube(t, now, nil, nil, meta)
-  if was_best or meta[5] or rcall('ZRANK', rk, m) == 0 then wake(t) end
+  if was_best or meta[4] or rcall('ZRANK', rk, m) == 0 then wake(t) end
 end
 job_event('reprioritized', id, now, 0, 0, '')
 return 1

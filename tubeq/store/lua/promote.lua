@@ -40,7 +40,7 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
   elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended (the tube's or a group's)
     rcall('ZREM', K_TIMERS, name)
     local meta = tube_meta(t)
-    if meta[5] and meta[3] then regroup(t, now, true) end
+    if meta[4] and meta[3] then regroup(t, now, true) end
     index_tube(t, now, nil, nil, meta)
   else
     rcall('HDEL', k_tube(t), 'pause', 'pause_until')

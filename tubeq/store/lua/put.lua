@@ -60,11 +60,11 @@ local meta = ensure_tube(t, now)
 local group_field = {}
 if opts and opts.group then
   group_field = {JOB_GROUP, opts.group}
-  if not (meta and meta[5]) then
+  if not (meta and meta[4]) then
     enter_group_mode(t, now, meta and meta[3])
     meta = nil  -- read again where needed
   end
-elseif meta and meta[5] and leave_group_mode(t) then
+elseif meta and meta[4] and leave_group_mode(t) then
   meta = nil
 end
 local id, jk = new_job(opts and tonumber(opts.id))

@@ -26,7 +26,7 @@ local meta = ensure_tube(t, now)
 local first, step = 5, 4
 if ARGV[5] == 'g' then first, step = 6, 5 end  -- each job with its group
 -- In group mode (includes/groups.lua) unless it holds no job and the batch has no groups.
-local grouped = meta and meta[5] and true or false
+local grouped = meta and meta[4] and true or false
 if grouped and step == 4 and leave_group_mode(t) then grouped = false end
 local limits = tube_limits(t)
 local ids = {}

@@ -17,7 +17,7 @@ if state == 'ready' then  -- grant counts it out of ready
   local m = member(id)
   rcall('ZREM', k_ready(t), m)
   local meta = tube_meta(t)
-  if meta[5] then group_remove(t, group_of(id), m, now, meta[3]) end  -- its group keeps its turn
+  if meta[4] then group_remove(t, group_of(id), m, now, meta[3]) end  -- its group keeps its turn
   index_tube(t, now, nil, nil, meta)
 else
   unlink(id, t, state, now)

@@ -32,7 +32,7 @@ end
 if limits_changed and redis.call('EXISTS', k_tube(t)) == 1 then
   sync_limit_flag(t)
   local meta = tube_meta(t)
-  if meta[5] then regroup(t, now, meta[3]) end
+  if meta[4] then regroup(t, now, meta[3]) end
   index_tube(t, now, nil, nil, meta)
   wake(t)
 end

@@ -23,7 +23,8 @@
 -- parked): its jobs stay ready, no reserve sees them. It comes back (group_place) when one of
 -- its reservations ends, when the rate window ends (the timer 'l:<tube>', promote.lua) and
 -- when tube-set changes the limits (regroup). Reservations of a limited tube in group mode are
--- counted per group (k_group_reserved; the job's JOB_GROUP_COUNTED says it is counted), rate
+-- counted per group (k_group_reserved; the job's JOB_GROUP_COUNTED says it is counted, and it is
+-- counted out when its reservation ends, limits or not), rate
 -- windows are the clock's whole seconds as for the tube's own rate (k_group_windows:
 -- '<window> <reserves in it>').
 
@@ -210,8 +211,8 @@ local function count_group_reserve(t, g, jk, now)
   if redis.call('HEXISTS', k_group_places(t), g) == 1 then group_place(t, g, now, true) end
 end
 
--- A reservation of job `jk` in tube t (flagged 'lim') ends: if its group counted it, counted
--- out, and the group comes back to its turn if its limits let it. Returns whether it was.
+-- A reservation of job `jk` in tube t ends: if its group counted it, counted out, and the
+-- group comes back to its turn if its limits let it. Returns whether it was.
 local function uncount_group_reserve(t, jk, now)
   local f = redis.call('HMGET', jk, JOB_GROUP, JOB_GROUP_COUNTED)
   if not f[2] then return false end

@@ -59,19 +59,19 @@ local function blocked_ahead(token, lo)
 end
 
 -- A tube's meta fields that index_tube and the moves into and out of ready read: {ix,
--- pause_until, lim, c, grp} ('grp': the tube is in group mode, includes/groups.lua).
+-- pause_until, lim, grp} ('grp': the tube is in group mode, includes/groups.lua).
 local function tube_meta(t)
-  return rcall('HMGET', k_tube(t), 'ix', 'pause_until', 'lim', 'c', 'grp')
+  return rcall('HMGET', k_tube(t), 'ix', 'pause_until', 'lim', 'grp')
 end
 
 -- A tube exists from its first reference (use, watch, put) until gc_tube removes it. Returns
--- its meta fields (tube_meta) when the tube existed (a put passes them on: one read for both),
--- nil when it was created here.
+-- its meta fields (tube_meta's, then 'c') when the tube existed (a put passes them on: one read
+-- for both), nil when it was created here.
 local function ensure_tube(t, now)
   local tk = k_tube(t)
-  local meta = tube_meta(t)
+  local meta = rcall('HMGET', tk, 'ix', 'pause_until', 'lim', 'grp', 'c')
   -- Every tube has 'c' from its creation; a hash without it is looked at the long way.
-  if meta[4] or rcall('EXISTS', tk) == 1 then return meta end
+  if meta[5] or rcall('EXISTS', tk) == 1 then return meta end
   -- 'cu': Redis's own clock (us), which orders the tubes of a split namespace's shards as
   -- they were created (tubeq.store.shards, list-tubes); the shards' K_TUBES orders do not compare.
   local clock = rcall('TIME')
@@ -105,7 +105,7 @@ local function index_tube(t, now, head_member, head_pri, meta)
   local head
   if head_member then
     head = {head_member, head_pri}
-  elseif meta[5] then
+  elseif meta[4] then
     head = group_head(t)
   else
     head = rcall('ZRANGE', k_ready(t), '0', '0', 'WITHSCORES')
@@ -161,7 +161,7 @@ local function enqueue_ready(id, t, pri, now, meta, behind, grouped, put_group)
   local m = member(id)
   if grouped == nil then
     if not meta then meta = tube_meta(t) end
-    grouped = meta[5] ~= false
+    grouped = meta[4] ~= false
   end
   if rcall('ZADD', k_ready(t), text(pri), m) == 1 then count_ready(pri, 1) end
   if grouped then
@@ -192,7 +192,7 @@ local function unlink(id, t, state, now)
       count_ready(pri, -1)
     end
     local meta = tube_meta(t)
-    if meta[5] and pri then group_remove(t, group_of(id), m, now, meta[3]) end
+    if meta[4] and pri then group_remove(t, group_of(id), m, now, meta[3]) end
     index_tube(t, now, nil, nil, meta)
   elseif state == 'delayed' then
     count_in('d', -rcall('ZREM', k_delayed(t), m))

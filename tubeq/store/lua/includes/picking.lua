@@ -60,7 +60,7 @@ local function take_entry(entry, token, now)
   rcall('ZREM', k_ready(t), m)
   local meta = tube_meta(t)
   local head_member, head_pri
-  if meta[5] then head_member, head_pri = group_serve(t, m, now, meta[3]) end
+  if meta[4] then head_member, head_pri = group_serve(t, m, now, meta[3]) end
   local limited = index_tube(t, now, head_member, head_pri, meta)
   return grant(id_of(m), t, token, now, true, limited)
 end
@@ -75,7 +75,7 @@ local function take_run(entry, token, now, n)
   local _, t = split_entry(entry)
   local meta = tube_meta(t)
   if meta[3] then return take_entry(entry, token, now) end
-  if meta[5] then
+  if meta[4] then
     local out = {}
     for _ = 1, n do
       for _, v in ipairs(take_entry(entry, token, now)) do out[#out + 1] = v end
