@@ -167,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{log} "
             "--conf spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false "
             "pyspark-shell")
-        from tubeq.pipeline.report import DRIVER_SAMPLES
+        from tubeq.pipeline.report import default_driver_samples
         from tubeq.pipeline.session import spark_session
 
-        driver_samples = DRIVER_SAMPLES if args.driver_samples is None else args.driver_samples
+        driver_samples = (default_driver_samples("local[2]", None) if args.driver_samples is None
+                          else args.driver_samples)
         cpu, started = cpu_seconds(), time.monotonic()
         spark = spark_session("local[2]", app_name="tubeq-report-phases",
                               jvm_log=Path(scratch) / "jvm.log")

@@ -401,6 +401,18 @@ def test_finished_and_failed_jobs_per_tube(spark: SparkSession) -> None:
     assert backlog == {"t": (0, 0), "u": (0, 1), ALL: (0, 1)}
 
 
+@pytest.mark.parametrize(("master", "remote", "expected"), [
+    (None, None, report.LOCAL_DRIVER_SAMPLES),            # the command's default, local[*]
+    ("local[2]", None, report.LOCAL_DRIVER_SAMPLES),
+    ("spark://10.0.0.5:7077", None, report.DRIVER_SAMPLES),
+    ("local[*]", "sc://h:15002", report.DRIVER_SAMPLES),  # Connect: the server's driver
+])
+def test_the_driver_computes_more_percentiles_on_a_local_master(
+        master: str | None, remote: str | None, expected: int) -> None:
+    assert report.default_driver_samples(master, remote) == expected
+    assert report.LOCAL_DRIVER_SAMPLES > report.DRIVER_SAMPLES
+
+
 def test_a_report_sizes_its_local_archives_by_their_parquet_files(tmp_path: Path) -> None:
     """What decides a short run (a JVM with C1 alone): the bytes of the Parquet files Spark
     reads, not those under ``_`` or ``.`` folders; an archive not on this machine: unknown."""

@@ -337,8 +337,15 @@ def _minute_flows(facts: DataFrame) -> DataFrame:
 # workers do, hour by hour and from each tube's histogram. Both run rollup's functions on the same
 # samples, so the figures are the same either way (tests/pipeline/test_report.py); the driver
 # saves a small report two shuffles and the start of the Python workers, and a million samples
-# are ~30 MB of Arrow.
+# are ~30 MB of Arrow. On a cluster (or with --remote) that is the bound: the driver is one
+# machine among many.
 DRIVER_SAMPLES: Final = 1_000_000
+# On a local master the Python workers run on this machine's cores too, and computing there costs
+# two shuffles and a Python worker per task: a 10M-event report (5.25M samples) took 84.7 s
+# (24 task CPU-s, the Python workers besides) for that step, against 6.5 s to collect the samples
+# and ~10-14 s of numpy here, ~1 GB of this process's memory at the peak (AMD EPYC, 2 cores,
+# loaded; bench/RESULTS-pipeline.md).
+LOCAL_DRIVER_SAMPLES: Final = 10_000_000
 # A report of local archives whose Parquet files hold at most this many bytes is short: its JVM
 # compiles with C1 alone (session.SHORT_RUN_JAVA_OPTIONS). The generated archives of
 # bench.pipeline_report_bench hold ~19 bytes an event: 1,000,000 events are 19 MB.
@@ -465,11 +472,12 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
                              "partitioned archive only the days needed are read")
     parser.add_argument("--until", type=_instant_argument, metavar="WHEN",
                         help="only events before WHEN (ISO date or date and time, UTC)")
-    parser.add_argument("--driver-samples", type=_count_argument, default=DRIVER_SAMPLES,
-                        metavar="N",
+    parser.add_argument("--driver-samples", type=_count_argument, default=None, metavar="N",
                         help="compute the percentiles in this process when the archive has at "
                              "most N samples (waits, processing times, latenesses), else on "
-                             f"Spark's Python workers; 0: always there (default {DRIVER_SAMPLES})")
+                             "Spark's Python workers; 0: always there (default "
+                             f"{LOCAL_DRIVER_SAMPLES:,} on a local master, else "
+                             f"{DRIVER_SAMPLES:,})")
 
 
 def _instant_argument(text: str) -> int:
@@ -477,6 +485,14 @@ def _instant_argument(text: str) -> int:
         return parse_instant(text)
     except PipelineError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def default_driver_samples(master: str | None, remote: str | None) -> int:
+    """``--driver-samples`` when it is not given: ``LOCAL_DRIVER_SAMPLES`` for a local master
+    (the command's default one included), ``DRIVER_SAMPLES`` on a cluster or with ``remote``."""
+    if remote is None and (master is None or master.startswith("local")):
+        return LOCAL_DRIVER_SAMPLES
+    return DRIVER_SAMPLES
 
 
 def _count_argument(text: str) -> int:
@@ -547,7 +563,11 @@ def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     if since_ms is not None and until_ms is not None and since_ms >= until_ms:
         raise PipelineError("--since must come before --until")
     events = read_archive(spark, *archives, since_ms=since_ms, until_ms=until_ms)
-    computed = aggregate(events, getattr(args, "driver_samples", DRIVER_SAMPLES))
+    driver_samples = getattr(args, "driver_samples", None)
+    if driver_samples is None:
+        driver_samples = default_driver_samples(getattr(args, "master", None),
+                                                getattr(args, "remote", None))
+    computed = aggregate(events, driver_samples)
     # Only a report without a job's event can be of an empty archive: asked then alone.
     if computed.flows.num_rows == 0 and events.isEmpty():
         raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
