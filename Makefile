@@ -123,8 +123,10 @@ bench-cluster: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.cluster_bench $(ARGS)
 
 # The pipeline section of `make bench` on its own: archive rate, report time on a 10M-event
-# archive (wall, with Spark start), df.write.format("tubeq") rate; ~10 min, appends to
-# bench/RESULTS-pipeline.md. ARGS=--quick: small sizes, a few minutes, bench/out/.
+# archive (wall, with Spark start), df.write.format("tubeq") rate, and the fixed cost (report of
+# a 1,000-event archive, archive --once of 1,000 events, each with Spark start); ~12 min, appends
+# to bench/RESULTS-pipeline.md. ARGS=--quick: small sizes, a few minutes, bench/out/.
+# ARGS="--base REV": the fixed cost's rows and the 10M report, REV against this tree, interleaved.
 bench-pipeline: $(BENCH_STAMP) system-deps
 	$(BIN)/python -m bench.pipeline_bench $(ARGS)
 

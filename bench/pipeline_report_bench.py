@@ -6,9 +6,9 @@
   reserved, touched, deleted; 20 % delayed put, promoted, reserved, deleted; 10 % put, reserved,
   timed-out, reserved; 10 % put, reserved, buried, kicked) over 50 tubes and 24 hours, written by
   Spark as Parquet partitioned by date and tube, like the archive. Then
-  ``python -m tubeq.pipeline.report --master local[2]`` runs as its own process, and its wall
-  time (Spark start, reading, every table, report.html) is the figure; the target is under
-  60 s on this 2-core machine. ``--reports N`` runs it N times on the same archive; each run's
+  ``tubeq-pipeline --master local[2] report`` runs as its own process, and its wall time (Spark
+  start, reading, every table, report.html) is the figure; the target is 30 s on this 2-core
+  machine (issue 33). ``--reports N`` runs it N times on the same archive; each run's
   load average before it and the CPU seconds of its process tree (the driver, the JVM and the
   Python workers, sampled from /proc) are recorded too, since on a shared 2-core machine the
   wall time alone says more about the neighbours than about the code.
@@ -147,16 +147,30 @@ def tree_cpu(root: int, seen: dict[int, float]) -> None:
         seen[pid] = max(seen.get(pid, 0.0), cpu[pid])
 
 
-def run_report(archive: Path, out: Path) -> tuple[float, float]:
-    """Wall seconds of the report command in its own process, and the CPU seconds of its
-    process tree (the driver, the JVM, the Python workers), sampled every ``CPU_SAMPLE_S``: a
-    process's last fraction of a sample is missed."""
-    command = [sys.executable, "-m", "tubeq.pipeline.report", "--master", "local[2]",
-               "--archive", str(archive), "--out", str(out)]
+# The installed command, run as a user runs it (its JVM's output goes to a log file).
+TUBEQ_PIPELINE = Path(sys.executable).with_name("tubeq-pipeline")
+
+
+def run_report(archive: Path, out: Path, code_dir: Path | None = None) -> tuple[float, float]:
+    """Wall seconds of ``tubeq-pipeline --master local[2] report`` in its own process, and the
+    CPU seconds of its process tree (the driver, the JVM, the Python workers); with
+    ``code_dir``, the ``tubeq`` package under it runs (another revision's)."""
+    return run_command([str(TUBEQ_PIPELINE), "--master", "local[2]", "report", "--archive",
+                        str(archive), "--out", str(out)], code_dir)
+
+
+def run_command(command: list[str], code_dir: Path | None = None) -> tuple[float, float]:
+    """Wall seconds of ``command`` in its own process, and the CPU seconds of its process tree,
+    sampled every ``CPU_SAMPLE_S`` (a process's last fraction of a sample is missed). With
+    ``code_dir`` the process and Spark's Python workers import ``tubeq`` from there: it is their
+    PYTHONPATH and their working directory (a worker runs ``python -m``, whose working directory
+    comes first on its path)."""
     seen: dict[int, float] = {}
+    env = None if code_dir is None else {**os.environ, "PYTHONPATH": str(code_dir)}
     with tempfile.TemporaryFile() as log:
         started = time.monotonic()
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, cwd=code_dir or REPO_ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
         try:
             while proc.poll() is None:
                 if time.monotonic() - started > REPORT_TIMEOUT_S:
@@ -171,7 +185,8 @@ def run_report(archive: Path, out: Path) -> tuple[float, float]:
         if proc.returncode != 0:
             log.seek(0)
             output = log.read().decode(errors="replace")
-            raise RuntimeError(f"report failed ({proc.returncode}):\n{output[-3000:]}")
+            raise RuntimeError(f"{' '.join(command[:4])} failed ({proc.returncode}):\n"
+                               f"{output[-3000:]}")
     return elapsed, sum(seen.values())
 
 
@@ -265,7 +280,7 @@ def main() -> int:
     ]
     for load_before, report_s, cpu_s in reports:
         lines.append(f"| report, wall, own process with Spark start (`local[2]`, exact "
-                     f"percentiles) | **{report_s:.1f} s** (target < 60 s; {cpu_s:.0f} CPU-s; "
+                     f"percentiles) | **{report_s:.1f} s** (target <= 30 s; {cpu_s:.0f} CPU-s; "
                      f"load {load_before:.1f} before it) |")
     for name, elapsed, held, summary in writes:
         lines.append(f'| df.write.format("tubeq") into a fresh {name}, {args.rows:,} rows of '

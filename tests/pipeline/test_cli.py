@@ -156,6 +156,8 @@ def test_spark_options_go_before_or_after_the_command() -> None:
     ["--master"],                                # an option without its value
     ["report", "--archive", "a", "--out", "o", "--since", "yesterday"],  # not a date
     ["report", "--archive", "a", "--out", "o", "--until", "2026-13-01"],
+    ["report", "--archive", "a", "--out", "o", "--driver-samples", "-1"],  # not a count
+    ["report", "--archive", "a", "--out", "o", "--driver-samples", "many"],
 ])
 def test_bad_arguments_exit_2(argv: list[str]) -> None:
     done = pipeline(*argv)
@@ -201,6 +203,22 @@ def test_only_a_local_master_is_pinned_to_loopback_and_this_interpreter(
     assert os.environ.get("SPARK_LOCAL_IP") == ("127.0.0.1" if local else None)
     assert os.environ.get("PYSPARK_PYTHON") == (sys.executable if local else None)
     assert ("spark.sql.shuffle.partitions" in builder.settings) == local
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_a_short_local_run_compiles_with_c1_alone(monkeypatch: pytest.MonkeyPatch,
+                                                   short: bool) -> None:
+    builder = RecordingBuilder()
+    monkeypatch.setattr(SparkSession, "builder", builder)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    session.spark_session("local[2]", short=short)
+    options = builder.settings["spark.driver.extraJavaOptions"].split()
+    assert session.LOCAL_DRIVER_JAVA_OPTIONS in options
+    assert (session.SHORT_RUN_JAVA_OPTIONS in options) == short
+    # The archive's folders are listed in the driver, not by a job of a task per folder.
+    assert builder.settings["spark.sql.sources.parallelPartitionDiscovery.threshold"] == str(
+        session.LOCAL_LISTING_JOB_THRESHOLD)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +507,25 @@ def test_a_spark_error_is_one_line(spark: SparkSession, tmp_path: Path,
     assert "Spark's log" not in line  # this process did not start the JVM
 
 
+def test_a_spark_error_collected_as_arrow_is_its_cause() -> None:
+    """A result collected as Arrow fails with "Exception thrown in awaitResult", no condition of
+    its own: the line is its cause's, Spark's error condition and the deepest cause."""
+    text = "\n".join([
+        "An error occurred while calling o722.getResult.",
+        ": org.apache.spark.SparkException: Exception thrown in awaitResult:",
+        "\tat org.apache.spark.util.SparkThreadUtils$.awaitResult(SparkThreadUtils.scala:70)",
+        "Caused by: org.apache.spark.SparkException: [FAILED_READ_FILE.NO_HINT] Encountered "
+        "error while reading file file:///a/part-1.parquet.  SQLSTATE: KD001",
+        "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.cannotReadFilesError(x:920)",
+        "Caused by: java.lang.RuntimeException: corrupted file: the footer index is not within",
+    ])
+    assert cli.spark_error(text) == (
+        "Spark: [FAILED_READ_FILE.NO_HINT] Encountered error while reading file "
+        "file:///a/part-1.parquet.  SQLSTATE: KD001 (corrupted file: the footer index is not "
+        "within)")
+    assert cli.spark_error(text.replace("[FAILED_READ_FILE.NO_HINT] ", "")) is None
+
+
 def test_schedule_through_the_dispatcher(spark: SparkSession, tubeq: ServerProcess,
                                          tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -591,9 +628,11 @@ def test_workers_that_cannot_import_tubeq_are_one_line_saying_what_to_install(
                           check=False).returncode == 1
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path),
            "PYSPARK_PYTHON": str(python)}
-    # Not from the repository: a worker's working directory would make tubeq importable.
+    # Not from the repository: a worker's working directory would make tubeq importable. With
+    # --driver-samples 0 the percentiles are computed on the workers, whatever the archive.
     done = subprocess.run([sys.executable, "-m", "tubeq.pipeline", "--master", "local[1]",
-                           "report", "--archive", str(archive), "--out", str(tmp_path / "o")],
+                           "report", "--archive", str(archive), "--out", str(tmp_path / "o"),
+                           "--driver-samples", "0"],
                           cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=SPARK_TIMEOUT_S, check=False)
     assert done.returncode == 1

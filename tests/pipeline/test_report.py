@@ -73,11 +73,7 @@ def archive(spark: SparkSession, record: workload.Record,
 def report_dir(spark: SparkSession, archive: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    tables = report.build_report(report.read_archive(spark, archive))
-    try:
-        report.write_report(tables, out)
-    finally:
-        report.release(tables)
+    report.write_report(report.build_report(report.read_archive(spark, archive)), out)
     return out
 
 
@@ -213,6 +209,30 @@ def test_report_writes_every_table(report_dir: Path) -> None:
     assert (report_dir / "report.html").is_file()
 
 
+def test_percentiles_on_sparks_python_workers_are_the_drivers(
+        spark: SparkSession, archive: Path, report_dir: Path) -> None:
+    """Past ``--driver-samples`` Spark's Python workers compute the percentiles (hour by hour,
+    and from each tube's histogram): every table is the same, to the last digit."""
+    tables = report.build_report(report.read_archive(spark, archive), driver_samples=0)
+    for name in report.TABLES:
+        assert tables[name].to_pylist() == rows_of(report_dir, name), name
+
+
+def test_tables_written_by_spark_are_those_written_here(spark: SparkSession, report_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """With ``--remote`` (or an ``--out`` only Spark can write to) Spark writes the tables:
+    the same rows, of the same types, and the same page."""
+    import pyarrow.parquet as pq
+
+    tables = {name: pq.read_table(report_dir / name) for name in report.TABLES}
+    page = report.write_report(tables, tmp_path, spark)
+    for name in report.TABLES:
+        written = pq.read_table(tmp_path / name)
+        assert written.schema == tables[name].schema, name
+        assert written.to_pylist() == tables[name].to_pylist(), name
+    assert page.read_text() == (report_dir / "report.html").read_text()
+
+
 @pytest.mark.parametrize(("table", "size"), [("by_tube", None), ("by_minute", MINUTE),
                                              ("by_hour", HOUR)])
 def test_counts_and_percentiles(report_dir: Path, record: workload.Record, table: str,
@@ -280,12 +300,9 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
         ("3002-0", "timed-out", 2, "u", 0, 0, 1000, 0, 1, 3002, "p", "disconnect"),
     ]
     tables = report.build_report(older_events(spark, rows))
-    try:
-        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
-        failing = [row.asDict() for row in tables["failing_tubes"].collect()]
-        backlog = {row["tube"]: row["ready"] for row in tables["backlog"].collect()}
-    finally:
-        report.release(tables)
+    by_tube = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
+    failing = tables["failing_tubes"].to_pylist()
+    backlog = {row["tube"]: row["ready"] for row in tables["backlog"].to_pylist()}
     assert {tube: (row["timed_out"], row["disconnected"], row["reaped"])
             for tube, row in by_tube.items()} == {
         "t": (1, 1, 1), "u": (0, 1, 0), ALL: (1, 2, 1)}
@@ -303,11 +320,8 @@ def test_events_before_the_archive_began(spark: SparkSession) -> None:
         ("4000-0", "promoted", 9, "t", 0, 0, 1000, 0, 0, 4000, "p", ""),
     ]
     tables = report.build_report(older_events(spark, rows))
-    try:
-        by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
-        backlog = [row.asDict() for row in tables["backlog"].where("tube = 't'").collect()]
-    finally:
-        report.release(tables)
+    by_tube = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
+    backlog = [row for row in tables["backlog"].to_pylist() if row["tube"] == "t"]
     assert by_tube["t"]["wait_ms_n"] == 0  # the ready time is unknown
     assert by_tube["t"]["processing_ms_p50"] == 1000.0
     assert by_tube["t"]["lateness_ms_n"] == 0  # the due time is unknown
@@ -332,10 +346,7 @@ def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:
         ("9500-0", "deleted", 7, "t", 5, 0, 60000, 0, 2, 9500, "p", ""),
     ]
     tables = report.build_report(older_events(spark, rows))
-    try:
-        by_tube = {row["tube"]: row for row in tables["by_tube"].collect()}
-    finally:
-        report.release(tables)
+    by_tube = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
     t = by_tube["t"]
     assert t["wait_ms_n"] == 2
     assert (t["wait_ms_p50"], t["wait_ms_p99"]) == (750.0, 995.0)  # 1000 and 500, not 4000
@@ -374,13 +385,10 @@ def test_finished_and_failed_jobs_per_tube(spark: SparkSession) -> None:
         row("4021-0", "deleted", 4, "u", 1, "finished", size=None, error=None, failures=None),
     ]
     tables = report.build_report(spark.createDataFrame(rows, SPARK_DDL))
-    try:
-        by_tube = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
-        failing = [row.asDict() for row in tables["failing_tubes"].collect()]
-        backlog = {row["tube"]: (row["reserved"], row["buried"])
-                   for row in tables["backlog"].collect()}
-    finally:
-        report.release(tables)
+    by_tube = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
+    failing = tables["failing_tubes"].to_pylist()
+    backlog = {row["tube"]: (row["reserved"], row["buried"])
+               for row in tables["backlog"].to_pylist()}
     columns = ("finished", "failed", "deleted", "result_bytes", "released", "buried_max_tries")
     assert {tube: tuple(row[c] for c in columns) for tube, row in by_tube.items()} == {
         "t": (1, 1, 2, 9, 1, 0), "u": (1, 1, 1, 0, 0, 1), ALL: (2, 2, 3, 9, 1, 1)}
@@ -393,13 +401,36 @@ def test_finished_and_failed_jobs_per_tube(spark: SparkSession) -> None:
     assert backlog == {"t": (0, 0), "u": (0, 1), ALL: (0, 1)}
 
 
+@pytest.mark.parametrize(("master", "remote", "expected"), [
+    (None, None, report.LOCAL_DRIVER_SAMPLES),            # the command's default, local[*]
+    ("local[2]", None, report.LOCAL_DRIVER_SAMPLES),
+    ("spark://10.0.0.5:7077", None, report.DRIVER_SAMPLES),
+    ("local[*]", "sc://h:15002", report.DRIVER_SAMPLES),  # Connect: the server's driver
+])
+def test_the_driver_computes_more_percentiles_on_a_local_master(
+        master: str | None, remote: str | None, expected: int) -> None:
+    assert report.default_driver_samples(master, remote) == expected
+    assert report.LOCAL_DRIVER_SAMPLES > report.DRIVER_SAMPLES
+
+
+def test_a_report_sizes_its_local_archives_by_their_parquet_files(tmp_path: Path) -> None:
+    """What decides a short run (a JVM with C1 alone): the bytes of the Parquet files Spark
+    reads, not those under ``_`` or ``.`` folders; an archive not on this machine: unknown."""
+    (tmp_path / "a" / "date=2026-01-01").mkdir(parents=True)
+    (tmp_path / "a" / "date=2026-01-01" / "part-0.parquet").write_bytes(b"x" * 100)
+    (tmp_path / "a" / "_staging").mkdir()
+    (tmp_path / "a" / "_staging" / "part-1.parquet").write_bytes(b"x" * 1000)
+    (tmp_path / "a" / "notes.txt").write_bytes(b"x" * 1000)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "part-0.parquet").write_bytes(b"x" * 10)
+    assert report._parquet_bytes([str(tmp_path / "a"), str(tmp_path / "b")]) == 110
+    assert report._parquet_bytes([str(tmp_path / "a"), "s3a://bucket/archive"]) is None
+
+
 def test_empty_archive(spark: SparkSession, tmp_path: Path) -> None:
     empty: DataFrame = spark.createDataFrame([], SPARK_DDL)
     tables = report.build_report(empty)
-    try:
-        page = report.write_report(tables, tmp_path)
-    finally:
-        report.release(tables)
+    page = report.write_report(tables, tmp_path)
     assert "<body data-rendered" not in page.read_text()  # set by the script in a browser only
     assert rows_of(tmp_path, "by_tube") == []
 
@@ -721,15 +752,12 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     during = events.where(events.stream_id.isin(recorded))
     assert during.count() == len(recorded) > 0
     tables = report.build_report(during)
-    try:
-        tubes = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}
-        by_tube, answered = tubes[tube], tubes["ends"]
-        tries = {row["tries"]: row["jobs"] for row in tables["tries"].collect()
-                 if row["tube"] == tube}
-        backlog = max((row.asDict() for row in tables["backlog"].collect()
-                       if row["tube"] == tube), key=lambda row: row["bucket_ms"])
-    finally:
-        report.release(tables)
+    tubes = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
+    by_tube, answered = tubes[tube], tubes["ends"]
+    tries = {row["tries"]: row["jobs"] for row in tables["tries"].to_pylist()
+             if row["tube"] == tube}
+    backlog = max((row for row in tables["backlog"].to_pylist()
+                   if row["tube"] == tube), key=lambda row: row["bucket_ms"])
     assert (by_tube["put"], by_tube["reserved"], by_tube["deleted"]) == (8, 7, 1)
     assert (by_tube["released"], by_tube["buried"], by_tube["kicked"]) == (1, 2, 1)
     assert (by_tube["buried_deliberate"], by_tube["buried_max_tries"],
@@ -744,10 +772,7 @@ def test_report_of_a_real_tubeq_run(spark: SparkSession, tubeq_cluster: Any,
     assert tries == {0: 4, 1: 2, 2: 1, 3: 1}
     # The whole archive: the two jobs given back at the stop are disconnects, not time-outs.
     tables = report.build_report(events)
-    try:
-        every = {row["tube"]: row.asDict() for row in tables["by_tube"].collect()}[tube]
-    finally:
-        report.release(tables)
+    every = {row["tube"]: row for row in tables["by_tube"].to_pylist()}[tube]
     assert (every["timed_out"], every["disconnected"]) == (server_timeouts, 2) == (1, 2)
     assert by_tube["disconnected"] == 0
     assert (backlog["ready"], backlog["delayed"], backlog["reserved"], backlog["buried"]) == (

@@ -16,6 +16,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from tests.pipeline import eventstream as es
 from tubeq.model.events import FIELDS
+from tubeq.pipeline import source
 from tubeq.pipeline.source import (
     EventGap,
     Gap,
@@ -178,6 +179,28 @@ def test_a_trim_past_the_committed_offset_is_a_gap_with_its_count(
     # Planning the batch accepts the declared gap; the next one has none.
     assert going_on.partitions(committed, end)
     assert going_on.latestOffset(end, ReadAllAvailable()) == end
+
+
+def test_a_micro_batch_has_a_partition_per_min_events(client: redis.Redis,
+                                                      redis_process: RedisProcess,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each partition of a micro-batch is a task and a Python worker: a batch gets one per
+    ``MIN_EVENTS_PER_PARTITION`` events (rounded up), at most the ``partitions`` option."""
+    prefix = es.fresh_prefix()
+    key = es.key_of(prefix)
+    for i in range(40):  # 10 ms apart: the batch's id range splits evenly
+        client.xadd(key, es.event_fields(i), id=f"{1_000 + i * 10}-0")
+    reader = TubeqStreamReader(SourceOptions.parse({"redis": redis_process.url,
+                                                    "prefix": prefix, "partitions": "4"}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert len(reader.partitions(start, end)) == 1
+    monkeypatch.setattr(source, "MIN_EVENTS_PER_PARTITION", 15)
+    assert len(reader.partitions(start, end)) == 3
+    monkeypatch.setattr(source, "MIN_EVENTS_PER_PARTITION", 1)
+    parts = reader.partitions(start, end)
+    assert len(parts) == 4
+    assert (parts[0].after, parts[-1].last) == ("0-0", "1390-0")
 
 
 def test_a_deleted_stream_is_a_gap(client: redis.Redis, redis_process: RedisProcess) -> None:

@@ -61,6 +61,9 @@ from tubeq.pipeline.streaming import add_stream_arguments, stream_options
 
 DAY_MS: Final = 86_400_000
 DEFAULT_INTERVAL_S: Final = 10.0
+# An ``--once`` run over a stream of at most this many events is short: its JVM compiles with C1
+# alone (session.SHORT_RUN_JAVA_OPTIONS).
+SHORT_ARCHIVE_EVENTS: Final = 1_000_000
 POLL_S: Final = 1  # awaitTermination takes whole seconds
 
 
@@ -248,14 +251,14 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-def check_source(options: dict[str, str], remote: str | None) -> None:
+def check_source(options: dict[str, str], remote: str | None) -> int | None:
     """Raise :class:`PipelineError` when the source's options are bad or its Redis does not
-    answer, before a query (and Spark) starts. Not with ``--remote``: there the cluster, not this
-    machine, reads Redis."""
+    answer, before a query (and Spark) starts; else return how many events the stream holds. Not
+    with ``--remote`` (None): there the cluster, not this machine, reads Redis."""
     if remote:
-        return
+        return None
     try:
-        ping(options)
+        return ping(options)
     except SourceError as exc:
         raise PipelineError(str(exc)) from None
 
@@ -387,13 +390,14 @@ def run_archive(args: argparse.Namespace, spark: SparkSession | None = None) -> 
         raise PipelineError("archive --out needs --checkpoint (the query's offsets, and where "
                             "its batches are staged)")
     options = source_options(args)
-    check_source(options, getattr(args, "remote", None))
+    held = check_source(options, getattr(args, "remote", None))
     if not getattr(args, "remote", None):
         check_folders(args.out, args.checkpoint)
     jvm_log = getattr(args, "jvm_log", None)
     if spark is None:
+        short = args.once and held is not None and held <= SHORT_ARCHIVE_EVENTS
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
-                              "tubeq-archive", jvm_log=jvm_log)
+                              "tubeq-archive", jvm_log=jvm_log, short=short)
     query = start_archive(spark, options, args.out, args.checkpoint, args.once, args.interval)
     tally = ArchiveTally()
     started = time.monotonic()

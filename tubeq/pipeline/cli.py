@@ -214,8 +214,11 @@ def spark_error(text: str) -> str | None:
 
 
 # A JVM exception line whose message starts with Spark's error condition: ": org.apache.spark.
-# SparkException: [FAILED_READ_FILE.NO_HINT] Encountered error while reading file ...".
-_SPARK_CONDITION: Final = re.compile(r"^:?\s*[\w.$]+(?:Exception|Error): (\[[A-Z_.]+\] .*)$")
+# SparkException: [FAILED_READ_FILE.NO_HINT] Encountered error while reading file ...", or the
+# same as a cause: a result collected as Arrow (DataFrame.toArrow) fails with "Exception thrown in
+# awaitResult", caused by the task's error.
+_SPARK_CONDITION: Final = re.compile(
+    r"^(?::|Caused by:)?\s*[\w.$]+(?:Exception|Error): (\[[A-Z_.]+\] .*)$")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,10 +1,16 @@
 """The analytics report: what the archived lifecycle events say about each tube, over time.
 
 Owns the derivation of a job's life from its events (the state before and after each event, the
-queue wait, the processing time, the delay lateness), the result tables built from it, and
-``report.html``, the page an operator reads offline. Input is any DataFrame with the
-``tubeq.model.events.SPARK_DDL`` columns (the archive, read back, is one); everything is PySpark
-DataFrame code, so the same report runs on one laptop or on a cluster.
+queue wait, the processing time, the delay lateness), the aggregates over it that the result
+tables are rolled up from, and ``report.html``, the page an operator reads offline. Input is any
+DataFrame with the ``tubeq.model.events.SPARK_DDL`` columns (the archive, read back, is one).
+What grows with the events is PySpark DataFrame code, so the same report runs on one laptop or
+on a cluster: the per-job window, the flows per tube and minute, the tries per tube and the
+percentiles' samples. What Spark hands back is small whatever the archive's length (rows per
+tube and minute), and the seven tables are rolled up from it in this process (``rollup.py``),
+then written and drawn from the same rows: two Spark actions for a small archive, three for a
+large one, where a plan per table made a fresh report of 1,000 events 68 Spark jobs
+(bench/RESULTS-pipeline.md, issue 33).
 
 Rules:
 
@@ -24,10 +30,13 @@ Rules:
 * Percentiles are **exact** (linear interpolation between the two nearest ranks, as
   ``numpy.percentile``'s default and Spark's ``percentile``), not ``percentile_approx``: the
   report's figures are the figures, and a test can recompute them to the last digit. They are
-  read off sorted samples by numpy in Spark's Python workers, every grain from one pass: each
-  hour's samples give that hour's minutes and the hour itself, for every tube and for all tubes;
-  each tube's histogram of distinct values gives the whole archive. The per-job window (a sort
-  of every event) runs once; its narrowed output is cached for the tables that read it.
+  read off sorted samples by numpy (``rollup.py``), every grain from one pass: each hour's
+  samples give that hour's minutes and the hour itself, for every tube and for all tubes; each
+  tube's samples (on Spark, its histogram of distinct values) give the whole archive. Up to
+  ``--driver-samples`` samples are collected and read off in this process, more by Spark's
+  Python workers, hour by hour and tube by tube: the same functions, the same figures. The
+  per-job window (a sort of every event) runs once; its narrowed output is cached while the
+  aggregates read it.
 * ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
   server counts in ``job-timeouts``. A ``timed-out`` with a reason gave the job back without its
   TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed) and
@@ -51,9 +60,10 @@ Rules:
   archive's first event are not in it until an event of theirs is; then they count in the
   state that event leaves them in.
 
-Entry points: :func:`build_report` (DataFrames in, DataFrames out), :func:`write_report`
-(Parquet tables and ``report.html`` under a directory) and :func:`run_report`, which the
-``tubeq-pipeline report`` command calls.
+Entry points: :func:`aggregate` (Spark's part), :func:`build_report` (a DataFrame of events in,
+the tables out, as Arrow tables), :func:`write_report` (Parquet tables and ``report.html`` under
+a directory: written by this process, or by Spark where its driver writes, with ``--remote``)
+and :func:`run_report`, which the ``tubeq-pipeline report`` command calls.
 """
 
 from __future__ import annotations
@@ -62,18 +72,26 @@ import argparse
 import datetime as dt
 import functools
 import os
+import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
-from numpy.typing import NDArray
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from tubeq.model.events import FIELDS, INT_FIELDS, LATER_FIELDS, SPARK_DDL, EventName
 from tubeq.pipeline.layout import is_old_format, local_path, old_format_error
 from tubeq.pipeline.page import render_html
+from tubeq.pipeline.rollup import (
+    FIGURES_DDL,
+    figures_of,
+    minute_and_hour_figures,
+    report_tables,
+    whole_archive_figures,
+)
 from tubeq.pipeline.session import PipelineError, spark_session
 from tubeq.pipeline.tables import (
     ALL_TUBES,
@@ -81,14 +99,12 @@ from tubeq.pipeline.tables import (
     BURIED_EXPIRED,
     BURIED_MAX_TRIES,
     COUNTED,
-    COUNTED_COLUMNS,
     DELAYED,
     DISCONNECTED,
     FINISHED,
     HOUR_MS,
     MEASURES,
     MINUTE_MS,
-    PERCENTILES,
     READY,
     REAPED,
     RESERVED,
@@ -290,37 +306,6 @@ def _bucket(time_ms: Column, size_ms: int) -> Column:
     return F.floor(time_ms / F.lit(size_ms)).cast("long") * F.lit(size_ms)
 
 
-def _keys(grain_ms: int | None) -> list[str]:
-    """The grouping columns of a table per ``grain_ms`` (a bucket size; None: whole archive)."""
-    return ["tube"] if grain_ms is None else ["tube", "bucket_ms"]
-
-
-def _regrain(frame: DataFrame, grain_ms: int | None) -> DataFrame:
-    """``frame`` (keyed by per-minute ``bucket_ms``) with its buckets widened to ``grain_ms``,
-    or without them for None; rows are not yet summed."""
-    if grain_ms is None:
-        return frame.drop("bucket_ms")
-    if grain_ms == MINUTE_MS:
-        return frame
-    return frame.withColumn("bucket_ms", _bucket(F.col("bucket_ms"), grain_ms))
-
-
-def _summed(frame: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
-    return frame.groupBy(*keys).agg(*[F.sum(column).alias(column) for column in summed])
-
-
-def _with_all_tubes(per_tube: DataFrame, keys: Sequence[str], summed: Sequence[str]) -> DataFrame:
-    """``per_tube`` (one row per ``keys``) and the sums of ``summed`` over every tube, as tube
-    ``ALL_TUBES``: summed from the per-tube rows, not from the events again.
-
-    Grouping by the literal keeps the aggregate a grouped one: no rows from no rows.
-    """
-    rest = [key for key in keys if key != "tube"]
-    all_tubes = (per_tube.groupBy(F.lit(ALL_TUBES).alias("tube"), *rest)
-                 .agg(*[F.sum(column).alias(column) for column in summed]))
-    return per_tube.unionByName(all_tubes)
-
-
 def counted(code: Column) -> list[Column]:
     """The aggregates of ``COUNTED_COLUMNS``, in order, over rows whose event code (from
     :func:`event_code`) is ``code``: how many of a group's events each column counts."""
@@ -329,113 +314,52 @@ def counted(code: Column) -> list[Column]:
 
 
 def _minute_flows(facts: DataFrame) -> DataFrame:
-    """Per tube and minute: each counted event's count, the ``SUMMED`` sums, and each state's
-    net change ``d_<state>`` (jobs that entered it minus jobs that left it)."""
+    """Per tube and minute: each counted event's count, the ``SUMMED`` sums, each state's net
+    change ``d_<state>`` (jobs that entered it minus jobs that left it) and the samples there
+    (events that measure something)."""
     # A job's first event in the archive only adds it: it was in no count before.
     deltas = [(F.count(F.when(F.col("state_after") == _state(state), 1))
                - F.count(F.when(F.col("known_before") == _state(state), 1))).alias(f"d_{state}")
               for state in STATES]
     # SUMMED, in its order: facts has a column of each, null on the events it does not apply to.
     sums = [F.coalesce(F.sum(column), F.lit(0)).cast("long").alias(column) for column in SUMMED]
-    return facts.groupBy("tube", "bucket_ms").agg(*counted(F.col("event")), *sums, *deltas)
+    return facts.groupBy("tube", "bucket_ms").agg(*counted(F.col("event")), *sums, *deltas,
+                                                  F.count("measure").alias("samples"))
 
 
 # ---------------------------------------------------------------------------------------------
-# Exact percentiles, every grain from one pass over the samples. Spark hands each group to a
-# Python worker as Arrow columns; numpy sorts it and reads the ranks off. The groups are bounded:
-# an hour of samples (every tube's minutes and hour, and the same for all tubes together), or one
-# tube's histogram of distinct values over the whole archive.
+# What Spark computes: the aggregates over the events, which grow with the archive. The tables
+# are rolled up from them in this process (rollup.py).
 # ---------------------------------------------------------------------------------------------
 
-# What the grouped functions return, one row per tube (or "*"), grain, bucket and measure: grain
-# is MINUTE_MS, HOUR_MS or 0 (the whole archive, bucket_ms 0); p<i> is PERCENTILES[i].
-_FIGURES: Final = ("tube STRING, grain BIGINT, bucket_ms BIGINT, measure INT, n BIGINT, "
-                   + ", ".join(f"p{index} DOUBLE" for index in range(len(PERCENTILES))))
-_WHOLE_ARCHIVE: Final = 0
-_MINUTES_PER_HOUR: Final = HOUR_MS // MINUTE_MS
+# The most samples (events that measure a wait, a processing time or a lateness) whose
+# percentiles this process computes from the samples themselves, collected; past it Spark's Python
+# workers do, hour by hour and from each tube's histogram. Both run rollup's functions on the same
+# samples, so the figures are the same either way (tests/pipeline/test_report.py); the driver
+# saves a small report two shuffles and the start of the Python workers, and a million samples
+# are ~30 MB of Arrow. On a cluster (or with --remote) that is the bound: the driver is one
+# machine among many.
+DRIVER_SAMPLES: Final = 1_000_000
+# On a local master the Python workers run on this machine's cores too, and computing there costs
+# two shuffles and a Python worker per task: a 10M-event report (5.25M samples) took 84.7 s
+# (24 task CPU-s, the Python workers besides) for that step, against 6.5 s to collect the samples
+# and ~10-14 s of numpy here, ~1 GB of this process's memory at the peak (AMD EPYC, 2 cores,
+# loaded; bench/RESULTS-pipeline.md).
+LOCAL_DRIVER_SAMPLES: Final = 10_000_000
+# A report of local archives whose Parquet files hold at most this many bytes is short: its JVM
+# compiles with C1 alone (session.SHORT_RUN_JAVA_OPTIONS). The generated archives of
+# bench.pipeline_report_bench hold ~19 bytes an event: 1,000,000 events are 19 MB.
+SHORT_REPORT_BYTES: Final = 32 * 2**20
 
 
-def exact_percentiles(key: NDArray[np.int64], value: NDArray[np.int64],
-                      weight: NDArray[np.int64]
-                      ) -> tuple[NDArray[np.int64], NDArray[np.int64], list[NDArray[np.float64]]]:
-    """Per distinct ``key`` (ascending): the samples' count and their ``PERCENTILES``, where each
-    ``value`` counts ``weight`` times.
+@dataclass(frozen=True)
+class Aggregates:
+    """What Spark computed over the events (Arrow tables of rollup's schemas): the flows per tube
+    and minute, every percentile figure, and the jobs per number of tries per tube."""
 
-    Linear interpolation between the two nearest ranks, as ``numpy.percentile``'s default: at
-    position ``(n - 1) * fraction`` between 0-based ranks ``lo`` and ``hi``,
-    ``v[lo] + (v[hi] - v[lo]) * (position - lo)``.
-    """
-    if len(key) == 0:
-        return key, key, [np.zeros(0) for _ in PERCENTILES]
-    order = np.lexsort((value, key))
-    key, value, weight = key[order], value[order], weight[order]
-    running = np.cumsum(weight)
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    earlier = (running - weight)[first]  # the weight of the groups before each group
-    counts = np.add.reduceat(weight, first)
-    figures = []
-    for fraction in PERCENTILES:
-        position = (counts - 1) * fraction
-        low, high = np.floor(position), np.ceil(position)
-        # A group's sample at rank r is its first whose running weight passes r.
-        at_low = value[np.searchsorted(running, earlier + low, side="right")]
-        at_high = value[np.searchsorted(running, earlier + high, side="right")]
-        figures.append(at_low + (at_high - at_low) * (position - low))
-    return key[first], counts, figures
-
-
-def _figures_table(tubes: Any, grain: int, bucket_ms: NDArray[np.int64],
-                   measure: NDArray[np.int64], counts: NDArray[np.int64],
-                   figures: Sequence[NDArray[np.float64]]) -> Any:
-    """An Arrow table of ``_FIGURES`` rows (``tubes``: an Arrow string array)."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-
-    columns = {"tube": tubes, "grain": pa.array(np.full(len(counts), grain, np.int64)),
-               "bucket_ms": pa.array(bucket_ms, pa.int64()),
-               "measure": pa.array(measure, pa.int32()), "n": pa.array(counts, pa.int64())}
-    for index, figure in enumerate(figures):
-        columns[f"p{index}"] = pa.array(figure, pa.float64())
-    return pa.table(columns)
-
-
-def _minute_and_hour_figures(samples: Any) -> Any:
-    """The figures of one hour's samples (an Arrow table: tube, bucket_ms (a minute of that hour),
-    measure, value): per tube and minute, tube and hour, and the same for all tubes together."""
-    import pyarrow as pa
-
-    tube = samples.column("tube").combine_chunks().dictionary_encode()
-    names = pa.concat_arrays([tube.dictionary, pa.array([ALL_TUBES])])
-    own = tube.indices.to_numpy().astype(np.int64)
-    every = np.full_like(own, len(names) - 1)  # "*": the index after the last tube
-    minute_ms = samples.column("bucket_ms").to_numpy()
-    hour_ms = int(minute_ms[0]) // HOUR_MS * HOUR_MS
-    measure = samples.column("measure").to_numpy().astype(np.int64)
-    value = samples.column("value").to_numpy()
-    ones = np.ones_like(value)
-    tables = []
-    for grain, slot in ((MINUTE_MS, (minute_ms - hour_ms) // MINUTE_MS),
-                        (HOUR_MS, np.zeros_like(minute_ms))):
-        for who in (own, every):
-            # One integer key per (tube, minute of the hour, measure).
-            key = (who * _MINUTES_PER_HOUR + slot) * len(MEASURES) + measure
-            keys, counts, figures = exact_percentiles(key, value, ones)
-            bucket = hour_ms + keys // len(MEASURES) % _MINUTES_PER_HOUR * grain
-            tables.append(_figures_table(
-                names.take(pa.array(keys // len(MEASURES) // _MINUTES_PER_HOUR)), grain, bucket,
-                keys % len(MEASURES), counts, figures))
-    return pa.concat_tables(tables)
-
-
-def _whole_archive_figures(histogram: Any) -> Any:
-    """The figures of one tube (or "*") over the whole archive, from its histogram (an Arrow
-    table: tube, measure, value, n; one row per distinct value)."""
-    import pyarrow as pa
-
-    measure = histogram.column("measure").to_numpy().astype(np.int64)
-    keys, counts, figures = exact_percentiles(measure, histogram.column("value").to_numpy(),
-                                              histogram.column("n").to_numpy())
-    tubes = pa.array([histogram.column("tube")[0].as_py()] * len(keys), pa.string())
-    return _figures_table(tubes, _WHOLE_ARCHIVE, np.zeros_like(keys), keys, counts, figures)
+    flows: Any
+    figures: Any
+    tries: Any
 
 
 def _samples(facts: DataFrame) -> DataFrame:
@@ -444,158 +368,92 @@ def _samples(facts: DataFrame) -> DataFrame:
 
 
 def _bucket_figures(facts: DataFrame) -> DataFrame:
-    """``_FIGURES`` per minute and per hour, every tube and all tubes: one pass, grouped by hour."""
+    """``FIGURES_DDL`` rows per minute and per hour, every tube and all tubes: one pass, grouped
+    by hour."""
     return (_samples(facts).withColumn("hour_ms", _bucket(F.col("bucket_ms"), HOUR_MS))
-            .groupBy("hour_ms").applyInArrow(_minute_and_hour_figures, _FIGURES))
+            .groupBy("hour_ms").applyInArrow(minute_and_hour_figures, FIGURES_DDL))
 
 
 def _archive_figures(facts: DataFrame) -> DataFrame:
-    """``_FIGURES`` over the whole archive, per tube and all tubes, from histograms (their size is
-    the number of distinct values, whatever the archive's length)."""
+    """``FIGURES_DDL`` rows over the whole archive, per tube and all tubes, from histograms
+    (their size is the number of distinct values, whatever the archive's length)."""
     per_tube = _samples(facts).groupBy("tube", "measure", "value").agg(F.count("*").alias("n"))
     every = (per_tube.groupBy(F.lit(ALL_TUBES).alias("tube"), "measure", "value")
              .agg(F.sum("n").alias("n")))
     return (per_tube.unionByName(every).groupBy("tube")
-            .applyInArrow(_whole_archive_figures, _FIGURES))
-
-
-def _percentiles(figures: DataFrame, grain_ms: int | None) -> DataFrame:
-    """``<measure>_n`` and ``<measure>_p50`` ... per tube (and bucket) of ``grain_ms``, from
-    ``_FIGURES`` rows; a measure with no samples there has no figures (null)."""
-    keys = _keys(grain_ms)
-    chosen = figures.where(F.col("grain") == F.lit(grain_ms or _WHOLE_ARCHIVE))
-    columns = []
-    for index, measure in enumerate(MEASURES):
-        mine = F.col("measure") == F.lit(index)
-        columns.append(F.max(F.when(mine, F.col("n"))).alias(f"{measure}_n"))
-        columns.extend(F.max(F.when(mine, F.col(f"p{position}")))
-                       .alias(f"{measure}_p{round(fraction * 100)}")
-                       for position, fraction in enumerate(PERCENTILES))
-    return chosen.groupBy(*keys).agg(*columns)
-
-
-def _counts(flows: DataFrame, grain_ms: int | None) -> DataFrame:
-    """Event counts and ``SUMMED`` sums per tube (and bucket of ``grain_ms``), all tubes
-    included."""
-    counted = [*COUNTED_COLUMNS, *SUMMED]
-    keys = _keys(grain_ms)
-    per_tube = _summed(_regrain(flows.select("tube", "bucket_ms", *counted), grain_ms), keys,
-                       counted)
-    return _with_all_tubes(per_tube, keys, counted)
-
-
-def _metrics(flows: DataFrame, figures: DataFrame, grain_ms: int | None) -> DataFrame:
-    """Event counts and the measures' sample counts and percentiles per tube (and bucket)."""
-    keys = _keys(grain_ms)
-    percentiles = _percentiles(figures, grain_ms)
-    counts = _counts(flows, grain_ms)
-    samples = [F.coalesce(F.col(f"{measure}_n"), F.lit(0)).cast("long").alias(f"{measure}_n")
-               for measure in MEASURES]
-    shares = [f"{measure}_p{round(fraction * 100)}"
-              for measure in MEASURES for fraction in PERCENTILES]
-    return (counts.join(percentiles, keys, "left")
-            .select(*keys, *COUNTED_COLUMNS, *SUMMED, *samples, *shares)
-            .orderBy(*keys))
+            .applyInArrow(whole_archive_figures, FIGURES_DDL))
 
 
 def _tries(facts: DataFrame) -> DataFrame:
-    per_tube = (facts.where(F.col("job_tries").isNotNull())
-                .groupBy("tube", F.col("job_tries").alias("tries"))
-                .agg(F.count("*").alias("jobs")))
-    return _with_all_tubes(per_tube, ["tube", "tries"], ["jobs"]).orderBy("tube", "tries")
+    """Jobs per tube and number of reservations (on each job's first event)."""
+    return (facts.where(F.col("job_tries").isNotNull())
+            .groupBy("tube", F.col("job_tries").alias("tries"))
+            .agg(F.count("*").alias("jobs")))
 
 
-def _backlog(flows: DataFrame) -> DataFrame:
-    """Jobs per state at the end of each minute, every minute from the first to the last."""
-    spark = flows.sparkSession
-    deltas = [f"d_{state}" for state in STATES]
-    per_minute = _with_all_tubes(flows.select("tube", "bucket_ms", *deltas),
-                                 ["tube", "bucket_ms"], deltas)
-    bounds = flows.agg(F.min("bucket_ms").alias("lo"), F.max("bucket_ms").alias("hi")).first()
-    if bounds is None or bounds["lo"] is None:
-        return spark.createDataFrame(
-            [], "tube STRING, bucket_ms BIGINT, "
-            + ", ".join(f"{state} BIGINT" for state in STATES) + ", total BIGINT")
-    minutes = spark.range(int(bounds["lo"]) // MINUTE_MS, int(bounds["hi"]) // MINUTE_MS + 1)
-    grid = (per_minute.select("tube").distinct()
-            .crossJoin(minutes.select((F.col("id") * F.lit(MINUTE_MS)).alias("bucket_ms")))
-            .join(per_minute, ["tube", "bucket_ms"], "left").fillna(0))
-    running = Window.partitionBy("tube").orderBy("bucket_ms").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    out = grid.select("tube", "bucket_ms", *[
-        F.sum(f"d_{state}").over(running).cast("long").alias(state) for state in STATES])
-    total = F.lit(0).cast("long")
-    for state in STATES:
-        total = total + F.col(state)
-    return out.withColumn("total", total).orderBy("tube", "bucket_ms")
-
-
-def _ranked(counts: DataFrame, keys: Sequence[str]) -> DataFrame:
-    failing = (counts.where(F.col("tube") != ALL_TUBES)
-               .select(*keys, "timed_out", "failed", "buried",
-                       (F.col("timed_out") + F.col("failed") + F.col("buried"))
-                       .alias("failures"))
-               .where(F.col("failures") > 0))
-    # One partition either way (a ranking is global; the rows are per tube or tube-hour, few),
-    # named, so Spark does not warn of a window with none (a warning Spark Connect prints on
-    # the user's terminal).
-    order = Window.partitionBy(F.lit(0)).orderBy(F.col("failures").desc(),
-                                                  *[F.col(key) for key in keys])
-    return (failing.withColumn("rank", F.row_number().over(order))
-            .select("rank", *keys, "timed_out", "failed", "buried", "failures")
-            .orderBy("rank"))
-
-
-def build_report(events: DataFrame) -> dict[str, DataFrame]:
-    """Every result table of the report (``TABLES``) from a DataFrame of lifecycle events.
-
-    Three intermediates are cached (the annotated events, narrowed to what the tables read;
-    their per-minute flows; the per-minute and per-hour percentiles), so the per-job window runs
-    once whatever is written; call :func:`release` on the result when done with it.
-    """
+def aggregate(events: DataFrame, driver_samples: int = DRIVER_SAMPLES) -> Aggregates:
+    """Spark's part of the report: the per-job window over ``events`` (cached while it is read),
+    then in one action the flows per tube and minute with the tries per tube, and in a second
+    the percentile figures (from the collected samples when there are at most
+    ``driver_samples``, else on Spark's Python workers)."""
     facts = annotate(events).persist()
-    flows = _minute_flows(facts).persist()
-    figures = _bucket_figures(facts).persist()
-    return {
-        "by_tube": _metrics(flows, _archive_figures(facts), None),
-        "by_minute": _metrics(flows, figures, MINUTE_MS),
-        "by_hour": _metrics(flows, figures, HOUR_MS),
-        "tries": _tries(facts),
-        "backlog": _backlog(flows),
-        "failing_tubes": _ranked(_counts(flows, None), ["tube"]),
-        "failing_hours": _ranked(_counts(flows, HOUR_MS), ["tube", "bucket_ms"]),
-        "_facts": facts,
-        "_flows": flows,
-        "_figures": figures,
-    }
+    try:
+        # One action for two results of different columns: each row says which it belongs to.
+        both = (_minute_flows(facts).withColumn("part", F.lit(0))
+                .unionByName(_tries(facts).withColumn("part", F.lit(1)),
+                             allowMissingColumns=True)
+                .toArrow())
+        part = both.column("part")
+        flows = both.filter(pc.equal(part, 0))
+        tries = both.filter(pc.equal(part, 1))
+        samples = pc.sum(flows.column("samples")).as_py() or 0
+        if samples <= driver_samples:
+            figures = figures_of(_samples(facts).toArrow())
+        else:
+            figures = _bucket_figures(facts).unionByName(_archive_figures(facts)).toArrow()
+    finally:
+        facts.unpersist()
+    return Aggregates(flows, figures, tries)
 
 
-def release(tables: Mapping[str, DataFrame]) -> None:
-    """Drop what :func:`build_report` cached (its entries whose names start with ``_``)."""
-    for name, frame in tables.items():
-        if name.startswith("_"):
-            frame.unpersist()
+def build_report(events: DataFrame, driver_samples: int = DRIVER_SAMPLES) -> dict[str, Any]:
+    """Every result table of the report (``TABLES``: Arrow tables of ``rollup.SCHEMAS``) from a
+    DataFrame of lifecycle events."""
+    computed = aggregate(events, driver_samples)
+    return report_tables(computed.flows, computed.figures, computed.tries)
 
 
-def write_report(tables: Mapping[str, DataFrame], out_dir: str | Path) -> Path:
-    """Write each table as ``<out_dir>/<name>/`` Parquet and the page; returns the page's path.
+def write_report(tables: Mapping[str, Any], out_dir: str | Path,
+                 spark: SparkSession | None = None) -> Path:
+    """Write each table as ``<out_dir>/<name>/`` Parquet (replacing what was there) and the
+    page, ``<out_dir>/report.html``, built from the same rows; returns the page's path.
 
-    The tables are written from their cached inputs once each; the page is built from the
-    written Parquet (small: rows per tube and minute), so it shows exactly what the tables hold.
+    Without ``spark`` this process writes the tables (pyarrow, one file each); with it Spark
+    does, where its driver writes: the Spark Connect server's file system with ``--remote``, or
+    a location only the JVM's file systems know (hdfs://, s3a://).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spark: SparkSession | None = None
     for name in TABLES:
-        frame = tables[name]
-        spark = frame.sparkSession
-        frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
-    assert spark is not None
-    written = {name: [row.asDict() for row in spark.read.parquet(str(out / name)).collect()]
-               for name in TABLES}
+        if spark is None:
+            _write_parquet(tables[name], out / name)
+        else:
+            (spark.createDataFrame(tables[name]).coalesce(1).write.mode("overwrite")
+             .parquet(f"{str(out_dir).rstrip('/')}/{name}"))
     page = out / "report.html"
-    page.write_text(render_html(written), encoding="utf-8")
+    page.write_text(render_html({name: tables[name].to_pylist() for name in TABLES}),
+                    encoding="utf-8")
     return page
+
+
+def _write_parquet(table: Any, folder: Path) -> None:
+    """``folder`` holding ``table`` alone, as one Parquet file (Spark's name for it)."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    pq.write_table(table, folder / "part-00000.parquet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,6 +472,12 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
                              "partitioned archive only the days needed are read")
     parser.add_argument("--until", type=_instant_argument, metavar="WHEN",
                         help="only events before WHEN (ISO date or date and time, UTC)")
+    parser.add_argument("--driver-samples", type=_count_argument, default=None, metavar="N",
+                        help="compute the percentiles in this process when the archive has at "
+                             "most N samples (waits, processing times, latenesses), else on "
+                             "Spark's Python workers; 0: always there (default "
+                             f"{LOCAL_DRIVER_SAMPLES:,} on a local master, else "
+                             f"{DRIVER_SAMPLES:,})")
 
 
 def _instant_argument(text: str) -> int:
@@ -621,6 +485,38 @@ def _instant_argument(text: str) -> int:
         return parse_instant(text)
     except PipelineError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def default_driver_samples(master: str | None, remote: str | None) -> int:
+    """``--driver-samples`` when it is not given: ``LOCAL_DRIVER_SAMPLES`` for a local master
+    (the command's default one included), ``DRIVER_SAMPLES`` on a cluster or with ``remote``."""
+    if remote is None and (master is None or master.startswith("local")):
+        return LOCAL_DRIVER_SAMPLES
+    return DRIVER_SAMPLES
+
+
+def _count_argument(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+    return number
+
+
+def _parquet_bytes(archives: Sequence[str]) -> int | None:
+    """The bytes of the Parquet files the archives hold, when all are local (else None)."""
+    total = 0
+    for archive in archives:
+        path = local_path(archive)
+        if path is None:
+            return None
+        for folder, subfolders, files in os.walk(path):
+            subfolders[:] = [name for name in subfolders if not name.startswith(("_", "."))]
+            total += sum(os.path.getsize(os.path.join(folder, name)) for name in files
+                         if name.endswith(".parquet") and not name.startswith(("_", ".")))
+    return total
 
 
 def _holds_parquet(path: Path) -> bool:
@@ -659,20 +555,28 @@ def run_report(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     archives = [args.archive] if isinstance(args.archive, str) else args.archive
     check_archives(archives)
     if spark is None:
+        held = _parquet_bytes(archives)
         spark = spark_session(getattr(args, "master", None), getattr(args, "remote", None),
-                              jvm_log=getattr(args, "jvm_log", None))
+                              jvm_log=getattr(args, "jvm_log", None),
+                              short=held is not None and held <= SHORT_REPORT_BYTES)
     since_ms, until_ms = getattr(args, "since", None), getattr(args, "until", None)
     if since_ms is not None and until_ms is not None and since_ms >= until_ms:
         raise PipelineError("--since must come before --until")
     events = read_archive(spark, *archives, since_ms=since_ms, until_ms=until_ms)
-    if events.isEmpty():
+    driver_samples = getattr(args, "driver_samples", None)
+    if driver_samples is None:
+        driver_samples = default_driver_samples(getattr(args, "master", None),
+                                                getattr(args, "remote", None))
+    computed = aggregate(events, driver_samples)
+    # Only a report without a job's event can be of an empty archive: asked then alone.
+    if computed.flows.num_rows == 0 and events.isEmpty():
         raise PipelineError(f"no events to report: --archive {' '.join(archives)} holds no "
                             "events")
-    tables = build_report(events)
-    try:
-        page = write_report(tables, args.out)
-    finally:
-        release(tables)
+    tables = report_tables(computed.flows, computed.figures, computed.tries)
+    # The tables go where this process can write them, or else where Spark's driver writes.
+    remote = bool(getattr(args, "remote", None))
+    page = write_report(tables, args.out,
+                        spark if remote or local_path(args.out) is None else None)
     print(f"report: {len(TABLES)} tables and {page}")
     return 0
 

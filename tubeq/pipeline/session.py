@@ -40,6 +40,17 @@ LOCAL_DRIVER_MEMORY: Final = "4g"
 # concurrent marking competed with the tasks for 2 cores (10M-event report, quiet Intel Xeon
 # machine: 53.7 s and 100 CPU-s with G1, 49.2 s and 91 CPU-s with this; bench/RESULTS-pipeline.md).
 LOCAL_DRIVER_JAVA_OPTIONS: Final = "-XX:+UseParallelGC"
+# A short run's JVM compiles with C1 alone. C2 compiles the code a long run spends its time in,
+# and a short run pays for those compilations without living long enough to gain from them: a
+# fresh local[2] report of 1,000 events took 27 CPU-s with C1 alone against 47 with both
+# compilers, one of 1,000,000 events 53 against 82 (AMD EPYC, 2 cores; bench/RESULTS-pipeline.md).
+# The 10M-event report lives on C2's code and does not get it.
+SHORT_RUN_JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
+# A local master lists an archive's folders in the driver however many there are. Past Spark's
+# default of 32 folders at one level it runs a listing job instead: for a 1,000-event archive of
+# 50 tubes, a job of 50 tasks that took 2.5 s of a fresh report's (bench/RESULTS-pipeline.md), on
+# the same cores the driver's listing would use.
+LOCAL_LISTING_JOB_THRESHOLD: Final = 1_000_000
 DEFAULT_MASTER: Final = "local[*]"
 JAVA_VERSION_TIMEOUT_S: Final = 30.0
 # Spark Connect's client retries an unreachable server with backoff for minutes (measured: still
@@ -159,10 +170,11 @@ def naming_log(message: str, jvm_log: Path | None) -> str:
 
 def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None,
                   app_name: str = "tubeq-pipeline",
-                  jvm_log: Path | None = None) -> SparkSession:
+                  jvm_log: Path | None = None, short: bool = False) -> SparkSession:
     """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
     on ``master``; a local master gets Python workers on this interpreter and listeners on
-    loopback. A JVM this call starts writes its output to ``jvm_log`` if given (else to this
+    loopback, and with ``short`` (the caller knows its work is small) a JVM that compiles with
+    C1 alone. A JVM this call starts writes its output to ``jvm_log`` if given (else to this
     process's stderr)."""
     from pyspark.sql import SparkSession
 
@@ -181,8 +193,11 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (builder.config("spark.sql.shuffle.partitions", str(LOCAL_SHUFFLE_PARTITIONS))
+                   .config("spark.sql.sources.parallelPartitionDiscovery.threshold",
+                           str(LOCAL_LISTING_JOB_THRESHOLD))
                    .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
-                   .config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS))
+                   .config("spark.driver.extraJavaOptions", " ".join(
+                       [LOCAL_DRIVER_JAVA_OPTIONS] + ([SHORT_RUN_JAVA_OPTIONS] if short else []))))
     if jvm_log is None:
         return builder.getOrCreate()
     # Stage progress bars are for a terminal, not for a log file.

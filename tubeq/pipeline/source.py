@@ -13,7 +13,9 @@ Options (Spark hands them over with lower-case keys; any case works for the call
   ``tubeq``) names the namespace whose stream (``Keys(prefix).events``) is read, or ``key``
   names a stream directly.
 * ``partitions``: how many parallel partitions a read (or a micro-batch) is split into, by the
-  millisecond part of the ids (default 2). ``pageSize``: entries per XRANGE (default 5000).
+  millisecond part of the ids (default 2); a micro-batch of fewer than
+  ``MIN_EVENTS_PER_PARTITION`` events per partition gets fewer (one for a small batch), since
+  each partition starts a Python worker. ``pageSize``: entries per XRANGE (default 5000).
 * ``startingId`` / ``endingId``: the first and last id read (inclusive; a bare millisecond time
   such as ``1700000000000`` works, so ``startingId = now - 1 h`` reads the last hour). A stream
   also takes ``earliest`` (the default) or ``latest``.
@@ -88,6 +90,11 @@ from tubeq.store.keys import Keys
 NAME: Final = "tubeq"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_PARTITIONS: Final = 2
+# A micro-batch's partitions each read at least this many events: each is a task, and each task a
+# Python worker to start (its imports alone ~0.7 CPU-s), which a few thousand events do not repay
+# (archive --once of 1,000 events: its batch took 11.7 s in one partition, 16.2 s in two, on a
+# loaded 2-core machine; bench/RESULTS-pipeline.md). A worker parses ~100,000 events a second.
+MIN_EVENTS_PER_PARTITION: Final = 50_000
 # One XRANGE page: big enough that the round trip is small next to the parsing, small enough
 # that a worker holds a few MB of entries at a time.
 DEFAULT_PAGE_SIZE: Final = 5000
@@ -236,11 +243,14 @@ def connect(opts: SourceOptions) -> Iterator[redis.Redis]:
         client.close()
 
 
-def ping(options: Mapping[str, str]) -> None:
+def ping(options: Mapping[str, str]) -> int:
     """Raise :class:`SourceError` unless ``options`` are the source's and their Redis answers
-    a PING: what a command checks before it starts Spark."""
-    with connect(SourceOptions.parse(options)) as client:
+    a PING: what a command checks before it starts Spark. Returns how many entries the stream
+    holds now (0 if there is none)."""
+    opts = SourceOptions.parse(options)
+    with connect(opts) as client:
         client.ping()
+        return int(client.xlen(opts.key))
 
 
 @dataclass(frozen=True)
@@ -592,9 +602,12 @@ class TubeqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         after, seen = _read_offset(start)
-        last, _ = _read_offset(end)
+        last, last_seen = _read_offset(end)
         if last <= after:
             return []
+        # The offsets count every entry ever added: their difference is this batch's length.
+        parts = max(1, min(self.opts.partitions,
+                           -(-(last_seen - seen) // MIN_EVENTS_PER_PARTITION)))
         declared = end.get("gap")
         if declared is not None and declared.get("lost") is not None:
             seen += int(declared["lost"])  # the declared gap is accounted for, not re-reported
@@ -608,7 +621,7 @@ class TubeqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if gap is not None:
                 self._report(gap)
                 seen = -1
-        return split_range(after, last, self.opts.partitions, True, seen, info.first)
+        return split_range(after, last, parts, True, seen, info.first)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, IdRange)
