@@ -6,6 +6,7 @@ Redis, through a fake transport (tests.server.test_connection.Client)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,6 +29,22 @@ async def server(redis_url: str) -> AsyncIterator[Server]:
 def ctx(server: Server) -> ServerContext:
     assert server.ctx is not None
     return server.ctx
+
+
+@contextlib.asynccontextmanager
+async def stopping_and_watcher(redis_url: str, prefix: str, grace_s: float,
+                               ) -> AsyncIterator[tuple[Server, Client, Client]]:
+    """Two processes on one namespace: the one to stop (its grace ``grace_s``), and a watcher
+    that outlives it; a connection to each (the first's, then the watcher's)."""
+    config = Config(port=0, redis_url=redis_url, prefix=prefix, shutdown_grace_s=grace_s)
+    stopping, watcher = Server(config), Server(config)
+    await stopping.start()
+    await watcher.start()
+    try:
+        assert stopping.ctx is not None and watcher.ctx is not None
+        yield stopping, Client(stopping.ctx), Client(watcher.ctx)
+    finally:
+        await watcher.stop()
 
 
 async def stats_job(client: Client, job_id: int) -> dict[str, str]:
@@ -193,13 +210,8 @@ async def test_a_stopping_process_quiets_its_push_connections(redis_url: str) ->
 async def test_jobs_a_stopping_process_takes_back_count_no_try(redis_url: str) -> None:
     """A connection still holding a job when its stopping process closes it (past the grace):
     the job is ready again with no try counted, where a client's own disconnect counts one."""
-    config = Config(port=0, redis_url=redis_url, prefix="quiet-stop", shutdown_grace_s=0.1)
-    stopping, watcher = Server(config), Server(config)
-    await stopping.start()
-    await watcher.start()
-    try:
-        assert stopping.ctx is not None and watcher.ctx is not None
-        worker, look = Client(stopping.ctx), Client(watcher.ctx)
+    async with stopping_and_watcher(redis_url, "quiet-stop", 0.1) as (stopping, worker, look):
+        assert stopping.ctx is not None
         look.send(b"tube-set default max-tries=1\r\nput 0 0 60 1\r\nx\r\nput 0 0 60 1\r\ny\r\n")
         await look.expect(b"SET\r\nINSERTED 1\r\nINSERTED 2\r\n")
         worker.send(b"reserve\r\n")
@@ -212,8 +224,6 @@ async def test_jobs_a_stopping_process_takes_back_count_no_try(redis_url: str) -
         await stopping.stop()
         job = await stats_job(look, 1)
         assert (job["state"], job["tries"]) == ("ready", "0")
-    finally:
-        await watcher.stop()
 
 
 async def test_a_hand_back_frees_its_groups_slot(ctx: ServerContext) -> None:
@@ -233,13 +243,7 @@ async def test_a_clients_own_disconnect_during_the_grace_still_counts_a_try(
     """Only the connections the stopping process closes give their jobs back without a try: a
     worker that drops its connection itself during the grace (it crashed on the job, say) ends
     a try, as always (here its last: max-tries=1 buries the job)."""
-    config = Config(port=0, redis_url=redis_url, prefix="quiet-grace", shutdown_grace_s=30.0)
-    stopping, watcher = Server(config), Server(config)
-    await stopping.start()
-    await watcher.start()
-    try:
-        assert stopping.ctx is not None and watcher.ctx is not None
-        worker, look = Client(stopping.ctx), Client(watcher.ctx)
+    async with stopping_and_watcher(redis_url, "quiet-grace", 30.0) as (stopping, worker, look):
         look.send(b"tube-set default max-tries=1\r\nput 0 0 60 1\r\nx\r\n")
         await look.expect(b"SET\r\nINSERTED 1\r\n")
         worker.send(b"reserve\r\n")
@@ -251,5 +255,3 @@ async def test_a_clients_own_disconnect_during_the_grace_still_counts_a_try(
         await asyncio.wait_for(stop, 20.0)  # not the 30 s grace: nobody holds a job
         job = await stats_job(look, 1)
         assert (job["state"], job["tries"], job["reason"]) == ("buried", "1", "max-tries")
-    finally:
-        await watcher.stop()
