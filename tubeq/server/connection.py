@@ -496,8 +496,7 @@ class Connection(asyncio.Protocol):
                 break
         del self._replies[:len(out)]
         transport = self.transport
-        if out and transport is not None and not self._lost and not transport.is_closing():
-            # (closing: the server closed it, e.g. stopping, with a push frame queued)
+        if out and transport is not None and not self._lost:
             transport.write(b"".join(out))
             if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
                                            self.token):

@@ -661,6 +661,7 @@ class Server:
             # what they have not started (hand-back), then finish the rest within the grace.
             ctx.stopping = True
             ctx.quiet_consumers("all")
+        await asyncio.sleep(0)  # the QUIET frames are written before any connection closes
         for ctx in self.namespaces.values():
             await self._let_jobs_finish(ctx, self.config.shutdown_grace_s)
         connections = [conn for ctx in self.namespaces.values()
