@@ -3,16 +3,19 @@ scrape cost (the client's wait, and the longest single Redis call behind it, fro
 SLOWLOG), and another client's lone put while one connection pipelines `stats` without pause.
 
     .venv/bin/python -m bench.probes.namespace_reads [--tubes 100,10000,100000] [--base REV]
-                                                     [--puts 2000] [--out FILE]
+                                                     [--puts 2000] [--phases 3] [--out FILE]
 
 For each tube count: a private Redis and tubeq (`--metrics` on, events off), tubes made as a
 client makes them (`use` + one `put` each, pipelined); then `stats` and a scrape, median of 20
-each; then PUTS puts one at a time, idle, again while a second process pipelines `stats` 20
-at a time for as long as the puts run (p50 and p99 of each, and their ratio), and again while it
-pipelines `list-tube-used`, which tubeq answers without Redis: the share of a storm that is
-only a busy neighbour on the machine's cores; and the Redis commands a round of the stats storm
-cost (Redis's count during the storm, less the puts' share measured idle). The stormer runs at
-nice 19, standing for a client on another machine. With ``--base
+each, asked 20 ms apart (a lone stats, not one that waits out the spacing of a storm's reads:
+tubeq.server.ops.NAMESPACE_READ_SPACING_S); then PUTS puts one at a time, idle, again while a
+second process pipelines `stats` 20 at a time for as long as the puts run (p50 and p99 of each,
+and their ratio), and again while it pipelines `list-tube-used`, which tubeq answers without
+Redis: the share of a storm that is only a busy neighbour on the machine's cores; those three
+phases take PHASES turns, each percentile over every phase of its kind; and the Redis commands
+a round of the stats storm cost (Redis's count during the storm, less the puts' share measured
+idle; the median over the phases). The stormer runs at nice 19, standing for a client on
+another machine. With ``--base
 REV`` the same rows run on revision REV too, the two sides alternating per tube count (A/B
 interleaved, one CPU model: printed). Loopback only; every loop is bounded by count; processes
 stopped by PID.
@@ -29,6 +32,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from bench.harness.servers import LOOPBACK, Tubeq, snapshot_revision, snapshot_t
 from tubeq.redisio.process import free_port
 
 SAMPLES = 20
+SAMPLE_GAP_S = 0.02  # between two samples of one read: more than the spacing of its calls
 STORM_BATCH = 20  # stats pipelined at once by the stormer, as in issue 35's repro
 FILL_BATCH = 2_000  # tubes made per write of the filler
 
@@ -68,6 +73,12 @@ def fill(port: int, tubes: int) -> None:
             batch = range(start, min(tubes, start + FILL_BATCH))
             sock.sendall(b"".join(b"use card%06d\r\nput 2000 0 60 1\r\nx\r\n" % i for i in batch))
             left = _read_replies(sock, left, 2 * len(batch))
+
+
+def apart(sample: Callable[[], float]) -> float:
+    """``sample()`` after a pause of SAMPLE_GAP_S."""
+    time.sleep(SAMPLE_GAP_S)
+    return sample()
 
 
 def ask_timed(sock: socket.socket, command: bytes) -> float:
@@ -140,7 +151,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, float]:
+def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int,
+            phases: int) -> dict[str, float]:
     http_port = free_port(LOOPBACK)
     server = Tubeq(log_dir, code_dir=code_dir,
                    flags=("--metrics", f"{LOOPBACK}:{http_port}", "--events", "off"))
@@ -151,7 +163,8 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
         fill(server.port, tubes)
         scrape_url = f"http://{LOOPBACK}:{http_port}/metrics"
         with socket.create_connection((LOOPBACK, server.port)) as sock:
-            stats_s = statistics.median(ask_timed(sock, b"stats\r\n") for _ in range(SAMPLES))
+            stats_s = statistics.median(apart(lambda: ask_timed(sock, b"stats\r\n"))
+                                        for _ in range(SAMPLES))
             stats_redis = slowest_redis_call_us(raw, lambda: ask_timed(sock, b"stats\r\n"))
 
         def scrape() -> float:
@@ -160,15 +173,24 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
                 answer.read()
             return time.perf_counter() - began
 
-        scrape_s = statistics.median(scrape() for _ in range(SAMPLES))
+        scrape_s = statistics.median(apart(scrape) for _ in range(SAMPLES))
         scrape_redis = slowest_redis_call_us(raw, scrape)
-        commands_before = redis_commands(raw)
-        idle = puts_timed(server.port, puts)
-        per_put = (redis_commands(raw) - commands_before) / puts
-        stormy, per_round = puts_during(server.port, puts, b"stats\r\n", raw, per_put)
-        # The same storm of a command answered without Redis: what a busy neighbour process
-        # costs the put on this machine's cores, whatever it asks.
-        local, _ = puts_during(server.port, puts, b"list-tube-used\r\n", raw, per_put)
+        idle: list[float] = []
+        stormy: list[float] = []
+        local: list[float] = []
+        per_round: list[float] = []
+        for _ in range(phases):
+            # Idle, storm and no-Redis storm take turns, so a spell of the host's own noise
+            # (other tenants, a slow second) falls on every kind of phase alike.
+            commands_before = redis_commands(raw)
+            idle += puts_timed(server.port, puts)
+            per_put = (redis_commands(raw) - commands_before) / puts
+            latencies, commands = puts_during(server.port, puts, b"stats\r\n", raw, per_put)
+            stormy += latencies
+            per_round.append(commands)
+            # The same storm of a command answered without Redis: what a busy neighbour
+            # process costs the put on this machine's cores, whatever it asks.
+            local += puts_during(server.port, puts, b"list-tube-used\r\n", raw, per_put)[0]
         raw.close()
     finally:
         server.stop()
@@ -180,14 +202,17 @@ def measure(code_dir: Path, log_dir: Path, tubes: int, puts: int) -> dict[str, f
         "put p50 storm ms": percentile(stormy, 0.5) * 1e3,
         "put p99 storm ms": percentile(stormy, 0.99) * 1e3,
         "put p99 local storm ms": percentile(local, 0.99) * 1e3,
-        "redis per stats round": per_round,
+        "redis per stats round": statistics.median(per_round),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tubes", default="100,10000,100000")
-    parser.add_argument("--puts", type=int, default=2000)
+    parser.add_argument("--puts", type=int, default=2000, help="puts per phase")
+    parser.add_argument("--phases", type=int, default=3,
+                        help="turns of idle, stats storm and no-Redis storm; each percentile is "
+                             "over every phase of its kind")
     parser.add_argument("--base", help="a revision to run the same rows on, interleaved")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args()
@@ -210,7 +235,7 @@ def main() -> None:
             if i % 2:
                 order.reverse()
             for name, code_dir in order:
-                f = measure(code_dir, root / "logs", tubes, args.puts)
+                f = measure(code_dir, root / "logs", tubes, args.puts, args.phases)
                 row = (f"| {name} | {tubes:,} | {f['stats ms']:.2f} | "
                        f"{f['stats redis max ms']:.2f} | {f['scrape ms']:.2f} | "
                        f"{f['scrape redis max ms']:.2f} | {f['put p50 idle ms']:.3f} / "

@@ -91,6 +91,56 @@ async def test_a_read_that_cannot_be_sent_fails_its_caller_only() -> None:
     assert await read() == 7
 
 
+async def test_spaced_reads_start_no_sooner_than_the_spacing_apart() -> None:
+    """A caller after a quiet spell is read at once; callers that come sooner after a start
+    wait for one call at the spacing's end, read after they asked; a read that comes back
+    after the spacing lets the next start at once."""
+    loop = asyncio.get_running_loop()
+    reads = Reads()
+    spacing = 0.05
+    read = OneReadAtATime(reads, spacing)
+    first = read()
+    assert len(reads.calls) == 1  # at once
+    began = loop.time()
+    reads.calls[0].set_result(1)
+    assert await first == 1
+    second, third = read(), read()  # right after: they wait out the spacing, together
+    await asyncio.sleep(0)
+    assert len(reads.calls) == 1 and not second.done()
+    while len(reads.calls) == 1:
+        assert loop.time() - began < 5, "the spaced read never started"
+        await asyncio.sleep(0.005)
+    assert loop.time() - began >= spacing
+    reads.calls[1].set_result(2)
+    assert await asyncio.gather(second, third) == [2, 2]
+    await asyncio.sleep(spacing)  # a quiet spell as long as the spacing
+    fourth = read()
+    assert len(reads.calls) == 3  # at once again
+    reads.calls[2].set_result(4)
+    assert await fourth == 4
+
+
+async def test_a_spaced_read_whose_call_fails_fails_its_callers_only() -> None:
+    """A failure of the spaced call fails the callers that waited for it; the next caller,
+    a spacing later, gets a fresh read."""
+    reads = Reads()
+    read = OneReadAtATime(reads, 0.01)
+    first = read()
+    reads.calls[0].set_result(1)
+    await first
+    waiting = read()
+    while len(reads.calls) == 1:
+        await asyncio.sleep(0.002)
+    reads.calls[1].set_exception(ConnectionError("lost"))
+    with pytest.raises(ConnectionError):
+        await waiting
+    await asyncio.sleep(0.02)
+    again = read()
+    assert len(reads.calls) == 3
+    reads.calls[2].set_result(3)
+    assert await again == 3
+
+
 async def test_sent_later_answers_its_callers_once_sent_and_only_then() -> None:
     reads = Reads()
     run = SentLater(reads)

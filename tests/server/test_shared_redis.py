@@ -16,9 +16,12 @@ import asyncio
 import threading
 import time
 
+import redis
+
 from tests.support.servers import TubeqCluster
 from tests.support.wire import Wire
 from tubeq.redisio.client import RedisClient
+from tubeq.server.ops import NAMESPACE_READ_SPACING_S
 from tubeq.store.keys import Keys
 from tubeq.store.store import Store
 
@@ -82,4 +85,69 @@ def test_a_stats_storm_over_many_tubes_fails_no_other_clients_put(
             assert int(stats["current-jobs-urgent"]) == len(answers)  # pri 0; the cards 2000
             assert int(stats["current-tubes"]) == TUBES + 2  # the cards, steady, default
     finally:
+        server.stop()
+
+
+STORMERS = 4  # connections that pipeline stats at once, each without pause
+STORM_ROUNDS = 40  # rounds of STORM stats per stormer
+
+
+def test_stats_asked_without_pause_are_read_at_a_bounded_pace(
+        tubeq_cluster: TubeqCluster) -> None:
+    """However fast clients ask for stats, this process reads the namespace's counts no more
+    often than once per NAMESPACE_READ_SPACING_S (tubeq.server.ops): four connections that
+    each pipeline 20 stats a round, a round as soon as the last was answered, cost Redis about
+    one read per spacing of their storm's time, where each round alone would cost one, and
+    every stats is answered, with counts read after it was asked."""
+    prefix = f"paced-{time.monotonic_ns()}"
+    server = tubeq_cluster.start(prefix=prefix, label="tubeq-paced")
+    monitor = redis.Redis.from_url(tubeq_cluster.redis.url)
+    reads: list[bytes] = []
+    watching = threading.Event()
+    stop = threading.Event()
+
+    def count_reads() -> None:
+        with monitor.monitor() as m:
+            watching.set()
+            while not stop.is_set():
+                command = m.next_command()["command"]
+                if "_stats " in command and prefix in command:
+                    reads.append(command.encode())
+
+    def storm(answers: list[bytes]) -> None:
+        with Wire(server.host, server.port) as w:
+            for _ in range(STORM_ROUNDS):
+                w.send(b"stats\r\n" * STORM)
+                answers.extend(w.reply() for _ in range(STORM))
+
+    try:
+        with Wire(server.host, server.port) as w:
+            assert w.ask(b"put 0 0 60 1\r\ny\r\n").startswith(b"INSERTED ")
+        counter = threading.Thread(target=count_reads, daemon=True)
+        counter.start()
+        assert watching.wait(10)
+        answers: list[list[bytes]] = [[] for _ in range(STORMERS)]
+        stormers = [threading.Thread(target=storm, args=(a,)) for a in answers]
+        began = time.monotonic()
+        for t in stormers:
+            t.start()
+        for t in stormers:
+            t.join(STORM_BOUND_S)
+        took = time.monotonic() - began
+        assert not any(t.is_alive() for t in stormers), "the storm was not answered in time"
+        with Wire(server.host, server.port) as w:  # a last command through MONITOR's stream
+            stats = w.yaml("stats")
+        stop.set()
+        counter.join(10)
+        assert all(len(a) == STORM * STORM_ROUNDS for a in answers)
+        assert all(r.startswith(b"OK ") and b"current-jobs-ready: 1\n" in r
+                   for a in answers for r in a)
+        assert stats["current-jobs-ready"] == "1"
+        # One read per spacing of the storm's time, and the last stats's own; unpaced, each
+        # round of each stormer would be read alone: STORMERS * STORM_ROUNDS = 160 reads.
+        assert 0 < len(reads) <= took / NAMESPACE_READ_SPACING_S + 2, (len(reads), took)
+        assert len(reads) < STORMERS * STORM_ROUNDS
+    finally:
+        stop.set()
+        monitor.close()
         server.stop()

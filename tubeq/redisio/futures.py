@@ -62,12 +62,20 @@ class OneReadAtATime(Generic[T]):
     calls, not a thousand). Each caller gets a future of its own: cancelling it leaves the
     others' answer alone. A call that fails (Redis lost or stalled) fails the callers waiting
     for the next one too, at once: they were in flight when it failed, and waiting for another
-    call would let their answer come past --redis-timeout (tubeq.redisio.client)."""
+    call would let their answer come past --redis-timeout (tubeq.redisio.client).
 
-    def __init__(self, read: Callable[[], asyncio.Future[T]]) -> None:
+    ``spacing_s`` > 0 also spaces the calls' starts by at least that long: a caller that comes
+    sooner after the last start waits for the next call at the spacing's end, with everyone
+    else who comes meanwhile. A lone caller after a quiet spell is read at once; a client that
+    asks without pause gets its answers at the spacing's pace, so however fast it asks, the
+    read costs this process and Redis at most 1 / spacing_s calls a second."""
+
+    def __init__(self, read: Callable[[], asyncio.Future[T]], spacing_s: float = 0.0) -> None:
         self._read = read
+        self._spacing_s = spacing_s
         self._out: asyncio.Future[T] | None = None  # the call out now
         self._next: asyncio.Future[T] | None = None  # settled by the call after it
+        self._started_at = float("-inf")  # loop time of the last call's start
 
     def __call__(self) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
@@ -75,14 +83,22 @@ class OneReadAtATime(Generic[T]):
         if answer is None:
             answer = self._next = loop.create_future()
             if self._out is None:
-                self._start()
+                self._start_when_due(loop)
         mine: asyncio.Future[T] = loop.create_future()
         answer.add_done_callback(functools.partial(chain, target=mine))
         return mine
 
+    def _start_when_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        wait = self._started_at + self._spacing_s - loop.time()
+        if wait <= 0:
+            self._start()
+        else:
+            loop.call_later(wait, self._start)
+
     def _start(self) -> None:
         answer, self._next = self._next, None
         assert answer is not None
+        self._started_at = answer.get_loop().time()
         try:
             self._out = self._read()
         except Exception as error:  # the read could not even be sent
@@ -101,7 +117,7 @@ class OneReadAtATime(Generic[T]):
             self._next = None
             waiting.set_exception(error)
         else:
-            self._start()
+            self._start_when_due(waiting.get_loop())
 
 
 class SentLater(Generic[T]):

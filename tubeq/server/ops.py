@@ -38,6 +38,14 @@ TUBE_FULL: Final = 0  # Redis refused it: the tube holds its max-jobs (tube-set)
 NAMESPACE_FULL: Final = -1  # the namespace held --max-jobs jobs at its last count
 DRAINING: Final = -2  # the server is draining (an id was used up, as beanstalkd does)
 
+# The least time between two starts of one whole-namespace read (stats' counts, the scrapes'
+# tube overview) in one process. A monitor polling stats or a scrape every second never waits
+# for it; a client that asks without pause (issue 35's storm: 20 stats pipelined per round,
+# over a thousand rounds a second) is answered 200 times a second, so its reads and their
+# rendering cost this process and Redis a bounded share of their time, not all of it, and the
+# other clients' commands keep their latency. Every answer is still read after its caller asked.
+NAMESPACE_READ_SPACING_S: Final = 0.005
+
 
 def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
         answer: Callable[[int], T], *, run: PutRun | None = None) -> T | asyncio.Future[T]:
@@ -289,14 +297,15 @@ def namespace_counts(ctx: ServerContext) -> asyncio.Future[tuple[list[int], dict
     """The namespace's counts behind ``stats`` (the job states, tubes, gauges and shared
     counters), read after this process's counts reached Redis. One read is out at a time per
     namespace; callers that come meanwhile share the next, so a client that pipelines stats
-    costs Redis and this process two reads per round, whatever its pipeline's depth."""
+    costs Redis and this process two reads per round, whatever its pipeline's depth; and two
+    reads start at least NAMESPACE_READ_SPACING_S apart."""
     read = ctx.shared_reads.get("counts")
     if read is None:
         def counts() -> asyncio.Future[tuple[list[int], dict[str, int]]]:
             sync_counts(ctx)
             return ctx.store.server_counts()
 
-        read = ctx.shared_reads["counts"] = OneReadAtATime(counts)
+        read = ctx.shared_reads["counts"] = OneReadAtATime(counts, NAMESPACE_READ_SPACING_S)
     return read()
 
 
@@ -311,7 +320,8 @@ def tube_overview(ctx: ServerContext, limit: int
             ctx.counters.flush()
             return ctx.store.overview(limit)
 
-        read = ctx.shared_reads[("overview", limit)] = OneReadAtATime(overview)
+        read = ctx.shared_reads[("overview", limit)] = OneReadAtATime(
+            overview, NAMESPACE_READ_SPACING_S)
     return read()
 
 
