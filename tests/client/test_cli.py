@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.servers import ServerProcess
+from tests.support.wire import Wire
 from tubeq.client import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -239,6 +240,25 @@ def test_put_after_holds_a_job_until_its_parent_finished(client_tubeq: ServerPro
         f": UNKNOWN_PARENT 987654321")
     assert "--after: 'x,1': job ids joined by commas" in cli.fails(
         "put", "x", "--after", "x,1", status=2, connect=False)
+
+
+def test_put_group_puts_a_job_into_a_group_of_its_tube(client_tubeq: ServerProcess,
+                                                         tube_name: str) -> None:
+    """--group: the tube's groups take turns (protocol.md, "Groups"); a bad key is the
+    server's BAD_OPTION, said plainly, and nothing is stored."""
+    cli = Cli(client_tubeq.host, client_tubeq.port, client_tubeq.kind)
+    first = cli.json("put", "a1", "-t", tube_name, "--group", "acme")["id"]
+    cli.json("put", "a2", "-t", tube_name, "--group", "acme")
+    third = cli.json("put", "b1", "-t", tube_name, "--group", "bolt")["id"]
+    with Wire(client_tubeq.host, client_tubeq.port) as w:
+        w.ask(f"watch {tube_name}")
+        w.ask("ignore default")
+        taken = [int(w.ask("reserve-with-timeout 0").split()[1]) for _ in range(2)]
+    assert taken == [first, third]  # acme's turn, then bolt's, before acme's second
+    assert cli.fails("put", "x", "-t", tube_name, "--group=-bad") == (
+        f"tubeq-cli: {client_tubeq.host}:{client_tubeq.port} answered put-with"
+        f": BAD_OPTION group")
+    assert cli.json("stats", "-t", tube_name)["total-jobs"] == 3
 
 
 def test_quiet_asks_push_consumers_to_stop(client_tubeq: ServerProcess) -> None:

@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tubeq: dedupe key: no second job while one with KEY lives")
     put.add_argument("--after", type=_job_ids, default=None, metavar="ID[,ID...]",
                      help="tubeq: hold it until these jobs finished (dependencies)")
+    put.add_argument("--group", default=None, metavar="KEY",
+                     help="tubeq: the job's group: a tube's groups take turns")
     # jobs that answer (tubeq): request/reply, and waiting for a job's end
     call = _with_a_job(command("call", "tubeq: put a job and wait for a worker's result "
                                        "(request/reply)"))
@@ -625,7 +627,7 @@ def _draw(out: Output, frame: dict[str, Any], *, clear: bool) -> None:
 # -- job policies and deduplicated put (tubeq) -------------------------------------------------
 
 PUT_WITH_OPTIONS = ("delay_ms", "max_tries", "backoff_ms", "backoff_max_ms", "ttl_ms",
-                    "on_expire", "key", "after")
+                    "on_expire", "key", "after", "group")
 
 
 def _job_ids(text: str) -> list[int]:
