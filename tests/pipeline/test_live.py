@@ -36,8 +36,10 @@ COUNTED_AS: Mapping[tuple[str, str], tuple[str, ...]] = {
     ("promoted", ""): ("promoted",),
     ("reserved", ""): ("reserved",),
     ("released", ""): ("released",),
+    ("released", "hand-back"): ("released",),  # a consumer gave it back unstarted
     ("timed-out", ""): ("timed_out",),
     ("timed-out", "disconnect"): ("disconnected",),
+    ("timed-out", "shutdown"): ("disconnected",),  # a stopping tubeq closed its connection
     ("timed-out", "reaped"): ("reaped",),
     ("touched", ""): ("touched",),
     ("buried", ""): ("buried", "buried_deliberate"),

@@ -285,8 +285,9 @@ def test_failing_tubes_and_hours(report_dir: Path, record: workload.Record) -> N
 
 def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession) -> None:
     """`timed-out` with reason "" is a TTR time-out (the server's job-timeouts); reason
-    `disconnect` (its connection closed) or `reaped` (its process died) is a job given back,
-    counted as `disconnected` or `reaped` and never a failure."""
+    `disconnect` (its connection closed), `shutdown` (a stopping tubeq closed it) or `reaped`
+    (its process died) is a job given back, counted as `disconnected` or `reaped` and never a
+    failure."""
     rows = [
         ("1000-0", "put", 1, "t", 0, 0, 1000, 0, 0, 1000, "p", ""),
         ("1001-0", "reserved", 1, "t", 0, 0, 1000, 0, 1, 1001, "p", ""),
@@ -298,6 +299,9 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
         ("3000-0", "put", 2, "u", 0, 0, 1000, 0, 0, 3000, "p", ""),
         ("3001-0", "reserved", 2, "u", 0, 0, 1000, 0, 1, 3001, "p", ""),
         ("3002-0", "timed-out", 2, "u", 0, 0, 1000, 0, 1, 3002, "p", "disconnect"),
+        # A stopping tubeq closed the holder's connection: given back, no try counted.
+        ("3003-0", "reserved", 2, "u", 0, 0, 1000, 0, 2, 3003, "p", ""),
+        ("3004-0", "timed-out", 2, "u", 0, 0, 1000, 0, 1, 3004, "p", "shutdown"),
     ]
     tables = report.build_report(older_events(spark, rows))
     by_tube = {row["tube"]: row for row in tables["by_tube"].to_pylist()}
@@ -305,7 +309,7 @@ def test_only_ttr_time_outs_count_as_time_outs_and_failures(spark: SparkSession)
     backlog = {row["tube"]: row["ready"] for row in tables["backlog"].to_pylist()}
     assert {tube: (row["timed_out"], row["disconnected"], row["reaped"])
             for tube, row in by_tube.items()} == {
-        "t": (1, 1, 1), "u": (0, 1, 0), ALL: (1, 2, 1)}
+        "t": (1, 1, 1), "u": (0, 2, 0), ALL: (1, 3, 1)}
     assert failing == [{"rank": 1, "tube": "t", "timed_out": 1, "failed": 0, "buried": 0,
                         "failures": 1}]
     assert backlog == {"t": 1, "u": 1, ALL: 2}  # every one of them went back to ready

@@ -39,8 +39,10 @@ Rules:
   aggregates read it.
 * ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
   server counts in ``job-timeouts``. A ``timed-out`` with a reason gave the job back without its
-  TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed) and
-  ``reaped`` (the process holding it died) count those, and neither is a failure.
+  TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed; and reason
+  ``shutdown``: a stopping tubeq closed it, the job given back with no try counted) and
+  ``reaped`` (the process holding it died) count those, and neither is a failure. A job a
+  consumer handed back (``hand-back``) is a ``released`` event, counted there.
 * ``buried`` counts every bury, and ``buried_deliberate`` (a client's bury),
   ``buried_max_tries`` and ``buried_expired`` (a job policy's, by the event's reason) split it.
 * The ends (issue 32): ``finished`` counts the ``deleted`` events with reason ``finished`` (a

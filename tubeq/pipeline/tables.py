@@ -39,7 +39,7 @@ COUNTED: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("reserved", (EventName.RESERVED,)),
     ("released", (EventName.RELEASED,)),
     ("timed_out", (EventName.TIMED_OUT,)),  # reason "": the TTR ran out
-    ("disconnected", (DISCONNECTED,)),  # reason disconnect: its connection closed
+    ("disconnected", (DISCONNECTED,)),  # reason disconnect or shutdown: its connection closed
     ("reaped", (REAPED,)),  # reason reaped: the process that held it died
     ("touched", (EventName.TOUCHED,)),
     ("buried", (EventName.BURIED, BURIED_MAX_TRIES, BURIED_EXPIRED)),  # for any reason
