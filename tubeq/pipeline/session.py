@@ -20,7 +20,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+from tubeq.pipeline import class_archive
+from tubeq.store.scripts import cache_dir
 
 if TYPE_CHECKING:
     # Imported for real inside spark_session(): the CLI imports JavaUnavailable from here even
@@ -114,9 +117,17 @@ def java_major(version_output: str) -> int | None:
     return major
 
 
-def check_java() -> int:
-    """Return the Java major version Spark will use; raise :class:`JavaUnavailable` if there is
-    no java, it does not run, or it is older than :data:`MIN_JAVA`."""
+class Java(NamedTuple):
+    """The java Spark will run: its path, its major version, and what ``-version`` printed."""
+
+    path: str
+    major: int
+    version_text: str
+
+
+def check_java() -> Java:
+    """Return the Java Spark will use; raise :class:`JavaUnavailable` if there is no java, it
+    does not run, or it is older than :data:`MIN_JAVA`."""
     java = java_executable()
     where = "JAVA_HOME" if os.environ.get("JAVA_HOME") else "PATH"
     advice = (f"the pipeline runs on Spark, which needs Java {MIN_JAVA} or newer: install it "
@@ -128,13 +139,14 @@ def check_java() -> int:
                               timeout=JAVA_VERSION_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise JavaUnavailable(f"{java} -version failed ({exc}); {advice}") from exc
-    major = java_major(proc.stderr + proc.stdout)
+    version_text = proc.stderr + proc.stdout
+    major = java_major(version_text)
     if proc.returncode != 0 or major is None:
         raise JavaUnavailable(f"{java} -version did not say its version "
                               f"(exit {proc.returncode}); {advice}")
     if major < MIN_JAVA:
         raise JavaUnavailable(f"{java} is Java {major}; {advice}")
-    return major
+    return Java(java, major, version_text)
 
 
 @contextlib.contextmanager
@@ -173,9 +185,11 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
                   jvm_log: Path | None = None, short: bool = False) -> SparkSession:
     """A SparkSession for a pipeline command: on ``remote`` (a Spark Connect URL) if given, else
     on ``master``; a local master gets Python workers on this interpreter and listeners on
-    loopback, and with ``short`` (the caller knows its work is small) a JVM that compiles with
-    C1 alone. A JVM this call starts writes its output to ``jvm_log`` if given (else to this
-    process's stderr)."""
+    loopback, Spark's classes mapped from the archive in the cache directory where there is one
+    (tubeq.pipeline.class_archive), and with ``short`` (the caller knows its work is small) a
+    JVM that compiles with C1 alone and, where there is no archive yet, writes it at exit. A
+    JVM this call starts writes its output to ``jvm_log`` if given (else to this process's
+    stderr)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -183,7 +197,7 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
         # The cluster runs the Python code: no local JVM, so no local Java check.
         check_reachable(remote)
         return builder.remote(remote).getOrCreate()
-    check_java()
+    java = check_java()
     master = master or DEFAULT_MASTER
     builder = (builder.master(master).config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC"))
@@ -197,7 +211,9 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
                            str(LOCAL_LISTING_JOB_THRESHOLD))
                    .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
                    .config("spark.driver.extraJavaOptions", " ".join(
-                       [LOCAL_DRIVER_JAVA_OPTIONS] + ([SHORT_RUN_JAVA_OPTIONS] if short else []))))
+                       [LOCAL_DRIVER_JAVA_OPTIONS] + ([SHORT_RUN_JAVA_OPTIONS] if short else [])
+                       + class_archive.jvm_options(cache_dir(), java.path, java.version_text,
+                                                   may_write=short))))
     if jvm_log is None:
         return builder.getOrCreate()
     # Stage progress bars are for a terminal, not for a log file.

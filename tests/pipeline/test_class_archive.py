@@ -1,0 +1,144 @@
+"""Spark's classes kept between runs (tubeq.pipeline.class_archive): which JVM options a local
+session gets, one writer at a time, and a real JVM writing, publishing and mapping the archive.
+
+The options and the lock are checked without a JVM; then two real short runs in subprocesses,
+each with a cache directory of the test's own (the other pipeline tests run with the archive
+off: sparks.JVM_ENVIRONMENT): the first writes the archive at its exit and publishes it whole,
+the second maps it; and a truncated copy, which crashes a JVM that maps it, is never published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tubeq.pipeline import class_archive
+from tubeq.pipeline.session import check_java
+
+JAVA_TEXT = 'openjdk version "17.0.15" 2025-04-15'
+RUN_TIMEOUT_S = 300  # a JVM's start, a small job and the archive's write, on two busy cores
+
+# A short local run, as `tubeq-pipeline report` of a small archive makes it: prints whether its
+# JVM mapped an archive (its command line), and the answer of a small aggregation.
+SHORT_RUN = """
+import json, sys
+from pyspark import SparkContext
+from tubeq.pipeline.session import spark_session
+spark = spark_session("local[1]", short=True)
+rows = spark.range(100).selectExpr("id % 3 AS k").groupBy("k").count().collect()
+pid = SparkContext._gateway.proc.pid
+with open(f"/proc/{pid}/cmdline", "rb") as f:
+    jvm = f.read().split(b"\\0")
+print(json.dumps({"counts": sorted(r["count"] for r in rows),
+                  "maps": any(a.startswith(b"-XX:SharedArchiveFile=") for a in jvm),
+                  "writes": any(a.startswith(b"-XX:ArchiveClassesAtExit=") for a in jvm)}))
+"""
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """The exit handlers class_archive registers, caught instead of run."""
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+    monkeypatch.setattr(class_archive.atexit, "register",
+                        lambda fn, *args: calls.append((fn, args)))
+    monkeypatch.delenv(class_archive.SWITCH, raising=False)
+    return calls
+
+
+def test_an_archive_in_place_is_mapped_and_none_is_written(
+        tmp_path: Path, registered: list[Any]) -> None:
+    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
+    final.write_bytes(b"archive")
+    options = class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True)
+    assert options == [f"-XX:SharedArchiveFile={final}", *class_archive.QUIET]
+    assert registered == []
+
+
+def test_a_short_run_without_an_archive_writes_one_under_the_lock(
+        tmp_path: Path, registered: list[Any]) -> None:
+    final = class_archive.archive_path(tmp_path / "cache", JAVA_TEXT)
+    options = class_archive.jvm_options(tmp_path / "cache", "java", JAVA_TEXT, may_write=True)
+    written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+    assert options == [f"-XX:ArchiveClassesAtExit={written}", *class_archive.QUIET]
+    lock = final.with_name(final.name + ".lock")
+    assert lock.read_text() == str(os.getpid())
+    assert registered == [(class_archive.publish_at_exit, ("java", written, final, lock))]
+    # Meanwhile another run finds the lock held by a living process: it writes nothing.
+    assert class_archive.jvm_options(tmp_path / "cache", "java", JAVA_TEXT,
+                                     may_write=True) == []
+    assert len(registered) == 1
+
+
+def test_the_lock_of_a_process_that_is_gone_is_taken_over(
+        tmp_path: Path, registered: list[Any]) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
+    lock = final.with_name(final.name + ".lock")
+    lock.write_text(gone)
+    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True)[0].startswith(
+        "-XX:ArchiveClassesAtExit=")
+    assert lock.read_text() == str(os.getpid())
+    lock.write_text("")  # a writer that died before it wrote its pid
+    assert class_archive.take_lock(lock)
+
+
+def test_no_archive_for_a_long_run_when_switched_off_or_without_a_cache(
+        tmp_path: Path, registered: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=False) == []
+    assert class_archive.jvm_options(None, "java", JAVA_TEXT, may_write=True) == []
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert class_archive.jvm_options(blocked / "cache", "java", JAVA_TEXT,
+                                     may_write=True) == []
+    monkeypatch.setenv(class_archive.SWITCH, "0")
+    class_archive.archive_path(tmp_path, JAVA_TEXT).write_bytes(b"archive")
+    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True) == []
+    assert registered == []
+
+
+def test_each_java_and_spark_has_an_archive_of_its_own(tmp_path: Path) -> None:
+    other = class_archive.archive_path(tmp_path, JAVA_TEXT.replace("17.0.15", "17.0.16"))
+    assert other != class_archive.archive_path(tmp_path, JAVA_TEXT)
+    assert other.name.startswith(class_archive.PREFIX) and other.suffix == ".jsa"
+
+
+def _short_run(cache: Path) -> dict[str, Any]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), class_archive.SWITCH: "1"}
+    done = subprocess.run([sys.executable, "-c", SHORT_RUN], capture_output=True, text=True,
+                          env=env, timeout=RUN_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def test_a_short_run_writes_the_archive_whole_and_the_next_maps_it(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = _short_run(cache)
+    assert first == {"counts": [33, 33, 34], "maps": False, "writes": True}
+    folder = cache / "tubeq"
+    archives = sorted(p.name for p in folder.iterdir())
+    assert len(archives) == 1 and archives[0].startswith(class_archive.PREFIX), archives
+    assert archives[0].endswith(".jsa")  # published: no .tmp and no .lock left
+    second = _short_run(cache)
+    assert second == {"counts": [33, 33, 34], "maps": True, "writes": False}
+
+    # A truncated archive crashes the JVM that maps it: it is never published.
+    java = check_java().path
+    archive = folder / archives[0]
+    assert class_archive.mappable(java, archive)
+    cut = tmp_path / "cut.jsa"
+    with archive.open("rb") as whole, cut.open("wb") as part:
+        part.write(whole.read(1 << 20))
+    assert not class_archive.mappable(java, cut)
+    elsewhere = tmp_path / "elsewhere" / archives[0]
+    elsewhere.parent.mkdir()
+    assert not class_archive.publish(java, cut, elsewhere)
+    assert not elsewhere.exists()
