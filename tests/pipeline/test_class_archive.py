@@ -119,7 +119,9 @@ def _short_run(cache: Path) -> dict[str, Any]:
     return answer
 
 
-def test_a_short_run_writes_the_archive_whole_and_the_next_maps_it(tmp_path: Path) -> None:
+def test_a_short_run_writes_the_archive_whole_and_the_next_maps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # where a crashing JVM would leave its report
     cache = tmp_path / "cache"
     first = _short_run(cache)
     assert first == {"counts": [33, 33, 34], "maps": False, "writes": True}
@@ -142,3 +144,4 @@ def test_a_short_run_writes_the_archive_whole_and_the_next_maps_it(tmp_path: Pat
     elsewhere.parent.mkdir()
     assert not class_archive.publish(java, cut, elsewhere)
     assert not elsewhere.exists()
+    assert not list(tmp_path.glob("hs_err*")) and not list(tmp_path.glob("core*"))

@@ -116,9 +116,11 @@ def _holder_alive(lock: Path) -> bool:
 
 
 def mappable(java: str, archive: Path) -> bool:
-    """Whether a JVM starts with ``archive`` mapped (it crashes on a truncated one)."""
+    """Whether a JVM starts with ``archive`` mapped (it crashes on a truncated one: its crash
+    report and core dump are not written, which would land in the working directory)."""
     try:
-        run = subprocess.run([java, f"-XX:SharedArchiveFile={archive}", *QUIET, "-version"],
+        run = subprocess.run([java, f"-XX:SharedArchiveFile={archive}", *QUIET,
+                              "-XX:ErrorFile=/dev/null", "-XX:-CreateCoredumpOnCrash", "-version"],
                              capture_output=True, timeout=CHECK_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return False
