@@ -4,12 +4,14 @@ their plain cycle, with Redis's commands per job by name from INFO commandstats.
 
     .venv/bin/python -m bench.probes.watchers_cost [--base REV] [--reps 2] [--consumers 64,256]
 
-Per row and side: jobs/s, tubeq's and Redis's CPU us per job (/proc), script calls (FCALL) and
-the commands the scripts ran per job, by name. The command counts hardly depend on the host's
-speed, only on how often a consumer had to wait, so they judge a change where the rates of a
-shared machine cannot; each line also prints the load average and the CPU other processes used
-(``other``). With ``--base REV`` the tubeq of ``REV`` runs too, interleaved, the order
-alternating. Loopback only: each run starts its own redis-server and tubeq and stops them by PID;
+Per row and side: jobs/s, tubeq's and Redis's CPU us per job (/proc), puts acknowledged per job
+completed (producers outrun consumers: each put is a script call of its own when every put goes
+to another tube), script calls (FCALL) and the commands the scripts ran per job, by name. The
+command counts hardly depend on the host's speed, only on how often a consumer had to wait and
+how far the producers ran ahead, so they judge a change where the rates of a shared machine
+cannot; each line also prints the load average and the CPU other processes used (``other``).
+With ``--base REV`` the tubeq of ``REV`` runs too, interleaved, the order alternating. Loopback
+only: each run starts its own redis-server and tubeq and stops them by PID;
 every load is bounded by bench.run's window and time limit.
 """
 
@@ -48,7 +50,9 @@ def measure(code_dir: Path, log_dir: Path, key: str) -> dict[str, Any]:
     cpu = {name: pct / 100 * 1e6 / result.jobs_per_s
            for name, pct in result.cpu_pct.items() if pct is not None and result.jobs_per_s}
     inner = redis.get("total_calls_per_job", 0.0) - redis.get("top_level_calls_per_job", 0.0)
+    puts = result.puts_per_s / result.jobs_per_s if result.jobs_per_s else 0.0
     return {"rate": result.jobs_per_s, "ok": result.ok, "cpu_us": cpu, "calls": calls,
+            "puts": puts,
             "inner": inner, "other": result.other_cores, "load": os.getloadavg()[0]}
 
 
@@ -81,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                                  if m["calls"].get(c))
                 cpu = " ".join(f"{n} {v:.1f}" for n, v in m["cpu_us"].items())
                 print(f"rep {rep} {key:<32} {side:<4} {m['rate']:>8,.0f} jobs/s ok={m['ok']} "
-                      f"us/job {cpu} | inner cmds/job {m['inner']:.1f}: {shown} | "
+                      f"us/job {cpu} | puts/job {m['puts']:.2f} | inner cmds/job {m['inner']:.1f}: "
+                      f"{shown} | "
                       f"load {m['load']:.2f} other {m['other']:.2f}", flush=True)
-    print("\n| row | side | jobs/s median (min-max) | tubeq us/job | redis us/job | "
-          "script calls/job | commands in scripts/job |\n|---|---|---|---|---|---|---|")
+    print("\n| row | side | jobs/s median (min-max) | tubeq us/job | redis us/job | puts/job | "
+          "script calls/job | commands in scripts/job |\n|---|---|---|---|---|---|---|---|")
     for (key, side), ms in results.items():
         rates = [m["rate"] for m in ms]
 
@@ -94,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {key} | {side} | {med(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
               f"{med([m['cpu_us'].get('tubeq', 0) for m in ms]):.1f} | "
               f"{med([m['cpu_us'].get('redis', 0) for m in ms]):.1f} | "
+              f"{med([m['puts'] for m in ms]):.2f} | "
               f"{med([m['calls'].get('fcall', 0) for m in ms]):.2f} | "
               f"{med([m['inner'] for m in ms]):.1f} |")
     return 0
