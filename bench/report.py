@@ -225,9 +225,11 @@ def _many_tubes(results: Results, runs: Runs) -> list[str]:
              "reserve-with-timeout in flight; 2 generator processes sharing the tubes. Its base "
              "`64x16, plain cycle` is section 1's `cycle 64x16 100B` (no `use`, one tube per "
              "generator process, consumers watching it alone), measured again in this pass, "
-             "interleaved with it. \"vs 1 tube\" compares each server with itself, against the "
-             "`1 tube` row of its set (the 64x16 row's: the plain cycle); target: tubeq >= "
-             f"{MANY_TUBES_64_TARGET}x.", ""]
+             "interleaved with it. Rows `64x16, 100 tubes, N consumers`: the same load with N "
+             "consumer connections instead of 64 (issue 33 item 7: how the cost grows with "
+             "watchers; bench/RESULTS-watchers.md). \"vs 1 tube\" compares each server with "
+             "itself, against the `1 tube` row of its set (the 64x16 rows': the plain cycle); "
+             f"target: tubeq >= {MANY_TUBES_64_TARGET}x for the 64-consumer row.", ""]
     keys = list(dict.fromkeys(r["row"] for r in results["runs"]
                               if r["scenario"] == "many-tubes"))
     rows = []

@@ -167,9 +167,10 @@ def many_tube_rows(scale: CoreScale) -> list[Row]:
     (MANY_TUBES_64_BASE and MANY_TUBES_64, named by bench/report.py, which judges them): 64
     producer connections (2 generator processes, as the 64-connection rows of section 1) that
     each `use` the next of 100 tubes before every put, 64 consumers that watch all 100 (the
-    processes share the tubes), each with 16 reserve-with-timeout in flight; and as its
+    processes share the tubes), each with 16 reserve-with-timeout in flight, and the same
+    load with 8 and 256 consumers (MANY_TUBES_CONSUMERS); and as their
     reference the plain cycle 64x16 100B of section 1 (no `use`, one tube, one watched),
-    measured again in this pass, interleaved with it."""
+    measured again in this pass, interleaved with them."""
     rows = []
     for tubes, puts_per_use in ((1, 1), (10, 1), (100, 1), (1000, 1), (100, 16)):
         spec = LoadSpec(mode="many-tubes", port=0, connections=8, in_flight=16, tubes=tubes,
@@ -180,11 +181,25 @@ def many_tube_rows(scale: CoreScale) -> list[Row]:
         rows.append(Row("many-tubes", f"{tubes} tube{'s' if tubes > 1 else ''}{suffix}", spec))
     plain = next(r.spec for r in throughput_rows(scale) if r.key == "cycle 64x16 100B")
     rows.append(Row("many-tubes", MANY_TUBES_64_BASE, plain))
-    spec = LoadSpec(mode="many-tubes", port=0, connections=64, in_flight=16, tubes=100,
-                    jobs=WINDOW_JOB_CAP, seconds=scale.window_s, warmup=scale.warmup_s,
-                    procs=2, time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
-    rows.append(Row("many-tubes", MANY_TUBES_64, spec))
+    for consumers in MANY_TUBES_CONSUMERS:
+        spec = LoadSpec(mode="many-tubes", port=0, connections=64, in_flight=16, tubes=100,
+                        consumers=consumers, jobs=WINDOW_JOB_CAP, seconds=scale.window_s,
+                        warmup=scale.warmup_s, procs=2,
+                        time_limit=scale.warmup_s + scale.window_s + RUN_SLACK_S)
+        rows.append(Row("many-tubes", many_tubes_key(consumers), spec))
     return rows
+
+
+# Issue 33 item 7: the 64x16 load over 100 tubes with this many consumer connections, each
+# watching all 100 with 16 reserve-with-timeout in flight: how the cost grows with watchers.
+# 64 is MANY_TUBES_64 itself; 8 leaves jobs queued (consumers rarely wait), 256 has four
+# reserves in flight for every put, so most of them wait.
+MANY_TUBES_CONSUMERS = (8, 64, 256)
+
+
+def many_tubes_key(consumers: int) -> str:
+    """The row key of the 64x16, 100-tube load with ``consumers`` consumer connections."""
+    return MANY_TUBES_64 if consumers == 64 else f"{MANY_TUBES_64}, {consumers} consumers"
 
 
 def events_rows(scale: CoreScale) -> list[Row]:
@@ -524,7 +539,8 @@ def _main_64x16_rows(scale: CoreScale) -> list[Row]:
 ONLY: dict[str, Callable[[CoreScale], list[list[Row]]]] = {
     "metrics": lambda scale: [metrics_rows(scale)],
     "many-tubes": lambda scale: [[r for r in many_tube_rows(scale)
-                                  if r.key in (MANY_TUBES_64_BASE, MANY_TUBES_64)]],
+                                  if r.key == MANY_TUBES_64_BASE
+                                  or r.key.startswith(MANY_TUBES_64)]],
     "workers": lambda scale: [workers_rows(scale)],
     "delayed": lambda scale: [[delayed_row(scale), delayed_ms_row(scale), wake_row(scale)]],
     "cpu": lambda scale: [_main_64x16_rows(scale), events_rows(scale), workers_rows(scale)],
@@ -573,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="report path (default bench/RESULTS.md, quick: bench/out/RESULTS-quick.md)")
     p.add_argument("--only", choices=sorted(ONLY), default=None,
                    help="run some passes alone: metrics (on/off rows), many-tubes (the 64x16 "
-                        "pair), workers (1 vs 2), cpu (the 64x16 put and cycle rows, events "
+                        "rows over 100 tubes, with 8, 64 and 256 consumers, and their plain "
+                        "cycle), workers (1 vs 2), cpu (the 64x16 put and cycle rows, events "
                         "on/off, workers: the CPU per job table), delayed (lateness and wake "
                         "latency); writes bench/out/")
     p.add_argument("--repetitions", type=int, default=None, metavar="N",

@@ -57,6 +57,8 @@ class LoadSpec:
     tube: str = "bench"
     tubes: int = 1
     puts_per_use: int = 1
+    # many-tubes: consumer connections (totals over all processes); 0: as many as producers
+    consumers: int = 0
     rate: float = 1000.0
     max_delay: int = 2
     backlog: int = 0

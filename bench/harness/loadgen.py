@@ -21,7 +21,8 @@ Modes (the method of the performance baseline, ../shared/research/perf-baseline.
               and prefix) than the consumers' --port.
   many-tubes  cycle where producers `use` --tubes tubes round robin (a new tube every
               --puts-per-use puts) and every consumer watches all of them; with --procs K the
-              K processes share those tubes (the only mode that does).
+              K processes share those tubes (the only mode that does). --consumers N: N
+              consumer connections (default: as many as producers).
   backlog     put --backlog jobs first (no latency), report memory per queued job (VmRSS of every
               --server-pid, Redis used_memory with --redis-url), then, unless --jobs 0, a cycle
               on the same tubes at the same priority (consumers drain the oldest jobs first).
@@ -336,8 +337,9 @@ def build_roles(spec: LoadSpec, index: int, state: RunState) -> list[Role]:
                            first_tube=(before + i) * spec.tubes // max(spec.connections, 1)),
                   port)
                  for i in range(conns)]
+        consumers = spec.share(spec.consumers, index) if spec.consumers else conns
         roles += [(Consumer(state, tubes, spec.in_flight, completes_on=b"DELETED"), port)
-                  for _ in range(conns)]
+                  for _ in range(consumers)]
         return roles
     if spec.mode in ("delayed", "delayed-ms"):
         paced = PacedProducer if spec.mode == "delayed" else PacedMsProducer
@@ -677,6 +679,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="many-tubes, and put/cycle: tubes (shared by all processes)")
     p.add_argument("--puts-per-use", type=int, default=1,
                    help="many-tubes: puts to one tube before the producer uses the next")
+    p.add_argument("--consumers", type=int, default=0,
+                   help="many-tubes: consumer connections (default: as many as --connections)")
     p.add_argument("--rate", type=float, default=1000.0, help="delayed: puts per second")
     p.add_argument("--max-delay", type=int, default=2, help="delayed: largest delay, seconds")
     p.add_argument("--backlog", type=int, default=0, help="backlog: jobs to queue first")
@@ -697,6 +701,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("counts must be at least 1")
     if args.connections < args.procs:
         p.error("--connections must be at least --procs")
+    if args.consumers and args.consumers < args.procs:
+        p.error("--consumers must be at least --procs")
     return args
 
 
@@ -707,8 +713,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         connections=args.connections, in_flight=args.in_flight, body_size=args.body_size,
         jobs=args.jobs, seconds=args.seconds, warmup=args.warmup, time_limit=args.time_limit,
         procs=args.procs, tube=args.tube, tubes=args.tubes, puts_per_use=args.puts_per_use,
-        rate=args.rate, max_delay=args.max_delay, backlog=args.backlog, seed=args.seed,
-        batch=args.batch)
+        consumers=args.consumers, rate=args.rate, max_delay=args.max_delay,
+        backlog=args.backlog, seed=args.seed, batch=args.batch)
 
 
 def describe(result: LoadResult) -> str:

@@ -96,3 +96,38 @@ def test_a_hand_over_wakes_every_wait_of_its_token_and_only_while_registered() -
     registry.unregister(other, consumed=True)
     registry.handed_over("t:1")  # nobody waits under it: nothing to wake, nothing kept
     assert registry.count() == 0 and not registry._by_token
+
+
+def test_a_hint_wakes_the_oldest_waiter_of_its_tube_across_watch_lists() -> None:
+    """Waiters in lines by watch list: a tube's hint wakes the one that registered first among
+    those not awake, whichever line it is in; lines leave their tubes with their last waiter."""
+    registry = WaiterRegistry()
+    both = ("a", "b")
+    first, alone, second = Waiter(both, "t:1"), Waiter(("a",), "t:2"), Waiter(both, "t:3")
+    for waiter in (first, alone, second):
+        registry.register(waiter)
+    assert registry.count() == 3
+    woken = []
+    for _ in range(3):
+        registry.wake_one("a")
+        woken += [w for w in (first, alone, second) if w.woken and w not in woken]
+    assert woken == [first, alone, second]
+    registry.wake_one("a")  # everyone is awake: nothing more to wake
+    registry.unregister(first, consumed=True)
+    registry.unregister(alone, consumed=True)
+    second.rearm()
+    registry.wake_one("b")
+    assert second.woken
+    registry.unregister(second, consumed=True)
+    assert registry.count() == 0 and not registry._by_tube and not registry._lines
+
+
+def test_a_wake_up_not_used_passes_to_the_next_waiter_of_another_line() -> None:
+    registry = WaiterRegistry()
+    gone, waiting = Waiter(("a", "b"), "t:1"), Waiter(("b",), "t:2")
+    registry.register(gone)
+    registry.register(waiting)
+    registry.wake_one("b")
+    assert gone.woken and not waiting.woken
+    registry.unregister(gone, consumed=False)  # its client went away before it tried
+    assert waiting.woken

@@ -31,6 +31,7 @@ from tubeq.store.store import Store
 
 ALICE = "inst:1"
 BOB = "inst:2"
+CAROL = "inst:3"
 
 
 @dataclass
@@ -464,6 +465,57 @@ async def test_put_hands_the_job_to_the_first_waiting_connection(env: Env) -> No
     await pubsub.aclose()
 
 
+async def test_waiters_of_different_watch_sets_are_served_in_the_order_they_started_waiting(
+        env: Env) -> None:
+    """Lines (includes/waiter_counts.lua): CAROL watches `default` alone, BOB and ALICE also
+    `other` (one line of two). A put on `default` goes to whoever started waiting first across
+    the lines, as the per-tube queue did, also after the first line's head has moved on."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.connect(CAROL)
+    for token in (BOB, ALICE):
+        await s.change_watches(token, [("+w", "other")])
+    await s.set_waiting(BOB, 1)
+    await s.set_waiting(CAROL, 1)
+    await s.set_waiting(ALICE, 1)
+    order = []
+    for _ in range(3):
+        await env.put()
+        message = await pubsub.get_message(timeout=2)
+        assert message is not None
+        order.append(message["data"].decode())
+    assert order == [BOB, CAROL, ALICE]
+    for token in (BOB, CAROL, ALICE):  # each got one, and waits no more
+        assert len(await s.set_waiting(token, -1, claim=True)) == 1
+    assert await env.raw.exists(env.keys.waiters("default"), env.keys.waiters("other")) == 0
+    await pubsub.aclose()
+
+
+async def test_a_count_in_costs_the_same_however_many_tubes_its_line_has_entered(
+        env: Env) -> None:
+    """A line enters its tubes once, with its first waiter: a second waiter of the same watch
+    set of 100 tubes writes nothing per tube, and stats-tube counts both on every tube."""
+    s = env.store
+    tubes = [f"t{k}" for k in range(100)]
+    for token in (BOB, ALICE):
+        await s.change_watches(token, [("+w", t) for t in tubes])
+    await s.set_waiting(BOB, 1)
+    await env.raw.config_resetstat()
+    await s.set_waiting(ALICE, 1)
+    stats = await env.raw.info("commandstats")
+    writes = sum(int(v["calls"]) for k, v in stats.items()
+                 if k.split("_", 1)[-1] in ("zadd", "sadd", "hincrby", "zrem", "hset"))
+    assert writes <= 4  # the wait's seq, its place in the line, the gauge, (its line, once)
+    for t in ("default", "t0", "t99"):
+        counts = await s.tube_counts(t)
+        assert counts is not None and counts[8] == 2  # current-waiting
+    await s.set_waiting(BOB, -1)
+    await s.set_waiting(ALICE, -1)
+    assert await env.raw.exists(*(env.keys.waiters(t) for t in tubes)) == 0
+    counts = await s.tube_counts("t7")
+    assert counts is not None and counts[8] == 0
+
+
 async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None:
     s = env.store
     await s.set_waiting(BOB, 1)
@@ -739,16 +791,17 @@ return {K_JOB_IDS, K_TUBES, K_READY_TUBES, K_TIMERS, K_RESERVED, K_STATS, K_REFS
         K_INSTANCES, k_job(ARGV[1]), k_tube(ARGV[2]), k_ready(ARGV[2]), k_delayed(ARGV[2]),
         k_buried(ARGV[2]), k_instance(ARGV[3]), k_instance_conns(ARGV[3]), k_watch(ARGV[4]),
         k_wake(ARGV[2]), K_WAITING, k_waiters(ARGV[2]), k_handed(ARGV[4]), k_grant(ARGV[3]),
-        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT, K_COUNTS, k_end(ARGV[1]), K_ENDED}""")
+        K_EVENTS, k_settings(ARGV[2]), K_LAYOUT, K_COUNTS, k_end(ARGV[1]), K_ENDED,
+        K_LINE_OF, k_line(ARGV[5]), k_line_tubes(ARGV[5])}""")
     k = env.keys
-    names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3")
+    names = await env.raw.eval(probe, 1, k.root, 7, "a-tube", "inst9", "inst9:3", "0f1e")
     assert [n.decode() for n in names] == [
         k.job_ids, k.tubes, k.ready_tubes, k.timers, k.reserved, k.stats, k.refs, k.seqs,
         k.instances, k.job(7), k.tube("a-tube"), k.ready("a-tube"), k.delayed("a-tube"),
         k.buried("a-tube"), k.instance("inst9"), k.instance_conns("inst9"), k.watch("inst9:3"),
         k.wake_channel("a-tube"), k.waiting, k.waiters("a-tube"), k.handed("inst9:3"),
         k.grant_channel("inst9"), k.events, k.settings("a-tube"), k.layout, k.counts, k.end(7),
-        k.ended_channel]
+        k.ended_channel, k.line_of, k.line("0f1e"), k.line_tubes("0f1e")]
 
 
 async def test_text_writes_numbers_as_redis_would_store_them(env: Env) -> None:

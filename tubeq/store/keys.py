@@ -52,7 +52,14 @@ from enum import StrEnum
 #      moves a grouped job into and out of ready without its group's set and turn: the tube's
 #      index entry then names a job no longer ready (or misses one), so it must not serve a
 #      layout-5 namespace.
-LAYOUT_VERSION = 5
+#   6  Waiting connections in lines by watch set (lua/includes/waiter_counts.lua): {p}:t:<tube>:q
+#      holds lines instead of tokens, {p}:waiting a mode and a line per token, new {p}:lines,
+#      {p}:l:<line>, {p}:l:<line>:t; the per-tube waiter counts ('q:<tube>' in {p}:refs and the
+#      instances' hashes) are no longer kept. Waits last as long as their connections, so a
+#      layout-5 namespace is read as it is (what its waits left is passed over, first_line); but
+#      a layout-5 build and a layout-6 build would not see each other's waiters (no hand-over,
+#      no wake-up between them): they must not serve one namespace together.
+LAYOUT_VERSION = 6
 # The oldest recorded layout this build takes over in place: everything layouts 2 and 3 added is
 # new keys, members and fields, so layout-1 data is valid layout-3 data once recount.lua has
 # counted its jobs by state (tubeq.store.layout). A future layout that cannot read older data
@@ -221,12 +228,27 @@ class Keys:
 
     @property
     def waiting(self) -> str:
-        """token -> 1 for every connection counted as waiting (makes counting out idempotent)."""
+        """token -> its mode and line (lua/includes/waiter_counts.lua) for every connection
+        counted as waiting (makes counting out idempotent)."""
         return self.root + "waiting"
 
     def waiters(self, tube: str) -> str:
-        """The tokens waiting on a tube, in the order they started waiting."""
+        """The lines (watch sets) with a connection waiting on a tube, each scored by at most
+        the seq of its first waiter (lua/includes/waiter_counts.lua)."""
         return f"{self.root}t:{tube}:q"
+
+    @property
+    def line_of(self) -> str:
+        """token -> the line of its watch set, as last computed (dropped when the set changes)."""
+        return self.root + "lines"
+
+    def line(self, line: str) -> str:
+        """The tokens waiting in one line (one watch set), by the seq they started waiting at."""
+        return f"{self.root}l:{line}"
+
+    def line_tubes(self, line: str) -> str:
+        """The tubes a line with waiters was entered in (its watch set)."""
+        return f"{self.root}l:{line}:t"
 
     def blocked(self, token: str) -> str:
         """The number of the connection's last reserve whose first try found nothing

@@ -20,7 +20,8 @@ Where Redis has Functions (7.0+), every script is also one function of a single 
 :func:`library`, loaded once (``FUNCTION LOAD``) and called by name (``FCALL``): the included
 definitions are then made once per load instead of once per call, which measured ~5-8 us of
 Redis time per hot-path call (bench/probes/lua_cost.py). The script texts stay the same, so the
-library and the per-script sources (the fallback, ``EVALSHA``) run the same code. A library function
+library and the per-script sources (the fallback, ``EVALSHA``) run the same code, string
+constants written in alike. A library function
 has no ``KEYS``/``ARGV`` globals and cannot read ``redis.call`` at load time, so the library
 declares them, and every definition whose value depends on them (the namespace's key names, the
 bound event arguments, ``rcall``), as locals that each call assigns before the script's body: the
@@ -270,8 +271,15 @@ def _library_code(function_of: dict[str, str], scripts: dict[str, Script]) -> st
     definitions = [d for name in INCLUDE_ORDER for d in _include_parsed(name)]
     by_name = {n: d for d in definitions for n in d.names}
     bound: dict[str, _Binding] = {}
+    # The string constants are written in here too, as in each script (expand): a Lua function
+    # holds at most 200 locals, and the library's main chunk declares every other definition.
+    constants: dict[str, str] = {}
     parts = ["local KEYS, ARGV\n"]
     for d in definitions:
+        constant = _STRING_CONSTANT.search(d.text)
+        if constant is not None:
+            constants[constant[1]] = constant[2]
+            continue
         binding = _binding(d, bound)
         if binding is None:
             parts.append(d.text)
@@ -294,7 +302,7 @@ def _library_code(function_of: dict[str, str], scripts: dict[str, Script]) -> st
         parts.append(f"{header}redis.register_function{{function_name = '{function}', "
                      f"callback = function(keys, args)\n  KEYS, ARGV = keys, args\n"
                      f"  bind_root()\n{assign}{body.rstrip()}\nend{flags}}}\n")
-    return "".join(parts)
+    return _write_in(constants, "".join(parts))
 
 
 def library() -> Library:

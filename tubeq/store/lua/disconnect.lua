@@ -55,6 +55,7 @@ for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
   apply_watch('-w', t, token, ik, now)
   dropped[#dropped + 1] = t
 end
+rcall('HDEL', K_LINE_OF, token)
 -- The gauges only when the connection was still listed: a disconnect sent again (its first
 -- call's reply was lost) or one after a reap takes nothing twice.
 if home and rcall('SREM', k_instance_conns(inst), token) == 1 then

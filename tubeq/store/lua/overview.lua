@@ -9,22 +9,23 @@ Returns  {tube count, then rows of 12: name, urgent, ready, reserved, delayed, b
          total-jobs counter) less the rows above it, so its total-jobs also counts jobs put to
          tubes that no longer exist; its cmd-delete, pause, waiting, watching and using are 0
          (not summed: that would read every tube)
-Cost     O(limit)
+Cost     O(limit), and per listed tube O(its lines of waiters: includes/waiter_counts.lua)
 ]]
 --- @include "keys"
 --- @include "jobs"
+--- @include "waiter_counts"
 local limit = tonumber(ARGV[1])
 local count = rcall('ZCARD', K_TUBES)
 local out = {count}
 local listed = {0, 0, 0, 0, 0, 0}  -- urgent, ready, reserved, delayed, buried, total
 for _, t in ipairs(rcall('ZRANGE', K_TUBES, 0, limit - 1)) do
   local m = rcall('HMGET', k_tube(t), 'nres', 'total', 'del', 'pause_until')
-  local q = rcall('HMGET', K_REFS, 'q:' .. t, 'w:' .. t, 'u:' .. t)
+  local q = rcall('HMGET', K_REFS, 'w:' .. t, 'u:' .. t)
   local row = {
     rcall('ZCOUNT', k_ready(t), '-inf', '(' .. URGENT_BELOW), rcall('ZCARD', k_ready(t)),
     tonumber(m[1] or 0), rcall('ZCARD', k_delayed(t)), rcall('ZCARD', k_buried(t)),
     tonumber(m[2] or 0), tonumber(m[3] or 0), tonumber(m[4] or 0),
-    tonumber(q[1] or 0), tonumber(q[2] or 0), tonumber(q[3] or 0),
+    waiting_on(t), tonumber(q[1] or 0), tonumber(q[2] or 0),
   }
   out[#out + 1] = t
   for i, v in ipairs(row) do

@@ -87,8 +87,7 @@ if delay_ms > 0 then
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '', nil, nil, nil, traced)
 else
-  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-  waiting = waiting and tonumber(waiting) > 0
+  local waiting = has_waiters(t)
   local taker = waiting and direct_taker(t, meta)
   -- put-with wait-ms (a request/reply): waited for from its birth, and traceparent: fields
   -- of the job's own HSET beside its group (start_policies would write each with one more)

@@ -34,8 +34,7 @@ local stored = 0
 local left_ready = false  -- a ready job of the batch nobody could take at once
 -- Whether connections wait on the tube: read again after each hand-over, which counts one out;
 -- none at the start stays none (only another script counts a connection in).
-local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-local waiters = waiting and tonumber(waiting) > 0
+local waiters = has_waiters(t)
 -- The lowest priority a ready job of the batch went in with, or nil. The tube's head sorts at
 -- or before it, and a new job has the largest id yet (ids only grow), so a later job of the
 -- batch whose priority is not lower cannot be the new head: its ZRANK is skipped. A
@@ -74,8 +73,7 @@ local function put_one(pri, delay, ttr, body, group)
     if waiters then
       head_at_most = nil
       if hand_over_in(t, now) ~= id then left_ready = true end
-      waiting = rcall('HGET', K_REFS, 'q:' .. t)
-      waiters = waiting and tonumber(waiting) > 0
+      waiters = has_waiters(t)
     end
   end
   return id

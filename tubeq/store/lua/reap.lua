@@ -12,6 +12,7 @@ Wakes    reserves blocked on each tube that got a job back
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
+--- @include "waiter_counts"
 --- @include "policies"
 local now = tonumber(ARGV[4])
 local dead = ARGV[5] and {ARGV[5]} or rcall('ZRANGEBYSCORE', K_INSTANCES, '-inf', '(' .. ARGV[3])
@@ -28,10 +29,7 @@ for _, inst in ipairs(dead) do
     end
   end
   for _, token in ipairs(rcall('SMEMBERS', k_instance_conns(inst))) do
-    for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
-      rcall('ZREM', k_waiters(t), token)
-    end
-    rcall('HDEL', K_WAITING, token)
+    count_waiting(inst, token, -1)
     for _, id in ipairs(rcall('LRANGE', k_handed(token), 0, -1)) do
       local f = rcall('HMGET', k_job(id), JOB_STATE, JOB_TUBE, JOB_OWNER)
       if f[1] == 'reserved' and f[3] == token
@@ -40,6 +38,7 @@ for _, inst in ipairs(dead) do
       end
     end
     rcall('DEL', k_watch(token), k_handed(token))
+    rcall('HDEL', K_LINE_OF, token)
   end
   rcall('DEL', ik, k_instance_conns(inst))
   rcall('ZREM', K_INSTANCES, inst)

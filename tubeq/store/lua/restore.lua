@@ -2,9 +2,10 @@
 for longer than the reap limit: a pause of the process, see tubeq.server.scheduler) or lost (a Redis
 that came back empty) puts back what its tokens need: each one's watch set, its place in the
 process's connection set (connections only), and the process's counts: the gauges and, per
-tube, how many of its tokens watch it and how many of those wait (absolute, as set_using is:
-a reap in a shard that is not a connection's home takes the counts but leaves the watch sets
-and waits, tubeq.store.shards). Every step is idempotent, so restoring a process that lost nothing
+tube, how many of its tokens watch it (absolute, as set_using is: a reap in a shard that is not
+a connection's home takes the counts but leaves the watch sets and waits, tubeq.store.shards).
+A wait still recorded keeps its place in its line (includes/waiter_counts.lua), which holds
+no count per tube to restore. Every step is idempotent, so restoring a process that lost nothing
 changes nothing. A waiting connection whose wait the reap removed counts itself in again
 afterwards (count_waiting.lua), once its watch set is back.
 KEYS[1]  namespace root
@@ -20,20 +21,23 @@ Returns  the number of watches created anew
 local inst, now, home = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local ik = k_instance(inst)
 local created, waiting_gauge = 0, 0
-local watching, waiting = {}, {}
+local watching = {}
 local i = 7
 while i <= #ARGV do
   local token, kind, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   if home and kind == 'c' then rcall('SADD', k_instance_conns(inst), token) end
   local mode = rcall('HGET', K_WAITING, token)
-  if mode and mode ~= 'o' then waiting_gauge = waiting_gauge + 1 end
+  if mode and string.sub(mode, 1, 1) ~= 'o' then waiting_gauge = waiting_gauge + 1 end
+  local added = 0
   for j = i + 3, i + 2 + n do
     local t = ARGV[j]
     ensure_tube(t, now)
-    created = created + rcall('SADD', k_watch(token), t)
+    added = added + rcall('SADD', k_watch(token), t)
     watching[t] = (watching[t] or 0) + 1
-    if mode then waiting[t] = (waiting[t] or 0) + 1 end
   end
+  -- Its watch set was lost: the line it names is worked out again at its next count in.
+  if added > 0 then rcall('HDEL', K_LINE_OF, token) end
+  created = created + added
   i = i + 3 + n
 end
 local function set_count(field, n)
@@ -44,7 +48,6 @@ local function set_count(field, n)
   end
 end
 for t, n in pairs(watching) do set_count('w:' .. t, n) end
-for t, n in pairs(waiting) do set_count('q:' .. t, n) end
 rcall('HSET', ik, 'waiting', waiting_gauge)
 if home then
   rcall('HSET', ik, 'conns', ARGV[4], 'producers', ARGV[5], 'workers', ARGV[6])

@@ -7,14 +7,15 @@ Returns  {} when the tube does not exist, else {urgent, ready, reserved, delayed
 ]]
 --- @include "keys"
 --- @include "jobs"
+--- @include "waiter_counts"
 local t = ARGV[1]
 local tk = k_tube(t)
 if rcall('EXISTS', tk) == 0 then return {} end
 local m = rcall('HMGET', tk, 'nres', 'total', 'del', 'npause', 'pause', 'pause_until')
-local r = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t, 'q:' .. t)
+local r = rcall('HMGET', K_REFS, 'u:' .. t, 'w:' .. t)
 local function n(v) return tonumber(v or 0) end
 return {
   rcall('ZCOUNT', k_ready(t), '-inf', '(1024'), rcall('ZCARD', k_ready(t)), n(m[1]),
   rcall('ZCARD', k_delayed(t)), rcall('ZCARD', k_buried(t)), n(m[2]),
-  n(r[1]), n(r[2]), n(r[3]), n(m[3]), n(m[4]), n(m[5]), n(m[6]),
+  n(r[1]), n(r[2]), waiting_on(t), n(m[3]), n(m[4]), n(m[5]), n(m[6]),
 }

@@ -7,10 +7,14 @@ local HAND_OVER_ALIVE_WITHIN_MS = 2000
 
 -- The first connection waiting on tube t, in a live process, gets the job it would reserve now
 -- (normally the new one; the best of its watched tubes if another became ready meanwhile).
--- Returns the id handed over, or false when nobody can take a job.
+-- Returns the id handed over, or false when nobody can take a job. The first waiter is the
+-- first of the first line of t (first_line in includes/waiter_counts.lua); a dead process's
+-- waiters at the head of that line are passed over (at most 16 of them).
 local function hand_over_in(t, now)
+  local line = first_line(t)
+  if not line then return false end
   local token
-  for _, candidate in ipairs(rcall('ZRANGE', k_waiters(t), '0', '15')) do
+  for _, candidate in ipairs(rcall('ZRANGE', k_line(line), '0', '15')) do
     local beat = rcall('ZSCORE', K_INSTANCES, instance_of(candidate))
     if beat and now - tonumber(beat) <= HAND_OVER_ALIVE_WITHIN_MS then
       token = candidate
@@ -20,7 +24,7 @@ local function hand_over_in(t, now)
   if not token then return false end
   -- It waits over several shards (tubeq.store.shards): it reserves the job itself once woken.
   -- ('p', a push loop: as '1' here; see direct_taker.)
-  local mode = rcall('HGET', K_WAITING, token)
+  local mode = waiting_mode(token)
   if mode ~= '1' and mode ~= 'p' then return false end
   local entry = best_entry(token)
   if not entry then return false end  -- e.g. the tube is paused
@@ -40,15 +44,21 @@ end
 -- no pause that may still hold jobs back, no reserve limits), so the new job is the one it
 -- would reserve. It stays counted in (its process counts it out once its credit is used), and
 -- goes to the back of t's line when others wait there too, as a grant and its next count-in
--- would put it.
+-- would put it (its line is t's alone: the tube's score of it may fall behind, which
+-- first_line allows).
 local function direct_taker(t, meta)
   if not meta or meta[1] or meta[2] or meta[3] then return false end
-  local line = rcall('ZRANGE', k_waiters(t), '0', '1')
-  local token = line[1]
+  local line = first_line(t)
+  if not line then return false end
+  local lk = k_line(line)
+  local first = rcall('ZRANGE', lk, '0', '1')
+  local token = first[1]
   if not token or instance_of(token) ~= EVENTS_BY then return false end
-  if rcall('HGET', K_WAITING, token) ~= 'p' or rcall('SCARD', k_watch(token)) ~= 1 then
+  if waiting_mode(token) ~= 'p' or rcall('SCARD', k_watch(token)) ~= 1 then
     return false
   end
-  if line[2] then rcall('ZADD', k_waiters(t), rcall('HINCRBY', K_SEQS, 'wait', 1), token) end
+  if first[2] or rcall('ZCARD', k_waiters(t)) > 1 then
+    rcall('ZADD', lk, rcall('HINCRBY', K_SEQS, 'wait', 1), token)
+  end
   return token
 end

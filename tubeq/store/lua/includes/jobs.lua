@@ -142,9 +142,9 @@ local function arm_delay_timer(t)
 end
 
 -- Wake-up hint for processes with reserves blocked on this tube; no PUBLISH when nobody waits.
+-- (A tube has waiters while a line is entered in k_waiters: includes/waiter_counts.lua.)
 local function wake(t)
-  local waiting = rcall('HGET', K_REFS, 'q:' .. t)
-  if waiting and tonumber(waiting) > 0 then
+  if rcall('EXISTS', k_waiters(t)) == 1 then
     rcall('PUBLISH', k_wake(t), '')
   end
 end

@@ -58,7 +58,13 @@ local function k_instance(i) return NS .. 'i:' .. i end
 local function k_instance_conns(i) return NS .. 'i:' .. i .. ':conns' end
 local function k_watch(token) return NS .. 'c:' .. token .. ':w' end
 local function k_wake(t) return NS .. 'wake:' .. t end
+-- Waiting connections, grouped in lines by watch set (includes/waiter_counts.lua): a tube's lines
+-- with a waiter, each scored by (at most) the seq its first waiter has; token -> its watch set's
+-- line; a line's waiting tokens by seq; the tubes a line with waiters was entered in.
 local function k_waiters(t) return NS .. 't:' .. t .. ':q' end
+local K_LINE_OF = NS .. 'lines'
+local function k_line(line) return NS .. 'l:' .. line end
+local function k_line_tubes(line) return NS .. 'l:' .. line .. ':t' end
 local function k_handed(token) return NS .. 'c:' .. token .. ':g' end
 local function k_blocked(token) return NS .. 'c:' .. token .. ':b' end
 local function k_grant(i) return NS .. 'grant:' .. i end

@@ -3,18 +3,22 @@
 -- each process keeps its own count of connections using a tube and sends it in batches.
 
 -- A connection starts or stops watching a tube ('+w' | '-w'). Returns true when the reference
--- was dropped (the caller then runs gc_tube after its loop).
+-- was dropped (the caller then runs gc_tube after its loop). A change of the watch set drops
+-- the connection's line (K_LINE_OF, includes/waiter_counts.lua): a waiting connection is counted
+-- out before its set changes, and its next count in finds the line of its new set.
 local function apply_watch(op, t, token, ik, now)
   if op == '+w' then
     ensure_tube(t, now)
     if rcall('SADD', k_watch(token), t) == 1 then
       bump(K_REFS, 'w:' .. t, 1)
       bump(ik, 'w:' .. t, 1)
+      rcall('HDEL', K_LINE_OF, token)
     end
   elseif op == '-w' then
     if rcall('SREM', k_watch(token), t) == 1 then
       bump(K_REFS, 'w:' .. t, -1)
       bump(ik, 'w:' .. t, -1)
+      rcall('HDEL', K_LINE_OF, token)
       return true
     end
   end

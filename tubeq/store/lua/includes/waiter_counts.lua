@@ -1,11 +1,44 @@
--- Waiting connections: a reserve blocked in some process. Each is counted for its process
--- `inst` and in total (`q:<tube>` of refs: put/release/kick/promote PUBLISH a wake-up only for
--- tubes with waiters, and stats-tube's current-waiting reads the counts), and listed per tube in
--- the order it started waiting (put.lua hands a new job to the first of them).
+-- Waiting connections: a reserve blocked in some process. Each is recorded in K_WAITING (token
+-- -> its mode, one character, then its line), counted for its process (the gauge 'waiting'),
+-- and queued in the line of its watch set in the order it started waiting (a seq).
+--
+-- Lines: connections that watch the same set of tubes share one line (k_line, a ZSET of
+-- token -> seq), named by a digest of the set (line_of). A line with waiters is entered in each
+-- of its tubes' k_waiters ZSET, scored by the seq of its first waiter as it was then; a line is
+-- entered when its first waiter comes and leaves its tubes when its last one goes. So a count in
+-- or out costs O(1) whatever the connection watches and however many connections wait with it,
+-- and O(watched tubes) only when its line starts or stops having waiters: 100 consumers that all
+-- watch the same 100 tubes pay for the 100 tubes once, not at every wait (issue 33 item 7:
+-- that walk was 75 HINCRBY, 40 ZADD/ZREM and ~1 ms of Redis per job with 256 such consumers).
+--
+-- A line's first waiter only ever gets a later seq (waiters join at the back; a grant or a
+-- count out removes one), so a tube's score of a line is at most the seq of its first waiter
+-- now: the first waiter on a tube is found by taking the line of the lowest score and, when its
+-- score is behind, raising the score and looking again (first_line). put.lua hands a new job to
+-- it; anything else that makes a job ready PUBLISHes a wake-up, only for tubes with a line
+-- (has_waiters).
 
 -- The process instance a connection token belongs to (tokens are "<instance>:<n>").
 local function instance_of(token)
   return string.match(token, '^(.*):[^:]*$')
+end
+
+-- The line of `token`'s watch set: a digest of its tubes, sorted, kept in K_LINE_OF until the
+-- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it).
+local function line_of(token)
+  local line = rcall('HGET', K_LINE_OF, token)
+  if line then return line end
+  local tubes = rcall('SMEMBERS', k_watch(token))
+  table.sort(tubes)
+  line = string.sub(redis.sha1hex(table.concat(tubes, '\n')), 1, 20)
+  rcall('HSET', K_LINE_OF, token, line)
+  return line
+end
+
+-- A connection's mode (K_WAITING's value without its line), or nil when it is not waiting.
+local function waiting_mode(token)
+  local v = rcall('HGET', K_WAITING, token)
+  return v and string.sub(v, 1, 1)
 end
 
 -- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches.
@@ -22,27 +55,73 @@ end
 -- counted in (put.lua, direct_taker in includes/handing.lua): the loop counts itself out when
 -- its credit is used up.
 local function count_waiting(inst, token, delta, mode)
+  local line
   if delta > 0 then
     mode = mode or '1'
-    if rcall('HSETNX', K_WAITING, token, mode) == 0 then return false end
+    line = line_of(token)
+    if rcall('HSETNX', K_WAITING, token, mode .. line) == 0 then return false end
+    local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
+    local lk = k_line(line)
+    rcall('ZADD', lk, seq, token)
+    if rcall('ZCARD', lk) == 1 then  -- the line's first waiter: the line enters its tubes
+      local tubes = rcall('SMEMBERS', k_watch(token))
+      for _, t in ipairs(tubes) do rcall('ZADD', k_waiters(t), seq, line) end
+      if #tubes > 0 then rcall('SADD', k_line_tubes(line), unpack(tubes)) end
+    end
   else
-    mode = rcall('HGET', K_WAITING, token)
-    if not mode then return false end
+    local v = rcall('HGET', K_WAITING, token)
+    if not v then return false end
     rcall('HDEL', K_WAITING, token)
-  end
-  local ik = k_instance(inst)
-  local seq = delta > 0 and rcall('HINCRBY', K_SEQS, 'wait', 1)
-  for _, t in ipairs(rcall('SMEMBERS', k_watch(token))) do
-    bump(K_REFS, 'q:' .. t, delta)
-    bump(ik, 'q:' .. t, delta)
-    if seq then
-      rcall('ZADD', k_waiters(t), seq, token)
-    else
-      rcall('ZREM', k_waiters(t), token)
+    mode, line = string.sub(v, 1, 1), string.sub(v, 2)
+    local lk = k_line(line)
+    rcall('ZREM', lk, token)
+    if rcall('EXISTS', lk) == 0 then  -- its last waiter: the line leaves its tubes
+      local tk = k_line_tubes(line)
+      for _, t in ipairs(rcall('SMEMBERS', tk)) do rcall('ZREM', k_waiters(t), line) end
+      rcall('DEL', tk)
     end
   end
-  if mode ~= 'o' then bump(ik, 'waiting', delta) end
+  if mode ~= 'o' then bump(k_instance(inst), 'waiting', delta) end
   return mode
+end
+
+-- The line whose first waiter started waiting on tube t before any other's, or nil when nobody
+-- waits on t. Scores behind their line's first waiter are raised on the way (each raise is one
+-- that no later call makes again); after FIRST_LINE_TRIES raises it settles for the line it
+-- holds, which is then first but for waiters that came within that many grants.
+local FIRST_LINE_TRIES = 16
+local function first_line(t)
+  local wk = k_waiters(t)
+  local line
+  for _ = 1, FIRST_LINE_TRIES do
+    local head = rcall('ZRANGE', wk, '0', '0', 'WITHSCORES')
+    line = head[1]
+    if not line then return nil end
+    local first = rcall('ZRANGE', k_line(line), '0', '0', 'WITHSCORES')
+    if not first[1] then
+      rcall('ZREM', wk, line)  -- a line with nobody left (written by an older layout)
+      line = nil
+    elseif first[2] == head[2] then
+      return line
+    else
+      rcall('ZADD', wk, first[2], line)
+    end
+  end
+  return line
+end
+
+-- Whether any connection waits on tube t (a line with waiters is entered in its tubes).
+local function has_waiters(t)
+  return rcall('EXISTS', k_waiters(t)) == 1
+end
+
+-- How many connections wait on tube t (stats-tube's current-waiting): O(lines of t).
+local function waiting_on(t)
+  local n = 0
+  for _, line in ipairs(rcall('ZRANGE', k_waiters(t), '0', '-1')) do
+    n = n + rcall('ZCARD', k_line(line))
+  end
+  return n
 end
 
 -- Take back the jobs put.lua handed to `token` that its process has not claimed yet: those
