@@ -7,6 +7,7 @@ import time
 
 from tests.support.servers import TubeqCluster
 from tests.support.wire import Wire
+from tubeq.server.context import REFUSALS_LOGGED_EVERY_S, Capacity
 
 WAIT_S = 10.0
 
@@ -33,6 +34,34 @@ def test_connections_past_the_limit_get_one_line_and_are_closed(
                 break
             time.sleep(0.05)
         assert reply == b"USING default\r\n"
+    finally:
+        server.stop()
+
+
+REFUSED = 40  # connections over the cap, opened as fast as the test can
+
+
+def test_a_flood_of_refused_connections_costs_the_log_a_line_a_second(
+        tubeq_cluster: TubeqCluster) -> None:
+    """Any client can open connections over --max-connections by the thousand: the first
+    refusal is logged at once, the others at most one line a second, each saying how many
+    went unlogged before it (tubeq.server.context.REFUSALS_LOGGED_EVERY_S)."""
+    server = tubeq_cluster.start(label="tubeq-refusals", flags=("--max-connections", "1"))
+    try:
+        with Wire(server.host, server.port) as a:
+            assert a.ask("use a") == b"USING a\r\n"
+            began = time.monotonic()
+            for _ in range(REFUSED):
+                with socket.create_connection((server.host, server.port), timeout=WAIT_S) as c:
+                    assert c.recv(100) == b"TOO_MANY_CONNECTIONS\r\n"
+            took = time.monotonic() - began
+            assert a.ask("list-tube-used") == b"USING a\r\n"
+        lines = [line for line in server.log_path.read_text().splitlines()
+                 if "connection refused: --max-connections reached" in line]
+        assert 1 <= len(lines) <= took + 2, (len(lines), took)
+        assert "refused_unlogged_before=0" in lines[0]
+        if took < 1:  # all within the first second: one line for the lot
+            assert len(lines) == 1
     finally:
         server.stop()
 
@@ -83,3 +112,18 @@ def test_a_connection_watches_at_most_max_watch_tubes(tubeq_cluster: TubeqCluste
             assert w.ask("stats-tube c").startswith(b"OK ")  # c exists: watched for real
     finally:
         server.stop()
+
+
+def test_refusals_are_logged_at_most_once_per_interval_with_the_count_held_back() -> None:
+    """Capacity.refusal_to_log, the rule both listeners' refusals follow (the HTTP listener's
+    --http-max-connections too), on a clock the test moves."""
+    now = [100.0]
+    cap = Capacity(limit=1, clock=lambda: now[0])
+    assert cap.refusal_to_log() == 0  # the first: logged at once
+    assert [cap.refusal_to_log() for _ in range(5)] == [None] * 5  # counted, unlogged
+    now[0] += REFUSALS_LOGGED_EVERY_S
+    assert cap.refusal_to_log() == 5  # the next line says how many it held back
+    now[0] += REFUSALS_LOGGED_EVERY_S / 2
+    assert cap.refusal_to_log() is None
+    now[0] += REFUSALS_LOGGED_EVERY_S
+    assert cap.refusal_to_log() == 1

@@ -115,8 +115,11 @@ class GuardedRequestHandler(web.RequestHandler):
                 503, f"too many connections: at most {self._slots.limit} "
                      "(--http-max-connections)"))
             writer.close()
-            log.warning("http connection refused: --http-max-connections reached",
-                        peer=transport.get_extra_info("peername"))
+            unlogged = self._slots.refusal_to_log()
+            if unlogged is not None:
+                log.warning("http connection refused: --http-max-connections reached",
+                            peer=transport.get_extra_info("peername"),
+                            refused_unlogged_before=unlogged)
             return
         self._counted = True
         super().connection_made(transport)

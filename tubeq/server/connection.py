@@ -145,7 +145,10 @@ class Connection(asyncio.Protocol):
             self.handlers = _REFUSED
             self.transport.write(replies.TOO_MANY_CONNECTIONS)
             self.transport.close()
-            log.warning("connection refused: --max-connections reached", peer=_peer(transport))
+            unlogged = self.ctx.capacity.refusal_to_log()
+            if unlogged is not None:
+                log.warning("connection refused: --max-connections reached",
+                            peer=_peer(transport), refused_unlogged_before=unlogged)
             return
         self.ctx.connections[self.token] = self  # so shutdown finds it, gated or not
         log.info("connection opened", conn=self.token, peer=_peer(transport))

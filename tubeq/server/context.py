@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -86,13 +87,22 @@ DEFAULT_MAX_WATCH = 1024
 DEFAULT_RESULT_TTL_MS = 3_600_000
 
 
+# A connection refused at a cap is logged at most this often: any client can open them by the
+# thousand, and the log would carry one line each.
+REFUSALS_LOGGED_EVERY_S = 1.0
+
+
 @dataclass(eq=False)
 class Capacity:
     """Connections open at once against a cap: the process's protocol connections across its
-    namespaces (``--max-connections``), or the HTTP listener's (``--http-max-connections``)."""
+    namespaces (``--max-connections``), or the HTTP listener's (``--http-max-connections``);
+    and how often its refusals are logged."""
 
     limit: int = 0  # 0: no limit
     open: int = 0
+    clock: Callable[[], float] = time.monotonic
+    _log_again_at: float = field(default=float("-inf"), repr=False)
+    _unlogged: int = field(default=0, repr=False)  # refusals since the last one logged
 
     def take(self) -> bool:
         """Count one more connection, or False when the process is full."""
@@ -100,6 +110,18 @@ class Capacity:
             return False
         self.open += 1
         return True
+
+    def refusal_to_log(self) -> int | None:
+        """After a refusal: None when it goes unlogged (one was logged less than
+        REFUSALS_LOGGED_EVERY_S ago: it is counted instead), else how many went unlogged
+        before it, which its log line says."""
+        now = self.clock()
+        if now < self._log_again_at:
+            self._unlogged += 1
+            return None
+        unlogged, self._unlogged = self._unlogged, 0
+        self._log_again_at = now + REFUSALS_LOGGED_EVERY_S
+        return unlogged
 
 
 @dataclass
