@@ -7,7 +7,7 @@ SLOWLOG), and another client's lone put while one connection pipelines `stats` w
 
 For each tube count: a private Redis and tubeq (`--metrics` on, events off), tubes made as a
 client makes them (`use` + one `put` each, pipelined); then `stats` and a scrape, median of 20
-each, asked 20 ms apart (a lone stats, not one that waits out the spacing of a storm's reads:
+each, asked 100 ms apart (a lone stats, not one that waits out the spacing of a storm's reads:
 tubeq.server.ops.NAMESPACE_READ_SPACING_S); then PUTS puts one at a time, idle, again while a
 second process pipelines `stats` 20 at a time for as long as the puts run (p50 and p99 of each,
 and their ratio), and again while it pipelines `list-tube-used`, which tubeq answers without
@@ -43,7 +43,7 @@ from bench.harness.servers import LOOPBACK, Tubeq, snapshot_revision, snapshot_t
 from tubeq.redisio.process import free_port
 
 SAMPLES = 20
-SAMPLE_GAP_S = 0.02  # between two samples of one read: more than the spacing of its calls
+SAMPLE_GAP_S = 0.1  # between two samples of one read: more than the spacing of its calls
 STORM_BATCH = 20  # stats pipelined at once by the stormer, as in issue 35's repro
 FILL_BATCH = 2_000  # tubes made per write of the filler
 

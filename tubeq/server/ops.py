@@ -41,10 +41,13 @@ DRAINING: Final = -2  # the server is draining (an id was used up, as beanstalkd
 # The least time between two starts of one whole-namespace read (stats' counts, the scrapes'
 # tube overview) in one process. A monitor polling stats or a scrape every second never waits
 # for it; a client that asks without pause (issue 35's storm: 20 stats pipelined per round,
-# over a thousand rounds a second) is answered 200 times a second, so its reads and their
-# rendering cost this process and Redis a bounded share of their time, not all of it, and the
-# other clients' commands keep their latency. Every answer is still read after its caller asked.
-NAMESPACE_READ_SPACING_S: Final = 0.005
+# over a thousand rounds a second) is answered 20 times a second. Why 50 ms: each answer is a
+# burst of the process's time (20 replies rendered and written: ~0.5 ms on 2 cores), which
+# another client's command may wait behind; at 5 ms apart those bursts filled a tenth of the
+# time and lifted another client's put p99 to 1.8-2.5x its idle p99, at 50 ms they fill ~1 %
+# and it stayed within 1.0-1.4x (bench/RESULTS-hardening.md). Every answer is still read
+# after its caller asked.
+NAMESPACE_READ_SPACING_S: Final = 0.05
 
 
 def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
