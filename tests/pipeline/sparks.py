@@ -34,8 +34,8 @@ JVM_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
 # session), a tubeq-pipeline command's and the Connect server's. The standalone Master and
 # Workers read SPARK_DAEMON_JAVA_OPTS; executors get theirs from spark-defaults (sparkcluster.py).
 # TUBEQ_SPARK_CLASS_ARCHIVE=0: a tubeq-pipeline subprocess of these tests neither writes nor
-# maps the class archive in the user's cache (writing it costs the run that does 15-30 s and
-# ~150 MB); test_class_archive.py proves it in a cache of its own.
+# maps the class archive in the user's cache (writing it costs the run that does 12-30 s and
+# 150-190 MB); test_class_archive.py proves it in a cache of its own.
 JVM_ENVIRONMENT: Final = {"SPARK_SUBMIT_OPTS": JVM_OPTIONS, "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS,
                           "TUBEQ_SPARK_CLASS_ARCHIVE": "0"}
 DEFAULT_MASTER: Final = "local[2]"

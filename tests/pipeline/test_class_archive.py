@@ -63,31 +63,51 @@ def test_an_archive_in_place_is_mapped_and_none_is_written(
 
 def test_a_short_run_without_an_archive_writes_one_under_the_lock(
         tmp_path: Path, registered: list[Any]) -> None:
-    final = class_archive.archive_path(tmp_path / "cache", JAVA_TEXT)
-    options = class_archive.jvm_options(tmp_path / "cache", "java", JAVA_TEXT, may_write=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    left = cache / f"{class_archive.PREFIX}0123.jsa.99999.tmp"  # a writer gone mid-write
+    left.write_bytes(b"part of an archive")
+    final = class_archive.archive_path(cache, JAVA_TEXT)
+    options = class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True)
     written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
     assert options == [f"-XX:ArchiveClassesAtExit={written}", *class_archive.QUIET]
-    lock = final.with_name(final.name + ".lock")
-    assert lock.read_text() == str(os.getpid())
-    assert registered == [(class_archive.publish_at_exit, ("java", written, final, lock))]
-    # Meanwhile another run finds the lock held by a living process: it writes nothing.
-    assert class_archive.jvm_options(tmp_path / "cache", "java", JAVA_TEXT,
-                                     may_write=True) == []
-    assert len(registered) == 1
+    assert not left.exists()
+    [(handler, (java, to_write, to_publish, lock))] = registered
+    assert (handler, java, to_write, to_publish) == (
+        class_archive.publish_at_exit, "java", written, final)
+    try:
+        # Meanwhile another run finds the lock held: it writes nothing.
+        assert class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True) == []
+        assert len(registered) == 1
+    finally:
+        os.close(lock)
+    assert class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True)  # free again
+    os.close(registered[-1][1][3])
 
 
-def test_the_lock_of_a_process_that_is_gone_is_taken_over(
-        tmp_path: Path, registered: list[Any]) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
-    lock = final.with_name(final.name + ".lock")
-    lock.write_text(gone)
-    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True)[0].startswith(
-        "-XX:ArchiveClassesAtExit=")
-    assert lock.read_text() == str(os.getpid())
-    lock.write_text("")  # a writer that died before it wrote its pid
-    assert class_archive.take_lock(lock)
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from tubeq.pipeline.class_archive import take_lock
+assert take_lock(Path(sys.argv[1])) is not None
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_the_lock_is_held_as_long_as_its_process_lives(tmp_path: Path) -> None:
+    lock = tmp_path / "archive.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock), "60"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert class_archive.take_lock(lock) is None
+    finally:
+        holder.kill()  # dies holding it: no stale lock
+        holder.wait(30)
+    fd = class_archive.take_lock(lock)
+    assert fd is not None
+    os.close(fd)
 
 
 def test_no_archive_for_a_long_run_when_switched_off_or_without_a_cache(
@@ -98,10 +118,29 @@ def test_no_archive_for_a_long_run_when_switched_off_or_without_a_cache(
     blocked.write_text("not a folder")
     assert class_archive.jvm_options(blocked / "cache", "java", JAVA_TEXT,
                                      may_write=True) == []
+    blank = tmp_path / "a cache"  # the JVM's options are split on blanks
+    class_archive.archive_path(blank, JAVA_TEXT).parent.mkdir()
+    class_archive.archive_path(blank, JAVA_TEXT).write_bytes(b"archive")
+    assert class_archive.jvm_options(blank, "java", JAVA_TEXT, may_write=True) == []
     monkeypatch.setenv(class_archive.SWITCH, "0")
     class_archive.archive_path(tmp_path, JAVA_TEXT).write_bytes(b"archive")
     assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True) == []
     assert registered == []
+
+
+def test_publishing_keeps_the_most_recent_archive_of_another_java_or_spark(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(class_archive, "mappable", lambda java, path: True)
+    others = [tmp_path / f"{class_archive.PREFIX}{n}.jsa" for n in ("old", "older", "newer")]
+    for age, other in zip((200, 300, 100), others, strict=True):
+        other.write_bytes(b"archive")
+        os.utime(other, (other.stat().st_mtime - age,) * 2)
+    written = tmp_path / "written.tmp"
+    written.write_bytes(b"archive")
+    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
+    assert class_archive.publish("java", written, final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [final.name, f"{class_archive.PREFIX}newer.jsa"])
 
 
 def test_each_java_and_spark_has_an_archive_of_its_own(tmp_path: Path) -> None:
@@ -126,9 +165,11 @@ def test_a_short_run_writes_the_archive_whole_and_the_next_maps_it(
     first = _short_run(cache)
     assert first == {"counts": [33, 33, 34], "maps": False, "writes": True}
     folder = cache / "tubeq"
-    archives = sorted(p.name for p in folder.iterdir())
-    assert len(archives) == 1 and archives[0].startswith(class_archive.PREFIX), archives
-    assert archives[0].endswith(".jsa")  # published: no .tmp and no .lock left
+    names = sorted(p.name for p in folder.iterdir())
+    archives = [name for name in names if name.endswith(".jsa")]
+    # Published whole: no .tmp left; the lock's file stays (unlocked).
+    assert names == [archives[0], archives[0] + ".lock"], names
+    assert archives[0].startswith(class_archive.PREFIX)
     second = _short_run(cache)
     assert second == {"counts": [33, 33, 34], "maps": True, "writes": False}
 

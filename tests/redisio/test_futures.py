@@ -97,7 +97,7 @@ async def test_spaced_reads_start_no_sooner_than_the_spacing_apart() -> None:
     after the spacing lets the next start at once."""
     loop = asyncio.get_running_loop()
     reads = Reads()
-    spacing = 0.05
+    spacing = 0.5  # longer than a stall of a loaded machine between two lines of this test
     read = OneReadAtATime(reads, spacing)
     first = read()
     assert len(reads.calls) == 1  # at once

@@ -1,7 +1,12 @@
-"""Future plumbing for the hot path: chain a result into a reply without creating a task.
+"""Future plumbing for the hot path: chain a result into a reply without creating a task; and
+the sharing of one read among many callers.
 
 A store call returns a future; a handler maps it to its reply bytes with :func:`then`. This
-costs one callback per command, where a coroutine per command would cost a task.
+costs one callback per command, where a coroutine per command would cost a task. A read many
+callers ask for (a whole-namespace read: stats' counts, the scrapes' overview) goes through
+:class:`OneReadAtATime` (one call out at a time, the callers meanwhile sharing the next, the
+calls' starts spaced) or :class:`SentLater` (one call for a run of callers, sent when the run
+ends).
 """
 
 from __future__ import annotations
@@ -87,6 +92,12 @@ class OneReadAtATime(Generic[T]):
         mine: asyncio.Future[T] = loop.create_future()
         answer.add_done_callback(functools.partial(chain, target=mine))
         return mine
+
+    @property
+    def starts_later(self) -> bool:
+        """Whether the last caller's answer comes from a call not started yet (one was out, or
+        the spacing holds it back): what the caller does meanwhile may be seen by it."""
+        return self._next is not None
 
     def _start_when_due(self, loop: asyncio.AbstractEventLoop) -> None:
         wait = self._started_at + self._spacing_s - loop.time()

@@ -35,6 +35,7 @@ from tubeq.protocol import commands as c
 from tubeq.protocol import replies
 from tubeq.protocol.parser import Parser
 from tubeq.redisio.futures import SentLater, discard
+from tubeq.server import ops
 from tubeq.server.context import (
     RESTORE_RETRY_S,
     Reply,
@@ -377,8 +378,9 @@ class Connection(asyncio.Protocol):
                     break
             passing = reserves.passing(command) if waiting else 0
             kind = type(command)
-            if kind is not c.Stats and self.turn_stats is not None:
-                self._send_stats()
+            if kind is not c.Stats and self.turn_stats is not None and self._send_stats():
+                reserves.held = command  # after the stats' answer (_send_stats)
+                break
             # What this command may depend on goes to Redis first: the other kinds' runs (a
             # put or delete keeps its place among the others), or everything.
             if kind is c.Put:
@@ -399,10 +401,18 @@ class Connection(asyncio.Protocol):
         flow.set_reading(read_on)
         self._maybe_close()
 
-    def _send_stats(self) -> None:
+    def _send_stats(self) -> bool:
+        """Send the turn's run of stats; whether the connection is now held until they are
+        answered: their read starts later (whole-namespace reads are spaced, one at a time:
+        tubeq.server.ops), and the commands behind them must not run before it, as a stats
+        never shows what its connection did after it (beanstalkd answers them in order)."""
         read, self.turn_stats = self.turn_stats, None
         assert read is not None
         read.send()
+        if read.answer.done() or not ops.namespace_counts_start_later(self.ctx):
+            return False
+        self.hold(read.answer, _nothing_to_give_up)
+        return True
 
     def _send_turn(self) -> None:
         """Send the turn's run of puts or deletes (one at a time is open), then its reserves'
@@ -601,6 +611,11 @@ class Connection(asyncio.Protocol):
 
 
 _WATCH_DEFAULT: tuple[str, ...] = ("default",)
+
+
+def _nothing_to_give_up() -> None:
+    """What a connection held by its stats does when the client goes: nothing (the read
+    answers whatever the client does; the connection closes once it has)."""
 
 
 def _peer(transport: asyncio.BaseTransport) -> str | None:

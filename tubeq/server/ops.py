@@ -312,6 +312,14 @@ def namespace_counts(ctx: ServerContext) -> asyncio.Future[tuple[list[int], dict
     return read()
 
 
+def namespace_counts_start_later(ctx: ServerContext) -> bool:
+    """Whether the last caller of :func:`namespace_counts` gets its answer from a read not
+    sent yet (the spacing, or a read out): a connection then holds its next commands until
+    it is answered, so a stats never shows what the same connection did after it."""
+    read = ctx.shared_reads.get("counts")
+    return read is not None and read.starts_later
+
+
 def tube_overview(ctx: ServerContext, limit: int
                   ) -> asyncio.Future[tuple[int, list[TubeCounts]]]:
     """The first ``limit`` tubes' counts and the rest's sum (the scrape, the dashboard and
