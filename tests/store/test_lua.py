@@ -491,6 +491,49 @@ async def test_waiters_of_different_watch_sets_are_served_in_the_order_they_star
     await pubsub.aclose()
 
 
+async def test_the_first_waiter_is_found_however_many_lines_are_behind_it(env: Env) -> None:
+    """40 lines whose first waiters left: the tube still scores each by the seq of the waiter
+    that left, ahead of BOB, whose line's one waiter came before every waiter now in them.
+    The put goes to BOB (before, first_line settled after 16 raises for a later waiter; a put
+    calls it twice, direct_taker then hand_over_in, hence more than 32 lines)."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    lines = range(40)
+    for k in lines:  # line k: default and x<k>; its first waiter, then (later) its second
+        for token in (f"inst:a{k}", f"inst:b{k}"):
+            await s.change_watches(token, [("+w", "default"), ("+w", f"x{k}")])
+    for k in lines:
+        await s.set_waiting(f"inst:a{k}", 1)
+    await s.set_waiting(BOB, 1)  # default alone
+    for k in lines:
+        await s.set_waiting(f"inst:b{k}", 1)
+    for k in lines:
+        await s.set_waiting(f"inst:a{k}", -1)
+    await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    await env.put()  # then the second waiters, in the order they came
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == b"inst:b0"
+    await pubsub.aclose()
+
+
+async def test_leftover_layout_5_waiters_do_not_hide_a_line(env: Env) -> None:
+    """A tube's waiters written by layout 5 (tokens, not lines) are dropped as they are met,
+    however many come before a line with a waiter: the put is handed over (before, a first_line
+    call that dropped 16 of them returned nobody)."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.set_waiting(BOB, 1)
+    await env.raw.zadd(env.keys.waiters("default"), {f"old:{k}": 0 for k in range(40)})
+    job_id = await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    assert await env.state(job_id) is JobState.RESERVED
+    assert await env.raw.zcard(env.keys.waiters("default")) == 0
+    await pubsub.aclose()
+
+
 async def test_a_count_in_costs_the_same_however_many_tubes_its_line_has_entered(
         env: Env) -> None:
     """A line enters its tubes once, with its first waiter: a second waiter of the same watch

@@ -86,28 +86,28 @@ local function count_waiting(inst, token, delta, mode)
 end
 
 -- The line whose first waiter started waiting on tube t before any other's, or nil when nobody
--- waits on t. Scores behind their line's first waiter are raised on the way (each raise is one
--- that no later call makes again); after FIRST_LINE_TRIES raises it settles for the line it
--- holds, which is then first but for waiters that came within that many grants.
-local FIRST_LINE_TRIES = 16
+-- waits on t. A score behind its line's first waiter is raised to that waiter's seq and the
+-- lowest looked at again; a line left empty (written by an older layout) is dropped. No cap:
+-- each raise or drop is permanent (no later call makes it again) and was paid for by the count
+-- out that made the score stale, so the loop is amortized O(1) per count out; and a cap would
+-- settle for a line whose first waiter came after another line's (first come, first served
+-- across lines, protocol.md) or for nobody while lines remain (a missed hand-over). It ends: a
+-- raise sets a score to its line's first seq, which no step of this call changes.
 local function first_line(t)
   local wk = k_waiters(t)
-  local line
-  for _ = 1, FIRST_LINE_TRIES do
+  while true do
     local head = rcall('ZRANGE', wk, '0', '0', 'WITHSCORES')
-    line = head[1]
+    local line = head[1]
     if not line then return nil end
     local first = rcall('ZRANGE', k_line(line), '0', '0', 'WITHSCORES')
     if not first[1] then
       rcall('ZREM', wk, line)  -- a line with nobody left (written by an older layout)
-      line = nil
     elseif first[2] == head[2] then
       return line
     else
       rcall('ZADD', wk, first[2], line)
     end
   end
-  return line
 end
 
 -- Whether any connection waits on tube t (a line with waiters is entered in its tubes).
