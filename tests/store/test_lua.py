@@ -809,6 +809,63 @@ async def test_reap_takes_back_a_dead_instance_share(env: Env) -> None:
     assert gauges[9] == 0  # current-waiting
 
 
+@pytest.mark.parametrize("recorded_by", ["this-build", "an-earlier-build"])
+async def test_a_wait_counted_in_between_a_reap_and_its_restore_is_in_its_tubes_line(
+        env: Env, recorded_by: str) -> None:
+    """A paused process is reaped (its watch sets go); one of its connections counts in before
+    the process's restore runs. This build records no wait for an empty watch set, so the
+    count-in after the restore is the one that counts; a wait an earlier build recorded in
+    the line of the empty set is moved by the restore into the line of the watch set it brings
+    back. Either way a put on its tube is handed to it, and stats-tube counts it (before, the
+    wait stayed in the line of the empty set: no hand-over, no wake-up, current-waiting 0)."""
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.change_watches("ghost:1", [("+w", "haunted")])
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    if recorded_by == "this-build":
+        await ghost.set_waiting("ghost:1", 1)  # its reserve, between the reap and the restore
+    else:  # what count_waiting wrote for an empty watch set before it refused to
+        empty = "da39a3ee5e6b4b0d3255"  # sha1 of "", 20 digits
+        await env.raw.hset(env.keys.waiting, "ghost:1", "1" + empty)
+        await env.raw.hset(env.keys.line_of, "ghost:1", empty)
+        await env.raw.zadd(env.keys.line(empty), {"ghost:1": 99})
+        await env.raw.hincrby(env.keys.instance("ghost"), "waiting", 1)
+    assert await ghost.heartbeat()  # it finds itself unregistered ...
+    await ghost.restore([("ghost:1", True, ("default", "haunted"))], (1, 0, 0))  # ... restores
+    await ghost.set_waiting("ghost:1", 1)  # and counts in again (a no-op: it is counted)
+    counts = await env.store.tube_counts("haunted")
+    assert counts is not None and counts[8] == 1  # current-waiting
+    pubsub = env.raw.pubsub()
+    await pubsub.subscribe(env.keys.grant_channel("ghost"))
+    await pubsub.get_message(timeout=1)
+    job_id = await env.put("haunted")
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == b"ghost:1"
+    assert [r.id for r in await ghost.set_waiting("ghost:1", -1, claim=True)] == [job_id]
+    assert await env.raw.exists(env.keys.waiters("haunted"), env.keys.waiters("default"),
+                                env.keys.line("da39a3ee5e6b4b0d3255")) == 0
+    gauges, _ = await env.store.server_counts()
+    assert gauges[9] == 0  # current-waiting
+    await pubsub.aclose()
+
+
+async def test_a_wait_on_no_tube_is_not_recorded(env: Env) -> None:
+    """A token whose watch set is gone (reaped) waits on nothing: its count-in records nothing,
+    so the count-in it sends once its watches are back is the one that counts."""
+    await env.store.change_watches("inst:7", [("+w", "t1")])
+    await env.raw.delete(env.keys.watch("inst:7"))
+    await env.store.set_waiting("inst:7", 1)
+    assert await env.raw.hget(env.keys.waiting, "inst:7") is None
+    await env.store.change_watches("inst:7", [("+w", "t1")])
+    await env.store.set_waiting("inst:7", 1)
+    counts = await env.store.tube_counts("t1")
+    assert counts is not None and counts[8] == 1
+    await env.store.set_waiting("inst:7", -1)
+
+
 async def test_urgent_counts_ready_jobs_below_1024_only(env: Env) -> None:
     await env.put(pri=1023)
     await env.put(pri=1024)

@@ -24,11 +24,14 @@ local function instance_of(token)
 end
 
 -- The line of `token`'s watch set: a digest of its tubes, sorted, kept in K_LINE_OF until the
--- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it).
+-- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it). nil for an
+-- empty set: a token reaped with its process (reap.lua) until restore.lua brings its watches
+-- back, which waits on no tube.
 local function line_of(token)
   local line = rcall('HGET', K_LINE_OF, token)
   if line then return line end
   local tubes = rcall('SMEMBERS', k_watch(token))
+  if #tubes == 0 then return nil end
   table.sort(tubes)
   line = string.sub(redis.sha1hex(table.concat(tubes, '\n')), 1, 20)
   rcall('HSET', K_LINE_OF, token, line)
@@ -43,7 +46,8 @@ end
 
 -- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches.
 -- Idempotent: counting in a connection already in, or out one already out (a put handed it a
--- job meanwhile), does nothing. Returns false when it changed nothing, else the mode it was
+-- job meanwhile), does nothing; so does counting in one that watches no tube. Returns false
+-- when it changed nothing, else the mode it was
 -- counted in with: '1' (the default: puts hand it a job), or for a connection whose tubes span
 -- several shards of a namespace (tubeq.store.shards) 'h' or 'o': never handed a job, so no two
 -- shards hand one wait a job each ('h' in one shard, whose process gauge 'waiting' counts it,
@@ -59,6 +63,9 @@ local function count_waiting(inst, token, delta, mode)
   if delta > 0 then
     mode = mode or '1'
     line = line_of(token)
+    -- No tube to wait on (its watches were reaped): nothing recorded, so the count in its
+    -- process sends once restore.lua brought them back is the one that counts.
+    if not line then return false end
     if rcall('HSETNX', K_WAITING, token, mode .. line) == 0 then return false end
     local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
     local lk = k_line(line)
