@@ -866,6 +866,35 @@ async def test_a_wait_on_no_tube_is_not_recorded(env: Env) -> None:
     await env.store.set_waiting("inst:7", -1)
 
 
+async def test_reap_counts_out_the_waiting_http_tokens_of_a_dead_process(env: Env) -> None:
+    """An HTTP long poll's token ('<instance>:h<random>') is in no connection set: reap finds
+    the dead process's waiting tokens in {p}:waiting and counts them out, so their lines leave
+    the tubes (no wake-up published, no dead waiter skipped at every put, current-waiting 0),
+    and drops their watch sets."""
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.set_waiting("ghost:1", 1)
+    for token in ("ghost:h0a1", "ghost:h0a2"):
+        await ghost.change_watches(token, [("+w", "polled")])
+        await ghost.set_waiting(token, 1)
+    await env.store.change_watches("ghostly:h1", [("+w", "polled")])  # another process's
+    await env.store.set_waiting("ghostly:h1", 1)
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    await env.raw.zadd(env.keys.instances, {"ghostly": env.clock.now_ms})
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    waiting = await env.raw.hkeys(env.keys.waiting)
+    assert sorted(waiting) == [b"ghostly:h1"]
+    counts = await env.store.tube_counts("polled")
+    assert counts is not None and counts[8] == 1
+    assert await env.raw.exists(env.keys.watch("ghost:h0a1"), env.keys.watch("ghost:h0a2")) == 0
+    await env.store.set_waiting("ghostly:h1", -1)
+    assert await env.raw.exists(env.keys.waiters("polled"), env.keys.waiters("default")) == 0
+    gauges, _ = await env.store.server_counts()
+    assert gauges[9] == 0  # current-waiting
+
+
 async def test_urgent_counts_ready_jobs_below_1024_only(env: Env) -> None:
     await env.put(pri=1023)
     await env.put(pri=1024)

@@ -23,6 +23,23 @@ local function instance_of(token)
   return string.match(token, '^(.*):[^:]*$')
 end
 
+-- The tokens of process `inst` recorded as waiting (reap.lua: those in no connection set, an
+-- HTTP long poll's). An HSCAN of K_WAITING for the instance's prefix: O(waiting tokens of the
+-- namespace), for the reap of a process only.
+local function waiting_tokens_of(inst)
+  local pattern = string.gsub(inst, '[%*%?%[%]\\]', '\\%0') .. ':*'
+  local found, cursor = {}, '0'
+  repeat
+    local page = rcall('HSCAN', K_WAITING, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      local token = page[2][i]
+      if instance_of(token) == inst then found[#found + 1] = token end
+    end
+  until cursor == '0'
+  return found
+end
+
 -- The line of `token`'s watch set: a digest of its tubes, sorted, kept in K_LINE_OF until the
 -- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it). nil for an
 -- empty set: a token reaped with its process (reap.lua) until restore.lua brings its watches
