@@ -361,6 +361,23 @@ async def test_a_long_poll_gets_a_job_put_over_the_protocol(api: Api) -> None:
     assert (b"INSERTED %d\r\n" % got["id"], got["body"]) == (reply, "ping")
 
 
+async def test_a_long_poll_of_a_reaped_process_waits_again_after_its_restore(api: Api) -> None:
+    """The process is reaped (as after a pause past the reap limit): reap.lua counts out the
+    poll's token, which is in no connection set; the restore that follows makes the poll count
+    itself in again, so a put is handed to it at once (not found at its next 10 s re-check)."""
+    ctx = api.server.ctx
+    assert ctx is not None
+    poll = asyncio.create_task(api.reserve("reaped", timeout=8))
+    await eventually(lambda: _waiting(api, "reaped"), "the poll waits on the tube")
+    assert await ctx.store.leave() == 1  # the reap another process would run
+    assert not await _waiting(api, "reaped")  # counted out with its process
+    ctx.restore_registrations()  # what its next heartbeat does, found unregistered
+    await eventually(lambda: _waiting(api, "reaped"), "the poll waits again")
+    job_id = await api.put("reaped", b"after the reap")
+    status, got = await asyncio.wait_for(poll, 3)
+    assert status == 200 and got["id"] == job_id
+
+
 async def _waiting(api: Api, tube: str) -> bool:
     status, data = await api.call("GET", f"/api/tubes/{tube}")
     return status == 200 and data["current-waiting"] == 1

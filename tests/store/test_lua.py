@@ -491,6 +491,49 @@ async def test_waiters_of_different_watch_sets_are_served_in_the_order_they_star
     await pubsub.aclose()
 
 
+async def test_the_first_waiter_is_found_however_many_lines_are_behind_it(env: Env) -> None:
+    """40 lines whose first waiters left: the tube still scores each by the seq of the waiter
+    that left, ahead of BOB, whose line's one waiter came before every waiter now in them.
+    The put goes to BOB (before, first_line settled after 16 raises for a later waiter; a put
+    calls it twice, direct_taker then hand_over_in, hence more than 32 lines)."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    lines = range(40)
+    for k in lines:  # line k: default and x<k>; its first waiter, then (later) its second
+        for token in (f"inst:a{k}", f"inst:b{k}"):
+            await s.change_watches(token, [("+w", "default"), ("+w", f"x{k}")])
+    for k in lines:
+        await s.set_waiting(f"inst:a{k}", 1)
+    await s.set_waiting(BOB, 1)  # default alone
+    for k in lines:
+        await s.set_waiting(f"inst:b{k}", 1)
+    for k in lines:
+        await s.set_waiting(f"inst:a{k}", -1)
+    await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    await env.put()  # then the second waiters, in the order they came
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == b"inst:b0"
+    await pubsub.aclose()
+
+
+async def test_leftover_layout_5_waiters_do_not_hide_a_line(env: Env) -> None:
+    """A tube's waiters written by layout 5 (tokens, not lines) are dropped as they are met,
+    however many come before a line with a waiter: the put is handed over (before, a first_line
+    call that dropped 16 of them returned nobody)."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.set_waiting(BOB, 1)
+    await env.raw.zadd(env.keys.waiters("default"), {f"old:{k}": 0 for k in range(40)})
+    job_id = await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    assert await env.state(job_id) is JobState.RESERVED
+    assert await env.raw.zcard(env.keys.waiters("default")) == 0
+    await pubsub.aclose()
+
+
 async def test_a_count_in_costs_the_same_however_many_tubes_its_line_has_entered(
         env: Env) -> None:
     """A line enters its tubes once, with its first waiter: a second waiter of the same watch
@@ -763,6 +806,92 @@ async def test_reap_takes_back_a_dead_instance_share(env: Env) -> None:
     assert "haunted" not in await env.store.list_tubes()
     gauges, _ = await env.store.server_counts()
     assert gauges[6] == 2  # current-connections: ALICE and BOB only
+    assert gauges[9] == 0  # current-waiting
+
+
+@pytest.mark.parametrize("recorded_by", ["this-build", "an-earlier-build"])
+async def test_a_wait_counted_in_between_a_reap_and_its_restore_is_in_its_tubes_line(
+        env: Env, recorded_by: str) -> None:
+    """A paused process is reaped (its watch sets go); one of its connections counts in before
+    the process's restore runs. This build records no wait for an empty watch set, so the
+    count-in after the restore is the one that counts; a wait an earlier build recorded in
+    the line of the empty set is moved by the restore into the line of the watch set it brings
+    back. Either way a put on its tube is handed to it, and stats-tube counts it (before, the
+    wait stayed in the line of the empty set: no hand-over, no wake-up, current-waiting 0)."""
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.change_watches("ghost:1", [("+w", "haunted")])
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    if recorded_by == "this-build":
+        await ghost.set_waiting("ghost:1", 1)  # its reserve, between the reap and the restore
+    else:  # what count_waiting wrote for an empty watch set before it refused to
+        empty = "da39a3ee5e6b4b0d3255"  # sha1 of "", 20 digits
+        await env.raw.hset(env.keys.waiting, "ghost:1", "1" + empty)
+        await env.raw.hset(env.keys.line_of, "ghost:1", empty)
+        await env.raw.zadd(env.keys.line(empty), {"ghost:1": 99})
+        await env.raw.hincrby(env.keys.instance("ghost"), "waiting", 1)
+    assert await ghost.heartbeat()  # it finds itself unregistered ...
+    await ghost.restore([("ghost:1", True, ("default", "haunted"))], (1, 0, 0))  # ... restores
+    await ghost.set_waiting("ghost:1", 1)  # and counts in again (a no-op: it is counted)
+    counts = await env.store.tube_counts("haunted")
+    assert counts is not None and counts[8] == 1  # current-waiting
+    pubsub = env.raw.pubsub()
+    await pubsub.subscribe(env.keys.grant_channel("ghost"))
+    await pubsub.get_message(timeout=1)
+    job_id = await env.put("haunted")
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == b"ghost:1"
+    assert [r.id for r in await ghost.set_waiting("ghost:1", -1, claim=True)] == [job_id]
+    assert await env.raw.exists(env.keys.waiters("haunted"), env.keys.waiters("default"),
+                                env.keys.line("da39a3ee5e6b4b0d3255")) == 0
+    gauges, _ = await env.store.server_counts()
+    assert gauges[9] == 0  # current-waiting
+    await pubsub.aclose()
+
+
+async def test_a_wait_on_no_tube_is_not_recorded(env: Env) -> None:
+    """A token whose watch set is gone (reaped) waits on nothing: its count-in records nothing,
+    so the count-in it sends once its watches are back is the one that counts."""
+    await env.store.change_watches("inst:7", [("+w", "t1")])
+    await env.raw.delete(env.keys.watch("inst:7"))
+    await env.store.set_waiting("inst:7", 1)
+    assert await env.raw.hget(env.keys.waiting, "inst:7") is None
+    await env.store.change_watches("inst:7", [("+w", "t1")])
+    await env.store.set_waiting("inst:7", 1)
+    counts = await env.store.tube_counts("t1")
+    assert counts is not None and counts[8] == 1
+    await env.store.set_waiting("inst:7", -1)
+
+
+async def test_reap_counts_out_the_waiting_http_tokens_of_a_dead_process(env: Env) -> None:
+    """An HTTP long poll's token ('<instance>:h<random>') is in no connection set: reap finds
+    the dead process's waiting tokens in {p}:waiting and counts them out, so their lines leave
+    the tubes (no wake-up published, no dead waiter skipped at every put, current-waiting 0),
+    and drops their watch sets."""
+    ghost = Store(env.store.client, env.keys, "ghost", env.clock)
+    await ghost.heartbeat()
+    await ghost.connect("ghost:1")
+    await ghost.set_waiting("ghost:1", 1)
+    for token in ("ghost:h0a1", "ghost:h0a2"):
+        await ghost.change_watches(token, [("+w", "polled")])
+        await ghost.set_waiting(token, 1)
+    await env.store.change_watches("ghostly:h1", [("+w", "polled")])  # another process's
+    await env.store.set_waiting("ghostly:h1", 1)
+    env.clock.advance(10)
+    await env.store.heartbeat()
+    await env.raw.zadd(env.keys.instances, {"ghostly": env.clock.now_ms})
+    assert await env.store.reap(env.clock.now_ms - 3000) == 1
+    waiting = await env.raw.hkeys(env.keys.waiting)
+    assert sorted(waiting) == [b"ghostly:h1"]
+    counts = await env.store.tube_counts("polled")
+    assert counts is not None and counts[8] == 1
+    assert await env.raw.exists(env.keys.watch("ghost:h0a1"), env.keys.watch("ghost:h0a2")) == 0
+    await env.store.set_waiting("ghostly:h1", -1)
+    assert await env.raw.exists(env.keys.waiters("polled"), env.keys.waiters("default")) == 0
+    gauges, _ = await env.store.server_counts()
     assert gauges[9] == 0  # current-waiting
 
 

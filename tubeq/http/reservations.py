@@ -13,7 +13,10 @@ token, try once, register as a waiter and count in Redis as waiting (so put.lua 
 job straight to it and other processes publish wake-ups), try again, then sleep until woken or
 the bound, and try again. At the end the token stops waiting and its watches are dropped (tubes
 nobody references are removed, as after an ignore). A request that goes away mid-poll (client
-disconnect, shutdown) gives back, at once, any job granted meanwhile.
+disconnect, shutdown) gives back, at once, any job granted meanwhile. The token is in no
+connection set: a reap of its process (paused past the reap limit) finds it in Redis's waiting
+tokens and counts it out (reap.lua), and after the process's restore the poll counts itself in
+again (ServerContext.reservation_waits), as a blocked reserve does.
 
 Timeline of the race the counted wait closes:
     t0  poll tries reserve: nothing ready            t1  a put in another process: no waiter
@@ -76,8 +79,10 @@ class HttpReservations:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             wait = Wait(ctx.registry, store, token, tubes)
+            ctx.reservation_waits[token] = wait
             await wait.count_in()
             while True:
+                await wait.count_in_again()  # a reap counted it out (ServerContext._restore)
                 result = await wait.take()
                 if isinstance(result, Reservation):
                     got = result
@@ -111,6 +116,7 @@ class HttpReservations:
                     stopped.add_done_callback(lambda f: self._give_back_result(token, f))
             store.change_watches(token, [("-w", t) for t in tubes]).add_done_callback(discard)
             ctx.reservation_watches.pop(token, None)
+            ctx.reservation_waits.pop(token, None)
 
     def _granted(self, token: str, job: Reservation) -> tuple[str, Reservation]:
         self.ctx.scheduler.note_due(job.deadline_ms)  # its TTR expiry is this process's to run

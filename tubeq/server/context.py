@@ -31,6 +31,7 @@ from tubeq.redisio.futures import OneReadAtATime, SentLater, discard
 from tubeq.server.access import AccessConfig
 from tubeq.server.end_waits import EndWaits
 from tubeq.server.metrics import Metrics
+from tubeq.server.reserve_wait import Wait
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
@@ -157,6 +158,9 @@ class ServerContext:
     # The HTTP API's reservation tokens and the tubes each watches (tubeq.http.reservations),
     # restored with the connections.
     reservation_watches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Their long polls' waits while counted or about to be: a reap counts them out (reap.lua
+    # finds them in {p}:waiting), so after the restore each counts itself in again.
+    reservation_waits: dict[str, Wait] = field(default_factory=dict)
     # With an access file: the gate between the listener and the namespaces (tubeq.server.access).
     gate: Gate | None = None
     capacity: Capacity = field(default_factory=Capacity)  # shared by the process's namespaces
@@ -215,6 +219,8 @@ class ServerContext:
             resent.add_done_callback(discard)
         for conn in conns:  # after the watches, on the same Redis connection
             conn.registration_lost()
+        for wait in list(self.reservation_waits.values()):
+            wait.registration_lost()
 
     def _restored(self, connections: int, f: asyncio.Future[int]) -> None:
         if f.cancelled() or f.exception() is not None:

@@ -1,6 +1,11 @@
 --[[ reap: take back what tubeq processes that stopped heart-beating still hold: their tube
 references, waiters and connection gauges. Jobs a put handed to one of their waiting
 connections go back to ready; the jobs they had reserved come back by TTR (expire.lua).
+Waiting tokens that are no connection (an HTTP long poll's, '<instance>:h<random>',
+tubeq.http.reservations) are in no set of the process: they are found in {p}:waiting by their
+instance prefix (HSCAN, O(waiting tokens of the namespace), once per process reaped) and
+counted out too, their watch sets dropped; a paused process that was reaped counts them in
+again after its restore (tubeq.server.context).
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then stale
          before (ms): instances whose last heartbeat is older are dead; now (ms); optionally
@@ -38,6 +43,11 @@ for _, inst in ipairs(dead) do
       end
     end
     rcall('DEL', k_watch(token), k_handed(token))
+    rcall('HDEL', K_LINE_OF, token)
+  end
+  for _, token in ipairs(waiting_tokens_of(inst)) do
+    count_waiting(inst, token, -1)
+    rcall('DEL', k_watch(token))
     rcall('HDEL', K_LINE_OF, token)
   end
   rcall('DEL', ik, k_instance_conns(inst))

@@ -23,12 +23,32 @@ local function instance_of(token)
   return string.match(token, '^(.*):[^:]*$')
 end
 
+-- The tokens of process `inst` recorded as waiting (reap.lua: those in no connection set, an
+-- HTTP long poll's). An HSCAN of K_WAITING for the instance's prefix: O(waiting tokens of the
+-- namespace), for the reap of a process only.
+local function waiting_tokens_of(inst)
+  local pattern = string.gsub(inst, '[%*%?%[%]\\]', '\\%0') .. ':*'
+  local found, cursor = {}, '0'
+  repeat
+    local page = rcall('HSCAN', K_WAITING, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      local token = page[2][i]
+      if instance_of(token) == inst then found[#found + 1] = token end
+    end
+  until cursor == '0'
+  return found
+end
+
 -- The line of `token`'s watch set: a digest of its tubes, sorted, kept in K_LINE_OF until the
--- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it).
+-- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it). nil for an
+-- empty set: a token reaped with its process (reap.lua) until restore.lua brings its watches
+-- back, which waits on no tube.
 local function line_of(token)
   local line = rcall('HGET', K_LINE_OF, token)
   if line then return line end
   local tubes = rcall('SMEMBERS', k_watch(token))
+  if #tubes == 0 then return nil end
   table.sort(tubes)
   line = string.sub(redis.sha1hex(table.concat(tubes, '\n')), 1, 20)
   rcall('HSET', K_LINE_OF, token, line)
@@ -43,7 +63,8 @@ end
 
 -- Count a connection in (delta 1) or out of (delta -1) the waiters of every tube it watches.
 -- Idempotent: counting in a connection already in, or out one already out (a put handed it a
--- job meanwhile), does nothing. Returns false when it changed nothing, else the mode it was
+-- job meanwhile), does nothing; so does counting in one that watches no tube. Returns false
+-- when it changed nothing, else the mode it was
 -- counted in with: '1' (the default: puts hand it a job), or for a connection whose tubes span
 -- several shards of a namespace (tubeq.store.shards) 'h' or 'o': never handed a job, so no two
 -- shards hand one wait a job each ('h' in one shard, whose process gauge 'waiting' counts it,
@@ -59,6 +80,9 @@ local function count_waiting(inst, token, delta, mode)
   if delta > 0 then
     mode = mode or '1'
     line = line_of(token)
+    -- No tube to wait on (its watches were reaped): nothing recorded, so the count in its
+    -- process sends once restore.lua brought them back is the one that counts.
+    if not line then return false end
     if rcall('HSETNX', K_WAITING, token, mode .. line) == 0 then return false end
     local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
     local lk = k_line(line)
@@ -86,28 +110,28 @@ local function count_waiting(inst, token, delta, mode)
 end
 
 -- The line whose first waiter started waiting on tube t before any other's, or nil when nobody
--- waits on t. Scores behind their line's first waiter are raised on the way (each raise is one
--- that no later call makes again); after FIRST_LINE_TRIES raises it settles for the line it
--- holds, which is then first but for waiters that came within that many grants.
-local FIRST_LINE_TRIES = 16
+-- waits on t. A score behind its line's first waiter is raised to that waiter's seq and the
+-- lowest looked at again; a line left empty (written by an older layout) is dropped. No cap:
+-- each raise or drop is permanent (no later call makes it again) and was paid for by the count
+-- out that made the score stale, so the loop is amortized O(1) per count out; and a cap would
+-- settle for a line whose first waiter came after another line's (first come, first served
+-- across lines, protocol.md) or for nobody while lines remain (a missed hand-over). It ends: a
+-- raise sets a score to its line's first seq, which no step of this call changes.
 local function first_line(t)
   local wk = k_waiters(t)
-  local line
-  for _ = 1, FIRST_LINE_TRIES do
+  while true do
     local head = rcall('ZRANGE', wk, '0', '0', 'WITHSCORES')
-    line = head[1]
+    local line = head[1]
     if not line then return nil end
     local first = rcall('ZRANGE', k_line(line), '0', '0', 'WITHSCORES')
     if not first[1] then
       rcall('ZREM', wk, line)  -- a line with nobody left (written by an older layout)
-      line = nil
     elseif first[2] == head[2] then
       return line
     else
       rcall('ZADD', wk, first[2], line)
     end
   end
-  return line
 end
 
 -- Whether any connection waits on tube t (a line with waiters is entered in its tubes).
