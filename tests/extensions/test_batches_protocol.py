@@ -99,7 +99,8 @@ def test_count_zero_is_an_empty_batch_at_once() -> None:
 
 
 def test_a_malformed_entry_in_the_middle_fails_alone_and_the_batch_stays_in_step() -> None:
-    # An option an entry does not take (entries take group= only): refused, and its body
+    # An option an entry does not take (entries take group= and traceparent= only): refused,
+    # and its body
     # swallowed, not read as the next entry.
     data = (b"put-many 3\r\n" + entry(b"one") + b"0 0 60 3 max-tries=2\r\nbad\r\n"
             + entry(b"three"))
@@ -112,6 +113,18 @@ def test_an_entry_takes_a_group_and_a_bad_one_is_refused_alone() -> None:
             b"0 0 60 1 group=a:b\r\nb\r\n0 0 60 1 group=a group=b\r\nc\r\n" + entry(b"d"))
     check(data, [PutMany((PutEntry(0, 0, 60, b"a", "tenant-a"), replies.bad_option("group"),
                           replies.bad_option("group"), PutEntry(0, 0, 60, b"d")))])
+
+
+TP = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_an_entry_takes_a_traceparent_and_a_bad_one_is_refused_alone() -> None:
+    data = (b"put-many 4\r\n0 0 60 1 traceparent=" + TP + b"\r\na\r\n"
+            b"0 0 60 1 group=g traceparent=" + TP + b"\r\nb\r\n"
+            b"0 0 60 1 traceparent=" + TP.upper() + b"\r\nc\r\n" + entry(b"d"))
+    check(data, [PutMany((PutEntry(0, 0, 60, b"a", "", TP.decode()),
+                          PutEntry(0, 0, 60, b"b", "g", TP.decode()),
+                          replies.bad_option("traceparent"), PutEntry(0, 0, 60, b"d")))])
 
 
 @pytest.mark.parametrize("line", [

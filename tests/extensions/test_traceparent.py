@@ -13,6 +13,7 @@ from tests.protocol.test_protocol import cases, check, line
 from tests.support.http_support import running_server
 from tests.support.servers import ServerProcess
 from tests.support.wire import Wire
+from tubeq.client import Client, NewJob
 from tubeq.protocol import replies
 from tubeq.protocol.commands import PutWith, Rejected
 from tubeq.server.process import Server
@@ -71,6 +72,41 @@ def test_the_job_keeps_its_traceparent_and_stats_job_shows_it_last(
         assert doc["traceparent"] == TP
         assert list(plain.yaml(f"stats-job {job_id}"))[-1] == "kicks"  # beanstalkd's, exactly
         assert ext.ask(f"delete {job_id}") == b"DELETED\r\n"
+
+
+def test_put_many_entries_keep_their_traceparents(server: ServerProcess) -> None:
+    """A put-many entry's traceparent= is kept as put-with's is, beside a group or alone; an
+    entry without one has none; a malformed one refuses its entry only."""
+    with Wire(server.host, server.port) as w:
+        w.ask("use tp-many")
+        w.send(f"put-many 4\r\n0 0 60 1 traceparent={TP}\r\na\r\n"
+               f"0 100 60 1 group=g traceparent={TP}\r\nb\r\n0 0 60 1\r\nc\r\n"
+               f"0 0 60 1 traceparent={TP.upper()}\r\nd\r\n".encode())
+        assert w.reply() == b"BATCH 4\r\n"
+        replies_ = [w.reply() for _ in range(4)]
+        assert replies_[3] == b"BAD_OPTION traceparent\r\n"
+        ready, delayed, plain = (inserted_id(r) for r in replies_[:3])
+        assert w.yaml(f"stats-job {ready}")["traceparent"] == TP
+        assert w.yaml(f"stats-job {delayed}")["traceparent"] == TP
+        assert "traceparent" not in w.yaml(f"stats-job {plain}")
+        assert w.yaml("stats-tube tp-many")["current-jobs-ready"] == "2"
+        for job_id in (ready, delayed, plain):
+            assert w.ask(f"delete {job_id}") == b"DELETED\r\n"
+
+
+async def test_the_client_puts_many_with_traceparents(server: ServerProcess) -> None:
+    async with Client(server.host, server.port) as client:
+        await client.use("tp-many-client")
+        ids = await client.put_many([NewJob(b"a", traceparent=TP), NewJob(b"b", group="g"),
+                                     b"c"])
+        assert all(isinstance(i, int) for i in ids)
+        stats = [await client.stats_job(i) for i in ids if isinstance(i, int)]
+        assert [s.get("traceparent") for s in stats] == [TP, None, None]
+        with pytest.raises(ValueError, match="traceparent"):
+            await client.put_many([NewJob(b"x", traceparent=TP.upper())])
+        for job_id in ids:
+            assert isinstance(job_id, int)
+            await client.delete(job_id)
 
 
 def test_a_job_without_traceparent_shows_no_such_key(server: ServerProcess) -> None:

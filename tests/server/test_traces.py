@@ -163,3 +163,38 @@ def test_traces_are_on_with_the_flag_or_the_standard_variables_only() -> None:
     assert traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"
+
+
+async def test_a_put_many_entry_with_a_traceparent_gets_its_put_span(
+        receiver: tuple[str, list[Received]], tubeq_cluster: TubeqCluster,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry's traceparent= gives its job a put span in the producer's trace, as
+    put-with's does; an entry without one none."""
+    url, received = receiver
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    server = tubeq_cluster.start(label="tubeq-traces-many", flags=("--otel-endpoint", url))
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    try:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(f"use many-traced\r\nput-many 2\r\n0 0 60 1 traceparent=00-{trace}-{span}"
+                     f"-01\r\na\r\n0 0 60 1\r\nb\r\n".encode())
+        assert await reader.readline() == b"USING many-traced\r\n"
+        assert await reader.readline() == b"BATCH 2\r\n"
+        traced = int((await reader.readline()).split()[1])
+        plain = int((await reader.readline()).split()[1])
+        writer.close()
+
+        def puts() -> list[Received]:
+            return [s for s in received if s.service == "tubeq" and s.name == "put many-traced"]
+
+        async def arrived() -> bool:
+            return bool(puts())
+
+        await eventually(arrived, "the entry's put span at the receiver", 20)
+    finally:
+        server.stop()
+    (put,) = puts()
+    assert (put.trace, put.parent) == (trace, span)
+    assert put.attributes["messaging.message.id"] == str(traced)
+    assert put.attributes["tubeq.outcome"] == "inserted"
+    assert plain != traced

@@ -369,6 +369,27 @@ async def test_a_traced_puts_event_alone_carries_its_traceparent_last(env: Env,
         assert [e.event for e in events if e.id == traced] == ["put", "reserved"]
 
 
+@pytest.mark.parametrize("delay", [0, 5])
+async def test_a_traced_put_many_entry_carries_its_traceparent_last(env: Env,
+                                                                     delay: int) -> None:
+    """put-many entries with traceparent=: the job's record and its put entry carry it, as
+    put-with's do; the batch's other jobs (with a group, or plain) none."""
+    ids = await env.store.put_many("default", [(0, delay, 60, b"t"), (0, delay, 60, b"g"),
+                                               (0, delay, 60, b"p")],
+                                   groups=["", "grp", ""], traceparents=[TRACEPARENT, "", ""])
+    traced, grouped, plain = ids
+    assert await env.raw.hget(env.keys.job(traced), "tp") == TRACEPARENT.encode()
+    assert await env.raw.hget(env.keys.job(grouped), "tp") is None
+    assert await env.raw.hget(env.keys.job(grouped), "g") == b"grp"
+    entries = await env.raw.xrange(env.keys.events, "-", "+")
+    names = {Event.from_entry(sid, fields).id: [k.decode() for k in fields]
+             for sid, fields in entries}
+    events = {e.id: e for e in (Event.from_entry(sid, f) for sid, f in entries)}
+    assert names[traced] == [*FIELDS, *TRAILING_FIELDS]
+    assert events[traced].traceparent == TRACEPARENT
+    assert names[grouped] == names[plain] == list(FIELDS)
+
+
 def test_a_trailing_field_parses_and_is_checked() -> None:
     full = {**OLD_ENTRY, "event": "put", "size": 0, "error": "", "failures": 0}
     assert Event.from_entry(b"5-0", entry(**full, traceparent=TRACEPARENT)).traceparent == (

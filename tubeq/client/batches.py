@@ -22,6 +22,7 @@ from tubeq.client._contracts import Connection, Convert
 from tubeq.client.args import _expect, _job_id, _tube, _uint
 from tubeq.client.errors import CommandError, NotFound, ProtocolError, UnknownCommand
 from tubeq.client.parser import Reply, parse_yaml_list
+from tubeq.client.tracing import valid_traceparent
 from tubeq.client.wire import (
     BATCH,
     CRLF,
@@ -42,14 +43,17 @@ PUT_MANY_BYTES: Final = 4 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """One job of :meth:`Client.put_many` with its own priority, delay (s) or TTR (s), and
-    its group in the tube (tubeq's groups: protocol.md, "Groups"; None: none)."""
+    """One job of :meth:`Client.put_many` with its own priority, delay (s) or TTR (s), its
+    group in the tube (tubeq's groups: protocol.md, "Groups"; None: none) and its W3C
+    traceparent (protocol.md, "Traces"; None: none; put_many does not take the current
+    OpenTelemetry context by itself, put_with does)."""
 
     body: bytes | str
     pri: int = DEFAULT_PRIORITY
     delay: int = 0
     ttr: int = DEFAULT_TTR
     group: str | None = None
+    traceparent: str | None = None
 
 
 PutResult = int | CommandError
@@ -69,10 +73,15 @@ def _entries(jobs: Iterable[bytes | str | NewJob], pri: int, delay: int,
         if not isinstance(job, NewJob):
             job = NewJob(job, pri, delay, ttr)
         body = job.body.encode("utf-8") if isinstance(job.body, str) else bytes(job.body)
-        group = b"" if job.group is None else b" group=" + _tube(job.group)
+        options = b"" if job.group is None else b" group=" + _tube(job.group)
+        if job.traceparent is not None:
+            if not valid_traceparent(job.traceparent):
+                raise ValueError(f"traceparent {job.traceparent!r}: a W3C traceparent of "
+                                 "version 00")
+            options += b" traceparent=" + job.traceparent.encode("ascii")
         out.append(b"%d %d %d %d%s\r\n%s\r\n" % (
             _uint(job.pri, "pri"), _uint(job.delay, "delay"), _uint(job.ttr, "ttr"), len(body),
-            group, body))
+            options, body))
     return out
 
 

@@ -904,7 +904,7 @@ class Client:
         :class:`NewJob` with its own. Against tubeq the jobs go as ``put-many`` commands of at
         most 1000 jobs and 4 MiB of bodies each, written at once; against a server without
         batches (beanstalkd, asked once per connection) as pipelined ``put`` commands (a
-        NewJob with a group is then refused BAD_FORMAT: groups are tubeq's).
+        NewJob with a group or a traceparent is then refused BAD_FORMAT: they are tubeq's).
         """
         entries = batches._entries(jobs, pri, delay, ttr)
         if not entries:

@@ -129,8 +129,10 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
     "group": Spec(tube=True),  # its group in the tube (round robin): spelled as a tube name
     "traceparent": Spec(traceparent=True),
 }
-# A put-many entry's options (name=value tokens after its four numbers): its group.
-PUT_MANY_OPTIONS: Final[Mapping[str, Spec]] = {"group": PUT_OPTIONS["group"]}
+# A put-many entry's options (name=value tokens after its four numbers): its group and its
+# traceparent.
+PUT_MANY_OPTIONS: Final[Mapping[str, Spec]] = {
+    "group": PUT_OPTIONS["group"], "traceparent": PUT_OPTIONS["traceparent"]}
 # put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
 # used one, which stays: a request/reply is then one command). The HTTP put's tube is its
 # route's, so it takes PUT_OPTIONS.

@@ -84,7 +84,7 @@ class PutManyReader:
 
     __slots__ = ("_entries", "_group", "_header", "_left", "_line_max", "_max_bytes",
                  "_max_job_size", "_part", "_phase", "_refuse", "_scanned", "_skip_left",
-                 "_skip_reply", "held")
+                 "_skip_reply", "_traceparent", "held")
 
     def __init__(self, count: int, *, max_job_size: int, max_bytes: int, line_max: int,
                  part: int = PUT_MANY_PART) -> None:
@@ -102,6 +102,7 @@ class PutManyReader:
         self._scanned = 0  # bytes of the entry line known to hold no CRLF
         self._header: tuple[int, int, int, int] | None = None  # pri, delay, ttr, size (BODY)
         self._group = ""  # the entry's group= (BODY)
+        self._traceparent = ""  # the entry's traceparent= (BODY)
         self._skip_left = 0
         self._skip_reply = b""
 
@@ -175,6 +176,7 @@ class PutManyReader:
                 return
             self._header = (pri, delay, ttr, size)
             self._group = str(given.get("group", ""))
+            self._traceparent = str(given.get("traceparent", ""))
             self._phase = _Phase.BODY
 
     def _swallow(self, size: int, reply: bytes) -> None:
@@ -195,7 +197,7 @@ class PutManyReader:
             self._done(replies.EXPECTED_CRLF)
             return True
         self.held += size
-        self._done(PutEntry(pri, delay, ttr, body, self._group))
+        self._done(PutEntry(pri, delay, ttr, body, self._group, self._traceparent))
         return True
 
     def _skip(self, buffer: bytearray) -> bool:

@@ -374,13 +374,14 @@ class TubeResume(Command):
 @dataclass(frozen=True, slots=True)
 class PutEntry:
     """One job of a put-many, complete (body and CRLF arrived); ``ttr`` as sent; ``group``
-    its group= ("" for none)."""
+    its group= and ``traceparent`` its traceparent= ("" for none)."""
 
     pri: int
     delay: int
     ttr: int
     body: bytes
     group: str = ""
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -599,8 +599,10 @@ def _put_many_part(conn: Session, entries: tuple[c.PutEntry | bytes, ...], *,
         # Nothing to store (refused entries use no id; while draining no job is taken).
         return [replies.DRAINING if isinstance(e, c.PutEntry) else e for e in entries]
     groups = [e.group for e in jobs] if any(e.group for e in jobs) else None
+    traceparents = ([e.traceparent for e in jobs] if any(e.traceparent for e in jobs)
+                    else None)
     call = ops.put_many(conn.ctx, conn.used, [(e.pri, e.delay, e.ttr, e.body) for e in jobs],
-                        send_now=send_now, groups=groups)
+                        send_now=send_now, groups=groups, traceparents=traceparents)
     # Read even if the connection closes before the batch's last part (nothing else would:
     # asyncio would log its failure as never retrieved).
     call.add_done_callback(discard)

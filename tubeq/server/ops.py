@@ -20,6 +20,7 @@ front a put came by.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -29,6 +30,7 @@ from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import DeleteRun, PutRun
+from tubeq.server.tracing import JobTracer
 from tubeq.store.records import Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
 T = TypeVar("T")
@@ -141,21 +143,37 @@ def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, 
 
 
 def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,
-             send_now: bool = False, groups: list[str] | None = None
-             ) -> asyncio.Future[list[int]]:
+             send_now: bool = False, groups: list[str] | None = None,
+             traceparents: list[str] | None = None) -> asyncio.Future[list[int]]:
     """Store ``(pri, delay, ttr, body)`` jobs in one script call: their ids, 0 for each the
     tube refused (its max-jobs). The caller checks draining and --max-jobs first: a batch
     refused whole uses no id. ``send_now``: the call goes to Redis at once, not at the end of
     the loop's turn (a part of a batch whose rest is still being read). ``groups``: each job's
-    group ("" for none), or None when no job has one."""
+    group ("" for none), or None when no job has one; ``traceparents`` the same of their
+    traceparents (each traced job's put gets its span, as put-with's: tracing.py)."""
     store = ctx.store
+    now = store.clock()
     call = store.put_many(tube, [(pri, delay, max(ttr, 1), body)
                                  for pri, delay, ttr, body in jobs], send_now=send_now,
-                          groups=groups)
+                          groups=groups, traceparents=traceparents)
     delays = [delay for _, delay, _, _ in jobs if delay > 0]
     if delays:
-        _note_due_when_done(ctx, call, store.clock() + min(delays) * 1000)
+        _note_due_when_done(ctx, call, now + min(delays) * 1000)
+    if ctx.tracer is not None and traceparents is not None:
+        call.add_done_callback(functools.partial(
+            _trace_put_many, ctx.tracer, traceparents, tube, store.keys.prefix, now))
     return call
+
+
+def _trace_put_many(tracer: JobTracer, traceparents: list[str], tube: str, prefix: str,
+                    start_ms: int, call: asyncio.Future[list[int]]) -> None:
+    """Each traced job's put span once its batch is stored (none for a call that failed)."""
+    if call.cancelled() or call.exception() is not None:
+        return
+    for traceparent, job_id in zip(traceparents, call.result(), strict=True):
+        if traceparent:
+            tracer.put(traceparent, tube, prefix, start_ms, job_id,
+                       "inserted" if job_id else "refused")
 
 
 def delete(ctx: ServerContext, token: str, job_id: int, answer: Callable[[bool], T], *,

@@ -225,8 +225,8 @@ class JobStore(Protocol):
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False,
-                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]: ...
+                 send_now: bool = False, groups: Sequence[str] | None = None,
+                 traceparents: Sequence[str] | None = None) -> asyncio.Future[list[int]]: ...
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]: ...

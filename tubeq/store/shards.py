@@ -621,9 +621,10 @@ class ShardedStore:
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False,
-                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
-        return self.of_tube(tube).put_many(tube, jobs, send_now=send_now, groups=groups)
+                 send_now: bool = False, groups: Sequence[str] | None = None,
+                 traceparents: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
+        return self.of_tube(tube).put_many(tube, jobs, send_now=send_now, groups=groups,
+                                           traceparents=traceparents)
 
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:

@@ -833,13 +833,19 @@ class Store:
     # -- batches ------------------------------------------------------------------------------
 
     def put_many(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], *,
-                 send_now: bool = False,
-                 groups: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
+                 send_now: bool = False, groups: Sequence[str] | None = None,
+                 traceparents: Sequence[str] | None = None) -> asyncio.Future[list[int]]:
         """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call; their ids, in
         order. ``send_now``: written to Redis at once, not at the end of the loop's turn.
-        ``groups``: each job's group ("" for none; None: no job has one)."""
+        ``groups``: each job's group ("" for none; None: no job has one); ``traceparents``
+        the same of their traceparents."""
         flat: list[bytes | str | int] = []
-        if groups is None:
+        if traceparents is not None:
+            flat.append("t")  # put_many.lua: each job with its group and its traceparent
+            for (pri, delay, ttr, body), group, traceparent in zip(
+                    jobs, groups or [""] * len(jobs), traceparents, strict=True):
+                flat += (pri, delay, ttr, group, traceparent, body)
+        elif groups is None:
             for job in jobs:
                 flat += job
         else:

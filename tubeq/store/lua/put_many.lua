@@ -4,11 +4,13 @@ put-many batch; the entries the parser refused never reach it.
 KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
          (ms), then per job: pri, delay (s), ttr (s), body; or 'g' and then per job: pri,
-         delay (s), ttr (s), group ('' for none: includes/groups.lua), body
+         delay (s), ttr (s), group ('' for none: includes/groups.lua), body; or 't' and then
+         per job: pri, delay (s), ttr (s), group, traceparent ('' for none), body
 Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
          put); 0 for a job refused because the tube is full (tube-set max-jobs). The tube's
          ttl-ms applies to each job, as for put.
-Events   'put' per job; per hand-over also 'reserved' (tries 1) for the waiting connection.
+Events   'put' per job (with the field 'traceparent' for a job that has one, as put.lua's);
+         per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
          told on grant:<instance>; if a ready job of the batch is left while connections
          still wait on the tube, reserves blocked on it are woken once
@@ -25,6 +27,7 @@ local t, now = ARGV[3], tonumber(ARGV[4])
 local meta = ensure_tube(t, now)
 local first, step = 5, 4
 if ARGV[5] == 'g' then first, step = 6, 5 end  -- each job with its group
+if ARGV[5] == 't' then first, step = 6, 6 end  -- each job with its group and traceparent
 -- In group mode (includes/groups.lua) unless it holds no job and the batch has no groups.
 local grouped = meta and meta[4] and true or false
 if grouped and step == 4 and leave_group_mode(t) then grouped = false end
@@ -40,8 +43,8 @@ local waiters = has_waiters(t)
 -- batch whose priority is not lower cannot be the new head: its ZRANK is skipped. A
 -- hand-over may take the head away: then it is not known.
 local head_at_most
--- One job of the batch, as put.lua stores it (`group`: '' for none); returns its id.
-local function put_one(pri, delay, ttr, body, group)
+-- One job of the batch, as put.lua stores it (`group`, `tp`: '' for none); returns its id.
+local function put_one(pri, delay, ttr, body, group, tp)
   if group ~= '' and not grouped then
     enter_group_mode(t, now, rcall('HEXISTS', k_tube(t), 'lim') == 1)
     grouped = true
@@ -50,16 +53,25 @@ local function put_one(pri, delay, ttr, body, group)
   delay = delay + 0
   if delay > 0 then
     local due = now + delay * 1000
-    if group == '' then
+    if tp ~= '' and group == '' then
+      store_job(jk, t, pri, ttr, body, now, delay, due, JOB_TRACEPARENT, tp)
+    elseif tp ~= '' then
+      store_job(jk, t, pri, ttr, body, now, delay, due, JOB_GROUP, group, JOB_TRACEPARENT, tp)
+    elseif group == '' then
       store_job(jk, t, pri, ttr, body, now, delay, due)
     else
       store_job(jk, t, pri, ttr, body, now, delay, due, JOB_GROUP, group)
     end
     start_policies(id, jk, t, false, now, limits[2])
     enqueue_delayed(id, t, due)
-    add_event('put', id, t, pri, delay * 1000, ttr, due, 0, now, '')
+    add_event('put', id, t, pri, delay * 1000, ttr, due, 0, now, '', nil, nil, nil,
+      tp ~= '' and tp or nil)
   else
-    if group == '' then
+    if tp ~= '' and group == '' then
+      store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_TRACEPARENT, tp)
+    elseif tp ~= '' then
+      store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_GROUP, group, JOB_TRACEPARENT, tp)
+    elseif group == '' then
       store_job(jk, t, pri, ttr, body, now)
     else
       store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_GROUP, group)
@@ -69,7 +81,7 @@ local function put_one(pri, delay, ttr, body, group)
     enqueue_ready(id, t, pri, now, nil, head_at_most ~= nil and p >= head_at_most, grouped,
       group)
     if head_at_most == nil or p < head_at_most then head_at_most = p end
-    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, tp ~= '' and tp or nil)
     if waiters then
       head_at_most = nil
       if hand_over_in(t, now) ~= id then left_ready = true end
@@ -83,8 +95,14 @@ for i = first, #ARGV, step do
   if tube_full(t, limits[1]) then
     ids[#ids + 1] = 0
   else
-    ids[#ids + 1] = step == 4 and put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], '')
-      or put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 4], ARGV[i + 3])
+    if step == 4 then
+      ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], '', '')
+    elseif step == 5 then
+      ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 4], ARGV[i + 3], '')
+    else
+      ids[#ids + 1] = put_one(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 5], ARGV[i + 3],
+        ARGV[i + 4])
+    end
     stored = stored + 1
   end
 end
