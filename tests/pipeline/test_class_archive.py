@@ -23,6 +23,7 @@ from tubeq.pipeline import class_archive
 from tubeq.pipeline.session import check_java
 
 JAVA_TEXT = 'openjdk version "17.0.15" 2025-04-15'
+KIND = "tubeq-pipeline"  # the report's app name
 RUN_TIMEOUT_S = 300  # a JVM's start, a small job and the archive's write, on two busy cores
 
 # A short local run, as `tubeq-pipeline report` of a small archive makes it: prints whether its
@@ -54,9 +55,9 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Callable[..., Any]
 
 def test_an_archive_in_place_is_mapped_and_none_is_written(
         tmp_path: Path, registered: list[Any]) -> None:
-    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
+    final = class_archive.archive_path(tmp_path, JAVA_TEXT, KIND)
     final.write_bytes(b"archive")
-    options = class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True)
+    options = class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, kind=KIND, may_write=True)
     assert options == [f"-XX:SharedArchiveFile={final}", *class_archive.QUIET]
     assert registered == []
 
@@ -65,10 +66,11 @@ def test_a_short_run_without_an_archive_writes_one_under_the_lock(
         tmp_path: Path, registered: list[Any]) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    left = cache / f"{class_archive.PREFIX}0123.jsa.99999.tmp"  # a writer gone mid-write
+    # a writer gone mid-write
+    left = cache / f"{class_archive.PREFIX}tubeq_pipeline-0123.jsa.99999.tmp"
     left.write_bytes(b"part of an archive")
-    final = class_archive.archive_path(cache, JAVA_TEXT)
-    options = class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True)
+    final = class_archive.archive_path(cache, JAVA_TEXT, KIND)
+    options = class_archive.jvm_options(cache, "java", JAVA_TEXT, kind=KIND, may_write=True)
     written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
     assert options == [f"-XX:ArchiveClassesAtExit={written}", *class_archive.QUIET]
     assert not left.exists()
@@ -77,11 +79,12 @@ def test_a_short_run_without_an_archive_writes_one_under_the_lock(
         class_archive.publish_at_exit, "java", written, final)
     try:
         # Meanwhile another run finds the lock held: it writes nothing.
-        assert class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True) == []
+        assert class_archive.jvm_options(cache, "java", JAVA_TEXT, kind=KIND, may_write=True) == []
         assert len(registered) == 1
     finally:
         os.close(lock)
-    assert class_archive.jvm_options(cache, "java", JAVA_TEXT, may_write=True)  # free again
+    assert class_archive.jvm_options(cache, "java", JAVA_TEXT, kind=KIND,
+                                     may_write=True)  # free again
     os.close(registered[-1][1][3])
 
 
@@ -112,41 +115,50 @@ def test_the_lock_is_held_as_long_as_its_process_lives(tmp_path: Path) -> None:
 
 def test_no_archive_for_a_long_run_when_switched_off_or_without_a_cache(
         tmp_path: Path, registered: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=False) == []
-    assert class_archive.jvm_options(None, "java", JAVA_TEXT, may_write=True) == []
+    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, kind=KIND, may_write=False) == []
+    assert class_archive.jvm_options(None, "java", JAVA_TEXT, kind=KIND, may_write=True) == []
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
-    assert class_archive.jvm_options(blocked / "cache", "java", JAVA_TEXT,
+    assert class_archive.jvm_options(blocked / "cache", "java", JAVA_TEXT, kind=KIND,
                                      may_write=True) == []
     blank = tmp_path / "a cache"  # the JVM's options are split on blanks
-    class_archive.archive_path(blank, JAVA_TEXT).parent.mkdir()
-    class_archive.archive_path(blank, JAVA_TEXT).write_bytes(b"archive")
-    assert class_archive.jvm_options(blank, "java", JAVA_TEXT, may_write=True) == []
+    class_archive.archive_path(blank, JAVA_TEXT, KIND).parent.mkdir()
+    class_archive.archive_path(blank, JAVA_TEXT, KIND).write_bytes(b"archive")
+    assert class_archive.jvm_options(blank, "java", JAVA_TEXT, kind=KIND, may_write=True) == []
     monkeypatch.setenv(class_archive.SWITCH, "0")
-    class_archive.archive_path(tmp_path, JAVA_TEXT).write_bytes(b"archive")
-    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, may_write=True) == []
+    class_archive.archive_path(tmp_path, JAVA_TEXT, KIND).write_bytes(b"archive")
+    assert class_archive.jvm_options(tmp_path, "java", JAVA_TEXT, kind=KIND, may_write=True) == []
     assert registered == []
 
 
 def test_publishing_keeps_the_most_recent_archive_of_another_java_or_spark(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(class_archive, "mappable", lambda java, path: True)
-    others = [tmp_path / f"{class_archive.PREFIX}{n}.jsa" for n in ("old", "older", "newer")]
+    others = [tmp_path / f"{class_archive.PREFIX}tubeq_pipeline-{n}.jsa"
+              for n in ("old", "older", "newer")]
+    # another command's, whose name starts as this one's: left alone
+    another_kind = tmp_path / f"{class_archive.PREFIX}tubeq_pipeline_x-0123.jsa"
+    another_kind.write_bytes(b"archive")
     for age, other in zip((200, 300, 100), others, strict=True):
         other.write_bytes(b"archive")
         os.utime(other, (other.stat().st_mtime - age,) * 2)
     written = tmp_path / "written.tmp"
     written.write_bytes(b"archive")
-    final = class_archive.archive_path(tmp_path, JAVA_TEXT)
+    final = class_archive.archive_path(tmp_path, JAVA_TEXT, KIND)
     assert class_archive.publish("java", written, final)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [final.name, f"{class_archive.PREFIX}newer.jsa"])
+        [final.name, f"{class_archive.PREFIX}tubeq_pipeline-newer.jsa", another_kind.name])
 
 
-def test_each_java_and_spark_has_an_archive_of_its_own(tmp_path: Path) -> None:
-    other = class_archive.archive_path(tmp_path, JAVA_TEXT.replace("17.0.15", "17.0.16"))
-    assert other != class_archive.archive_path(tmp_path, JAVA_TEXT)
+def test_each_command_java_and_spark_has_an_archive_of_its_own(tmp_path: Path) -> None:
+    other = class_archive.archive_path(tmp_path, JAVA_TEXT.replace("17.0.15", "17.0.16"),
+                                       KIND)
+    assert other != class_archive.archive_path(tmp_path, JAVA_TEXT, KIND)
     assert other.name.startswith(class_archive.PREFIX) and other.suffix == ".jsa"
+    streaming = class_archive.archive_path(tmp_path, JAVA_TEXT, "tubeq-archive")
+    assert streaming != class_archive.archive_path(tmp_path, JAVA_TEXT, KIND)
+    assert class_archive.archive_path(tmp_path, JAVA_TEXT, "a/b c").name.startswith(
+        f"{class_archive.PREFIX}a_b_c-")
 
 
 def _short_run(cache: Path) -> dict[str, Any]:

@@ -9,10 +9,11 @@ report: 14.0-19.5 s with it, 19.6-26.4 s without; bench/RESULTS-pipeline.md).
 
 Rules:
 
-* The archive is named after a hash of what it was made by: the ``java -version`` text, and
-  pyspark's version and the folder of its jars. An archive of another Java or Spark is never
-  used (Java would refuse it anyway, after reading it); the two most recent are kept, so two
-  installs side by side do not undo each other's.
+* Each command (its Spark app name: a report and a streaming archive load different classes)
+  has an archive of its own, named after it and a hash of what it was made by: the ``java
+  -version`` text, and pyspark's version and the folder of its jars. An archive of another
+  Java or Spark is never used (Java would refuse it anyway, after reading it); of a command's,
+  the two most recent are kept, so two installs side by side do not undo each other's.
 * One writer at a time: a short run (``spark_session(short=True)``) that finds no archive takes
   the lock (``flock`` on a file beside it, held as long as the writing process lives: a writer
   that dies leaves no stale lock) and asks its JVM to write the archive under a name of its
@@ -26,7 +27,7 @@ Rules:
 * The writing run waits for it at its end (``atexit``: it ends the JVM by closing its input,
   as Python's exit would, then waits for the write, at most DUMP_WAIT_S, after which the JVM
   is killed and nothing is kept): once per Java and Spark, 12-30 s of a 2-core machine
-  (bench/RESULTS-pipeline.md), for 150-190 MB in the cache directory.
+  (bench/RESULTS-pipeline.md), for 150-190 MB a command in the cache directory.
   ``TUBEQ_SPARK_CLASS_ARCHIVE=0`` turns the whole thing off; a cache directory that cannot be
   written, or whose path has a blank in it (the JVM's options are split on blanks), does too.
 """
@@ -38,6 +39,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Final
@@ -54,24 +56,31 @@ KEPT_ARCHIVES: Final = 2  # this Java's and Spark's, and the most recent other o
 CHECK_TIMEOUT_S: Final = 60.0  # a JVM that maps the written archive and prints its version
 
 
-def archive_path(cache: Path, java_version: str) -> Path:
-    """Where the archive for this Java (its ``java -version`` text) and this pyspark is kept."""
+def archive_path(cache: Path, java_version: str, kind: str) -> Path:
+    """Where the archive of the runs of ``kind`` (a command: its Spark app name) for this Java
+    (its ``java -version`` text) and this pyspark is kept."""
     import pyspark
 
     digest = hashlib.sha256("\0".join(
         (java_version, pyspark.__version__, str(Path(pyspark.__file__).parent))).encode())
-    return cache / f"{PREFIX}{digest.hexdigest()[:16]}.jsa"
+    return cache / f"{_kind_prefix(kind)}{digest.hexdigest()[:16]}.jsa"
 
 
-def jvm_options(cache: Path | None, java: str, java_version: str, *,
+def _kind_prefix(kind: str) -> str:
+    """The start of the names of ``kind``'s archives: its letters, digits and dots, anything
+    else as '_', then '-' (so no kind's names start with another kind's prefix)."""
+    return f"{PREFIX}{re.sub(r'[^A-Za-z0-9.]', '_', kind)}-"
+
+
+def jvm_options(cache: Path | None, java: str, java_version: str, *, kind: str,
                 may_write: bool) -> list[str]:
-    """The driver JVM's options for the archive: map it if it is there; else, with
-    ``may_write`` and the lock free, write it at exit (published by this process's exit);
-    else none."""
+    """The driver JVM's options for ``kind``'s archive (a command's: a report and a streaming
+    archive load different classes): map it if it is there; else, with ``may_write`` and the
+    lock free, write it at exit (published by this process's exit); else none."""
     if (os.environ.get(SWITCH, "1") == "0" or cache is None
             or any(c.isspace() for c in str(cache))):
         return []
-    final = archive_path(cache, java_version)
+    final = archive_path(cache, java_version, kind)
     if final.is_file():
         return [f"-XX:SharedArchiveFile={final}", *QUIET]
     if not may_write:
@@ -83,7 +92,7 @@ def jvm_options(cache: Path | None, java: str, java_version: str, *,
         return []
     if lock is None:
         return []
-    for leftover in cache.glob(f"{PREFIX}*.tmp"):  # of writers gone: the lock is ours
+    for leftover in cache.glob(f"{_kind_prefix(kind)}*.tmp"):  # of writers gone: the lock is ours
         with contextlib.suppress(OSError):
             leftover.unlink()
     written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
@@ -122,11 +131,13 @@ def mappable(java: str, archive: Path) -> bool:
 
 def publish(java: str, written: Path, final: Path) -> bool:
     """Rename ``written`` to ``final`` if a JVM maps it, keeping besides it the most recent
-    archive of another Java or Spark only (KEPT_ARCHIVES in all); whether it was published."""
+    archive of its kind for another Java or Spark only (KEPT_ARCHIVES of a kind in all);
+    whether it was published."""
     if not written.is_file() or not mappable(java, written):
         return False
     os.replace(written, final)
-    others = sorted((p for p in final.parent.glob(f"{PREFIX}*.jsa") if p != final),
+    kind_prefix = final.name[:final.name.rindex("-") + 1]
+    others = sorted((p for p in final.parent.glob(f"{kind_prefix}*.jsa") if p != final),
                     key=_modified, reverse=True)
     for old in others[KEPT_ARCHIVES - 1:]:
         with contextlib.suppress(OSError):

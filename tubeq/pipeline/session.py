@@ -213,7 +213,7 @@ def spark_session(master: str | None = DEFAULT_MASTER, remote: str | None = None
                    .config("spark.driver.extraJavaOptions", " ".join(
                        [LOCAL_DRIVER_JAVA_OPTIONS] + ([SHORT_RUN_JAVA_OPTIONS] if short else [])
                        + class_archive.jvm_options(cache_dir(), java.path, java.version_text,
-                                                   may_write=short))))
+                                                   kind=app_name, may_write=short))))
     if jvm_log is None:
         return builder.getOrCreate()
     # Stage progress bars are for a terminal, not for a log file.
