@@ -307,3 +307,25 @@ def test_whole_milliseconds_land_where_their_seconds_would() -> None:
         lateness.observe(ms / 1000)
     assert m.lateness.counts == lateness.counts and m.lateness.count == 7
     assert m.lateness.sum == pytest.approx(11.006)
+
+
+@pytest.mark.parametrize("out", [
+    [b"INSERTED 1\r\n", b"INSERTED 2\r\n", b"INTERNAL_ERROR\r\n"],
+    [b"INSERTED 1\r\n", b"INSERTED\r\n", b"INSERTED 3\r\n"],
+    [b"INSERTED 1\r\n", b"INSERTEDX 2\r\n", b"INSERTED 3\r\n"],
+    [b"DELETED\r\n", b"DELETED\r\n", b"NOT_FOUND\r\n"],
+    [b"DELETED\r\n", b"DELETED\r\n", b"DELETED\r\n"],
+    [b"RESERVED 1 9\r\nINSERTED \r\n", b"TIMED_OUT\r\n", b"RESERVED 2 1\r\nx\r\n"],
+])
+def test_a_writes_replies_count_each_by_its_own_word(out: list[bytes]) -> None:
+    """The one-command-and-one-word shortcut of a write counts what the reply-by-reply cut
+    counts, whatever the replies' words."""
+    shortcut, each = Metrics(), Metrics()
+    written(shortcut, asked_for(shortcut, *[c.Put] * len(out)), out)
+    for reply in out:
+        written(each, asked_for(each, c.Put), [reply])
+    assert shortcut.outcomes == each.outcomes
+    assert sum(shortcut.outcomes.values()) == len(out)
+    mixed = Metrics()  # the same with another command's reply first: no shortcut
+    written(mixed, asked_for(mixed, c.Delete, *[c.Put] * len(out)), [b"NOT_FOUND\r\n", *out])
+    assert mixed.outcomes == {**each.outcomes, ("delete", b"NOT_FOUND"): 1}

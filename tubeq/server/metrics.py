@@ -73,13 +73,16 @@ class Histogram:
     cumulative (the renderer sums them). Whole milliseconds (the scripts' figures) are summed
     as an int, exactly; :meth:`observe`'s seconds as a float."""
 
-    __slots__ = ("bounds", "bounds_ms", "counts", "sum_ms", "sum_s")
+    __slots__ = ("bounds", "bounds_ms", "counts", "slot_of_ms", "sum_ms", "sum_s")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         # For whole milliseconds: an int of ms lands in the first bucket whose bound it does
         # not exceed, as its seconds would (bounds under 1 ms take only 0 ms).
         self.bounds_ms = tuple(math.floor(b * 1000 + 1e-9) for b in self.bounds)
+        # The bucket of each ms below SLOT_TABLE_MS, looked up instead of searched (shared by
+        # the histograms of the same bounds).
+        self.slot_of_ms = _slot_table(self.bounds_ms)
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum_s = 0.0
         self.sum_ms = 0
@@ -89,8 +92,9 @@ class Histogram:
         self.sum_s += seconds
 
     def observe_ms(self, ms: int) -> None:
-        """One observation of ``ms`` whole milliseconds (the hooks below inline this)."""
-        self.counts[bisect_left(self.bounds_ms, ms)] += 1
+        """One observation of ``ms`` (>= 0) whole milliseconds (the hooks below inline this)."""
+        self.counts[self.slot_of_ms[ms] if ms < SLOT_TABLE_MS
+                    else bisect_left(self.bounds_ms, ms)] += 1
         self.sum_ms += ms
 
     @property
@@ -100,6 +104,20 @@ class Histogram:
     @property
     def sum(self) -> float:
         return self.sum_s + self.sum_ms / 1000
+
+
+# Whole milliseconds below this are bucketed by a table lookup (a list of small ints per set of
+# bounds, 8 KB): most waits and holds of a busy queue, and most lateness.
+SLOT_TABLE_MS = 1024
+_SLOT_TABLES: dict[tuple[int, ...], list[int]] = {}
+
+
+def _slot_table(bounds_ms: tuple[int, ...]) -> list[int]:
+    table = _SLOT_TABLES.get(bounds_ms)
+    if table is None:
+        table = _SLOT_TABLES[bounds_ms] = [bisect_left(bounds_ms, ms)
+                                           for ms in range(SLOT_TABLE_MS)]
+    return table
 
 
 class TubeHistograms:
@@ -135,6 +153,7 @@ _HEAD = itemgetter(slice(0, 32))
 _PARTITION = bytes.partition
 _SPACES = repeat(b" ")  # endless: each map below takes one per reply
 _FIRST = itemgetter(0)
+_HEADS: dict[int, Any] = {}  # itemgetters of a reply's first n bytes, by n
 _KICK = c.Kick
 _KICK_JOB = c.KickJob
 
@@ -197,14 +216,16 @@ class Metrics:
         """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
         if waited_ms >= 0:  # Histogram.observe_ms, inline: once per job
             h = self._wait_by_tube.get(tube) or self.wait.of(tube)
-            h.counts[bisect_left(h.bounds_ms, waited_ms)] += 1
+            h.counts[h.slot_of_ms[waited_ms] if waited_ms < SLOT_TABLE_MS
+                     else bisect_left(h.bounds_ms, waited_ms)] += 1
             h.sum_ms += waited_ms
 
     def job_deleted(self, tube: str, held_ms: int) -> None:
         """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
         if held_ms >= 0:
             h = self._held_by_tube.get(tube) or self.held.of(tube)
-            h.counts[bisect_left(h.bounds_ms, held_ms)] += 1
+            h.counts[h.slot_of_ms[held_ms] if held_ms < SLOT_TABLE_MS
+                     else bisect_left(h.bounds_ms, held_ms)] += 1
             h.sum_ms += held_ms
 
     def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
@@ -249,11 +270,7 @@ class Metrics:
         asked = kinds[:n]
         del kinds[:n]
         if self.count_outcomes:
-            # Counted in C, no Python step per reply: (class, the reply up to its first space).
-            # A reply without arguments keeps its CRLF here (partition finds no space in it):
-            # the word is cut at read time (:attr:`outcomes`), once per key.
-            _count_elements(self._by_kind, zip(
-                asked, map(_FIRST, map(_PARTITION, map(_HEAD, out), _SPACES)), strict=True))
+            self._count(asked, out)
             if _KICK in asked:  # kick's "KICKED n": the jobs it kicked
                 for kind, reply in zip(asked, out, strict=True):
                     if kind is _KICK and reply.startswith(b"KICKED "):
@@ -263,6 +280,30 @@ class Metrics:
             del since[:n]
             if min(started) <= perf_counter() - self.slow_s:
                 self._log_slow(token, asked, started, out)
+
+    def _count(self, asked: list[type[Any] | None], out: list[bytes]) -> None:
+        """Count ``out``'s replies by (command class, the reply up to its first space), with no
+        Python step per reply. A reply without arguments keeps its CRLF in the key (there is
+        no space to cut at): :attr:`outcomes` cuts it, once per key at read time."""
+        n = len(out)
+        kind = asked[0]
+        if kind is not None and asked.count(kind) == n:  # one command's replies, the usual
+            first = out[0]
+            word = first[:32].partition(b" ")[0]
+            if out.count(first) == n:  # all the same reply (DELETED, TIMED_OUT...)
+                same = True
+            else:  # or the same word with arguments (INSERTED <id>, RESERVED <id> ...)
+                prefix = word + b" "
+                heads = _HEADS.get(len(prefix)) or _HEADS.setdefault(
+                    len(prefix), itemgetter(slice(0, len(prefix))))
+                same = len(word) < len(first) and list(map(heads, out)).count(prefix) == n
+            if same:
+                key = (kind, word)
+                self._by_kind[key] = self._by_kind.get(key, 0) + n
+                return
+        # Mixed replies: each cut at its first space, in C.
+        _count_elements(self._by_kind, zip(
+            asked, map(_FIRST, map(_PARTITION, map(_HEAD, out), _SPACES)), strict=True))
 
     def _log_slow(self, token: str, kinds: list[type[Any] | None], since: list[float],
                   out: list[bytes]) -> None:
