@@ -329,3 +329,15 @@ def test_a_writes_replies_count_each_by_its_own_word(out: list[bytes]) -> None:
     mixed = Metrics()  # the same with another command's reply first: no shortcut
     written(mixed, asked_for(mixed, c.Delete, *[c.Put] * len(out)), [b"NOT_FOUND\r\n", *out])
     assert mixed.outcomes == {**each.outcomes, ("delete", b"NOT_FOUND"): 1}
+
+
+def test_a_tube_named_as_redis_sent_it_is_the_same_tube() -> None:
+    m = Metrics(max_tubes=3)
+    m.job_deleted(b"work", 3)  # what delete.lua returns: the name's bytes
+    m.job_deleted(b"work", 2000)
+    m.job_deleted("work", 5)  # decoded
+    m.job_deleted(b"other", 1)
+    h = m.held.by_tube["work"]
+    assert (h.count, h.sum_ms) == (3, 2008)
+    assert h.counts[:2] == [0, 2] and h.counts[JOB_BUCKETS.index(2.5)] == 1
+    assert set(m.held.by_tube) == {"work", "other"}

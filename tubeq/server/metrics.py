@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -101,6 +101,13 @@ class Histogram:
     def count(self) -> int:
         return sum(self.counts)
 
+    def merged(self, other: Histogram) -> Histogram:
+        """A new histogram of both's observations (same bounds)."""
+        both = Histogram(self.bounds)
+        both.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        both.sum_s, both.sum_ms = self.sum_s + other.sum_s, self.sum_ms + other.sum_ms
+        return both
+
     @property
     def sum(self) -> float:
         return self.sum_s + self.sum_ms / 1000
@@ -121,31 +128,44 @@ def _slot_table(bounds_ms: tuple[int, ...]) -> list[int]:
 
 
 class TubeHistograms:
-    """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE)."""
+    """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE).
+    A hook may name a tube as Redis returned it (bytes: no decode per job); :attr:`by_tube`
+    names them all as text."""
 
     def __init__(self, bounds: Sequence[float], max_tubes: int) -> None:
         self.bounds = tuple(bounds)
         self.max_tubes = max_tubes
-        self.by_tube: dict[str, Histogram] = {}
+        self.raw: dict[str | bytes, Histogram] = {}  # by the name as the hooks gave it
 
-    def of(self, tube: str) -> Histogram:
+    def of(self, tube: str | bytes) -> Histogram:
         """``tube``'s histogram, made on first use (OTHER_TUBE's past the cap)."""
-        h = self.by_tube.get(tube)
+        h = self.raw.get(tube)
         if h is None:
-            if len(self.by_tube) >= self.max_tubes:
+            if len(self.raw) >= self.max_tubes:
                 tube = OTHER_TUBE
-            h = self.by_tube.get(tube)
+            h = self.raw.get(tube)
             if h is None:
-                h = self.by_tube[tube] = Histogram(self.bounds)
+                h = self.raw[tube] = Histogram(self.bounds)
         return h
 
     def observe(self, tube: str, seconds: float) -> None:
         self.of(tube).observe(seconds)
 
+    @property
+    def by_tube(self) -> dict[str, Histogram]:
+        """The histograms by tube name (built on each read: a scrape, an API call)."""
+        if all(type(tube) is str for tube in self.raw):
+            return cast(dict[str, Histogram], self.raw)
+        out: dict[str, Histogram] = {}
+        for tube, h in self.raw.items():
+            name = tube.decode() if isinstance(tube, bytes) else tube
+            seen = out.get(name)
+            out[name] = h if seen is None else seen.merged(h)
+        return out
+
 
 # When the command of a reply that is not timed for the slow log began: never that long ago.
 UNTIMED = float("inf")
-
 
 # Metrics.written's pieces, made once: a reply's first 32 bytes (the longest reply word is
 # shorter; a RESERVED reply's body is not copied), split at the first space.
@@ -198,8 +218,8 @@ class Metrics:
         self.held = TubeHistograms(JOB_BUCKETS, max_tubes)  # reserved -> deleted
         self.lateness = Histogram(LATENESS_BUCKETS)  # delayed job: due -> ready
         self.redis_rtt = Histogram(RTT_BUCKETS)
-        self._wait_by_tube = self.wait.by_tube
-        self._held_by_tube = self.held.by_tube
+        self._wait_by_tube = self.wait.raw
+        self._held_by_tube = self.held.raw
         self.redis_errors: dict[str, int] = {}  # by reply error code, or "connection_lost"
         # Reply counts by (command class, reply word) from the connections' writes, and by
         # (command label, reply word) from the HTTP API: merged by ``outcomes``.
@@ -220,8 +240,9 @@ class Metrics:
                      else bisect_left(h.bounds_ms, waited_ms)] += 1
             h.sum_ms += waited_ms
 
-    def job_deleted(self, tube: str, held_ms: int) -> None:
-        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
+    def job_deleted(self, tube: str | bytes, held_ms: int) -> None:
+        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved);
+        ``tube`` as Redis returned it, or decoded."""
         if held_ms >= 0:
             h = self._held_by_tube.get(tube) or self.held.of(tube)
             h.counts[h.slot_of_ms[held_ms] if held_ms < SLOT_TABLE_MS
