@@ -13,9 +13,11 @@ reads. So the load is lockstep: one producer and one consumer connection; each r
 producer writes ``--batch`` puts in one write and reads their replies, then the consumer
 writes as many ``reserve-with-timeout 0`` and reads them, then the deletes of the jobs it got.
 Each write is one read and one turn of the server (one put_many, one reserve call, one
-delete_many, one write of replies), whatever the machine does meanwhile. Timers (heartbeat,
-the scheduler) add a little that is not per job; runs of the same tubeq differ by well under
-1 %. ``--mode put`` does the puts alone (the put rows).
+delete_many, one write of replies), whatever the machine does meanwhile. What is not per job
+is tubeq's timers (heartbeat, scheduler: ~0.6 M instructions per second under callgrind), which
+a run pays per second of wall time, and a busy machine stretches the run: so each run first
+counts ``IDLE_S`` seconds of the idle server, and the rate it finds, times the run's wall
+time, is taken off the run's count. ``--mode put`` does the puts alone (the put rows).
 
 Each of "off" (``--slow-ms 0``: no hook, the default) and "on" (``--metrics 127.0.0.1:0``:
 every hook, the slow log at its default) runs on this tree's tubeq and, with ``--base REV``,
@@ -30,8 +32,10 @@ import argparse
 import asyncio
 import re
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.harness.machine import cpu_model
@@ -52,6 +56,8 @@ WARMUP_ROUNDS = 20
 BODY = b"x" * 100
 # A round's replies must come within this, or the run fails (callgrind slows tubeq ~50x).
 ROUND_TIMEOUT_S = 60.0
+# Seconds of the idle server counted before the load, for the rate of its timers.
+IDLE_S = 3.0
 
 
 async def _replies(reader: asyncio.StreamReader, n: int) -> list[bytes]:
@@ -94,9 +100,15 @@ def _callgrind(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
+def _totals(dump: Path) -> int:
+    found = re.search(r"^totals: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
+    return int(found[1]) if found else 0
+
+
 def one_run(code_dir: Path, flags: tuple[str, ...], mode: str, rounds: int, batch: int,
-            out: Path) -> float:
-    """Instructions per job of a fresh tubeq from ``code_dir`` with ``flags``."""
+            out: Path) -> dict[str, float]:
+    """Instructions per job of a fresh tubeq from ``code_dir`` with ``flags``: ``per_job``
+    with the idle rate taken off, ``raw`` without, and the ``idle_per_s`` rate."""
     for old in out.parent.glob(out.name + "*"):
         old.unlink()
     server = Tubeq(out.parent, code_dir=code_dir, flags=flags, startup_timeout_s=STARTUP_TIMEOUT_S,
@@ -107,18 +119,23 @@ def one_run(code_dir: Path, flags: tuple[str, ...], mode: str, rounds: int, batc
         pid = server.pids["tubeq"]
         asyncio.run(_lockstep(server.port, mode, WARMUP_ROUNDS, batch))
         _callgrind(pid, "-i", "on")
+        started = time.monotonic()
+        time.sleep(IDLE_S)
+        _callgrind(pid, "-d")  # part 1: the idle server (a dump zeroes the counts)
+        idle_s = time.monotonic() - started
+        started = time.monotonic()
         jobs = asyncio.run(_lockstep(server.port, mode, rounds, batch))
         _callgrind(pid, "-i", "off")
-        _callgrind(pid, "-d")
+        load_s = time.monotonic() - started
+        _callgrind(pid, "-d")  # part 2: the load
     finally:
         server.stop()
-    totals = 0
-    for dump in out.parent.glob(out.name + "*"):
-        found = re.search(r"^totals: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
-        totals += int(found[1]) if found else 0
     if not jobs:
         raise RuntimeError("no job completed")
-    return totals / jobs
+    idle_rate = _totals(out.parent / f"{out.name}.1") / idle_s
+    load = _totals(out.parent / f"{out.name}.2")
+    return {"per_job": (load - idle_rate * load_s) / jobs, "raw": load / jobs,
+            "idle_per_s": idle_rate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=150)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--mode", choices=("cycle", "put"), default="cycle")
+    p.add_argument("--repetitions", type=int, default=1, help="runs of each, medians taken")
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind (callgrind) is not installed: apt-get install valgrind", file=sys.stderr)
@@ -138,17 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.base:
         trees["base"] = snapshot_revision(args.base, work / "base")
     figures: dict[tuple[str, str], float] = {}
-    for tree, code_dir in trees.items():
-        for kind, flags in KINDS.items():
-            figures[tree, kind] = one_run(code_dir, flags, args.mode, args.rounds, args.batch,
-                                          work / f"callgrind-{tree}-{kind}.out")
-            print(f"{tree:<4} metrics {kind:<3}: {figures[tree, kind]:10,.0f} instructions/job",
-                  flush=True)
+    runs: dict[tuple[str, str], list[float]] = {}
+    for rep in range(args.repetitions):  # interleaved: base and new, on and off, in turn
+        for tree, code_dir in trees.items():
+            for kind, flags in KINDS.items():
+                run = one_run(code_dir, flags, args.mode, args.rounds, args.batch,
+                              work / f"callgrind-{tree}-{kind}.out")
+                runs.setdefault((tree, kind), []).append(run["per_job"])
+                print(f"rep {rep} {tree:<4} metrics {kind:<3}: {run['per_job']:10,.0f} "
+                      f"instructions/job (raw {run['raw']:,.0f}, idle "
+                      f"{run['idle_per_s'] / 1e6:.2f} M/s)", flush=True)
+    for key, values in runs.items():
+        figures[key] = statistics.median(values)
     print(f"cpu: {cpu_model()}; {args.mode}, lockstep batches of {args.batch}, "
           f"{args.rounds} rounds")
     for tree in trees:
         on, off = figures[tree, "on"], figures[tree, "off"]
-        print(f"{tree}: on - off {on - off:+,.0f} instructions/job ({on / off:.3f}x)")
+        print(f"{tree}: on {on:,.0f}, off {off:,.0f} (medians): on - off {on - off:+,.0f} "
+              f"instructions/job ({on / off:.3f}x)")
     return 0
 
 
