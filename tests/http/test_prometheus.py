@@ -243,9 +243,9 @@ async def read_replies(reader: asyncio.StreamReader, n: int) -> list[bytes]:
 async def test_pipelined_replies_are_counted_as_they_are_written(
         redis_url: str, session: aiohttp.ClientSession) -> None:
     """Commands pipelined in one write each count once with their own outcome, whatever went
-    to Redis together; a delete that passed a waiting reserve is not timed as slow for the
-    wait (its reply waits for the reserve's); the wait and run histograms count, sum and
-    bucket the jobs they saw."""
+    to Redis together; deletes pipelined behind a waiting reserve are not timed as slow for
+    its wait (their replies wait for the reserve's), whether they passed it or it held them;
+    the wait and run histograms count, sum and bucket the jobs they saw."""
     jobs = 20
     async with running_server(redis_url, slow_ms=100) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -263,9 +263,13 @@ async def test_pipelined_replies_are_counted_as_they_are_written(
             writer.write(b"".join(b"delete %d\r\n" % i for i in ids) + b"delete 999999\r\n")
             replies = await read_replies(reader, jobs + 1)
             assert replies == [b"DELETED\r\n"] * jobs + [b"NOT_FOUND\r\n"]
-            # A reserve that waits 1 s on an empty tube, a delete pipelined behind it.
-            writer.write(b"reserve-with-timeout 1\r\ndelete 999999\r\n")
-            assert await read_replies(reader, 2) == [b"TIMED_OUT\r\n", b"NOT_FOUND\r\n"]
+            # A reserve that waits 1 s on an empty tube, and pipelined behind it a delete that
+            # passes it (its own job) and one that it holds; both replies wait for its.
+            writer.write(b"put 0 0 60 1\r\nx\r\nreserve-with-timeout 0\r\n")
+            held = int((await read_replies(reader, 2))[1].split()[1])
+            writer.write(b"reserve-with-timeout 1\r\ndelete %d\r\ndelete 999999\r\n" % held)
+            assert await read_replies(reader, 3) == [b"TIMED_OUT\r\n", b"DELETED\r\n",
+                                                     b"NOT_FOUND\r\n"]
             samples = await scrape(session, base(server))
         finally:
             writer.close()
@@ -275,17 +279,17 @@ async def test_pipelined_replies_are_counted_as_they_are_written(
         return sample(samples, "tubeq_command_outcomes_total", command=name, outcome=word)
 
     assert outcome("use", "USING") == 1 and outcome("watch", "WATCHING") == 1
-    assert outcome("put", "INSERTED") == jobs
-    assert outcome("reserve-with-timeout", "RESERVED") == jobs - 2
+    assert outcome("put", "INSERTED") == jobs + 1
+    assert outcome("reserve-with-timeout", "RESERVED") == jobs - 1
     assert outcome("reserve-with-timeout", "TIMED_OUT") == 1
     assert outcome("reserve-many", "BATCH") == 1
-    assert outcome("delete", "DELETED") == jobs and outcome("delete", "NOT_FOUND") == 2
+    assert outcome("delete", "DELETED") == jobs + 1 and outcome("delete", "NOT_FOUND") == 2
     assert sample(samples, "tubeq_slow_commands_total") == 0
     for family in ("tubeq_job_wait_seconds", "tubeq_job_run_seconds"):
         count = sample(samples, f"{family}_count", tube="p")
-        assert count == jobs
-        assert sample(samples, f"{family}_bucket", tube="p", le="+Inf") == jobs
+        assert count == jobs + 1
+        assert sample(samples, f"{family}_bucket", tube="p", le="+Inf") == jobs + 1
         assert 0 <= sample(samples, f"{family}_sum", tube="p") < 60
         buckets = [v for (name, labels), v in samples.items()
                    if name == f"{family}_bucket" and dict(labels).get("tube") == "p"]
-        assert len(buckets) == 17 and max(buckets) == jobs
+        assert len(buckets) == 17 and max(buckets) == jobs + 1

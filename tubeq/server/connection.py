@@ -472,8 +472,9 @@ class Connection(asyncio.Protocol):
             self._schedule_flush()
         elif kind not in RESERVES:  # a reserve's reply: ReserveQueue writes it
             reply.add_done_callback(self.reply_done)
-            if since is not None:  # timed unless it waits for a reserve's reply
-                since.append(UNTIMED if passing else self._turn_at)
+            if since is not None:  # timed unless its reply waits for a reserve's (passing
+                # 0 can let a delete past reserves that it cannot affect: it still waits)
+                since.append(UNTIMED if passing or self.reserves.pending else self._turn_at)
         elif since is not None:
             since.append(UNTIMED)
 

@@ -286,7 +286,8 @@ class Metrics:
         ``len(out)`` entries of ``kinds`` and ``since`` (:meth:`asked_lists`). Counts their
         outcomes; a timed one written ``slow_ms`` or more after its command's turn began is a
         slow command. Not timed: immediate replies, reserves (they wait by design) and
-        commands that passed an unanswered reserve (their replies wait for its)."""
+        commands sent while a reserve before them was unanswered (their replies wait for its).
+        A reply that waits behind a slow one is slow too: it was, to its client."""
         n = len(out)
         asked = kinds[:n]
         del kinds[:n]
