@@ -1,6 +1,7 @@
 """A/B: the tubeq of a base revision against the working tree's, on make bench's rows, interleaved.
 
     .venv/bin/python -m bench.ab --base REV [--reps 3] [--only put,cycle] [--output FILE]
+    .venv/bin/python -m bench.ab --base REV --only metrics     section 4c: metrics on and off
 
 A change that touches the hot path is judged by this: both sides on one CPU, interleaved, in one
 run (bench/README.md says why no other comparison counts).
@@ -33,6 +34,7 @@ from bench.run import (
     delayed_ms_row,
     delayed_row,
     many_tube_rows,
+    metrics_rows,
     throughput_rows,
     wake_row,
 )
@@ -41,15 +43,22 @@ SHARED_CORES = 0.5
 
 
 def rows_for(only: list[str] | None) -> list[Row]:
+    """make bench's rows; the metrics pass's rows (section 4c: the same load on tubeq with
+    ``--metrics`` and without) only when ``only`` names them, each as two rows, one per
+    server, so new / base of each and on / off of each side can be read off the table."""
     rows = [*throughput_rows(FULL), *many_tube_rows(FULL), delayed_row(FULL),
             delayed_ms_row(FULL), wake_row(FULL)]
     if only:
         rows = [r for r in rows if any(r.key.startswith(prefix) for prefix in only)]
+        rows += [replace(r, key=f"{r.key} [{server.removeprefix('tubeq ')}]", servers=(server,))
+                 for r in metrics_rows(FULL) for server in r.servers
+                 if any(r.key.startswith(prefix) for prefix in only)]
     return rows
 
 
 def measure(bench: CoreBench, row: Row, code_dir: Path) -> dict[str, Any]:
-    kind = "tubeq x2" if row.scenario == "wake" else "tubeq"
+    kind = ("tubeq x2" if row.scenario == "wake"
+            else row.servers[0] if row.scenario == "metrics" else "tubeq")
     server = make_server(kind, bench.log_dir, code_dir)
     try:
         server.start()

@@ -69,12 +69,13 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _spawn(command: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-           cwd: Path | None = None) -> subprocess.Popen[bytes]:
+           cwd: Path | None = None,
+           startup_timeout_s: float = STARTUP_TIMEOUT_S) -> subprocess.Popen[bytes]:
     """Start ``command`` and wait until ``port`` accepts; raises ServerStartError."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 env=env, cwd=cwd)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
@@ -143,6 +144,8 @@ class Tubeq:
     command line (none: tubeq's defaults with ``--redis``, lifecycle events off).
     ``workers`` > 1 starts each process as ``tubeq --workers N`` (a supervisor and N workers on
     one port); ``start`` returns once all N listen, and ``pids`` names the workers too.
+    ``wrapper`` goes before the interpreter (``valgrind --tool=callgrind ...``: the process
+    keeps its PID), with ``startup_timeout_s`` to match.
     """
 
     log_dir: Path
@@ -157,6 +160,8 @@ class Tubeq:
     flags: tuple[str, ...] = ()
     workers: int = 1
     worker_pids: list[int] = field(default_factory=list)
+    wrapper: tuple[str, ...] = ()
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -176,14 +181,15 @@ class Tubeq:
         assert self.redis is not None
         for attempt in range(PORT_ATTEMPTS):
             port = free_port(LOOPBACK)
-            command = [sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p", str(port),
-                       "--redis", self.redis.url, "--prefix", self.prefix,
+            command = [*self.wrapper, sys.executable, "-m", "tubeq", "-l", LOOPBACK, "-p",
+                       str(port), "--redis", self.redis.url, "--prefix", self.prefix,
                        "--log-level", "warning", *self.flags]
             if self.workers > 1:
                 command += ["--workers", str(self.workers)]
             try:
                 proc = _spawn(command, port, self.log_dir / f"tubeq-{self.prefix}-{index}.log",
-                              env=env, cwd=self.code_dir)
+                              env=env, cwd=self.code_dir,
+                              startup_timeout_s=self.startup_timeout_s)
                 if self.workers > 1:
                     self.worker_pids += _wait_for_workers(proc, port, self.workers)
             except ServerStartError:

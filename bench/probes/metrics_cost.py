@@ -3,10 +3,12 @@
     .venv/bin/python -m bench.probes.metrics_cost                  each hook, in process (~1 min)
     .venv/bin/python -m bench.probes.metrics_cost --per-job [--jobs 30000] [--repetitions 5]
 
-Hooks (the default): times each hook the hot path calls with metrics on, many times over, in CPU
-time of this process (``process_time``: time other tenants take from the core is not counted;
-the best of 5 runs is kept). Prints one line per hook and the total for the commands of one
-put+reserve+delete cycle.
+Hooks (the default): times each hook the hot path calls with metrics on (a reply recorded as
+it is queued and counted as it is written, 16 to a write; the histogram hooks), many times
+over, in CPU time of this process (``process_time``: time other tenants take from the core is
+not counted; the best of 5 runs is kept). Prints one line per hook and the total for the
+commands of one put+reserve+delete cycle. Deterministic instruction counts per job of a whole
+tubeq: bench.probes.metrics_instructions.
 
 Per job (``--per-job``): each repetition starts a fresh tubeq (events on, as in ``make bench``)
 with ``--metrics``, one with ``--slow-ms 1000`` alone (the slow-command timing only) and one with
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -38,11 +39,13 @@ from bench.harness.paths import OUT_DIR
 from bench.harness.procstat import CLOCK_TICKS_PER_S, process_cpu_ticks
 from bench.harness.servers import EVENTS_ON, METRICS_OFF, METRICS_ON, Tubeq
 from tubeq.protocol import commands as c
-from tubeq.server.metrics import Metrics, command_label
+from tubeq.server.metrics import Metrics
 
 # -- each hook, in process ----------------------------------------------------------------------
 
 ROUNDS = 200_000
+# Replies per write: a pipelining client's turn (the cycle rows keep 16 in flight).
+WRITE = 16
 
 
 def per_call_ns(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
@@ -55,46 +58,31 @@ def per_call_ns(fn: Callable[[], object], rounds: int = ROUNDS) -> float:
     return best
 
 
-async def futures_ns(m: Metrics | None, rounds: int = ROUNDS) -> float:
-    """Per reply from Redis: a future resolved and its one done-callback run by the loop, as
-    tubeq.server.connection does it: plain, or (``m``) through the partial that also tells the
-    observer (outcome and slow-command timing)."""
-    loop = asyncio.get_running_loop()
-    reply = b"INSERTED 123456\r\n"
-    label = command_label(c.Put)
+def written_ns(m: Metrics, replies: list[bytes], kind: type[c.Command]) -> float:
+    """Per reply: what a connection records as it queues a reply (tubeq.server.connection:
+    the command's class, and its turn's start for the slow log) and the count as the reply
+    leaves in a write of ``len(replies)`` (Metrics.written)."""
+    kinds, since = m.asked_lists()
+    turn_at = perf_counter()
 
-    def reply_done(f: asyncio.Future[bytes]) -> None:
-        pass  # stands for Connection.reply_done, which runs either way
+    def one_write() -> None:
+        for _ in replies:
+            kinds.append(kind)
+            if since is not None:
+                since.append(turn_at)
+        m.written("abc:1", kinds, since, replies)
 
-    def observed(label: str, started: float, f: asyncio.Future[bytes]) -> None:
-        assert m is not None
-        m.finished("abc:1", label, started, f)
-        reply_done(f)
-
-    best = float("inf")
-    for _ in range(5):
-        start = time.process_time_ns()
-        for _ in range(rounds // 1000):
-            for _ in range(1000):
-                f: asyncio.Future[bytes] = loop.create_future()
-                if m is None:
-                    f.add_done_callback(reply_done)
-                else:
-                    f.add_done_callback(functools.partial(observed, label, perf_counter()))
-                f.set_result(reply)
-            await asyncio.sleep(0)  # the done-callbacks run
-        best = min(best, (time.process_time_ns() - start) / rounds)
-    return best
+    return per_call_ns(one_write, ROUNDS // len(replies)) / len(replies)
 
 
 async def measure() -> dict[str, float]:
     m = Metrics()
-    reply = b"INSERTED 123456\r\n"
-    label = command_label(c.Put)
+    inserted = [b"INSERTED %d\r\n" % (123456 + i) for i in range(WRITE)]
+    reserved = [b"RESERVED %d 100\r\n%s\r\n" % (123456 + i, b"x" * 100) for i in range(WRITE)]
     return {
-        "answered (immediate reply)": per_call_ns(lambda: m.answered(label, reply)),
-        "observed reply (from Redis)": await futures_ns(m) - await futures_ns(None),
-        "command_label": per_call_ns(lambda: command_label(c.Put)),
+        "put reply (queued + written)": written_ns(m, inserted, c.Put),
+        "reserve reply (queued + written)": written_ns(m, reserved, c.ReserveWithTimeout),
+        "delete reply (queued + written)": written_ns(m, [b"DELETED\r\n"] * WRITE, c.Delete),
         "job_reserved (wait histogram)": per_call_ns(lambda: m.job_reserved("default", 3)),
         "job_deleted (run histogram)": per_call_ns(lambda: m.job_deleted("default", 40)),
         "redis_round_trip (per batch)": per_call_ns(lambda: m.redis_round_trip(0.0004)),
@@ -109,13 +97,11 @@ def hooks() -> None:
         figures = asyncio.run(measure())
     else:
         figures = uvloop.run(measure())  # as the server runs
-    print(f"cpu: {cpu_model()}")
+    print(f"cpu: {cpu_model()}; replies written {WRITE} at a time")
     for name, ns in figures.items():
         print(f"{name:<34} {ns:8.0f} ns")
-    # put and delete: an observed reply each; reserve: answered when it answers.
-    cycle = (2 * (figures["observed reply (from Redis)"] + figures["command_label"])
-             + figures["answered (immediate reply)"]
-             + figures["job_reserved (wait histogram)"] + figures["job_deleted (run histogram)"])
+    # a put, a reserve and a delete: a reply each, a wait and a run observation.
+    cycle = sum(v for k, v in figures.items() if not k.startswith("redis"))
     print(f"{'one put+reserve+delete cycle':<34} {cycle:8.0f} ns")
 
 

@@ -3,6 +3,7 @@ count of what the test did (one counter source: the same numbers as the stats re
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -223,3 +224,72 @@ async def test_redis_errors_and_lost_connections_are_counted(
     assert sample(samples, "tubeq_redis_errors_total", kind="connection_lost") >= 1
     assert sample(samples, "tubeq_command_outcomes_total", command="put",
                   outcome="INTERNAL_ERROR") == 1
+
+
+async def read_replies(reader: asyncio.StreamReader, n: int) -> list[bytes]:
+    """``n`` whole replies (a RESERVED one with its body, a BATCH with its items)."""
+    out = []
+    while len(out) < n:
+        line = await reader.readline()
+        words = line.split()
+        if words[0] == b"RESERVED":
+            line += await reader.readexactly(int(words[2]) + 2)
+        elif words[0] == b"BATCH":
+            line += b"".join(await read_replies(reader, int(words[1])))
+        out.append(line)
+    return out
+
+
+async def test_pipelined_replies_are_counted_as_they_are_written(
+        redis_url: str, session: aiohttp.ClientSession) -> None:
+    """Commands pipelined in one write each count once with their own outcome, whatever went
+    to Redis together; deletes pipelined behind a waiting reserve are not timed as slow for
+    its wait (their replies wait for the reserve's), whether they passed it or it held them;
+    the wait and run histograms count, sum and bucket the jobs they saw."""
+    jobs = 20
+    async with running_server(redis_url, slow_ms=100) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(b"use p\r\nwatch p\r\nignore default\r\n"
+                         + b"put 0 0 60 1\r\nx\r\n" * jobs)
+            replies = await read_replies(reader, 3 + jobs)
+            assert all(r.startswith(b"INSERTED") for r in replies[3:])
+            writer.write(b"reserve-with-timeout 0\r\n" * (jobs - 2) + b"reserve-many 5 0\r\n")
+            replies = await read_replies(reader, jobs - 1)
+            assert replies[-1].startswith(b"BATCH 2\r\n")
+            ids = [int(r.split()[1]) for r in replies[:-1]]
+            ids += [int(line.split()[1]) for line in replies[-1].split(b"\r\n")
+                    if line.startswith(b"RESERVED")]
+            writer.write(b"".join(b"delete %d\r\n" % i for i in ids) + b"delete 999999\r\n")
+            replies = await read_replies(reader, jobs + 1)
+            assert replies == [b"DELETED\r\n"] * jobs + [b"NOT_FOUND\r\n"]
+            # A reserve that waits 1 s on an empty tube, and pipelined behind it a delete that
+            # passes it (its own job) and one that it holds; both replies wait for its.
+            writer.write(b"put 0 0 60 1\r\nx\r\nreserve-with-timeout 0\r\n")
+            held = int((await read_replies(reader, 2))[1].split()[1])
+            writer.write(b"reserve-with-timeout 1\r\ndelete %d\r\ndelete 999999\r\n" % held)
+            assert await read_replies(reader, 3) == [b"TIMED_OUT\r\n", b"DELETED\r\n",
+                                                     b"NOT_FOUND\r\n"]
+            samples = await scrape(session, base(server))
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    def outcome(name: str, word: str) -> float:
+        return sample(samples, "tubeq_command_outcomes_total", command=name, outcome=word)
+
+    assert outcome("use", "USING") == 1 and outcome("watch", "WATCHING") == 1
+    assert outcome("put", "INSERTED") == jobs + 1
+    assert outcome("reserve-with-timeout", "RESERVED") == jobs - 1
+    assert outcome("reserve-with-timeout", "TIMED_OUT") == 1
+    assert outcome("reserve-many", "BATCH") == 1
+    assert outcome("delete", "DELETED") == jobs + 1 and outcome("delete", "NOT_FOUND") == 2
+    assert sample(samples, "tubeq_slow_commands_total") == 0
+    for family in ("tubeq_job_wait_seconds", "tubeq_job_run_seconds"):
+        count = sample(samples, f"{family}_count", tube="p")
+        assert count == jobs + 1
+        assert sample(samples, f"{family}_bucket", tube="p", le="+Inf") == jobs + 1
+        assert 0 <= sample(samples, f"{family}_sum", tube="p") < 60
+        buckets = [v for (name, labels), v in samples.items()
+                   if name == f"{family}_bucket" and dict(labels).get("tube") == "p"]
+        assert len(buckets) == 17 and max(buckets) == jobs + 1

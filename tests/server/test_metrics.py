@@ -5,13 +5,18 @@ moves)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from time import perf_counter
 
 import pytest
 
 from tests.store.test_lua import ALICE, BOB, Env, open_env
 from tubeq.protocol import commands as c
 from tubeq.server.metrics import (
+    JOB_BUCKETS,
+    LATENESS_BUCKETS,
     OTHER_TUBE,
+    RTT_BUCKETS,
+    UNTIMED,
     Histogram,
     Metrics,
     TubeHistograms,
@@ -193,3 +198,146 @@ async def test_jobs_from_before_these_metrics_report_no_wait_or_hold(env: Env) -
     await env.raw.hdel(env.keys.job(handed), "ra")
     assert await s.delete(BOB, handed)
     assert "default" not in metrics_of(env).held.by_tube
+
+
+# -- replies counted as they are written (Metrics.written) --------------------------------------
+
+Asked = tuple[list[type[c.Command] | None], list[float] | None]
+
+
+def asked_for(m: Metrics, *kinds: type[c.Command] | None, since: float = UNTIMED) -> Asked:
+    """What a connection records as it queues replies to ``kinds`` (one turn at ``since``)."""
+    asked, started = m.asked_lists()
+    for kind in kinds:
+        asked.append(kind)
+        if started is not None:
+            started.append(since)
+    return asked, started
+
+
+def written(m: Metrics, asked: Asked, out: list[bytes]) -> None:
+    m.written("t:1", *asked, out)
+
+
+def test_written_replies_are_counted_by_command_and_first_word() -> None:
+    m = Metrics()
+    asked = asked_for(m, c.Put, c.Put, None, c.ReserveWithTimeout, c.Delete, c.Delete, c.Kick,
+                      c.KickJob, c.ReserveMany)
+    written(m, asked, [b"INSERTED 1\r\n", b"INSERTED 2\r\n", b"PUSHED 1\r\n"])
+    assert m.outcomes == {("put", b"INSERTED"): 2}  # the push frame is no command's reply
+    assert len(asked[0]) == 6  # the rest wait for their writes
+    reserved = b"RESERVED 1 100\r\n" + b"a b\r\n" * 20 + b"\r\n"  # longer than a head
+    written(m, asked, [reserved, b"DELETED\r\n", b"NOT_FOUND\r\n", b"KICKED 3\r\n",
+                       b"KICKED\r\n", b"BATCH 0\r\n"])
+    assert m.outcomes == {("put", b"INSERTED"): 2, ("reserve-with-timeout", b"RESERVED"): 1,
+                          ("delete", b"DELETED"): 1, ("delete", b"NOT_FOUND"): 1,
+                          ("kick", b"KICKED"): 1, ("kick-job", b"KICKED"): 1,
+                          ("reserve-many", b"BATCH"): 1}
+    assert m.jobs_kicked == 4
+    assert asked == ([], [])
+
+
+def test_the_http_apis_outcomes_add_to_the_connections() -> None:
+    m = Metrics()
+    written(m, asked_for(m, c.Put, c.KickJob), [b"INSERTED 1\r\n", b"KICKED\r\n"])
+    m.answered("put", b"INSERTED 2\r\n")
+    m.answered("kick", b"KICKED 2\r\n")
+    assert m.outcomes == {("put", b"INSERTED"): 2, ("kick-job", b"KICKED"): 1,
+                          ("kick", b"KICKED"): 1}
+    assert m.jobs_kicked == 3
+
+
+def test_a_reply_written_past_the_bound_after_its_turn_is_a_slow_command() -> None:
+    m = Metrics(slow_ms=50)
+    now = perf_counter()
+    kinds, since = asked_for(m, c.Put, since=now - 0.2)  # its turn began 200 ms ago
+    assert since is not None
+    kinds.append(c.Delete)
+    since.append(now)  # a command of a later turn: 0 ms
+    kinds.append(c.ReserveWithTimeout)
+    since.append(UNTIMED)  # a reserve, or one that passed a waiting reserve
+    written(m, (kinds, since), [b"INSERTED 1\r\n", b"DELETED\r\n", b"TIMED_OUT\r\n"])
+    assert m.slow_commands == 1
+    written(m, asked_for(m, c.Put, since=perf_counter()), [b"INSERTED 2\r\n"])
+    assert m.slow_commands == 1
+
+
+def test_without_the_slow_log_nothing_is_timed() -> None:
+    m = Metrics(slow_ms=0)
+    asked = asked_for(m, c.Put)
+    assert asked[1] is None
+    written(m, asked, [b"INSERTED 1\r\n"])
+    assert (m.slow_commands, m.outcomes) == (0, {("put", b"INSERTED"): 1})
+
+
+def test_the_slow_log_alone_counts_no_outcomes() -> None:
+    m = Metrics(slow_ms=50, outcomes=False)
+    written(m, asked_for(m, c.Put, since=perf_counter() - 1), [b"INSERTED 1\r\n"])
+    assert (m.slow_commands, m.outcomes) == (1, {})
+
+
+def test_whole_milliseconds_land_where_their_seconds_would() -> None:
+    """The hooks bucket the scripts' whole milliseconds as Histogram.observe buckets seconds,
+    and sum them exactly: a histogram fed N known values has their count, sum and buckets."""
+    values = [*range(0, 4000), 9_999, 10_000, 10_001, 299_999, 3_600_000, 3_600_001, 10**9]
+    rtt = Histogram(RTT_BUCKETS)  # bounds under a millisecond too
+    by_rtt_seconds = Histogram(RTT_BUCKETS)
+    for ms in values:
+        rtt.observe_ms(ms)
+        by_rtt_seconds.observe(ms / 1000)
+    assert rtt.counts == by_rtt_seconds.counts
+    m = Metrics()
+    for ms in values:
+        m.job_reserved("t", ms)
+        m.job_deleted("t", ms)
+    m.job_reserved("t", -1)  # not from ready: no observation
+    m.job_deleted("t", -1)
+    by_seconds = Histogram(JOB_BUCKETS)
+    for ms in values:
+        by_seconds.observe(ms / 1000)
+    for family in (m.wait, m.held):
+        h = family.by_tube["t"]
+        assert h.counts == by_seconds.counts
+        assert h.count == len(values)
+        assert h.sum_ms == sum(values)
+        assert h.sum == sum(values) / 1000
+    lateness = Histogram(LATENESS_BUCKETS)
+    m.jobs_promoted([-5, 0, 1, 2, 3, 5000, 6000])
+    for ms in (0, 0, 1, 2, 3, 5000, 6000):
+        lateness.observe(ms / 1000)
+    assert m.lateness.counts == lateness.counts and m.lateness.count == 7
+    assert m.lateness.sum == pytest.approx(11.006)
+
+
+@pytest.mark.parametrize("out", [
+    [b"INSERTED 1\r\n", b"INSERTED 2\r\n", b"INTERNAL_ERROR\r\n"],
+    [b"INSERTED 1\r\n", b"INSERTED\r\n", b"INSERTED 3\r\n"],
+    [b"INSERTED 1\r\n", b"INSERTEDX 2\r\n", b"INSERTED 3\r\n"],
+    [b"DELETED\r\n", b"DELETED\r\n", b"NOT_FOUND\r\n"],
+    [b"DELETED\r\n", b"DELETED\r\n", b"DELETED\r\n"],
+    [b"RESERVED 1 9\r\nINSERTED \r\n", b"TIMED_OUT\r\n", b"RESERVED 2 1\r\nx\r\n"],
+])
+def test_a_writes_replies_count_each_by_its_own_word(out: list[bytes]) -> None:
+    """The one-command-and-one-word shortcut of a write counts what the reply-by-reply cut
+    counts, whatever the replies' words."""
+    shortcut, each = Metrics(), Metrics()
+    written(shortcut, asked_for(shortcut, *[c.Put] * len(out)), out)
+    for reply in out:
+        written(each, asked_for(each, c.Put), [reply])
+    assert shortcut.outcomes == each.outcomes
+    assert sum(shortcut.outcomes.values()) == len(out)
+    mixed = Metrics()  # the same with another command's reply first: no shortcut
+    written(mixed, asked_for(mixed, c.Delete, *[c.Put] * len(out)), [b"NOT_FOUND\r\n", *out])
+    assert mixed.outcomes == {**each.outcomes, ("delete", b"NOT_FOUND"): 1}
+
+
+def test_a_tube_named_as_redis_sent_it_is_the_same_tube() -> None:
+    m = Metrics(max_tubes=3)
+    m.job_deleted(b"work", 3)  # what delete.lua returns: the name's bytes
+    m.job_deleted(b"work", 2000)
+    m.job_deleted("work", 5)  # decoded
+    m.job_deleted(b"other", 1)
+    h = m.held.by_tube["work"]
+    assert (h.count, h.sum_ms) == (3, 2008)
+    assert h.counts[:2] == [0, 2] and h.counts[JOB_BUCKETS.index(2.5)] == 1
+    assert set(m.held.by_tube) == {"work", "other"}

@@ -45,7 +45,7 @@ from tubeq.server.context import (
 )
 from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
-from tubeq.server.metrics import command_label
+from tubeq.server.metrics import UNTIMED
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
 from tubeq.server.runs import DeleteRun, PutRun
@@ -70,11 +70,11 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop", "_deletes", "_eof", "_flow",
-        "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled", "_push", "_puts", "_quit",
-        "_replies", "_turn", "batch_parts", "ctx", "extended", "handlers", "parser", "passing",
-        "producer", "replaying", "reserved", "reserves", "store", "token", "transport",
-        "turn_stats", "used", "watched", "worker",
+        "_asked", "_asked_since", "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop",
+        "_deletes", "_eof", "_flow", "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled",
+        "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at", "batch_parts", "ctx",
+        "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
+        "reserves", "store", "token", "transport", "turn_stats", "used", "watched", "worker",
     )
 
     def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
@@ -104,6 +104,14 @@ class Connection(asyncio.Protocol):
         # empty set ~200 B per connection (thousands of idle connections hold these).
         self._replies: list[Reply] = []
         self._flush_scheduled = False
+        # With metrics (or the slow log) on: what each queued reply answers, for the observer
+        # to count as the replies leave (tubeq.server.metrics). One observer per process, so
+        # a connection that changes namespace (auth) keeps it.
+        self._asked: list[type[c.Command] | None] | None = None
+        self._asked_since: list[float] | None = None
+        if ctx.observer is not None:
+            self._asked, self._asked_since = ctx.observer.asked_lists()
+        self._turn_at = 0.0  # with the slow log: perf_counter when the current turn began
         # Its unanswered reserves, what they grant and the commands held behind them.
         self.reserves = ReserveQueue(self)
         # While a handler runs: the number of the first unanswered reserve the command passes
@@ -350,6 +358,8 @@ class Connection(asyncio.Protocol):
         reserves = self.reserves
         waiting = reserves.pending  # the same list for the connection's life
         self._turn = True
+        if self._asked_since is not None:
+            self._turn_at = perf_counter()  # the slow log times commands from their turn
         while not self._quit and not self._lost:
             # Flow control's bounds (tubeq.server.flow), checked here: once per command.
             if flow.write_paused or len(self._replies) >= limit:
@@ -464,24 +474,22 @@ class Connection(asyncio.Protocol):
         if passing and not isinstance(reply, bytes):  # Redis may defer it
             reply = self.reserves.sent_past(command, reply)
         self._replies.append(reply)
-        observer = self.ctx.observer
+        kind = type(command)
+        asked = self._asked
+        if asked is not None:  # metrics: counted as it leaves (_flush)
+            asked.append(kind)
+        since = self._asked_since
         if isinstance(reply, bytes):
-            if observer is not None:
-                observer.answered(command_label(type(command)), reply)
+            if since is not None:
+                since.append(UNTIMED)
             self._schedule_flush()
-        elif type(command) not in RESERVES:  # a reserve's reply: ReserveQueue writes it
-            if observer is None:
-                reply.add_done_callback(self.reply_done)
-            else:  # the same one callback, which also tells the observer (tubeq.server.metrics)
-                reply.add_done_callback(functools.partial(
-                    self._observed_reply_done, command_label(type(command)), perf_counter()))
-
-    def _observed_reply_done(self, label: str, started: float,
-                             reply: asyncio.Future[bytes]) -> None:
-        observer = self.ctx.observer
-        assert observer is not None
-        observer.finished(self.token, label, started, reply)
-        self.reply_done(reply)
+        elif kind not in RESERVES:  # a reserve's reply: ReserveQueue writes it
+            reply.add_done_callback(self.reply_done)
+            if since is not None:  # timed unless its reply waits for a reserve's (passing
+                # 0 can let a delete past reserves that it cannot affect: it still waits)
+                since.append(UNTIMED if passing or self.reserves.pending else self._turn_at)
+        elif since is not None:
+            since.append(UNTIMED)
 
     def reply_done(self, reply: asyncio.Future[bytes]) -> None:
         """Write ``reply`` (just resolved) once the replies before it are written."""
@@ -508,6 +516,10 @@ class Connection(asyncio.Protocol):
             else:
                 break
         del self._replies[:len(out)]
+        if self._asked is not None and out:
+            observer = self.ctx.observer
+            assert observer is not None
+            observer.written(self.token, self._asked, self._asked_since, out)
         transport = self.transport
         if out and transport is not None and not self._lost:
             transport.write(b"".join(out))
@@ -607,6 +619,10 @@ class Connection(asyncio.Protocol):
 
     def _push_frames(self, frames: bytes) -> None:
         self._replies.append(frames)
+        if self._asked is not None:  # no command's reply: not counted, not timed
+            self._asked.append(None)
+        if self._asked_since is not None:
+            self._asked_since.append(UNTIMED)
         self._schedule_flush()
 
 

@@ -10,6 +10,15 @@ Rules:
 * No import of prometheus_client or aiohttp here: the core updates plain ints and lists, and
   ``tubeq.http.prometheus`` turns a snapshot of them into the exposition format at scrape time.
   A hook costs a dict lookup and an increment, never a prometheus_client lock.
+* Replies are counted where they are written, a write's worth at a time: a connection notes
+  the command class of each reply it queues (:meth:`Metrics.asked_lists`, a list append) and
+  hands each write's replies to :meth:`Metrics.written`, which counts them by (class, first
+  word) with no Python step per reply: a write of one command's replies with one word (16
+  INSERTED) in one step, a mixed one in C; classes become labels at scrape time (measured in
+  bench/RESULTS-metrics.md, issue 33: a cycle job costs ~5 % more with metrics on, from ~17 %
+  when each command had a callback of its own). No callback, closure or clock read per
+  command: the slow-command log times a command from its read's turn (one clock read per
+  turn) to the write of its reply (one per write).
 * Tubes are user-created, so a tube label is capped: the first ``max_tubes`` tubes this process
   sees get a series of their own and every later one is counted under :data:`OTHER_TUBE` (a
   name no tube can have: ``~`` is outside beanstalkd's tube alphabet). The cap bounds memory
@@ -22,14 +31,19 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
+import math
 import re
 from bisect import bisect_left
+from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Sequence
+from itertools import repeat
+from operator import itemgetter
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import structlog
+
+from tubeq.protocol import commands as c
 
 log = structlog.get_logger("tubeq.slow")
 
@@ -58,40 +72,114 @@ RTT_BUCKETS: tuple[float, ...] = (
 
 class Histogram:
     """Fixed buckets (upper bounds, seconds) plus +Inf; ``counts`` are per bucket, not
-    cumulative (the renderer sums them)."""
+    cumulative (the renderer sums them). Whole milliseconds (the scripts' figures) are summed
+    as an int, exactly; :meth:`observe`'s seconds as a float."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "bounds_ms", "counts", "slot_of_ms", "sum_ms", "sum_s")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
+        # For whole milliseconds: an int of ms lands in the first bucket whose bound it does
+        # not exceed, as its seconds would (bounds under 1 ms take only 0 ms).
+        self.bounds_ms = tuple(math.floor(b * 1000 + 1e-9) for b in self.bounds)
+        # The bucket of each ms below SLOT_TABLE_MS, looked up instead of searched (shared by
+        # the histograms of the same bounds).
+        self.slot_of_ms = _slot_table(self.bounds_ms)
         self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
+        self.sum_s = 0.0
+        self.sum_ms = 0
 
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
+        self.sum_s += seconds
+
+    def observe_ms(self, ms: int) -> None:
+        """One observation of ``ms`` (>= 0) whole milliseconds (the hooks below inline this)."""
+        self.counts[self.slot_of_ms[ms] if ms < SLOT_TABLE_MS
+                    else bisect_left(self.bounds_ms, ms)] += 1
+        self.sum_ms += ms
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def merged(self, other: Histogram) -> Histogram:
+        """A new histogram of both's observations (same bounds)."""
+        both = Histogram(self.bounds)
+        both.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        both.sum_s, both.sum_ms = self.sum_s + other.sum_s, self.sum_ms + other.sum_ms
+        return both
+
+    @property
+    def sum(self) -> float:
+        return self.sum_s + self.sum_ms / 1000
+
+
+# Whole milliseconds below this are bucketed by a table lookup (a list of small ints per set of
+# bounds, 8 KB): most waits and holds of a busy queue, and most lateness.
+SLOT_TABLE_MS = 1024
+_SLOT_TABLES: dict[tuple[int, ...], list[int]] = {}
+
+
+def _slot_table(bounds_ms: tuple[int, ...]) -> list[int]:
+    table = _SLOT_TABLES.get(bounds_ms)
+    if table is None:
+        table = _SLOT_TABLES[bounds_ms] = [bisect_left(bounds_ms, ms)
+                                           for ms in range(SLOT_TABLE_MS)]
+    return table
 
 
 class TubeHistograms:
-    """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE)."""
+    """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE).
+    A hook may name a tube as Redis returned it (bytes: no decode per job); :attr:`by_tube`
+    names them all as text."""
 
     def __init__(self, bounds: Sequence[float], max_tubes: int) -> None:
         self.bounds = tuple(bounds)
         self.max_tubes = max_tubes
-        self.by_tube: dict[str, Histogram] = {}
+        self.raw: dict[str | bytes, Histogram] = {}  # by the name as the hooks gave it
+
+    def of(self, tube: str | bytes) -> Histogram:
+        """``tube``'s histogram, made on first use (OTHER_TUBE's past the cap)."""
+        h = self.raw.get(tube)
+        if h is None:
+            if len(self.raw) >= self.max_tubes:
+                tube = OTHER_TUBE
+            h = self.raw.get(tube)
+            if h is None:
+                h = self.raw[tube] = Histogram(self.bounds)
+        return h
 
     def observe(self, tube: str, seconds: float) -> None:
-        h = self.by_tube.get(tube)
-        if h is None:
-            if len(self.by_tube) >= self.max_tubes:
-                tube = OTHER_TUBE
-            h = self.by_tube.get(tube)
-            if h is None:
-                h = self.by_tube[tube] = Histogram(self.bounds)
-        h.observe(seconds)
+        self.of(tube).observe(seconds)
 
+    @property
+    def by_tube(self) -> dict[str, Histogram]:
+        """The histograms by tube name (built on each read: a scrape, an API call)."""
+        if all(type(tube) is str for tube in self.raw):
+            return cast(dict[str, Histogram], self.raw)
+        out: dict[str, Histogram] = {}
+        for tube, h in self.raw.items():
+            name = tube.decode() if isinstance(tube, bytes) else tube
+            seen = out.get(name)
+            out[name] = h if seen is None else seen.merged(h)
+        return out
+
+
+# When the command of a reply that is not timed for the slow log began: never that long ago.
+UNTIMED = float("inf")
+
+# Metrics.written's pieces, made once: a reply's first 32 bytes (the longest reply word is
+# shorter; a RESERVED reply's body is not copied), split at the first space.
+_HEAD = itemgetter(slice(0, 32))
+# _count_elements: Counter.update's C helper (collections has had it since 3.2, with a
+# pure-Python stand-in where the C module is missing): counts an iterable into a dict.
+_PARTITION = bytes.partition
+_SPACES = repeat(b" ")  # endless: each map below takes one per reply
+_FIRST = itemgetter(0)
+_HEADS: dict[int, Any] = {}  # itemgetters of a reply's first n bytes, by n
+_KICK = c.Kick
+_KICK_JOB = c.KickJob
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
@@ -134,9 +222,14 @@ class Metrics:
         self.held = TubeHistograms(JOB_BUCKETS, max_tubes)  # reserved -> deleted
         self.lateness = Histogram(LATENESS_BUCKETS)  # delayed job: due -> ready
         self.redis_rtt = Histogram(RTT_BUCKETS)
+        self._wait_by_tube = self.wait.raw
+        self._held_by_tube = self.held.raw
         self.redis_errors: dict[str, int] = {}  # by reply error code, or "connection_lost"
-        self.outcomes: dict[tuple[str, bytes], int] = {}  # (command, reply word) -> count
-        self.jobs_kicked = 0
+        # Reply counts by (command class, reply word) from the connections' writes, and by
+        # (command label, reply word) from the HTTP API: merged by ``outcomes``.
+        self._by_kind: dict[tuple[type[Any], bytes], int] = {}
+        self._by_label: dict[tuple[str, bytes], int] = {}
+        self._kicked = 0  # kick's "KICKED n" and the HTTP API's kicks (see jobs_kicked)
         self.slow_commands = 0
         self.connections_opened = 0
         self.connections_closed = 0
@@ -145,17 +238,24 @@ class Metrics:
 
     def job_reserved(self, tube: str, waited_ms: int) -> None:
         """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
-        if waited_ms >= 0:
-            self.wait.observe(tube, waited_ms / 1000)
+        if waited_ms >= 0:  # Histogram.observe_ms, inline: once per job
+            h = self._wait_by_tube.get(tube) or self.wait.of(tube)
+            h.counts[h.slot_of_ms[waited_ms] if waited_ms < SLOT_TABLE_MS
+                     else bisect_left(h.bounds_ms, waited_ms)] += 1
+            h.sum_ms += waited_ms
 
-    def job_deleted(self, tube: str, held_ms: int) -> None:
-        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
+    def job_deleted(self, tube: str | bytes, held_ms: int) -> None:
+        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved);
+        ``tube`` as Redis returned it, or decoded."""
         if held_ms >= 0:
-            self.held.observe(tube, held_ms / 1000)
+            h = self._held_by_tube.get(tube) or self.held.of(tube)
+            h.counts[h.slot_of_ms[held_ms] if held_ms < SLOT_TABLE_MS
+                     else bisect_left(h.bounds_ms, held_ms)] += 1
+            h.sum_ms += held_ms
 
     def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
         for ms in lateness_ms:
-            self.lateness.observe(max(0, ms) / 1000)
+            self.lateness.observe_ms(max(0, ms))
 
     def redis_round_trip(self, seconds: float) -> None:
         self.redis_rtt.observe(seconds)
@@ -165,29 +265,96 @@ class Metrics:
 
     # -- connection hooks ---------------------------------------------------------------------
 
+    def asked_lists(self) -> tuple[list[type[Any] | None], list[float] | None]:
+        """A new connection's record of what it queues replies for, in reply order: each
+        reply's command class (None: a push frame, no command's), and while the slow log is on
+        (else None) when its command's turn began (``perf_counter``; :data:`UNTIMED`: not
+        timed, see :meth:`written`). The connection appends; :meth:`written` takes the front
+        off as the replies leave."""
+        return [], [] if self.slow_s > 0 else None
+
     def answered(self, command: str, reply: bytes) -> None:
-        """A reply left for ``command`` (its label, see :func:`command_label`)."""
+        """A reply left for ``command`` (its label, see :func:`command_label`): the HTTP API's
+        commands, counted one at a time."""
         if not self.count_outcomes:
             return
         word = reply_word(reply)
         key = (command, word)
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self._by_label[key] = self._by_label.get(key, 0) + 1
         if word == b"KICKED":  # "KICKED n" from kick, plain "KICKED" from kick-job
-            self.jobs_kicked += int(reply[7:-2]) if len(reply) > 9 else 1
+            self._kicked += int(reply[7:-2]) if len(reply) > 9 else 1
 
-    def finished(self, token: str, command: str, started: float,
-                 reply: asyncio.Future[bytes]) -> None:
-        """A reply that was in flight (a store call) since ``started`` (``perf_counter``) is
-        done: its outcome, and a log line if it was slow. The connection calls this from the
-        reply's one done-callback, so tracking adds no callback of its own."""
-        took = perf_counter() - started
-        try:
-            answer = reply.result()
-        except BaseException:  # failed or cancelled: the client is told INTERNAL_ERROR
-            answer = b"INTERNAL_ERROR\r\n"
+    def written(self, token: str, kinds: list[type[Any] | None], since: list[float] | None,
+                out: list[bytes]) -> None:
+        """``out`` leaves connection ``token`` in one write: the replies to the first
+        ``len(out)`` entries of ``kinds`` and ``since`` (:meth:`asked_lists`). Counts their
+        outcomes; a timed one written ``slow_ms`` or more after its command's turn began is a
+        slow command. Not timed: immediate replies, reserves (they wait by design) and
+        commands sent while a reserve before them was unanswered (their replies wait for its).
+        A reply that waits behind a slow one is slow too: it was, to its client."""
+        n = len(out)
+        asked = kinds[:n]
+        del kinds[:n]
         if self.count_outcomes:
-            self.answered(command, answer)
-        if self.slow_s and took >= self.slow_s:
+            self._count(asked, out)
+            if _KICK in asked:  # kick's "KICKED n": the jobs it kicked
+                for kind, reply in zip(asked, out, strict=True):
+                    if kind is _KICK and reply.startswith(b"KICKED "):
+                        self._kicked += int(reply[7:-2])
+        if since is not None:
+            started = since[:n]
+            del since[:n]
+            if min(started) <= perf_counter() - self.slow_s:
+                self._log_slow(token, asked, started, out)
+
+    def _count(self, asked: list[type[Any] | None], out: list[bytes]) -> None:
+        """Count ``out``'s replies by (command class, the reply up to its first space), with no
+        Python step per reply. A reply without arguments keeps its CRLF in the key (there is
+        no space to cut at): :attr:`outcomes` cuts it, once per key at read time."""
+        n = len(out)
+        kind = asked[0]
+        if kind is not None and asked.count(kind) == n:  # one command's replies, the usual
+            first = out[0]
+            word = first[:32].partition(b" ")[0]
+            if out.count(first) == n:  # all the same reply (DELETED, TIMED_OUT...)
+                same = True
+            else:  # or the same word with arguments (INSERTED <id>, RESERVED <id> ...)
+                prefix = word + b" "
+                heads = _HEADS.get(len(prefix)) or _HEADS.setdefault(
+                    len(prefix), itemgetter(slice(0, len(prefix))))
+                same = len(word) < len(first) and list(map(heads, out)).count(prefix) == n
+            if same:
+                key = (kind, word)
+                self._by_kind[key] = self._by_kind.get(key, 0) + n
+                return
+        # Mixed replies: each cut at its first space, in C.
+        _count_elements(self._by_kind, zip(
+            asked, map(_FIRST, map(_PARTITION, map(_HEAD, out), _SPACES)), strict=True))
+
+    def _log_slow(self, token: str, kinds: list[type[Any] | None], since: list[float],
+                  out: list[bytes]) -> None:
+        now = perf_counter()
+        for kind, at, reply in zip(kinds, since, out, strict=True):
+            if kind is None or now - at < self.slow_s:
+                continue
             self.slow_commands += 1
-            log.warning("slow command", command=command, ms=round(took * 1000, 1),
-                        reply=reply_word(answer).decode(errors="replace"), conn=token)
+            log.warning("slow command", command=command_label(kind),
+                        ms=round((now - at) * 1000, 1),
+                        reply=reply_word(reply).decode(errors="replace"), conn=token)
+
+    @property
+    def outcomes(self) -> dict[tuple[str, bytes], int]:
+        """Replies by (command label, reply word): what the connections wrote and the HTTP API
+        answered. Built on each read (a scrape), from the counts by command class."""
+        merged = dict(self._by_label)
+        for (kind, head), n in self._by_kind.items():
+            if kind is None:  # push frames
+                continue
+            key = (command_label(kind), head[:-2] if head.endswith(b"\r\n") else head)
+            merged[key] = merged.get(key, 0) + n
+        return merged
+
+    @property
+    def jobs_kicked(self) -> int:
+        """Jobs kicked by this process's clients: kick's counts, one per kick-job that kicked."""
+        return self._kicked + self._by_kind.get((_KICK_JOB, b"KICKED\r\n"), 0)

@@ -335,11 +335,7 @@ class ReserveQueue:
         """Resolve a reserve taken off ``pending`` and write its reply like any other (a
         reserve's reply future has no done-callback: one object less per waiting reserve)."""
         reserve.reply.set_result(answer)
-        conn = self._conn
-        conn.reply_done(reserve.reply)
-        if conn.ctx.observer is not None:  # a reserve that waited is not slow: not tracked
-            kind = "reserve" if reserve.timeout_s is None else "reserve-with-timeout"
-            conn.ctx.observer.answered(kind, answer)
+        self._conn.reply_done(reserve.reply)  # metrics count it as it is written (connection)
 
     def _in_margin(self, now: int) -> bool:
         return any(d - SAFETY_MARGIN_MS <= now < d for d in self._conn.reserved.values())

@@ -216,8 +216,9 @@ class JobObserver(Protocol):
     def job_reserved(self, tube: str, waited_ms: int) -> None:
         """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
 
-    def job_deleted(self, tube: str, held_ms: int) -> None:
-        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved)."""
+    def job_deleted(self, tube: str | bytes, held_ms: int) -> None:
+        """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved);
+        ``tube`` as Redis returned it (bytes) or decoded."""
 
     def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
         """Delayed jobs made ready, each ``lateness_ms`` after its due time."""

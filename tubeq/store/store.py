@@ -940,7 +940,7 @@ def _deleted(r: Any, metrics: JobObserver | None) -> bool:
     if not r:
         return False
     if metrics is not None:
-        metrics.job_deleted(r[1].decode(), int(r[0]))
+        metrics.job_deleted(r[1], r[0])  # the tube's name as Redis sent it; an int
     return True
 
 
