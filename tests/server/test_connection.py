@@ -410,6 +410,23 @@ async def test_push_wakes_for_jobs_put_later_and_disconnect_returns_them(
     await other.expect(b"RESERVED 1 2\r\nhi\r\n")
 
 
+async def test_a_push_loop_wakes_for_a_tube_watched_after_it_started(
+        new_client: NewClient) -> None:
+    """A push connection that watches another tube while its loop waits is woken by that
+    tube's hints (a release here), not only by the loop's periodic re-check (seconds later)."""
+    worker, other = new_client(), new_client()
+    other.send(b"use later\r\nwatch later\r\nput 0 0 60 2\r\nhi\r\nreserve\r\n")
+    await other.expect(b"USING later\r\nWATCHING 2\r\nINSERTED 1\r\nRESERVED 1 2\r\nhi\r\n")
+    worker.send(b"push 8\r\n")
+    await worker.expect(b"PUSHING 8\r\n")
+    await asyncio.sleep(0.1)  # its loop finds nothing and waits, watching default only
+    worker.send(b"watch later\r\n")
+    await worker.expect(b"WATCHING 2\r\n")
+    other.send(b"release 1 0 0\r\n")
+    await other.expect(b"RELEASED\r\n")
+    await asyncio.wait_for(worker.expect(b"RESERVED 1 2\r\nhi\r\n"), 3)
+
+
 async def test_a_push_loop_outlives_a_failed_store_call(
         new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis lost under the push loop's take: the loop logs, tries again and goes on pushing

@@ -131,3 +131,20 @@ def test_a_wake_up_not_used_passes_to_the_next_waiter_of_another_line() -> None:
     assert gone.woken and not waiting.woken
     registry.unregister(gone, consumed=False)  # its client went away before it tried
     assert waiting.woken
+
+
+def test_a_waiter_that_watches_anew_is_woken_by_its_new_tubes_in_its_old_place() -> None:
+    """rewatch (a push connection's watch or ignore while its loop waits): the waiter leaves
+    its old line for the new list's, keeping its arrival order."""
+    registry = WaiterRegistry()
+    first, second = Waiter(("a",), "t1"), Waiter(("b",), "t2")
+    registry.register(first)
+    registry.register(second)
+    registry.rewatch(first, ("a", "b"))
+    registry.wake_one("b")
+    assert (first.woken, second.woken) == (True, False)  # it came first
+    registry.rewatch(first, ("b",))
+    first.rearm()
+    registry.wake_one("a")  # it watches a no more: nobody to wake
+    assert not first.woken and not second.woken
+    assert registry.count() == 2

@@ -565,6 +565,10 @@ class Connection(asyncio.Protocol):
             if wait is not None:
                 wait.registration_lost()
 
+    def watches_changed(self) -> None:
+        if self._push is not None and self._push.wait is not None:
+            self.ctx.registry.rewatch(self._push.wait, self.watched)
+
     # -- push extension -----------------------------------------------------------------------
 
     def start_push(self, credits: int, *, cancels: bool = False, quiet: bool = False) -> bytes:

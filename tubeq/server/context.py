@@ -329,6 +329,11 @@ class Session(Protocol):
 
     def registration_lost(self) -> None: ...
 
+    def watches_changed(self) -> None:
+        """Its watch list changed (watch, ignore): a push loop's wait follows it here (Redis
+        follows it in change_watches)."""
+        ...
+
     def close(self, *, stopping: bool = False) -> None:
         """Close the connection; ``stopping``: its process is stopping (the jobs it held go
         back with no try counted)."""

@@ -90,6 +90,7 @@ def _watch(conn: Session, cmd: c.Watch) -> Reply:
     if 0 < conn.ctx.max_watch <= len(conn.watched):  # --max-watch: the list is unchanged
         return replies.OUT_OF_MEMORY
     conn.watched = (*conn.watched, cmd.tube)
+    conn.watches_changed()
     conn.ctx.using.watch(cmd.tube, 1)
     count = len(conn.watched)
     changed = conn.store.change_watches(conn.token, [("+w", cmd.tube)])
@@ -110,6 +111,7 @@ def _undo_watch(conn: Session, change: asyncio.Future[Any], tube: str, *,
     elif not added and tube not in conn.watched:
         conn.watched = (*conn.watched, tube)
         conn.ctx.using.watch(tube, 1)
+    conn.watches_changed()
     conn.store.forget_watch_change(conn.token, tube, added=added)
 
 
@@ -124,6 +126,7 @@ def _ignore(conn: Session, cmd: c.Ignore) -> Reply:
     rest[rest.index(cmd.tube)] = rest[-1]
     rest.pop()
     conn.watched = tuple(rest)
+    conn.watches_changed()
     conn.ctx.using.watch(cmd.tube, -1)
     count = len(rest)
     changed = conn.store.change_watches(conn.token, [("-w", cmd.tube)])

@@ -111,6 +111,16 @@ class WaiterRegistry:
             for tube in waiter.tubes:
                 self.wake_one(tube)
 
+    def rewatch(self, waiter: Waiter, tubes: Iterable[str]) -> None:
+        """``waiter`` watches ``tubes`` from now on (a push connection's watch or ignore while
+        its loop waits): it moves to that list's line, keeping its place in arrival order, so
+        the hints of a tube it now watches wake it."""
+        self.unregister(waiter, consumed=True)
+        order = waiter.order
+        waiter.tubes = tuple(tubes)
+        self.register(waiter)
+        waiter.order = order
+
     def count(self) -> int:
         """How many waiters are registered (each once, whatever it watches); O(lines)."""
         return sum(len(line.waiters) for line in self._lines.values())
