@@ -66,14 +66,16 @@ def test_a_short_run_without_an_archive_writes_one_under_the_lock(
         tmp_path: Path, registered: list[Any]) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    # a writer gone mid-write
-    left = cache / f"{class_archive.PREFIX}tubeq_pipeline-0123.jsa.99999.tmp"
-    left.write_bytes(b"part of an archive")
     final = class_archive.archive_path(cache, JAVA_TEXT, KIND)
+    left = final.with_name(final.name + ".99999.tmp")  # a writer gone mid-write
+    left.write_bytes(b"part of an archive")
+    # another install's writer (its own lock) may be writing now: left alone
+    other = cache / f"{class_archive.PREFIX}tubeq_pipeline-0123.jsa.99998.tmp"
+    other.write_bytes(b"being written")
     options = class_archive.jvm_options(cache, "java", JAVA_TEXT, kind=KIND, may_write=True)
     written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
     assert options == [f"-XX:ArchiveClassesAtExit={written}", *class_archive.QUIET]
-    assert not left.exists()
+    assert not left.exists() and other.exists()
     [(handler, (java, to_write, to_publish, lock))] = registered
     assert (handler, java, to_write, to_publish) == (
         class_archive.publish_at_exit, "java", written, final)

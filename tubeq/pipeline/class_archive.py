@@ -92,7 +92,7 @@ def jvm_options(cache: Path | None, java: str, java_version: str, *, kind: str,
         return []
     if lock is None:
         return []
-    for leftover in cache.glob(f"{_kind_prefix(kind)}*.tmp"):  # of writers gone: the lock is ours
+    for leftover in cache.glob(f"{final.name}.*.tmp"):  # of writers gone: the lock is ours
         with contextlib.suppress(OSError):
             leftover.unlink()
     written = final.with_name(f"{final.name}.{os.getpid()}.tmp")
