@@ -427,6 +427,22 @@ async def test_a_push_loop_wakes_for_a_tube_watched_after_it_started(
     await asyncio.wait_for(worker.expect(b"RESERVED 1 2\r\nhi\r\n"), 3)
 
 
+async def test_a_wait_that_waits_its_time_is_not_a_slow_command(redis_url: str) -> None:
+    """wait (and put-with wait-ms) hold the connection by design, as a reserve does: a wait
+    that times out after a second is not logged as a slow command at --slow-ms 100."""
+    server = Server(Config(port=0, redis_url=redis_url, prefix="slowwait", slow_ms=100))
+    await server.start()
+    try:
+        assert server.ctx is not None and server.ctx.observer is not None
+        client = Client(server.ctx)
+        client.send(b"put 0 0 60 1\r\nx\r\nwait 1 1\r\nput-with 0 0 60 1 wait-ms=500\r\ny\r\n")
+        # wait: TIMED_OUT after 1 s; the request/reply: its put's reply after 500 ms
+        await client.expect(b"INSERTED 1\r\nTIMED_OUT\r\nINSERTED 2\r\n")
+        assert server.ctx.observer.slow_commands == 0
+    finally:
+        await server.stop()
+
+
 async def test_a_push_loop_outlives_a_failed_store_call(
         new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis lost under the push loop's take: the loop logs, tries again and goes on pushing

@@ -341,3 +341,19 @@ def test_a_tube_named_as_redis_sent_it_is_the_same_tube() -> None:
     assert (h.count, h.sum_ms) == (3, 2008)
     assert h.counts[:2] == [0, 2] and h.counts[JOB_BUCKETS.index(2.5)] == 1
     assert set(m.held.by_tube) == {"work", "other"}
+
+
+def test_the_tube_cap_counts_tubes_not_the_names_they_came_by() -> None:
+    """A tube named by its bytes and by its text is one tube of --metrics-max-tubes: the
+    next tube still gets a histogram of its own, and past the cap every other tube's goes to
+    OTHER_TUBE, whichever name it came by."""
+    m = Metrics(max_tubes=2)
+    m.job_deleted(b"a", 1)
+    m.job_deleted("a", 1)
+    m.job_deleted(b"b", 1)
+    m.job_deleted(b"c", 1)
+    m.job_deleted("d", 1)
+    m.job_deleted(b"a", 1)
+    counts = {name: h.count for name, h in m.held.by_tube.items()}
+    assert counts == {"a": 3, "b": 1, OTHER_TUBE: 2}
+    assert m.held.by_tube is m.held.by_tube  # read as it is kept: no copy per read

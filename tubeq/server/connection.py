@@ -486,8 +486,10 @@ class Connection(asyncio.Protocol):
         elif kind not in RESERVES:  # a reserve's reply: ReserveQueue writes it
             reply.add_done_callback(self.reply_done)
             if since is not None:  # timed unless its reply waits for a reserve's (passing
-                # 0 can let a delete past reserves that it cannot affect: it still waits)
-                since.append(UNTIMED if passing or self.reserves.pending else self._turn_at)
+                # 0 can let a delete past reserves that it cannot affect: it still waits), or
+                # it waits by design itself (wait, put-with wait-ms: it holds the connection)
+                since.append(UNTIMED if passing or self.reserves.pending
+                             or self._held_by is not None else self._turn_at)
         elif since is not None:
             since.append(UNTIMED)
 
@@ -516,16 +518,20 @@ class Connection(asyncio.Protocol):
             else:
                 break
         del self._replies[:len(out)]
+        transport = self.transport
+        wrote = False
+        if out and transport is not None and not self._lost:
+            transport.write(b"".join(out))
+            wrote = True
+        # Counted once written (or dropped with the connection): a fault in the metrics
+        # code can cost a count, never a reply.
         if self._asked is not None and out:
             observer = self.ctx.observer
             assert observer is not None
             observer.written(self.token, self._asked, self._asked_since, out)
-        transport = self.transport
-        if out and transport is not None and not self._lost:
-            transport.write(b"".join(out))
-            if self._flow.aborted_over_cap(self.parser.buffered, self.ctx.max_client_buffer,
-                                           self.token):
-                return
+        if wrote and self._flow.aborted_over_cap(self.parser.buffered,
+                                                 self.ctx.max_client_buffer, self.token):
+            return
         flow = self._flow
         if flow.throttled and not flow.write_paused:  # replies left: the pump's bound lifts
             self.schedule_pump()

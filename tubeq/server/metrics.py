@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -131,23 +131,32 @@ def _slot_table(bounds_ms: tuple[int, ...]) -> list[int]:
 
 class TubeHistograms:
     """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE).
-    A hook may name a tube as Redis returned it (bytes: no decode per job); :attr:`by_tube`
-    names them all as text."""
+    A hook may name a tube as Redis returned it (bytes: no decode per job) or as text: both
+    names of a tube lead to its one histogram, and the cap counts tubes, not names."""
 
     def __init__(self, bounds: Sequence[float], max_tubes: int) -> None:
         self.bounds = tuple(bounds)
         self.max_tubes = max_tubes
-        self.raw: dict[str | bytes, Histogram] = {}  # by the name as the hooks gave it
+        # By the name as the hooks gave it (at most two names a tube, none past the cap).
+        self.raw: dict[str | bytes, Histogram] = {}
+        self._by_name: dict[str, Histogram] = {}  # one a tube, and OTHER_TUBE's
 
     def of(self, tube: str | bytes) -> Histogram:
         """``tube``'s histogram, made on first use (OTHER_TUBE's past the cap)."""
         h = self.raw.get(tube)
+        if h is not None:
+            return h
+        name = tube.decode() if isinstance(tube, bytes) else tube
+        h = self._by_name.get(name)
         if h is None:
-            if len(self.raw) >= self.max_tubes:
-                tube = OTHER_TUBE
-            h = self.raw.get(tube)
-            if h is None:
-                h = self.raw[tube] = Histogram(self.bounds)
+            if len(self._by_name) - (OTHER_TUBE in self._by_name) >= self.max_tubes:
+                # Past the cap: OTHER_TUBE's, and no name of it kept (its decode each time).
+                h = self._by_name.get(OTHER_TUBE)
+                if h is None:
+                    h = self._by_name[OTHER_TUBE] = Histogram(self.bounds)
+                return h
+            h = self._by_name[name] = Histogram(self.bounds)
+        self.raw[tube] = h
         return h
 
     def observe(self, tube: str, seconds: float) -> None:
@@ -155,15 +164,8 @@ class TubeHistograms:
 
     @property
     def by_tube(self) -> dict[str, Histogram]:
-        """The histograms by tube name (built on each read: a scrape, an API call)."""
-        if all(type(tube) is str for tube in self.raw):
-            return cast(dict[str, Histogram], self.raw)
-        out: dict[str, Histogram] = {}
-        for tube, h in self.raw.items():
-            name = tube.decode() if isinstance(tube, bytes) else tube
-            seen = out.get(name)
-            out[name] = h if seen is None else seen.merged(h)
-        return out
+        """The histograms by tube name (the registry's own: read it, do not change it)."""
+        return self._by_name
 
 
 # When the command of a reply that is not timed for the slow log began: never that long ago.
