@@ -24,6 +24,17 @@ def _pid_behind(port: int) -> int:
         return int(w.yaml("stats")["pid"])
 
 
+def _other_worker(port: int, mine: int, deadline: float) -> Wire:
+    """A connection that landed on a worker other than pid ``mine`` (the kernel spreads new
+    connections over the workers), by ``deadline``."""
+    while True:
+        assert time.monotonic() < deadline, "no connection reached the other worker"
+        wire = Wire("127.0.0.1", port)
+        if int(wire.yaml("stats")["pid"]) != mine:
+            return wire
+        wire.sock.close()
+
+
 def _pids(port: int, connections: int = 24) -> set[int]:
     return {_pid_behind(port) for _ in range(connections)}
 
@@ -112,27 +123,17 @@ def test_a_wait_on_one_worker_hears_a_finish_on_the_other(redis_process: RedisPr
             mine = int(caller.yaml("stats")["pid"])
             caller.send(b"put-with 0 0 60 3 wait-ms=20000\r\nabc\r\n")
             deadline = time.monotonic() + WAIT_S
-            while True:  # a connection on the other worker
-                assert time.monotonic() < deadline, "no connection reached the other worker"
-                with Wire("127.0.0.1", port) as worker:
-                    if int(worker.yaml("stats")["pid"]) == mine:
-                        continue
-                    assert worker.ask("reserve-with-timeout 5") == b"RESERVED 1 3\r\nabc\r\n"
-                    assert worker.ask(b"finish 1 3\r\nABC\r\n") == b"FINISHED\r\n"
-                    break
+            with _other_worker(port, mine, deadline) as worker:
+                assert worker.ask("reserve-with-timeout 5") == b"RESERVED 1 3\r\nabc\r\n"
+                assert worker.ask(b"finish 1 3\r\nABC\r\n") == b"FINISHED\r\n"
             assert caller.reply() == b"ENDED 1 finished 3\r\nABC\r\n"
             # dependencies: a child put on this worker runs once its parent finished on the
             # other (its end reaches the child through Redis, whichever process drains it)
             assert caller.ask(b"put 0 0 60 1\r\np\r\n") == b"INSERTED 2\r\n"
             assert caller.ask(b"put-with 0 0 60 1 after=2\r\nc\r\n") == b"INSERTED 3\r\n"
-            while True:
-                assert time.monotonic() < deadline, "no connection reached the other worker"
-                with Wire("127.0.0.1", port) as worker:
-                    if int(worker.yaml("stats")["pid"]) == mine:
-                        continue
-                    assert worker.ask("reserve-with-timeout 5") == b"RESERVED 2 1\r\np\r\n"
-                    assert worker.ask(b"finish 2 0\r\n\r\n") == b"FINISHED\r\n"
-                    break
+            with _other_worker(port, mine, deadline) as worker:
+                assert worker.ask("reserve-with-timeout 5") == b"RESERVED 2 1\r\np\r\n"
+                assert worker.ask(b"finish 2 0\r\n\r\n") == b"FINISHED\r\n"
             assert caller.ask("reserve-with-timeout 10") == b"RESERVED 3 1\r\nc\r\n"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -154,21 +155,15 @@ def test_groups_take_turns_and_a_group_cap_holds_across_workers(
             ids = [int(first.ask(f"put-with 0 0 60 1 group={g}\r\nx").split()[1])
                    for g in ("a", "a", "b")]
             assert first.ask("reserve-with-timeout 5").startswith(f"RESERVED {ids[0]} ".encode())
-            deadline = time.monotonic() + WAIT_S
-            while True:  # a connection on the other worker
-                assert time.monotonic() < deadline, "no connection reached the other worker"
-                with Wire("127.0.0.1", port) as other:
-                    if int(other.yaml("stats")["pid"]) == mine:
-                        continue
-                    other.ask("watch tenants")
-                    other.ask("ignore default")
-                    assert other.ask("reserve-with-timeout 5").startswith(
-                        f"RESERVED {ids[2]} ".encode())
-                    assert other.ask("reserve-with-timeout 0") == b"TIMED_OUT\r\n"  # a's cap
-                    assert first.ask(f"delete {ids[0]}") == b"DELETED\r\n"
-                    assert other.ask("reserve-with-timeout 5").startswith(
-                        f"RESERVED {ids[1]} ".encode())
-                    break
+            with _other_worker(port, mine, time.monotonic() + WAIT_S) as other:
+                other.ask("watch tenants")
+                other.ask("ignore default")
+                assert other.ask("reserve-with-timeout 5").startswith(
+                    f"RESERVED {ids[2]} ".encode())
+                assert other.ask("reserve-with-timeout 0") == b"TIMED_OUT\r\n"  # a's cap
+                assert first.ask(f"delete {ids[0]}") == b"DELETED\r\n"
+                assert other.ask("reserve-with-timeout 5").startswith(
+                    f"RESERVED {ids[1]} ".encode())
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
