@@ -67,12 +67,15 @@ class CallSystem:
     server: str  # "redis", "tubeq" or "beanstalkd"
     how: str  # the call, as the report names it
     worker: str = f"concurrency {CONCURRENCY}"
+    caller_role: str = "call"  # the driver's function the callers run
 
 
 CALL_SYSTEMS = (
     CallSystem("tubeq", "main", "bundled", "tubeq",
-               "client.call (put-with wait-ms), a Client per caller; consume() handler "
-               "returning the answer (finish)"),
+               "client.call (put-with notify-ms), one Client shared by the callers; consume() "
+               "handler returning the answer (finish)"),
+    CallSystem("tubeq (a client per caller)", "main", "bundled", "tubeq",
+               "tubeq's row, but a Client of its own per caller", caller_role="call_apart"),
     CallSystem("beanstalkd", "main", "reply_tube", "beanstalkd",
                "reply tubes: put, reserve-with-timeout on the caller's tube, delete; a Client "
                "per caller; consume(), the answer put by a connection per reply tube"),
@@ -207,7 +210,8 @@ class CallBench(Bench):
                                                       self.log_dir / f"{name}-worker.json")],
                                  self.log_dir / f"{name}-worker.log", code_dir)
             with Sampler({**servers.pids, "worker": worker.pid}) as sampler:
-                caller = self._spawn([*prefix, *self._args("call", url, caller_limit, out)],
+                role = system.caller_role
+                caller = self._spawn([*prefix, *self._args(role, url, caller_limit, out)],
                                      log, code_dir)
                 try:
                     caller.wait(caller_limit + KILL_SLACK_S)

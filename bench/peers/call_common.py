@@ -42,7 +42,7 @@ SyncCallFn = Callable[[int, str], Answer]
 class CallSettings:
     """One call driver run, as the orchestrator asked for it."""
 
-    role: str  # "serve" or "call"
+    role: str  # "serve", "call" or "call_apart" (each caller a client of its own)
     url: str  # redis://127.0.0.1:PORT/0, or beanstalk://127.0.0.1:PORT
     single: int  # calls of the one-caller phase
     parallel: int  # calls of the many-callers phase
@@ -61,7 +61,7 @@ class CallSettings:
     def parse(cls, argv: list[str]) -> tuple[str, CallSettings]:
         p = argparse.ArgumentParser(prog="python -m bench.peers.driver SYSTEM {serve,call}")
         p.add_argument("system")
-        p.add_argument("role", choices=("serve", "call"))
+        p.add_argument("role", choices=("serve", "call", "call_apart"))
         p.add_argument("--url", required=True)
         p.add_argument("--single", type=int, required=True)
         p.add_argument("--parallel", type=int, required=True)

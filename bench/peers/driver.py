@@ -18,7 +18,7 @@ from bench.peers.call_common import CallSettings
 from bench.peers.common import Settings, write
 
 # The roles of bench.peers.call; any other is bench.peers's (produce, consume).
-CALL_ROLES = ("serve", "call")
+CALL_ROLES = ("serve", "call", "call_apart")
 
 
 def main(argv: list[str] | None = None) -> int:

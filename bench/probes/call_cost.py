@@ -4,7 +4,10 @@ returning the body upper-cased), for SECONDS; calls per second, and tubeq's and 
 per call from /proc.
 
     .venv/bin/python -m bench.probes.call_cost [--callers 32] [--seconds 6] [--reps 3]
-                                               [--base REV]
+                                               [--base REV] [--shared]
+
+``--shared``: the callers share one client (its calls in flight together on one connection),
+as a web app's handlers would; else each has its own.
 
 With ``--base REV`` the tubeq server of ``REV`` runs too, each repetition alternating which goes
 first (A/B interleaved, one CPU model: printed); callers and worker are this working tree's
@@ -47,8 +50,9 @@ def _worker(port: int, concurrency: int) -> None:
     uvloop.run(run())
 
 
-def _calls(port: int, callers: int, seconds: float) -> int:
-    """Calls answered by ``callers`` clients calling one after another for ``seconds``."""
+def _calls(port: int, callers: int, seconds: float, shared: bool) -> int:
+    """Calls answered by ``callers`` callers calling one after another for ``seconds``, with a
+    client each or (``shared``) one client for all."""
     import uvloop
 
     from tubeq.client import Client
@@ -57,27 +61,30 @@ def _calls(port: int, callers: int, seconds: float) -> int:
         done = 0
         end = time.monotonic() + seconds
 
-        async def caller() -> None:
+        async def caller(client: Client) -> None:
             nonlocal done
-            async with Client(LOOPBACK, port) as client:
-                while time.monotonic() < end:
-                    if await client.call(TUBE, b"x" * 100, timeout=10) != b"X" * 100:
-                        raise RuntimeError("a call answered another job's result")
-                    done += 1
+            while time.monotonic() < end:
+                if await client.call(TUBE, b"x" * 100, timeout=10) != b"X" * 100:
+                    raise RuntimeError("a call answered another job's result")
+                done += 1
 
-        await asyncio.gather(*(caller() for _ in range(callers)))
+        clients = [Client(LOOPBACK, port) for _ in range(1 if shared else callers)]
+        try:
+            await asyncio.gather(*(caller(clients[i % len(clients)]) for i in range(callers)))
+        finally:
+            await asyncio.gather(*(client.aclose() for client in clients))
         return done
 
     return uvloop.run(run())
 
 
-def measure(server: Tubeq, callers: int, seconds: float) -> dict[str, float]:
+def measure(server: Tubeq, callers: int, seconds: float, shared: bool) -> dict[str, float]:
     worker = multiprocessing.Process(target=_worker, args=(server.port, callers))
     worker.start()
     try:
-        _calls(server.port, callers, 1.0)  # warm-up: connections, scripts, the tube
+        _calls(server.port, callers, 1.0, shared)  # warm-up: connections, scripts, the tube
         start = CpuSnapshot.take(server.pids)
-        calls = _calls(server.port, callers, seconds)
+        calls = _calls(server.port, callers, seconds, shared)
         window = CpuWindow.between(start, CpuSnapshot.take(server.pids))
     finally:
         worker.kill()
@@ -95,6 +102,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--base", help="git revision of a base tubeq to run interleaved")
+    parser.add_argument("--shared", action="store_true", help="one client for all callers")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="call-cost-") as tmp:
         sides = {"head": snapshot_tubeq(Path(tmp) / "head")}
@@ -108,15 +116,16 @@ def main() -> None:
                                flags=("--events", "off"))
                 server.start()
                 try:
-                    figures = measure(server, args.callers, args.seconds)
+                    figures = measure(server, args.callers, args.seconds, args.shared)
                 finally:
                     server.stop()
                 results.setdefault(side, []).append(figures)
                 print(f"rep {rep} {side:4} " + ", ".join(f"{k} {v:.0f}"
                                                          for k, v in figures.items()),
                       flush=True)
-    print(f"\n{cpu_model()}, {args.callers} callers, {args.seconds:g} s, {args.reps} reps; "
-          "medians (min-max)")
+    print(f"\n{cpu_model()}, {args.callers} callers"
+          f"{' sharing one client' if args.shared else ''}, {args.seconds:g} s, {args.reps} "
+          "reps; medians (min-max)")
     for side, runs in results.items():
         print(f"{side:4} " + ", ".join(
             f"{key} {statistics.median(r[key] for r in runs):.0f} "

@@ -14,6 +14,7 @@ from tubeq.client import (
     JSON,
     CallTimedOut,
     Client,
+    ClientConnectionError,
     Job,
     JobNotFinished,
     NotFound,
@@ -44,6 +45,35 @@ async def test_a_call_gets_the_result_a_consumer_handler_returned(
             await running
         assert results == [b"JOB 0", b"JOB 1", b"JOB 2"]
         assert caller._used == "default"  # a call leaves the used tube as it was
+
+
+async def test_calls_of_one_client_are_in_flight_together(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """One client, many calls at once (put-with notify-ms): every request reaches the worker
+    before any is answered, which calls that each held the connection until their end could
+    not do (the handler waits for all of them), and each caller gets its own result."""
+    calls = 20
+    async with Client(*client_tubeq.address) as caller, Client(*client_tubeq.address) as worker:
+        consumer = worker.consume(tube_name, concurrency=calls)
+        arrived: list[bytes] = []
+        all_in = asyncio.Event()
+
+        async def handler(job: Job) -> bytes:
+            arrived.append(job.body)
+            if len(arrived) == calls:
+                all_in.set()
+            await all_in.wait()
+            return job.body.upper()
+
+        running = asyncio.ensure_future(consumer.run(handler))
+        try:
+            async with asyncio.timeout(WAIT_S):
+                results = await asyncio.gather(*(caller.call(tube_name, b"call %d" % i,
+                                                             timeout=10) for i in range(calls)))
+        finally:
+            consumer.stop()
+            await running
+        assert results == [b"CALL %d" % i for i in range(calls)]
 
 
 async def test_wait_and_call_say_how_a_job_ended_otherwise(
@@ -257,3 +287,51 @@ async def test_a_server_that_does_not_answer_times_a_call_out_and_a_cancel_stays
     finally:
         silent.close()
         await silent.wait_closed()
+
+
+async def _fake_server(answer: bytes, *, then_close: bool) -> asyncio.Server:
+    """A server that answers every command line with ``answer`` (and the body after a
+    put-with), then closes the connection or stays silent."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            await reader.readexactly(int(line.split()[4]) + 2)
+            writer.write(answer)
+            await writer.drain()
+            if then_close:
+                break
+        if then_close:
+            writer.close()
+            return
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_a_call_whose_end_never_comes_times_out_with_its_job_id(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "REPLY_GRACE_S", 0.05)
+    server = await _fake_server(b"INSERTED 7\r\n", then_close=False)
+    try:
+        async with Client("127.0.0.1", server.sockets[0].getsockname()[1]) as client, \
+                asyncio.timeout(WAIT_S):
+            with pytest.raises(CallTimedOut) as timed_out:
+                await client.call("t", b"x", timeout=0.05)
+            assert timed_out.value.job_id == 7
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_calls_in_flight_fail_when_the_connection_goes() -> None:
+    server = await _fake_server(b"INSERTED 7\r\n", then_close=True)
+    try:
+        async with Client("127.0.0.1", server.sockets[0].getsockname()[1]) as client, \
+                asyncio.timeout(WAIT_S):
+            with pytest.raises(ClientConnectionError):
+                await client.call("t", b"x", timeout=30)
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -284,6 +284,111 @@ async def test_put_with_wait_ms_and_a_dedupe_key_waits_for_the_living_job(
     await second.expect(b"ENDED 1 finished 2\r\nok\r\n")
 
 
+async def test_put_with_notify_ms_answers_the_put_at_once_and_the_end_as_a_frame(
+        ctx: ServerContext) -> None:
+    """notify-ms: calls share a connection. Each put answers at once; each end comes later as
+    an END frame, in the order the jobs ended, and the commands after the puts run meanwhile."""
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"put-with 0 0 60 1 tube=calls notify-ms=10000\r\na\r\n"
+                b"put-with 0 0 60 1 tube=calls notify-ms=10000\r\nb\r\n"
+                b"put-with 0 0 60 1 tube=calls notify-ms=10000\r\nc\r\nlist-tube-used\r\n")
+    await caller.expect(b"INSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\nUSING default\r\n")
+    worker.send(b"watch calls\r\nreserve\r\nreserve\r\nreserve\r\n")
+    await worker.expect(b"WATCHING 2\r\nRESERVED 1 1\r\na\r\nRESERVED 2 1\r\nb\r\n"
+                        b"RESERVED 3 1\r\nc\r\n")
+    worker.send(b"finish 2 1\r\nB\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"END 2 finished 1\r\nB\r\n")
+    worker.send(b"delete 3\r\nfinish 1 1\r\nA\r\n")
+    await worker.expect(b"DELETED\r\nFINISHED\r\n")
+    await caller.until(lambda out: out.count(b"END ") == 2)
+    assert sorted(bytes(caller.transport.out).split(b"END ")[1:]) == [
+        b"1 finished 1\r\nA\r\n", b"3 deleted 0\r\n\r\n"]
+
+
+async def test_put_with_notify_ms_times_out_with_a_frame_and_the_job_lives_on(
+        ctx: ServerContext) -> None:
+    caller = Client(ctx)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    caller.send(b"put-with 0 0 60 1 notify-ms=200\r\nx\r\n")
+    await caller.expect(b"INSERTED 1\r\n")
+    await caller.expect(b"END 1 timed-out 0\r\n\r\n")
+    assert 0.19 <= loop.time() - began < 5
+    caller.send(b"reserve-with-timeout 0\r\n")
+    await caller.expect(b"RESERVED 1 1\r\nx\r\n")
+
+
+async def test_put_with_notify_ms_refused_puts_and_bad_options_send_no_frame(
+        ctx: ServerContext) -> None:
+    """A put refused (here: an unknown parent) answers as without notify-ms and no frame
+    follows; both wait-ms and notify-ms is BAD_OPTION notify-ms, and nothing is stored."""
+    caller = Client(ctx)
+    caller.send(b"put-with 0 0 60 1 after=99 notify-ms=100\r\nx\r\n"
+                b"put-with 0 0 60 1 wait-ms=100 notify-ms=100\r\ny\r\n"
+                b"put-with 0 0 60 1 notify-ms=-1\r\nz\r\nstats-tube default\r\n")
+    doc = await caller.until(lambda o: o.endswith(b"\n\r\n"))
+    assert doc.startswith(b"UNKNOWN_PARENT 99\r\nBAD_OPTION notify-ms\r\n"
+                          b"BAD_OPTION notify-ms\r\nOK ")
+    assert b"total-jobs: 0\n" in doc
+    caller.transport.out.clear()
+    await asyncio.sleep(0.3)  # past the 100 ms of the refused put: still no frame
+    assert caller.transport.out == b""
+
+
+async def test_put_with_notify_ms_and_a_dedupe_key_hears_the_living_job(
+        ctx: ServerContext) -> None:
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"put-with 0 0 60 1 key=k1 notify-ms=10000\r\nx\r\n"
+                b"put-with 0 0 60 1 key=k1 notify-ms=10000\r\ny\r\n")
+    await caller.expect(b"INSERTED 1\r\nDUPLICATE 1\r\n")
+    worker.send(b"reserve\r\nfinish 1 2\r\nok\r\n")
+    await worker.expect(b"RESERVED 1 1\r\nx\r\nFINISHED\r\n")
+    await caller.expect(b"END 1 finished 2\r\nok\r\nEND 1 finished 2\r\nok\r\n")
+
+
+async def test_a_half_close_answers_pending_notifies_timed_out_then_closes(
+        ctx: ServerContext) -> None:
+    caller = Client(ctx)
+    caller.send(b"put-with 0 0 60 1 notify-ms=60000\r\nx\r\n"
+                b"put-with 0 0 60 1 notify-ms=60000\r\ny\r\n")
+    await caller.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    assert caller.conn.eof_received() is True
+    await caller.until(lambda _: caller.transport.closed)
+    assert sorted(bytes(caller.transport.out).split(b"END ")[1:]) == [
+        b"1 timed-out 0\r\n\r\n", b"2 timed-out 0\r\n\r\n"]
+    assert len(ctx.end_waits) == 0
+
+
+async def test_a_closed_connection_drops_its_notifies(ctx: ServerContext) -> None:
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"put-with 0 0 60 1 notify-ms=60000\r\nx\r\n")
+    await caller.expect(b"INSERTED 1\r\n")
+    await caller.gone()
+    for _ in range(100):
+        if not len(ctx.end_waits):
+            break
+        await asyncio.sleep(0.01)
+    assert len(ctx.end_waits) == 0
+    worker.send(b"reserve\r\nfinish 1 1\r\nA\r\n")  # nobody to tell: nothing breaks
+    await worker.expect(b"RESERVED 1 1\r\nx\r\nFINISHED\r\n")
+
+
+async def test_notifies_in_flight_count_as_unanswered_commands(ctx: ServerContext) -> None:
+    """Flow control: a connection with --max-in-flight calls awaiting their end is not read
+    further until one ends (its commands wait, nothing is refused)."""
+    ctx.max_in_flight = 2
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"put-with 0 0 60 1 notify-ms=60000\r\na\r\n"
+                b"put-with 0 0 60 1 notify-ms=60000\r\nb\r\nlist-tube-used\r\n")
+    await caller.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    await asyncio.sleep(0.2)
+    assert caller.transport.out == b"" and not caller.transport.reading
+    worker.send(b"reserve\r\nfinish 1 1\r\nA\r\n")
+    await worker.expect(b"RESERVED 1 1\r\na\r\nFINISHED\r\n")
+    await caller.expect(b"END 1 finished 1\r\nA\r\nUSING default\r\n")
+
+
 async def test_fail_keeps_the_error_and_follows_the_jobs_policies(ctx: ServerContext) -> None:
     """A failure is a try: back to ready while tries remain (its error and count in stats-job),
     buried with reason max-tries and the last error when they run out; the waiter hears both."""

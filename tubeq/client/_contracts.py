@@ -49,6 +49,10 @@ class Connection(Protocol):
         """Return once the transport's write buffer is below its high-water mark."""
         ...
 
+    def expect_end(self, job_id: int) -> asyncio.Future[Reply]:
+        """The future of the next END frame for job ``job_id`` (put-with notify-ms)."""
+        ...
+
 
 # A reply converter: state updated, value built or exception raised, as the reply is routed.
 Convert = Callable[[Reply, Connection], T]

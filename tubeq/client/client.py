@@ -685,10 +685,12 @@ class Client:
                    max_tries: int | None = None, ttl_ms: int | None = None,
                    codec: Codec | None = None) -> Any:
         """Request/reply: put a job into ``tube`` and wait up to ``timeout`` s for a worker to
-        finish it; its result. One command (``put-with ... tube=... wait-ms=...``); the used
-        tube stays as it was. With ``key``, a call while a job of that key lives waits for that
-        job. With ``codec`` (e.g. :data:`tubeq.client.JSON`) ``body`` is any value it encodes,
-        and the result is decoded by it (a ``consume(codec=...)`` handler returns values).
+        finish it; its result. One command (``put-with ... tube=... notify-ms=...``): the put
+        is answered at once and the end comes later as a frame, so any number of calls share
+        the client's connection (a web app's handlers share one client); the used tube stays
+        as it was. With ``key``, a call while a job of that key lives waits for that job. With
+        ``codec`` (e.g. :data:`tubeq.client.JSON`) ``body`` is any value it encodes, and the
+        result is decoded by it (a ``consume(codec=...)`` handler returns values).
 
         Raises :class:`CallTimedOut` (``job_id``: the job lives on; :meth:`wait` for it again),
         :class:`JobNotFinished` (deleted, buried or expired instead), and put-with's errors.
@@ -697,27 +699,41 @@ class Client:
             body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if max_tries is None and ttl_ms is None and key is None:  # the usual call, at once
-            line = b"put-with %d 0 %d %d tube=%s wait-ms=%d%s\r\n" % (
+            line = b"put-with %d 0 %d %d tube=%s notify-ms=%d%s\r\n" % (
                 _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout),
                 traceparent_option(None))
         else:
             line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                                  backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
                                  on_expire=None, key=key)
-            line = line[:-2] + b" tube=%s wait-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
+            line = line[:-2] + b" tube=%s notify-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
 
-        def convert(reply: Reply, link: Connection) -> Ended | int:
-            _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
-            return ended_of(reply) if reply.word == ENDED else reply.int_arg(0)
+        def convert(reply: Reply, link: Connection) -> tuple[int, asyncio.Future[Reply]]:
+            _expect(reply, "call", INSERTED, DUPLICATE)
+            job_id = reply.int_arg(0)
+            return job_id, link.expect_end(job_id)
 
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout + REPLY_GRACE_S
         try:
-            outcome = await self._call_within(line + data + CRLF, convert,
-                                              timeout + REPLY_GRACE_S)
+            job_id, end = await self._call_within(line + data + CRLF, convert,
+                                                  timeout + REPLY_GRACE_S)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise CallTimedOut("call", None) from None
-        if isinstance(outcome, int):
-            raise CallTimedOut("call", outcome)
-        result = result_of(outcome)
+        timer = loop.call_at(deadline, end.cancel)
+        try:
+            frame = await end
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller was cancelled, not the call
+            raise CallTimedOut("call", job_id) from None  # stored; its end never came
+        finally:
+            timer.cancel()
+            end.cancel()
+        if frame.args[1] == b"timed-out":
+            raise CallTimedOut("call", frame.int_arg(0))
+        result = result_of(ended_of(frame))
         return result if codec is None else codec.decode(result)
 
     async def peek_key(self, key: str) -> Job:

@@ -4,7 +4,9 @@ It writes commands, feeds the :class:`ReplyParser` and hands each reply, in wire
 command that asked for it (``_Pending``: its future and the converter of its reply). Replies are
 converted (state updated, :class:`Job` built, error raised) synchronously as they are routed,
 whether or not the caller is still waiting, so pipelined calls and cancelled calls cannot
-disturb the connection's state. On a link in push mode every RESERVED frame is a pushed job.
+disturb the connection's state. On a link in push mode every RESERVED frame is a pushed job;
+on any link an END frame is the end of a call (put-with notify-ms), for the future
+:meth:`_Link.expect_end` gave it.
 
 Rules: a link knows the client that opened it only as a :class:`LinkClient` (declared here, as
 it names :class:`Job`), so this module imports nothing of ``client``; it is the
@@ -23,7 +25,7 @@ from tubeq.client._contracts import Connection, Convert
 from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
 from tubeq.client.job import Job
 from tubeq.client.parser import Reply, ReplyParser
-from tubeq.client.wire import CANCELLED, QUIET, RESERVED
+from tubeq.client.wire import CANCELLED, END, QUIET, RESERVED
 
 T = TypeVar("T")
 
@@ -75,6 +77,9 @@ class _Link(asyncio.Protocol):
         self.on_quiet: Callable[[], None] | None = None
         # The server's extension words once asked (tubeq.client.batches), empty for beanstalkd.
         self.extensions: frozenset[str] | None = None
+        # put-with notify-ms: job id -> the futures of its END frames to come, oldest first
+        # (one per call: two calls of the same dedupe key share the job).
+        self._ends: dict[int, deque[asyncio.Future[Reply]]] = {}
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -159,7 +164,32 @@ class _Link(asyncio.Protocol):
 
     # -- receiving ----------------------------------------------------------------------------
 
+    def expect_end(self, job_id: int) -> asyncio.Future[Reply]:
+        """The future of the next END frame for job ``job_id`` (put-with notify-ms): called by
+        the put's converter, so it is in place before the frame can come (frames follow the
+        reply that named the job). Cancel it to stop listening."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            future.set_exception(self.failure())
+            return future
+        self._ends.setdefault(job_id, deque()).append(future)
+        return future
+
+    def _end_frame(self, reply: Reply) -> None:
+        job_id = reply.int_arg(0)
+        futures = self._ends.get(job_id)
+        if futures is None:
+            return  # its call gave up and went
+        future = futures.popleft()
+        if not futures:
+            del self._ends[job_id]
+        if not future.done():
+            future.set_result(reply)
+
     def _route(self, reply: Reply) -> None:
+        if reply.word == END:  # a frame: never the answer to a command
+            self._end_frame(reply)
+            return
         if reply.word == RESERVED and self.pushing:
             self._pushed.append(self._client._job_from(reply, self, None))
             self._wake_push_waiters()
@@ -211,6 +241,12 @@ class _Link(asyncio.Protocol):
             future = self._pending.popleft().future
             if not future.done():
                 future.set_exception(self.failure())
+        ends, self._ends = self._ends, {}
+        for futures in ends.values():
+            for end in futures:
+                if not end.done():
+                    end.set_exception(self.failure())
+                    end.exception()  # (retrieved: a call that gave up leaves no log line)
         self._wake_push_waiters()
 
     # -- pushed jobs --------------------------------------------------------------------------

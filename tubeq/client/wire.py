@@ -80,6 +80,9 @@ FINISHED: Final = _word(replies.FINISHED)
 FAILED: Final = _word(replies.FAILED)
 CANCELLED: Final = _word(replies.CANCELLED)
 PROGRESS: Final = b"PROGRESS"  # wait ... progress=N: PROGRESS <id> <n> <bytes>, and its body
+# put-with notify-ms's frame (see Client.call): END <id> <how> <bytes> and its body, sent
+# between whole replies, never a reply itself.
+END: Final = b"END"
 # Quiet shutdowns (tubeq only; see Client.push's on_quiet): the push frame QUIET.
 QUIET: Final = _word(replies.QUIET)
 QUIETING: Final = _word(replies.QUIETING)
@@ -131,11 +134,12 @@ REPLY_ARITY: Final[Mapping[bytes, frozenset[int]]] = {
     FAILED: frozenset({0}),
     CANCELLED: frozenset({0, 1}),  # with the id: a push frame (push ... cancels=1)
     PROGRESS: frozenset({3}),
+    END: frozenset({3}),  # a frame (put-with notify-ms)
     QUIET: frozenset({0}),  # a push frame (push ... quiet=1)
     QUIETING: frozenset({0}),
 }
-BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED, PROGRESS})
-TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED})
+BODY_WORDS: Final = frozenset({RESERVED, FOUND, OK, ENDED, PROGRESS, END})
+TEXT_ARG_WORDS: Final = frozenset({USING, BAD_OPTION, _word(replies.INTERNAL_ERROR), ENDED, END})
 
 # -- batches (tubeq's put-many, reserve-many, delete-many) ---------------------------------------
 # ``BATCH <n>`` is followed by n whole replies, one per job (see ReplyParser). A put-many or a

@@ -147,8 +147,9 @@ async def put(request: web.Request) -> web.Response:
             raise HttpError(400, "give the delay as one of 'delay' (s) and 'delay-ms'")
         if "wait-ms" in opts:  # request/reply, as the protocol's put-with wait-ms
             wait_ms = unsigned("wait-ms", opts["wait-ms"], MAX_POLL_S * 1000)
-            _, waited = ops.put_and_wait(ctx, tube, pri, delay, ttr, body, extras, wait_ms)
-            outcome, end = await waited
+            _, put, waited = ops.put_and_wait(ctx, tube, pri, delay, ttr, body, extras, wait_ms)
+            end = await waited
+            outcome = put.result()
             if isinstance(end, JobEnd):
                 return web.json_response({"id": outcome.id, "tube": tube, "ended": end.how,
                                           **_end_data(end.data)})

@@ -133,10 +133,12 @@ PUT_OPTIONS: Final[Mapping[str, Spec]] = {
 # traceparent.
 PUT_MANY_OPTIONS: Final[Mapping[str, Spec]] = {
     "group": PUT_OPTIONS["group"], "traceparent": PUT_OPTIONS["traceparent"]}
-# put-with's options on the wire: a put's, and tube=<name> (put into that tube instead of the
-# used one, which stays: a request/reply is then one command). The HTTP put's tube is its
-# route's, so it takes PUT_OPTIONS.
-PUT_WITH_OPTIONS: Final[Mapping[str, Spec]] = {**PUT_OPTIONS, "tube": Spec(tube=True)}
+# put-with's options on the wire: a put's, tube=<name> (put into that tube instead of the
+# used one, which stays: a request/reply is then one command) and notify-ms (wait-ms without
+# holding the connection: the end comes later as a frame, so calls share a connection). The
+# HTTP put's tube is its route's, so it takes PUT_OPTIONS.
+PUT_WITH_OPTIONS: Final[Mapping[str, Spec]] = {**PUT_OPTIONS, "tube": Spec(tube=True),
+                                                "notify-ms": _MS}
 # fail's options: the worker's retry policy, used where neither the job (put-with) nor its
 # tube (tube-set) has one (the bundled client's consumer sends its own this way).
 FAIL_OPTIONS: Final[Mapping[str, Spec]] = {
@@ -154,6 +156,8 @@ PUSH_OPTIONS: Final[Mapping[str, Spec]] = {
 WAIT_OPTIONS: Final[Mapping[str, Spec]] = {
     "progress": _COUNT,
 }
+# put-with's options that wait for the job's end (not stored: the job is marked WAITED instead).
+END_WAIT_OPTIONS: Final = frozenset({"wait-ms", "notify-ms"})
 # The option a put-with's wait-ms becomes for the store: mark the job waited from its birth
 # (ms to keep its end; lua/includes/policies.lua start_policies).
 WAITED: Final = "waited"

@@ -577,8 +577,11 @@ def _put_with(args: bytes) -> PutHeader:
     except _Refused as refused:
         header.refusal = refused.reply
     else:
-        if delay and any(name == "delay-ms" for name, _ in header.options):
+        names = {name for name, _ in header.options}
+        if delay and "delay-ms" in names:
             header.refusal = replies.bad_option("delay-ms")  # two delays: which one?
+        elif "notify-ms" in names and "wait-ms" in names:
+            header.refusal = replies.bad_option("notify-ms")  # one way to hear the end
     return header
 
 

@@ -131,6 +131,12 @@ def progress(job_id: int, seq: int, data: bytes) -> bytes:
     return b"PROGRESS %d %d %d\r\n%s\r\n" % (job_id, seq, len(data), data)
 
 
+def end_frame(job_id: int, how: str, data: bytes) -> bytes:
+    """put-with notify-ms's frame, sent unasked between whole replies: how job ``job_id``
+    ended (as :func:`ended`), or ``timed-out`` / ``not-found``."""
+    return b"END %d %s %d\r\n%s\r\n" % (job_id, how.encode(), len(data), data)
+
+
 def ended(job_id: int, how: str, data: bytes) -> bytes:
     """``wait``'s answer: how job ``job_id`` ended, with its result or reason as the body."""
     return b"ENDED %d %s %d\r\n%s\r\n" % (job_id, how.encode(), len(data), data)

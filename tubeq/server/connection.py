@@ -43,6 +43,7 @@ from tubeq.server.context import (
     Session,
     reply_bytes,
 )
+from tubeq.server.end_waits import EndWait
 from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import UNTIMED
@@ -71,8 +72,9 @@ class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
         "_asked", "_asked_since", "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop",
-        "_deletes", "_eof", "_flow", "_flush_scheduled", "_held_by", "_lost", "_pump_scheduled",
-        "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at", "batch_parts", "ctx",
+        "_deletes", "_ends", "_eof", "_flow", "_flush_scheduled", "_held_by", "_lost",
+        "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
+        "batch_parts", "ctx",
         "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
         "reserves", "store", "token", "transport", "turn_stats", "used", "watched", "worker",
     )
@@ -104,6 +106,8 @@ class Connection(asyncio.Protocol):
         # empty set ~200 B per connection (thousands of idle connections hold these).
         self._replies: list[Reply] = []
         self._flush_scheduled = False
+        # put-with notify-ms: the waits whose END frame is still to come (None until the first)
+        self._ends: set[EndWait] | None = None
         # With metrics (or the slow log) on: what each queued reply answers, for the observer
         # to count as the replies leave (tubeq.server.metrics). One observer per process, so
         # a connection that changes namespace (auth) keeps it.
@@ -234,6 +238,7 @@ class Connection(asyncio.Protocol):
         self.reserves.eof_received()
         if self._held_by is not None:
             self._held_by[1]()  # a wait answers TIMED_OUT, as a blocked reserve does
+        self._give_up_ends()  # their frames say timed-out, then the connection closes
         if self._push is not None:
             self._push.stop()
         self._maybe_close()
@@ -255,6 +260,7 @@ class Connection(asyncio.Protocol):
         reserves.connection_lost()
         if self._held_by is not None:
             self._held_by[1]()
+        self._give_up_ends()
         self._flow.transport = None  # reading is left as it is
         if self.handlers is not _REFUSED:
             self.ctx.capacity.open -= 1
@@ -362,7 +368,8 @@ class Connection(asyncio.Protocol):
             self._turn_at = perf_counter()  # the slow log times commands from their turn
         while not self._quit and not self._lost:
             # Flow control's bounds (tubeq.server.flow), checked here: once per command.
-            if flow.write_paused or len(self._replies) >= limit:
+            ends = self._ends  # put-with notify-ms's waits count as unanswered commands
+            if flow.write_paused or len(self._replies) + (len(ends) if ends else 0) >= limit:
                 flow.throttled = True  # _flush or resume_writing pumps again
                 break
             if not budget:
@@ -538,7 +545,8 @@ class Connection(asyncio.Protocol):
         self._maybe_close()
 
     def _maybe_close(self) -> None:
-        if self._lost or self.transport is None or self._replies or self.reserves.pending:
+        if self._lost or self.transport is None or self._replies or self.reserves.pending \
+                or self._ends:
             return
         # Half-close, as beanstalkd: every command received before the EOF runs and answers
         # first, also those a reserve held or the pump left at a bound (it runs again); only
@@ -547,6 +555,41 @@ class Connection(asyncio.Protocol):
             and not self._flow.throttled
         if self._quit or answered_to_eof:
             self.transport.close()
+
+    # -- put-with notify-ms -------------------------------------------------------------------
+
+    def notify_end(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
+        if self._ends is None:
+            self._ends = set()
+        self._ends.add(wait)
+        frame.add_done_callback(functools.partial(self._end_heard, wait))
+
+    def _end_heard(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
+        ends = self._ends
+        assert ends is not None
+        ends.discard(wait)
+        if self._lost:
+            return
+        if frame.cancelled() or frame.exception() is not None:
+            # The put failed (its reply says so) or the wait did: no frame can say more
+            # than timed-out, which the client's own timer says too.
+            if not frame.cancelled() and wait.job_id:
+                log.warning("notify-ms: waiting for the end failed", job=wait.job_id,
+                            error=repr(frame.exception()))
+            data = None if not wait.job_id else replies.end_frame(wait.job_id, "timed-out", b"")
+        else:
+            data = frame.result()
+        if data is not None:
+            self._push_frames(data)
+        else:
+            self._maybe_close()  # (a half-closed connection waited for this one)
+        if self._flow.throttled:
+            self.schedule_pump()
+
+    def _give_up_ends(self) -> None:
+        if self._ends:
+            for wait in self._ends:
+                wait.give_up()
 
     # -- reserve (tubeq.server.reserves) ------------------------------------------------------
 

@@ -29,7 +29,7 @@ from tubeq.protocol import replies
 from tubeq.redisio.client import ran
 from tubeq.redisio.futures import OneReadAtATime, SentLater, discard
 from tubeq.server.access import AccessConfig
-from tubeq.server.end_waits import EndWaits
+from tubeq.server.end_waits import EndWait, EndWaits
 from tubeq.server.metrics import Metrics
 from tubeq.server.reserve_wait import Wait
 from tubeq.server.runs import DeleteRun, PutRun
@@ -318,6 +318,12 @@ class Session(Protocol):
     def hold(self, reply: asyncio.Future[bytes], give_up: Callable[[], None]) -> None:
         """Run no command after this one until ``reply`` is settled (a blocking command:
         ``wait``); ``give_up`` ends it early when the client half-closes or goes."""
+        ...
+
+    def notify_end(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
+        """put-with notify-ms: send ``frame`` (None: none) between whole replies once it is
+        ready; ``wait`` answers at once (timed out) when the client half-closes or goes. It
+        counts as an unanswered command until then (flow control)."""
         ...
 
     def settled(self, *job_ids: int, how: str = "") -> None:

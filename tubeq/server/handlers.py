@@ -425,28 +425,41 @@ TUBE_POLICY_COUNTERS = ("total-expired", "total-dead-lettered", "total-deduplica
 def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     conn.mark_producer()
     given = dict(cmd.options)
-    wait_ms = given.get("wait-ms")
+    wait_ms, notify_ms = given.get("wait-ms"), given.get("notify-ms")
     tube, opts = conn.used, cmd.options
     if "tube" in given:  # this put's tube; the used one stays
         tube = str(given["tube"])
         opts = tuple(option for option in opts if option[0] != "tube")
-    if wait_ms is None:
+    if wait_ms is None and notify_ms is None:
         return then(ops.put_with(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body, opts),
                     _put_with_reply)
-    # request/reply: blocks the connection as wait does, and answers how the job ended, or
-    # the put's own reply when it has not ended by then
-    wait, outcome = ops.put_and_wait(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
-                                     opts, int(wait_ms))
-    reply = then(outcome, _put_and_wait_reply)
+    # request/reply: wait-ms blocks the connection as wait does, and answers how the job
+    # ended, or the put's own reply when it has not ended by then; notify-ms answers the put
+    # at once and the end later, as a frame (Connection.notify_end)
+    wait, put, end = ops.put_and_wait(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
+                                      opts, int(wait_ms or notify_ms or 0))
+    if notify_ms is not None:
+        conn.notify_end(wait, then(end, lambda ended: _end_frame(wait.job_id, ended)))
+        return then(put, _put_with_reply)
+    reply = then(end, lambda ended: _put_and_wait_reply(put.result(), ended))
     conn.hold(reply, wait.give_up)
     return reply
 
 
-def _put_and_wait_reply(outcome: tuple[PutOutcome, JobEnd | Progress | bool | None]) -> bytes:
-    put, end = outcome
+def _put_and_wait_reply(put: PutOutcome, end: JobEnd | Progress | bool | None) -> bytes:
     if isinstance(end, JobEnd):
         return replies.ended(put.id, end.how, end.data)
     return _put_with_reply(put)
+
+
+def _end_frame(job_id: int, end: JobEnd | Progress | bool | None) -> bytes | None:
+    """notify-ms's frame for job ``job_id`` (0: the put was refused, no frame): how it ended,
+    or that the time ran out (None) or it is gone with no end kept (False)."""
+    if not job_id:
+        return None
+    if isinstance(end, JobEnd):
+        return replies.end_frame(job_id, end.how, end.data)
+    return replies.end_frame(job_id, "not-found" if end is False else "timed-out", b"")
 
 
 def _put_with_reply(outcome: PutOutcome) -> bytes:

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from tubeq.model.options import AFTER_KEEP, WAITED, Options
+from tubeq.model.options import AFTER_KEEP, END_WAIT_OPTIONS, WAITED, Options
 from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
@@ -121,25 +121,27 @@ Waited = JobEnd | Progress | bool | None  # what wait_for_end answers
 
 def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
                  options: Options, wait_ms: int
-                 ) -> tuple[EndWait, asyncio.Future[tuple[PutOutcome, Waited]]]:
-    """put-with's wait-ms: store the job (as :func:`put_with`, marked waited from its birth,
-    so no end of it is missed), then wait up to ``wait_ms`` for it (or, for a duplicate, the
-    living job that has its key) to end. The wait (to give up early) and the outcome: the put's,
-    and :func:`wait_for_end`'s (None when the put was refused or the wait timed out)."""
+                 ) -> tuple[EndWait, asyncio.Future[PutOutcome], asyncio.Future[Waited]]:
+    """put-with's wait-ms and notify-ms: store the job (as :func:`put_with`, marked waited
+    from its birth, so no end of it is missed), then wait up to ``wait_ms`` for it (or, for a
+    duplicate, the living job that has its key) to end. The wait (to give up early), the put's
+    outcome, and then :func:`wait_for_end`'s (None when the put was refused or the wait timed
+    out)."""
     wait = EndWait(0)
-    marked = (*((name, value) for name, value in options if name != "wait-ms"),
+    marked = (*((name, value) for name, value in options if name not in END_WAIT_OPTIONS),
               (WAITED, ctx.result_ttl_ms))
+    put = put_with(ctx, tube, pri, delay, ttr, body, marked)
 
-    async def run() -> tuple[PutOutcome, Waited]:
-        outcome = await put_with(ctx, tube, pri, delay, ttr, body, marked)
+    async def run() -> Waited:
+        outcome = await put
         if outcome.id <= 0:
-            return outcome, None
+            return None
         wait.job_id = outcome.id
-        return outcome, await end_waits.wait_for_end(
+        return await end_waits.wait_for_end(
             ctx.store, ctx.end_waits, wait, wait_ms, ctx.result_ttl_ms,
             read_first=not outcome.inserted)  # a duplicate's job was not marked by this put
 
-    return wait, asyncio.ensure_future(run())
+    return wait, put, asyncio.ensure_future(run())
 
 
 def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,

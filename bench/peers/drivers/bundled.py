@@ -8,9 +8,11 @@ has no batches, the client sends them as pipelined puts in one write). Consume:
 beanstalkd it gets UNKNOWN_COMMAND and falls back to pipelined ``reserve-with-timeout``.
 
 Request/reply (bench.peers.call), against tubeq only: a caller is ``await client.call(tube,
-body, timeout=...)`` (one ``put-with ... wait-ms`` round trip), a Client of its own per caller
-(a call blocks its connection, as a reserve does); the worker is the same ``consume()`` with a
-handler that returns the answer, which finishes the job with it. beanstalkd has no ``finish``:
+body, timeout=...)`` (one ``put-with ... notify-ms`` command: the put answered at once, the end
+as a frame later), the callers sharing one Client as a web app's handlers would (``call``), or
+each with a Client of its own (``call_apart``, the row "tubeq (a client per caller)"); the
+worker is the same ``consume()`` with a handler that returns the answer, which finishes the
+job with it. beanstalkd has no ``finish``:
 its request/reply is the reply-tube pattern of bench/peers/drivers/reply_tube.py.
 """
 
@@ -126,12 +128,17 @@ def call(settings: CallSettings) -> dict[str, Any]:
     return uvloop.run(_call(settings))
 
 
-async def _call(settings: CallSettings) -> dict[str, Any]:
-    clients = [Client(*_address(settings.url)) for _ in range(settings.callers)]
+def call_apart(settings: CallSettings) -> dict[str, Any]:
+    return uvloop.run(_call(settings, apart=True))
+
+
+async def _call(settings: CallSettings, *, apart: bool = False) -> dict[str, Any]:
+    clients = [Client(*_address(settings.url)) for _ in range(settings.callers if apart else 1)]
     await asyncio.gather(*(c.connect() for c in clients))
 
     async def one(caller: int, request: str) -> bytes:
-        return await clients[caller].call(CALL_QUEUE, request, timeout=CALL_TIMEOUT_S)
+        return await clients[caller % len(clients)].call(CALL_QUEUE, request,
+                                                         timeout=CALL_TIMEOUT_S)
 
     try:
         return await phases_async(settings, one)
