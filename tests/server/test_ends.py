@@ -389,6 +389,50 @@ async def test_notifies_in_flight_count_as_unanswered_commands(ctx: ServerContex
     await caller.expect(b"END 1 finished 1\r\nA\r\nUSING default\r\n")
 
 
+async def test_an_end_only_its_calls_process_waits_for_is_told_there_not_published(
+        redis_url: str) -> None:
+    """A request/reply's job finished by its own process: the end reaches the call from the
+    finish's reply, and nothing is published (finish.lua, JOB_WAITED_BY). Finished by another
+    process, or waited for by a `wait` too, it is published, and every waiter hears it."""
+    servers = [Server(Config(port=0, redis_url=redis_url, prefix="told")) for _ in range(2)]
+    for server in servers:
+        await server.start()
+    a, b = (server.ctx for server in servers)
+    assert a is not None and b is not None
+    listener = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = listener.pubsub()
+    await pubsub.subscribe(a.store.keys.ended_channel)
+    try:
+        caller, worker_a, worker_b, waiter = Client(a), Client(a), Client(b), Client(b)
+        worker_a.send(b"watch calls\r\n")
+        worker_b.send(b"watch calls\r\n")
+        await worker_a.expect(b"WATCHING 2\r\n")
+        await worker_b.expect(b"WATCHING 2\r\n")
+        for job_id, worker in ((1, worker_a), (2, worker_b), (3, worker_a)):
+            caller.send(b"put-with 0 0 60 1 tube=calls notify-ms=10000\r\nx\r\n")
+            await caller.expect(b"INSERTED %d\r\n" % job_id)
+            if job_id == 3:  # a wait of another process marks it too
+                waiter.send(b"wait 3 10\r\n")
+                await asyncio.sleep(0.2)
+            worker.send(b"reserve\r\nfinish %d 2\r\nok\r\n" % job_id)
+            await worker.expect(b"RESERVED %d 1\r\nx\r\nFINISHED\r\n" % job_id)
+            await caller.expect(b"END %d finished 2\r\nok\r\n" % job_id)
+        await waiter.expect(b"ENDED 3 finished 2\r\nok\r\n")
+        published = []
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 0.5
+        while loop.time() < until:  # (None also stands for the subscription's confirmation)
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            if message is not None:
+                published.append(int(message["data"].split(b"\n")[0]))
+        assert published == [2, 3]
+    finally:
+        await pubsub.aclose()
+        await listener.aclose()
+        for server in servers:
+            await server.stop()
+
+
 async def test_fail_keeps_the_error_and_follows_the_jobs_policies(ctx: ServerContext) -> None:
     """A failure is a try: back to ready while tries remain (its error and count in stats-job),
     buried with reason max-tries and the last error when they run out; the waiter hears both."""

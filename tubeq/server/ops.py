@@ -31,7 +31,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import DeleteRun, PutRun
 from tubeq.server.tracing import JobTracer
-from tubeq.store.records import Failed, JobEnd, Progress, PutOutcome, TubeCounts
+from tubeq.store.records import FINISHED_HERE, Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
 T = TypeVar("T")
 
@@ -240,8 +240,16 @@ def _noting_deadline(ctx: ServerContext, call: asyncio.Future[int]) -> asyncio.F
 def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
            behind: int = 0) -> asyncio.Future[bool | int]:
     """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl (False: not
-    held; CANCELLED: it was cancelled, and is gone)."""
-    return ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+    held; CANCELLED: it was cancelled, and is gone). When only this process waited for it
+    (a request/reply of its own), its waits hear the end from here: it was not published."""
+    call = ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+
+    def finished(f: asyncio.Future[bool | int]) -> None:
+        if not f.cancelled() and f.exception() is None and f.result() == FINISHED_HERE:
+            ctx.end_waits.ended(job_id, JobEnd("finished", result))
+
+    call.add_done_callback(finished)
+    return call
 
 
 def cancel(ctx: ServerContext, job_id: int) -> asyncio.Future[int]:

@@ -102,6 +102,7 @@ class JobField(StrEnum):
     TRIES = "ny"
     BURIED_FOR = "why"
     WAITED = "w"
+    WAITED_BY = "wb"
     FAILURES = "nf"
     ERROR = "er"
     CANCELLED = "cx"

@@ -42,6 +42,10 @@ END_HOWS = ("finished", "deleted", "buried", "expired", "cancelled")
 # What touch (instead of a deadline) and finish (instead of True) answer for a job cancelled
 # while its holder held it: the job is gone (lua/cancel.lua).
 CANCELLED = -2
+# What finish answers (instead of True) when only the calling process waited for the job
+# (its request/reply marked it, JOB_WAITED_BY): the end was not published, and that process
+# tells its own waits (lua/finish.lua).
+FINISHED_HERE = 2
 # hand_back.lua's answer for a job past its TTL: it expired instead of going back to ready.
 HANDED_BACK_EXPIRED = 3
 

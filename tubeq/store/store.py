@@ -35,6 +35,7 @@ from tubeq.redisio.futures import discard
 from tubeq.store.keys import JobField, Keys
 from tubeq.store.records import (
     CANCELLED,
+    FINISHED_HERE,
     Clock,
     Deferred,
     DirectGrants,
@@ -348,10 +349,19 @@ class Store:
 
     def finish(self, token: str, job_id: int, result: bytes, keep_ms: int, *,
                behind: int = 0) -> asyncio.Future[bool | int]:
+        """True finished, FINISHED_HERE finished and its end told to this process only (the
+        caller tells its waits), False not held, CANCELLED."""
         metrics = self.metrics
+
+        def decode(r: Any) -> bool | int:
+            if r == CANCELLED:
+                return CANCELLED
+            if _deleted(r, metrics) and len(r) > 2:
+                return FINISHED_HERE
+            return bool(r)
+
         return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
-                          *_numbered(behind), decode=_unless_deferred(
-                              lambda r: CANCELLED if r == CANCELLED else _deleted(r, metrics)))
+                          *_numbered(behind), decode=_unless_deferred(decode))
 
     def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
         return self._eval("hand_back", token, job_id, self.clock(), decode=int)

@@ -89,11 +89,13 @@ if delay_ms > 0 then
 else
   local waiting = has_waiters(t)
   local taker = waiting and direct_taker(t, meta)
-  -- put-with wait-ms (a request/reply): waited for from its birth, and traceparent: fields
-  -- of the job's own HSET beside its group (start_policies would write each with one more)
+  -- put-with wait-ms (a request/reply): waited for from its birth, by this process, and
+  -- traceparent: fields of the job's own HSET beside its group (start_policies would write
+  -- each with one more)
   local extra = group_field
   if opts and opts.waited then
-    extra, opts.waited = {JOB_WAITED, opts.waited, unpack(group_field)}, nil
+    extra, opts.waited = {JOB_WAITED, opts.waited, JOB_WAITED_BY, EVENTS_BY,
+      unpack(group_field)}, nil
   end
   if opts and opts.traceparent then
     if extra == group_field then extra = {unpack(group_field)} end

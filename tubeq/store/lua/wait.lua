@@ -15,13 +15,15 @@ waited for again. Job ids are never reused, so a kept end of a job gone is final
 local id, keep, seen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local jk = k_job(id)
 local f = redis.call('HMGET', jk, JOB_STATE, JOB_BURIED_FOR, JOB_WAITED, JOB_ERROR,
-  JOB_PROGRESS_SEQ, JOB_PROGRESS)
+  JOB_PROGRESS_SEQ, JOB_PROGRESS, JOB_WAITED_BY)
 if f[1] then
   if f[1] == 'buried' then return {'buried', buried_data(f[2], f[4])} end
   if seen and tonumber(f[5] or 0) > tonumber(seen) then
     return {'progress', tonumber(f[5]), f[6]}
   end
   if not f[3] or tonumber(f[3]) < keep then redis.call('HSET', jk, JOB_WAITED, keep) end
+  -- a wait of any process: its end is published, not only told to the request's process
+  if f[7] then redis.call('HDEL', jk, JOB_WAITED_BY) end
   return 1
 end
 local e = redis.call('HMGET', k_end(id), END_HOW, END_DATA)

@@ -27,10 +27,12 @@ local END_DONE = 'ok'
 
 -- Job `id` (tube t) ended `how` with `data`: keep that for `keep` ms (nil: not kept), and
 -- when a wait marked the job (`waited`, its JOB_WAITED) tell every process: '<id>', or
--- '<id>\n<how>\n<data>' when the data is short. `done`: its holder deleted it (see END_DONE).
+-- '<id>\n<how>\n<data>' when the data is short; unless `told`: the caller's own process is
+-- the only one waiting (JOB_WAITED_BY) and hears it from the script's reply (finish.lua).
+-- `done`: its holder deleted it (see END_DONE).
 -- A job with children (includes/after.lua marked it waited) leaves its end for them in
 -- K_PARENT_ENDS, in the same call: no end of a parent is lost on the way to a child.
-local function end_job(id, t, how, data, now, keep, waited, done)
+local function end_job(id, t, how, data, now, keep, waited, done, told)
   if waited then keep = math.max(tonumber(keep) or 0, tonumber(waited)) end
   if not keep then return end
   done = done or how == 'finished'
@@ -43,7 +45,8 @@ local function end_job(id, t, how, data, now, keep, waited, done)
   end
   redis.call('PEXPIRE', ek, keep)
   if waited then
-    if #data <= END_INLINE_MAX then
+    if told then  -- (nothing to publish)
+    elseif #data <= END_INLINE_MAX then
       redis.call('PUBLISH', K_ENDED, text(id) .. '\n' .. how .. '\n' .. data)
     else
       redis.call('PUBLISH', K_ENDED, text(id))

@@ -61,6 +61,10 @@ local JOB_BURIED_FOR = 'why'
 -- Ends (wait.lua, includes/ends.lua): ms to keep its end for, set by a wait (the longest a
 -- waiter's process asked for), so the script that ends it keeps the end and tells the waiters.
 local JOB_WAITED = 'w'
+-- put-with wait-ms / notify-ms: the instance id of the process whose request/reply marked it,
+-- while no other wait did (wait.lua removes it): finish.lua then tells that process in its
+-- reply instead of publishing the end (includes/ends.lua).
+local JOB_WAITED_BY = 'wb'
 -- fail.lua: the failures its holders reported, and the last one's error text.
 local JOB_FAILURES = 'nf'
 local JOB_ERROR = 'er'
