@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,39 @@ async def test_calls_are_pipelined() -> None:
         assert all_in.is_set()
     finally:
         server.close()
+
+
+class _CountingTransport:
+    """A transport that counts its writes and passes everything on."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+async def test_the_commands_of_one_loop_turn_leave_in_two_writes() -> None:
+    """The first command of a turn is written at once (a lone call waits for nothing), the
+    turn's others together when it ends: 30 callers' puts, two system calls."""
+    async with FakeServer(lambda line: b"INSERTED 1\r\n") as server, server.client() as client:
+        async with asyncio.timeout(WAIT_S):
+            await client.put(b"first")  # connected
+            link = client._link
+            assert link is not None
+            counting = _CountingTransport(link._transport)
+            link._transport = counting  # type: ignore[assignment]
+            await asyncio.gather(*(client.put(b"%d" % i) for i in range(30)))
+            assert len(counting.writes) == 2
+            sent = b"".join(counting.writes)
+            assert sent.count(b"put ") == 30 and sent.endswith(b" 2\r\n29\r\n")
+            await client.put(b"alone")
+            assert len(counting.writes) == 3
 
 
 async def test_connection_refused_is_a_connection_error() -> None:

@@ -1,12 +1,13 @@
 """One connection: ``_Link``, a thin :class:`asyncio.Protocol` between the socket and the calls.
 
-It writes commands, feeds the :class:`ReplyParser` and hands each reply, in wire order, to the
-command that asked for it (``_Pending``: its future and the converter of its reply). Replies are
-converted (state updated, :class:`Job` built, error raised) synchronously as they are routed,
-whether or not the caller is still waiting, so pipelined calls and cancelled calls cannot
-disturb the connection's state. On a link in push mode every RESERVED frame is a pushed job;
-on any link an END frame is the end of a call (put-with notify-ms), for the future
-:meth:`_Link.expect_end` gave it.
+It writes commands (the first of a loop turn at once, the turn's others together once it
+ends: one system call where many callers share the link), feeds the :class:`ReplyParser` and
+hands each reply, in wire order, to the command that asked for it (``_Pending``: its future
+and the converter of its reply). Replies are converted (state updated, :class:`Job` built,
+error raised) synchronously as they are routed, whether or not the caller is still waiting,
+so pipelined calls and cancelled calls cannot disturb the connection's state. On a link in
+push mode every RESERVED frame is a pushed job; on any link an END frame is the end of a call
+(put-with notify-ms), for the future :meth:`_Link.expect_end` gave it.
 
 Rules: a link knows the client that opened it only as a :class:`LinkClient` (declared here, as
 it names :class:`Job`), so this module imports nothing of ``client``; it is the
@@ -63,6 +64,9 @@ class _Link(asyncio.Protocol):
         self._client = client
         self._parser = ReplyParser(client.max_body)
         self._transport: asyncio.Transport | None = None
+        # Commands written after the turn's first, sent as one write when the turn ends (None:
+        # nothing written this turn yet).
+        self._turn_out: list[bytes] | None = None
         self._pending: deque[_Pending] = deque()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -143,14 +147,31 @@ class _Link(asyncio.Protocol):
         assert self._transport is not None
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(future, convert))
-        self._transport.write(data)
+        self._write(data)
         return future
 
     def send_noreply(self, data: bytes) -> None:
         if self.error is not None:
             raise self.failure()
         assert self._transport is not None
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """A lone command leaves at once; the ones after it in the same loop turn (callers
+        sharing the link, a consumer's acknowledgements) leave together when the turn ends."""
+        out = self._turn_out
+        if out is not None:
+            out.append(data)
+            return
+        assert self._transport is not None
         self._transport.write(data)
+        self._turn_out = []
+        asyncio.get_running_loop().call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        out, self._turn_out = self._turn_out, None
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(out))
 
     async def wait_writable(self) -> None:
         await self._writable.wait()
@@ -160,6 +181,7 @@ class _Link(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None:
+            self._end_turn()  # the commands written before the close go first
             self._transport.close()
 
     # -- receiving ----------------------------------------------------------------------------

@@ -121,14 +121,32 @@ class _Refused(Exception):
         self.reply = reply
 
 
+# Option texts parsed lately, by the specs they were parsed for: a client sends the same few
+# again and again (a call's ``tube=... notify-ms=...``), and an Options is immutable. At most
+# _OPTIONS_SEEN_MAX texts of at most _OPTIONS_SEEN_BYTES (then forgotten all at once: ~300 KiB);
+# refused texts are not kept. ``specs`` are module constants: their id() names them.
+_OPTIONS_SEEN: dict[tuple[bytes, int], options.Options] = {}
+_OPTIONS_SEEN_MAX: Final = 1024
+_OPTIONS_SEEN_BYTES: Final = 200
+
+
 def _options(text: bytes, specs: Mapping[str, options.Spec]) -> options.Options:
     """The ``name=value`` options ending an extension line (tubeq.model.options)."""
+    key = (text, id(specs))
+    seen = _OPTIONS_SEEN.get(key)
+    if seen is not None:
+        return seen
     try:
-        return options.parse(text, specs)
+        parsed = options.parse(text, specs)
     except options.BadFormat:
         raise _BadFormat from None
     except options.BadOption as refused:
         raise _Refused(replies.bad_option(refused.name)) from None
+    if len(text) <= _OPTIONS_SEEN_BYTES:
+        if len(_OPTIONS_SEEN) >= _OPTIONS_SEEN_MAX:
+            _OPTIONS_SEEN.clear()
+        _OPTIONS_SEEN[key] = parsed
+    return parsed
 
 
 _NAME_RUN: Final = b"[" + re.escape(TUBE_NAME_CHARS) + b"]"
@@ -565,10 +583,13 @@ def _put_with(args: bytes) -> PutHeader:
     # put's four numbers, then options. Once the numbers parse the size is known, so the body
     # is read (or swallowed) whatever the options: a refused option is answered after it, and
     # the body is never taken for commands (put's trailing-garbage accident is not copied).
-    pri, pos = _read_unsigned(args, 0, U32_MAX)
-    delay, pos = _read_unsigned(args, pos, U32_MAX)
-    ttr, pos = _read_unsigned(args, pos, U32_MAX)
-    size, pos = _read_unsigned(args, pos, U32_MAX)
+    match = _PUT_ARGS.match(args)  # (the same values or error as four _read_unsigned)
+    if match is None:
+        raise _BadFormat
+    pri, delay, ttr, size = map(int, match.groups())
+    if max(pri, delay, ttr, size) > U32_MAX:
+        raise _BadFormat
+    pos = match.end()
     header = PutHeader(pri, delay, ttr, size, trailing_garbage=False, options=())
     try:
         header.options = _options(args[pos:], options.PUT_WITH_OPTIONS)
