@@ -637,6 +637,28 @@ async def test_a_put_hands_its_job_straight_to_a_push_loop_of_its_own_process(
     s.direct_grants = None
 
 
+async def test_a_direct_hand_over_keeps_the_tubes_score_of_the_line_exact(env: Env) -> None:
+    """The push loop taken directly goes to the back of its line, and the tube's score of the
+    line follows the line's new first seq at once (first_line then finds it exact: the next
+    put makes no raise, two Redis calls fewer), so the next in line is still served next."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    await s.set_waiting(ALICE, 1)  # behind BOB, in the same line (both watch default alone)
+    first = await env.put(body=b"first")
+    assert [(t, j.id) for t, j, _ in direct] == [(BOB, first)]
+    lines = await env.raw.zrange(env.keys.waiters("default"), 0, -1, withscores=True)
+    assert len(lines) == 1
+    line, score = lines[0]
+    head = await env.raw.zrange(env.keys.line(line.decode()), 0, 0, withscores=True)
+    assert head == [(ALICE.encode(), score)]
+    second = await env.put(body=b"second")  # ALICE's turn: the classic hand-over
+    assert len(direct) == 1
+    assert [r.id for r in await s.set_waiting(ALICE, -1, claim=True)] == [second]
+    s.direct_grants = None
+
+
 async def test_a_put_does_not_hand_its_job_straight_over_when_that_would_change_what_is_taken(
         env: Env) -> None:
     """No direct hand-over where the classic one would do otherwise: another process's push

@@ -44,21 +44,24 @@ end
 -- no pause that may still hold jobs back, no reserve limits), so the new job is the one it
 -- would reserve. It stays counted in (its process counts it out once its credit is used), and
 -- goes to the back of t's line when others wait there too, as a grant and its next count-in
--- would put it (its line is t's alone: the tube's score of it may fall behind, which
--- first_line allows).
+-- would put it (its line is t's alone, so t's score of it is set to the line's new first
+-- seq at once: the next put's first_line finds it exact, with no raise to make).
 local function direct_taker(t, meta)
   if not meta or meta[1] or meta[2] or meta[3] then return false end
   local line = first_line(t)
   if not line then return false end
   local lk = k_line(line)
-  local first = rcall('ZRANGE', lk, '0', '1')
+  local first = rcall('ZRANGE', lk, '0', '1', 'WITHSCORES')  -- its first two, with their seqs
   local token = first[1]
   if not token or instance_of(token) ~= EVENTS_BY then return false end
   if waiting_mode(token) ~= 'p' or rcall('SCARD', k_watch(token)) ~= 1 then
     return false
   end
-  if first[2] or rcall('ZCARD', k_waiters(t)) > 1 then
-    rcall('ZADD', lk, rcall('HINCRBY', K_SEQS, 'wait', 1), token)
+  local wk = k_waiters(t)
+  if first[3] or rcall('ZCARD', wk) > 1 then
+    local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
+    rcall('ZADD', lk, seq, token)
+    rcall('ZADD', wk, first[4] or seq, line)
   end
   return token
 end
