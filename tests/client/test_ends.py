@@ -335,3 +335,47 @@ async def test_calls_in_flight_fail_when_the_connection_goes() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_calls_of_one_key_with_different_timeouts_each_get_their_own_end(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """Two calls of one dedupe key share the job: the one whose time runs out first hears
+    timed-out, the other the result (the frames come in the order the server hears them)."""
+    async with Client(*client_tubeq.address) as caller, \
+            connected(*client_tubeq.address, tube_name) as worker, asyncio.timeout(WAIT_S):
+        long = asyncio.ensure_future(caller.call(tube_name, b"x", key="k1", timeout=10))
+        await asyncio.sleep(0.1)
+        with pytest.raises(CallTimedOut) as timed_out:
+            await caller.call(tube_name, b"y", key="k1", timeout=0.3)
+        job = await worker.reserve()
+        assert timed_out.value.job_id == job.id
+        await job.finish(b"done")
+        assert await long == b"done"
+
+
+async def test_a_call_to_a_server_without_notify_ms_holds_its_connection_instead() -> None:
+    """An older tubeq refuses notify-ms (BAD_OPTION, nothing stored): the call is sent again
+    with wait-ms, and the client's calls use wait-ms from then on."""
+    lines: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            lines.append(line)
+            await reader.readexactly(int(line.split()[4]) + 2)
+            if b"notify-ms=" in line:
+                writer.write(b"BAD_OPTION notify-ms\r\n")
+            else:
+                writer.write(b"ENDED %d finished 2\r\nok\r\n" % len(lines))
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        async with Client("127.0.0.1", server.sockets[0].getsockname()[1]) as client, \
+                asyncio.timeout(WAIT_S):
+            assert await client.call("t", b"x", timeout=5) == b"ok"
+            assert await client.call("t", b"y", timeout=5) == b"ok"
+        assert [b"notify-ms=" in line for line in lines] == [True, False, False]
+    finally:
+        server.close()
+        await server.wait_closed()

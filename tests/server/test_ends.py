@@ -17,6 +17,7 @@ from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait, EndWaits
 from tubeq.server.process import Config, Server
 from tubeq.store.keys import Keys
+from tubeq.store.records import JobEnd
 
 
 @pytest.fixture
@@ -372,6 +373,60 @@ async def test_a_closed_connection_drops_its_notifies(ctx: ServerContext) -> Non
     assert len(ctx.end_waits) == 0
     worker.send(b"reserve\r\nfinish 1 1\r\nA\r\n")  # nobody to tell: nothing breaks
     await worker.expect(b"RESERVED 1 1\r\nx\r\nFINISHED\r\n")
+
+
+async def test_an_end_frame_is_not_held_behind_a_wait_of_its_connection(
+        ctx: ServerContext) -> None:
+    """A shared connection's `wait` (or reserve) holds the replies after it, not the END
+    frames of its calls: the frame goes before the first reply still unanswered."""
+    caller, worker = Client(ctx), Client(ctx)
+    caller.send(b"put 0 0 60 1\r\nw\r\nput-with 0 0 60 1 tube=calls notify-ms=10000\r\nx\r\n")
+    await caller.expect(b"INSERTED 1\r\nINSERTED 2\r\n")
+    caller.send(b"wait 1 10\r\n")  # job 1 lives on: this wait holds the connection
+    worker.send(b"watch calls\r\nignore default\r\nreserve\r\nfinish 2 1\r\nX\r\n")
+    await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\nRESERVED 2 1\r\nx\r\nFINISHED\r\n")
+    await caller.expect(b"END 2 finished 1\r\nX\r\n")
+    worker.send(b"watch default\r\nreserve\r\ndelete 1\r\n")
+    await worker.expect(b"WATCHING 2\r\nRESERVED 1 1\r\nw\r\nDELETED\r\n")
+    await caller.expect(b"ENDED 1 deleted 0\r\n\r\n")
+
+
+async def test_calls_run_after_a_half_close_or_a_quit_are_answered_and_the_connection_closes(
+        ctx: ServerContext) -> None:
+    """Calls the pump runs after the EOF (it stopped at --max-in-flight before) or sent
+    before a quit hear timed-out at once; then the connection closes, holding no wait."""
+    ctx.max_in_flight = 1
+    caller = Client(ctx)
+    caller.send(b"put-with 0 0 60 1 notify-ms=60000\r\nx\r\n"
+                b"put-with 0 0 60 1 notify-ms=60000\r\ny\r\n")
+    await caller.until(lambda out: out.count(b"\r\n") >= 1)
+    assert caller.conn.eof_received() is True
+    await caller.until(lambda _: caller.transport.closed)
+    out = bytes(caller.transport.out)
+    assert out.count(b"INSERTED") == 2 and out.count(b" timed-out 0\r\n") == 2
+    ctx.max_in_flight = 128
+    quitter = Client(ctx)
+    quitter.send(b"put-with 0 0 60 1 notify-ms=60000\r\nz\r\nquit\r\n")
+    await quitter.until(lambda _: quitter.transport.closed)
+    assert bytes(quitter.transport.out) == b"INSERTED 3\r\nEND 3 timed-out 0\r\n\r\n"
+    for _ in range(100):
+        if not len(ctx.end_waits):
+            break
+        await asyncio.sleep(0.01)
+    assert len(ctx.end_waits) == 0
+
+
+def test_recent_ends_keep_no_long_result() -> None:
+    """An end told from a finish's reply carries the whole result; the recent ends keep it
+    only when a message could carry it too (END_INLINE_MAX): a longer one is read."""
+    async def run() -> None:
+        waits = EndWaits()
+        waits.ended(1, JobEnd("finished", b"x" * end_waits.END_INLINE_MAX))
+        waits.ended(2, JobEnd("finished", b"x" * (end_waits.END_INLINE_MAX + 1)))
+        kept = {job_id: heard[0] for job_id, heard in waits._recent.items()}
+        assert kept[1] is not None and kept[2] is None
+
+    asyncio.run(run())
 
 
 async def test_notifies_in_flight_count_as_unanswered_commands(ctx: ServerContext) -> None:

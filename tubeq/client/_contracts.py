@@ -49,8 +49,9 @@ class Connection(Protocol):
         """Return once the transport's write buffer is below its high-water mark."""
         ...
 
-    def expect_end(self, job_id: int) -> asyncio.Future[Reply]:
-        """The future of the next END frame for job ``job_id`` (put-with notify-ms)."""
+    def expect_end(self, job_id: int, deadline: float) -> asyncio.Future[Reply]:
+        """The future of an END frame for job ``job_id`` (put-with notify-ms) of a call whose
+        time runs out at ``deadline`` (loop time)."""
         ...
 
 

@@ -40,6 +40,7 @@ from tubeq.client.ends import (
     wait_ms,
 )
 from tubeq.client.errors import (
+    BadOption,
     CallTimedOut,
     ClientConnectionError,
     ClientError,
@@ -136,6 +137,9 @@ class Client:
         self.max_body = max_body
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
+        # The server refused put-with notify-ms (a tubeq older than it): calls then use
+        # wait-ms, one at a time per connection.
+        self._calls_hold: bool = False
         self._ever_connected = False
         self._used = DEFAULT_TUBE
         self._watched = [DEFAULT_TUBE]
@@ -699,25 +703,42 @@ class Client:
             body = codec.encode(body)
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if max_tries is None and ttl_ms is None and key is None:  # the usual call, at once
-            line = b"put-with %d 0 %d %d tube=%s notify-ms=%d%s\r\n" % (
-                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube), wait_ms(timeout),
+            head = b"put-with %d 0 %d %d tube=%s%s" % (
+                _uint(pri, "pri"), _uint(ttr, "ttr"), len(data), _tube(tube),
                 traceparent_option(None))
         else:
             line = put_with_line(pri, 0, ttr, len(data), delay_ms=None, max_tries=max_tries,
                                  backoff_ms=None, backoff_max_ms=None, ttl_ms=ttl_ms,
                                  on_expire=None, key=key)
-            line = line[:-2] + b" tube=%s notify-ms=%d\r\n" % (_tube(tube), wait_ms(timeout))
+            head = line[:-2] + b" tube=%s" % _tube(tube)
+        ms = wait_ms(timeout)
+        if not self._calls_hold:
+            try:
+                result = await self._call_notified(head, ms, data, timeout)
+            except BadOption as refused:
+                if refused.option != "notify-ms":
+                    raise
+                self._calls_hold = True  # nothing was stored: call again the older way
+            else:
+                return result if codec is None else codec.decode(result)
+        result = await self._call_held(head, ms, data, timeout)
+        return result if codec is None else codec.decode(result)
+
+    async def _call_notified(self, head: bytes, ms: int, data: bytes, timeout: float) -> bytes:
+        """A call by put-with notify-ms: the put answered at once, the end as a frame later
+        (the connection stays free for the client's other commands)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout + REPLY_GRACE_S
 
         def convert(reply: Reply, link: Connection) -> tuple[int, asyncio.Future[Reply]]:
             _expect(reply, "call", INSERTED, DUPLICATE)
             job_id = reply.int_arg(0)
-            return job_id, link.expect_end(job_id)
+            return job_id, link.expect_end(job_id, deadline)
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout + REPLY_GRACE_S
         try:
-            job_id, end = await self._call_within(line + data + CRLF, convert,
-                                                  timeout + REPLY_GRACE_S)
+            job_id, end = await self._call_within(
+                b"%s notify-ms=%d\r\n%s\r\n" % (head, ms, data), convert,
+                timeout + REPLY_GRACE_S)
         except TimeoutError:  # the server did not answer (stopped, cut off)
             raise CallTimedOut("call", None) from None
         timer = loop.call_at(deadline, end.cancel)
@@ -733,8 +754,23 @@ class Client:
             end.cancel()
         if frame.args[1] == b"timed-out":
             raise CallTimedOut("call", frame.int_arg(0))
-        result = result_of(ended_of(frame))
-        return result if codec is None else codec.decode(result)
+        return result_of(ended_of(frame))
+
+    async def _call_held(self, head: bytes, ms: int, data: bytes, timeout: float) -> bytes:
+        """A call by put-with wait-ms (a tubeq without notify-ms): the command holds the
+        connection until the job ended or the time ran out."""
+        def convert(reply: Reply, link: Connection) -> Ended | int:
+            _expect(reply, "call", ENDED, INSERTED, DUPLICATE)
+            return ended_of(reply) if reply.word == ENDED else reply.int_arg(0)
+
+        try:
+            outcome = await self._call_within(b"%s wait-ms=%d\r\n%s\r\n" % (head, ms, data),
+                                              convert, timeout + REPLY_GRACE_S)
+        except TimeoutError:  # the server did not answer (stopped, cut off)
+            raise CallTimedOut("call", None) from None
+        if isinstance(outcome, int):
+            raise CallTimedOut("call", outcome)
+        return result_of(outcome)
 
     async def peek_key(self, key: str) -> Job:
         """The living job put with dedupe ``key``; :class:`NotFound` if none."""

@@ -81,9 +81,9 @@ class _Link(asyncio.Protocol):
         self.on_quiet: Callable[[], None] | None = None
         # The server's extension words once asked (tubeq.client.batches), empty for beanstalkd.
         self.extensions: frozenset[str] | None = None
-        # put-with notify-ms: job id -> the futures of its END frames to come, oldest first
-        # (one per call: two calls of the same dedupe key share the job).
-        self._ends: dict[int, deque[asyncio.Future[Reply]]] = {}
+        # put-with notify-ms: job id -> its calls' deadlines (loop time) and the futures of
+        # their END frames to come (one per call: two calls of one dedupe key share the job).
+        self._ends: dict[int, list[tuple[float, asyncio.Future[Reply]]]] = {}
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -186,24 +186,31 @@ class _Link(asyncio.Protocol):
 
     # -- receiving ----------------------------------------------------------------------------
 
-    def expect_end(self, job_id: int) -> asyncio.Future[Reply]:
-        """The future of the next END frame for job ``job_id`` (put-with notify-ms): called by
-        the put's converter, so it is in place before the frame can come (frames follow the
-        reply that named the job). Cancel it to stop listening."""
+    def expect_end(self, job_id: int, deadline: float) -> asyncio.Future[Reply]:
+        """The future of an END frame for job ``job_id`` (put-with notify-ms) of a call whose
+        time runs out at ``deadline`` (loop time): called by the put's converter, so it is in
+        place before the frame can come (frames follow the reply that named the job). Cancel
+        it to stop listening."""
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         if self.error is not None:
             future.set_exception(self.failure())
             return future
-        self._ends.setdefault(job_id, deque()).append(future)
+        self._ends.setdefault(job_id, []).append((deadline, future))
         return future
 
     def _end_frame(self, reply: Reply) -> None:
+        """An END frame to one of its job's calls: how the job ended is the same for every
+        call of the job (the first takes it); a ``timed-out`` frame is the call's whose time
+        runs out first (calls of one dedupe key may have different timeouts)."""
         job_id = reply.int_arg(0)
-        futures = self._ends.get(job_id)
-        if futures is None:
+        calls = self._ends.get(job_id)
+        if calls is None:
             return  # its call gave up and went
-        future = futures.popleft()
-        if not futures:
+        at = 0
+        if len(calls) > 1 and reply.args[1] == b"timed-out":
+            at = min(range(len(calls)), key=lambda i: calls[i][0])
+        future = calls.pop(at)[1]
+        if not calls:
             del self._ends[job_id]
         if not future.done():
             future.set_result(reply)
@@ -264,8 +271,8 @@ class _Link(asyncio.Protocol):
             if not future.done():
                 future.set_exception(self.failure())
         ends, self._ends = self._ends, {}
-        for futures in ends.values():
-            for end in futures:
+        for calls in ends.values():
+            for _, end in calls:
                 if not end.done():
                     end.set_exception(self.failure())
                     end.exception()  # (retrieved: a call that gave up leaves no log line)

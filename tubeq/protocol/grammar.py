@@ -124,7 +124,9 @@ class _Refused(Exception):
 # Option texts parsed lately, by the specs they were parsed for: a client sends the same few
 # again and again (a call's ``tube=... notify-ms=...``), and an Options is immutable. At most
 # _OPTIONS_SEEN_MAX texts of at most _OPTIONS_SEEN_BYTES (then forgotten all at once: ~300 KiB);
-# refused texts are not kept. ``specs`` are module constants: their id() names them.
+# refused texts are not kept, nor texts that name one job (a dedupe key, a traceparent, its
+# parents: they seldom come twice, and would push out the ones that do). ``specs`` are
+# module constants: their id() names them.
 _OPTIONS_SEEN: dict[tuple[bytes, int], options.Options] = {}
 _OPTIONS_SEEN_MAX: Final = 1024
 _OPTIONS_SEEN_BYTES: Final = 200
@@ -142,7 +144,8 @@ def _options(text: bytes, specs: Mapping[str, options.Spec]) -> options.Options:
         raise _BadFormat from None
     except options.BadOption as refused:
         raise _Refused(replies.bad_option(refused.name)) from None
-    if len(text) <= _OPTIONS_SEEN_BYTES:
+    if len(text) <= _OPTIONS_SEEN_BYTES and b"key=" not in text \
+            and b"traceparent=" not in text and b"after=" not in text:
         if len(_OPTIONS_SEEN) >= _OPTIONS_SEEN_MAX:
             _OPTIONS_SEEN.clear()
         _OPTIONS_SEEN[key] = parsed

@@ -348,8 +348,10 @@ class Connection(asyncio.Protocol):
             self.store.bump_gauge("workers", 1)
 
     def quit(self) -> None:
-        """Stop reading commands; close once the replies before the quit are written."""
+        """Stop reading commands; close once the replies before the quit are written (calls
+        awaiting their end hear timed-out at once, as at a half-close)."""
         self._quit = True
+        self._give_up_ends()
 
     # -- command flow -------------------------------------------------------------------------
 
@@ -563,6 +565,8 @@ class Connection(asyncio.Protocol):
             self._ends = set()
         self._ends.add(wait)
         frame.add_done_callback(functools.partial(self._end_heard, wait))
+        if self._eof or self._quit or self._lost:  # a call run after the half-close or quit
+            wait.give_up()
 
     def _end_heard(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
         ends = self._ends
@@ -580,11 +584,28 @@ class Connection(asyncio.Protocol):
         else:
             data = frame.result()
         if data is not None:
-            self._push_frames(data)
+            self._end_frame(data)
         else:
             self._maybe_close()  # (a half-closed connection waited for this one)
         if self._flow.throttled:
             self.schedule_pump()
+
+    def _end_frame(self, frame: bytes) -> None:
+        """An END frame goes before the first reply still unanswered (a wait or a reserve of
+        the connection must not hold the ends of its other calls back), after every reply
+        already answered: the put that named the job is one of those (the end follows it)."""
+        replies_ = self._replies
+        at = len(replies_)
+        for i, head in enumerate(replies_):
+            if not isinstance(head, bytes) and not head.done():
+                at = i
+                break
+        replies_.insert(at, frame)
+        if self._asked is not None:  # no command's reply: not counted, not timed
+            self._asked.insert(at, None)
+        if self._asked_since is not None:
+            self._asked_since.insert(at, UNTIMED)
+        self._schedule_flush()
 
     def _give_up_ends(self) -> None:
         if self._ends:

@@ -43,6 +43,9 @@ READ_GRACE_S = 0.25
 # and none across a reconnect (Redis may have lost ids since: a new job could reuse one).
 RECENT_ENDS = 4096
 RECENT_S = 5.0
+# The longest end data a message carries (lua/includes/ends.lua END_INLINE_MAX), and the
+# longest kept among the recent ends: a longer one is read by the wait that takes it.
+END_INLINE_MAX = 4096
 
 T = TypeVar("T")
 
@@ -92,7 +95,10 @@ class EndWaits:
 
     def ended(self, job_id: int, end: JobEnd | None = None) -> None:
         """A script published that ``job_id`` ended (``end``: how, when the message carried
-        it): its waits take it, or read it."""
+        it; one whose data is longer than END_INLINE_MAX is not kept): its waits take it, or
+        read it."""
+        if end is not None and len(end.data) > END_INLINE_MAX:
+            end = None
         recent = self._recent
         recent.pop(job_id, None)  # (re-inserted last: the order stays the order heard)
         recent[job_id] = (end, asyncio.get_running_loop().time())
