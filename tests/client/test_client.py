@@ -11,8 +11,8 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
