@@ -58,18 +58,22 @@ class GrantOwner(Protocol):
 class Wait(Waiter):
     """One token's wait, registered from construction until :meth:`leave`."""
 
-    __slots__ = ("_deadline", "_owner", "_registry", "_staying", "_store", "attempt", "counted",
-                 "recount")
+    __slots__ = ("_deadline", "_mode", "_owner", "_registry", "_staying", "_store", "attempt",
+                 "counted", "recount")
 
     def __init__(self, registry: WaiterRegistry, store: JobStore, token: str,
                  tubes: Iterable[str], *, owner: GrantOwner | None = None,
-                 deadline: float | None = None) -> None:
-        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by."""
+                 deadline: float | None = None, mode: str = "1") -> None:
+        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by.
+        ``mode``: what it is counted in Redis as (lua/includes/waiter_counts.lua): "1", or "r"
+        for a connection's blocked reserve, whose owner takes the due jobs its process's
+        promote hands it (tubeq.server.reserves.ReserveQueue.given)."""
         super().__init__(tubes, token)
         self._registry = registry
         self._store = store
         self._owner = owner
         self._deadline = deadline
+        self._mode = mode
         self.counted = False  # counted in Redis as waiting (a count-in was sent)
         self.recount = False  # Redis lost the registration: count in again before the next try
         # The store call that may grant jobs, while it is awaited: a caller that leaves mid-call
@@ -81,14 +85,14 @@ class Wait(Waiter):
     async def count_in(self) -> None:
         """Count the token in Redis as waiting: from now on a put may hand it a job."""
         self.counted = True  # from the moment the call is sent: `leave` must count it out
-        await self._awaited(self._store.set_waiting(self.token, 1))
+        await self._awaited(self._store.set_waiting(self.token, 1, mode=self._mode))
 
     async def count_in_again(self) -> None:
         """After a registration loss: count in again (a no-op if Redis still has it)."""
         if self.recount:
             self.recount = False
             if self.counted:
-                await self._awaited(self._store.set_waiting(self.token, 1))
+                await self._awaited(self._store.set_waiting(self.token, 1, mode=self._mode))
 
     @overload
     async def take(self, count: None = None) -> Reservation | NoJob: ...

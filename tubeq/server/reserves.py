@@ -371,18 +371,22 @@ class ReserveQueue:
                 if ending is not None:
                     if wait is not None and wait.counted and not self._eof:
                         # A put may have handed us a job an instant ago: then it is the answer
-                        # (at most one job per wait; any more go to the pool).
+                        # (at most one job per wait; any more go to the pool); so is one that
+                        # promote handed us meanwhile (:meth:`given`).
                         handed = await wait.claim()
                         if handed:
                             self._pool.insert(0, handed[0])
                             self._pool.extend(handed[1:])
-                            if self._pool_ready():
-                                consumed = True
-                                return self._from_pool(count)
+                        if self._pool_ready():
+                            consumed = True
+                            return self._from_pool(count)
                     return ending
                 if wait is None:
+                    # Mode 'r': a due job this process's scheduler promotes while this reserve
+                    # is first in line comes in promote's own reply (:meth:`given`).
                     wait = self.wait = Wait(conn.ctx.registry, conn.store, conn.token,
-                                            conn.watched, owner=self, deadline=deadline)
+                                            conn.watched, owner=self, deadline=deadline,
+                                            mode="r")
                     await wait.count_in()
                 else:
                     if not wait.recount:
@@ -410,6 +414,26 @@ class ReserveQueue:
                 stopped = wait.leave(consumed=consumed, claim=not self._lost)
                 if stopped is not None:
                     self.track_grants(stopped).add_done_callback(self._late_grant)
+
+    def given(self, job: Reservation) -> bool:
+        """promote.lua, run by this process's scheduler, handed ``job`` to this connection's
+        blocked reserve (its wait counted in with mode 'r') and counted the wait out: the job is
+        the connection's, as a grant's is. The waiting reserve answers with it; one that ended
+        meanwhile leaves it to the next reserve (or to TTR or the disconnect, as a late grant).
+        False when the connection is gone: the caller gives the job back.
+
+        The wait stays ``counted`` here: it may have been counted in again since promote ran
+        (a reserve that ended and the next one's count-in, sent before this reply was read), so
+        its count-out at ``leave`` still goes, and does nothing in Redis when it was not.
+        """
+        if self._lost:
+            return False
+        self.hold((job,))
+        self._pool.append(job)
+        if self.wait is not None:
+            self.wait.wake()
+        self._advance()
+        return True
 
     def _late_grant(self, f: asyncio.Future[Any]) -> None:
         """Jobs granted or claimed after the reserve that asked had answered (its wait ended,

@@ -61,6 +61,7 @@ class JobStore(Protocol):
     defers_behind_reserves: bool
     metrics: JobObserver | None
     direct_grants: DirectGrants | None
+    due_grants: DirectGrants | None
 
     async def load_scripts(self) -> bool: ...
 

@@ -205,7 +205,8 @@ class Deferred(Exception):
 
 # Where a put's new job goes that put.lua handed straight to a push loop of the calling
 # process (its direct hand-over): the connection's token, the job's reservation and its
-# priority. Set on the store by the server (tubeq.server.context.ServerContext.deliver_direct).
+# priority. Set on the store by the server (tubeq.server.context.ServerContext.deliver_direct;
+# and, for the due jobs promote.lua hands to a blocked reserve, ServerContext.deliver_due).
 DirectGrants = Callable[[str, Reservation, int], None]
 
 
