@@ -21,7 +21,8 @@ Rules:
   first try goes to Redis at once; the first reserve that finds nothing waits
   (tubeq.server.reserve_wait) and holds the reserves behind it.
 * A job granted to this connection is its own whatever becomes of the reserve that asked
-  (:meth:`ReserveQueue.track_grants`): one granted after its reserve answered goes to the next
+  (:meth:`ReserveQueue.track_grants`; a due job its process's promote handed to the blocked
+  reserve: :meth:`ReserveQueue.given`): one granted after its reserve answered goes to the next
   reserve, or back to ready when the connection goes (disconnect.lua) or by TTR.
 * What may overtake an unanswered reserve: further reserves, and delete, bury or touch (or
   delete-many) of jobs the connection holds, with the number of the first reserve they pass;
