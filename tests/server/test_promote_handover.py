@@ -40,8 +40,8 @@ def test_a_due_job_reaches_a_reserve_of_the_promoting_process_with_no_reserve_sc
         tubeq_cluster: TubeqCluster) -> None:
     """The worker's reserve blocks (its first try and its try after counting in find nothing);
     a job put with a delay then comes due: promote hands it to the waiting reserve in its own
-    reply. Before, promote published a wake-up and the woken reserve ran reserve.lua to take
-    it: one more script and one more Redis round trip per due job."""
+    reply, counted out. Before, promote published a wake-up and the woken reserve ran
+    reserve.lua to take it: one more script and one more Redis round trip per due job."""
     prefix = unique_prefix("tq-due")
     marker = f"{prefix}-end"
     server = tubeq_cluster.start(prefix=prefix, label="tubeq-due")
@@ -87,7 +87,10 @@ def test_a_due_job_reaches_a_reserve_of_the_promoting_process_with_no_reserve_sc
             recorder.join(BOUND_S)
         monitor.close()
         other.close()
-    assert seen[0] == "put" and "promote" in seen and "reserve" not in seen, seen
+    # The put, then the sweep (promote, and expire and schedule_due beside it), and nothing
+    # for the job: no reserve.lua to take it, no count_waiting.lua to count the reserve out.
+    assert seen[0] == "put" and "promote" in seen, seen
+    assert "reserve" not in seen and "count_waiting" not in seen, seen
 
 
 def test_a_due_job_reaches_a_reserve_blocked_only_in_another_process(

@@ -19,7 +19,7 @@ from tubeq.server.reserves import (
     ReserveQueue,
 )
 from tubeq.server.waiters import WaiterRegistry
-from tubeq.store.records import Deferred, NoJob, Reservation
+from tubeq.store.records import Deferred, NoJob, Reservation, send_order
 
 NOW_MS = 1_700_000_000_000
 TTR_S = 60
@@ -212,18 +212,27 @@ async def _blocked(timeout_s: int | None = None) -> tuple[ReserveQueue, FakeConn
 
 async def test_a_blocked_reserve_answers_with_the_due_job_promote_hands_it() -> None:
     """promote.lua's hand-over (ReserveQueue.given): the blocked reserve answers with the job
-    without another try; its count-out still goes (Redis has it counted out already, or
-    counted in again by a later reserve: the count-out is right either way)."""
+    without another try, and sends no count-out: promote, sent after its count-in, counted it
+    out. A wait counted in again after the promote was sent (a reserve that ended, and the
+    next one's count-in, before promote's reply was read) is still counted: it counts out."""
     queue, conn, reply = await _blocked()
     tries = len(conn.store.calls)
-    assert queue.given(job(5, b"due"))
+    assert queue.given(job(5, b"due"), send_order())  # a promote sent after the count-in
     for _ in range(5):
         await asyncio.sleep(0)
     assert reply.done() and conn.written == [b"RESERVED 5 3\r\ndue\r\n"]
     assert conn.reserved == {5: NOW_MS + TTR_S * 1000}
+    assert conn.store.calls[tries:] == []
+    sent_before = send_order()  # a promote sent before the next wait's count-in
+    queue, conn, reply = await _blocked()
+    tries = len(conn.store.calls)
+    assert queue.given(job(6, b"due"), sent_before)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert reply.done() and conn.written == [b"RESERVED 6 3\r\ndue\r\n"]
     assert [c[:4] for c in conn.store.calls[tries:]] == [("set_waiting", -1, True, "1")]
     queue.connection_lost()
-    assert not queue.given(job(6, b"late"))  # the connection is gone: the caller gives it back
+    assert not queue.given(job(7, b"late"), send_order())  # gone: the caller gives it back
 
 
 async def test_a_reserve_ending_as_promote_hands_it_a_job_answers_with_the_job() -> None:
@@ -237,6 +246,6 @@ async def test_a_reserve_ending_as_promote_hands_it_a_job_answers_with_the_job()
     queue.wait.wake()
     await _answer(conn, "reserve", NoJob())  # the woken wait's try finds nothing
     assert conn.store.calls[-1][:3] == ("set_waiting", -1, True)  # the claim, not answered
-    assert queue.given(job(5, b"due"))
+    assert queue.given(job(5, b"due"), send_order())
     await _answer(conn, "set_waiting", [])
     assert reply.done() and conn.written == [b"RESERVED 5 3\r\ndue\r\n"]

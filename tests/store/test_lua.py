@@ -574,7 +574,7 @@ async def test_promote_hands_due_jobs_to_this_processs_blocked_reserves_first_in
     published while the tube has no ready job left; the tube is not named to wake."""
     s = env.store
     given: list[tuple[str, Reservation, int]] = []
-    s.due_grants = lambda token, job, pri: given.append((token, job, pri))
+    s.due_grants = lambda token, job, pri, sent: given.append((token, job, pri))
     first = await env.put(pri=5, delay=1, ttr=30, body=b"first")
     second = await env.put(pri=5, delay=1, ttr=30, body=b"second")
     await s.set_waiting(BOB, 1, mode="r")
@@ -610,7 +610,7 @@ async def test_promote_hands_nothing_over_where_a_wake_up_is_due_instead(env: En
     stays ready and the tube is woken as before. A paused tube hands nothing over."""
     s = env.store
     given: list[tuple[str, Reservation, int]] = []
-    s.due_grants = lambda token, job, pri: given.append((token, job, pri))
+    s.due_grants = lambda token, job, pri, sent: given.append((token, job, pri))
     other = Store(s.client, env.keys, "other", env.clock)
     await other.heartbeat()
     await other.connect("other:1")

@@ -197,13 +197,14 @@ class ServerContext:
         if conn is None or not conn.granted_directly(job):
             self.store.release(token, job.id, pri, 0).add_done_callback(discard)
 
-    def deliver_due(self, token: str, job: Reservation, pri: int) -> None:
-        """The store's ``due_grants``: promote.lua, run by this process's scheduler, handed the
-        due ``job`` (priority ``pri``) to connection ``token``'s blocked reserve. It goes to
-        that connection's reserves (the waiting one answers with it); a connection gone
-        meanwhile gives it back to ready at once, as :meth:`deliver_direct` does."""
+    def deliver_due(self, token: str, job: Reservation, pri: int, sent: int) -> None:
+        """The store's ``due_grants``: promote.lua (its call stamped ``sent``), run by this
+        process's scheduler, handed the due ``job`` (priority ``pri``) to connection
+        ``token``'s blocked reserve. It goes to that connection's reserves (the waiting one
+        answers with it); a connection gone meanwhile gives it back to ready at once, as
+        :meth:`deliver_direct` does."""
         conn = self.connections.get(token)
-        if conn is None or not conn.reserves.given(job):
+        if conn is None or not conn.reserves.given(job, sent):
             self.store.release(token, job.id, pri, 0).add_done_callback(discard)
 
     def restore_registrations(self) -> None:
@@ -267,9 +268,10 @@ class Gate:
 class DueTaker(Protocol):
     """A connection's reserve queue as the process sees it (tubeq.server.reserves.ReserveQueue)."""
 
-    def given(self, job: Reservation) -> bool:
-        """promote.lua handed ``job`` to the connection's blocked reserve: it is the
-        connection's; False when the connection is gone (the caller gives it back)."""
+    def given(self, job: Reservation, sent: int) -> bool:
+        """promote.lua (its call stamped ``sent``, tubeq.store.records.send_order) handed
+        ``job`` to the connection's blocked reserve: it is the connection's; False when the
+        connection is gone (the caller gives it back)."""
         ...
 
 

@@ -416,23 +416,21 @@ class ReserveQueue:
                 if stopped is not None:
                     self.track_grants(stopped).add_done_callback(self._late_grant)
 
-    def given(self, job: Reservation) -> bool:
-        """promote.lua, run by this process's scheduler, handed ``job`` to this connection's
-        blocked reserve (its wait counted in with mode 'r') and counted the wait out: the job is
-        the connection's, as a grant's is. The waiting reserve answers with it; one that ended
+    def given(self, job: Reservation, sent: int) -> bool:
+        """promote.lua, run by this process's scheduler (its call stamped ``sent``,
+        tubeq.store.records.send_order), handed ``job`` to this connection's blocked reserve
+        (its wait counted in with mode 'r') and counted the connection out: the job is the
+        connection's, as a grant's is. The waiting reserve answers with it; one that ended
         meanwhile leaves it to the next reserve (or to TTR or the disconnect, as a late grant).
-        False when the connection is gone: the caller gives the job back.
-
-        The wait stays ``counted`` here: it may have been counted in again since promote ran
-        (a reserve that ended and the next one's count-in, sent before this reply was read), so
-        its count-out at ``leave`` still goes, and does nothing in Redis when it was not.
-        """
+        False when the connection is gone: the caller gives the job back."""
         if self._lost:
             return False
         self.hold((job,))
         self._pool.append(job)
-        if self.wait is not None:
-            self.wait.wake()
+        wait = self.wait
+        if wait is not None:
+            wait.counted_out(sent)
+            wait.wake()
         self._advance()
         return True
 

@@ -38,6 +38,7 @@ from tubeq.store.records import (
     Clock,
     Deferred,
     DirectGrants,
+    DueGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -52,6 +53,7 @@ from tubeq.store.records import (
     PutOutcome,
     Reservation,
     TubeCounts,
+    send_order,
 )
 from tubeq.store.scripts import Library, Script, library, load_all
 
@@ -161,7 +163,7 @@ class Store:
         self.direct_grants: DirectGrants | None = None
         # Set by the server: where a due job goes that promote.lua handed straight to a blocked
         # reserve of this process (a connection waiting in mode 'r'); unset, it waits for its TTR.
-        self.due_grants: DirectGrants | None = None
+        self.due_grants: DueGrants | None = None
         self._scripts: dict[str, Script] = load_all()
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
@@ -723,24 +725,26 @@ class Store:
         the reply is read, before anything waits on this future."""
         metrics = self.metrics
         now = self.clock()
+        sent = send_order()  # stamped as it is sent: a count-in stamped before ran before it
 
         def decode(r: Any) -> tuple[int, list[str]]:
             # promote.lua: {next due, {tube, ...}, {lateness ms, ...}, {token, pri, job, ...}}
             if metrics is not None and r[2]:
                 metrics.jobs_promoted([int(v) for v in r[2]])
             if r[3]:
-                self._handed_due(r[3], now)
+                self._handed_due(r[3], now, sent)
             return int(r[0]), [v.decode() for v in r[1]]
 
         return self._eval("promote", now, SWEEP_LIMIT, decode=decode)
 
-    def _handed_due(self, flat: list[Any], now: int) -> None:
-        """promote.lua's hand-overs, 7 fields each: the token, the priority, the reservation."""
+    def _handed_due(self, flat: list[Any], now: int, sent: int) -> None:
+        """promote.lua's hand-overs, 7 fields each: the token, the priority, the reservation;
+        ``sent``: the promote call's send_order stamp."""
         grants = self.due_grants
         for i in range(0, len(flat), 7):
             job = _reservations(flat[i + 2:i + 7], now, self.metrics)[0]
             if grants is not None:
-                grants(flat[i].decode(), job, int(flat[i + 1]))
+                grants(flat[i].decode(), job, int(flat[i + 1]), sent)
             else:
                 log.warning("a due job was handed to a reserve nobody serves", job=job.id,
                             token=flat[i].decode())
