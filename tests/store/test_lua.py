@@ -602,6 +602,30 @@ async def test_promote_hands_due_jobs_to_this_processs_blocked_reserves_first_in
     s.due_grants = None
 
 
+async def test_a_due_job_that_cannot_be_given_fails_neither_the_sweep_nor_the_others(
+        env: Env) -> None:
+    """The store gives each job promote handed over to due_grants as the reply is read: one
+    that raises is logged (its TTR gives it back), and the sweep's answer and the other jobs'
+    hand-overs still come."""
+    s = env.store
+    given: list[str] = []
+
+    def grants(token: str, job: Reservation, pri: int, sent: int) -> None:
+        if token == BOB:
+            raise RuntimeError("a bug in the giving")
+        given.append(token)
+
+    s.due_grants = grants
+    await env.put(delay=1)
+    await env.put(delay=1)
+    await s.set_waiting(BOB, 1, mode="r")
+    await s.set_waiting(ALICE, 1, mode="r")
+    env.clock.advance(1)
+    assert await s.promote() == (-1, [])
+    assert given == [ALICE]
+    s.due_grants = None
+
+
 async def test_promote_hands_nothing_over_where_a_wake_up_is_due_instead(env: Env) -> None:
     """First come, first served: a due job goes in the reply only to a blocked reserve of the
     promoting process first in line. Another process's connection first in line (its own

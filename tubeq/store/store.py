@@ -744,7 +744,11 @@ class Store:
         for i in range(0, len(flat), 7):
             job = _reservations(flat[i + 2:i + 7], now, self.metrics)[0]
             if grants is not None:
-                grants(flat[i].decode(), job, int(flat[i + 1]), sent)
+                try:  # one that fails must not fail the sweep, nor lose the others
+                    grants(flat[i].decode(), job, int(flat[i + 1]), sent)
+                except Exception:
+                    log.exception("a due job handed over could not be given (its TTR "
+                                  "gives it back)", job=job.id, token=flat[i].decode())
             else:
                 log.warning("a due job was handed to a reserve nobody serves", job=job.id,
                             token=flat[i].decode())
