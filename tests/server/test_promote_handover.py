@@ -67,7 +67,10 @@ def test_a_due_job_reaches_a_reserve_of_the_promoting_process_with_no_reserve_sc
     recorder = threading.Thread(target=record, daemon=True)
     try:
         with Wire(server.host, server.port) as worker, Wire(server.host, server.port) as producer:
+            # One tube (not default too): in a split namespace (TUBEQ_TEST_SHARDS) a reserve
+            # over two shards takes no job from a reply (mode 'h'/'o', not 'r').
             assert worker.ask(b"watch due\r\n") == b"WATCHING 2\r\n"
+            assert worker.ask(b"ignore default\r\n") == b"WATCHING 1\r\n"
             assert producer.ask(b"use due\r\n") == b"USING due\r\n"
             worker.send(b"reserve-with-timeout 30\r\n")
             assert _waiting_on(server, "due"), "the reserve was never counted waiting"
