@@ -559,6 +559,134 @@ async def test_a_count_in_costs_the_same_however_many_tubes_its_line_has_entered
     assert counts is not None and counts[8] == 0
 
 
+async def _wake_listener(env: Env) -> Any:
+    pubsub = env.raw.pubsub()
+    await pubsub.psubscribe(env.keys.wake_pattern)
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    return pubsub
+
+
+async def test_promote_hands_due_jobs_to_this_processs_blocked_reserves_first_in_line(
+        env: Env) -> None:
+    """Blocked reserves of the promoting process (mode 'r'), first in their tube's line, get
+    the due jobs in promote's own reply, one each in line order: reserved to them, counted out
+    of the waiters, its 'reserved' event written, nothing recorded for a claim and no wake-up
+    published while the tube has no ready job left; the tube is not named to wake."""
+    s = env.store
+    given: list[tuple[str, Reservation, int]] = []
+    s.due_grants = lambda token, job, pri, sent: given.append((token, job, pri))
+    first = await env.put(pri=5, delay=1, ttr=30, body=b"first")
+    second = await env.put(pri=5, delay=1, ttr=30, body=b"second")
+    await s.set_waiting(BOB, 1, mode="r")
+    await s.set_waiting(ALICE, 1, mode="r")
+    pubsub = await _wake_listener(env)
+    env.clock.advance(1)
+    assert await s.promote() == (-1, [])
+    deadline = env.clock.now_ms + 30_000
+    assert given == [(BOB, Reservation(first, 30, b"first", deadline, 0, "default"), 5),
+                     (ALICE, Reservation(second, 30, b"second", deadline, 0, "default"), 5)]
+    for job_id in (first, second):
+        info = await s.job_info(job_id)
+        assert info is not None and (info.state, info.reserves) == ("reserved", 1)
+    assert await pubsub.get_message(timeout=0.2) is None
+    assert await env.raw.hlen(env.keys.waiting) == 0
+    gauges, _ = await s.server_counts()
+    assert gauges[9] == 0  # current-waiting
+    assert await s.set_waiting(BOB, -1, claim=True) == []  # nothing left to claim
+    assert await s.delete(BOB, first) and await s.delete(ALICE, second)
+    if s.events_maxlen:
+        events = [(e[b"event"], int(e[b"id"])) for _, e in await env.raw.xrange(env.keys.events)]
+        assert events[-6:-2] == [(b"promoted", first), (b"promoted", second),
+                                 (b"reserved", first), (b"reserved", second)]
+    await pubsub.aclose()
+    s.due_grants = None
+
+
+async def test_a_due_job_that_cannot_be_given_fails_neither_the_sweep_nor_the_others(
+        env: Env) -> None:
+    """The store gives each job promote handed over to due_grants as the reply is read: one
+    that raises is logged (its TTR gives it back), and the sweep's answer and the other jobs'
+    hand-overs still come."""
+    s = env.store
+    given: list[str] = []
+
+    def grants(token: str, job: Reservation, pri: int, sent: int) -> None:
+        if token == BOB:
+            raise RuntimeError("a bug in the giving")
+        given.append(token)
+
+    s.due_grants = grants
+    await env.put(delay=1)
+    await env.put(delay=1)
+    await s.set_waiting(BOB, 1, mode="r")
+    await s.set_waiting(ALICE, 1, mode="r")
+    env.clock.advance(1)
+    assert await s.promote() == (-1, [])
+    assert given == [ALICE]
+    s.due_grants = None
+
+
+async def test_promote_hands_nothing_over_where_a_wake_up_is_due_instead(env: Env) -> None:
+    """First come, first served: a due job goes in the reply only to a blocked reserve of the
+    promoting process first in line. Another process's connection first in line (its own
+    promote would hand it over; this one wakes it), a waiter of this process that takes no job
+    from a reply (mode '1': an HTTP long poll), or more due jobs than such reserves: the rest
+    stays ready and the tube is woken as before. A paused tube hands nothing over."""
+    s = env.store
+    given: list[tuple[str, Reservation, int]] = []
+    s.due_grants = lambda token, job, pri, sent: given.append((token, job, pri))
+    other = Store(s.client, env.keys, "other", env.clock)
+    await other.heartbeat()
+    await other.connect("other:1")
+    pubsub = await _wake_listener(env)
+    ahead = await env.put(delay=1)
+    await other.set_waiting("other:1", 1, mode="r")
+    await s.set_waiting(BOB, 1, mode="r")
+    env.clock.advance(1)
+    await s.heartbeat()
+    assert (await s.promote())[1] == ["default"]
+    assert given == [] and await env.state(ahead) is JobState.READY
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["type"] == "pmessage"
+    assert [r.id for r in await other.reserve_many("other:1", 1, counted_waiting=True)] == \
+        [ahead]
+    polling = await env.put(delay=1)  # an HTTP long poll of this process is first: '1'
+    await s.set_waiting(BOB, -1)
+    await s.set_waiting(ALICE, 1)
+    await s.set_waiting(BOB, 1, mode="r")
+    env.clock.advance(1)
+    assert (await s.promote())[1] == ["default"]
+    assert given == [] and await env.state(polling) is JobState.READY
+    assert (await env.reserve(ALICE)).id == polling
+    await s.set_waiting(ALICE, -1)
+    two = [await env.put(delay=1), await env.put(delay=1)]  # one reserve for two jobs
+    env.clock.advance(1)
+    assert (await s.promote())[1] == ["default"]
+    assert [(token, job.id) for token, job, _ in given] == [(BOB, two[0])]
+    assert await env.state(two[1]) is JobState.READY
+    await s.set_waiting(BOB, 1, mode="r")
+    await s.pause("default", 60)
+    paused = await env.put(delay=1)
+    env.clock.advance(1)
+    await s.promote()
+    assert len(given) == 1 and await env.state(paused) is JobState.READY
+    await pubsub.aclose()
+    s.due_grants = None
+
+
+async def test_a_put_hands_its_job_to_a_blocked_reserve_as_to_any_waiter(env: Env) -> None:
+    """Mode 'r' is a waiter like '1' for a put: the classic hand-over, told on the grant
+    channel, claimed by the connection's next try."""
+    s = env.store
+    pubsub = await _grant_listener(env)
+    await s.set_waiting(BOB, 1, mode="r")
+    job_id = await env.put()
+    message = await pubsub.get_message(timeout=2)
+    assert message is not None and message["data"] == BOB.encode()
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [job_id]
+    await pubsub.aclose()
+
+
 async def test_a_wait_that_ends_claims_the_job_a_put_handed_it(env: Env) -> None:
     s = env.store
     await s.set_waiting(BOB, 1)
