@@ -605,7 +605,7 @@ class Connection(asyncio.Protocol):
             self._asked.insert(at, None)
         if self._asked_since is not None:
             self._asked_since.insert(at, UNTIMED)
-        self._frame_queued()
+        self._schedule_flush()
 
     def _give_up_ends(self) -> None:
         if self._ends:
@@ -697,16 +697,6 @@ class Connection(asyncio.Protocol):
             self._asked.append(None)
         if self._asked_since is not None:
             self._asked_since.append(UNTIMED)
-        self._frame_queued()
-
-    def _frame_queued(self) -> None:
-        """A frame was queued: the tick's first leaves at once (its client starts on it while
-        this tick makes the others: a batch of calls then flows through the worker and back
-        instead of moving as one block from process to process), the others at the tick's
-        end, in one write."""
-        if self._flush_scheduled:
-            return
-        self._flush()
         self._schedule_flush()
 
 
