@@ -162,10 +162,8 @@ class CountingTransport:
 
 
 @pytest.mark.parametrize(("flush_at", "calls_per_write"), [
-    # Redis idle: the first EARLY_FLUSH_CALLS (8) at once; then Redis is busy with them, and
-    # the calls go as the buffer fills, the rest at the end of the tick
-    (16, [8] + [16] * 5 + [12]),
-    (1000, [8, 92]),        # the first 8, then one write at the end of the tick
+    (16, [16] * 6 + [4]),   # six writes as the buffer fills, the rest at the end of the tick
+    (1000, [100]),          # one write at the end of the tick
     (1, [1] * 100),         # every call written at once
 ])
 async def test_calls_in_one_tick_are_batched(redis_url: str, flush_at: int,

@@ -412,10 +412,6 @@ class ReconnectingProtocol(asyncio.Protocol):
             await self._lost.wait()
 
 
-# A tick's first calls to an idle Redis leave once there are this many (see _send_encoded).
-EARLY_FLUSH_CALLS = 8
-
-
 class RedisClient(ReconnectingProtocol):
     """Auto-pipelining client on one connection. Create it with :meth:`connect`."""
 
@@ -577,13 +573,8 @@ class RedisClient(ReconnectingProtocol):
         self._unsent.append(data)
         if future is None:
             future = self._loop.create_future()
-        pending = self._pending
-        pending.append((future, decode, fallback))
-        unsent = len(self._unsent)
-        # Redis idle (every call pending is unsent) and a few calls to send: they go now, so
-        # that Redis runs them while this tick makes the rest (which wait for its end, or
-        # for flush_at); busy, Redis gets the tick's calls in one write.
-        if unsent >= self._flush_at or (unsent == EARLY_FLUSH_CALLS and len(pending) == unsent):
+        self._pending.append((future, decode, fallback))
+        if len(self._unsent) >= self._flush_at:
             self._flush()
         else:
             self._schedule_flush()

@@ -91,9 +91,8 @@ from tubeq.store.store import Store
 log = structlog.get_logger(__name__)
 
 # The Redis client sends its buffer once this many calls are waiting in it (else at the end of
-# the loop tick; and a tick's first 8 at once to an idle Redis: tubeq.redisio.client
-# EARLY_FLUSH_CALLS). Measured on the 2-core box with 64 connections x 16 in flight: 64
-# carried 66k puts/s against 34-47k with 16, by cutting the write syscalls per call.
+# the loop tick). Measured on the 2-core box with 64 connections x 16 in flight: 64 carried
+# 66k puts/s against 34-47k with 16, by cutting the write syscalls per call.
 REDIS_BATCH_CALLS = 64
 # How long shutdown waits for connections to hand their jobs back before it stops waiting.
 SHUTDOWN_GRACE_S = 5.0
