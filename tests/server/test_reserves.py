@@ -18,8 +18,7 @@ from tubeq.server.reserves import (
     ReserveOwner,
     ReserveQueue,
 )
-from tubeq.server.waiters import WaiterRegistry
-from tubeq.store.records import Deferred, NoJob, Reservation, send_order
+from tubeq.store.records import Deferred, Reservation
 
 NOW_MS = 1_700_000_000_000
 TTR_S = 60
@@ -32,21 +31,13 @@ class FakeStore:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
-        self.now_ms = NOW_MS
 
     def clock(self) -> int:
-        return self.now_ms
+        return NOW_MS
 
-    def reserve(self, token: str, *, number: int = 0,
-                counted_waiting: bool = False) -> asyncio.Future[Any]:
+    def reserve(self, token: str, *, number: int = 0) -> asyncio.Future[Any]:
         call = asyncio.get_running_loop().create_future()
         self.calls.append(("reserve", number, call))
-        return call
-
-    def set_waiting(self, token: str, delta: int, *, claim: bool = False,
-                    mode: str = "1") -> asyncio.Future[Any]:
-        call = asyncio.get_running_loop().create_future()
-        self.calls.append(("set_waiting", delta, claim, mode, call))
         return call
 
     def reserve_many(self, token: str, count: int, *, number: int = 0,
@@ -67,8 +58,7 @@ class FakeConnection:
         self.worker = False
         self.replaying = False
         self.handlers: dict[type[c.Command], Any] = {}
-        self.ctx = SimpleNamespace(observer=None, tracer=None,
-                                   registry=SimpleNamespace(overdue=None),
+        self.ctx = SimpleNamespace(observer=None, registry=SimpleNamespace(overdue=None),
                                    scheduler=SimpleNamespace(note_due=lambda due: None))
         self.written: list[bytes] = []
 
@@ -177,75 +167,3 @@ async def test_a_deferred_command_is_sent_again_once_the_reserves_before_it_answ
     assert reserve.done() and conn.written == [b"RESERVED 9 1\r\nx\r\n"]
     assert await reply == b"DELETED\r\n"
     assert replayed == [True] and not conn.replaying
-
-
-async def _answer(conn: FakeConnection, kind: str, result: Any) -> tuple[Any, ...]:
-    """Answer the store's last call, which must be a ``kind`` call, with ``result``; returns
-    the call's recorded arguments."""
-    for _ in range(10):  # bounded: the reserve's task sends its next call within a few turns
-        if conn.store.calls and conn.store.calls[-1][-1] is not None \
-                and not conn.store.calls[-1][-1].done():
-            break
-        await asyncio.sleep(0)
-    call = conn.store.calls[-1]
-    assert call[0] == kind, call
-    call[-1].set_result(result)
-    for _ in range(5):
-        await asyncio.sleep(0)
-    return call
-
-
-async def _blocked(timeout_s: int | None = None) -> tuple[ReserveQueue, FakeConnection,
-                                                         asyncio.Future[bytes]]:
-    """A queue whose one reserve found nothing and now sleeps, counted in as waiting."""
-    queue, conn = queue_with([])
-    conn.ctx.registry = WaiterRegistry()
-    conn.watched = ("default",)  # type: ignore[attr-defined]
-    reply = queue.start(timeout_s, None, False)
-    await _answer(conn, "reserve", NoJob())  # its first try
-    counted = await _answer(conn, "set_waiting", [])  # it counts itself in ...
-    assert counted[1:4] == (1, False, "r")  # ... as a blocked reserve: promote may hand it jobs
-    await _answer(conn, "reserve", NoJob())  # ... and tries again
-    assert queue.wait is not None and not reply.done()
-    return queue, conn, reply
-
-
-async def test_a_blocked_reserve_answers_with_the_due_job_promote_hands_it() -> None:
-    """promote.lua's hand-over (ReserveQueue.given): the blocked reserve answers with the job
-    without another try, and sends no count-out: promote, sent after its count-in, counted it
-    out. A wait counted in again after the promote was sent (a reserve that ended, and the
-    next one's count-in, before promote's reply was read) is still counted: it counts out."""
-    queue, conn, reply = await _blocked()
-    tries = len(conn.store.calls)
-    assert queue.given(job(5, b"due"), send_order())  # a promote sent after the count-in
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert reply.done() and conn.written == [b"RESERVED 5 3\r\ndue\r\n"]
-    assert conn.reserved == {5: NOW_MS + TTR_S * 1000}
-    assert conn.store.calls[tries:] == []
-    sent_before = send_order()  # a promote sent before the next wait's count-in
-    queue, conn, reply = await _blocked()
-    tries = len(conn.store.calls)
-    assert queue.given(job(6, b"due"), sent_before)
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert reply.done() and conn.written == [b"RESERVED 6 3\r\ndue\r\n"]
-    assert [c[:4] for c in conn.store.calls[tries:]] == [("set_waiting", -1, True, "1")]
-    queue.connection_lost()
-    assert not queue.given(job(7, b"late"), send_order())  # gone: the caller gives it back
-
-
-async def test_a_reserve_ending_as_promote_hands_it_a_job_answers_with_the_job() -> None:
-    """A reserve that ends (here DEADLINE_SOON) claims what was handed to it on its way out;
-    a job promote handed it while that claim was out is its answer too, not the next
-    reserve's."""
-    queue, conn, reply = await _blocked()
-    conn.reserved[1] = NOW_MS + SAFETY_MARGIN_MS + 500  # its margin starts in 500 ms
-    conn.store.now_ms += 600  # ... and has started
-    assert queue.wait is not None
-    queue.wait.wake()
-    await _answer(conn, "reserve", NoJob())  # the woken wait's try finds nothing
-    assert conn.store.calls[-1][:3] == ("set_waiting", -1, True)  # the claim, not answered
-    assert queue.given(job(5, b"due"), send_order())
-    await _answer(conn, "set_waiting", [])
-    assert reply.done() and conn.written == [b"RESERVED 5 3\r\ndue\r\n"]

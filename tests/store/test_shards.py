@@ -98,7 +98,7 @@ async def test_every_store_call_is_routed() -> None:
     declared = _declared(JobStore)
     assert ShardedStore.__mro__ == (ShardedStore, object)
     store_members = _public(Store) | {"keys", "instance_id", "clock", "metrics",
-                                      "direct_grants", "due_grants"}
+                                      "direct_grants"}
     assert store_members - ROOT_ONLY == declared
     own = set(vars(ShardedStore)) | {"keys", "instance_id", "clock"}  # set by its __init__
     missing = declared - own

@@ -197,16 +197,6 @@ class ServerContext:
         if conn is None or not conn.granted_directly(job):
             self.store.release(token, job.id, pri, 0).add_done_callback(discard)
 
-    def deliver_due(self, token: str, job: Reservation, pri: int, sent: int) -> None:
-        """The store's ``due_grants``: promote.lua (its call stamped ``sent``), run by this
-        process's scheduler, handed the due ``job`` (priority ``pri``) to connection
-        ``token``'s blocked reserve. It goes to that connection's reserves (the waiting one
-        answers with it); a connection gone meanwhile gives it back to ready at once, as
-        :meth:`deliver_direct` does."""
-        conn = self.connections.get(token)
-        if conn is None or not conn.reserves.given(job, sent):
-            self.store.release(token, job.id, pri, 0).add_done_callback(discard)
-
     def restore_registrations(self) -> None:
         """This process was found unregistered in Redis (reaped after a pause, or Redis lost
         its data: tubeq.server.scheduler): put back what its live connections need, once per loop
@@ -265,16 +255,6 @@ class Gate:
         return None
 
 
-class DueTaker(Protocol):
-    """A connection's reserve queue as the process sees it (tubeq.server.reserves.ReserveQueue)."""
-
-    def given(self, job: Reservation, sent: int) -> bool:
-        """promote.lua (its call stamped ``sent``, tubeq.store.records.send_order) handed
-        ``job`` to the connection's blocked reserve: it is the connection's; False when the
-        connection is gone (the caller gives it back)."""
-        ...
-
-
 class Session(Protocol):
     """What handlers, the push loop and the process may touch of one client connection
     (tubeq.server.connection.Connection is the one implementation)."""
@@ -297,9 +277,6 @@ class Session(Protocol):
 
     @property
     def authenticated(self) -> bool: ...
-
-    @property
-    def reserves(self) -> DueTaker: ...
 
     # The turn's runs a put or a delete joins (tubeq.server.runs), or None: go alone.
     @property

@@ -381,7 +381,6 @@ class Server:
             max_result_size=(config.max_job_size if config.max_result_size is None
                              else config.max_result_size))
         store.direct_grants = ctx.deliver_direct  # puts handing jobs to our push loops
-        store.due_grants = ctx.deliver_due  # promote handing due jobs to our blocked reserves
         for each_client in {id(c): c for c in (client, *self._nodes.values())}.values():
             each_client.add_reconnect_callback(ctx.end_waits.wake_all)
         scheduler.when_registration_lost(ctx.restore_registrations)

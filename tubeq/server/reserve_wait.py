@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 from tubeq.server.waiters import Waiter, WaiterRegistry
 from tubeq.store.base import JobStore
-from tubeq.store.records import NoJob, Reservation, send_order
+from tubeq.store.records import NoJob, Reservation
 
 # A waiting token re-runs the reserve script about this often even with no wake-up hint (up to
 # the registry's coarse timer resolution, 1 s, later): hints are best effort (pub/sub), the
@@ -58,24 +58,19 @@ class GrantOwner(Protocol):
 class Wait(Waiter):
     """One token's wait, registered from construction until :meth:`leave`."""
 
-    __slots__ = ("_counted_at", "_deadline", "_mode", "_owner", "_registry", "_staying", "_store",
-                 "attempt", "counted", "recount")
+    __slots__ = ("_deadline", "_owner", "_registry", "_staying", "_store", "attempt", "counted",
+                 "recount")
 
     def __init__(self, registry: WaiterRegistry, store: JobStore, token: str,
                  tubes: Iterable[str], *, owner: GrantOwner | None = None,
-                 deadline: float | None = None, mode: str = "1") -> None:
-        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by.
-        ``mode``: what it is counted in Redis as (lua/includes/waiter_counts.lua): "1", or "r"
-        for a connection's blocked reserve, whose owner takes the due jobs its process's
-        promote hands it (tubeq.server.reserves.ReserveQueue.given)."""
+                 deadline: float | None = None) -> None:
+        """``deadline`` (loop time, with an ``owner``): what the owner bounds each call by."""
         super().__init__(tubes, token)
         self._registry = registry
         self._store = store
         self._owner = owner
         self._deadline = deadline
-        self._mode = mode
         self.counted = False  # counted in Redis as waiting (a count-in was sent)
-        self._counted_at = 0  # the latest count-in's send_order stamp (counted_out)
         self.recount = False  # Redis lost the registration: count in again before the next try
         # The store call that may grant jobs, while it is awaited: a caller that leaves mid-call
         # gives back what it grants.
@@ -86,16 +81,14 @@ class Wait(Waiter):
     async def count_in(self) -> None:
         """Count the token in Redis as waiting: from now on a put may hand it a job."""
         self.counted = True  # from the moment the call is sent: `leave` must count it out
-        self._counted_at = send_order()
-        await self._awaited(self._store.set_waiting(self.token, 1, mode=self._mode))
+        await self._awaited(self._store.set_waiting(self.token, 1))
 
     async def count_in_again(self) -> None:
         """After a registration loss: count in again (a no-op if Redis still has it)."""
         if self.recount:
             self.recount = False
             if self.counted:
-                self._counted_at = send_order()
-                await self._awaited(self._store.set_waiting(self.token, 1, mode=self._mode))
+                await self._awaited(self._store.set_waiting(self.token, 1))
 
     @overload
     async def take(self, count: None = None) -> Reservation | NoJob: ...
@@ -124,7 +117,6 @@ class Wait(Waiter):
                                         stay=stay)
         if stay:
             self.counted = True  # from the moment it is sent: `leave` must count it out
-            self._counted_at = send_order()
             self._staying = True
         return self._tracked(call)
 
@@ -165,16 +157,6 @@ class Wait(Waiter):
                 timeout = max(0.0, bound)
         coarse = self._registry.rechecks if timeout >= RECHECK_S else None
         return self.event.wait(timeout, coarse)
-
-    def counted_out(self, sent: int) -> None:
-        """A script stamped ``sent`` (tubeq.store.records.send_order) counted the token out
-        with a job it handed over (promote.lua): if the wait's latest count-in was sent before
-        it, Redis has the token counted out, and ``leave`` sends no count-out. One sent after
-        it counted the token in again (a reserve that ended, and the next one's count-in, all
-        before the script's reply was read): that one stays to be counted out. Calls on one
-        Redis connection run in the order they were sent."""
-        if self.counted and self._counted_at < sent:
-            self.counted = False
 
     def registration_lost(self) -> None:
         """Redis lost the token's registration (now restored): count in again and try again."""

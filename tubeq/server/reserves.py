@@ -21,8 +21,7 @@ Rules:
   first try goes to Redis at once; the first reserve that finds nothing waits
   (tubeq.server.reserve_wait) and holds the reserves behind it.
 * A job granted to this connection is its own whatever becomes of the reserve that asked
-  (:meth:`ReserveQueue.track_grants`; a due job its process's promote handed to the blocked
-  reserve: :meth:`ReserveQueue.given`): one granted after its reserve answered goes to the next
+  (:meth:`ReserveQueue.track_grants`): one granted after its reserve answered goes to the next
   reserve, or back to ready when the connection goes (disconnect.lua) or by TTR.
 * What may overtake an unanswered reserve: further reserves, and delete, bury or touch (or
   delete-many) of jobs the connection holds, with the number of the first reserve they pass;
@@ -372,22 +371,18 @@ class ReserveQueue:
                 if ending is not None:
                     if wait is not None and wait.counted and not self._eof:
                         # A put may have handed us a job an instant ago: then it is the answer
-                        # (at most one job per wait; any more go to the pool); so is one that
-                        # promote handed us meanwhile (:meth:`given`).
+                        # (at most one job per wait; any more go to the pool).
                         handed = await wait.claim()
                         if handed:
                             self._pool.insert(0, handed[0])
                             self._pool.extend(handed[1:])
-                        if self._pool_ready():
-                            consumed = True
-                            return self._from_pool(count)
+                            if self._pool_ready():
+                                consumed = True
+                                return self._from_pool(count)
                     return ending
                 if wait is None:
-                    # Mode 'r': a due job this process's scheduler promotes while this reserve
-                    # is first in line comes in promote's own reply (:meth:`given`).
                     wait = self.wait = Wait(conn.ctx.registry, conn.store, conn.token,
-                                            conn.watched, owner=self, deadline=deadline,
-                                            mode="r")
+                                            conn.watched, owner=self, deadline=deadline)
                     await wait.count_in()
                 else:
                     if not wait.recount:
@@ -415,24 +410,6 @@ class ReserveQueue:
                 stopped = wait.leave(consumed=consumed, claim=not self._lost)
                 if stopped is not None:
                     self.track_grants(stopped).add_done_callback(self._late_grant)
-
-    def given(self, job: Reservation, sent: int) -> bool:
-        """promote.lua, run by this process's scheduler (its call stamped ``sent``,
-        tubeq.store.records.send_order), handed ``job`` to this connection's blocked reserve
-        (its wait counted in with mode 'r') and counted the connection out: the job is the
-        connection's, as a grant's is. The waiting reserve answers with it; one that ended
-        meanwhile leaves it to the next reserve (or to TTR or the disconnect, as a late grant).
-        False when the connection is gone: the caller gives the job back."""
-        if self._lost:
-            return False
-        self.hold((job,))
-        self._pool.append(job)
-        wait = self.wait
-        if wait is not None:
-            wait.counted_out(sent)
-            wait.wake()
-        self._advance()
-        return True
 
     def _late_grant(self, f: asyncio.Future[Any]) -> None:
         """Jobs granted or claimed after the reserve that asked had answered (its wait ended,

@@ -4,14 +4,11 @@ It sleeps until the earliest of: the next delayed job or pause end (``timers``),
 deadline (``reserved``), the next recurring schedule's tick (``schedules``, see
 :func:`tick_schedules`), and this process's next heartbeat. Anything in this process that
 creates an earlier due instant (a delayed put, a reserve, a pause) calls :meth:`note_due`,
-which cuts the sleep short. A delayed job promoted while a reserve blocked in this process is
-first in its tube's line goes to that reserve in promote's own reply (promote.lua;
-tubeq.server.reserves.ReserveQueue.given), not through a wake-up and a reserve script of its
-own. Due instants created by other tubeq processes are theirs to serve; this process only
-learns them at its next wake-up, which bounds how late a job can be when the process that
-scheduled it dies (the heartbeat period), or sooner when the script that created them
-announces them on the due channel (a schedule's next tick, a rate window's end), which the
-server turns into :meth:`Scheduler.note_due`. The scripts are atomic, so several
+which cuts the sleep short. Due instants created by other tubeq processes are theirs to serve;
+this process only learns them at its next wake-up, which bounds how late a job can be when the
+process that scheduled it dies (the heartbeat period), or sooner when the script that created
+them announces them on the due channel (a schedule's next tick, a rate window's end), which
+the server turns into :meth:`Scheduler.note_due`. The scripts are atomic, so several
 processes sweeping the same due jobs never promote or expire one twice.
 
 Liveness: each process heart-beats; one silent for REAP_AFTER_MS is taken for dead by the next
@@ -134,11 +131,8 @@ class Scheduler:
                 (next_timer, promoted), (next_deadline, expired), next_tick = \
                     await asyncio.gather(self.store.promote(), self.store.expire(),
                                          tick_schedules(self.store, self.note_due))
-                # promote.lua handed what it could to this process's blocked reserves first in
-                # line (given to them as its reply was read: Store.due_grants); the tubes it
-                # names still have ready jobs. This process's waiters on those tubes need not
-                # wait for the PUBLISH to come back through the subscriber (the scripts
-                # publish for other processes).
+                # This process's waiters on those tubes need not wait for the PUBLISH to come
+                # back through the subscriber (the scripts publish for other processes).
                 for tube in (*promoted, *expired):
                     self.registry.wake_one(tube)
             except asyncio.CancelledError:

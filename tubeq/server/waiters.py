@@ -6,13 +6,12 @@ wait costs the same whatever it watches, save for a line's first and last waiter
 consumers watching the same 100 tubes spent ~7 % of tubeq's CPU in a per-tube registry).
 
 A put hands its job to the first token waiting in Redis and tells that token's process, whose
-registry wakes the token's waits directly (:meth:`WaiterRegistry.handed_over`); promote hands a
-due job to a reserve blocked in its own process first in line in its reply, which never comes
-here (tubeq.server.reserves.ReserveQueue.given). Every other path to ready (release, kick,
-promote otherwise, expire, pause end) sends a hint, a pub/sub message naming a tube, that
-wakes the oldest waiter of that tube that is not already awake (:meth:`WaiterRegistry.wake_one`);
-the woken waiter then runs the reserve script, which is the truth. The process routes both
-messages here from its one subscriber. Timeline of the race this closes::
+registry wakes the token's waits directly (:meth:`WaiterRegistry.handed_over`). Every other path
+to ready (release, kick, promote, expire, pause end) sends a hint, a pub/sub message naming a
+tube, that wakes the oldest waiter of that tube that is not already awake
+(:meth:`WaiterRegistry.wake_one`); the woken waiter then runs the reserve script, which is the
+truth. The process routes both messages here from its one subscriber. Timeline of the race this
+closes::
 
     waiter: register here + count itself in Redis (count_waiting.lua) ... try reserve.lua ... sleep
     other:                    release.lua (sees a line waiting on it, PUBLISHes) -^ wakes it

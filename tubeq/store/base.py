@@ -32,7 +32,6 @@ from tubeq.store.keys import Keys
 from tubeq.store.records import (
     Clock,
     DirectGrants,
-    DueGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -62,7 +61,6 @@ class JobStore(Protocol):
     defers_behind_reserves: bool
     metrics: JobObserver | None
     direct_grants: DirectGrants | None
-    due_grants: DueGrants | None
 
     async def load_scripts(self) -> bool: ...
 

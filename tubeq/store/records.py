@@ -10,7 +10,6 @@ A job's record in Redis is described field by field in lua/includes/job_record.l
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -212,16 +211,6 @@ class Deferred(Exception):
 # process (its direct hand-over): the connection's token, the job's reservation and its
 # priority. Set on the store by the server (tubeq.server.context.ServerContext.deliver_direct).
 DirectGrants = Callable[[str, Reservation, int], None]
-
-# The order a process sends its store calls in (its stamps increase with every call stamped):
-# calls on one Redis connection run in the order sent, so a count-in stamped before a promote
-# ran before it (tubeq.server.reserve_wait.Wait.counted_out).
-send_order = itertools.count(1).__next__
-
-# Where a due job goes that promote.lua handed straight to a blocked reserve of the calling
-# process: the token, the reservation, the priority, and the promote call's send_order stamp.
-# Set on the store by the server (tubeq.server.context.ServerContext.deliver_due).
-DueGrants = Callable[[str, Reservation, int, int], None]
 
 
 class JobObserver(Protocol):

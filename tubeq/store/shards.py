@@ -62,7 +62,6 @@ from tubeq.store.records import (
     PARENT_UNKNOWN,
     Clock,
     DirectGrants,
-    DueGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -139,7 +138,6 @@ class ShardedStore:
         self.clock = clock
         self._metrics: JobObserver | None = None
         self._direct_grants: DirectGrants | None = None
-        self._due_grants: DueGrants | None = None
         self.count = shards
         self.shards = [
             Store(clients[k] if clients is not None else client,
@@ -163,7 +161,6 @@ class ShardedStore:
         new.holds_default = old.holds_default
         new.metrics = old.metrics
         new.direct_grants = old.direct_grants
-        new.due_grants = old.due_grants
         self.shards[shard] = new
         if old is self.home:
             self.home = new
@@ -225,17 +222,6 @@ class ShardedStore:
         self._direct_grants = value
         for shard in self.shards:
             shard.direct_grants = value
-
-    @property
-    def due_grants(self) -> DueGrants | None:
-        return self._due_grants
-
-    @due_grants.setter
-    def due_grants(self, value: DueGrants | None) -> None:
-        """Set by the server: every shard's promote hands its due jobs there."""
-        self._due_grants = value
-        for shard in self.shards:
-            shard.due_grants = value
 
     # -- jobs ---------------------------------------------------------------------------------
 

@@ -39,7 +39,6 @@ from tubeq.store.records import (
     Clock,
     Deferred,
     DirectGrants,
-    DueGrants,
     Failed,
     InstanceInfo,
     JobEnd,
@@ -54,7 +53,6 @@ from tubeq.store.records import (
     PutOutcome,
     Reservation,
     TubeCounts,
-    send_order,
 )
 from tubeq.store.scripts import Library, Script, library, load_all
 
@@ -162,9 +160,6 @@ class Store:
         # Set by the server: where a put's job goes that put.lua handed straight to a push loop
         # of this process (its direct hand-over); unset, such a job waits for its TTR.
         self.direct_grants: DirectGrants | None = None
-        # Set by the server: where a due job goes that promote.lua handed straight to a blocked
-        # reserve of this process (a connection waiting in mode 'r'); unset, it waits for its TTR.
-        self.due_grants: DueGrants | None = None
         self._scripts: dict[str, Script] = load_all()
         self._library: Library | None = library() if functions else None
         self.calls_functions = False  # set by load_scripts (or call_functions)
@@ -729,39 +724,15 @@ class Store:
         return self._eval("reap", 0, self.clock(), self.instance_id, decode=int)
 
     def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
-        """Make due delayed jobs ready (and end pauses and rate windows, sweep TTLs): the next
-        due instant (-1: none) and the tubes whose waiters are to be woken. A due job that
-        promote.lua handed to a blocked reserve of this process goes to :attr:`due_grants` as
-        the reply is read, before anything waits on this future."""
         metrics = self.metrics
-        now = self.clock()
-        sent = send_order()  # stamped as it is sent: a count-in stamped before ran before it
 
         def decode(r: Any) -> tuple[int, list[str]]:
-            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}, {token, pri, job, ...}}
+            # promote.lua: {next due, {tube, ...}, {lateness ms, ...}}
             if metrics is not None and r[2]:
                 metrics.jobs_promoted([int(v) for v in r[2]])
-            if r[3]:
-                self._handed_due(r[3], now, sent)
             return int(r[0]), [v.decode() for v in r[1]]
 
-        return self._eval("promote", now, SWEEP_LIMIT, decode=decode)
-
-    def _handed_due(self, flat: list[Any], now: int, sent: int) -> None:
-        """promote.lua's hand-overs, 7 fields each: the token, the priority, the reservation;
-        ``sent``: the promote call's send_order stamp."""
-        grants = self.due_grants
-        for i in range(0, len(flat), 7):
-            job = _reservations(flat[i + 2:i + 7], now, self.metrics)[0]
-            if grants is not None:
-                try:  # one that fails must not fail the sweep, nor lose the others
-                    grants(flat[i].decode(), job, int(flat[i + 1]), sent)
-                except Exception:
-                    log.exception("a due job handed over could not be given (its TTR "
-                                  "gives it back)", job=job.id, token=flat[i].decode())
-            else:
-                log.warning("a due job was handed to a reserve nobody serves", job=job.id,
-                            token=flat[i].decode())
+        return self._eval("promote", self.clock(), SWEEP_LIMIT, decode=decode)
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
         return self._eval("expire", self.clock(), SWEEP_LIMIT, decode=_sweep)

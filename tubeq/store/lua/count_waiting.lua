@@ -5,7 +5,7 @@ KEYS[1]  namespace root
 ARGV     instance id, token, delta, claim ('1': also take the jobs puts handed to it), and
          optionally the mode to count it in with (see count_waiting in
          includes/waiter_counts.lua: 'h' or 'o', wake-ups only, for a connection that waits
-         on several shards; 'r', a connection's blocked reserve)
+         on several shards)
 Returns  the reservations claimed, one after another (see grant in includes/jobs.lua; none
          unless claim is '1')
 Events   none: a claimed job's 'reserved' event was written when put.lua handed it over

@@ -6,34 +6,24 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          limit (jobs and timers handled per call)
 Also     the TTL sweep when the timer 'x:' is due (includes/policies.lua): jobs past their TTL
          are buried (reason 'expired') or deleted (event 'expired')
-Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}, {token, pri, reservation,
-         ...}}; a next due <= now means call again. Lateness: now - due time, one per job made
-         ready (tubeq.store.store feeds it to the delayed-lateness metric; it costs no read: 'u'
-         is read for the event anyway). Then each job handed straight to a blocked reserve of
-         the calling process (hand_over_here in includes/handing.lua): its connection's token,
-         its priority and its reservation (see grant); the process gives it to the connection
-Events   'promoted' per job (due_ms: the time it was due); 'reserved' per job handed over
-Wakes    a due job goes first to the connection first in its tube's line when that is a
-         blocked reserve of the calling process (in the reply: no wake-up, no second script);
-         reserves blocked on each tube that still has ready jobs after that are woken
+Returns  {next due (ms) or -1, {tube woken, ...}, {lateness (ms), ...}}; a next due <= now
+         means call again. Lateness: now - due time, one per job made ready (tubeq.store.store feeds
+         it to the delayed-lateness metric; it costs no read: 'u' is read for the event anyway)
+Events   'promoted' per job (due_ms: the time it was due)
+Wakes    reserves blocked on each tube that got ready jobs
 ]]
 --- @include "keys"
 --- @include "events"
 --- @include "jobs"
---- @include "waiter_counts"
---- @include "picking"
---- @include "handing"
 --- @include "policies"
 local now, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local result, woken, late, handed = {-1}, {}, {}, {}
+local result, woken, late = {-1}, {}, {}
 for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, limit)) do
   local t = string.sub(name, 3)
   local kind = string.sub(name, 1, 1)
-  local settled = false  -- every job made ready here went to this process's reserves
   if kind == 'x' then
     sweep_ttl(now, limit)  -- expired jobs never become ready: nothing to wake
   elseif kind == 'd' then
-    local made = 0  -- jobs of t made ready here
     local dk = k_delayed(t)
     for _, m in ipairs(rcall('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, limit)) do
       local id = id_of(m)
@@ -45,22 +35,8 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
       enqueue_ready(id, t, tonumber(f[1]), now)
       job_event('promoted', id, now, 0, f[2], '')
       late[#late + 1] = now - tonumber(f[2])
-      made = made + 1
     end
     arm_delay_timer(t)
-    -- Blocked reserves of this process first in line get the jobs in this reply, one each,
-    -- while the first in line is one (first come, first served: another process's connection
-    -- ahead of them is woken instead, below).
-    local given = 0
-    while given < made do
-      local token, pri, job = hand_over_here(t, now)
-      if not token then break end
-      handed[#handed + 1], handed[#handed + 2] = token, pri
-      for _, v in ipairs(job) do handed[#handed + 1] = v end
-      given = given + 1
-    end
-    -- A job handed over may be of another tube the connection watched: what is left decides.
-    settled = given > 0 and rcall('ZCARD', k_ready(t)) == 0
   elseif string.sub(name, 1, 1) == 'l' then  -- a rate window ended (the tube's or a group's)
     rcall('ZREM', K_TIMERS, name)
     local meta = tube_meta(t)
@@ -71,12 +47,12 @@ for _, name in ipairs(rcall('ZRANGEBYSCORE', K_TIMERS, '-inf', now, 'LIMIT', 0, 
     rcall('ZREM', K_TIMERS, name)
     index_tube(t, now)
   end
-  if kind ~= 'x' and not settled then
+  if kind ~= 'x' then
     wake(t)
     woken[#woken + 1] = t
   end
 end
 local head = rcall('ZRANGE', K_TIMERS, 0, 0, 'WITHSCORES')
 if head[1] then result[1] = tonumber(head[2]) end
-result[2], result[3], result[4] = woken, late, handed
+result[2], result[3] = woken, late
 return result

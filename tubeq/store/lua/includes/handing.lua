@@ -1,37 +1,31 @@
 -- Handing a new ready job straight to a waiting connection, as beanstalkd hands it over before it
--- answers the put (put.lua, put_many.lua), and a due job to a blocked reserve of the process that
--- promotes it (promote.lua).
+-- answers the put (put.lua, put_many.lua).
 
 -- A process that has not heart-beaten for this long may have died: its waiters are skipped (the
 -- job stays ready for the others, and reap.lua cleans up after it). Two heartbeats.
 local HAND_OVER_ALIVE_WITHIN_MS = 2000
 
--- The first connection waiting on tube t in a live process, or nil: the first of the first line
--- of t (first_line in includes/waiter_counts.lua); a dead process's waiters at the head of that
--- line are passed over (at most 16 of them).
-local function first_live_waiter(t, now)
+-- The first connection waiting on tube t, in a live process, gets the job it would reserve now
+-- (normally the new one; the best of its watched tubes if another became ready meanwhile).
+-- Returns the id handed over, or false when nobody can take a job. The first waiter is the
+-- first of the first line of t (first_line in includes/waiter_counts.lua); a dead process's
+-- waiters at the head of that line are passed over (at most 16 of them).
+local function hand_over_in(t, now)
   local line = first_line(t)
-  if not line then return nil end
+  if not line then return false end
+  local token
   for _, candidate in ipairs(rcall('ZRANGE', k_line(line), '0', '15')) do
     local beat = rcall('ZSCORE', K_INSTANCES, instance_of(candidate))
     if beat and now - tonumber(beat) <= HAND_OVER_ALIVE_WITHIN_MS then
-      return candidate
+      token = candidate
+      break
     end
   end
-  return nil
-end
-
--- The first connection waiting on tube t, in a live process (first_live_waiter), gets the job
--- it would reserve now (normally the new one; the best of its watched tubes if another became
--- ready meanwhile). Returns the id handed over, or false when nobody can take a job.
-local function hand_over_in(t, now)
-  local token = first_live_waiter(t, now)
   if not token then return false end
   -- It waits over several shards (tubeq.store.shards): it reserves the job itself once woken.
-  -- ('p', a push loop, and 'r', a blocked reserve: as '1' here; see direct_taker and
-  -- hand_over_here.)
+  -- ('p', a push loop: as '1' here; see direct_taker.)
   local mode = waiting_mode(token)
-  if mode ~= '1' and mode ~= 'p' and mode ~= 'r' then return false end
+  if mode ~= '1' and mode ~= 'p' then return false end
   local entry = best_entry(token)
   if not entry then return false end  -- e.g. the tube is paused
   local job = take_entry(entry, token, now)
@@ -70,24 +64,4 @@ local function direct_taker(t, meta)
     rcall('ZADD', wk, first[4] or seq, line)
   end
   return token
-end
-
--- promote.lua's direct hand-over: when the first connection waiting on tube t (first_live_waiter:
--- first come, first served across processes) is a blocked reserve of the calling process
--- (EVENTS_BY, includes/events.lua) counted in with mode 'r' (includes/waiter_counts.lua), it
--- gets the job it would reserve now, reserved to it and counted out as a grant leaves it, with
--- nothing recorded or published: the caller's reply names it and the process gives it to the
--- connection (tubeq.store.store's due_grants). Returns the token, the job's priority and its
--- reservation (see grant), or nil: another process's connection is first (it is woken as
--- before), or one that takes no job from a reply, or nothing is reservable for it now.
-local function hand_over_here(t, now)
-  local token = first_live_waiter(t, now)
-  if not token or instance_of(token) ~= EVENTS_BY or waiting_mode(token) ~= 'r' then
-    return nil
-  end
-  local entry = best_entry(token)
-  if not entry then return nil end  -- e.g. the tube is paused
-  local job = take_entry(entry, token, now)
-  count_waiting(EVENTS_BY, token, -1)
-  return token, rcall('HGET', k_job(job[1]), JOB_PRI), job
 end

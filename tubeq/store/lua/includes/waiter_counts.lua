@@ -74,9 +74,7 @@ end
 -- a push loop (reserve.lua's take that found nothing): handed jobs as '1', and a put by its own
 -- process whose new job it takes at once hands it over in the put's reply and leaves it
 -- counted in (put.lua, direct_taker in includes/handing.lua): the loop counts itself out when
--- its credit is used up. And 'r', a connection's blocked reserve (tubeq.server.reserves): handed
--- jobs as '1', and a due job promote.lua of its own process makes ready while it is first in
--- line goes to it in promote's reply (hand_over_here in includes/handing.lua), counted out.
+-- its credit is used up.
 local function count_waiting(inst, token, delta, mode)
   local line
   if delta > 0 then
