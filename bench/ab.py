@@ -71,7 +71,8 @@ def measure(bench: CoreBench, row: Row, code_dir: Path) -> dict[str, Any]:
     # speed drifts, and what the CPU targets are set in.
     cpu = {name: pct / 100 * 1e6 / result.jobs_per_s
            for name, pct in result.cpu_pct.items() if pct is not None and result.jobs_per_s}
-    return {"rate": result.jobs_per_s, "p99": result.latency["p99_ms"], "ok": result.ok,
+    return {"rate": result.jobs_per_s, "p99": result.latency["p99_ms"],
+            "p50": result.latency["p50_ms"], "ok": result.ok,
             "other": max(quiet, result.other_cores or 0.0), "cpu_us": cpu}
 
 
@@ -87,20 +88,24 @@ def render(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict[str, 
     lines = [f"# A/B: tubeq {meta['base']} (base) vs {meta['new']} (new)", "",
              f"{meta['started']} UTC, CPU {meta['cpu']}, {meta['reps']} interleaved "
              "repetitions per row, make bench's rows and windows (bench/ab.py). Cells: jobs/s "
-             "median (min-max); delayed and wake rows: p99 latency in ms.", "",
+             "median (min-max); delayed and wake rows: p99 latency in ms, and p50 on a "
+             "row of its own.", "",
              "| row | base | new | new / base | shared |", "|---|---|---|---|---|"]
     for key, sides in results.items():
         latency_row = key.startswith(("delayed", "wake"))
-        field = "p99" if latency_row else "rate"
-        base = [r[field] for r in sides["base"] if r["ok"] and r[field] is not None]
-        new = [r[field] for r in sides["new"] if r["ok"] and r[field] is not None]
-        ratio = (statistics.median(new) / statistics.median(base)
-                 if base and new and statistics.median(base) else None)
-        shared = any(r["other"] >= SHARED_CORES for side in sides.values() for r in side)
-        unit = " ms" if latency_row else ""
-        lines.append(f"| {key} | {_cell(base, unit)} | {_cell(new, unit)} | "
-                     f"{'n/a' if ratio is None else f'{ratio:.2f}x'} | "
-                     f"{'shared' if shared else ''} |")
+        # A latency row's p50 too (a change can move the median within the p99's noise);
+        # results written before it was recorded have none.
+        for field in ("p99", "p50") if latency_row else ("rate",):
+            base = [r[field] for r in sides["base"] if r["ok"] and r.get(field) is not None]
+            new = [r[field] for r in sides["new"] if r["ok"] and r.get(field) is not None]
+            ratio = (statistics.median(new) / statistics.median(base)
+                     if base and new and statistics.median(base) else None)
+            shared = any(r["other"] >= SHARED_CORES for side in sides.values() for r in side)
+            unit = " ms" if latency_row else ""
+            label = f"{key} (p50)" if field == "p50" else key
+            lines.append(f"| {label} | {_cell(base, unit)} | {_cell(new, unit)} | "
+                         f"{'n/a' if ratio is None else f'{ratio:.2f}x'} | "
+                         f"{'shared' if shared else ''} |")
     lines += ["", "CPU per job, us (median over the repetitions; CPU of the process from /proc "
               "over the window / jobs counted in it):", "",
               "| row | process | base | new | new / base |", "|---|---|---|---|---|"]
