@@ -81,6 +81,7 @@ from tubeq.client.wire import (
     DEFAULT_TTR,
     DEFAULT_TUBE,
     DUPLICATE,
+    END_TIMED_OUT,
     ENDED,
     FOUND,
     INSERTED,
@@ -752,7 +753,7 @@ class Client:
         finally:
             timer.cancel()
             end.cancel()
-        if frame.args[1] == b"timed-out":
+        if frame.args[1] == END_TIMED_OUT:
             raise CallTimedOut("call", frame.int_arg(0))
         return result_of(ended_of(frame))
 

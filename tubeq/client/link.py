@@ -26,7 +26,7 @@ from tubeq.client._contracts import Connection, Convert
 from tubeq.client.errors import ClientConnectionError, ClientError, ProtocolError
 from tubeq.client.job import Job
 from tubeq.client.parser import Reply, ReplyParser
-from tubeq.client.wire import CANCELLED, END, QUIET, RESERVED
+from tubeq.client.wire import CANCELLED, END, END_TIMED_OUT, QUIET, RESERVED
 
 T = TypeVar("T")
 
@@ -207,7 +207,7 @@ class _Link(asyncio.Protocol):
         if calls is None:
             return  # its call gave up and went
         at = 0
-        if len(calls) > 1 and reply.args[1] == b"timed-out":
+        if len(calls) > 1 and reply.args[1] == END_TIMED_OUT:
             at = min(range(len(calls)), key=lambda i: calls[i][0])
         future = calls.pop(at)[1]
         if not calls:

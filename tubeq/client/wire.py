@@ -83,6 +83,7 @@ PROGRESS: Final = b"PROGRESS"  # wait ... progress=N: PROGRESS <id> <n> <bytes>,
 # put-with notify-ms's frame (see Client.call): END <id> <how> <bytes> and its body, sent
 # between whole replies, never a reply itself.
 END: Final = b"END"
+END_TIMED_OUT: Final = replies.END_TIMED_OUT.encode()  # its <how> when the call's time ran out
 # Quiet shutdowns (tubeq only; see Client.push's on_quiet): the push frame QUIET.
 QUIET: Final = _word(replies.QUIET)
 QUIETING: Final = _word(replies.QUIETING)

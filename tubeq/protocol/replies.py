@@ -131,9 +131,15 @@ def progress(job_id: int, seq: int, data: bytes) -> bytes:
     return b"PROGRESS %d %d %d\r\n%s\r\n" % (job_id, seq, len(data), data)
 
 
+# put-with notify-ms's frame says one of these instead of how the job ended: its time ran out
+# first (the job lives on), or the job is gone with no end kept (a duplicate's).
+END_TIMED_OUT = "timed-out"
+END_NOT_FOUND = "not-found"
+
+
 def end_frame(job_id: int, how: str, data: bytes) -> bytes:
     """put-with notify-ms's frame, sent unasked between whole replies: how job ``job_id``
-    ended (as :func:`ended`), or ``timed-out`` / ``not-found``."""
+    ended (as :func:`ended`), or END_TIMED_OUT / END_NOT_FOUND."""
     return b"END %d %s %d\r\n%s\r\n" % (job_id, how.encode(), len(data), data)
 
 

@@ -580,7 +580,9 @@ class Connection(asyncio.Protocol):
             if not frame.cancelled() and wait.job_id:
                 log.warning("notify-ms: waiting for the end failed", job=wait.job_id,
                             error=repr(frame.exception()))
-            data = None if not wait.job_id else replies.end_frame(wait.job_id, "timed-out", b"")
+            data = None
+            if wait.job_id:
+                data = replies.end_frame(wait.job_id, replies.END_TIMED_OUT, b"")
         else:
             data = frame.result()
         if data is not None:

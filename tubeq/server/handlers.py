@@ -459,7 +459,8 @@ def _end_frame(job_id: int, end: JobEnd | Progress | bool | None) -> bytes | Non
         return None
     if isinstance(end, JobEnd):
         return replies.end_frame(job_id, end.how, end.data)
-    return replies.end_frame(job_id, "not-found" if end is False else "timed-out", b"")
+    how = replies.END_NOT_FOUND if end is False else replies.END_TIMED_OUT
+    return replies.end_frame(job_id, how, b"")
 
 
 def _put_with_reply(outcome: PutOutcome) -> bytes:
