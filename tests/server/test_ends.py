@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from tests.server.test_connection import Client
+from tests.server.test_connection import Client, spy_on
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait, EndWaits
@@ -781,3 +781,51 @@ async def test_a_fails_own_policy_applies_where_the_job_and_its_tube_have_none(
     out = await client.until(lambda o: b"\nkicks:" in o and o.endswith(b"\r\n"))
     assert b"FAILED\r\n" in out
     assert b"\nstate: delayed\n" in out  # the tube's max-tries wins; the fail's backoff fills in
+
+
+async def test_a_turns_finishes_go_as_one_call_and_each_answers_as_alone(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's finishes of one read (its answers to several calls) reach the store as one
+    finish_many, each answered on its own and in order, as finish.lua answers it alone: done
+    (its waits hear the result: a `wait`'s published end, a notify of this process told from
+    the reply), not held (another's job, one finished twice, an unknown id), cancelled. The
+    tube's counters and stats move as for lone finishes, and the tube goes once unused."""
+    calls = spy_on(ctx, monkeypatch, ("finish", "finish_many", "delete", "delete_many"))
+    caller, worker, other, waiter = Client(ctx), Client(ctx), Client(ctx), Client(ctx)
+    caller.send(b"".join(b"put-with 0 0 60 1 tube=fin notify-ms=10000\r\n%d\r\n" % i
+                         for i in range(1, 5)))
+    await caller.expect(b"INSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\nINSERTED 4\r\n")
+    worker.send(b"watch fin\r\nreserve\r\nreserve\r\nreserve\r\n")
+    await worker.until(lambda o: o.count(b"RESERVED") == 3)
+    other.send(b"watch fin\r\nreserve\r\n")
+    await other.until(lambda o: b"RESERVED 4 " in o)
+    waiter.send(b"wait 2 10\r\n")
+    await asyncio.sleep(0.1)
+    other.send(b"cancel 3\r\n")
+    await other.until(lambda o: o.endswith(b"CANCELLED\r\n"))
+    worker.transport.out.clear()
+    worker.send(b"finish 1 2\r\nr1\r\nfinish 2 2\r\nr2\r\nfinish 4 2\r\nr4\r\n"
+                b"finish 2 2\r\nr2\r\nfinish 3 2\r\nr3\r\nfinish 99 0\r\n\r\n")
+    await worker.expect(b"FINISHED\r\nFINISHED\r\nNOT_FOUND\r\nNOT_FOUND\r\nCANCELLED\r\n"
+                        b"NOT_FOUND\r\n")
+    assert [(name, [job[0] for job in args[1]]) for name, args in calls] == [
+        ("finish_many", [1, 2, 4, 2, 3, 99])]
+    await caller.until(lambda o: b"END 1 finished 2\r\nr1\r\n" in o
+                       and b"END 2 finished 2\r\nr2\r\n" in o and b"END 3 cancelled" in o)
+    await waiter.expect(b"ENDED 2 finished 2\r\nr2\r\n")
+    other.send(b"finish 4 2\r\nr4\r\n")  # its holder's, alone
+    await other.until(lambda o: o.endswith(b"FINISHED\r\n"))
+    await caller.until(lambda o: b"END 4 finished 2\r\nr4\r\n" in o)
+    worker.transport.out.clear()
+    worker.send(b"stats-tube fin\r\n")
+    doc = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"total-finished: 3\n" in doc and b"current-jobs-reserved: 0\n" in doc, doc
+    assert b"cmd-delete: 4\n" in doc, doc  # 3 finished and 1 cancelled, as alone
+    worker.send(b"ignore fin\r\n")
+    other.send(b"ignore fin\r\n")
+    await worker.until(lambda o: o.endswith(b"WATCHING 1\r\n"))
+    await other.until(lambda o: o.endswith(b"WATCHING 1\r\n"))
+    worker.transport.out.clear()
+    worker.send(b"list-tubes\r\n")
+    out = await worker.until(lambda o: o.endswith(b"\n\r\n"))
+    assert b"fin" not in out, out

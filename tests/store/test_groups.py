@@ -292,6 +292,22 @@ async def test_finish_fail_and_a_reserve_by_id_count_for_the_group(env: Env) -> 
     assert (await env.reserve(BOB)).id == a[0]  # fail put it back (no retry policy: ready)
 
 
+async def test_a_turns_finishes_free_their_groups_places_as_lone_ones_do(env: Env) -> None:
+    """finish_many (a connection's finishes of one read) ends each reservation as finish.lua
+    does: both groups at their cap get their places back, and the reserve limits' index finds
+    the tube again."""
+    await limit(env, group_concurrency=1)
+    s = env.store
+    a = [await gput(env, "a") for _ in range(2)]
+    b = [await gput(env, "b") for _ in range(2)]
+    assert (await env.reserve(ALICE)).id == a[0]
+    assert (await env.reserve(ALICE)).id == b[0]
+    assert isinstance(await s.reserve(BOB), NoJob)  # both groups at their cap
+    assert await s.finish_many(ALICE, [(a[0], b"x"), (b[0], b"y"), (a[0], b"z")], 1000) == [
+        True, True, False]
+    assert {(await env.reserve(BOB)).id, (await env.reserve(BOB)).id} == {a[1], b[1]}
+
+
 async def test_raising_the_cap_brings_parked_groups_back_at_once(env: Env) -> None:
     await limit(env, group_concurrency=1)
     a = [await gput(env, "a") for _ in range(2)]

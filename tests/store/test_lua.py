@@ -659,6 +659,28 @@ async def test_a_direct_hand_over_keeps_the_tubes_score_of_the_line_exact(env: E
     s.direct_grants = None
 
 
+async def test_a_direct_hand_over_reads_the_waiters_in_three_calls(env: Env) -> None:
+    """What a put reads of the waiters to hand its job to a push loop of its own process:
+    the tube's first lines and the first line's first waiters (one ZRANGE each: whether
+    others wait too comes with them) and the loop's mode; that it watches the tube alone is
+    its line's name (no SCARD), whether anyone waits is the first read (no EXISTS)."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    await env.raw.config_resetstat()
+    job_id = await env.put(body=b"one")
+    stats = await env.raw.info("commandstats")
+    assert [(t, j.id) for t, j, _ in direct] == [(BOB, job_id)]
+
+    def calls(command: str) -> int:
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    assert (calls("exists"), calls("scard"), calls("zcard")) == (0, 0, 0)
+    assert (calls("zrange"), calls("hget")) == (2, 1)
+    s.direct_grants = None
+
+
 async def test_a_put_does_not_hand_its_job_straight_over_when_that_would_change_what_is_taken(
         env: Env) -> None:
     """No direct hand-over where the classic one would do otherwise: another process's push

@@ -230,6 +230,35 @@ async def test_delete_many_across_shards_answers_in_order(admin: Client) -> None
     assert await admin.delete_many(asked) == [True, True, False, False, True]
 
 
+async def test_a_turns_finishes_across_shards_answer_in_order(
+        split_server: ServerProcess) -> None:
+    """A worker's finishes of one read over jobs of three shards (one finish_many per shard):
+    each answered in the order sent, a job finished twice answers NOT_FOUND the second time,
+    and each result is kept for a wait."""
+    reader, writer = await asyncio.open_connection(*split_server.address)
+    try:
+        ids = []
+        for tube in tubes_in_distinct_shards(3, "fin"):
+            writer.write(f"use {tube}\r\nput 0 0 60 1\r\nx\r\nwatch {tube}\r\n".encode())
+            await reader.readline()
+            ids.append(int((await reader.readline()).split()[1]))
+            await reader.readline()
+        for _ in ids:
+            writer.write(b"reserve\r\n")
+            await reader.readline()
+            await reader.readline()
+        order = [ids[2], ids[0], ids[2], ids[1]]
+        writer.write(b"".join(b"finish %d 2\r\nr%d\r\n" % (job_id, k)
+                              for k, job_id in enumerate(order)))
+        assert [await reader.readline() for _ in order] == [
+            b"FINISHED\r\n", b"FINISHED\r\n", b"NOT_FOUND\r\n", b"FINISHED\r\n"]
+        writer.write(b"wait %d 0\r\n" % ids[1])
+        assert await reader.readline() == b"ENDED %d finished 2\r\n" % ids[1]
+        assert await reader.readline() == b"r3\r\n"
+    finally:
+        writer.close()
+
+
 async def test_a_burned_id_is_the_tubes_shard_next(split_server: ServerProcess) -> None:
     """beanstalkd uses up an id on a put whose body is bad; a split namespace uses up its
     tube's shard's next id, so the next put there skips one step of ``SHARDS``."""

@@ -4,9 +4,10 @@ Owns: :class:`Connection`, the asyncio.Protocol of one client: it feeds the sans
 dispatches each command it yields at once to a handler that returns its reply, either as bytes
 or as a future of bytes (a store call in flight), and writes the replies strictly in command
 order, coalesced into one write per loop tick. Pipelined commands therefore reach Redis without
-waiting for each other; a read's puts, deletes and reserves' first tries go as one call of each
-kind (its turn, tubeq.server.runs). Also: the connection's life (open, auth, half-close, close
-and the hand-back of its jobs), and the held-job map it keeps for DEADLINE_SOON.
+waiting for each other; a read's puts, deletes, finishes and reserves' first tries go as one
+call of each kind (its turn, tubeq.server.runs). Also: the connection's life (open, auth,
+half-close, close and the hand-back of its jobs), and the held-job map it keeps for
+DEADLINE_SOON.
 
 The connection owns its reservations (beanstalkd semantics): only it may delete, release, bury
 or touch them, and when it goes away (quit, EOF, reset) disconnect.lua puts them back at once.
@@ -49,7 +50,7 @@ from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import UNTIMED
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
-from tubeq.server.runs import DeleteRun, PutRun
+from tubeq.server.runs import DeleteRun, FinishRun, PutRun
 from tubeq.store.records import Reservation
 
 log = structlog.get_logger(__name__)
@@ -72,7 +73,8 @@ class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
         "_asked", "_asked_since", "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop",
-        "_deletes", "_ends", "_eof", "_flow", "_flush_scheduled", "_held_by", "_lost",
+        "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled", "_held_by",
+        "_lost",
         "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
         "batch_parts", "ctx",
         "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
@@ -123,16 +125,17 @@ class Connection(asyncio.Protocol):
         self.passing = 0
         self.replaying = False
         self.batch_parts: list[Any] | None = None  # a put-many's parts before its last
-        # A turn of _pump (the commands of one read): its puts, its deletes that wait for
-        # nothing and its reserves' first tries (ReserveQueue.untried) go to Redis as one call
-        # of each kind when the turn ends (_send_turn), or before a command that must follow
-        # them in Redis. The runs exist only while a turn has something in them.
+        # A turn of _pump (the commands of one read): its puts, its deletes and finishes that
+        # wait for nothing and its reserves' first tries (ReserveQueue.untried) go to Redis as
+        # one call of each kind when the turn ends (_send_turn), or before a command that must
+        # follow them in Redis. The runs exist only while a turn has something in them.
         self._turn = False
         # The counts read of a run of stats in this turn (no other command between them): they
         # all take its answer, and it is sent when the run ends (handlers._stats).
         self.turn_stats: SentLater[Any] | None = None
         self._puts: PutRun | None = None
         self._deletes: DeleteRun | None = None
+        self._finishes: FinishRun | None = None
         self._push: Push | None = None  # from the first ``push`` on
         # A blocking command's reply (wait) and how to end it early: nothing after it runs
         # until it is settled (hold).
@@ -200,7 +203,16 @@ class Connection(asyncio.Protocol):
             self._deletes = DeleteRun(self.store, self.token)
         return self._deletes
 
-    def _may_join(self, run: PutRun | DeleteRun | None) -> bool:
+    @property
+    def finishes(self) -> FinishRun | None:
+        """The turn's finishes, as :attr:`deletes`."""
+        if not self._may_join(self._finishes):
+            return None
+        if self._finishes is None:
+            self._finishes = FinishRun(self.store, self.token, self.ctx.result_ttl_ms)
+        return self._finishes
+
+    def _may_join(self, run: PutRun | DeleteRun | FinishRun | None) -> bool:
         """Whether a command may join ``run``, the turn's run of its kind: inside a turn, if
         the run holds commands already or more input was read after this one (one that would
         go alone takes the single-job script's path, at no cost of its own)."""
@@ -403,11 +415,11 @@ class Connection(asyncio.Protocol):
             # What this command may depend on goes to Redis first: the other kinds' runs (a
             # put or delete keeps its place among the others), or everything.
             if kind is c.Put:
-                if self._deletes:
-                    self._deletes.send()
+                self._send_runs_but(self._puts)
             elif kind is c.Delete and not passing:
-                if self._puts:
-                    self._puts.send()
+                self._send_runs_but(self._deletes)
+            elif kind is c.Finish and not passing:
+                self._send_runs_but(self._finishes)
             elif kind not in ONE_JOB_RESERVES:
                 self._send_turn()
             self._dispatch(command, passing)
@@ -416,7 +428,7 @@ class Connection(asyncio.Protocol):
             self._send_stats()
         self._send_turn()
         self._turn = False
-        self._puts = self._deletes = None
+        self._puts = self._deletes = self._finishes = None
         flow.set_reading(read_on)
         self._maybe_close()
 
@@ -433,16 +445,20 @@ class Connection(asyncio.Protocol):
         self.hold(read.answer, _nothing_to_give_up)
         return True
 
+    def _send_runs_but(self, keep: PutRun | DeleteRun | FinishRun | None) -> None:
+        """Send the turn's open run of another kind than ``keep``'s: a put, delete or finish
+        keeps its place among the others (one run at a time is open)."""
+        for run in (self._puts, self._deletes, self._finishes):
+            if run and run is not keep:
+                run.send()
+
     def _send_turn(self) -> None:
-        """Send the turn's run of puts or deletes (one at a time is open), then its reserves'
-        first tries, each as one store call. Sending those deletes before reserves that came
-        first changes nothing: they passed the reserves with ``passing`` 0 (whatever the
-        reserves do, they cannot see the jobs deleted); a put never passes a reserve. The
-        reserves still answer in their own order."""
-        if self._puts:
-            self._puts.send()
-        if self._deletes:
-            self._deletes.send()
+        """Send the turn's run of puts, deletes or finishes (one at a time is open), then its
+        reserves' first tries, each as one store call. Sending those deletes or finishes
+        before reserves that came first changes nothing: they passed the reserves with
+        ``passing`` 0 (whatever the reserves do, they cannot see the jobs deleted); a put never
+        passes a reserve. The reserves still answer in their own order."""
+        self._send_runs_but(None)
         reserves = self.reserves
         if reserves.untried:
             reserves.send_untried()

@@ -32,7 +32,7 @@ from tubeq.server.access import AccessConfig
 from tubeq.server.end_waits import EndWait, EndWaits
 from tubeq.server.metrics import Metrics
 from tubeq.server.reserve_wait import Wait
-from tubeq.server.runs import DeleteRun, PutRun
+from tubeq.server.runs import DeleteRun, FinishRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.tracing import JobTracer
@@ -278,12 +278,15 @@ class Session(Protocol):
     @property
     def authenticated(self) -> bool: ...
 
-    # The turn's runs a put or a delete joins (tubeq.server.runs), or None: go alone.
+    # The turn's runs a put, a delete or a finish joins (tubeq.server.runs), or None: go alone.
     @property
     def puts(self) -> PutRun | None: ...
 
     @property
     def deletes(self) -> DeleteRun | None: ...
+
+    @property
+    def finishes(self) -> FinishRun | None: ...
 
     def enter(self, ctx: ServerContext) -> None: ...
 

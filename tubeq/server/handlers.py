@@ -208,7 +208,8 @@ def _finish(conn: Session, cmd: c.Finish) -> Reply:
         return replies.JOB_TOO_BIG
     finished = _forget_on(conn, cmd.id, replies.FINISHED)
     cancelled = _forget_on(conn, cmd.id, replies.CANCELLED)
-    return then(ops.finish(conn.ctx, conn.token, cmd.id, cmd.result, behind=conn.passing),
+    return then(ops.finish(conn.ctx, conn.token, cmd.id, cmd.result, behind=conn.passing,
+                           run=conn.finishes),
                 lambda done: cancelled(True) if done == CANCELLED else finished(bool(done)))
 
 

@@ -29,7 +29,7 @@ from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
-from tubeq.server.runs import DeleteRun, PutRun
+from tubeq.server.runs import DeleteRun, FinishRun, PutRun
 from tubeq.server.tracing import JobTracer
 from tubeq.store.records import FINISHED_HERE, Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
@@ -240,11 +240,16 @@ def _noting_deadline(ctx: ServerContext, call: asyncio.Future[int]) -> asyncio.F
 
 
 def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
-           behind: int = 0) -> asyncio.Future[bool | int]:
+           behind: int = 0, run: FinishRun | None = None) -> asyncio.Future[bool | int]:
     """Delete a job ``token`` holds as done, keeping ``result`` for --result-ttl (False: not
     held; CANCELLED: it was cancelled, and is gone). When only this process waited for it
-    (a request/reply of its own), its waits hear the end from here: it was not published."""
-    call = ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
+    (a request/reply of its own), its waits hear the end from here: it was not published.
+    ``run``: the connection's finishes of this turn, which it joins unless it is sent
+    ``behind`` reserves (as a delete)."""
+    if run is not None and not behind:
+        call = run.add(job_id, result)
+    else:
+        call = ctx.store.finish(token, job_id, result, ctx.result_ttl_ms, behind=behind)
 
     def finished(f: asyncio.Future[bool | int]) -> None:
         if not f.cancelled() and f.exception() is None and f.result() == FINISHED_HERE:

@@ -1,12 +1,13 @@
-"""A connection's puts or deletes of one turn, sent to Redis as one script call.
+"""A connection's puts, deletes or finishes of one turn, sent to Redis as one script call.
 
-A pipelining producer sends a put per job and a pipelining consumer a delete per job. The puts
-(to one tube) or the deletes a connection takes from one read, one after another and needing
-to wait for nothing (tubeq.server.reserves decides which), go out together when its turn
-ends: one put_many or delete_many call, each command still answered on its own. Each job is
-put or deleted as the single-job script would, in the same order: the call only saves the
-script calls in between. Owns that run only: what a command answers is its caller's
-``answer`` (tubeq.server.handlers), what a put must check first is tubeq.server.ops's.
+A pipelining producer sends a put per job and a pipelining consumer a delete (or, answering
+calls, a finish) per job. The puts (to one tube), the deletes or the finishes a connection
+takes from one read, one after another and needing to wait for nothing (tubeq.server.reserves
+decides which), go out together when its turn ends: one put_many, delete_many or finish_many
+call, each command still answered on its own. Each job is put, deleted or finished as the
+single-job script would, in the same order: the call only saves the script calls in between.
+Owns that run only: what a command answers is its caller's ``answer``
+(tubeq.server.handlers), what a put must check first is tubeq.server.ops's.
 """
 
 from __future__ import annotations
@@ -81,6 +82,33 @@ class DeleteRun(_Run[int]):
 
     def _together(self, entries: list[int]) -> asyncio.Future[list[Any]]:
         return self._store.delete_many(self._token, entries)
+
+
+class FinishRun(_Run[tuple[int, bytes]]):
+    """A connection's finishes, as finish_many (a lone one as finish.lua); the results are
+    kept for ``keep_ms`` (--result-ttl) unless a job says otherwise."""
+
+    __slots__ = ("_keep_ms", "_token")
+
+    def __init__(self, store: JobStore, token: str, keep_ms: int) -> None:
+        super().__init__(store)
+        self._token = token
+        self._keep_ms = keep_ms
+
+    def add(self, job_id: int, result: bytes) -> asyncio.Future[bool | int]:
+        """What finish answers for the job, once the run's call is back."""
+        return self._add((job_id, result), _same)
+
+    def _alone(self, entry: tuple[int, bytes], answer: Callable[[Any], Any]
+               ) -> asyncio.Future[Any]:
+        return self._store.finish(self._token, entry[0], entry[1], self._keep_ms)
+
+    def _together(self, entries: list[tuple[int, bytes]]) -> asyncio.Future[list[Any]]:
+        return self._store.finish_many(self._token, entries, self._keep_ms)
+
+
+def _same(value: T) -> T:
+    return value
 
 
 _Job = tuple[int, int, int, bytes]  # pri, delay, ttr, body

@@ -240,6 +240,11 @@ class JobStore(Protocol):
         (it is gone, the result dropped)."""
         ...
 
+    def finish_many(self, token: str, jobs: Sequence[tuple[int, bytes]], keep_ms: int, *,
+                    behind: int = 0) -> asyncio.Future[list[bool | int]]:
+        """Finish each (id, result) as ``finish`` would, in order; per job, what it answers."""
+        ...
+
     def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
         """A job ``token`` holds goes back to ready at once, its try not counted (its holder
         is shutting down): 1 handed back, HANDED_BACK_EXPIRED (past its TTL, it expired

@@ -352,16 +352,19 @@ class Store:
         """True finished, FINISHED_HERE finished and its end told to this process only (the
         caller tells its waits), False not held, CANCELLED."""
         metrics = self.metrics
-
-        def decode(r: Any) -> bool | int:
-            if r == CANCELLED:
-                return CANCELLED
-            if _deleted(r, metrics) and len(r) > 2:
-                return FINISHED_HERE
-            return bool(r)
-
         return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
-                          *_numbered(behind), decode=_unless_deferred(decode))
+                          *_numbered(behind),
+                          decode=_unless_deferred(lambda r: _finished(r, metrics)))
+
+    def finish_many(self, token: str, jobs: Sequence[tuple[int, bytes]], keep_ms: int, *,
+                    behind: int = 0) -> asyncio.Future[list[bool | int]]:
+        """Finish each (id, result) as :meth:`finish` would, in one script call; per job, what
+        finish answers."""
+        metrics = self.metrics
+        flat = [v for job_id, result in jobs for v in (job_id, result)]
+        return self._eval("finish_many", token, self.clock(), keep_ms, behind, *flat,
+                          decode=_unless_deferred(
+                              lambda r: [_finished(v, metrics) for v in r]))
 
     def hand_back(self, token: str, job_id: int) -> asyncio.Future[int]:
         return self._eval("hand_back", token, job_id, self.clock(), decode=int)
@@ -941,6 +944,17 @@ def _job_end(r: Any) -> JobEnd | Progress | bool:
         if len(r) == 3:
             return Progress(int(r[1]), r[2])
         return JobEnd(r[0].decode(), r[1])
+    return bool(r)
+
+
+def _finished(r: Any, metrics: JobObserver | None) -> bool | int:
+    """What finish.lua (or finish_many.lua, for one job) answered: True finished,
+    FINISHED_HERE finished and its end told to this process only, False not held, CANCELLED;
+    the held time of a finished job goes to the metrics as a delete's does."""
+    if r == CANCELLED:
+        return CANCELLED
+    if _deleted(r, metrics) and len(r) > 2:
+        return FINISHED_HERE
     return bool(r)
 
 

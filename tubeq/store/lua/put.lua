@@ -87,8 +87,8 @@ if delay_ms > 0 then
   enqueue_delayed(id, t, due)
   add_event('put', id, t, pri, delay_ms, ttr, due, 0, now, '', nil, nil, nil, traced)
 else
-  local waiting = has_waiters(t)
-  local taker = waiting and direct_taker(t, meta)
+  local line, first, others = first_line(t)  -- (nil: nobody waits on t)
+  local taker = direct_taker(t, meta, line, first, others)
   -- put-with wait-ms (a request/reply): waited for from its birth, by this process, and
   -- traceparent: fields of the job's own HSET beside its group (start_policies would write
   -- each with one more)
@@ -122,7 +122,7 @@ else
   add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, traced)
   -- This job still ready (nobody could take a job, or the first waiter got a better one from
   -- another tube): the other waiters get a wake-up.
-  if waiting and hand_over_in(t, now) ~= id then
+  if line and hand_over_in(t, now, line) ~= id then
     rcall('PUBLISH', k_wake(t), '')
   end
 end

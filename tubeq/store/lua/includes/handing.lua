@@ -8,10 +8,11 @@ local HAND_OVER_ALIVE_WITHIN_MS = 2000
 -- The first connection waiting on tube t, in a live process, gets the job it would reserve now
 -- (normally the new one; the best of its watched tubes if another became ready meanwhile).
 -- Returns the id handed over, or false when nobody can take a job. The first waiter is the
--- first of the first line of t (first_line in includes/waiter_counts.lua); a dead process's
+-- first of the first line of t (first_line in includes/waiter_counts.lua; `line`: what the
+-- caller's first_line found, nothing having changed the waiters since); a dead process's
 -- waiters at the head of that line are passed over (at most 16 of them).
-local function hand_over_in(t, now)
-  local line = first_line(t)
+local function hand_over_in(t, now, line)
+  line = line or first_line(t)
   if not line then return false end
   local token
   for _, candidate in ipairs(rcall('ZRANGE', k_line(line), '0', '15')) do
@@ -40,28 +41,22 @@ end
 -- job of tube t at once, in the put's own reply (put.lua's direct hand-over), or false. Only
 -- when that changes nothing of what the classic hand-over above would do: its connection is
 -- the first waiting on t, counted in by its push loop (mode 'p', includes/waiter_counts.lua),
--- watches t alone, and t has no ready job (`meta`, ensure_tube's fields: no ready_tubes entry,
--- no pause that may still hold jobs back, no reserve limits), so the new job is the one it
--- would reserve. It stays counted in (its process counts it out once its credit is used), and
--- goes to the back of t's line when others wait there too, as a grant and its next count-in
--- would put it (its line is t's alone, so t's score of it is set to the line's new first
--- seq at once: the next put's first_line finds it exact, with no raise to make).
-local function direct_taker(t, meta)
-  if not meta or meta[1] or meta[2] or meta[3] then return false end
-  local line = first_line(t)
-  if not line then return false end
-  local lk = k_line(line)
-  local first = rcall('ZRANGE', lk, '0', '1', 'WITHSCORES')  -- its first two, with their seqs
+-- watches t alone (its line is t's own, line_name), and t has no ready job (`meta`,
+-- ensure_tube's fields: no ready_tubes entry, no pause that may still hold jobs back, no
+-- reserve limits), so the new job is the one it would reserve. `line`, `first`, `others`:
+-- what first_line(t) returned. It stays counted in (its process counts it out once its credit
+-- is used), and goes to the back of t's line when others wait there too, as a grant and its
+-- next count-in would put it (its line is t's alone, so t's score of it is set to the line's
+-- new first seq at once: the next put's first_line finds it exact, with no raise to make).
+local function direct_taker(t, meta, line, first, others)
+  if not meta or meta[1] or meta[2] or meta[3] or not line then return false end
   local token = first[1]
-  if not token or instance_of(token) ~= EVENTS_BY then return false end
-  if waiting_mode(token) ~= 'p' or rcall('SCARD', k_watch(token)) ~= 1 then
-    return false
-  end
-  local wk = k_waiters(t)
-  if first[3] or rcall('ZCARD', wk) > 1 then
+  if instance_of(token) ~= EVENTS_BY or line ~= line_name({t}) then return false end
+  if waiting_mode(token) ~= 'p' then return false end
+  if first[3] or others then
     local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
-    rcall('ZADD', lk, seq, token)
-    rcall('ZADD', wk, first[4] or seq, line)
+    rcall('ZADD', k_line(line), seq, token)
+    rcall('ZADD', k_waiters(t), first[4] or seq, line)
   end
   return token
 end

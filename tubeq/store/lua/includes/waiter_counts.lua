@@ -40,6 +40,14 @@ local function waiting_tokens_of(inst)
   return found
 end
 
+-- The line of a watch set: a digest of its tubes, sorted (20 hex digits). A connection counted
+-- in waits in the line of its watch set as it is (tubes.lua counts it out and in again around a
+-- change), so its line names exactly what it watches: line_name({t}) is the line of those that
+-- watch t alone.
+local function line_name(sorted_tubes)
+  return string.sub(redis.sha1hex(table.concat(sorted_tubes, '\n')), 1, 20)
+end
+
 -- The line of `token`'s watch set: a digest of its tubes, sorted, kept in K_LINE_OF until the
 -- set changes (apply_watch in includes/refs.lua, restore.lua and reap.lua drop it). nil for an
 -- empty set: a token reaped with its process (reap.lua) until restore.lua brings its watches
@@ -50,7 +58,7 @@ local function line_of(token)
   local tubes = rcall('SMEMBERS', k_watch(token))
   if #tubes == 0 then return nil end
   table.sort(tubes)
-  line = string.sub(redis.sha1hex(table.concat(tubes, '\n')), 1, 20)
+  line = line_name(tubes)
   rcall('HSET', K_LINE_OF, token, line)
   return line
 end
@@ -117,24 +125,28 @@ end
 -- settle for a line whose first waiter came after another line's (first come, first served
 -- across lines, protocol.md) or for nobody while lines remain (a missed hand-over). It ends: a
 -- raise sets a score to its line's first seq, which no step of this call changes.
+-- Also returns what the reads found, for a put's hand-over (includes/handing.lua): the line's
+-- first two waiters with their seqs ({token, seq, token, seq}), and whether other lines wait
+-- on t.
 local function first_line(t)
   local wk = k_waiters(t)
   while true do
-    local head = rcall('ZRANGE', wk, '0', '0', 'WITHSCORES')
+    local head = rcall('ZRANGE', wk, '0', '1', 'WITHSCORES')
     local line = head[1]
     if not line then return nil end
-    local first = rcall('ZRANGE', k_line(line), '0', '0', 'WITHSCORES')
+    local first = rcall('ZRANGE', k_line(line), '0', '1', 'WITHSCORES')
     if not first[1] then
       rcall('ZREM', wk, line)  -- a line with nobody left (written by an older layout)
     elseif first[2] == head[2] then
-      return line
+      return line, first, head[3] ~= nil
     else
       rcall('ZADD', wk, first[2], line)
     end
   end
 end
 
--- Whether any connection waits on tube t (a line with waiters is entered in its tubes).
+-- Whether any connection waits on tube t (a line with waiters is entered in its tubes); a put
+-- reads first_line instead, which says the same with what its hand-over needs.
 local function has_waiters(t)
   return rcall('EXISTS', k_waiters(t)) == 1
 end
