@@ -829,3 +829,33 @@ async def test_a_turns_finishes_go_as_one_call_and_each_answers_as_alone(
     worker.send(b"list-tubes\r\n")
     out = await worker.until(lambda o: o.endswith(b"\n\r\n"))
     assert b"fin" not in out, out
+
+
+async def test_a_turns_calls_go_as_one_put_and_a_push_loop_gets_no_more_than_its_credits(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's calls of one read (put-with notify-ms, no other option) reach the store as
+    one put_calls: each answered INSERTED in order, its job handed straight to this process's
+    push loop while that loop has credit (2 here: the other two wait ready until it settles
+    one), and each END comes as the job is finished. A call with another option goes alone,
+    after the run before it."""
+    calls = spy_on(ctx, monkeypatch, ("put", "put_with", "put_many", "put_calls"))
+    worker, caller = Client(ctx), Client(ctx)
+    worker.send(b"watch c\r\nignore default\r\npush 2\r\n")
+    await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 2\r\n")
+    await asyncio.sleep(0.1)  # its first take found nothing: it waits, counted in
+    worker.transport.out.clear()
+    caller.send(b"".join(b"put-with 0 0 60 1 tube=c notify-ms=10000\r\n%d\r\n" % i
+                         for i in range(1, 5))
+                + b"put-with 0 0 60 1 tube=c notify-ms=10000 max-tries=3\r\n5\r\n")
+    await caller.expect(b"".join(b"INSERTED %d\r\n" % i for i in range(1, 6)))
+    assert [(name, len(args[1]) if name == "put_calls" else 1) for name, args in calls] == [
+        ("put_calls", 4), ("put_with", 1)]
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+    await asyncio.sleep(0.2)
+    assert worker.transport.out.count(b"RESERVED") == 2  # its credits: no more
+    assert worker.transport.out.startswith(b"RESERVED 1 1\r\n1\r\nRESERVED 2 1\r\n2\r\n")
+    for job_id in range(1, 6):
+        await worker.until(lambda o, j=job_id: b"RESERVED %d " % j in o)
+        worker.send(b"finish %d 2\r\nr%d\r\n" % (job_id, job_id))
+        await caller.until(lambda o, j=job_id: b"END %d finished 2\r\nr%d\r\n" % (j, j) in o)
+    assert worker.conn.push_room() == 2  # every credit free, none left promised

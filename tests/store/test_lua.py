@@ -24,7 +24,7 @@ from tubeq.model.states import TRANSITIONS, JobState
 from tubeq.redisio.client import RedisClient, RedisReplyError
 from tubeq.redisio.process import RedisProcess
 from tubeq.store.keys import JobField, Keys
-from tubeq.store.records import PARENT_LIVING, NoJob, Reservation
+from tubeq.store.records import FINISHED_HERE, PARENT_LIVING, JobEnd, NoJob, Reservation
 from tubeq.store.scripts import expand
 from tubeq.store.shards import ShardedStore, shard_of_tube
 from tubeq.store.store import Store
@@ -678,6 +678,67 @@ async def test_a_direct_hand_over_reads_the_waiters_in_three_calls(env: Env) -> 
 
     assert (calls("exists"), calls("scard"), calls("zcard")) == (0, 0, 0)
     assert (calls("zrange"), calls("hget")) == (2, 1)
+    s.direct_grants = None
+
+
+async def test_a_run_of_calls_hands_a_push_loop_of_its_process_as_many_jobs_as_it_may_take(
+        env: Env) -> None:
+    """put_many's calls ('w', store.put_calls): each job waited for by this process (the
+    record's wait fields, as put-with wait-ms sets them); a ready one goes straight to the push
+    loop of this process first in line, at most as many as the budget pairs with its token
+    (reserved by it, counted in 'nres'); a budget that was all its credits, used up, counts it
+    out (so nothing more is handed to it: the rest stays ready); one that was not leaves it
+    counted in, and the next job is handed over as a put hands one (granted, counted out)."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    jobs = [(5, 0, 30, body) for body in (b"a", b"b", b"c", b"d")]
+    ids = await s.put_calls("default", jobs, 60_000, [(BOB, 2, True), (ALICE, 9, True)])
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    assert [(t, j.id, j.body) for t, j, _ in direct] == [(BOB, ids[0], b"a"), (BOB, ids[1], b"b")]
+    for job_id in ids:
+        assert await env.raw.hmget(env.keys.job(job_id), "w", "wb") == [b"60000", b"inst"]
+    assert [await env.state(i) for i in ids] == [
+        JobState.RESERVED, JobState.RESERVED, JobState.READY, JobState.READY]
+    counts = await s.tube_counts("default")
+    assert counts is not None and (counts[1], counts[2], counts[8]) == (2, 2, 0)
+    assert await s.set_waiting(BOB, -1, claim=True) == []  # counted out: nothing was granted
+    assert await s.finish(BOB, ids[0], b"ok", 1000) == FINISHED_HERE  # told here only
+    assert await s.wait_end(ids[0], 1000) == JobEnd("finished", b"ok")
+    for job_id in ids[1:]:
+        await s.delete(BOB, job_id)
+    direct.clear()
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    ids = await s.put_calls("default", jobs[:3], 60_000, [(BOB, 1, False)])
+    assert [(t, j.id) for t, j, _ in direct] == [(BOB, ids[0])]
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [ids[1]]  # granted
+    assert await env.state(ids[2]) is JobState.READY
+    s.direct_grants = None
+
+
+async def test_a_run_of_calls_hands_nothing_directly_without_a_budget_or_to_others(
+        env: Env) -> None:
+    """No budget for the loop first in line (its process promised its credits to another
+    call, or it has none free), or a loop of another process: the calls' jobs go as put_many's
+    (the first to the first waiter, granted; the rest ready); a full tube answers 0."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 8, stay=True) == []
+    ids = await s.put_calls("default", [(0, 0, 60, b"a"), (0, 0, 60, b"b")], 1000, [])
+    assert direct == []
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [ids[0]]
+    assert (await env.reserve(ALICE)).id == ids[1]  # it was ready
+    other = Store(s.client, env.keys, "other", env.clock)
+    await other.heartbeat()
+    await other.connect("other:1")
+    assert await other.reserve_many("other:1", 8, stay=True) == []
+    await s.set_tube("default", (("max-jobs", 3),))
+    more = await s.put_calls("default", [(0, 0, 60, b"c"), (0, 0, 60, b"d")], 1000,
+                             [("other:1", 5, True)])
+    assert direct == [] and more[1] == 0  # 'other:1' is not of this process; then full
+    assert [r.id for r in await other.set_waiting("other:1", -1, claim=True)] == [more[0]]
     s.direct_grants = None
 
 

@@ -50,7 +50,7 @@ from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
 from tubeq.server.metrics import UNTIMED
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
-from tubeq.server.runs import DeleteRun, FinishRun, PutRun
+from tubeq.server.runs import CallRun, DeleteRun, FinishRun, PutRun, joins_calls
 from tubeq.store.records import Reservation
 
 log = structlog.get_logger(__name__)
@@ -72,7 +72,8 @@ MAX_AUTH_FAILURES = 3
 class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
-        "_asked", "_asked_since", "_auth_failures", "_cleaned_up", "_closed", "_closed_by_stop",
+        "_asked", "_asked_since", "_auth_failures", "_calls", "_cleaned_up", "_closed",
+        "_closed_by_stop",
         "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled", "_held_by",
         "_lost",
         "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
@@ -134,6 +135,7 @@ class Connection(asyncio.Protocol):
         # all take its answer, and it is sent when the run ends (handlers._stats).
         self.turn_stats: SentLater[Any] | None = None
         self._puts: PutRun | None = None
+        self._calls: CallRun | None = None
         self._deletes: DeleteRun | None = None
         self._finishes: FinishRun | None = None
         self._push: Push | None = None  # from the first ``push`` on
@@ -204,6 +206,17 @@ class Connection(asyncio.Protocol):
         return self._deletes
 
     @property
+    def calls(self) -> CallRun | None:
+        """The turn's plain calls (put-with notify-ms: runs.joins_calls), as :attr:`puts`."""
+        if not self._may_join(self._calls):
+            return None
+        if self._calls is None:
+            ctx = self.ctx
+            self._calls = CallRun(self.store, ctx.result_ttl_ms, ctx.direct_room,
+                                  ctx.release_room)
+        return self._calls
+
+    @property
     def finishes(self) -> FinishRun | None:
         """The turn's finishes, as :attr:`deletes`."""
         if not self._may_join(self._finishes):
@@ -212,7 +225,7 @@ class Connection(asyncio.Protocol):
             self._finishes = FinishRun(self.store, self.token, self.ctx.result_ttl_ms)
         return self._finishes
 
-    def _may_join(self, run: PutRun | DeleteRun | FinishRun | None) -> bool:
+    def _may_join(self, run: PutRun | CallRun | DeleteRun | FinishRun | None) -> bool:
         """Whether a command may join ``run``, the turn's run of its kind: inside a turn, if
         the run holds commands already or more input was read after this one (one that would
         go alone takes the single-job script's path, at no cost of its own)."""
@@ -420,6 +433,8 @@ class Connection(asyncio.Protocol):
                 self._send_runs_but(self._deletes)
             elif kind is c.Finish and not passing:
                 self._send_runs_but(self._finishes)
+            elif kind is c.PutWith and joins_calls(cast(c.PutWith, command)):
+                self._send_runs_but(self._calls)
             elif kind not in ONE_JOB_RESERVES:
                 self._send_turn()
             self._dispatch(command, passing)
@@ -428,7 +443,7 @@ class Connection(asyncio.Protocol):
             self._send_stats()
         self._send_turn()
         self._turn = False
-        self._puts = self._deletes = self._finishes = None
+        self._puts = self._calls = self._deletes = self._finishes = None
         flow.set_reading(read_on)
         self._maybe_close()
 
@@ -445,10 +460,10 @@ class Connection(asyncio.Protocol):
         self.hold(read.answer, _nothing_to_give_up)
         return True
 
-    def _send_runs_but(self, keep: PutRun | DeleteRun | FinishRun | None) -> None:
-        """Send the turn's open run of another kind than ``keep``'s: a put, delete or finish
-        keeps its place among the others (one run at a time is open)."""
-        for run in (self._puts, self._deletes, self._finishes):
+    def _send_runs_but(self, keep: PutRun | CallRun | DeleteRun | FinishRun | None) -> None:
+        """Send the turn's open run of another kind than ``keep``'s: a put, call, delete or
+        finish keeps its place among the others (one run at a time is open)."""
+        for run in (self._puts, self._calls, self._deletes, self._finishes):
             if run and run is not keep:
                 run.send()
 
@@ -685,6 +700,35 @@ class Connection(asyncio.Protocol):
         self.reserves.hold((job,))
         push.send_direct(job)
         return True
+
+    def push_room(self) -> int:
+        """How many jobs this connection's push loop may be handed directly now: its free
+        credits not promised to a call in flight, while it takes jobs (0: no loop, or it
+        takes none now)."""
+        push = self._push
+        if push is None or self._lost or not push.takes_directly():
+            return 0
+        return push.room()
+
+    def promise_room(self, wanted: int) -> tuple[int, bool]:
+        """Up to ``wanted`` of :meth:`push_room`, promised to a call from now on until
+        :meth:`release_room`; and whether that is all its free credits (no other call holds
+        a promise, and none is left over)."""
+        room = self.push_room()
+        if not room:
+            return 0, False
+        push = self._push
+        assert push is not None
+        promised = min(room, wanted)
+        whole = not push.promised and promised == room
+        push.promised += promised
+        return promised, whole
+
+    def release_room(self, room: int) -> None:
+        """The call that was promised ``room`` credits is back (the jobs it handed over are
+        held by now)."""
+        if self._push is not None:
+            self._push.promised = max(0, self._push.promised - room)
 
     def job_cancelled(self, job_id: int) -> None:
         """cancel.lua marked job ``job_id``, which this connection holds: a push connection

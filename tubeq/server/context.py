@@ -32,7 +32,7 @@ from tubeq.server.access import AccessConfig
 from tubeq.server.end_waits import EndWait, EndWaits
 from tubeq.server.metrics import Metrics
 from tubeq.server.reserve_wait import Wait
-from tubeq.server.runs import DeleteRun, FinishRun, PutRun
+from tubeq.server.runs import CallRun, DeleteRun, FinishRun, PutRun
 from tubeq.server.scheduler import Scheduler
 from tubeq.server.stats import CommandCounters, ServerIdentity
 from tubeq.server.tracing import JobTracer
@@ -188,6 +188,30 @@ class ServerContext:
                    if scope == "all" or (scope == "conn" and conn.token == target)
                    or (scope == "tube" and target in conn.watched))
 
+    def direct_room(self, tube: str, wanted: int) -> list[tuple[str, int, bool]]:
+        """The push loops of this process that wait on ``tube`` alone, each with how many
+        jobs it may be handed of a run of ``wanted`` (its free credits, at most ``wanted``,
+        promised from now on until :meth:`release_room`: two runs in flight together cannot
+        hand one loop more than it asked for) and whether that is all of them (no other run
+        holds a promise: a run that uses them up counts the loop out of the waiters, as its
+        process would next). What a run of calls may hand each directly
+        (tubeq.server.runs.CallRun, put_many.lua's 'w')."""
+        room = []
+        for waiter in self.registry.alone_on(tube):
+            conn = self.connections.get(waiter.token)
+            if conn is not None:
+                free, whole = conn.promise_room(wanted)
+                if free > 0:
+                    room.append((waiter.token, free, whole))
+        return room
+
+    def release_room(self, room: list[tuple[str, int, bool]]) -> None:
+        """The run that :meth:`direct_room` promised ``room`` is back."""
+        for token, free, _ in room:
+            conn = self.connections.get(token)
+            if conn is not None:
+                conn.release_room(free)
+
     def deliver_direct(self, token: str, job: Reservation, pri: int) -> None:
         """The store's ``direct_grants``: a put of this process handed ``job`` (priority
         ``pri``) straight to connection ``token``'s push loop (put.lua). It goes there; when
@@ -278,12 +302,16 @@ class Session(Protocol):
     @property
     def authenticated(self) -> bool: ...
 
-    # The turn's runs a put, a delete or a finish joins (tubeq.server.runs), or None: go alone.
+    # The turn's runs a put, a call, a delete or a finish joins (tubeq.server.runs), or None:
+    # go alone.
     @property
     def puts(self) -> PutRun | None: ...
 
     @property
     def deletes(self) -> DeleteRun | None: ...
+
+    @property
+    def calls(self) -> CallRun | None: ...
 
     @property
     def finishes(self) -> FinishRun | None: ...
@@ -317,6 +345,18 @@ class Session(Protocol):
         (put.lua's direct hand-over): hold it and send it; False when no push loop takes it
         (stopped, or the connection is going), and the caller gives it back."""
         ...
+
+    def push_room(self) -> int:
+        """How many jobs this connection's push loop may be handed directly now (its free
+        credits not promised; 0 without a loop taking jobs)."""
+        ...
+
+    def promise_room(self, wanted: int) -> tuple[int, bool]:
+        """Up to ``wanted`` of push_room, promised to a call until release_room; whether it
+        is all its free credits."""
+        ...
+
+    def release_room(self, room: int) -> None: ...
 
     def hold(self, reply: asyncio.Future[bytes], give_up: Callable[[], None]) -> None:
         """Run no command after this one until ``reply`` is settled (a blocking command:

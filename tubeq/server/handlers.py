@@ -26,6 +26,7 @@ from tubeq.redisio.client import ran
 from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
+from tubeq.server.runs import joins_calls
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.records import (
     CANCELLED,
@@ -438,7 +439,8 @@ def _put_with(conn: Session, cmd: c.PutWith) -> Reply:
     # ended, or the put's own reply when it has not ended by then; notify-ms answers the put
     # at once and the end later, as a frame (Connection.notify_end)
     wait, put, end = ops.put_and_wait(conn.ctx, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body,
-                                      opts, int(wait_ms or notify_ms or 0))
+                                      opts, int(wait_ms or notify_ms or 0),
+                                      calls=conn.calls if joins_calls(cmd) else None)
     if notify_ms is not None:
         conn.notify_end(wait, then(end, lambda ended: _end_frame(wait.job_id, ended)))
         return then(put, _put_with_reply)

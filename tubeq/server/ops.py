@@ -29,7 +29,7 @@ from tubeq.redisio.futures import OneReadAtATime, discard, then
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
-from tubeq.server.runs import DeleteRun, FinishRun, PutRun
+from tubeq.server.runs import CallRun, DeleteRun, FinishRun, PutRun
 from tubeq.server.tracing import JobTracer
 from tubeq.store.records import FINISHED_HERE, Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
@@ -74,17 +74,22 @@ def put(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: byt
 
 
 def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
-             options: Options) -> asyncio.Future[PutOutcome]:
+             options: Options, *, run: CallRun | None = None) -> asyncio.Future[PutOutcome]:
     """Store a job with options (tubeq.model.options.PUT_OPTIONS): the outcome names the new
     job, or the living job whose dedupe key it carries; ``PutOutcome(DRAINING | NAMESPACE_FULL
-    | TUBE_FULL, False)`` when refused."""
+    | TUBE_FULL, False)`` when refused. ``run``: the connection's calls of this turn, which a
+    plain call (runs.joins_calls: its only option is ``waited``) the store takes joins."""
     store = ctx.store
     if ctx.draining:
+        if run is not None:
+            run.send()  # the calls before it take their ids first
         return then(store.burn_id(tube), lambda _: PutOutcome(DRAINING, False))
     if ctx.full:
         refused: asyncio.Future[PutOutcome] = asyncio.get_running_loop().create_future()
         refused.set_result(PutOutcome(NAMESPACE_FULL, False))
         return refused
+    if run is not None:
+        return run.add(tube, pri, max(ttr, 1), body)
     opts = dict(options)
     if "after" in opts:  # the parents' ends are kept as long as results are (wait reads them)
         options = (*options, (AFTER_KEEP, ctx.result_ttl_ms))
@@ -122,17 +127,17 @@ Waited = JobEnd | Progress | bool | None  # what wait_for_end answers
 
 
 def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body: bytes,
-                 options: Options, wait_ms: int
+                 options: Options, wait_ms: int, *, calls: CallRun | None = None
                  ) -> tuple[EndWait, asyncio.Future[PutOutcome], asyncio.Future[Waited]]:
     """put-with's wait-ms and notify-ms: store the job (as :func:`put_with`, marked waited
     from its birth, so no end of it is missed), then wait up to ``wait_ms`` for it (or, for a
     duplicate, the living job that has its key) to end. The wait (to give up early), the put's
     outcome, and then :func:`wait_for_end`'s (None when the put was refused or the wait timed
-    out)."""
+    out). ``calls``: the connection's plain calls of this turn, which this one joins."""
     wait = EndWait(0)
     marked = (*((name, value) for name, value in options if name not in END_WAIT_OPTIONS),
               (WAITED, ctx.result_ttl_ms))
-    put = put_with(ctx, tube, pri, delay, ttr, body, marked)
+    put = put_with(ctx, tube, pri, delay, ttr, body, marked, run=calls)
 
     async def run() -> Waited:
         outcome = await put

@@ -61,7 +61,7 @@ class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
     __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "cancels", "credits",
-                 "pushed", "task", "tell_quiet", "wait")
+                 "promised", "pushed", "task", "tell_quiet", "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -72,6 +72,9 @@ class Push:
         self.cancels = False  # push ... cancels=1: CANCELLED <id> frames for held jobs
         self.tell_quiet = False  # push ... quiet=1: a QUIET frame when asked to stop taking
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
+        # Credits a run of calls in flight may use (its put_many may hand it that many jobs
+        # directly: tubeq.server.context.ServerContext.direct_room)
+        self.promised = 0
         self.task: asyncio.Task[None] | None = None
         self.wait: Wait | None = None  # the loop's, while it runs
         self._parked = False  # the loop sleeps (for credit, jobs, or a TTR to run out)
@@ -194,6 +197,13 @@ class Push:
         """Whether the loop runs, so a put's direct hand-over to it is its own (a put sent
         while it was counted in as waiting with mode 'p': lua/includes/handing.lua)."""
         return self.wait is not None
+
+    def room(self) -> int:
+        """Its free credits not promised yet: how many more jobs it may be handed directly
+        (0 while the client takes no frames, or once this process stops)."""
+        if self._flow.write_paused or self._session.ctx.stopping:
+            return 0
+        return max(0, self.credits - len(self.pushed) - self.promised)
 
     def send_direct(self, job: Reservation) -> None:
         """A put of this process handed ``job`` straight to this loop (the connection holds it

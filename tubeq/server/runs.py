@@ -1,10 +1,11 @@
-"""A connection's puts, deletes or finishes of one turn, sent to Redis as one script call.
+"""A connection's puts, calls, deletes or finishes of one turn, sent to Redis as one script call.
 
-A pipelining producer sends a put per job and a pipelining consumer a delete (or, answering
-calls, a finish) per job. The puts (to one tube), the deletes or the finishes a connection
-takes from one read, one after another and needing to wait for nothing (tubeq.server.reserves
-decides which), go out together when its turn ends: one put_many, delete_many or finish_many
-call, each command still answered on its own. Each job is put, deleted or finished as the
+A pipelining producer sends a put per job, a client whose calls share a connection a put-with
+notify-ms per call, and a pipelining consumer a delete (or, answering calls, a finish) per job.
+The puts or the calls (to one tube), the deletes or the finishes a connection takes from one
+read, one after another and needing to wait for nothing (tubeq.server.reserves decides which),
+go out together when its turn ends: one put_many, delete_many or finish_many call, each command
+still answered on its own. Each job is put, deleted or finished as the
 single-job script would, in the same order: the call only saves the script calls in between.
 Owns that run only: what a command answers is its caller's ``answer``
 (tubeq.server.handlers), what a put must check first is tubeq.server.ops's.
@@ -16,8 +17,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from tubeq.model.options import WAITED
+from tubeq.protocol import commands as c
 from tubeq.redisio.futures import chain
 from tubeq.store.base import JobStore
+from tubeq.store.records import PutOutcome
 
 T = TypeVar("T")
 E = TypeVar("E")  # what a run holds of each command
@@ -157,3 +161,65 @@ def _answer_each(call: asyncio.Future[list[Any]], answers: _Answers) -> None:
             reply.set_result(answer(call.result()[i]))
         except Exception as failed:  # an answer that failed answers its own command only
             reply.set_exception(failed)
+
+
+# What a call's put-with may carry besides notify-ms to join a run of calls: where it goes.
+_CALL_OPTIONS = frozenset({"notify-ms", "tube"})
+# A run of calls' promise of push credits (tubeq.server.context.ServerContext.direct_room).
+Room = list[tuple[str, int, bool]]
+
+
+def joins_calls(cmd: c.PutWith) -> bool:
+    """Whether a put-with is a plain call (``client.call()``'s: notify-ms, maybe tube=, no
+    delay and no other option), which may join the turn's :class:`CallRun`."""
+    if cmd.delay:
+        return False
+    notify = False
+    for name, _ in cmd.options:
+        if name not in _CALL_OPTIONS:
+            return False
+        notify = notify or name == "notify-ms"
+    return notify
+
+
+class CallRun(_Run[_Job]):
+    """A connection's plain calls (:func:`joins_calls`) to one tube, as one put_many of jobs
+    waited for by this process (store.put_calls; a lone one as put.lua with the option
+    ``waited``): a job may go straight to a push loop of this process, within the credits
+    ``room(tube, jobs)`` promises it for the call (given back by ``release`` once the call is
+    back).
+    A call to another tube sends the run first."""
+
+    __slots__ = ("_keep_ms", "_release", "_room", "_tube")
+
+    def __init__(self, store: JobStore, keep_ms: int, room: Callable[[str, int], Room],
+                 release: Callable[[Room], None]) -> None:
+        super().__init__(store)
+        self._keep_ms = keep_ms
+        self._room = room
+        self._release = release
+        self._tube = ""
+
+    def add(self, tube: str, pri: int, ttr: int, body: bytes) -> asyncio.Future[PutOutcome]:
+        """The put's outcome, once the run's call is back."""
+        if tube != self._tube:
+            self.send()
+            self._tube = tube
+        return self._add((pri, 0, ttr, body), _inserted)
+
+    def _alone(self, entry: _Job, answer: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        pri, delay, ttr, body = entry
+        return self._store.put_with(self._tube, pri, delay, ttr, body,
+                                    ((WAITED, self._keep_ms),))
+
+    def _together(self, entries: list[_Job]) -> asyncio.Future[list[Any]]:
+        room = self._room(self._tube, len(entries))
+        call = self._store.put_calls(self._tube, entries, self._keep_ms, room)
+        if room:
+            call.add_done_callback(lambda _: self._release(room))
+        return call
+
+
+def _inserted(job_id: int) -> PutOutcome:
+    """put_many's answer for one call as put-with's (0: the tube was full)."""
+    return PutOutcome(job_id, job_id > 0)

@@ -121,6 +121,11 @@ class WaiterRegistry:
         self.register(waiter)
         waiter.order = order
 
+    def alone_on(self, tube: str) -> tuple[Waiter, ...]:
+        """The waiters that watch ``tube`` and nothing else, in arrival order."""
+        line = self._lines.get((tube,))
+        return tuple(line.waiters) if line is not None else ()
+
     def count(self) -> int:
         """How many waiters are registered (each once, whatever it watches); O(lines)."""
         return sum(len(line.waiters) for line in self._lines.values())

@@ -626,6 +626,10 @@ class ShardedStore:
         return self.of_tube(tube).put_many(tube, jobs, send_now=send_now, groups=groups,
                                            traceparents=traceparents)
 
+    def put_calls(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], keep_ms: int,
+                  budget: Sequence[tuple[str, int, bool]]) -> asyncio.Future[list[int]]:
+        return self.of_tube(tube).put_calls(tube, jobs, keep_ms, budget)
+
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:
         """Each shard deletes its own ids in one call; the answers come back in ``ids`` order.

@@ -871,6 +871,30 @@ class Store:
             self.client.send_now()
         return call
 
+    def put_calls(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], keep_ms: int,
+                  budget: Sequence[tuple[str, int, bool]]) -> asyncio.Future[list[int]]:
+        """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call, each waited
+        for by this process from its birth, its end kept ``keep_ms`` (put-with notify-ms's
+        calls, as :meth:`put_with` with the option ``waited``); their ids, in order (0: the
+        tube was full). A ready job may go straight to a push loop of this process
+        (``direct_grants``), at most as many to a token as ``budget`` pairs with it; one whose
+        budget is all its credits (True) and is used up is counted out of the waiters."""
+        now = self.clock()
+        flat: list[bytes | str | int] = ["w", keep_ms, len(budget)]
+        for token, free, whole in budget:
+            flat += (token, free if whole else -free)
+        for job in jobs:
+            flat += job
+
+        def decode(r: Any) -> list[int]:
+            ids = []
+            for (pri, _, ttr, body), v in zip(jobs, r, strict=True):
+                ids.append(self._handed_direct(v, tube, pri, ttr, body, now)
+                           if isinstance(v, list) else int(v))
+            return ids
+
+        return self._eval("put_many", tube, now, *flat, decode=decode)
+
     def delete_many(self, token: str, ids: Sequence[int], *,
                     behind: int = 0) -> asyncio.Future[list[bool]]:
         """Delete each id as :meth:`delete` would, in one script call; per id, whether it was

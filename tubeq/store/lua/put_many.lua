@@ -5,10 +5,19 @@ KEYS[1]  namespace root
 ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), then tube, now
          (ms), then per job: pri, delay (s), ttr (s), body; or 'g' and then per job: pri,
          delay (s), ttr (s), group ('' for none: includes/groups.lua), body; or 't' and then
-         per job: pri, delay (s), ttr (s), group, traceparent ('' for none), body
+         per job: pri, delay (s), ttr (s), group, traceparent ('' for none), body; or 'w'
+         (calls: a connection's put-with notify-ms, tubeq.server.runs), the ms their ends are
+         kept, n, n pairs (token, jobs it may be given: negative when that is not all its
+         process's credits for it) and then per job: pri, delay (s), ttr (s), body
 Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
          put); 0 for a job refused because the tube is full (tube-set max-jobs). The tube's
-         ttl-ms applies to each job, as for put.
+         ttl-ms applies to each job, as for put. 'w': each job is waited for by this process
+         from its birth (put.lua's put-with wait-ms or notify-ms), and a ready one goes to a
+         push loop of this process as put.lua hands it over directly (direct_taker), {id,
+         token} in its place, while that token's jobs given stay under the number paired
+         with it (the free credits its process promised the call); past it, or to anyone
+         else, as a put hands it over. A loop given all its credits is counted out of the
+         waiters (as its process then does), so no hand-over gives it more.
 Events   'put' per job (with the field 'traceparent' for a job that has one, as put.lua's);
          per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
@@ -28,6 +37,21 @@ local meta = ensure_tube(t, now)
 local first, step = 5, 4
 if ARGV[5] == 'g' then first, step = 6, 5 end  -- each job with its group
 if ARGV[5] == 't' then first, step = 6, 6 end  -- each job with its group and traceparent
+-- 'w': calls, waited for by this process for `waited` ms; `budget`: token -> jobs it may
+-- still be given directly; `whole`: tokens whose budget is all their credits; `direct`:
+-- whether a direct hand-over may still be made (none once a job of the batch went into
+-- ready: the tube then has a ready job, see direct_taker)
+local waited, budget, whole, direct = nil, nil, nil, false
+if ARGV[5] == 'w' then
+  waited, budget, whole, direct = ARGV[6], {}, {}, true
+  local n = tonumber(ARGV[7])
+  for i = 8, 7 + 2 * n, 2 do
+    local free = tonumber(ARGV[i + 1])
+    budget[ARGV[i]], whole[ARGV[i]] = math.abs(free), free > 0
+  end
+  first, step = 8 + 2 * n, 4
+end
+local handed = 0  -- jobs handed over directly: the tube's 'nres' moves once, at the end
 -- In group mode (includes/groups.lua) unless it holds no job and the batch has no groups.
 local grouped = meta and meta[4] and true or false
 if grouped and step == 4 and leave_group_mode(t) then grouped = false end
@@ -53,7 +77,10 @@ local function put_one(pri, delay, ttr, body, group, tp)
   delay = delay + 0
   if delay > 0 then
     local due = now + delay * 1000
-    if tp ~= '' and group == '' then
+    if waited then
+      store_job(jk, t, pri, ttr, body, now, delay, due, JOB_WAITED, waited, JOB_WAITED_BY,
+        EVENTS_BY)
+    elseif tp ~= '' and group == '' then
       store_job(jk, t, pri, ttr, body, now, delay, due, JOB_TRACEPARENT, tp)
     elseif tp ~= '' then
       store_job(jk, t, pri, ttr, body, now, delay, due, JOB_GROUP, group, JOB_TRACEPARENT, tp)
@@ -67,7 +94,34 @@ local function put_one(pri, delay, ttr, body, group, tp)
     add_event('put', id, t, pri, delay * 1000, ttr, due, 0, now, '', nil, nil, nil,
       tp ~= '' and tp or nil)
   else
-    if tp ~= '' and group == '' then
+    if direct then
+      local line, head, others = first_line(t)
+      local taker = direct_taker(t, meta, line, head, others, budget)
+      if taker then
+        -- stored reserved by it, as put.lua's direct hand-over; its process sends it on
+        budget[taker] = budget[taker] - 1
+        local due = text(now + ttr * 1000)
+        rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
+          text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
+          JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1), JOB_WAITED, waited,
+          JOB_WAITED_BY, EVENTS_BY)
+        start_policies(id, jk, t, false, now, limits[2])
+        rcall('ZADD', K_RESERVED, due, member(id))
+        handed = handed + 1
+        add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
+        add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
+        if budget[taker] == 0 and whole[taker] then
+          count_waiting(EVENTS_BY, taker, -1)  -- its credits used up: as its process would
+          waiters = has_waiters(t)
+        end
+        return {id, taker}
+      end
+      direct = false
+    end
+    if waited then
+      store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_WAITED, waited, JOB_WAITED_BY,
+        EVENTS_BY)
+    elseif tp ~= '' and group == '' then
       store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_TRACEPARENT, tp)
     elseif tp ~= '' then
       store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_GROUP, group, JOB_TRACEPARENT, tp)
@@ -107,5 +161,6 @@ for i = first, #ARGV, step do
   end
 end
 if stored > 0 then count_stored(t, stored) end
+if handed > 0 then rcall('HINCRBY', k_tube(t), 'nres', text(handed)) end
 if left_ready and waiters then rcall('PUBLISH', k_wake(t), '') end
 return ids

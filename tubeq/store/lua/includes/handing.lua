@@ -44,14 +44,17 @@ end
 -- watches t alone (its line is t's own, line_name), and t has no ready job (`meta`,
 -- ensure_tube's fields: no ready_tubes entry, no pause that may still hold jobs back, no
 -- reserve limits), so the new job is the one it would reserve. `line`, `first`, `others`:
--- what first_line(t) returned. It stays counted in (its process counts it out once its credit
--- is used), and goes to the back of t's line when others wait there too, as a grant and its
--- next count-in would put it (its line is t's alone, so t's score of it is set to the line's
--- new first seq at once: the next put's first_line finds it exact, with no raise to make).
-local function direct_taker(t, meta, line, first, others)
+-- what first_line(t) returned; `budget` (put_many.lua's calls): token -> jobs it may still be
+-- given this way (nil: no bound, one job per put). It stays counted in (its process counts it
+-- out once its credit is used), and goes to the back of t's line when others wait there too,
+-- as a grant and its next count-in would put it (its line is t's alone, so t's score of it is
+-- set to the line's new first seq at once: the next put's first_line finds it exact, with no
+-- raise to make).
+local function direct_taker(t, meta, line, first, others, budget)
   if not meta or meta[1] or meta[2] or meta[3] or not line then return false end
   local token = first[1]
   if instance_of(token) ~= EVENTS_BY or line ~= line_name({t}) then return false end
+  if budget and not ((budget[token] or 0) > 0) then return false end
   if waiting_mode(token) ~= 'p' then return false end
   if first[3] or others then
     local seq = rcall('HINCRBY', K_SEQS, 'wait', 1)
