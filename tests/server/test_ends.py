@@ -837,25 +837,85 @@ async def test_a_turns_calls_go_as_one_put_and_a_push_loop_gets_no_more_than_its
     one put_calls: each answered INSERTED in order, its job handed straight to this process's
     push loop while that loop has credit (2 here: the other two wait ready until it settles
     one), and each END comes as the job is finished. A call with another option goes alone,
-    after the run before it."""
+    before the run after it."""
     calls = spy_on(ctx, monkeypatch, ("put", "put_with", "put_many", "put_calls"))
     worker, caller = Client(ctx), Client(ctx)
     worker.send(b"watch c\r\nignore default\r\npush 2\r\n")
     await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\nPUSHING 2\r\n")
     await asyncio.sleep(0.1)  # its first take found nothing: it waits, counted in
     worker.transport.out.clear()
-    caller.send(b"".join(b"put-with 0 0 60 1 tube=c notify-ms=10000\r\n%d\r\n" % i
-                         for i in range(1, 5))
-                + b"put-with 0 0 60 1 tube=c notify-ms=10000 max-tries=3\r\n5\r\n")
-    await caller.expect(b"".join(b"INSERTED %d\r\n" % i for i in range(1, 6)))
-    assert [(name, len(args[1]) if name == "put_calls" else 1) for name, args in calls] == [
-        ("put_calls", 4), ("put_with", 1)]
+    call = b"put-with 0 0 60 1 tube=c notify-ms=10000%s\r\n%d\r\n"
+    caller.send(b"".join(call % (b"", i) for i in range(1, 5)))
+    await caller.expect(b"".join(b"INSERTED %d\r\n" % i for i in range(1, 5)))
+    assert [(name, len(args[1])) for name, args in calls] == [("put_calls", 4)]
     await worker.until(lambda o: o.count(b"RESERVED") == 2)
     await asyncio.sleep(0.2)
-    assert worker.transport.out.count(b"RESERVED") == 2  # its credits: no more
-    assert worker.transport.out.startswith(b"RESERVED 1 1\r\n1\r\nRESERVED 2 1\r\n2\r\n")
-    for job_id in range(1, 6):
+    assert worker.transport.out == b"RESERVED 1 1\r\n1\r\nRESERVED 2 1\r\n2\r\n"  # no more
+    caller.send(call % (b" max-tries=3", 5) + call % (b"", 6) + call % (b"", 7))
+    await caller.expect(b"INSERTED 5\r\nINSERTED 6\r\nINSERTED 7\r\n")
+    assert [(name, len(args[1]) if name == "put_calls" else 1) for name, args in calls[1:]] \
+        == [("put_with", 1), ("put_calls", 2)]
+    for job_id in range(1, 8):
         await worker.until(lambda o, j=job_id: b"RESERVED %d " % j in o)
         worker.send(b"finish %d 2\r\nr%d\r\n" % (job_id, job_id))
         await caller.until(lambda o, j=job_id: b"END %d finished 2\r\nr%d\r\n" % (j, j) in o)
+    await asyncio.sleep(0.1)
     assert worker.conn.push_room() == 2  # every credit free, none left promised
+
+
+def _call(i: int) -> bytes:
+    return b"put-with 0 0 60 1 tube=c notify-ms=10000\r\n%d\r\n" % i
+
+
+async def _push_worker(ctx: ServerContext, credits: int) -> Client:
+    worker = Client(ctx)
+    worker.send(b"watch c\r\nignore default\r\npush %d\r\n" % credits)
+    await worker.expect(b"WATCHING 2\r\nWATCHING 1\r\nPUSHING %d\r\n" % credits)
+    await asyncio.sleep(0.1)  # its first take found nothing: it waits, counted in
+    return worker
+
+
+async def test_a_settle_while_a_run_of_calls_is_in_flight_leaves_the_loop_taking(
+        ctx: ServerContext) -> None:
+    """A push loop's job settled while a run of calls that was promised its credits is in
+    flight: the run hands it what it may, and the loop still takes the rest as credit comes
+    back (a review found a loop left counted out in Redis while it thought itself counted in,
+    asleep with a free credit and a ready job)."""
+    worker, caller = await _push_worker(ctx, 2), Client(ctx)
+    caller.send(_call(1))
+    await caller.expect(b"INSERTED 1\r\n")
+    await worker.expect(b"RESERVED 1 1\r\n1\r\n")
+    await asyncio.sleep(0.05)
+    worker.send(b"delete 1\r\n")  # in the same tick as the run below
+    caller.send(_call(2) + _call(3))
+    await caller.until(lambda o: b"INSERTED 2\r\nINSERTED 3\r\n" in o)
+    await worker.until(lambda o: b"RESERVED 2 1\r\n2\r\n" in o and b"RESERVED 3 1\r\n3\r\n" in o)
+
+
+async def test_a_run_of_calls_handed_over_directly_keeps_the_tubes_max_jobs(
+        ctx: ServerContext) -> None:
+    """Each job a run hands straight to a push loop counts against the tube's max-jobs at once,
+    as a lone put's does (a review found a run of 4 inserting 4 into a tube of max-jobs 2)."""
+    admin, caller = Client(ctx), Client(ctx)
+    admin.send(b"tube-set c max-jobs=2\r\n")
+    await admin.expect(b"SET\r\n")
+    worker = await _push_worker(ctx, 4)
+    caller.send(_call(1) + _call(2) + _call(3) + _call(4))
+    out = await caller.until(lambda o: o.count(b"\r\n") >= 4)
+    assert out == b"INSERTED 1\r\nINSERTED 2\r\nOUT_OF_MEMORY\r\nOUT_OF_MEMORY\r\n", out
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+
+
+async def test_a_push_loops_own_take_leaves_the_credits_promised_to_a_run(
+        ctx: ServerContext) -> None:
+    """A push loop woken while a run of calls promised its credits is in flight takes none of
+    them: it never holds more jobs than its credits (a review found its take reserving the
+    run's leftover jobs on top of those handed over)."""
+    worker, caller = await _push_worker(ctx, 2), Client(ctx)
+    worker.send(b"push 2\r\n")  # wakes the loop: it looks at its credits again
+    caller.send(_call(1) + _call(2) + _call(3) + _call(4))
+    await caller.until(lambda o: o.count(b"INSERTED") == 4)
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+    await asyncio.sleep(0.3)
+    assert bytes(worker.transport.out).count(b"RESERVED") == 2
+

@@ -686,15 +686,16 @@ async def test_a_run_of_calls_hands_a_push_loop_of_its_process_as_many_jobs_as_i
     """put_many's calls ('w', store.put_calls): each job waited for by this process (the
     record's wait fields, as put-with wait-ms sets them); a ready one goes straight to the push
     loop of this process first in line, at most as many as the budget pairs with its token
-    (reserved by it, counted in 'nres'); a budget that was all its credits, used up, counts it
-    out (so nothing more is handed to it: the rest stays ready); one that was not leaves it
-    counted in, and the next job is handed over as a put hands one (granted, counted out)."""
+    (reserved by it, counted in 'nres'; it stays counted in). Past its budget no hand-over
+    gives it more: while it is first in line the job stays ready (its process, which knows its
+    credits, takes it or counts the loop out); a waiter behind it is handed one as a put hands
+    one over."""
     s = env.store
     direct: list[tuple[str, Reservation, int]] = []
     s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
     assert await s.reserve_many(BOB, 8, stay=True) == []
     jobs = [(5, 0, 30, body) for body in (b"a", b"b", b"c", b"d")]
-    ids = await s.put_calls("default", jobs, 60_000, [(BOB, 2, True), (ALICE, 9, True)])
+    ids = await s.put_calls("default", jobs, 60_000, [(BOB, 2), (ALICE, 9)])
     assert ids == sorted(ids) and len(set(ids)) == 4
     assert [(t, j.id, j.body) for t, j, _ in direct] == [(BOB, ids[0], b"a"), (BOB, ids[1], b"b")]
     for job_id in ids:
@@ -702,18 +703,17 @@ async def test_a_run_of_calls_hands_a_push_loop_of_its_process_as_many_jobs_as_i
     assert [await env.state(i) for i in ids] == [
         JobState.RESERVED, JobState.RESERVED, JobState.READY, JobState.READY]
     counts = await s.tube_counts("default")
-    assert counts is not None and (counts[1], counts[2], counts[8]) == (2, 2, 0)
-    assert await s.set_waiting(BOB, -1, claim=True) == []  # counted out: nothing was granted
+    assert counts is not None and (counts[1], counts[2], counts[8]) == (2, 2, 1)
     assert await s.finish(BOB, ids[0], b"ok", 1000) == FINISHED_HERE  # told here only
     assert await s.wait_end(ids[0], 1000) == JobEnd("finished", b"ok")
-    for job_id in ids[1:]:
-        await s.delete(BOB, job_id)
+    assert [r.id for r in await s.reserve_many(BOB, 8, stay=True)] == ids[2:]  # its process
     direct.clear()
     assert await s.reserve_many(BOB, 8, stay=True) == []
-    ids = await s.put_calls("default", jobs[:3], 60_000, [(BOB, 1, False)])
-    assert [(t, j.id) for t, j, _ in direct] == [(BOB, ids[0])]
-    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [ids[1]]  # granted
-    assert await env.state(ids[2]) is JobState.READY
+    await s.set_waiting(ALICE, 1)  # behind BOB, in its line
+    ids = await s.put_calls("default", jobs[:3], 60_000, [(BOB, 1)])
+    assert [(t, j.id) for t, j, _ in direct] == [(BOB, ids[0])]  # then BOB is behind ALICE
+    assert [r.id for r in await s.set_waiting(ALICE, -1, claim=True)] == [ids[1]]  # granted
+    assert await env.state(ids[2]) is JobState.READY  # BOB first again, and given its budget
     s.direct_grants = None
 
 
@@ -736,7 +736,7 @@ async def test_a_run_of_calls_hands_nothing_directly_without_a_budget_or_to_othe
     assert await other.reserve_many("other:1", 8, stay=True) == []
     await s.set_tube("default", (("max-jobs", 3),))
     more = await s.put_calls("default", [(0, 0, 60, b"c"), (0, 0, 60, b"d")], 1000,
-                             [("other:1", 5, True)])
+                             [("other:1", 5)])
     assert direct == [] and more[1] == 0  # 'other:1' is not of this process; then full
     assert [r.id for r in await other.set_waiting("other:1", -1, claim=True)] == [more[0]]
     s.direct_grants = None

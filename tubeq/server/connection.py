@@ -710,25 +710,21 @@ class Connection(asyncio.Protocol):
             return 0
         return push.room()
 
-    def promise_room(self, wanted: int) -> tuple[int, bool]:
+    def promise_room(self, wanted: int) -> int:
         """Up to ``wanted`` of :meth:`push_room`, promised to a call from now on until
-        :meth:`release_room`; and whether that is all its free credits (no other call holds
-        a promise, and none is left over)."""
-        room = self.push_room()
-        if not room:
-            return 0, False
-        push = self._push
-        assert push is not None
-        promised = min(room, wanted)
-        whole = not push.promised and promised == room
-        push.promised += promised
-        return promised, whole
+        :meth:`release_room`."""
+        room = min(self.push_room(), wanted)
+        if room:
+            push = self._push
+            assert push is not None
+            push.promised += room
+        return room
 
     def release_room(self, room: int) -> None:
         """The call that was promised ``room`` credits is back (the jobs it handed over are
         held by now)."""
         if self._push is not None:
-            self._push.promised = max(0, self._push.promised - room)
+            self._push.release(room)
 
     def job_cancelled(self, job_id: int) -> None:
         """cancel.lua marked job ``job_id``, which this connection holds: a push connection

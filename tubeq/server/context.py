@@ -188,26 +188,23 @@ class ServerContext:
                    if scope == "all" or (scope == "conn" and conn.token == target)
                    or (scope == "tube" and target in conn.watched))
 
-    def direct_room(self, tube: str, wanted: int) -> list[tuple[str, int, bool]]:
+    def direct_room(self, tube: str, wanted: int) -> list[tuple[str, int]]:
         """The push loops of this process that wait on ``tube`` alone, each with how many
-        jobs it may be handed of a run of ``wanted`` (its free credits, at most ``wanted``,
-        promised from now on until :meth:`release_room`: two runs in flight together cannot
-        hand one loop more than it asked for) and whether that is all of them (no other run
-        holds a promise: a run that uses them up counts the loop out of the waiters, as its
-        process would next). What a run of calls may hand each directly
+        jobs it may be handed of a run of ``wanted``: its free credits, at most ``wanted``,
+        promised from now on until :meth:`release_room` (two runs in flight together do not
+        count the same credits). What a run of calls may hand each directly
         (tubeq.server.runs.CallRun, put_many.lua's 'w')."""
         room = []
         for waiter in self.registry.alone_on(tube):
             conn = self.connections.get(waiter.token)
-            if conn is not None:
-                free, whole = conn.promise_room(wanted)
-                if free > 0:
-                    room.append((waiter.token, free, whole))
+            free = conn.promise_room(wanted) if conn is not None else 0
+            if free > 0:
+                room.append((waiter.token, free))
         return room
 
-    def release_room(self, room: list[tuple[str, int, bool]]) -> None:
+    def release_room(self, room: list[tuple[str, int]]) -> None:
         """The run that :meth:`direct_room` promised ``room`` is back."""
-        for token, free, _ in room:
+        for token, free in room:
             conn = self.connections.get(token)
             if conn is not None:
                 conn.release_room(free)
@@ -351,9 +348,8 @@ class Session(Protocol):
         credits not promised; 0 without a loop taking jobs)."""
         ...
 
-    def promise_room(self, wanted: int) -> tuple[int, bool]:
-        """Up to ``wanted`` of push_room, promised to a call until release_room; whether it
-        is all its free credits."""
+    def promise_room(self, wanted: int) -> int:
+        """Up to ``wanted`` of push_room, promised to a call until release_room."""
         ...
 
     def release_room(self, room: int) -> None: ...

@@ -21,6 +21,9 @@ Rules:
   write as the deletes, and its jobs in the same client write as their replies.
 * With no credit left it stops waiting in Redis, so puts stop handing jobs over to it; a job a
   put handed over while credit was free is still sent.
+* Credits promised to a run of calls in flight (``promised``: that run's put_many may hand the
+  loop that many jobs directly, tubeq.server.runs.CallRun) are not free for its takes; when
+  the run is back, what it did not use is free again and the loop looks again (``release``).
 * A pushed job whose TTR ran out before its frame was written is not sent: expire.lua gave it
   back, so it is the connection's no more.
 * A store call that fails (Redis lost or stalled) does not end the loop: it logs, counts the
@@ -73,7 +76,8 @@ class Push:
         self.tell_quiet = False  # push ... quiet=1: a QUIET frame when asked to stop taking
         self.pushed: dict[int, None] = {}  # the pushed jobs' ids, unsettled (an ordered set)
         # Credits a run of calls in flight may use (its put_many may hand it that many jobs
-        # directly: tubeq.server.context.ServerContext.direct_room)
+        # directly: tubeq.server.context.ServerContext.direct_room): no take counts them free
+        # until the run is back (release)
         self.promised = 0
         self.task: asyncio.Task[None] | None = None
         self.wait: Wait | None = None  # the loop's, while it runs
@@ -124,7 +128,7 @@ class Push:
         if wait is None or not self._parked or self._early is not None \
                 or self._flow.write_paused:
             return
-        free = self.credits - len(self.pushed)
+        free = self.credits - len(self.pushed) - self.promised
         if free > 0:
             self._early = wait.send_take(min(free, PUSH_BATCH_MAX))
 
@@ -163,7 +167,7 @@ class Push:
         expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
         if expired:
             session.settled(*expired, how="ttr")  # their TTR ran out: queued again
-        free = self.credits - len(pushed)
+        free = self.credits - len(pushed) - self.promised
         if self._flow.write_paused or session.ctx.stopping:
             free = 0  # the client is not taking frames, or this process stops: take no more
         early, self._early = self._early, None
@@ -204,6 +208,12 @@ class Push:
         if self._flow.write_paused or self._session.ctx.stopping:
             return 0
         return max(0, self.credits - len(self.pushed) - self.promised)
+
+    def release(self, room: int) -> None:
+        """A run of calls that was promised ``room`` credits is back (the jobs it handed over
+        are held by now): what it did not use is free again, so the loop looks again."""
+        self.promised = max(0, self.promised - room)
+        self.nudge()
 
     def send_direct(self, job: Reservation) -> None:
         """A put of this process handed ``job`` straight to this loop (the connection holds it

@@ -166,7 +166,7 @@ def _answer_each(call: asyncio.Future[list[Any]], answers: _Answers) -> None:
 # What a call's put-with may carry besides notify-ms to join a run of calls: where it goes.
 _CALL_OPTIONS = frozenset({"notify-ms", "tube"})
 # A run of calls' promise of push credits (tubeq.server.context.ServerContext.direct_room).
-Room = list[tuple[str, int, bool]]
+Room = list[tuple[str, int]]
 
 
 def joins_calls(cmd: c.PutWith) -> bool:

@@ -229,7 +229,7 @@ class JobStore(Protocol):
                  traceparents: Sequence[str] | None = None) -> asyncio.Future[list[int]]: ...
 
     def put_calls(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], keep_ms: int,
-                  budget: Sequence[tuple[str, int, bool]]) -> asyncio.Future[list[int]]:
+                  budget: Sequence[tuple[str, int]]) -> asyncio.Future[list[int]]:
         """put_many of jobs waited for by this process (put-with notify-ms's calls): ids, 0 for
         a tube full; a ready job may go to a push loop of this process (``budget``: how many
         at most per token)."""

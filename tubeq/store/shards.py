@@ -627,7 +627,7 @@ class ShardedStore:
                                            traceparents=traceparents)
 
     def put_calls(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], keep_ms: int,
-                  budget: Sequence[tuple[str, int, bool]]) -> asyncio.Future[list[int]]:
+                  budget: Sequence[tuple[str, int]]) -> asyncio.Future[list[int]]:
         return self.of_tube(tube).put_calls(tube, jobs, keep_ms, budget)
 
     def delete_many(self, token: str, ids: Sequence[int], *,

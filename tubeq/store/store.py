@@ -872,17 +872,17 @@ class Store:
         return call
 
     def put_calls(self, tube: str, jobs: Sequence[tuple[int, int, int, bytes]], keep_ms: int,
-                  budget: Sequence[tuple[str, int, bool]]) -> asyncio.Future[list[int]]:
+                  budget: Sequence[tuple[str, int]]) -> asyncio.Future[list[int]]:
         """Put ``(pri, delay, ttr, body)`` jobs into ``tube`` in one script call, each waited
         for by this process from its birth, its end kept ``keep_ms`` (put-with notify-ms's
         calls, as :meth:`put_with` with the option ``waited``); their ids, in order (0: the
         tube was full). A ready job may go straight to a push loop of this process
-        (``direct_grants``), at most as many to a token as ``budget`` pairs with it; one whose
-        budget is all its credits (True) and is used up is counted out of the waiters."""
+        (``direct_grants``), at most as many to a token as ``budget`` pairs with it (and no
+        more by another hand-over: past it, the job stays ready for its process to take)."""
         now = self.clock()
         flat: list[bytes | str | int] = ["w", keep_ms, len(budget)]
-        for token, free, whole in budget:
-            flat += (token, free if whole else -free)
+        for token, free in budget:
+            flat += (token, free)
         for job in jobs:
             flat += job
 

@@ -7,17 +7,18 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          delay (s), ttr (s), group ('' for none: includes/groups.lua), body; or 't' and then
          per job: pri, delay (s), ttr (s), group, traceparent ('' for none), body; or 'w'
          (calls: a connection's put-with notify-ms, tubeq.server.runs), the ms their ends are
-         kept, n, n pairs (token, jobs it may be given: negative when that is not all its
-         process's credits for it) and then per job: pri, delay (s), ttr (s), body
+         kept, n, n pairs (token, jobs it may be given) and then per job: pri, delay (s), ttr
+         (s), body
 Returns  {id, id, ...}: the new job ids, in the order given (counted in total-jobs, as for
          put); 0 for a job refused because the tube is full (tube-set max-jobs). The tube's
          ttl-ms applies to each job, as for put. 'w': each job is waited for by this process
          from its birth (put.lua's put-with wait-ms or notify-ms), and a ready one goes to a
          push loop of this process as put.lua hands it over directly (direct_taker), {id,
          token} in its place, while that token's jobs given stay under the number paired
-         with it (the free credits its process promised the call); past it, or to anyone
-         else, as a put hands it over. A loop given all its credits is counted out of the
-         waiters (as its process then does), so no hand-over gives it more.
+         with it (the free credits its process promised the call); past it, to anyone else
+         as a put hands it over, but never to that loop: while it is first in line the job
+         stays ready and the tube's waiters are woken, so its process, which knows its
+         credits, takes it or counts the loop out.
 Events   'put' per job (with the field 'traceparent' for a job that has one, as put.lua's);
          per hand-over also 'reserved' (tries 1) for the waiting connection.
 Wakes    a hand-over is recorded for the waiting connection (c:<token>:g) and its process is
@@ -38,20 +39,15 @@ local first, step = 5, 4
 if ARGV[5] == 'g' then first, step = 6, 5 end  -- each job with its group
 if ARGV[5] == 't' then first, step = 6, 6 end  -- each job with its group and traceparent
 -- 'w': calls, waited for by this process for `waited` ms; `budget`: token -> jobs it may
--- still be given directly; `whole`: tokens whose budget is all their credits; `direct`:
--- whether a direct hand-over may still be made (none once a job of the batch went into
--- ready: the tube then has a ready job, see direct_taker)
-local waited, budget, whole, direct = nil, nil, nil, false
+-- still be given directly; `direct`: whether a direct hand-over may still be made (none once
+-- a job of the batch went into ready: the tube then has a ready job, see direct_taker)
+local waited, budget, direct = nil, nil, false
 if ARGV[5] == 'w' then
-  waited, budget, whole, direct = ARGV[6], {}, {}, true
+  waited, budget, direct = ARGV[6], {}, true
   local n = tonumber(ARGV[7])
-  for i = 8, 7 + 2 * n, 2 do
-    local free = tonumber(ARGV[i + 1])
-    budget[ARGV[i]], whole[ARGV[i]] = math.abs(free), free > 0
-  end
+  for i = 8, 7 + 2 * n, 2 do budget[ARGV[i]] = tonumber(ARGV[i + 1]) end
   first, step = 8 + 2 * n, 4
 end
-local handed = 0  -- jobs handed over directly: the tube's 'nres' moves once, at the end
 -- In group mode (includes/groups.lua) unless it holds no job and the batch has no groups.
 local grouped = meta and meta[4] and true or false
 if grouped and step == 4 and leave_group_mode(t) then grouped = false end
@@ -107,13 +103,9 @@ local function put_one(pri, delay, ttr, body, group, tp)
           JOB_WAITED_BY, EVENTS_BY)
         start_policies(id, jk, t, false, now, limits[2])
         rcall('ZADD', K_RESERVED, due, member(id))
-        handed = handed + 1
+        rcall('HINCRBY', k_tube(t), 'nres', '1')  -- (each at once: tube_full counts it)
         add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
         add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
-        if budget[taker] == 0 and whole[taker] then
-          count_waiting(EVENTS_BY, taker, -1)  -- its credits used up: as its process would
-          waiters = has_waiters(t)
-        end
         return {id, taker}
       end
       direct = false
@@ -138,7 +130,12 @@ local function put_one(pri, delay, ttr, body, group, tp)
     add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, tp ~= '' and tp or nil)
     if waiters then
       head_at_most = nil
-      if hand_over_in(t, now) ~= id then left_ready = true end
+      local line, head = first_line(t)
+      if budget and head and budget[head[1]] == 0 then
+        left_ready = true  -- a loop given its credits' worth: its process takes it, or not
+      elseif hand_over_in(t, now, line) ~= id then
+        left_ready = true
+      end
       waiters = has_waiters(t)
     end
   end
@@ -161,6 +158,5 @@ for i = first, #ARGV, step do
   end
 end
 if stored > 0 then count_stored(t, stored) end
-if handed > 0 then rcall('HINCRBY', k_tube(t), 'nres', text(handed)) end
 if left_ready and waiters then rcall('PUBLISH', k_wake(t), '') end
 return ids
