@@ -717,6 +717,59 @@ async def test_a_run_of_calls_hands_a_push_loop_of_its_process_as_many_jobs_as_i
     s.direct_grants = None
 
 
+@pytest.mark.parametrize("other_line", [False, True], ids=["one-line", "another-line-waits"])
+async def test_a_run_of_calls_turns_the_line_as_one_call_per_job_would(
+        redis_url: str, other_line: bool) -> None:
+    """put_calls' direct hand-overs read t's line once and write it back once (direct_run),
+    and leave every job, the line's order, its seqs and its score on the tube exactly as a
+    put per job would (put.lua's direct_taker): two push loops in one line take turns; with
+    another line waiting (a reserve that watches two tubes), the run stops once that line may
+    come first, that waiter gets its job as a put hands one over, and the loops take the rest
+    directly again, each job looking at the waiters itself."""
+    async def run(prefix: str, batched: bool) -> tuple[Any, ...]:
+        client = await RedisClient.connect(redis_url)
+        try:
+            keys = Keys(prefix)
+            store = Store(client, keys, "inst", FakeClock(), events_maxlen=1000)
+            await store.load_scripts()
+            await store.heartbeat()
+            direct: list[tuple[str, int]] = []
+            store.direct_grants = lambda token, job, pri: direct.append((token, job.id))
+            for token in (BOB, ALICE, CAROL):
+                await store.connect(token)
+            assert await store.reserve_many(BOB, 8, stay=True) == []
+            assert await store.reserve_many(ALICE, 8, stay=True) == []
+            if other_line:
+                await store.change_watches(CAROL, [("+w", "other")])
+                await store.set_waiting(CAROL, 1)
+            jobs = [(0, 0, 60, b"%d" % i) for i in range(6)]
+            if batched:
+                ids = await store.put_calls("default", jobs, 1000, [(BOB, 9), (ALICE, 9)])
+            else:
+                ids = [(await store.put_with("default", *job, (("waited", 1000),))).id
+                       for job in jobs]
+            raw = redis.asyncio.Redis.from_url(redis_url)
+            try:
+                lines = await raw.zrange(keys.waiters("default"), 0, -1, withscores=True)
+                line_of = {line: await raw.zrange(keys.line(line.decode()), 0, -1,
+                                                  withscores=True) for line, _ in lines}
+                seq = await raw.hget(keys.root + "seq", "wait")
+                owners = [await raw.hmget(keys.job(i), "s", "o") for i in ids]
+            finally:
+                await raw.aclose()
+            claimed = [r.id for r in await store.set_waiting(CAROL, -1, claim=True)]
+            return ids, direct, lines, line_of, seq, owners, claimed
+        finally:
+            await client.close()
+
+    one_by_one = await run(f"turn-single-{other_line}", batched=False)
+    batched = await run(f"turn-batched-{other_line}", batched=True)
+    assert batched == one_by_one
+    assert len(one_by_one[1]) == (5 if other_line else 6)  # the jobs handed directly
+    if other_line:  # the reserve's turn came third (its line's score), then the loops' again
+        assert one_by_one[6] == [one_by_one[0][2]]
+
+
 async def test_a_run_of_calls_hands_nothing_directly_without_a_budget_or_to_others(
         env: Env) -> None:
     """No budget for the loop first in line (its process promised its credits to another

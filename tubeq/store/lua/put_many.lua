@@ -42,6 +42,7 @@ if ARGV[5] == 't' then first, step = 6, 6 end  -- each job with its group and tr
 -- still be given directly; `direct`: whether a direct hand-over may still be made (none once
 -- a job of the batch went into ready: the tube then has a ready job, see direct_taker)
 local waited, budget, direct = nil, nil, false
+local run  -- the batch's direct hand-overs (direct_run in includes/handing.lua), once begun
 if ARGV[5] == 'w' then
   waited, budget, direct = ARGV[6], {}, true
   local n = tonumber(ARGV[7])
@@ -91,8 +92,18 @@ local function put_one(pri, delay, ttr, body, group, tp)
       tp ~= '' and tp or nil)
   else
     if direct then
-      local line, head, others = first_line(t)
-      local taker = direct_taker(t, meta, line, head, others, budget)
+      -- The batch's run while it lasts; once it stopped (another line may come first), each
+      -- job looks at the waiters itself, as put.lua's direct_taker does.
+      if run == nil then run = direct_run(t, meta) or false end
+      local taker
+      if run and not run.done then
+        taker = direct_next(run, budget)
+        if not taker or run.done then direct_flush(run) end
+      end
+      if not taker and not (run and not run.done) then
+        local line, head, others = first_line(t)
+        taker = direct_taker(t, meta, line, head, others, budget)
+      end
       if taker then
         -- stored reserved by it, as put.lua's direct hand-over; its process sends it on
         budget[taker] = budget[taker] - 1
@@ -108,7 +119,6 @@ local function put_one(pri, delay, ttr, body, group, tp)
         add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
         return {id, taker}
       end
-      direct = false
     end
     if waited then
       store_job(jk, t, pri, ttr, body, now, nil, nil, JOB_WAITED, waited, JOB_WAITED_BY,
@@ -135,9 +145,12 @@ local function put_one(pri, delay, ttr, body, group, tp)
         left_ready = true  -- a loop given its credits' worth: its process takes it, or not
       elseif hand_over_in(t, now, line) ~= id then
         left_ready = true
+      elseif direct then
+        meta = tube_meta(t)  -- handed over: the tube may have no ready job again
       end
       waiters = has_waiters(t)
     end
+    if left_ready then direct = false end
   end
   return id
 end
@@ -157,6 +170,7 @@ for i = first, #ARGV, step do
     stored = stored + 1
   end
 end
+if run and not run.done then direct_flush(run) end  -- (the batch ended with the run)
 if stored > 0 then count_stored(t, stored) end
 if left_ready and waiters then rcall('PUBLISH', k_wake(t), '') end
 return ids

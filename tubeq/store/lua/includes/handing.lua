@@ -63,3 +63,64 @@ local function direct_taker(t, meta, line, first, others, budget)
   end
   return token
 end
+
+-- A run of direct hand-overs (put_many.lua's calls, one batch): t's first line read once, its
+-- waiters turned in memory as each takes a job (the taker to the back, as direct_taker moves
+-- it), and written back once (direct_flush), where direct_taker would read and write the
+-- line for each job. nil when direct_taker would hand nothing (see there), or when the line
+-- is longer than one read takes (then each job goes its own way). Its queue is the line's
+-- waiters in order ({token, seq}, from `head` on); `other`: the score of the next line
+-- waiting on t, a lower bound of its first waiter's seq, or nil.
+local DIRECT_RUN_MAX = 64
+local function direct_run(t, meta)
+  if not meta or meta[1] or meta[2] or meta[3] then return nil end
+  local line = first_line(t)
+  if not line or line ~= line_name({t}) then return nil end
+  local lk = k_line(line)
+  local read = rcall('ZRANGE', lk, '0', tostring(DIRECT_RUN_MAX), 'WITHSCORES')
+  if #read > 2 * DIRECT_RUN_MAX then return nil end
+  local queue = {}
+  for i = 1, #read, 2 do queue[#queue + 1] = {read[i], read[i + 1]} end
+  local next_line = rcall('ZRANGE', k_waiters(t), '1', '1', 'WITHSCORES')
+  return {t = t, line = line, lk = lk, queue = queue, head = 1, modes = {}, moved = {}, moves = 0,
+    seq = tonumber(rcall('HGET', K_SEQS, 'wait') or 0), other = tonumber(next_line[2])}
+end
+
+-- The token of `run`'s line that takes the next job directly, within `budget` (token -> jobs
+-- it may still be given), or false: as direct_taker would answer, the line turned as it would
+-- be. After a turn that lets another line's waiter come first, run.done is set: the run is
+-- to be flushed before anything else looks at t's waiters.
+local function direct_next(run, budget)
+  local token = run.queue[run.head][1]
+  if instance_of(token) ~= EVENTS_BY or not ((budget[token] or 0) > 0) then return false end
+  local mode = run.modes[token]
+  if mode == nil then
+    mode = waiting_mode(token) or ''
+    run.modes[token] = mode
+  end
+  if mode ~= 'p' then return false end
+  if run.head < #run.queue or run.other then
+    run.seq, run.moves = run.seq + 1, run.moves + 1
+    run.queue[#run.queue + 1] = {token, run.seq}
+    run.head = run.head + 1
+    run.moved[token] = run.seq
+    if run.other and tonumber(run.queue[run.head][2]) > run.other then run.done = true end
+  end
+  return token
+end
+
+-- Write `run`'s turns back: the seqs used, the moved waiters' places in the line, the line's
+-- score on t (its new first seq), as direct_taker's writes would have left them.
+local function direct_flush(run)
+  run.done = true
+  if run.moves == 0 then return end
+  rcall('HINCRBY', K_SEQS, 'wait', run.moves)
+  local pairs_ = {}
+  for token, seq in pairs(run.moved) do
+    pairs_[#pairs_ + 1] = seq
+    pairs_[#pairs_ + 1] = token
+  end
+  rcall('ZADD', run.lk, unpack(pairs_))
+  rcall('ZADD', k_waiters(run.t), run.queue[run.head][2], run.line)
+  run.moves = 0
+end
