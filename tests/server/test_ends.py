@@ -786,7 +786,7 @@ async def test_a_fails_own_policy_applies_where_the_job_and_its_tube_have_none(
 async def test_a_turns_finishes_go_as_one_call_and_each_answers_as_alone(
         ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's finishes of one read (its answers to several calls) reach the store as one
-    finish_many, each answered on its own and in order, as finish.lua answers it alone: done
+    finish_many, each answered on its own and in order, as a lone finish answers it: done
     (its waits hear the result: a `wait`'s published end, a notify of this process told from
     the reply), not held (another's job, one finished twice, an unknown id), cancelled. The
     tube's counters and stats move as for lone finishes, and the tube goes once unused."""

@@ -293,8 +293,8 @@ async def test_finish_fail_and_a_reserve_by_id_count_for_the_group(env: Env) -> 
 
 
 async def test_a_turns_finishes_free_their_groups_places_as_lone_ones_do(env: Env) -> None:
-    """finish_many (a connection's finishes of one read) ends each reservation as finish.lua
-    does: both groups at their cap get their places back, and the reserve limits' index finds
+    """finish_many (a connection's finishes of one read) ends each reservation as a lone
+    finish does: both groups at their cap get their places back, and the reserve limits' index finds
     the tube again."""
     await limit(env, group_concurrency=1)
     s = env.store

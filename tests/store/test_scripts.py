@@ -70,7 +70,6 @@ def test_the_scripts_that_change_a_job_take_the_bound_event_arguments() -> None:
     assert recording == {"put", "promote", "reserve", "reserve_job", "release", "bury", "touch",
                          "expire", "disconnect", "reap", "kick", "kick_job", "delete",
                          "put_many", "delete_many",  # batches (issue 10, part 3)
-                         "finish_many",  # a turn's finishes
                          # admin verbs (issue 10 part 6)
                          "clear_tube", "change_pri", "change_delay",
                          "schedule_tick",  # recurring jobs: a tick puts a job

@@ -4,7 +4,7 @@ A pipelining producer sends a put per job, a client whose calls share a connecti
 notify-ms per call, and a pipelining consumer a delete (or, answering calls, a finish) per job.
 The puts or the calls (to one tube), the deletes or the finishes a connection takes from one
 read, one after another and needing to wait for nothing (tubeq.server.reserves decides which),
-go out together when its turn ends: one put_many, delete_many or finish_many call, each command
+go out together when its turn ends: one put_many, delete_many or finish call, each command
 still answered on its own. Each job is put, deleted or finished as the
 single-job script would, in the same order: the call only saves the script calls in between.
 Owns that run only: what a command answers is its caller's ``answer``
@@ -89,8 +89,9 @@ class DeleteRun(_Run[int]):
 
 
 class FinishRun(_Run[tuple[int, bytes]]):
-    """A connection's finishes, as finish_many (a lone one as finish.lua); the results are
-    kept for ``keep_ms`` (--result-ttl) unless a job says otherwise."""
+    """A connection's finishes, as one finish.lua call (store.finish_many; a lone one by
+    store.finish); the results are kept for ``keep_ms`` (--result-ttl) unless a job says
+    otherwise."""
 
     __slots__ = ("_keep_ms", "_token")
 

@@ -352,9 +352,8 @@ class Store:
         """True finished, FINISHED_HERE finished and its end told to this process only (the
         caller tells its waits), False not held, CANCELLED."""
         metrics = self.metrics
-        return self._eval("finish", token, job_id, self.clock(), keep_ms, result,
-                          *_numbered(behind),
-                          decode=_unless_deferred(lambda r: _finished(r, metrics)))
+        return self._eval("finish", token, self.clock(), keep_ms, behind, job_id, result,
+                          decode=_unless_deferred(lambda r: _finished(r[0], metrics)))
 
     def finish_many(self, token: str, jobs: Sequence[tuple[int, bytes]], keep_ms: int, *,
                     behind: int = 0) -> asyncio.Future[list[bool | int]]:
@@ -362,7 +361,7 @@ class Store:
         finish answers."""
         metrics = self.metrics
         flat = [v for job_id, result in jobs for v in (job_id, result)]
-        return self._eval("finish_many", token, self.clock(), keep_ms, behind, *flat,
+        return self._eval("finish", token, self.clock(), keep_ms, behind, *flat,
                           decode=_unless_deferred(
                               lambda r: [_finished(v, metrics) for v in r]))
 
@@ -972,7 +971,7 @@ def _job_end(r: Any) -> JobEnd | Progress | bool:
 
 
 def _finished(r: Any, metrics: JobObserver | None) -> bool | int:
-    """What finish.lua (or finish_many.lua, for one job) answered: True finished,
+    """What finish.lua answered for one job: True finished,
     FINISHED_HERE finished and its end told to this process only, False not held, CANCELLED;
     the held time of a finished job goes to the metrics as a delete's does."""
     if r == CANCELLED:
