@@ -55,9 +55,7 @@ local out = {}
 for i = 6, #ARGV do
   out[#out + 1] = delete_one(ARGV[i])
 end
-for i = 1, #unreserved, 1000 do  -- (unpack has a limit of a few thousand values)
-  rcall('ZREM', K_RESERVED, unpack(unreserved, i, math.min(i + 999, #unreserved)))
-end
+unreserve_all(unreserved)
 for _, t in ipairs(tubes) do
   local tk = k_tube(t)
   if held[t] > 0 then

@@ -62,9 +62,7 @@ local out = {}
 for i = 7, #ARGV, 2 do
   out[#out + 1] = finish_one(ARGV[i], ARGV[i + 1])
 end
-for i = 1, #unreserved, 1000 do  -- (unpack has a limit of a few thousand values)
-  rcall('ZREM', K_RESERVED, unpack(unreserved, i, math.min(i + 999, #unreserved)))
-end
+unreserve_all(unreserved)
 for _, t in ipairs(tubes) do
   local tk = k_tube(t)
   local n = text(finished[t])

@@ -181,6 +181,15 @@ local function enqueue_delayed(id, t, due)
   rcall('ZADD', K_TIMERS, 'LT', due, 'd:' .. t)
 end
 
+-- Take the reserved jobs of `members` (member(id) each) out of K_RESERVED: one ZREM per
+-- thousand (unpack has a limit of a few thousand values). delete_many.lua and finish.lua
+-- gather a call's reserved jobs for it; their counts move per tube.
+local function unreserve_all(members)
+  for i = 1, #members, 1000 do
+    rcall('ZREM', K_RESERVED, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
 -- Take a job out of the structure that holds it in its current state (and out of K_COUNTS).
 local function unlink(id, t, state, now)
   local m = member(id)
