@@ -919,3 +919,24 @@ async def test_a_push_loops_own_take_leaves_the_credits_promised_to_a_run(
     await asyncio.sleep(0.3)
     assert bytes(worker.transport.out).count(b"RESERVED") == 2
 
+
+
+async def test_an_end_told_here_is_written_in_the_finishs_turn_not_after_the_waits_task(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call's END frame is written as the end reaches its wait (EndWait.told: the finish's
+    reply of this process, or a message), not once the wait's task has woken and returned:
+    here that task never returns, and the frame still comes."""
+    async def registered_and_stuck(store: Any, waits: EndWaits, wait: EndWait, timeout_ms: int,
+                                   keep_ms: int, *, read_first: bool = True,
+                                   progress_after: int | None = None) -> None:
+        waits.add(wait, recent=not read_first)
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(end_waits, "wait_for_end", registered_and_stuck)
+    worker, caller = await _push_worker(ctx, 1), Client(ctx)
+    caller.send(_call(1))
+    await caller.expect(b"INSERTED 1\r\n")
+    await worker.expect(b"RESERVED 1 1\r\n1\r\n")
+    worker.send(b"finish 1 2\r\nok\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"END 1 finished 2\r\nok\r\n")

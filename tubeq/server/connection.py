@@ -51,7 +51,7 @@ from tubeq.server.metrics import UNTIMED
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
 from tubeq.server.runs import CallRun, DeleteRun, FinishRun, PutRun, joins_calls
-from tubeq.store.records import Reservation
+from tubeq.store.records import JobEnd, Reservation
 
 log = structlog.get_logger(__name__)
 
@@ -592,17 +592,35 @@ class Connection(asyncio.Protocol):
     # -- put-with notify-ms -------------------------------------------------------------------
 
     def notify_end(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
+        """Write the END frame of ``wait``'s job: at once when an end reaches the wait
+        (EndWait.told: in the loop turn the finish's reply or the message came in), else from
+        ``frame``, the wait's own answer (timed out, not found, an end it read)."""
         if self._ends is None:
             self._ends = set()
         self._ends.add(wait)
+        wait.told = functools.partial(self._end_told, wait)
         frame.add_done_callback(functools.partial(self._end_heard, wait))
         if self._eof or self._quit or self._lost:  # a call run after the half-close or quit
             wait.give_up()
 
+    def _end_told(self, wait: EndWait, end: JobEnd) -> None:
+        ends = self._ends
+        if ends is None or wait not in ends:
+            return
+        ends.discard(wait)
+        wait.told = None
+        if self._lost:
+            return
+        self._end_frame(replies.end_frame(wait.job_id, end.how, end.data))
+        if self._flow.throttled:
+            self.schedule_pump()
+
     def _end_heard(self, wait: EndWait, frame: asyncio.Future[bytes | None]) -> None:
         ends = self._ends
-        assert ends is not None
+        if ends is None or wait not in ends:
+            return  # told at once (_end_told)
         ends.discard(wait)
+        wait.told = None
         if self._lost:
             return
         if frame.cancelled() or frame.exception() is not None:

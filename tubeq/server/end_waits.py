@@ -21,6 +21,7 @@ unheard, and the wait answers that it timed out.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TypeVar
 
 import structlog
@@ -52,15 +53,19 @@ T = TypeVar("T")
 
 class EndWait:
     """One wait for job ``job_id``: the signal that wakes it, the end a message brought, and
-    whether its caller gave up (the client half-closed: it answers as timed out at once)."""
+    whether its caller gave up (the client half-closed: it answers as timed out at once).
+    ``told``: where the end goes at once when a message or a finish of this process brings it
+    (put-with notify-ms's END frame, written in the same loop turn as the finish's reply
+    instead of after the wait's task has woken and returned)."""
 
-    __slots__ = ("end", "given_up", "job_id", "signal")
+    __slots__ = ("end", "given_up", "job_id", "signal", "told")
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
         self.signal = Signal()
         self.end: JobEnd | None = None
         self.given_up = False
+        self.told: Callable[[JobEnd], None] | None = None
 
     def give_up(self) -> None:
         self.given_up = True
@@ -106,6 +111,8 @@ class EndWaits:
             del recent[next(iter(recent))]
         for wait in self._by_id.get(job_id, ()):
             wait.end = end
+            if end is not None and wait.told is not None:
+                wait.told(end)
             wait.signal.set()
 
     def wake_all(self) -> None:
