@@ -171,6 +171,7 @@ def print_stage(stage: int, info: dict[str, Any]) -> None:
             parts.append(f"{label} {int(value) / scale:.1f}")
     timings = sorted((name, value) for name, value in metrics.items()
                      if not name.startswith("internal.") and value is not None
+                     and name != "shuffle write time"  # ns, and shown above
                      and any(word in name for word in ("time", "duration"))
                      and str(value).isdigit() and int(value) > 0)
     print(f"        stage {stage}: {info['tasks']} tasks, run {info['run_s']:.2f} s, CPU "

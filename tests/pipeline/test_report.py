@@ -209,6 +209,23 @@ def test_report_writes_every_table(report_dir: Path) -> None:
     assert (report_dir / "report.html").is_file()
 
 
+def test_the_per_job_windows_cache_is_plain_and_the_sessions_setting_kept(
+        spark: SparkSession, archive: Path) -> None:
+    """The report caches its per-job window uncompressed (cheaper to build than Spark's
+    default, bench/RESULTS-pipeline.md) and gives the session its own setting back after,
+    also when the block fails."""
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    spark.conf.set(key, "true")
+    with report.plain_cache(spark):
+        assert spark.conf.get(key) == "false"
+    assert spark.conf.get(key) == "true"
+    with pytest.raises(RuntimeError), report.plain_cache(spark):
+        raise RuntimeError("a failed action")
+    assert spark.conf.get(key) == "true"
+    report.aggregate(report.read_archive(spark, archive))
+    assert spark.conf.get(key) == "true"
+
+
 def test_percentiles_on_sparks_python_workers_are_the_drivers(
         spark: SparkSession, archive: Path, report_dir: Path) -> None:
     """Past ``--driver-samples`` Spark's Python workers compute the percentiles (hour by hour,

@@ -71,11 +71,12 @@ and :func:`run_report`, which the ``tubeq-pipeline report`` command calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -266,7 +267,7 @@ def annotate(events: DataFrame) -> DataFrame:
     rows = rows.select(
         "tube", "event", "state_after", "time_ms", "due_ms", "result_bytes",
         F.lag("state_after").over(job).alias("known_before"),
-        F.when(F.row_number().over(job) == 1, F.max("tries").over(whole)).alias("job_tries"),
+        F.max("tries").over(whole).alias("most_tries"),
         F.last(F.when(state_after == _state(READY), time_ms), ignorenulls=True)
         .over(before).alias("ready_since"),
         F.last(F.when(event == _event(EventName.RESERVED), time_ms), ignorenulls=True)
@@ -286,9 +287,11 @@ def annotate(events: DataFrame) -> DataFrame:
     measure = (F.when(wait, F.lit(MEASURES.index("wait_ms")))
                .when(processing, F.lit(MEASURES.index("processing_ms")))
                .when(lateness, F.lit(MEASURES.index("lateness_ms"))))
+    # The job's first event is the one with no state before it (state_after is never null):
+    # no row_number, whose frame would be a fourth pass over every job.
     return rows.select(
         "tube", _bucket(time_ms, MINUTE_MS).alias("bucket_ms"), "event", "known_before",
-        "state_after", "job_tries",
+        "state_after", F.when(known_before.isNull(), F.col("most_tries")).alias("job_tries"),
         F.when(value.isNotNull(), measure).alias("measure"), value.alias("value"),
         "result_bytes")
 
@@ -354,6 +357,14 @@ LOCAL_DRIVER_SAMPLES: Final = 10_000_000
 SHORT_REPORT_BYTES: Final = 32 * 2**20
 
 
+# The per-job window's output is cached for the two reads of it, the flows and the samples. The
+# cache's column compression (Spark's default) chooses an encoding per column and batch, which
+# cost more CPU than the cache saves in memory here: a 10M-event report's cache (~600 MB plain,
+# held for seconds) took ~4 CPU-s more to build compressed (AMD EPYC, 2 cores;
+# bench/RESULTS-pipeline.md).
+_CACHE_COMPRESSED: Final = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
 @dataclass(frozen=True)
 class Aggregates:
     """What Spark computed over the events (Arrow tables of rollup's schemas): the flows per tube
@@ -398,23 +409,45 @@ def aggregate(events: DataFrame, driver_samples: int = DRIVER_SAMPLES) -> Aggreg
     then in one action the flows per tube and minute with the tries per tube, and in a second
     the percentile figures (from the collected samples when there are at most
     ``driver_samples``, else on Spark's Python workers)."""
-    facts = annotate(events).persist()
+    with plain_cache(events.sparkSession):
+        facts = annotate(events).persist()
+        try:
+            return _aggregated(facts, driver_samples)
+        finally:
+            facts.unpersist()
+
+
+@contextlib.contextmanager
+def plain_cache(spark: SparkSession) -> Iterator[None]:
+    """Inside the block, what is cached (built by the first action that reads it) is kept as
+    plain columns, not compressed (``_CACHE_COMPRESSED``); the session's own setting is given
+    back after, however the block ends."""
+    before = spark.conf.get(_CACHE_COMPRESSED)
+    spark.conf.set(_CACHE_COMPRESSED, "false")
     try:
-        # One action for two results of different columns: each row says which it belongs to.
-        both = (_minute_flows(facts).withColumn("part", F.lit(0))
-                .unionByName(_tries(facts).withColumn("part", F.lit(1)),
-                             allowMissingColumns=True)
-                .toArrow())
-        part = both.column("part")
-        flows = both.filter(pc.equal(part, 0))
-        tries = both.filter(pc.equal(part, 1))
-        samples = pc.sum(flows.column("samples")).as_py() or 0
-        if samples <= driver_samples:
-            figures = figures_of(_samples(facts).toArrow())
-        else:
-            figures = _bucket_figures(facts).unionByName(_archive_figures(facts)).toArrow()
+        yield
     finally:
-        facts.unpersist()
+        if before is None:
+            spark.conf.unset(_CACHE_COMPRESSED)
+        else:
+            spark.conf.set(_CACHE_COMPRESSED, before)
+
+
+def _aggregated(facts: DataFrame, driver_samples: int) -> Aggregates:
+    """:func:`aggregate`'s two actions over the cached per-job window."""
+    # One action for two results of different columns: each row says which it belongs to.
+    both = (_minute_flows(facts).withColumn("part", F.lit(0))
+            .unionByName(_tries(facts).withColumn("part", F.lit(1)),
+                         allowMissingColumns=True)
+            .toArrow())
+    part = both.column("part")
+    flows = both.filter(pc.equal(part, 0))
+    tries = both.filter(pc.equal(part, 1))
+    samples = pc.sum(flows.column("samples")).as_py() or 0
+    if samples <= driver_samples:
+        figures = figures_of(_samples(facts).toArrow())
+    else:
+        figures = _bucket_figures(facts).unionByName(_archive_figures(facts)).toArrow()
     return Aggregates(flows, figures, tries)
 
 
