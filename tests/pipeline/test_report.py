@@ -352,6 +352,20 @@ def test_events_before_the_archive_began(spark: SparkSession) -> None:
                         "buried": 0, "total": 1}]
 
 
+def test_a_jobs_events_go_by_stream_id_ms_then_seq_as_numbers(spark: SparkSession) -> None:
+    """Within one millisecond the stream id's sequence orders a job's events as a number (seq
+    10 after seq 9, where their text sorts the other way), and a bare ``<ms>`` is seq 0."""
+    rows = [
+        ("1000-10", "deleted", 7, "t", 0, 0, 1000, 0, 1, 1300, "p", ""),
+        ("1000-9", "reserved", 7, "t", 0, 0, 1000, 0, 1, 1100, "p", ""),
+        ("999", "put", 7, "t", 0, 0, 1000, 0, 0, 1000, "p", ""),
+    ]
+    t = {row["tube"]: row for row in report.build_report(
+        older_events(spark, rows))["by_tube"].to_pylist()}["t"]
+    assert (t["wait_ms_n"], t["wait_ms_p50"]) == (1, 100.0)
+    assert (t["processing_ms_n"], t["processing_ms_p50"]) == (1, 200.0)
+
+
 def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:
     """Issue 10's events: a time-out with a retry backoff (delay_ms set) makes the job delayed,
     not ready, so its next wait runs from its promotion; deduplicated and reprioritized change
