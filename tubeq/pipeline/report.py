@@ -33,10 +33,10 @@ Rules:
   read off sorted samples by numpy (``rollup.py``), every grain from one pass: each hour's
   samples give that hour's minutes and the hour itself, for every tube and for all tubes; each
   tube's samples (on Spark, its histogram of distinct values) give the whole archive. Up to
-  ``--driver-samples`` samples are collected and read off in this process, more by Spark's
-  Python workers, hour by hour and tube by tube: the same functions, the same figures. The
-  per-job window (a sort of every event) runs once; its narrowed output is cached while the
-  aggregates read it.
+  ``--driver-samples`` samples are collected and read off in this process (each grain from
+  one sort of them all), more by Spark's Python workers, hour by hour and tube by tube: the
+  same figures. The per-job window (a sort of every event) runs once; its narrowed output is
+  cached, as plain columns, while the aggregates read it.
 * ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
   server counts in ``job-timeouts``. A ``timed-out`` with a reason gave the job back without its
   TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed; and reason
@@ -349,7 +349,8 @@ DRIVER_SAMPLES: Final = 1_000_000
 # two shuffles and a Python worker per task: a 10M-event report (5.25M samples) took 84.7 s
 # (24 task CPU-s, the Python workers besides) for that step, against 6.5 s to collect the samples
 # and ~10-14 s of numpy here, ~1 GB of this process's memory at the peak (AMD EPYC, 2 cores,
-# loaded; bench/RESULTS-pipeline.md).
+# loaded; bench/RESULTS-pipeline.md); the numpy is ~1 s since it sorts packed pairs
+# (rollup.sample_percentiles).
 LOCAL_DRIVER_SAMPLES: Final = 10_000_000
 # A report of local archives whose Parquet files hold at most this many bytes is short: its JVM
 # compiles with C1 alone (session.SHORT_RUN_JAVA_OPTIONS). The generated archives of
