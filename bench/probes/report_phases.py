@@ -2,7 +2,7 @@
 same report again in the now warm session, with Spark's own account of its jobs.
 
     .venv/bin/python -m bench.probes.report_phases [--events 1000 | --archive DIR] [--warm 2]
-        [--java-options ""] [--conf KEY=VALUE ...] [--driver-samples N]
+        [--java-options ""] [--conf KEY=VALUE ...] [--driver-samples N] [--stages]
 
 The archive (``--events`` events of bench.pipeline_report_bench's generator) is written by a
 child process, so this process's JVM is fresh when the first report starts (``--archive``: an
@@ -123,11 +123,12 @@ def read_event_log(folder: Path) -> tuple[int, list[Action], dict[int, Any], dic
             stages[info["Stage ID"]] = {
                 "tasks": info["Number of Tasks"],
                 "run_s": int(metrics.get("internal.metrics.executorRunTime") or 0) / 1000,
-                "cpu_s": int(metrics.get("internal.metrics.executorCpuTime") or 0) / 1e9}
+                "cpu_s": int(metrics.get("internal.metrics.executorCpuTime") or 0) / 1e9,
+                "metrics": metrics}
     return start, [actions[key] for key in sorted(actions)], jobs, stages
 
 
-def print_actions(folder: Path) -> None:
+def print_actions(folder: Path, stages_too: bool = False) -> None:
     start, actions, jobs, stages = read_event_log(folder)
     outside = [job for job, info in jobs.items() if info["execution"] is None]
     print(f"Spark's event log: {len(actions)} actions, {len(jobs)} jobs ({len(outside)} outside "
@@ -144,6 +145,39 @@ def print_actions(folder: Path) -> None:
               f"{sum(stages[s]['run_s'] for s in ran):6.2f} "
               f"{sum(stages[s]['cpu_s'] for s in ran):6.2f}")
         previous = action.end_ms or action.start_ms
+        if stages_too:
+            for stage in ran:
+                print_stage(stage, stages[stage])
+
+
+# The SQL operators' timings (ms) and the stage's I/O, as the event log names them.
+STAGE_METRICS = (("shuffle.write.bytesWritten", "shuffle out MB", 1e6),
+                 ("shuffle.read.remoteBytesRead", "", 0),
+                 ("shuffle.read.localBytesRead", "shuffle in MB", 1e6),
+                 ("memoryBytesSpilled", "spilled MB", 1e6),
+                 ("shuffle.write.writeTime", "shuffle write s", 1e9),
+                 ("jvmGCTime", "GC s", 1e3))
+
+
+def print_stage(stage: int, info: dict[str, Any]) -> None:
+    """One stage's tasks, run and CPU seconds, shuffle bytes, spill, GC, and the timings its
+    SQL operators report (``duration`` of each code-generated stage, sort and aggregation
+    times), so a breakdown can say which operator the CPU went to."""
+    metrics = info["metrics"]
+    parts = []
+    for key, label, scale in STAGE_METRICS:
+        value = metrics.get(f"internal.metrics.{key}")
+        if label and value:
+            parts.append(f"{label} {int(value) / scale:.1f}")
+    timings = sorted((name, value) for name, value in metrics.items()
+                     if not name.startswith("internal.") and value is not None
+                     and name != "shuffle write time"  # ns, and shown above
+                     and any(word in name for word in ("time", "duration"))
+                     and str(value).isdigit() and int(value) > 0)
+    print(f"        stage {stage}: {info['tasks']} tasks, run {info['run_s']:.2f} s, CPU "
+          f"{info['cpu_s']:.2f} s; {', '.join(parts)}")
+    for name, value in timings:
+        print(f"            {name}: {int(value) / 1000:.2f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=2, help="runs after the first")
     parser.add_argument("--java-options", default="")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--stages", action="store_true",
+                        help="each action's stages too: tasks, CPU, shuffle bytes, spill, GC "
+                             "and the SQL operators' timings")
     parser.add_argument("--driver-samples", type=int, default=None,
                         help="the report's --driver-samples (default: the report's)")
     args = parser.parse_args(argv)
@@ -193,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, seconds, cpu_s in rows:
                 print(f"    {name:28s} {seconds:6.2f} s {cpu_s:6.1f} CPU-s")
         spark.stop()
-        print_actions(log)
+        print_actions(log, args.stages)
     return 0
 
 

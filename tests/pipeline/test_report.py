@@ -209,6 +209,23 @@ def test_report_writes_every_table(report_dir: Path) -> None:
     assert (report_dir / "report.html").is_file()
 
 
+def test_the_per_job_windows_cache_is_plain_and_the_sessions_setting_kept(
+        spark: SparkSession, archive: Path) -> None:
+    """The report caches its per-job window uncompressed (cheaper to build than Spark's
+    default, bench/RESULTS-pipeline.md) and gives the session its own setting back after,
+    also when the block fails."""
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    spark.conf.set(key, "true")
+    with report.plain_cache(spark):
+        assert spark.conf.get(key) == "false"
+    assert spark.conf.get(key) == "true"
+    with pytest.raises(RuntimeError), report.plain_cache(spark):
+        raise RuntimeError("a failed action")
+    assert spark.conf.get(key) == "true"
+    report.aggregate(report.read_archive(spark, archive))
+    assert spark.conf.get(key) == "true"
+
+
 def test_percentiles_on_sparks_python_workers_are_the_drivers(
         spark: SparkSession, archive: Path, report_dir: Path) -> None:
     """Past ``--driver-samples`` Spark's Python workers compute the percentiles (hour by hour,
@@ -333,6 +350,20 @@ def test_events_before_the_archive_began(spark: SparkSession) -> None:
     # counts as ready from its promotion.
     assert backlog == [{"tube": "t", "bucket_ms": 0, "ready": 1, "delayed": 0, "reserved": 0,
                         "buried": 0, "total": 1}]
+
+
+def test_a_jobs_events_go_by_stream_id_ms_then_seq_as_numbers(spark: SparkSession) -> None:
+    """Within one millisecond the stream id's sequence orders a job's events as a number (seq
+    10 after seq 9, where their text sorts the other way), and a bare ``<ms>`` is seq 0."""
+    rows = [
+        ("1000-10", "deleted", 7, "t", 0, 0, 1000, 0, 1, 1300, "p", ""),
+        ("1000-9", "reserved", 7, "t", 0, 0, 1000, 0, 1, 1100, "p", ""),
+        ("999", "put", 7, "t", 0, 0, 1000, 0, 0, 1000, "p", ""),
+    ]
+    t = {row["tube"]: row for row in report.build_report(
+        older_events(spark, rows))["by_tube"].to_pylist()}["t"]
+    assert (t["wait_ms_n"], t["wait_ms_p50"]) == (1, 100.0)
+    assert (t["processing_ms_n"], t["processing_ms_p50"]) == (1, 200.0)
 
 
 def test_a_backoff_time_out_leaves_the_job_delayed(spark: SparkSession) -> None:

@@ -97,3 +97,25 @@ def test_the_drivers_figures_are_the_workers() -> None:
     got = sorted(rollup.figures_of(samples).to_pylist(), key=key)
     assert got == sorted(pa.concat_tables(expected).to_pylist(), key=key)
     assert len(got) > 100
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_samples_sorted_packed_give_the_weighted_figures(seed: int) -> None:
+    """``rollup.sample_percentiles`` (one sort of ``(key, value)`` packed in an int64) gives
+    ``exact_percentiles``'s figures to the last bit, negative values included, and where the
+    pair does not fit in 63 bits (seeds 8 and up: values ~2^60 apart) falls back to it."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 2000))
+    keys = rng.integers(0, 40, size) * 7 - 100
+    spread = 2**60 if seed >= 8 else 50_000
+    values = rng.integers(-spread, spread, size)
+    assert (rollup._packed(keys, values) is None) == (seed >= 8)
+    got_keys, counts, figures = rollup.sample_percentiles(keys, values)
+    want_keys, want_counts, want_figures = rollup.exact_percentiles(
+        keys, values, np.ones(size, np.int64))
+    assert got_keys.tolist() == want_keys.tolist()
+    assert counts.tolist() == want_counts.tolist()
+    assert [f.tolist() for f in figures] == [f.tolist() for f in want_figures]
+    for index, key in enumerate(got_keys):
+        want = expected(values[keys == key], np.ones(int(counts[index]), np.int64))
+        assert [figure[index] for figure in figures] == pytest.approx(want, rel=1e-12)

@@ -33,10 +33,10 @@ Rules:
   read off sorted samples by numpy (``rollup.py``), every grain from one pass: each hour's
   samples give that hour's minutes and the hour itself, for every tube and for all tubes; each
   tube's samples (on Spark, its histogram of distinct values) give the whole archive. Up to
-  ``--driver-samples`` samples are collected and read off in this process, more by Spark's
-  Python workers, hour by hour and tube by tube: the same functions, the same figures. The
-  per-job window (a sort of every event) runs once; its narrowed output is cached while the
-  aggregates read it.
+  ``--driver-samples`` samples are collected and read off in this process (each grain from
+  one sort of them all), more by Spark's Python workers, hour by hour and tube by tube: the
+  same figures. The per-job window (a sort of every event) runs once; its narrowed output is
+  cached, as plain columns, while the aggregates read it.
 * ``timed_out`` counts TTR time-outs only: ``timed-out`` events with reason ``""``, what the
   server counts in ``job-timeouts``. A ``timed-out`` with a reason gave the job back without its
   TTR running out: ``disconnected`` (reason ``disconnect``: its connection closed; and reason
@@ -71,11 +71,12 @@ and :func:`run_report`, which the ``tubeq-pipeline report`` command calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -244,10 +245,10 @@ def annotate(events: DataFrame) -> DataFrame:
     event = F.col("event")
     time_ms = F.col("time_ms")
     state_after = F.col("state_after")
-    # "<ms>-<seq>" (a bare "<ms>" has seq 0), cut without a split's regex and array.
+    # "<ms>-<seq>" (a bare "<ms>" has seq 0), cut without a split's regex and array; the seq is
+    # what follows the dash (one cut, not two: ~0.7 of a 10M-event window's ~12 CPU-s).
     sid = F.col("stream_id")
-    sid_seq = F.when(F.instr(sid, "-") > 0,
-                     F.substring_index(F.substring_index(sid, "-", 2), "-", -1).cast("long"))
+    sid_seq = F.when(F.instr(sid, "-") > 0, F.substring_index(sid, "-", -1).cast("long"))
     rows = (events
             .select("tube", "id", "due_ms", "tries", "time_ms",
                     F.substring_index(sid, "-", 1).cast("long").alias("sid_ms"),
@@ -266,7 +267,7 @@ def annotate(events: DataFrame) -> DataFrame:
     rows = rows.select(
         "tube", "event", "state_after", "time_ms", "due_ms", "result_bytes",
         F.lag("state_after").over(job).alias("known_before"),
-        F.when(F.row_number().over(job) == 1, F.max("tries").over(whole)).alias("job_tries"),
+        F.max("tries").over(whole).alias("most_tries"),
         F.last(F.when(state_after == _state(READY), time_ms), ignorenulls=True)
         .over(before).alias("ready_since"),
         F.last(F.when(event == _event(EventName.RESERVED), time_ms), ignorenulls=True)
@@ -286,9 +287,11 @@ def annotate(events: DataFrame) -> DataFrame:
     measure = (F.when(wait, F.lit(MEASURES.index("wait_ms")))
                .when(processing, F.lit(MEASURES.index("processing_ms")))
                .when(lateness, F.lit(MEASURES.index("lateness_ms"))))
+    # The job's first event is the one with no state before it (state_after is never null):
+    # no row_number, whose frame would be a fourth pass over every job.
     return rows.select(
         "tube", _bucket(time_ms, MINUTE_MS).alias("bucket_ms"), "event", "known_before",
-        "state_after", "job_tries",
+        "state_after", F.when(known_before.isNull(), F.col("most_tries")).alias("job_tries"),
         F.when(value.isNotNull(), measure).alias("measure"), value.alias("value"),
         "result_bytes")
 
@@ -346,12 +349,21 @@ DRIVER_SAMPLES: Final = 1_000_000
 # two shuffles and a Python worker per task: a 10M-event report (5.25M samples) took 84.7 s
 # (24 task CPU-s, the Python workers besides) for that step, against 6.5 s to collect the samples
 # and ~10-14 s of numpy here, ~1 GB of this process's memory at the peak (AMD EPYC, 2 cores,
-# loaded; bench/RESULTS-pipeline.md).
+# loaded; bench/RESULTS-pipeline.md); the numpy is ~1 s since it sorts packed pairs
+# (rollup.sample_percentiles).
 LOCAL_DRIVER_SAMPLES: Final = 10_000_000
 # A report of local archives whose Parquet files hold at most this many bytes is short: its JVM
 # compiles with C1 alone (session.SHORT_RUN_JAVA_OPTIONS). The generated archives of
 # bench.pipeline_report_bench hold ~19 bytes an event: 1,000,000 events are 19 MB.
 SHORT_REPORT_BYTES: Final = 32 * 2**20
+
+
+# The per-job window's output is cached for the two reads of it, the flows and the samples. The
+# cache's column compression (Spark's default) chooses an encoding per column and batch, which
+# cost more CPU than the cache saves in memory here: a 10M-event report's cache (~600 MB plain,
+# held for seconds) took ~4 CPU-s more to build compressed (AMD EPYC, 2 cores;
+# bench/RESULTS-pipeline.md).
+_CACHE_COMPRESSED: Final = "spark.sql.inMemoryColumnarStorage.compressed"
 
 
 @dataclass(frozen=True)
@@ -398,23 +410,45 @@ def aggregate(events: DataFrame, driver_samples: int = DRIVER_SAMPLES) -> Aggreg
     then in one action the flows per tube and minute with the tries per tube, and in a second
     the percentile figures (from the collected samples when there are at most
     ``driver_samples``, else on Spark's Python workers)."""
-    facts = annotate(events).persist()
+    with plain_cache(events.sparkSession):
+        facts = annotate(events).persist()
+        try:
+            return _aggregated(facts, driver_samples)
+        finally:
+            facts.unpersist()
+
+
+@contextlib.contextmanager
+def plain_cache(spark: SparkSession) -> Iterator[None]:
+    """Inside the block, what is cached (built by the first action that reads it) is kept as
+    plain columns, not compressed (``_CACHE_COMPRESSED``); the session's own setting is given
+    back after, however the block ends."""
+    before = spark.conf.get(_CACHE_COMPRESSED)
+    spark.conf.set(_CACHE_COMPRESSED, "false")
     try:
-        # One action for two results of different columns: each row says which it belongs to.
-        both = (_minute_flows(facts).withColumn("part", F.lit(0))
-                .unionByName(_tries(facts).withColumn("part", F.lit(1)),
-                             allowMissingColumns=True)
-                .toArrow())
-        part = both.column("part")
-        flows = both.filter(pc.equal(part, 0))
-        tries = both.filter(pc.equal(part, 1))
-        samples = pc.sum(flows.column("samples")).as_py() or 0
-        if samples <= driver_samples:
-            figures = figures_of(_samples(facts).toArrow())
-        else:
-            figures = _bucket_figures(facts).unionByName(_archive_figures(facts)).toArrow()
+        yield
     finally:
-        facts.unpersist()
+        if before is None:
+            spark.conf.unset(_CACHE_COMPRESSED)
+        else:
+            spark.conf.set(_CACHE_COMPRESSED, before)
+
+
+def _aggregated(facts: DataFrame, driver_samples: int) -> Aggregates:
+    """:func:`aggregate`'s two actions over the cached per-job window."""
+    # One action for two results of different columns: each row says which it belongs to.
+    both = (_minute_flows(facts).withColumn("part", F.lit(0))
+            .unionByName(_tries(facts).withColumn("part", F.lit(1)),
+                         allowMissingColumns=True)
+            .toArrow())
+    part = both.column("part")
+    flows = both.filter(pc.equal(part, 0))
+    tries = both.filter(pc.equal(part, 1))
+    samples = pc.sum(flows.column("samples")).as_py() or 0
+    if samples <= driver_samples:
+        figures = figures_of(_samples(facts).toArrow())
+    else:
+        figures = _bucket_figures(facts).unionByName(_archive_figures(facts)).toArrow()
     return Aggregates(flows, figures, tries)
 
 

@@ -76,7 +76,8 @@ def exact_percentiles(key: NDArray[np.int64], value: NDArray[np.int64],
     """
     if len(key) == 0:
         return key, key, [np.zeros(0) for _ in PERCENTILES]
-    order = np.lexsort((value, key))
+    packed = _packed(key, value)
+    order = np.lexsort((value, key)) if packed is None else np.argsort(packed[0])
     key, value, weight = key[order], value[order], weight[order]
     running = np.cumsum(weight)
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
@@ -91,6 +92,48 @@ def exact_percentiles(key: NDArray[np.int64], value: NDArray[np.int64],
         at_high = value[np.searchsorted(running, earlier + high, side="right")]
         figures.append(at_low + (at_high - at_low) * (position - low))
     return key[first], counts, figures
+
+
+def sample_percentiles(key: NDArray[np.int64], value: NDArray[np.int64]
+                       ) -> tuple[NDArray[np.int64], NDArray[np.int64], list[NDArray[np.float64]]]:
+    """:func:`exact_percentiles` of samples that count once each (``weight`` 1): the same
+    figures, from one sort of the packed ``(key, value)`` pairs instead of a sort of indexes and
+    three gathers, where the pairs fit in 63 bits (else by :func:`exact_percentiles` itself)."""
+    packed = _packed(key, value) if len(key) else None
+    if packed is None:
+        return exact_percentiles(key, value, np.ones_like(value))
+    pairs, key_min, value_min, value_bits = packed
+    pairs.sort()
+    key = (pairs >> value_bits) + key_min
+    value = (pairs & ((1 << value_bits) - 1)) + value_min
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[first, len(key)])
+    figures = []
+    for fraction in PERCENTILES:
+        # The same arithmetic as exact_percentiles, so the figures are equal to the last bit:
+        # with weight 1 the sample at a group's rank r is its (first + r)-th.
+        position = (counts - 1) * fraction
+        low, high = np.floor(position), np.ceil(position)
+        at_low = value[first + low.astype(np.int64)]
+        at_high = value[first + high.astype(np.int64)]
+        figures.append(at_low + (at_high - at_low) * (position - low))
+    return key[first], counts, figures
+
+
+def _packed(key: NDArray[np.int64], value: NDArray[np.int64]
+            ) -> tuple[NDArray[np.int64], int, int, int] | None:
+    """Each ``(key, value)`` pair as one int64 that sorts as the pair does (the key's offset
+    from the least key in the high bits, the value's in the low ones), with that least key,
+    the least value and the value's bit count; None where the offsets need more than 63 bits.
+    numpy sorts one int64 array several times faster than ``lexsort`` sorts two
+    (bench/RESULTS-pipeline.md)."""
+    key_min, key_max = int(key.min()), int(key.max())
+    value_min, value_max = int(value.min()), int(value.max())
+    value_bits = (value_max - value_min).bit_length()
+    if (key_max - key_min).bit_length() + value_bits > 63:
+        return None
+    pairs = ((key - key_min) << value_bits) | (value - value_min)
+    return pairs.astype(np.int64, copy=False), key_min, value_min, value_bits
 
 
 def _figures_table(tubes: Any, grain: int, bucket_ms: NDArray[np.int64],
@@ -120,14 +163,13 @@ def minute_and_hour_figures(samples: Any) -> Any:
     hour_ms = int(minute_ms[0]) // HOUR_MS * HOUR_MS
     measure = samples.column("measure").to_numpy().astype(np.int64)
     value = samples.column("value").to_numpy()
-    ones = np.ones_like(value)
     tables = []
     for grain, slot in ((MINUTE_MS, (minute_ms - hour_ms) // MINUTE_MS),
                         (HOUR_MS, np.zeros_like(minute_ms))):
         for who in (own, every):
             # One integer key per (tube, minute of the hour, measure).
             key = (who * _MINUTES_PER_HOUR + slot) * len(MEASURES) + measure
-            keys, counts, figures = exact_percentiles(key, value, ones)
+            keys, counts, figures = sample_percentiles(key, value)
             bucket = hour_ms + keys // len(MEASURES) % _MINUTES_PER_HOUR * grain
             tables.append(_figures_table(
                 names.take(pa.array(keys // len(MEASURES) // _MINUTES_PER_HOUR)), grain, bucket,
@@ -149,22 +191,28 @@ def figures_of(samples: Any) -> Any:
     """Every figure (``FIGURES_SCHEMA``: per minute, hour and the whole archive, every tube and
     all tubes) of ``samples`` (``SAMPLES_SCHEMA``), in this process: what Spark's Python
     workers compute from the same samples (``report.py``), hour by hour and from each tube's
-    histogram, for an archive whose samples are few."""
+    histogram, for an archive whose samples are few. Each grain is one sort of all the samples
+    (a minute's or an hour's key never spans two hours, so the groups are the workers')."""
     if samples.num_rows == 0:
         return FIGURES_SCHEMA.empty_table()
-    minute_ms = samples.column("bucket_ms").to_numpy()
-    order = np.argsort(minute_ms // HOUR_MS, kind="stable")
-    hours = (minute_ms // HOUR_MS)[order]
-    starts = np.flatnonzero(np.r_[True, hours[1:] != hours[:-1]])
-    ordered = samples.take(pa.array(order))
-    tables = [minute_and_hour_figures(ordered.slice(start, end - start))
-              for start, end in zip(starts, [*starts[1:], len(order)], strict=True)]
     names, own, every = _tube_codes(samples.column("tube"))
+    minute_ms = samples.column("bucket_ms").to_numpy()
     measure = samples.column("measure").to_numpy().astype(np.int64)
     value = samples.column("value").to_numpy()
+    tables = []
+    for grain in (MINUTE_MS, HOUR_MS):
+        bucket = minute_ms // grain
+        first = int(bucket.min())
+        slots = int(bucket.max()) - first + 1
+        for who in (own, every):
+            key = (who * slots + (bucket - first)) * len(MEASURES) + measure
+            keys, counts, figures = sample_percentiles(key, value)
+            tables.append(_figures_table(
+                names.take(pa.array(keys // len(MEASURES) // slots)), grain,
+                (first + keys // len(MEASURES) % slots) * grain, keys % len(MEASURES), counts,
+                figures))
     for who in (own, every):
-        keys, counts, figures = exact_percentiles(who * len(MEASURES) + measure, value,
-                                                  np.ones_like(value))
+        keys, counts, figures = sample_percentiles(who * len(MEASURES) + measure, value)
         tables.append(_figures_table(names.take(pa.array(keys // len(MEASURES))),
                                      WHOLE_ARCHIVE, np.zeros_like(keys), keys % len(MEASURES),
                                      counts, figures))
