@@ -226,6 +226,37 @@ def test_the_per_job_windows_cache_is_plain_and_the_sessions_setting_kept(
     assert spark.conf.get(key) == "true"
 
 
+class _RefusingConf:
+    """A session's conf that refuses the cache's setting, as a managed Spark Connect server
+    may (CONFIG_NOT_AVAILABLE); every other key passes through."""
+
+    def __init__(self, conf: Any) -> None:
+        self._conf = conf
+
+    def get(self, key: str, *default: Any) -> Any:
+        return self._conf.get(key, *default)
+
+    def set(self, key: str, value: str) -> None:
+        if key == "spark.sql.inMemoryColumnarStorage.compressed":
+            raise RuntimeError(f"[CONFIG_NOT_AVAILABLE] Configuration {key} is not available.")
+        self._conf.set(key, value)
+
+    def unset(self, key: str) -> None:
+        self._conf.unset(key)
+
+
+def test_a_session_that_refuses_the_caches_setting_still_reports(spark: SparkSession) -> None:
+    """plain_cache on a session that refuses the setting keeps the session's own and runs the
+    block (a review found the report failing there where it ran before)."""
+    class Refusing:
+        conf = _RefusingConf(spark.conf)
+
+    ran = False
+    with report.plain_cache(Refusing()):  # type: ignore[arg-type]
+        ran = True
+    assert ran
+
+
 def test_percentiles_on_sparks_python_workers_are_the_drivers(
         spark: SparkSession, archive: Path, report_dir: Path) -> None:
     """Past ``--driver-samples`` Spark's Python workers compute the percentiles (hour by hour,

@@ -74,6 +74,7 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
+import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -115,6 +116,8 @@ from tubeq.pipeline.tables import (
     SUMMED,
     TABLES,
 )
+
+log = logging.getLogger("tubeq.pipeline.report")
 
 GONE: Final = "gone"
 
@@ -422,9 +425,16 @@ def aggregate(events: DataFrame, driver_samples: int = DRIVER_SAMPLES) -> Aggreg
 def plain_cache(spark: SparkSession) -> Iterator[None]:
     """Inside the block, what is cached (built by the first action that reads it) is kept as
     plain columns, not compressed (``_CACHE_COMPRESSED``); the session's own setting is given
-    back after, however the block ends."""
+    back after, however the block ends. A session that refuses the setting (a managed Spark
+    Connect server may allow only some: ``CONFIG_NOT_AVAILABLE``) keeps its own: the report
+    then costs what it did before, and runs."""
     before = spark.conf.get(_CACHE_COMPRESSED)
-    spark.conf.set(_CACHE_COMPRESSED, "false")
+    try:
+        spark.conf.set(_CACHE_COMPRESSED, "false")
+    except Exception as refused:  # (pyspark's errors differ by session kind)
+        log.info("the report's cache stays as the session has it: %s", refused)
+        yield
+        return
     try:
         yield
     finally:
