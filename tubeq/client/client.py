@@ -311,9 +311,10 @@ class Client:
             await link.wait_writable()
         return await future
 
-    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None) -> Job:
+    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None, *,
+                  now: float | None = None) -> Job:
         assert reply.body is not None
-        job = Job(self, reply.int_arg(0), reply.body, tube=tube, link=link)
+        job = Job(self, reply.int_arg(0), reply.body, tube=tube, link=link, now=now)
         if link is not None and tube is None and len(self._watched) == 1:
             job.tube = self._watched[0]
         return job

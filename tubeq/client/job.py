@@ -74,7 +74,7 @@ class Job:
     __slots__ = ("_client", "_hold", "_link", "_pri", "_ttr", "body", "id", "reserved_at", "tube")
 
     def __init__(self, client: JobClient, job_id: int, body: bytes, *, tube: str | None = None,
-                 link: Connection | None = None) -> None:
+                 link: Connection | None = None, now: float | None = None) -> None:
         self._client = client
         self.id = job_id
         self.body = body
@@ -83,7 +83,9 @@ class Job:
         self._pri: int | None = None
         self._ttr: int | None = None
         self._hold: Hold | None = None
-        self.reserved_at = asyncio.get_running_loop().time()
+        # ``now``: the loop's time, where the caller has it (a getpid system call less per job
+        # than asking for the running loop on Python 3.11)
+        self.reserved_at = asyncio.get_running_loop().time() if now is None else now
 
     def __repr__(self) -> str:
         state = "reserved" if self._link is not None else "seen"

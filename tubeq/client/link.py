@@ -41,7 +41,8 @@ class LinkClient(Protocol):
     @property
     def max_body(self) -> int: ...
 
-    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None) -> Job: ...
+    def _job_from(self, reply: Reply, link: Connection | None, tube: str | None, *,
+                  now: float | None = None) -> Job: ...
 
     def _release_orphan(self, job: Job) -> None: ...
 
@@ -70,7 +71,9 @@ class _Link(asyncio.Protocol):
         self._pending: deque[_Pending] = deque()
         self._writable = asyncio.Event()
         self._writable.set()
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Its loop, asked once (Python 3.11's get_running_loop() is a getpid system call).
+        self._loop = asyncio.get_running_loop()
+        self._closed: asyncio.Future[None] = self._loop.create_future()
         self.error: ClientError | None = None
         self.push_requested = False
         self.pushing = False
@@ -145,7 +148,7 @@ class _Link(asyncio.Protocol):
             raise RuntimeError("a connection that sent push must not send reserve commands: "
                                "their RESERVED replies could not be told from pushed jobs")
         assert self._transport is not None
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[T] = self._loop.create_future()
         self._pending.append(_Pending(future, convert))
         self._write(data)
         return future
@@ -166,7 +169,7 @@ class _Link(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(data)
         self._turn_out = []
-        asyncio.get_running_loop().call_soon(self._end_turn)
+        self._loop.call_soon(self._end_turn)
 
     def _end_turn(self) -> None:
         out, self._turn_out = self._turn_out, None
@@ -191,7 +194,7 @@ class _Link(asyncio.Protocol):
         time runs out at ``deadline`` (loop time): called by the put's converter, so it is in
         place before the frame can come (frames follow the reply that named the job). Cancel
         it to stop listening."""
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply] = self._loop.create_future()
         if self.error is not None:
             future.set_exception(self.failure())
             return future
@@ -220,7 +223,8 @@ class _Link(asyncio.Protocol):
             self._end_frame(reply)
             return
         if reply.word == RESERVED and self.pushing:
-            self._pushed.append(self._client._job_from(reply, self, None))
+            self._pushed.append(self._client._job_from(reply, self, None,
+                                                       now=self._loop.time()))
             self._wake_push_waiters()
             return
         if reply.word == CANCELLED and reply.args and self.pushing:  # a frame, not a reply
@@ -296,7 +300,7 @@ class _Link(asyncio.Protocol):
         while not self._pushed:
             if self.error is not None:
                 raise self.failure()
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[None] = self._loop.create_future()
             self._push_waiters.add(waiter)
             try:
                 await waiter

@@ -73,9 +73,8 @@ class Connection(asyncio.Protocol):
     # Slots: thousands of idle connections each save their instance dict (~700 B).
     __slots__ = (
         "_asked", "_asked_since", "_auth_failures", "_calls", "_cleaned_up", "_closed",
-        "_closed_by_stop",
-        "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled", "_held_by",
-        "_lost",
+        "_closed_by_stop", "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled",
+        "_held_by", "_loop", "_lost",
         "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
         "batch_parts", "ctx",
         "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
@@ -86,6 +85,8 @@ class Connection(asyncio.Protocol):
         """A connection in namespace ``ctx``; ``gated``: in none until ``auth`` (ctx is then the
         listener's, for its limits only: nothing is stored or counted before auth)."""
         self.ctx = ctx
+        # Its loop, asked once (Python 3.11's get_running_loop() is a getpid system call).
+        self._loop = asyncio.get_running_loop()
         # The handler table commands are dispatched through (ReserveQueue replays by it too).
         self.handlers: dict[type[c.Command], Callable[[Session, Any], Reply | None]] = \
             GATE_HANDLERS if gated else HANDLERS
@@ -492,7 +493,7 @@ class Connection(asyncio.Protocol):
         self._flow.throttled = False
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump)
+            self._loop.call_soon(self._pump)
 
     def _dispatch(self, command: c.Command, passing: int = 0) -> None:
         """Run ``command``'s handler and queue its reply; ``passing``: the number of the first
@@ -545,7 +546,7 @@ class Connection(asyncio.Protocol):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -78,16 +78,26 @@ class EndWaits:
     is answered, and the end's message may come first."""
 
     def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._by_id: dict[int, list[EndWait]] = {}
         # id -> (the end, or None when it is to be read; when heard, loop time), oldest first
         self._recent: dict[int, tuple[JobEnd | None, float]] = {}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop its waits run on, asked once (Python 3.11's get_running_loop() is a getpid
+        system call: per call, the request/reply path asked it ~6 times)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def add(self, wait: EndWait, *, recent: bool = False) -> None:
         """Register ``wait``; ``recent``: it takes an end heard lately (only a request/reply's
         wait may: for any other, the job may have lived on since, e.g. buried, then kicked)."""
         self._by_id.setdefault(wait.job_id, []).append(wait)
         heard = self._recent.get(wait.job_id) if recent else None
-        if heard is not None and heard[1] > asyncio.get_running_loop().time() - RECENT_S:
+        if heard is not None and heard[1] > self.loop.time() - RECENT_S:
             wait.end = heard[0]
             wait.signal.set()
 
@@ -106,7 +116,7 @@ class EndWaits:
             end = None
         recent = self._recent
         recent.pop(job_id, None)  # (re-inserted last: the order stays the order heard)
-        recent[job_id] = (end, asyncio.get_running_loop().time())
+        recent[job_id] = (end, self.loop.time())
         if len(recent) > RECENT_ENDS:
             del recent[next(iter(recent))]
         for wait in self._by_id.get(job_id, ()):
@@ -146,7 +156,7 @@ async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_
     False: the caller knows the job lives and was marked (a request/reply's own put), so the
     wait sleeps first and reads only when a message does not bring the end.
     ``progress_after``: a living job's Progress is the answer once its count is past it."""
-    loop = asyncio.get_running_loop()
+    loop = waits.loop
     deadline = loop.time() + timeout_ms / 1000
     waits.add(wait, recent=not read_first)
     try:
@@ -174,7 +184,7 @@ async def wait_for_end(store: JobStore, waits: EndWaits, wait: EndWait, timeout_
             left = deadline - loop.time()
             if left <= 0:
                 return None
-            await wait.signal.wait(min(left, pause))
+            await wait.signal.wait(min(left, pause), loop=loop)
         return None
     finally:
         waits.remove(wait)

@@ -148,7 +148,7 @@ def put_and_wait(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, 
             ctx.store, ctx.end_waits, wait, wait_ms, ctx.result_ttl_ms,
             read_first=not outcome.inserted)  # a duplicate's job was not marked by this put
 
-    return wait, put, asyncio.ensure_future(run())
+    return wait, put, ctx.end_waits.loop.create_task(run())
 
 
 def put_many(ctx: ServerContext, tube: str, jobs: list[tuple[int, int, int, bytes]], *,

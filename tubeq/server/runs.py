@@ -34,18 +34,21 @@ class _Run(Generic[E]):
     """Entries added one by one, each with its caller's answer, sent by :meth:`send` as one
     call of the many-jobs script (a lone one by the single-job script)."""
 
-    __slots__ = ("_answers", "_entries", "_store")
+    __slots__ = ("_answers", "_entries", "_loop", "_store")
 
     def __init__(self, store: JobStore) -> None:
         self._store = store
         self._entries: list[E] = []
         self._answers: _Answers = []
+        # asked once per run, not per command (Python 3.11's get_running_loop() is a getpid
+        # system call)
+        self._loop = asyncio.get_running_loop()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def _add(self, entry: E, answer: Callable[[Any], T]) -> asyncio.Future[T]:
-        reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        reply: asyncio.Future[T] = self._loop.create_future()
         self._entries.append(entry)
         self._answers.append((reply, answer))
         return reply

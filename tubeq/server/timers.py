@@ -54,12 +54,13 @@ class Signal:
     def clear(self) -> None:
         self._flag = False
 
-    def wait(self, timeout: float | None = None,
-             coarse: CoarseTimer | None = None) -> asyncio.Future[None]:
+    def wait(self, timeout: float | None = None, coarse: CoarseTimer | None = None, *,
+             loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[None]:
         """A future done once the flag is set or ``timeout`` seconds have passed (then the
         flag tells which); one wait at a time. With ``coarse`` the timeout is that timer's
-        (up to its resolution late, and no loop timer of its own)."""
-        loop = asyncio.get_running_loop()
+        (up to its resolution late, and no loop timer of its own). ``loop``: the running one,
+        where the caller has it."""
+        loop = loop or asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         if self._flag:
             future.set_result(None)
