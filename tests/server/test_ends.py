@@ -940,3 +940,17 @@ async def test_an_end_told_here_is_written_in_the_finishs_turn_not_after_the_wai
     worker.send(b"finish 1 2\r\nok\r\n")
     await worker.expect(b"FINISHED\r\n")
     await caller.expect(b"END 1 finished 2\r\nok\r\n")
+
+
+async def test_a_connection_that_finishes_its_own_call_hears_finished_then_end(
+        ctx: ServerContext) -> None:
+    """One connection calls and finishes the job itself: FINISHED (its finish's reply) comes
+    before the END frame the finish caused (a review found them the other way round once the
+    end was told at once)."""
+    conn = Client(ctx)
+    conn.send(b"put-with 0 0 60 1 notify-ms=10000\r\nx\r\n")
+    await conn.expect(b"INSERTED 1\r\n")
+    conn.send(b"reserve\r\n")
+    await conn.expect(b"RESERVED 1 1\r\nx\r\n")
+    conn.send(b"finish 1 2\r\nok\r\n")
+    await conn.expect(b"FINISHED\r\nEND 1 finished 2\r\nok\r\n")
