@@ -105,15 +105,8 @@ else
   if taker then
     -- Handed straight to a push loop of this process: stored reserved, as the hand-over
     -- below leaves it, without the trip through the ready set; its process sends it on.
-    local due = text(now + ttr * 1000)
-    rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
-      text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
-      JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1), unpack(extra))
-    start_policies(id, jk, t, opts, now, limits[2])
-    rcall('ZADD', K_RESERVED, due, member(id))
-    rcall('HINCRBY', k_tube(t), 'nres', '1')
-    add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, traced)
-    add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
+    store_handed_over(id, jk, t, pri, ttr, body, now, taker, opts, limits[2], traced,
+      unpack(extra))
     return {id, taker}
   end
   store_job(jk, t, pri, ttr, body, now, nil, nil, unpack(extra))

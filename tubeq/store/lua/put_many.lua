@@ -107,16 +107,8 @@ local function put_one(pri, delay, ttr, body, group, tp)
       if taker then
         -- stored reserved by it, as put.lua's direct hand-over; its process sends it on
         budget[taker] = budget[taker] - 1
-        local due = text(now + ttr * 1000)
-        rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
-          text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
-          JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1), JOB_WAITED, waited,
-          JOB_WAITED_BY, EVENTS_BY)
-        start_policies(id, jk, t, false, now, limits[2])
-        rcall('ZADD', K_RESERVED, due, member(id))
-        rcall('HINCRBY', k_tube(t), 'nres', '1')  -- (each at once: tube_full counts it)
-        add_event('put', id, t, pri, 0, ttr, 0, 0, now, '')
-        add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
+        store_handed_over(id, jk, t, pri, ttr, body, now, taker, false, limits[2], nil,
+          JOB_WAITED, waited, JOB_WAITED_BY, EVENTS_BY)
         return {id, taker}
       end
     end

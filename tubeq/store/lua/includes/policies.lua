@@ -98,6 +98,24 @@ local function start_policies(id, jk, t, opts, now, tube_ttl)
   end
 end
 
+-- A new job handed straight to push loop `taker` of this process in its put's own script
+-- (put.lua, and put_many.lua's calls: direct_taker in includes/handing.lua): stored reserved
+-- by it, as a hand-over leaves a job, without the trip through the ready set, with its policies
+-- (`opts`, `tube_ttl`: as start_policies) and its 'put' (with `traced`) and 'reserved' events;
+-- `...`: more fields of the record's one write. Its process sends it on.
+local function store_handed_over(id, jk, t, pri, ttr, body, now, taker, opts, tube_ttl, traced,
+                                 ...)
+  local due = text(now + ttr * 1000)
+  rcall('HSET', jk, JOB_TUBE, t, JOB_STATE, 'reserved', JOB_PRI, text(pri), JOB_TTR,
+    text(ttr), JOB_CREATED, text(now), JOB_BODY, body, JOB_OWNER, taker, JOB_DUE, due,
+    JOB_RESERVED_AT, text(now), JOB_RESERVES, text(1), ...)
+  start_policies(id, jk, t, opts, now, tube_ttl)
+  rcall('ZADD', K_RESERVED, due, member(id))
+  rcall('HINCRBY', k_tube(t), 'nres', '1')  -- (at once: a batch's tube_full counts it)
+  add_event('put', id, t, pri, 0, ttr, 0, 0, now, '', nil, nil, nil, traced)
+  add_event('reserved', id, t, pri, 0, ttr, 0, 1, now, '')
+end
+
 -- What a put into tube t reads of its settings, in one call: {max-jobs, ttl-ms} (nil: unset).
 local function tube_limits(t)
   return rcall('HMGET', k_settings(t), 'max-jobs', 'ttl-ms')
