@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio
 
 from tests.server.test_connection import Client, spy_on
+from tubeq.redisio.client import RedisReplyError
 from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait, EndWaits
@@ -954,3 +955,51 @@ async def test_a_connection_that_finishes_its_own_call_hears_finished_then_end(
     await conn.expect(b"RESERVED 1 1\r\nx\r\n")
     conn.send(b"finish 1 2\r\nok\r\n")
     await conn.expect(b"FINISHED\r\nEND 1 finished 2\r\nok\r\n")
+
+
+def _refused(*_: Any, **__: Any) -> asyncio.Future[Any]:
+    failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    failed.set_exception(RedisReplyError("ERR refused for the test"))
+    return failed
+
+
+async def test_a_run_of_calls_redis_refuses_answers_each_and_gives_the_credits_back(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of calls whose put_many Redis refuses: each call answers INTERNAL_ERROR not-run,
+    no END frame follows (no job was stored), and the credits promised to the run are free
+    again, so the next calls go straight to the consumer."""
+    worker, caller = await _push_worker(ctx, 2), Client(ctx)
+    real = ctx.store.put_calls
+    monkeypatch.setattr(ctx.store, "put_calls", _refused)
+    caller.send(_call(1) + _call(2))
+    await caller.expect(b"INTERNAL_ERROR not-run\r\nINTERNAL_ERROR not-run\r\n")
+    await asyncio.sleep(0.2)
+    assert caller.transport.out == b"" and worker.transport.out == b""
+    assert worker.conn.push_room() == 2
+    monkeypatch.setattr(ctx.store, "put_calls", real)
+    caller.send(_call(3) + _call(4))
+    await caller.until(lambda o: o.count(b"INSERTED") == 2)
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+
+
+async def test_a_turn_of_finishes_redis_refuses_answers_each_and_the_jobs_stay_held(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's finishes whose call Redis refuses: each answers INTERNAL_ERROR not-run, the
+    jobs stay reserved by the worker (a later finish of theirs answers FINISHED) and no END
+    was sent for them."""
+    worker, caller = await _push_worker(ctx, 2), Client(ctx)
+    caller.send(_call(1) + _call(2))
+    await caller.until(lambda o: o.count(b"INSERTED") == 2)
+    await worker.until(lambda o: o.count(b"RESERVED") == 2)
+    caller.transport.out.clear()
+    worker.transport.out.clear()
+    real = ctx.store.finish_many
+    monkeypatch.setattr(ctx.store, "finish_many", _refused)
+    worker.send(b"finish 1 1\r\na\r\nfinish 2 1\r\nb\r\n")
+    await worker.expect(b"INTERNAL_ERROR not-run\r\nINTERNAL_ERROR not-run\r\n")
+    assert caller.transport.out == b""
+    monkeypatch.setattr(ctx.store, "finish_many", real)
+    worker.send(b"finish 1 1\r\na\r\nfinish 2 1\r\nb\r\n")
+    await worker.expect(b"FINISHED\r\nFINISHED\r\n")
+    await caller.until(lambda o: b"END 1 finished 1\r\na\r\n" in o
+                       and b"END 2 finished 1\r\nb\r\n" in o)

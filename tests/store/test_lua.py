@@ -753,7 +753,7 @@ async def test_a_run_of_calls_turns_the_line_as_one_call_per_job_would(
                 lines = await raw.zrange(keys.waiters("default"), 0, -1, withscores=True)
                 line_of = {line: await raw.zrange(keys.line(line.decode()), 0, -1,
                                                   withscores=True) for line, _ in lines}
-                seq = await raw.hget(keys.root + "seq", "wait")
+                seq = await raw.hget(keys.seqs, "wait")
                 owners = [await raw.hmget(keys.job(i), "s", "o") for i in ids]
             finally:
                 await raw.aclose()
