@@ -943,6 +943,27 @@ async def test_an_end_told_here_is_written_in_the_finishs_turn_not_after_the_wai
     await caller.expect(b"END 1 finished 2\r\nok\r\n")
 
 
+async def test_a_callers_end_is_written_before_the_finishers_own_reply(
+        ctx: ServerContext) -> None:
+    """The worker's finish ends another connection's call: the caller's END frame leaves
+    first (it is what the caller waits for), then the worker's FINISHED."""
+    worker, caller = await _push_worker(ctx, 1), Client(ctx)
+    caller.send(_call(1))
+    await caller.expect(b"INSERTED 1\r\n")
+    await worker.expect(b"RESERVED 1 1\r\n1\r\n")
+    writes: list[tuple[str, bytes]] = []
+    for name, client in (("worker", worker), ("caller", caller)):
+        def write(data: bytes | bytearray | memoryview, name: str = name,
+                  out: bytearray = client.transport.out) -> None:
+            writes.append((name, bytes(data)))
+            out += data
+        client.transport.write = write  # type: ignore[method-assign]
+    worker.send(b"finish 1 2\r\nok\r\n")
+    await worker.expect(b"FINISHED\r\n")
+    await caller.expect(b"END 1 finished 2\r\nok\r\n")
+    assert writes == [("caller", b"END 1 finished 2\r\nok\r\n"), ("worker", b"FINISHED\r\n")]
+
+
 async def test_a_connection_that_finishes_its_own_call_hears_finished_then_end(
         ctx: ServerContext) -> None:
     """One connection calls and finishes the job itself: FINISHED (its finish's reply) comes

@@ -600,6 +600,7 @@ class Connection(asyncio.Protocol):
             self._ends = set()
         self._ends.add(wait)
         wait.told = functools.partial(self._end_told, wait)
+        wait.token = self.token
         frame.add_done_callback(functools.partial(self._end_heard, wait))
         if self._eof or self._quit or self._lost:  # a call run after the half-close or quit
             wait.give_up()
