@@ -4,8 +4,6 @@ for it (and only for it); the memory of such ends is bounded. No Redis."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tubeq.server import end_waits
@@ -82,34 +80,3 @@ async def test_an_end_heard_while_another_wait_is_registered_is_kept_too() -> No
     waits.add(second, recent=True)
     assert first.end == second.end == JobEnd("finished", b"r")
 
-
-async def test_a_finish_tells_other_connections_waits_at_once_and_its_own_after_its_reply(
-) -> None:
-    """A finish of this process tells the waits of other connections in its own loop turn
-    (their END need not wait for the finisher's reply), and those of the finishing connection
-    one turn later, once its FINISHED is queued."""
-    waits = EndWaits()
-    told: list[str] = []
-    own, other = EndWait(3), EndWait(3)
-    own.token, other.token = "worker", "caller"
-    own.told = lambda end: told.append("worker")
-    other.told = lambda end: told.append("caller")
-    waits.add(own)
-    waits.add(other)
-    waits.ended(3, JobEnd("finished", b"r"), finisher="worker")
-    assert told == ["caller"]
-    await asyncio.sleep(0)
-    assert told == ["caller", "worker"]
-
-
-async def test_a_wait_told_by_its_task_first_is_not_told_twice() -> None:
-    waits = EndWaits()
-    told: list[JobEnd] = []
-    wait = EndWait(4)
-    wait.token = "worker"
-    wait.told = told.append
-    waits.add(wait)
-    waits.ended(4, JobEnd("finished", b"r"), finisher="worker")
-    wait.told = None  # the connection wrote the END from the wait's own answer meanwhile
-    await asyncio.sleep(0)
-    assert told == []

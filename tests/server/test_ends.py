@@ -978,6 +978,32 @@ async def test_a_connection_that_finishes_its_own_call_hears_finished_then_end(
     await conn.expect(b"FINISHED\r\nEND 1 finished 2\r\nok\r\n")
 
 
+async def test_a_finish_sent_past_its_own_reserve_still_answers_before_the_end_it_caused(
+        ctx: ServerContext) -> None:
+    """The finish of a connection's own call pipelined behind a reserve (Redis runs it past
+    the reserve, or defers it until the reserve has answered): FINISHED, then END, either
+    way (a review found END first: the finish's reply is made a loop turn later there)."""
+    conn, producer = Client(ctx), Client(ctx)
+    conn.send(b"put-with 0 0 60 1 notify-ms=10000\r\nx\r\n")
+    await conn.expect(b"INSERTED 1\r\n")
+    conn.send(b"reserve\r\n")
+    await conn.expect(b"RESERVED 1 1\r\nx\r\n")
+    producer.send(b"put 0 0 60 1\r\ny\r\n")
+    await producer.expect(b"INSERTED 2\r\n")
+    conn.send(b"reserve\r\nfinish 1 2\r\nok\r\n")  # the reserve finds job 2 at once
+    await conn.expect(b"RESERVED 2 1\r\ny\r\nFINISHED\r\nEND 1 finished 2\r\nok\r\n")
+
+    conn.send(b"put-with 0 0 60 1 notify-ms=10000\r\nz\r\n")
+    await conn.expect(b"INSERTED 3\r\n")
+    conn.send(b"delete 2\r\nreserve\r\n")
+    await conn.expect(b"DELETED\r\nRESERVED 3 1\r\nz\r\n")
+    conn.send(b"reserve\r\nfinish 3 2\r\nok\r\n")  # the reserve waits: the finish too
+    await asyncio.sleep(0.2)
+    producer.send(b"put 0 0 60 1\r\nw\r\n")
+    await producer.expect(b"INSERTED 4\r\n")
+    await conn.expect(b"RESERVED 4 1\r\nw\r\nFINISHED\r\nEND 3 finished 2\r\nok\r\n")
+
+
 def _refused(*_: Any, **__: Any) -> asyncio.Future[Any]:
     failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     failed.set_exception(RedisReplyError("ERR refused for the test"))

@@ -74,7 +74,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_asked", "_asked_since", "_auth_failures", "_calls", "_cleaned_up", "_closed",
         "_closed_by_stop", "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled",
-        "_held_by", "_loop", "_lost",
+        "_held_by", "_loop", "_lost", "_own_finishes",
         "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
         "batch_parts", "ctx",
         "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
@@ -112,6 +112,9 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         # put-with notify-ms: the waits whose END frame is still to come (None until the first)
         self._ends: set[EndWait] | None = None
+        # The replies of this connection's finishes in flight while it has calls waiting, by
+        # job id: the END of a call it finishes itself follows that reply.
+        self._own_finishes: dict[int, asyncio.Future[bytes]] | None = None
         # With metrics (or the slow log) on: what each queued reply answers, for the observer
         # to count as the replies leave (tubeq.server.metrics). One observer per process, so
         # a connection that changes namespace (auth) keeps it.
@@ -526,6 +529,8 @@ class Connection(asyncio.Protocol):
             self._schedule_flush()
         elif kind not in RESERVES:  # a reserve's reply: ReserveQueue writes it
             reply.add_done_callback(self.reply_done)
+            if self._ends and kind is c.Finish:  # it may end a call of this connection
+                self._note_own_finish(cast(c.Finish, command).id, reply)
             if since is not None:  # timed unless its reply waits for a reserve's (passing
                 # 0 can let a delete past reserves that it cannot affect: it still waits), or
                 # it waits by design itself (wait, put-with wait-ms: it holds the connection)
@@ -600,10 +605,21 @@ class Connection(asyncio.Protocol):
             self._ends = set()
         self._ends.add(wait)
         wait.told = functools.partial(self._end_told, wait)
-        wait.token = self.token
         frame.add_done_callback(functools.partial(self._end_heard, wait))
         if self._eof or self._quit or self._lost:  # a call run after the half-close or quit
             wait.give_up()
+
+    def _note_own_finish(self, job_id: int, reply: asyncio.Future[bytes]) -> None:
+        own = self._own_finishes
+        if own is None:
+            own = self._own_finishes = {}
+        own[job_id] = reply
+        reply.add_done_callback(functools.partial(self._own_finish_done, job_id))
+
+    def _own_finish_done(self, job_id: int, reply: asyncio.Future[bytes]) -> None:
+        own = self._own_finishes
+        if own is not None and own.get(job_id) is reply:
+            del own[job_id]
 
     def _end_told(self, wait: EndWait, end: JobEnd) -> None:
         ends = self._ends
@@ -613,7 +629,7 @@ class Connection(asyncio.Protocol):
         wait.told = None
         if self._lost:
             return
-        self._end_frame(replies.end_frame(wait.job_id, end.how, end.data))
+        self._end_frame(replies.end_frame(wait.job_id, end.how, end.data), wait.job_id)
         if self._flow.throttled:
             self.schedule_pump()
 
@@ -637,22 +653,30 @@ class Connection(asyncio.Protocol):
         else:
             data = frame.result()
         if data is not None:
-            self._end_frame(data)
+            self._end_frame(data, wait.job_id)
         else:
             self._maybe_close()  # (a half-closed connection waited for this one)
         if self._flow.throttled:
             self.schedule_pump()
 
-    def _end_frame(self, frame: bytes) -> None:
+    def _end_frame(self, frame: bytes, job_id: int = 0) -> None:
         """An END frame goes before the first reply still unanswered (a wait or a reserve of
         the connection must not hold the ends of its other calls back), after every reply
-        already answered: the put that named the job is one of those (the end follows it)."""
+        already answered: the put that named the job is one of those (the end follows it).
+        One exception: the END of job ``job_id`` that this connection's own finish ended
+        follows that finish's reply (FINISHED, then the END it caused), which is made in the
+        next loop turns."""
         replies_ = self._replies
-        at = len(replies_)
-        for i, head in enumerate(replies_):
-            if not isinstance(head, bytes) and not head.done():
-                at = i
-                break
+        own = self._own_finishes
+        finish = own.get(job_id) if own else None
+        if finish is not None and not finish.done() and finish in replies_:
+            at = replies_.index(finish) + 1
+        else:
+            at = len(replies_)
+            for i, head in enumerate(replies_):
+                if not isinstance(head, bytes) and not head.done():
+                    at = i
+                    break
         replies_.insert(at, frame)
         if self._asked is not None:  # no command's reply: not counted, not timed
             self._asked.insert(at, None)

@@ -56,10 +56,9 @@ class EndWait:
     whether its caller gave up (the client half-closed: it answers as timed out at once).
     ``told``: where the end goes at once when a message or a finish of this process brings it
     (put-with notify-ms's END frame, written in the same loop turn as the finish's reply
-    instead of after the wait's task has woken and returned), and ``token`` the connection
-    it goes to."""
+    instead of after the wait's task has woken and returned)."""
 
-    __slots__ = ("end", "given_up", "job_id", "signal", "token", "told")
+    __slots__ = ("end", "given_up", "job_id", "signal", "told")
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
@@ -67,7 +66,6 @@ class EndWait:
         self.end: JobEnd | None = None
         self.given_up = False
         self.told: Callable[[JobEnd], None] | None = None
-        self.token: str | None = None
 
     def give_up(self) -> None:
         self.given_up = True
@@ -110,14 +108,10 @@ class EndWaits:
             if not waits:
                 del self._by_id[wait.job_id]
 
-    def ended(self, job_id: int, end: JobEnd | None = None, *,
-              finisher: str | None = None) -> None:
+    def ended(self, job_id: int, end: JobEnd | None = None) -> None:
         """A script published that ``job_id`` ended (``end``: how, when the message carried
         it; one whose data is longer than END_INLINE_MAX is not kept): its waits take it, or
-        read it. ``finisher``: the connection whose finish of this process ended it, in the
-        loop turn its reply is made: a wait of that connection is told in the next turn, once
-        that reply is queued (it hears FINISHED, then the END it caused); every other wait at
-        once (its END does not wait for another connection's reply)."""
+        read it."""
         if end is not None and len(end.data) > END_INLINE_MAX:
             end = None
         recent = self._recent
@@ -128,10 +122,7 @@ class EndWaits:
         for wait in self._by_id.get(job_id, ()):
             wait.end = end
             if end is not None and wait.told is not None:
-                if finisher is not None and wait.token == finisher:
-                    self.loop.call_soon(_tell, wait, end)
-                else:
-                    wait.told(end)
+                wait.told(end)
             wait.signal.set()
 
     def wake_all(self) -> None:
@@ -144,12 +135,6 @@ class EndWaits:
 
     def __len__(self) -> int:
         return sum(len(waits) for waits in self._by_id.values())
-
-
-def _tell(wait: EndWait, end: JobEnd) -> None:
-    """``wait``'s end, told unless its own task took it meanwhile."""
-    if wait.told is not None:
-        wait.told(end)
 
 
 def parse_ended(data: bytes) -> tuple[int, JobEnd | None]:

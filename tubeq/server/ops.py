@@ -258,10 +258,10 @@ def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
 
     def finished(f: asyncio.Future[bool | int]) -> None:
         if not f.cancelled() and f.exception() is None and f.result() == FINISHED_HERE:
-            # Another connection's call hears its END now, ahead of the finisher's FINISHED;
-            # a call of the finishing connection itself once that reply is made (its caller's
-            # callback runs next): FINISHED, then the END it caused.
-            ctx.end_waits.ended(job_id, JobEnd("finished", result), finisher=token)
+            # At once: another connection's call hears its END ahead of the finisher's
+            # FINISHED (a call of the finishing connection itself waits for that reply:
+            # Connection._end_told).
+            ctx.end_waits.ended(job_id, JobEnd("finished", result))
 
     call.add_done_callback(finished)
     return call
