@@ -319,3 +319,28 @@ def test_a_server_without_the_flag_loads_no_opentelemetry() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+
+
+def test_a_tracer_provider_set_after_the_consumer_started_is_seen_within_the_recheck() -> None:
+    """recording() is asked per job: its "no" is kept for RECORDING_RECHECK_S (asking
+    OpenTelemetry costs ~1 us), so a provider set later is seen after that, and then for good.
+    In a process of its own (the API sets a provider once per process); the clock is faked."""
+    script = (
+        "import types\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from tubeq.client import tracing\n"
+        "clock = [100.0]\n"
+        "tracing.time = types.SimpleNamespace(monotonic=lambda: clock[0])\n"
+        "assert not tracing.recording()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "clock[0] += tracing.RECORDING_RECHECK_S / 2\n"
+        "assert not tracing.recording()  # the last no still holds\n"
+        "clock[0] += tracing.RECORDING_RECHECK_S\n"
+        "assert tracing.recording()\n"
+        "clock[0] -= 1000\n"
+        "assert tracing.recording()  # a yes holds for good\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]

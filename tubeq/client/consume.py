@@ -424,12 +424,16 @@ class Consumer:
                 hold.handler = asyncio.current_task(loop)
             try:
                 async with job:
-                    traceparent = await self._traceparent(job) if tracing.recording() else None
-                    with tracing.handler_span(traceparent, job.id, job.tube):
+                    if tracing.recording():
+                        traceparent = await self._traceparent(job)
+                        with tracing.handler_span(traceparent, job.id, job.tube):
+                            result = await handler(job)
+                    else:  # (no span to make: no context manager per job either)
                         result = await handler(job)
                     if result is not None and self.codec is not None:
                         result = self.codec.encode(result)
-                    if isinstance(result, bytes | str) and await self._answers(job):
+                    if isinstance(result, bytes | str) and await self._server_has(job,
+                                                                                  "finish"):
                         if hold is not None:
                             hold.settling = True  # (a stop past the grace lets it finish)
                         await self._finish(job, result)

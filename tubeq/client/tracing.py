@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Final
@@ -51,12 +52,42 @@ def current_traceparent() -> str | None:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
+# How long recording()'s "no" holds before OpenTelemetry is asked again: asking costs ~1 us
+# (the API reads the environment each time no provider is set), a tenth of a consume()
+# worker's CPU per job when asked per job. An application that sets its provider after its
+# consumer started is seen within this long; a "yes" holds for good (the API sets a provider
+# once).
+RECORDING_RECHECK_S = 1.0
+
+
+class _Recording:
+    """recording()'s last answer: True for good, or False until ``until`` (monotonic)."""
+
+    __slots__ = ("until", "yes")
+
+    def __init__(self) -> None:
+        self.yes = False
+        self.until = float("-inf")
+
+
+_recording = _Recording()
+
+
 def recording() -> bool:
     """Whether the application set a tracer provider of its own, so a handler's span would be
-    recorded (the API's default, a proxy with nothing behind it, records nothing)."""
+    recorded (the API's default, a proxy with nothing behind it, records nothing); a "no" is
+    asked again at most every RECORDING_RECHECK_S."""
+    last = _recording
+    if last.yes:
+        return True
+    now = time.monotonic()
+    if now < last.until:
+        return False
     trace = _api()
-    return trace is not None and not isinstance(trace.get_tracer_provider(),
-                                                trace.ProxyTracerProvider)
+    last.yes = trace is not None and not isinstance(trace.get_tracer_provider(),
+                                                    trace.ProxyTracerProvider)
+    last.until = now + RECORDING_RECHECK_S
+    return last.yes
 
 
 @contextlib.contextmanager
