@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.client_support import WAIT_S, Close, FakeServer, Proxy, connected, eventually
 from tests.support.servers import ServerProcess, start_beanstalkd, unique_prefix
@@ -99,6 +101,32 @@ def test_parser_partial_frame_is_mid_reply() -> None:
     assert parser.feed(b"lo\r\n") == [Reply(b"RESERVED", (b"1", b"5"), b"hello")]
     assert not parser.mid_reply
     assert parser.feed(b"INSERT") == [] and parser.mid_reply
+
+
+@settings(max_examples=300, deadline=None)
+@given(args=st.lists(st.sampled_from([b"1", b"07", b"2", b"", b"x", b"-1", b"1" * 21, b"9" * 20,
+                                      b"1048577", b" "]), max_size=4),
+       word=st.sampled_from([b"RESERVED", b"DELETED", b"TOUCHED", b"BURIED", b"FINISHED"]))
+def test_the_parsers_one_step_lines_read_as_the_general_way(args: list[bytes],
+                                                             word: bytes) -> None:
+    """RESERVED and the one-word replies are read in one step (a consumer's per-job lines);
+    any line of theirs gives the frame, or the protocol error, the general way gives."""
+    line = b" ".join([word, *args])
+    general = ReplyParser(max_body=1 << 20)
+    try:
+        expected: Reply | None = general._parse_line(line)
+    except ProtocolError:
+        expected = None
+    parser = ReplyParser(max_body=1 << 20)
+    body = b""
+    if expected is not None and expected.word == b"RESERVED":
+        body = b"b" * int(expected.args[1]) + b"\r\n"
+        expected = Reply(expected.word, expected.args, body[:-2])
+    got = parser.feed(line + b"\r\n" + body)
+    if expected is None:
+        assert got == [] and isinstance(parser.error, ProtocolError)
+    else:
+        assert got == [expected] and parser.error is None
 
 
 @pytest.mark.parametrize("garbage", [
