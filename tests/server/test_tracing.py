@@ -304,9 +304,7 @@ def test_without_opentelemetry_the_server_and_client_import_and_trace_nothing() 
         "loaded = [m for m in sys.modules if m.startswith('opentelemetry.')]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    _runs_clean(script)
 
 
 def test_a_server_without_the_flag_loads_no_opentelemetry() -> None:
@@ -316,9 +314,7 @@ def test_a_server_without_the_flag_loads_no_opentelemetry() -> None:
         "loaded = [m for m in sys.modules if m.startswith('opentelemetry')]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    _runs_clean(script)
 
 
 def test_a_tracer_provider_set_after_the_consumer_started_is_seen_within_the_recheck() -> None:
@@ -341,6 +337,11 @@ def test_a_tracer_provider_set_after_the_consumer_started_is_seen_within_the_rec
         "clock[0] -= 1000\n"
         "assert tracing.recording()  # a yes holds for good\n"
     )
+    _runs_clean(script)
+
+
+def _runs_clean(script: str) -> None:
+    """``script`` runs in a fresh Python process and exits 0 (its stderr's tail otherwise)."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
