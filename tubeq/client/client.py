@@ -729,8 +729,7 @@ class Client:
     async def _call_notified(self, head: bytes, ms: int, data: bytes, timeout: float) -> bytes:
         """A call by put-with notify-ms: the put answered at once, the end as a frame later
         (the connection stays free for the client's other commands)."""
-        link = self._link  # its loop asked once (get_running_loop() is a getpid system call)
-        loop = link.loop if link is not None else asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout + REPLY_GRACE_S
 
         def convert(reply: Reply, link: Connection) -> tuple[int, asyncio.Future[Reply]]:

@@ -136,11 +136,6 @@ class _Link(asyncio.Protocol):
         return self._writable.is_set()
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop it runs on (asked once: a caller that has the link need not ask)."""
-        return self._loop
-
-    @property
     def usable(self) -> bool:
         return self.error is None and self._transport is not None
 
