@@ -379,3 +379,29 @@ async def test_a_call_to_a_server_without_notify_ms_holds_its_connection_instead
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_a_client_that_calls_again_in_a_new_event_loop_is_answered(
+        client_tubeq: ServerProcess, tube_name: str) -> None:
+    """One Client used by two asyncio.run()s in turn, closed at the end of the first: its call
+    in the second is answered (a review found a call's timer put on the first, closed loop)."""
+    caller = Client(*client_tubeq.address)
+
+    async def one(n: int) -> bytes:
+        async with Client(*client_tubeq.address) as worker:
+            consumer = worker.consume(tube_name, concurrency=1)
+
+            async def handler(job: Job) -> bytes:
+                return job.body.upper()
+
+            running = asyncio.ensure_future(consumer.run(handler))
+            try:
+                result: bytes = await caller.call(tube_name, b"call %d" % n, timeout=10)
+                return result
+            finally:
+                consumer.stop()
+                await running
+                await caller.aclose()
+
+    assert asyncio.run(one(1)) == b"CALL 1"
+    assert asyncio.run(one(2)) == b"CALL 2"

@@ -188,6 +188,11 @@ class ReplyParser:
                                         f"{line[:60]!r}")
         elif args and not args[0]:
             raise ProtocolError(f"{word.decode()} without a name")
+        elif word in BODY_WORDS:  # END / ENDED <id> <how> <bytes>: the id and size are numbers
+            for arg in (args[0], args[-1]):
+                if not (arg.isdigit() and len(arg) <= 20):
+                    raise ProtocolError(f"{word.decode()} with a non-numeric argument: "
+                                        f"{line[:60]!r}")
         if word in BODY_WORDS and int(args[-1]) > self.max_body:
             raise ProtocolError(f"{word.decode()} announces {int(args[-1])} bytes, more than "
                                 f"{self.max_body}")
