@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine
+from bench.harness import hops, machine
 from bench.harness.bench import QUIET_CORES, Bench, Scale, alternate
 from bench.harness.machine import machine_and_versions
 from bench.harness.paths import OUT_DIR, REPO_ROOT
@@ -49,6 +49,8 @@ from bench.peers import call_report, envs
 from bench.peers.call_common import CALL_TIMEOUT_S
 from bench.peers.run import QUIET_WAIT_S, Sampler, Servers, uptime
 
+# Round trips of the hop measured before the run (bench.harness.hops: ~0.3 s each way).
+HOP_MESSAGES = 3000
 CALLERS = 32
 CONCURRENCY = 32
 # A worker asked to stop (SIGTERM) is killed this long after.
@@ -307,7 +309,11 @@ def run(scale: CallScale, systems: tuple[CallSystem, ...], revision: str | None,
         "cpu_model": machine.cpu_model(), "machine": machine_and_versions(),
         "uptime_before": uptime(), "callers": CALLERS, "concurrency": CONCURRENCY,
         "tubeq_version": tubeq_version}
-    log(f"peers call: {scale.name} run on {meta['cpu_model']}; {meta['uptime_before']}")
+    # What a hop costs on this host (bench.harness.hops): one caller's calls cross eight
+    meta["hop_rtt_us"] = {"free": round(hops.measure("python", False, HOP_MESSAGES)[0], 1),
+                          "one_cpu": round(hops.measure("python", True, HOP_MESSAGES)[0], 1)}
+    log(f"peers call: {scale.name} run on {meta['cpu_model']}; {meta['uptime_before']}; "
+        f"hop round trip {meta['hop_rtt_us']}")
     bench.run(systems)
     meta["uptime_after"] = uptime()
     meta["elapsed_s"] = round(time.monotonic() - bench.started, 1)

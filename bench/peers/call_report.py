@@ -173,6 +173,18 @@ def _callers(results: dict[str, Any]) -> int:
 
 # -- the report ---------------------------------------------------------------------------------
 
+def _hop_line(meta: dict[str, Any]) -> str:
+    """What one hop cost before the run (bench.harness.hops), where it was measured."""
+    hop = meta.get("hop_rtt_us")
+    if not hop:
+        return ""
+    return (f" One hop here: a python <-> python round trip over loopback took "
+            f"**{hop['free']} us** with the two processes free to run on either CPU, "
+            f"{hop['one_cpu']} us with both on one CPU (`python -m bench.probes.hop_cost`); "
+            f"one caller's call crosses eight hops with tubeq, about four with BullMQ or "
+            f"beanstalkd's reply tubes.")
+
+
 def render(results: dict[str, Any]) -> str:
     meta = results["meta"]
     scale = meta["scale"]
@@ -198,7 +210,7 @@ def render(results: dict[str, Any]) -> str:
         f"{machine_.get('os', '')}; Python {machine_.get('python', '')}; every Redis "
         f"`{machine_.get('redis-server', '').split(' sha=')[0]}`, private, without persistence. "
         f"Load when the run started: `{meta.get('uptime_before', 'unknown')}`; when it ended: "
-        f"`{meta.get('uptime_after', 'unknown')}`.",
+        f"`{meta.get('uptime_after', 'unknown')}`.{_hop_line(meta)}",
         "",
         "### Targets (issue 32), in this run",
         "",

@@ -4,8 +4,9 @@ first, so a command it does not name is one nobody will find, and a name it keep
 command points nowhere.
 
 An entry point is a bench module run as ``python -m``: one with a ``__main__`` block, or a
-package's ``__main__.py`` (bench.peers). The peers' driver is left out: the orchestrator runs it
-inside each peer's own virtualenv, never a person."""
+package's ``__main__.py`` (bench.peers). The peers' driver and the hop measure's echo peer are
+left out: the orchestrator runs the one inside each peer's own virtualenv, bench.harness.hops the
+other as its peer process, never a person."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import bench
 BENCH_DIR = Path(next(iter(bench.__path__)))  # a namespace package: no __file__
 README = BENCH_DIR / "README.md"
 MAKEFILE = BENCH_DIR.parent / "Makefile"
-INTERNAL = {"bench.peers.driver"}
+INTERNAL = {"bench.peers.driver", "bench.harness.hops"}
 
 
 def _entry_points() -> list[str]:
