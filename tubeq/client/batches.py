@@ -132,24 +132,28 @@ def put_command(entry: bytes) -> tuple[bytes, Convert[PutResult]]:
     return b"put " + entry, convert
 
 
-def delete_many_lines(ids: Iterable[int]) -> list[list[int]]:
-    """The ids in runs that each fit one delete-many line."""
-    runs: list[list[int]] = []
+def delete_many_commands(ids: Iterable[int]) -> list[tuple[bytes, Convert[list[bool]]]]:
+    """delete-many commands for ``ids``, in order, each line within EXT_LINE_MAX; each id
+    checked and written once."""
+    commands: list[tuple[bytes, Convert[list[bool]]]] = []
     run: list[int] = []
+    pieces: list[bytes] = []
     length = len(b"delete-many") + len(CRLF)
     for job_id in ids:
-        width = len(b" %d" % _job_id(job_id))
-        if run and length + width > EXT_LINE_MAX:
-            runs.append(run)
-            run, length = [], len(b"delete-many") + len(CRLF)
+        piece = b" %d" % _job_id(job_id)
+        if run and length + len(piece) > EXT_LINE_MAX:
+            commands.append(_delete_many_command(run, pieces))
+            run, pieces, length = [], [], len(b"delete-many") + len(CRLF)
         run.append(job_id)
-        length += width
+        pieces.append(piece)
+        length += len(piece)
     if run:
-        runs.append(run)
-    return runs
+        commands.append(_delete_many_command(run, pieces))
+    return commands
 
 
-def delete_many_command(ids: list[int]) -> tuple[bytes, Convert[list[bool]]]:
+def _delete_many_command(ids: list[int], pieces: list[bytes]
+                         ) -> tuple[bytes, Convert[list[bool]]]:
     def convert(reply: Reply, link: Connection) -> list[bool]:
         out = []
         for item in _items(reply, "delete-many", len(ids)):
@@ -161,7 +165,7 @@ def delete_many_command(ids: list[int]) -> tuple[bytes, Convert[list[bool]]]:
                 raise _error_of(item, "delete-many")
         return out
 
-    return b"delete-many %s\r\n" % b" ".join(b"%d" % i for i in ids), convert
+    return b"delete-many%s\r\n" % b"".join(pieces), convert
 
 
 def delete_command(job_id: int) -> tuple[bytes, Convert[bool]]:

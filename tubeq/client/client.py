@@ -1008,8 +1008,7 @@ class Client:
         if not ids:
             return []
         if "delete-many" in await self._extensions_of(link):
-            sent = [link.send(*batches.delete_many_command(run))
-                    for run in batches.delete_many_lines(ids)]
+            sent = [link.send(*command) for command in batches.delete_many_commands(ids)]
             await link.wait_writable()
             return [done for run in await asyncio.gather(*sent) for done in run]
         deletes = [link.send(*batches.delete_command(job_id)) for job_id in ids]
