@@ -105,12 +105,14 @@ def test_parser_partial_frame_is_mid_reply() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(args=st.lists(st.sampled_from([b"1", b"07", b"2", b"", b"x", b"-1", b"1" * 21, b"9" * 20,
-                                      b"1048577", b" "]), max_size=4),
-       word=st.sampled_from([b"RESERVED", b"DELETED", b"TOUCHED", b"BURIED", b"FINISHED"]))
+                                      b"1048577", b" ", b"finished"]), max_size=4),
+       word=st.sampled_from([b"RESERVED", b"END", b"DELETED", b"TOUCHED", b"BURIED",
+                             b"FINISHED"]))
 def test_the_parsers_one_step_lines_read_as_the_general_way(args: list[bytes],
                                                              word: bytes) -> None:
-    """RESERVED and the one-word replies are read in one step (a consumer's per-job lines);
-    any line of theirs gives the frame, or the protocol error, the general way gives."""
+    """RESERVED, END and the one-word replies are read in one step (a consumer's per-job
+    lines, a call's end); any line of theirs gives the frame, or the protocol error, the
+    general way gives."""
     line = b" ".join([word, *args])
     general = ReplyParser(max_body=1 << 20)
     try:
@@ -119,8 +121,8 @@ def test_the_parsers_one_step_lines_read_as_the_general_way(args: list[bytes],
         expected = None
     parser = ReplyParser(max_body=1 << 20)
     body = b""
-    if expected is not None and expected.word == b"RESERVED":
-        body = b"b" * int(expected.args[1]) + b"\r\n"
+    if expected is not None and expected.word in (b"RESERVED", b"END"):
+        body = b"b" * int(expected.args[-1]) + b"\r\n"
         expected = Reply(expected.word, expected.args, body[:-2])
     got = parser.feed(line + b"\r\n" + body)
     if expected is None:

@@ -17,6 +17,7 @@ from tubeq.client.wire import (
     BATCH,
     BODY_WORDS,
     CRLF,
+    END,
     INSERTED,
     MAX_BATCH_ITEMS,
     MAX_BODY,
@@ -51,6 +52,7 @@ class Reply(NamedTuple):
 _BARE: Final[dict[bytes, Reply]] = {word: Reply(word) for word, arity in REPLY_ARITY.items()
                                     if 0 in arity and word != BATCH}
 _RESERVED_ = RESERVED + b" "
+_END_ = END + b" "
 
 
 class ReplyParser:
@@ -130,11 +132,14 @@ class ReplyParser:
                     break
                 line = bytes(buf[pos:eol])
                 pos = eol + 2
-                if line.startswith(_RESERVED_):  # a job, the usual body line: one step
-                    head = self._reserved_head(line)
-                    if head is not None:
-                        self._head, self._size = head
-                        continue
+                head = None  # a job or a call's end, the usual body lines: one step
+                if line.startswith(_RESERVED_):
+                    head = self._body_head(RESERVED, line[len(_RESERVED_):].split(b" "), 2)
+                elif line.startswith(_END_):
+                    head = self._body_head(END, line[len(_END_):].split(b" "), 3)
+                if head is not None:
+                    self._head, self._size = head
+                    continue
                 bare = _BARE.get(line)
                 if bare is not None:
                     self._complete(out, bare)
@@ -154,20 +159,20 @@ class ReplyParser:
         del buf[:pos]
         return out
 
-    def _reserved_head(self, line: bytes
-                       ) -> tuple[tuple[bytes, tuple[bytes, ...]], int] | None:
-        """``RESERVED <id> <bytes>`` as _parse_line would read it, and its body's size; None
-        for any other shape (_parse_line then says what is wrong with it)."""
-        args = line[len(_RESERVED_):].split(b" ")
-        if len(args) != 2:
+    def _body_head(self, word: bytes, args: list[bytes], arity: int
+                   ) -> tuple[tuple[bytes, tuple[bytes, ...]], int] | None:
+        """``RESERVED <id> <bytes>`` (a consumer's job) or ``END <id> <how> <bytes>`` (a
+        call's end), cut into ``args``, as _parse_line would read it, and its body's size;
+        None for any other shape (_parse_line then says what is wrong with it)."""
+        if len(args) != arity:
             return None
-        job_id, size = args
+        job_id, size = args[0], args[-1]
         if not (job_id.isdigit() and size.isdigit() and len(job_id) <= 20 and len(size) <= 20):
             return None
         n = int(size)
         if n > self.max_body:
             return None
-        return (RESERVED, (job_id, size)), n
+        return (word, tuple(args)), n
 
     def _parse_line(self, line: bytes) -> Reply:
         if line.startswith(b"INSERTED "):  # the common case, a thousand in one put-many's reply
