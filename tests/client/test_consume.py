@@ -355,6 +355,33 @@ def test_a_consumer_opens_one_connection_per_16_jobs_in_flight_at_most_4() -> No
     assert len(client.consume("t", concurrency=3, connections=8)._lanes) == 3
 
 
+async def test_run_holds_prefetched_jobs_back_from_its_handlers(target: Target, admin: Client,
+                                                                tube_name: str) -> None:
+    """concurrency 2 + prefetch 6: up to eight jobs held, never more than two handlers at
+    once (run's own bound; the connections' credits allow all eight)."""
+    total = 12
+    for i in range(total):
+        await admin.put(b"%d" % i)
+    active = peak = done = 0
+    async with Client(*target.server.address) as client:
+        consumer = target.consume(client, tube_name, concurrency=2, prefetch=6)
+
+        async def handler(job: Job) -> None:
+            nonlocal active, peak, done
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+            done += 1
+            if done == total:
+                consumer.stop()
+
+        async with asyncio.timeout(WAIT_S):
+            await consumer.run(handler)
+    assert done == total
+    assert peak == 2
+
+
 async def test_stop_gives_back_the_prefetched_jobs_at_once(any_server: ServerProcess,
                                                            tube_name: str) -> None:
     """concurrency 1 + prefetch 3: four jobs held, one handed out. stop() gives the other three

@@ -441,15 +441,21 @@ class Consumer:
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
 
-        slots = asyncio.Semaphore(self.concurrency)  # handlers at once; prefetched jobs wait
+        # At most ``concurrency`` handlers at once (prefetched jobs wait): the loop waits for
+        # one to end (a counter and a future: this loop is the one taker, where an
+        # asyncio.Semaphore's acquire scans its waiters in 3.11, per job).
+        room: asyncio.Future[None] | None = None
 
         def ended(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
-            slots.release()
+            if room is not None and not room.done():
+                room.set_result(None)
 
         try:
             while True:
-                await slots.acquire()
+                while len(tasks) >= self.concurrency:
+                    room = loop.create_future()
+                    await room
                 try:
                     job = await self.__anext__()
                 except StopAsyncIteration:
