@@ -79,4 +79,3 @@ async def test_an_end_heard_while_another_wait_is_registered_is_kept_too() -> No
     second = EndWait(3)
     waits.add(second, recent=True)
     assert first.end == second.end == JobEnd("finished", b"r")
-

@@ -25,6 +25,7 @@ connection (Session) are tubeq.server.context's; this module implements Session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
@@ -659,7 +660,7 @@ class Connection(asyncio.Protocol):
         if self._flow.throttled:
             self.schedule_pump()
 
-    def _end_frame(self, frame: bytes, job_id: int = 0) -> None:
+    def _end_frame(self, frame: bytes, job_id: int) -> None:
         """An END frame goes before the first reply still unanswered (a wait or a reserve of
         the connection must not hold the ends of its other calls back), after every reply
         already answered: the put that named the job is one of those (the end follows it).
@@ -669,9 +670,11 @@ class Connection(asyncio.Protocol):
         replies_ = self._replies
         own = self._own_finishes
         finish = own.get(job_id) if own else None
-        if finish is not None and not finish.done() and finish in replies_:
-            at = replies_.index(finish) + 1
-        else:
+        at = -1
+        if finish is not None and not finish.done():
+            with contextlib.suppress(ValueError):  # (queued until it is made and written)
+                at = replies_.index(finish) + 1
+        if at < 0:
             at = len(replies_)
             for i, head in enumerate(replies_):
                 if not isinstance(head, bytes) and not head.done():

@@ -260,7 +260,7 @@ def finish(ctx: ServerContext, token: str, job_id: int, result: bytes, *,
         if not f.cancelled() and f.exception() is None and f.result() == FINISHED_HERE:
             # At once: another connection's call hears its END ahead of the finisher's
             # FINISHED (a call of the finishing connection itself waits for that reply:
-            # Connection._end_told).
+            # Connection._end_frame).
             ctx.end_waits.ended(job_id, JobEnd("finished", result))
 
     call.add_done_callback(finished)
