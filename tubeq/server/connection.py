@@ -198,7 +198,7 @@ class Connection(asyncio.Protocol):
         if not self._may_join(self._puts):
             return None
         if self._puts is None:
-            self._puts = PutRun(self.store)
+            self._puts = PutRun(self.store, self._loop)
         return self._puts
 
     @property
@@ -207,7 +207,7 @@ class Connection(asyncio.Protocol):
         if not self._may_join(self._deletes):
             return None
         if self._deletes is None:
-            self._deletes = DeleteRun(self.store, self.token)
+            self._deletes = DeleteRun(self.store, self._loop, self.token)
         return self._deletes
 
     @property
@@ -217,7 +217,7 @@ class Connection(asyncio.Protocol):
             return None
         if self._calls is None:
             ctx = self.ctx
-            self._calls = CallRun(self.store, ctx.result_ttl_ms, ctx.direct_room,
+            self._calls = CallRun(self.store, self._loop, ctx.result_ttl_ms, ctx.direct_room,
                                   ctx.release_room)
         return self._calls
 
@@ -227,7 +227,8 @@ class Connection(asyncio.Protocol):
         if not self._may_join(self._finishes):
             return None
         if self._finishes is None:
-            self._finishes = FinishRun(self.store, self.token, self.ctx.result_ttl_ms)
+            self._finishes = FinishRun(self.store, self._loop, self.token,
+                                       self.ctx.result_ttl_ms)
         return self._finishes
 
     def _may_join(self, run: PutRun | CallRun | DeleteRun | FinishRun | None) -> bool:

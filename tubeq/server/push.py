@@ -63,8 +63,8 @@ class PushingSession(Session, GrantOwner, Protocol):
 class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
-    __slots__ = ("_early", "_flow", "_parked", "_send", "_session", "cancels", "credits",
-                 "promised", "pushed", "task", "tell_quiet", "wait")
+    __slots__ = ("_early", "_flow", "_loop", "_parked", "_send", "_session", "cancels",
+                 "credits", "promised", "pushed", "task", "tell_quiet", "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -80,6 +80,7 @@ class Push:
         # until the run is back (release)
         self.promised = 0
         self.task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the task's, once it runs
         self.wait: Wait | None = None  # the loop's, while it runs
         self._parked = False  # the loop sleeps (for credit, jobs, or a TTR to run out)
         self._early: asyncio.Future[list[Reservation]] | None = None  # a take sent for the loop
@@ -88,7 +89,8 @@ class Push:
         """``push <credits>``: start the loop, or let it look at its new credits."""
         self.credits = credits
         if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            loop = self._loop = asyncio.get_running_loop()
+            self.task = loop.create_task(self._run())
         else:
             self.nudge()
 
@@ -189,7 +191,8 @@ class Push:
         deadlines = [reserved[j] for j in pushed if j in reserved]
         self._parked = True
         try:
-            await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None)
+            await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None,
+                             loop=self._loop)
         finally:
             self._parked = False
         if self._early is None or not wait.woken:

@@ -147,16 +147,18 @@ class Wait(Waiter):
         self.attempt = None
         return handed
 
-    def sleep(self, *bounds: float | None) -> asyncio.Future[None]:
+    def sleep(self, *bounds: float | None,
+              loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[None]:
         """Done once woken, or after RECHECK_S or the least of ``bounds`` (seconds; None: no
         bound), whichever is first. The periodic re-check needs no precision: it rides the
-        registry's coarse timer instead of a loop timer of its own."""
+        registry's coarse timer instead of a loop timer of its own. ``loop``: the running one,
+        where the caller has it (asking asyncio costs a getpid system call in Python 3.11)."""
         timeout = RECHECK_S
         for bound in bounds:
             if bound is not None and bound < timeout:
                 timeout = max(0.0, bound)
         coarse = self._registry.rechecks if timeout >= RECHECK_S else None
-        return self.event.wait(timeout, coarse)
+        return self.event.wait(timeout, coarse, loop=loop)
 
     def registration_lost(self) -> None:
         """Redis lost the token's registration (now restored): count in again and try again."""

@@ -36,13 +36,13 @@ class _Run(Generic[E]):
 
     __slots__ = ("_answers", "_entries", "_loop", "_store")
 
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore, loop: asyncio.AbstractEventLoop) -> None:
         self._store = store
         self._entries: list[E] = []
         self._answers: _Answers = []
-        # asked once per run, not per command (Python 3.11's get_running_loop() is a getpid
-        # system call)
-        self._loop = asyncio.get_running_loop()
+        # the caller's running loop: a run is made per turn, and asking asyncio for it costs
+        # a getpid system call in Python 3.11
+        self._loop = loop
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,8 +77,8 @@ class DeleteRun(_Run[int]):
 
     __slots__ = ("_token",)
 
-    def __init__(self, store: JobStore, token: str) -> None:
-        super().__init__(store)
+    def __init__(self, store: JobStore, loop: asyncio.AbstractEventLoop, token: str) -> None:
+        super().__init__(store, loop)
         self._token = token
 
     def add(self, job_id: int, answer: Callable[[bool], T]) -> asyncio.Future[T]:
@@ -98,8 +98,9 @@ class FinishRun(_Run[tuple[int, bytes]]):
 
     __slots__ = ("_keep_ms", "_token")
 
-    def __init__(self, store: JobStore, token: str, keep_ms: int) -> None:
-        super().__init__(store)
+    def __init__(self, store: JobStore, loop: asyncio.AbstractEventLoop, token: str,
+                 keep_ms: int) -> None:
+        super().__init__(store, loop)
         self._token = token
         self._keep_ms = keep_ms
 
@@ -129,8 +130,8 @@ class PutRun(_Run[_Job]):
 
     __slots__ = ("_tube",)
 
-    def __init__(self, store: JobStore) -> None:
-        super().__init__(store)
+    def __init__(self, store: JobStore, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(store, loop)
         self._tube = ""
 
     def add(self, tube: str, pri: int, delay: int, ttr: int, body: bytes,
@@ -196,9 +197,9 @@ class CallRun(_Run[_Job]):
 
     __slots__ = ("_keep_ms", "_release", "_room", "_tube")
 
-    def __init__(self, store: JobStore, keep_ms: int, room: Callable[[str, int], Room],
-                 release: Callable[[Room], None]) -> None:
-        super().__init__(store)
+    def __init__(self, store: JobStore, loop: asyncio.AbstractEventLoop, keep_ms: int,
+                 room: Callable[[str, int], Room], release: Callable[[Room], None]) -> None:
+        super().__init__(store, loop)
         self._keep_ms = keep_ms
         self._room = room
         self._release = release

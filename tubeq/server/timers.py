@@ -70,7 +70,7 @@ class Signal:
         if timeout is None:
             pass
         elif coarse is not None:
-            self._bucket = (coarse, coarse.add(future, timeout))
+            self._bucket = (coarse, coarse.add(future, timeout, loop))
         else:
             self._timer = loop.call_later(timeout, self._expire, future)
         return future
@@ -100,9 +100,11 @@ class CoarseTimer:
         self._handle: asyncio.TimerHandle | None = None
         self._next: int | None = None
 
-    def add(self, future: asyncio.Future[None], timeout: float) -> int:
-        """Resolve ``future`` about ``timeout`` seconds from now; returns its bucket."""
-        loop = asyncio.get_running_loop()
+    def add(self, future: asyncio.Future[None], timeout: float,
+            loop: asyncio.AbstractEventLoop | None = None) -> int:
+        """Resolve ``future`` about ``timeout`` seconds from now; returns its bucket.
+        ``loop``: the running one, where the caller has it."""
+        loop = loop or asyncio.get_running_loop()
         key = math.ceil((loop.time() + timeout) / self.resolution_s)
         self._buckets.setdefault(key, {})[future] = None
         if self._next is None or key < self._next:
