@@ -15,6 +15,7 @@ from tubeq.server.metrics import (
     JOB_BUCKETS,
     LATENESS_BUCKETS,
     OTHER_TUBE,
+    PENDING_MAX,
     RTT_BUCKETS,
     UNTIMED,
     Histogram,
@@ -357,3 +358,42 @@ def test_the_tube_cap_counts_tubes_not_the_names_they_came_by() -> None:
     counts = {name: h.count for name, h in m.held.by_tube.items()}
     assert counts == {"a": 3, "b": 1, OTHER_TUBE: 2}
     assert m.held.by_tube is m.held.by_tube  # read as it is kept: no copy per read
+
+
+def test_a_batchs_observations_count_as_one_at_a_time() -> None:
+    """jobs_reserved / jobs_deleted (a reserve-many's reservations, a delete_many's replies)
+    observe what job_reserved / job_deleted would, one job at a time; a not-deleted id (0) and
+    a job not from ready or not reserved (-1) are not observed."""
+    waits = [0, 0, 3, 1500, -1, 70_000]
+    helds = [[2, b"work"], 0, [2, b"work"], [-1, b"work"], [9_000, b"mail"]]
+    batch, each = Metrics(), Metrics()
+    batch.jobs_reserved([Reservation(i, 60, b"", 0, ms, "work") for i, ms in enumerate(waits)])
+    batch.jobs_deleted(helds)
+    for ms in waits:
+        each.job_reserved("work", ms)
+    for reply in helds:
+        if reply:
+            each.job_deleted(reply[1], reply[0])
+    for family in ("wait", "held"):
+        got, want = getattr(batch, family).by_tube, getattr(each, family).by_tube
+        assert set(got) == set(want)
+        for tube, h in want.items():
+            assert (got[tube].counts, got[tube].sum_ms) == (h.counts, h.sum_ms)
+    assert batch.wait.by_tube["work"].count == 5
+    assert (batch.held.by_tube["work"].count, batch.held.by_tube["mail"].count) == (2, 1)
+
+
+def test_pending_observations_are_bounded_and_none_is_lost() -> None:
+    """Observations wait unfolded up to PENDING_MAX; past it they are folded in at once, and a
+    read folds the rest: every one is counted, however many tubes and values."""
+    m = Metrics(max_tubes=4)
+    total = 0
+    for n in range(3 * PENDING_MAX + 5):
+        m.job_deleted(f"t{n % 6}", n % 2000)
+        total += n % 2000
+        assert len(m.held.pending) < PENDING_MAX
+    counts = {name: h.count for name, h in m.held.by_tube.items()}
+    assert not m.held.pending
+    assert sum(counts.values()) == 3 * PENDING_MAX + 5
+    assert set(counts) == {"t0", "t1", "t2", "t3", OTHER_TUBE}
+    assert sum(h.sum_ms for h in m.held.by_tube.values()) == total

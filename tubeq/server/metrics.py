@@ -9,7 +9,8 @@ Rules:
 
 * No import of prometheus_client or aiohttp here: the core updates plain ints and lists, and
   ``tubeq.http.prometheus`` turns a snapshot of them into the exposition format at scrape time.
-  A hook costs a dict lookup and an increment, never a prometheus_client lock.
+  A hook costs a list append (a batch's jobs: one extend), never a prometheus_client lock;
+  the per-tube histograms take the pending observations in at a read (TubeHistograms.fold).
 * Replies are counted where they are written, a write's worth at a time: a connection notes
   the command class of each reply it queues (:meth:`Metrics.asked_lists`, a list append) and
   hands each write's replies to :meth:`Metrics.written`, which counts them by (class, first
@@ -35,15 +36,16 @@ import math
 import re
 from bisect import bisect_left
 from collections import _count_elements  # type: ignore[attr-defined]
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from time import perf_counter
 from typing import Any
 
 import structlog
 
 from tubeq.protocol import commands as c
+from tubeq.store.records import Reservation
 
 log = structlog.get_logger("tubeq.slow")
 
@@ -115,6 +117,8 @@ class Histogram:
         return self.sum_s + self.sum_ms / 1000
 
 
+# Observations a TubeHistograms holds unfolded at most (a fold is one C-level count of them).
+PENDING_MAX = 1024
 # Whole milliseconds below this are bucketed by a table lookup (a list of small ints per set of
 # bounds, 8 KB): most waits and holds of a busy queue, and most lateness.
 SLOT_TABLE_MS = 1024
@@ -132,7 +136,12 @@ def _slot_table(bounds_ms: tuple[int, ...]) -> list[int]:
 class TubeHistograms:
     """One :class:`Histogram` per tube, for at most ``max_tubes`` tubes (then OTHER_TUBE).
     A hook may name a tube as Redis returned it (bytes: no decode per job) or as text: both
-    names of a tube lead to its one histogram, and the cap counts tubes, not names."""
+    names of a tube lead to its one histogram, and the cap counts tubes, not names.
+
+    Observations wait in :attr:`pending` as (ms, tube) pairs, appended by the hooks (a batch's
+    in one C-level extend), and go into their histograms in one count by pair (:meth:`fold`)
+    once PENDING_MAX wait or when the histograms are read (:attr:`by_tube`): the hot path takes
+    no Python step per job, and a fold takes one per distinct (ms, tube), not per job."""
 
     def __init__(self, bounds: Sequence[float], max_tubes: int) -> None:
         self.bounds = tuple(bounds)
@@ -140,6 +149,31 @@ class TubeHistograms:
         # By the name as the hooks gave it (at most two names a tube, none past the cap).
         self.raw: dict[str | bytes, Histogram] = {}
         self._by_name: dict[str, Histogram] = {}  # one a tube, and OTHER_TUBE's
+        self.pending: list[tuple[int, str | bytes]] = []  # (ms, tube); ms < 0: no observation
+
+    def note(self, pairs: Iterable[tuple[int, str | bytes]]) -> None:
+        """Observe each (ms, tube) of ``pairs`` (ms < 0: none), folded in later."""
+        pending = self.pending
+        pending.extend(pairs)
+        if len(pending) >= PENDING_MAX:
+            self.fold()
+
+    def fold(self) -> None:
+        """Put the pending observations into their histograms."""
+        pending = self.pending
+        if not pending:
+            return
+        counted: dict[tuple[int, str | bytes], int] = {}
+        _count_elements(counted, pending)
+        pending.clear()
+        raw = self.raw
+        for (ms, tube), n in counted.items():
+            if ms < 0:
+                continue
+            h = raw.get(tube) or self.of(tube)
+            h.counts[h.slot_of_ms[ms] if ms < SLOT_TABLE_MS
+                     else bisect_left(h.bounds_ms, ms)] += n
+            h.sum_ms += ms * n
 
     def of(self, tube: str | bytes) -> Histogram:
         """``tube``'s histogram, made on first use (OTHER_TUBE's past the cap)."""
@@ -164,7 +198,9 @@ class TubeHistograms:
 
     @property
     def by_tube(self) -> dict[str, Histogram]:
-        """The histograms by tube name (the registry's own: read it, do not change it)."""
+        """The histograms by tube name, every observation in (the registry's own: read it, do
+        not change it)."""
+        self.fold()
         return self._by_name
 
 
@@ -177,9 +213,10 @@ _HEAD = itemgetter(slice(0, 32))
 # _count_elements: Counter.update's C helper (collections has had it since 3.2, with a
 # pure-Python stand-in where the C module is missing): counts an iterable into a dict.
 _PARTITION = bytes.partition
+_STARTS = bytes.startswith
 _SPACES = repeat(b" ")  # endless: each map below takes one per reply
 _FIRST = itemgetter(0)
-_HEADS: dict[int, Any] = {}  # itemgetters of a reply's first n bytes, by n
+_WAITED = attrgetter("waited_ms", "tube")  # a Reservation's (ms, tube)
 _KICK = c.Kick
 _KICK_JOB = c.KickJob
 
@@ -224,8 +261,6 @@ class Metrics:
         self.held = TubeHistograms(JOB_BUCKETS, max_tubes)  # reserved -> deleted
         self.lateness = Histogram(LATENESS_BUCKETS)  # delayed job: due -> ready
         self.redis_rtt = Histogram(RTT_BUCKETS)
-        self._wait_by_tube = self.wait.raw
-        self._held_by_tube = self.held.raw
         self.redis_errors: dict[str, int] = {}  # by reply error code, or "connection_lost"
         # Reply counts by (command class, reply word) from the connections' writes, and by
         # (command label, reply word) from the HTTP API: merged by ``outcomes``.
@@ -240,20 +275,20 @@ class Metrics:
 
     def job_reserved(self, tube: str, waited_ms: int) -> None:
         """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
-        if waited_ms >= 0:  # Histogram.observe_ms, inline: once per job
-            h = self._wait_by_tube.get(tube) or self.wait.of(tube)
-            h.counts[h.slot_of_ms[waited_ms] if waited_ms < SLOT_TABLE_MS
-                     else bisect_left(h.bounds_ms, waited_ms)] += 1
-            h.sum_ms += waited_ms
+        self.wait.note(((waited_ms, tube),))
+
+    def jobs_reserved(self, reservations: Iterable[Reservation]) -> None:
+        """Jobs reserved together (a reserve-many script's), each after its ``waited_ms``."""
+        self.wait.note(map(_WAITED, reservations))
 
     def job_deleted(self, tube: str | bytes, held_ms: int) -> None:
         """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved);
         ``tube`` as Redis returned it, or decoded."""
-        if held_ms >= 0:
-            h = self._held_by_tube.get(tube) or self.held.of(tube)
-            h.counts[h.slot_of_ms[held_ms] if held_ms < SLOT_TABLE_MS
-                     else bisect_left(h.bounds_ms, held_ms)] += 1
-            h.sum_ms += held_ms
+        self.held.note(((held_ms, tube),))
+
+    def jobs_deleted(self, replies: Iterable[Any]) -> None:
+        """A delete_many script's replies, one per id: {held_ms, tube} deleted, 0 not."""
+        self.held.note(map(tuple, filter(None, replies)))
 
     def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
         for ms in lateness_ms:
@@ -297,41 +332,38 @@ class Metrics:
         n = len(out)
         asked = kinds[:n]
         del kinds[:n]
-        if self.count_outcomes:
-            self._count(asked, out)
-            if _KICK in asked:  # kick's "KICKED n": the jobs it kicked
-                for kind, reply in zip(asked, out, strict=True):
-                    if kind is _KICK and reply.startswith(b"KICKED "):
-                        self._kicked += int(reply[7:-2])
+        if self.count_outcomes and self._count(asked, out):  # kick's "KICKED n": the jobs
+            for kind, reply in zip(asked, out, strict=True):
+                if kind is _KICK and reply.startswith(b"KICKED "):
+                    self._kicked += int(reply[7:-2])
         if since is not None:
             started = since[:n]
             del since[:n]
             if min(started) <= perf_counter() - self.slow_s:
                 self._log_slow(token, asked, started, out)
 
-    def _count(self, asked: list[type[Any] | None], out: list[bytes]) -> None:
+    def _count(self, asked: list[type[Any] | None], out: list[bytes]) -> bool:
         """Count ``out``'s replies by (command class, the reply up to its first space), with no
         Python step per reply. A reply without arguments keeps its CRLF in the key (there is
-        no space to cut at): :attr:`outcomes` cuts it, once per key at read time."""
+        no space to cut at): :attr:`outcomes` cuts it, once per key at read time. Returns
+        whether a kick's reply is among them."""
         n = len(out)
         kind = asked[0]
         if kind is not None and asked.count(kind) == n:  # one command's replies, the usual
             first = out[0]
             word = first[:32].partition(b" ")[0]
-            if out.count(first) == n:  # all the same reply (DELETED, TIMED_OUT...)
-                same = True
-            else:  # or the same word with arguments (INSERTED <id>, RESERVED <id> ...)
-                prefix = word + b" "
-                heads = _HEADS.get(len(prefix)) or _HEADS.setdefault(
-                    len(prefix), itemgetter(slice(0, len(prefix))))
-                same = len(word) < len(first) and list(map(heads, out)).count(prefix) == n
+            if len(word) == len(first):  # no arguments: all the same reply (DELETED...)?
+                same = out.count(first) == n
+            else:  # or the same word with arguments (INSERTED <id>, RESERVED <id> ...)?
+                same = all(map(_STARTS, out, repeat(word + b" ", n)))
             if same:
                 key = (kind, word)
                 self._by_kind[key] = self._by_kind.get(key, 0) + n
-                return
+                return kind is _KICK
         # Mixed replies: each cut at its first space, in C.
         _count_elements(self._by_kind, zip(
             asked, map(_FIRST, map(_PARTITION, map(_HEAD, out), _SPACES)), strict=True))
+        return _KICK in asked
 
     def _log_slow(self, token: str, kinds: list[type[Any] | None], since: list[float],
                   out: list[bytes]) -> None:

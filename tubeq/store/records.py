@@ -10,9 +10,9 @@ A job's record in Redis is described field by field in lua/includes/job_record.l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 # The store's clock: milliseconds since the epoch (an injectable ``wall_clock_ms``, so tests
 # move time without sleeping).
@@ -220,9 +220,17 @@ class JobObserver(Protocol):
     def job_reserved(self, tube: str, waited_ms: int) -> None:
         """A job of ``tube`` reserved after ``waited_ms`` ready (negative: not from ready)."""
 
+    def jobs_reserved(self, reservations: Iterable[Reservation]) -> None:
+        """Jobs reserved together, each after its ``waited_ms`` ready (negative: not from
+        ready)."""
+
     def job_deleted(self, tube: str | bytes, held_ms: int) -> None:
         """A job deleted ``held_ms`` after its holder reserved it (negative: not reserved);
         ``tube`` as Redis returned it (bytes) or decoded."""
+
+    def jobs_deleted(self, replies: Iterable[Any]) -> None:
+        """Jobs deleted together: delete_many.lua's replies, one per id ({held_ms, tube} as
+        job_deleted's, or 0: not deleted)."""
 
     def jobs_promoted(self, lateness_ms: Sequence[int]) -> None:
         """Delayed jobs made ready, each ``lateness_ms`` after its due time."""

@@ -900,7 +900,7 @@ class Store:
         deleted."""
         metrics = self.metrics
         return self._eval("delete_many", token, self.clock(), behind, *ids,
-                          decode=_unless_deferred(lambda r: [_deleted(v, metrics) for v in r]))
+                          decode=_unless_deferred(lambda r: _deleted_many(r, metrics)))
 
     # -- job policies and deduplicated put (lua/includes/policies.lua) ------------------------
 
@@ -991,15 +991,24 @@ def _deleted(r: Any, metrics: JobObserver | None) -> bool:
     return True
 
 
+def _deleted_many(r: Any, metrics: JobObserver | None) -> list[bool]:
+    """Per id, whether delete_many.lua deleted it ({held_ms, tube} | 0); the held times go to
+    the metrics together."""
+    if metrics is not None:
+        metrics.jobs_deleted(r)
+    return list(map(bool, r))
+
+
 def _reservations(r: Any, now: int, metrics: JobObserver | None) -> list[Reservation]:
     """Jobs as reserve.lua and count_waiting.lua return them: {id, ttr, body, waited, tube,
     ...} (grant in lua/includes/jobs.lua)."""
     out = []
     for i in range(0, len(r), 5):
-        ttr, waited, tube = int(r[i + 1]), int(r[i + 3]), r[i + 4].decode()
-        out.append(Reservation(int(r[i]), ttr, bytes(r[i + 2]), now + ttr * 1000, waited, tube))
-        if metrics is not None:
-            metrics.job_reserved(tube, waited)
+        ttr = int(r[i + 1])
+        out.append(Reservation(int(r[i]), ttr, bytes(r[i + 2]), now + ttr * 1000,
+                               int(r[i + 3]), r[i + 4].decode()))
+    if metrics is not None:
+        metrics.jobs_reserved(out)
     return out
 
 
