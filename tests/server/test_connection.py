@@ -376,6 +376,26 @@ async def test_credits_a_delete_many_frees_are_taken_in_the_same_redis_write(
     assert worker.transport.out == b"", "a job went out beyond the two credits freed"
 
 
+async def test_credits_that_come_back_to_an_empty_tube_still_hear_the_next_put(
+        new_client: NewClient) -> None:
+    """Every credit used, then the jobs deleted while the tube is empty: the take the freed
+    credits send with the delete-many finds nothing, and the loop must wait counted in all
+    the same, so the next put is pushed at once, not at the loop's periodic re-check
+    (reserve_wait.RECHECK_S, 10 s later). (A request/reply over reply tubes hit this: the
+    worker's deletes left before the callers' next requests, every time.)"""
+    producer, worker = await _three_pushed_of(new_client, 3)
+    producer.transport.out.clear()
+    worker.send(b"delete-many 1 2 3\r\n")
+    await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\n")
+    await asyncio.sleep(0.1)  # the take sent with the deletes came back empty
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 4\r\n")
+    await asyncio.wait_for(worker.expect(b"RESERVED 4 1\r\n9\r\n"), 3)
+    producer.send(b"put 0 0 60 1\r\n8\r\n")  # and the one after, its credit free
+    await producer.expect(b"INSERTED 5\r\n")
+    await asyncio.wait_for(worker.expect(b"RESERVED 5 1\r\n8\r\n"), 3)
+
+
 async def test_a_failed_delete_many_leaves_its_pushed_jobs_reserved_and_their_credits_free(
         new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """protocol.md (push): a delete-many's credits come back as it is sent; if Redis then

@@ -132,7 +132,11 @@ class Push:
             return
         free = self.credits - len(self.pushed) - self.promised
         if free > 0:
-            self._early = wait.send_take(min(free, PUSH_BATCH_MAX))
+            # A staying take, as the loop's own: one that finds nothing (the tube emptied
+            # before the credits came back) leaves the loop counted in as waiting, so the next
+            # put hands it its job or wakes it. A plain one left it waiting uncounted, deaf to
+            # puts until its periodic re-check (RECHECK_S).
+            self._early = wait.send_take(min(free, PUSH_BATCH_MAX), stay=True)
 
     def stop(self) -> None:
         if self.task is not None:
