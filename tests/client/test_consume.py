@@ -102,6 +102,38 @@ async def test_run_respects_the_concurrency_bound(target: Target, admin: Client,
     assert (stats["cmd-delete"], stats["current-jobs-ready"]) == (total, 0)
 
 
+async def test_a_job_put_once_a_full_backlog_drained_is_handled_at_once(
+        target: Target, admin: Client, tube_name: str) -> None:
+    """A backlog that fills every credit, handled and acknowledged until the tube is empty,
+    then a quiet spell and one more job: it is handled at once, well inside the server's
+    10 s re-check of a waiting connection (push: the take the last acknowledgements send
+    comes back empty, and the connection must still hear the next put; it once did not)."""
+    concurrency = 4
+    for i in range(3 * concurrency):
+        await admin.put(b"backlog %d" % i)
+    handled: asyncio.Queue[bytes] = asyncio.Queue()
+    async with Client(*target.server.address) as client:
+        consumer = target.consume(client, tube_name, concurrency=concurrency, connections=1)
+
+        async def handler(job: Job) -> None:
+            await handled.put(job.body)
+
+        run = asyncio.ensure_future(consumer.run(handler))
+        try:
+            async with asyncio.timeout(WAIT_S):
+                for _ in range(3 * concurrency):
+                    assert (await handled.get()).startswith(b"backlog ")
+            await tube_settles(admin, tube_name, current_jobs_reserved=0)
+            await asyncio.sleep(0.3)  # nothing queued: the connection waits
+            await admin.put(b"after")
+            assert await asyncio.wait_for(handled.get(), 3.0) == b"after"
+        finally:
+            consumer.stop()
+            await run
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert (stats["cmd-delete"], stats["current-jobs-ready"]) == (3 * concurrency + 1, 0)
+
+
 async def test_failure_releases_with_backoff_then_buries(target: Target, admin: Client,
                                                          tube_name: str) -> None:
     """beanstalkd: the consumer releases with its backoff, then buries. tubeq: it fails the
