@@ -396,6 +396,80 @@ async def test_credits_that_come_back_to_an_empty_tube_still_hear_the_next_put(
     await asyncio.wait_for(worker.expect(b"RESERVED 5 1\r\n8\r\n"), 3)
 
 
+async def test_push_0_read_with_a_delete_many_pushes_no_job_put_later(
+        new_client: NewClient) -> None:
+    """`push 0` in the same read as a delete-many that freed every credit: the take those
+    credits allowed is sized by the turn's end (none), and no later put is pushed."""
+    producer, worker = await _three_pushed_of(new_client, 3)
+    producer.transport.out.clear()
+    worker.send(b"delete-many 1 2 3\r\npush 0\r\n")
+    await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\nPUSHING 0\r\n")
+    await asyncio.sleep(0.2)
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 4\r\n")
+    await asyncio.sleep(0.3)
+    assert worker.transport.out == b"", "a job was pushed after PUSHING 0"
+
+
+async def test_push_1_read_with_a_delete_many_gets_at_most_one_job(
+        new_client: NewClient) -> None:
+    """Credits lowered in the same read as the delete-many that freed three: one job comes,
+    not three (the take is sized when the turn ends)."""
+    _, worker = await _three_pushed_of(new_client, 7)
+    worker.send(b"delete-many 1 2 3\r\npush 1\r\n")
+    await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\nPUSHING 1\r\n"
+                        b"RESERVED 4 1\r\n3\r\n")
+    await asyncio.sleep(0.3)
+    assert worker.transport.out == b"", "a job went out beyond the one credit"
+
+
+async def test_quiet_heard_with_a_delete_many_pushes_no_job_put_later(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    """An admin's quiet heard in the loop iteration of a delete-many that freed credits on an
+    empty tube: the loop counts itself out, and a later put goes to nobody's push."""
+    producer, worker = await _three_pushed_of(new_client, 3)
+    producer.transport.out.clear()
+    worker.send(b"delete-many 1 2 3\r\n")
+    ctx.quiet_consumers("all")
+    await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\n")
+    await asyncio.sleep(0.2)
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 4\r\n")
+    await asyncio.sleep(0.3)
+    assert worker.transport.out == b"", "a job was pushed after quiet"
+
+
+async def test_a_lost_registration_and_a_delete_many_leave_the_next_put_to_others(
+        new_client: NewClient) -> None:
+    """Redis lost the waiters' registrations (restored) and, before the loop counted in
+    again, a delete-many freed a credit: the loop and Redis still agree on whether it waits,
+    so a later put with the loop's credits full goes to another connection's reserve."""
+    producer, worker = await _three_pushed_of(new_client, 4)  # job 4 still ready
+    producer.transport.out.clear()
+    worker.conn.registration_lost()
+    worker.send(b"delete-many 1\r\n")
+    await worker.expect(b"BATCH 1\r\nDELETED\r\nRESERVED 4 1\r\n3\r\n")  # credits full
+    await asyncio.sleep(0.2)
+    other = new_client()
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 5\r\n")
+    other.send(b"reserve-with-timeout 1\r\n")
+    await other.expect(b"RESERVED 5 1\r\n9\r\n")
+
+
+async def test_a_stopping_process_takes_no_job_for_freed_credits(
+        new_client: NewClient, ctx: ServerContext) -> None:
+    _, worker = await _three_pushed_of(new_client, 6)
+    ctx.stopping = True  # as Server.stop sets it (its quiet left out: credits stay 3)
+    try:
+        worker.send(b"delete-many 1 2 3\r\n")
+        await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\n")
+        await asyncio.sleep(0.2)
+        assert worker.transport.out == b"", "jobs pushed while the process stops"
+    finally:
+        ctx.stopping = False
+
+
 async def test_a_failed_delete_many_leaves_its_pushed_jobs_reserved_and_their_credits_free(
         new_client: NewClient, ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """protocol.md (push): a delete-many's credits come back as it is sent; if Redis then

@@ -448,6 +448,8 @@ class Connection(asyncio.Protocol):
         if self.turn_stats is not None:
             self._send_stats()
         self._send_turn()
+        if self._push is not None:
+            self._push.take_early()  # for the credits a delete-many freed, as the turn left them
         self._turn = False
         self._puts = self._calls = self._deletes = self._finishes = None
         flow.set_reading(read_on)
@@ -793,7 +795,8 @@ class Connection(asyncio.Protocol):
 
     def settling(self, job_ids: Sequence[int]) -> None:
         """A delete-many of ``job_ids`` was just sent and nothing can defer it: their push
-        credits come back now, and the take they allow is sent in the same Redis write."""
+        credits come back now, and the take they allow is sent at the end of the turn, in the
+        same Redis write."""
         if self._push is not None:
             self._push.settled(job_ids, take_now=True)
 

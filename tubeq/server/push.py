@@ -63,8 +63,8 @@ class PushingSession(Session, GrantOwner, Protocol):
 class Push:
     """One connection's push loop, from its first ``push`` until the connection goes."""
 
-    __slots__ = ("_early", "_flow", "_loop", "_parked", "_send", "_session", "cancels",
-                 "credits", "promised", "pushed", "task", "tell_quiet", "wait")
+    __slots__ = ("_early", "_flow", "_loop", "_parked", "_send", "_session", "_take_due",
+                 "cancels", "credits", "promised", "pushed", "task", "tell_quiet", "wait")
 
     def __init__(self, session: PushingSession, flow: FlowControl,
                  send: Callable[[bytes], None]) -> None:
@@ -84,6 +84,7 @@ class Push:
         self.wait: Wait | None = None  # the loop's, while it runs
         self._parked = False  # the loop sleeps (for credit, jobs, or a TTR to run out)
         self._early: asyncio.Future[list[Reservation]] | None = None  # a take sent for the loop
+        self._take_due = False  # a delete-many freed credits this turn: take_early sends
 
     def start(self, credits: int) -> None:
         """``push <credits>``: start the loop, or let it look at its new credits."""
@@ -122,15 +123,23 @@ class Push:
             # (A loop counted in as waiting had credit left and found nothing: puts hand it
             # their jobs or wake it; a credit back finds nothing more.)
             if take_now:
-                self._take_early()
+                self._take_due = True  # sent at the end of the connection's turn: take_early
             self.nudge()
 
-    def _take_early(self) -> None:
-        wait = self.wait
-        if wait is None or not self._parked or self._early is not None \
-                or self._flow.write_paused:
+    def take_early(self) -> None:
+        """At the end of the connection's turn: the take that a delete-many's freed credits
+        allow (``settled`` with ``take_now``). It still leaves in the deletes' Redis write
+        (written at the end of the loop's tick), and it is sized by the credits as the whole
+        turn left them: a ``push`` read after the delete-many counts."""
+        if not self._take_due:
             return
-        free = self.credits - len(self.pushed) - self.promised
+        self._take_due = False
+        wait = self.wait
+        # Not while the loop is to count in again first (Redis lost its registration: the
+        # loop's own order keeps Redis and ``wait.counted`` agreeing).
+        if wait is None or not self._parked or self._early is not None or wait.recount:
+            return
+        free = self.room()
         if free > 0:
             # A staying take, as the loop's own: one that finds nothing (the tube emptied
             # before the credits came back) leaves the loop counted in as waiting, so the next
@@ -173,9 +182,7 @@ class Push:
         expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
         if expired:
             session.settled(*expired, how="ttr")  # their TTR ran out: queued again
-        free = self.credits - len(pushed) - self.promised
-        if self._flow.write_paused or session.ctx.stopping:
-            free = 0  # the client is not taking frames, or this process stops: take no more
+        free = self.room()  # 0 while the client takes no frames or this process stops
         early, self._early = self._early, None
         if early is not None or free > 0:
             jobs = await wait.took(early if early is not None else wait.send_take(
@@ -184,7 +191,11 @@ class Push:
                 self._send_jobs(jobs)
                 return  # look again: more may have come meanwhile (jobs in one take each)
             # None: counted in by the same script, so a put hands it a job or wakes it from
-            # now on.
+            # now on; unless the credits went (push 0, quiet, a stop) while a take sent
+            # early was out: then count out, as below.
+            if early is not None and wait.counted and not self.room():
+                self._send_jobs(await wait.claim())
+                now = store.clock()
         elif wait.counted:
             # No credit left (push 0, or credits lowered): stop waiting, so puts stop handing
             # jobs over; one a put handed over while credit was free is sent.
