@@ -396,6 +396,16 @@ async def test_credits_that_come_back_to_an_empty_tube_still_hear_the_next_put(
     await asyncio.wait_for(worker.expect(b"RESERVED 5 1\r\n8\r\n"), 3)
 
 
+async def _a_later_put_is_not_pushed(producer: Client, worker: Client, why: str) -> None:
+    """Once the take a delete-many's credits sent came back empty (its tube emptied by
+    ``_three_pushed_of(..., 3)``): a put's job (id 4) does not reach ``worker``."""
+    await asyncio.sleep(0.2)
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 4\r\n")
+    await asyncio.sleep(0.3)
+    assert worker.transport.out == b"", why
+
+
 async def test_push_0_read_with_a_delete_many_pushes_no_job_put_later(
         new_client: NewClient) -> None:
     """`push 0` in the same read as a delete-many that freed every credit: the take those
@@ -404,11 +414,7 @@ async def test_push_0_read_with_a_delete_many_pushes_no_job_put_later(
     producer.transport.out.clear()
     worker.send(b"delete-many 1 2 3\r\npush 0\r\n")
     await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\nPUSHING 0\r\n")
-    await asyncio.sleep(0.2)
-    producer.send(b"put 0 0 60 1\r\n9\r\n")
-    await producer.expect(b"INSERTED 4\r\n")
-    await asyncio.sleep(0.3)
-    assert worker.transport.out == b"", "a job was pushed after PUSHING 0"
+    await _a_later_put_is_not_pushed(producer, worker, "a job was pushed after PUSHING 0")
 
 
 async def test_push_1_read_with_a_delete_many_gets_at_most_one_job(
@@ -432,11 +438,7 @@ async def test_quiet_heard_with_a_delete_many_pushes_no_job_put_later(
     worker.send(b"delete-many 1 2 3\r\n")
     ctx.quiet_consumers("all")
     await worker.expect(b"BATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\n")
-    await asyncio.sleep(0.2)
-    producer.send(b"put 0 0 60 1\r\n9\r\n")
-    await producer.expect(b"INSERTED 4\r\n")
-    await asyncio.sleep(0.3)
-    assert worker.transport.out == b"", "a job was pushed after quiet"
+    await _a_later_put_is_not_pushed(producer, worker, "a job was pushed after quiet")
 
 
 async def test_a_lost_registration_and_a_delete_many_leave_the_next_put_to_others(
