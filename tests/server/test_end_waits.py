@@ -49,6 +49,9 @@ async def test_the_memory_of_ends_nobody_here_waited_for_is_bounded(
     for job_id in range(1, 6):
         waits.ended(job_id)
     assert list(waits._recent) == [3, 4, 5]  # the oldest went first
+    waits.ended(3)  # heard again: the newest now
+    waits.ended(6)
+    assert list(waits._recent) == [5, 3, 6]
 
 
 async def test_a_heard_end_is_kept_briefly_and_forgotten_on_a_reconnect(

@@ -21,6 +21,7 @@ unheard, and the wait answers that it timed out.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -80,8 +81,10 @@ class EndWaits:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._by_id: dict[int, list[EndWait]] = {}
-        # id -> (the end, or None when it is to be read; when heard, loop time), oldest first
-        self._recent: dict[int, tuple[JobEnd | None, float]] = {}
+        # id -> (the end, or None when it is to be read; when heard, loop time), oldest first.
+        # An OrderedDict: a plain dict used as a queue finds its oldest entry past every hole
+        # its deletes left at the front (~1 us an end at RECENT_ENDS, against ~0.17).
+        self._recent: OrderedDict[int, tuple[JobEnd | None, float]] = OrderedDict()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -115,10 +118,10 @@ class EndWaits:
         if end is not None and len(end.data) > END_INLINE_MAX:
             end = None
         recent = self._recent
-        recent.pop(job_id, None)  # (re-inserted last: the order stays the order heard)
         recent[job_id] = (end, self.loop.time())
+        recent.move_to_end(job_id)  # the order stays the order heard
         if len(recent) > RECENT_ENDS:
-            del recent[next(iter(recent))]
+            recent.popitem(last=False)
         for wait in self._by_id.get(job_id, ()):
             wait.end = end
             if end is not None and wait.told is not None:
