@@ -459,6 +459,61 @@ async def test_a_lost_registration_and_a_delete_many_leave_the_next_put_to_other
     await other.expect(b"RESERVED 5 1\r\n9\r\n")
 
 
+async def test_a_lost_registration_heard_while_the_early_take_is_out_leaves_them_agreeing(
+        new_client: NewClient) -> None:
+    """The same, with the loss heard after the take was sent and before the loop ran: the
+    loop counts in again only after the take's outcome, so a later put with its credits full
+    still goes to another connection's reserve."""
+    producer, worker = await _three_pushed_of(new_client, 4)  # job 4 still ready
+    producer.transport.out.clear()
+    worker.send(b"delete-many 1\r\n")  # the turn's end sends the take
+    worker.conn.registration_lost()
+    await worker.expect(b"BATCH 1\r\nDELETED\r\nRESERVED 4 1\r\n3\r\n")  # credits full
+    await asyncio.sleep(0.2)
+    other = new_client()
+    producer.send(b"put 0 0 60 1\r\n9\r\n")
+    await producer.expect(b"INSERTED 5\r\n")
+    other.send(b"reserve-with-timeout 1\r\n")
+    await other.expect(b"RESERVED 5 1\r\n9\r\n")
+
+
+async def test_a_delete_many_sent_again_after_a_reserve_takes_for_its_credits_at_once(
+        new_client: NewClient) -> None:
+    """A delete-many Redis deferred behind the connection's waiting reserve is sent again
+    outside a read's turn: the take its freed credits allow goes with it, and nothing is left
+    to be sent by a later turn (a take nobody awaits, holding a job out of everyone's reach
+    until the loop's 10 s re-check)."""
+    holder = new_client()  # holds job 1 of tube t, to release it later
+    holder.send(b"use t\r\nput 0 0 60 1\r\nJ\r\nwatch t\r\nignore default\r\nreserve\r\n")
+    await holder.expect(
+        b"USING t\r\nINSERTED 1\r\nWATCHING 2\r\nWATCHING 1\r\nRESERVED 1 1\r\nJ\r\n")
+    waiter = new_client()  # the older waiter of t
+    waiter.send(b"watch t\r\nignore default\r\nreserve\r\n")
+    await waiter.expect(b"WATCHING 2\r\nWATCHING 1\r\n")
+    producer, worker = new_client(), new_client()
+    producer.send(b"".join(b"put 0 0 60 1\r\n%d\r\n" % i for i in range(3)))
+    await producer.until(lambda o: o.count(b"INSERTED") == 3)
+    producer.transport.out.clear()
+    worker.send(b"watch t\r\npush 3\r\n")
+    await worker.expect(b"WATCHING 2\r\nPUSHING 3\r\n"
+                        + b"".join(b"RESERVED %d 1\r\n%d\r\n" % (i, i - 2) for i in (2, 3, 4)))
+    worker.send(b"reserve\r\ndelete-many 2 3 4\r\n")  # the deletes wait for the reserve
+    await asyncio.sleep(0.2)
+    producer.send(b"put 0 0 60 1\r\n5\r\n")
+    await producer.expect(b"INSERTED 5\r\n")
+    await worker.expect(b"RESERVED 5 1\r\n5\r\nBATCH 3\r\nDELETED\r\nDELETED\r\nDELETED\r\n")
+    await asyncio.sleep(0.3)
+    holder.send(b"release 1 0 0\r\n")
+    worker.send(b"list-tube-used\r\n")  # any command: a turn of the worker's
+    await holder.expect(b"RELEASED\r\n")
+
+    async def someone_has_job_1() -> None:
+        while not any(b"RESERVED 1 " in c.transport.out for c in (waiter, worker)):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(someone_has_job_1(), 2.0)
+
+
 async def test_a_stopping_process_takes_no_job_for_freed_credits(
         new_client: NewClient, ctx: ServerContext) -> None:
     _, worker = await _three_pushed_of(new_client, 6)

@@ -796,9 +796,12 @@ class Connection(asyncio.Protocol):
     def settling(self, job_ids: Sequence[int]) -> None:
         """A delete-many of ``job_ids`` was just sent and nothing can defer it: their push
         credits come back now, and the take they allow is sent at the end of the turn, in the
-        same Redis write."""
-        if self._push is not None:
-            self._push.settled(job_ids, take_now=True)
+        same Redis write (at once for one sent again outside a turn: a deferred one)."""
+        push = self._push
+        if push is not None:
+            push.settled(job_ids, take_now=True)
+            if not self._turn:
+                push.take_early()
 
     def _push_frames(self, frames: bytes) -> None:
         self._replies.append(frames)

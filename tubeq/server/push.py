@@ -177,7 +177,8 @@ class Push:
         """One turn of the loop: send what the credits allow, or sleep until woken."""
         session, pushed = self._session, self.pushed
         store = session.store
-        await wait.count_in_again()
+        if self._early is None:  # (with a take out, after it: it may count the loop in or out)
+            await wait.count_in_again()
         now = store.clock()
         expired = [j for j in pushed if session.reserved.get(j, 0) <= now]
         if expired:
