@@ -441,33 +441,20 @@ async def test_quiet_heard_with_a_delete_many_pushes_no_job_put_later(
     await _a_later_put_is_not_pushed(producer, worker, "a job was pushed after quiet")
 
 
+@pytest.mark.parametrize("loss_first", [True, False], ids=["loss-then-take", "take-then-loss"])
 async def test_a_lost_registration_and_a_delete_many_leave_the_next_put_to_others(
-        new_client: NewClient) -> None:
-    """Redis lost the waiters' registrations (restored) and, before the loop counted in
-    again, a delete-many freed a credit: the loop and Redis still agree on whether it waits,
-    so a later put with the loop's credits full goes to another connection's reserve."""
+        new_client: NewClient, loss_first: bool) -> None:
+    """Redis lost the waiters' registrations (restored) around a delete-many that freed a
+    credit, heard before the turn sent the take or after it, before the loop ran: the loop and
+    Redis still agree on whether it waits (it counts in again only once no take is out), so a
+    later put with the loop's credits full goes to another connection's reserve."""
     producer, worker = await _three_pushed_of(new_client, 4)  # job 4 still ready
     producer.transport.out.clear()
-    worker.conn.registration_lost()
-    worker.send(b"delete-many 1\r\n")
-    await worker.expect(b"BATCH 1\r\nDELETED\r\nRESERVED 4 1\r\n3\r\n")  # credits full
-    await asyncio.sleep(0.2)
-    other = new_client()
-    producer.send(b"put 0 0 60 1\r\n9\r\n")
-    await producer.expect(b"INSERTED 5\r\n")
-    other.send(b"reserve-with-timeout 1\r\n")
-    await other.expect(b"RESERVED 5 1\r\n9\r\n")
-
-
-async def test_a_lost_registration_heard_while_the_early_take_is_out_leaves_them_agreeing(
-        new_client: NewClient) -> None:
-    """The same, with the loss heard after the take was sent and before the loop ran: the
-    loop counts in again only after the take's outcome, so a later put with its credits full
-    still goes to another connection's reserve."""
-    producer, worker = await _three_pushed_of(new_client, 4)  # job 4 still ready
-    producer.transport.out.clear()
+    if loss_first:
+        worker.conn.registration_lost()
     worker.send(b"delete-many 1\r\n")  # the turn's end sends the take
-    worker.conn.registration_lost()
+    if not loss_first:
+        worker.conn.registration_lost()
     await worker.expect(b"BATCH 1\r\nDELETED\r\nRESERVED 4 1\r\n3\r\n")  # credits full
     await asyncio.sleep(0.2)
     other = new_client()
