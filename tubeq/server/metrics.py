@@ -95,11 +95,11 @@ class Histogram:
         self.counts[bisect_left(self.bounds, seconds)] += 1
         self.sum_s += seconds
 
-    def observe_ms(self, ms: int) -> None:
-        """One observation of ``ms`` (>= 0) whole milliseconds (the hooks below inline this)."""
+    def observe_ms(self, ms: int, n: int = 1) -> None:
+        """``n`` observations of ``ms`` (>= 0) whole milliseconds."""
         self.counts[self.slot_of_ms[ms] if ms < SLOT_TABLE_MS
-                    else bisect_left(self.bounds_ms, ms)] += 1
-        self.sum_ms += ms
+                    else bisect_left(self.bounds_ms, ms)] += n
+        self.sum_ms += ms * n
 
     @property
     def count(self) -> int:
@@ -166,14 +166,9 @@ class TubeHistograms:
         counted: dict[tuple[int, str | bytes], int] = {}
         _count_elements(counted, pending)
         pending.clear()
-        raw = self.raw
         for (ms, tube), n in counted.items():
-            if ms < 0:
-                continue
-            h = raw.get(tube) or self.of(tube)
-            h.counts[h.slot_of_ms[ms] if ms < SLOT_TABLE_MS
-                     else bisect_left(h.bounds_ms, ms)] += n
-            h.sum_ms += ms * n
+            if ms >= 0:
+                self.of(tube).observe_ms(ms, n)
 
     def of(self, tube: str | bytes) -> Histogram:
         """``tube``'s histogram, made on first use (OTHER_TUBE's past the cap)."""

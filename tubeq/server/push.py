@@ -127,10 +127,11 @@ class Push:
             self.nudge()
 
     def take_early(self) -> None:
-        """At the end of the connection's turn: the take that a delete-many's freed credits
-        allow (``settled`` with ``take_now``). It still leaves in the deletes' Redis write
-        (written at the end of the loop's tick), and it is sized by the credits as the whole
-        turn left them: a ``push`` read after the delete-many counts."""
+        """At the end of the connection's turn (at once for a delete-many sent again outside
+        one): the take that a delete-many's freed credits allow (``settled`` with
+        ``take_now``). It leaves in the deletes' Redis write (written at the end of the loop's
+        tick) unless a full Redis batch of the turn's calls came between, and it is sized by
+        the credits as the turn left them: a ``push`` read after the delete-many counts."""
         if not self._take_due:
             return
         self._take_due = False
