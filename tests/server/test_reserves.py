@@ -18,7 +18,8 @@ from tubeq.server.reserves import (
     ReserveOwner,
     ReserveQueue,
 )
-from tubeq.store.records import Deferred, Reservation
+from tubeq.server.waiters import WaiterRegistry
+from tubeq.store.records import Deferred, NoJob, Reservation
 
 NOW_MS = 1_700_000_000_000
 TTR_S = 60
@@ -35,15 +36,25 @@ class FakeStore:
     def clock(self) -> int:
         return NOW_MS
 
-    def reserve(self, token: str, *, number: int = 0) -> asyncio.Future[Any]:
+    def reserve(self, token: str, *, number: int = 0,
+                counted_waiting: bool = False) -> asyncio.Future[Any]:
         call = asyncio.get_running_loop().create_future()
         self.calls.append(("reserve", number, call))
         return call
 
-    def reserve_many(self, token: str, count: int, *, number: int = 0,
-                     each: bool = False) -> asyncio.Future[Any]:
+    def reserve_many(self, token: str, count: int, *, number: int = 0, each: bool = False,
+                     counted_waiting: bool = False, stay: bool = False,
+                     direct: bool = True) -> asyncio.Future[Any]:
         call = asyncio.get_running_loop().create_future()
-        self.calls.append(("reserve_many", count, number, each, call))
+        if stay:  # a staying take: recorded with what it counts in as
+            self.calls.append(("staying take", count, direct, call))
+        else:
+            self.calls.append(("reserve_many", count, number, each, call))
+        return call
+
+    def set_waiting(self, token: str, delta: int, *, claim: bool = False) -> asyncio.Future[Any]:
+        call = asyncio.get_running_loop().create_future()
+        self.calls.append(("set_waiting", delta, claim, call))
         return call
 
 
@@ -58,7 +69,8 @@ class FakeConnection:
         self.worker = False
         self.replaying = False
         self.handlers: dict[type[c.Command], Any] = {}
-        self.ctx = SimpleNamespace(observer=None, registry=SimpleNamespace(overdue=None),
+        self.watched = ("default",)
+        self.ctx = SimpleNamespace(observer=None, registry=WaiterRegistry(),
                                    scheduler=SimpleNamespace(note_due=lambda due: None))
         self.written: list[bytes] = []
 
@@ -167,3 +179,33 @@ async def test_a_deferred_command_is_sent_again_once_the_reserves_before_it_answ
     assert reserve.done() and conn.written == [b"RESERVED 9 1\r\nx\r\n"]
     assert await reply == b"DELETED\r\n"
     assert replayed == [True] and not conn.replaying
+
+
+async def test_a_reserve_that_finds_nothing_counts_in_with_its_next_try_then_sleeps() -> None:
+    """A reserve whose first try found nothing registers its wait here, then sends one try
+    that counts the connection in as waiting when it finds nothing too (a staying take, in
+    the classic hand-over's mode: no push loop takes jobs for it): no count-in of its own
+    before it sleeps. A put's hand-over wakes it; its next try takes the job."""
+    queue, conn = queue_with([])
+    reply = queue.start(None, None, False)
+    [(kind, number, first)] = conn.store.calls
+    assert (kind, number) == ("reserve", 1)
+    first.set_result(NoJob())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [call[:3] for call in conn.store.calls[1:]] == [("staying take", 1, False)]
+    conn.store.calls[1][3].set_result([])  # nothing: counted in by that try
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(conn.store.calls) == 2 and not reply.done()  # asleep, nothing more sent
+    assert queue.wait is not None and queue.wait.counted
+    conn.ctx.registry.handed_over(conn.token)  # a put handed it a job
+    for _ in range(5):
+        await asyncio.sleep(0)
+    [(kind, number, take)] = conn.store.calls[2:]
+    assert kind == "reserve"
+    take.set_result(job(9, b"x"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert conn.written == [b"RESERVED 9 1\r\nx\r\n"]
+    assert not queue.pending and queue.wait is None

@@ -604,6 +604,32 @@ async def test_a_staying_take_counts_in_when_it_finds_nothing_and_out_when_it_ta
     assert gauges[9] == 0  # current-waiting
 
 
+async def test_a_blocked_reserves_staying_take_counts_in_to_be_handed_jobs_the_classic_way(
+        env: Env) -> None:
+    """reserve_many(stay=True, direct=False), a blocked reserve's try: counted in when it
+    finds nothing, as the push loop's take, but in mode '1': a put of its own process records
+    the hand-over for its claim (the reserve has no push loop to send a job to), never
+    answers {id, token}; a try that takes a job counts it out."""
+    s = env.store
+    direct: list[tuple[str, Reservation, int]] = []
+    s.direct_grants = lambda token, job, pri: direct.append((token, job, pri))
+    assert await s.reserve_many(BOB, 1, stay=True, direct=False) == []
+    assert (await env.raw.hget(env.keys.waiting, BOB))[:1] == b"1"
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 1  # current-waiting
+    handed = await env.put(body=b"handed")  # by this process ("inst"), as the waiter's
+    assert direct == []
+    assert await env.state(handed) is JobState.RESERVED
+    assert [r.id for r in await s.set_waiting(BOB, -1, claim=True)] == [handed]
+    ready = await env.put(body=b"ready")
+    taken = await s.reserve_many(BOB, 1, stay=True, direct=False)
+    assert [r.id for r in taken] == [ready]
+    assert await env.raw.hget(env.keys.waiting, BOB) is None
+    counts = await s.tube_counts("default")
+    assert counts is not None and counts[8] == 0
+    s.direct_grants = None
+
+
 async def test_a_put_hands_its_job_straight_to_a_push_loop_of_its_own_process(
         env: Env) -> None:
     """A push loop counted in by its take (mode 'p') that is first in its tube's line, watches

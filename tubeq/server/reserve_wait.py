@@ -3,7 +3,8 @@
 Owns: :class:`Wait`, the steps every waiting consumer takes (a blocked reserve, the push loop, an
 HTTP long poll): register in the process's waiter registry, count in Redis as waiting (so put.lua
 may hand a job straight to the token and other paths to ready publish a wake-up), try the reserve
-script, sleep on the signal with a bound, claim what a put handed over, count out and unregister.
+script (the count-in and the try may be one call: a staying take, :meth:`Wait.send_take`), sleep
+on the signal with a bound, claim what a put handed over, count out and unregister.
 The race these steps close is drawn in tubeq.server.waiters.
 
 Rules:
@@ -107,14 +108,18 @@ class Wait(Waiter):
         return await self.took(self._tracked(
             store.reserve_many(self.token, count, counted_waiting=self.counted)))
 
-    def send_take(self, count: int, *, stay: bool = False) -> asyncio.Future[list[Reservation]]:
+    def send_take(self, count: int, *, stay: bool = False,
+                  direct: bool = True) -> asyncio.Future[list[Reservation]]:
         """The first half of ``take(count)``: the try, sent now (in the Redis write of the
         calls sent before it in this tick); :meth:`took` is the second half. ``stay``: a try
         that finds nothing also counts the token in as waiting (one that finds jobs counts
-        it out): a try and a count-in in one step."""
+        it out): a try and a count-in in one step, which :meth:`count_in` then :meth:`take`
+        would be (the wait is registered here already, so no wake-up falls between);
+        ``direct``: as the store's reserve_many (a push loop's take; False: a blocked
+        reserve's)."""
         self.rearm()
         call = self._store.reserve_many(self.token, count, counted_waiting=self.counted,
-                                        stay=stay)
+                                        stay=stay, direct=direct)
         if stay:
             self.counted = True  # from the moment it is sent: `leave` must count it out
             self._staying = True

@@ -380,10 +380,14 @@ class ReserveQueue:
                                 consumed = True
                                 return self._from_pool(count)
                     return ending
+                result: Reservation | NoJob | list[Reservation]
                 if wait is None:
+                    # Registered, then one try that counts the token in when it finds nothing
+                    # (where a count-in and a try were two round trips before the sleep).
                     wait = self.wait = Wait(conn.ctx.registry, conn.store, conn.token,
                                             conn.watched, owner=self, deadline=deadline)
-                    await wait.count_in()
+                    result = await wait.took(wait.send_take(1 if count is None else count,
+                                                            stay=True, direct=False))
                 else:
                     if not wait.recount:
                         await wait.sleep(remaining, self._next_margin_s(now))
@@ -392,7 +396,7 @@ class ReserveQueue:
                         if self._pool_ready():
                             continue
                     await wait.count_in_again()
-                result = await wait.take(count)
+                    result = await wait.take(count)
                 if isinstance(result, Reservation) or (isinstance(result, list) and result):
                     self._pool[:0] = [result] if isinstance(result, Reservation) else result
                     if self._pool_ready():

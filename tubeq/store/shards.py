@@ -243,13 +243,13 @@ class ShardedStore:
         return asyncio.ensure_future(self._reserve_across(token, shards, None, counted_waiting))
 
     def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
-                     number: int = 0, each: bool = False,
-                     stay: bool = False) -> asyncio.Future[list[Reservation]]:
+                     number: int = 0, each: bool = False, stay: bool = False,
+                     direct: bool = True) -> asyncio.Future[list[Reservation]]:
         shards = self._watching(token)
         if len(shards) == 1:
             return self.shards[shards[0]].reserve_many(token, count,
                                                        counted_waiting=counted_waiting,
-                                                       stay=stay)
+                                                       stay=stay, direct=direct)
         if stay:
             return asyncio.ensure_future(self._take_staying(token, shards, count,
                                                             counted_waiting))

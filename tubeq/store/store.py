@@ -299,16 +299,19 @@ class Store:
                           decode=lambda r: _reservation(r, now, self.metrics))
 
     def reserve_many(self, token: str, count: int, *, counted_waiting: bool = False,
-                     number: int = 0, each: bool = False,
-                     stay: bool = False) -> asyncio.Future[list[Reservation]]:
+                     number: int = 0, each: bool = False, stay: bool = False,
+                     direct: bool = True) -> asyncio.Future[list[Reservation]]:
         """Up to ``count`` jobs in reserve order, in one script call (the push extension).
         ``each``: the first try of ``count`` pipelined reserves of one job each, numbered from
         ``number`` on (the ones left without a job wait, see :class:`Deferred`). ``stay``:
-        the token ends counted in as waiting if no job came, else out, whatever it was (the
-        push loop's take: a try that finds nothing counts it in, in the same step)."""
+        the token ends counted in as waiting if no job came, else out, whatever it was (a try
+        that finds nothing counts it in, in the same step): ``direct``, a push loop's take,
+        which a put of this process may then hand jobs in the put's own reply (mode 'p');
+        else a blocked reserve's try, handed jobs the classic way (mode '1': recorded and
+        claimed, lua/includes/waiter_counts.lua)."""
         now = self.clock()
-        waiter = ("+" + self.instance_id if stay else self.instance_id if counted_waiting
-                  else "")
+        waiter = ((("+" if direct else "=") + self.instance_id) if stay
+                  else self.instance_id if counted_waiting else "")
         numbered = (number + count - 1, "each") if each and number else _numbered(number)
         return self._eval("reserve", token, now, count, waiter, *numbered,
                           decode=lambda r: _reservations(r, now, self.metrics))

@@ -6,7 +6,8 @@ ARGV     [1] events cap and [2] instance id (bound, see includes/events.lua), th
          connection), now (ms), count, waiter instance ('' unless the connection is counted as
          waiting: then a grant also counts it out, in the same step; '+' and the instance:
          the push extension's take, which also counts the connection in as waiting when it
-         finds nothing, in the same step, in mode 'p': see includes/waiter_counts.lua),
+         finds nothing, in the same step, in mode 'p': see includes/waiter_counts.lua; '='
+         and the instance: a blocked reserve's try, which does the same in mode '1'),
          optionally the
          reserve's number on its connection (its first try: one that finds nothing records
          it, see blocked_ahead in includes/jobs.lua) and then 'each': the call is the first
@@ -32,8 +33,10 @@ while #granted < 5 * count do
     or take_entry(entry, token, now)
   for _, v in ipairs(taken) do granted[#granted + 1] = v end
 end
-if string.sub(waiter, 1, 1) == '+' then  -- the push loop's take: counted in iff it got nothing
-  count_waiting(string.sub(waiter, 2), token, #granted == 0 and 1 or -1, 'p')
+local staying = string.sub(waiter, 1, 1)
+if staying == '+' or staying == '=' then  -- a staying take: counted in iff it got nothing
+  count_waiting(string.sub(waiter, 2), token, #granted == 0 and 1 or -1,
+    staying == '+' and 'p' or '1')
 elseif #granted > 0 and waiter ~= '' then
   count_waiting(waiter, token, -1)
 end
