@@ -14,6 +14,8 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -31,6 +33,8 @@ from tests.support.servers import (
 )
 from tubeq.client import Client, NotFound, TimedOut
 from tubeq.redisio.client import RedisClient
+from tubeq.server.reserves import ReserveOwner, ReserveQueue
+from tubeq.server.waiters import WaiterRegistry
 from tubeq.store.base import JobStore
 from tubeq.store.keys import Keys
 from tubeq.store.shards import DEFAULT_TUBE, ShardedStore, shard_of_id, shard_of_tube, shard_prefix
@@ -326,5 +330,96 @@ async def test_an_unsplit_prefix_with_a_hash_sign_numbers_jobs_as_usual(redis_ur
         store = Store(client, Keys("odd#name"), "inst")
         await store.load_scripts()
         assert [await store.put("default", 0, 0, 60, b"x") for _ in range(3)] == [1, 2, 3]
+    finally:
+        await client.close()
+
+
+class _Connection:
+    """What a reserve queue uses of its connection (ReserveOwner), over a real split store."""
+
+    def __init__(self, store: ShardedStore, token: str, watched: tuple[str, ...]) -> None:
+        self.store = store
+        self.token = token
+        self.reserved: dict[int, int] = {}
+        self.extended = False
+        self.worker = False
+        self.replaying = False
+        self.handlers: dict[Any, Any] = {}
+        self.watched = watched
+        self.ctx = SimpleNamespace(observer=None, registry=WaiterRegistry(), tracer=None,
+                                   scheduler=SimpleNamespace(note_due=lambda due: None))
+
+    def mark_worker(self) -> None:
+        self.worker = True
+
+    def reply_done(self, reply: asyncio.Future[bytes]) -> None:
+        pass
+
+    def schedule_pump(self) -> None:
+        pass
+
+
+async def test_a_blocked_reserve_over_shards_that_times_out_mid_try_is_counted_out(
+        redis_url: str) -> None:
+    """A reserve-with-timeout blocked over tubes of two shards, whose try Redis holds past the
+    timeout (its wait answers TIMED_OUT and sends its count-out at once): the count-in that try
+    began with reaches Redis before that count-out, so nothing is left counted as waiting
+    once the try is back (else current-waiting stays 1 in both shards and a put on those
+    tubes hands its job to nobody: the stale waiter is first in line)."""
+    alice, bob = "inst:1", "inst:2"
+    client = await RedisClient.connect(redis_url)
+    try:
+        store = ShardedStore(client, "split-stall", "inst", SHARDS)
+        await store.load_scripts()
+        await store.heartbeat()
+        a, b = tubes_in_distinct_shards(2, "stall")
+        await store.connect(alice)
+        await store.change_watches(alice, [("+w", a), ("+w", b), ("-w", DEFAULT_TUBE)])
+        await store.connect(bob)
+        await store.change_watches(bob, [("+w", a), ("-w", DEFAULT_TUBE)])
+        conn = _Connection(store, alice, (a, b))
+        queue = ReserveQueue(cast(ReserveOwner, conn))
+
+        # Redis stalls alice's looks past her reserve's first try (its two looks).
+        gate = asyncio.Event()
+        looks: list[str] = []
+        stalled = asyncio.Event()
+        for k in {shard_of_tube(a, SHARDS), shard_of_tube(b, SHARDS)}:
+            shard = store.shards[k]
+
+            def stalling(token: str, look: Any = shard.best) -> asyncio.Future[Any]:
+                async def later() -> Any:
+                    if token == alice:
+                        looks.append(token)
+                        if len(looks) > 2 and not gate.is_set():
+                            stalled.set()
+                            await gate.wait()
+                    return await look(token)
+                return asyncio.ensure_future(later())
+
+            shard.best = stalling  # type: ignore[method-assign]
+
+        reply = queue.start(1, None, False)  # reserve-with-timeout 1
+        await asyncio.wait_for(stalled.wait(), 5)
+        assert await asyncio.wait_for(reply, 5) == b"TIMED_OUT\r\n"
+        await asyncio.sleep(0.1)  # the wait's count-out has run in Redis
+        gate.set()  # Redis answers again: the try goes on and finds nothing
+        for _ in range(100):
+            if queue.grants is None:
+                break
+            await asyncio.sleep(0.02)
+        assert queue.grants is None and queue.wait is None
+        shards = (shard_of_tube(a, SHARDS), shard_of_tube(b, SHARDS))
+        assert [await store.shards[k].client.call("HGET", store.shards[k].keys.waiting, alice)
+                for k in shards] == [None, None]
+        counts = [await store.shards[k].tube_counts(t) for k, t in zip(shards, (a, b),
+                                                                          strict=True)]
+        assert [c[8] if c else None for c in counts] == [0, 0]  # current-waiting
+        await store.set_waiting(bob, 1)  # first in line on `a` now: a put is handed to him
+        job_id = await store.put(a, 0, 0, 60, b"for bob")
+        assert [r.id for r in await store.set_waiting(bob, -1, claim=True)] == [job_id]
+        await store.delete(bob, job_id)
+        await store.disconnect(alice, False, True, [])
+        await store.disconnect(bob, False, True, [])
     finally:
         await client.close()

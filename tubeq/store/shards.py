@@ -250,10 +250,22 @@ class ShardedStore:
             return self.shards[shards[0]].reserve_many(token, count,
                                                        counted_waiting=counted_waiting,
                                                        stay=stay, direct=direct)
+        if stay and not direct and not counted_waiting:
+            # A blocked reserve's: its count-in is sent now, so a count-out its wait sends
+            # later (it ended meanwhile: a timeout over a stalled Redis) reaches every shard
+            # after it; then one try, which counts it out on a grant.
+            counting = self.set_waiting(token, 1)
+            return asyncio.ensure_future(self._take_counted_in(counting, token, shards, count))
         if stay:
             return asyncio.ensure_future(self._take_staying(token, shards, count,
                                                             counted_waiting))
         return asyncio.ensure_future(self._reserve_across(token, shards, count, counted_waiting))
+
+    async def _take_counted_in(self, counting: asyncio.Future[list[Reservation]], token: str,
+                               shards: list[int], count: int) -> list[Reservation]:
+        await counting  # over several shards nothing is handed to it: no jobs come with it
+        taken: list[Reservation] = await self._reserve_across(token, shards, count, True)
+        return taken
 
     async def _take_staying(self, token: str, shards: list[int], count: int,
                             counted: bool) -> list[Reservation]:
