@@ -209,3 +209,29 @@ async def test_a_reserve_that_finds_nothing_counts_in_with_its_next_try_then_sle
         await asyncio.sleep(0)
     assert conn.written == [b"RESERVED 9 1\r\nx\r\n"]
     assert not queue.pending and queue.wait is None
+
+
+async def test_a_grant_whose_ttr_ran_out_on_the_way_is_followed_by_another_try() -> None:
+    """A wait's try granted a job whose TTR had run out before the reply was read (expire.lua
+    gave it back to ready, publishing nothing: the token was counted out): the wait counts in
+    again and tries again at once instead of sleeping until a wake-up that will not come."""
+    queue, conn = queue_with([])
+    reply = queue.start(None, None, False)
+    conn.store.calls[0][2].set_result(NoJob())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    stale = Reservation(4, TTR_S, b"late", NOW_MS)  # its deadline is now: given back
+    conn.store.calls[1][3].set_result([stale])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    [(kind, delta, _, count_in)] = conn.store.calls[2:]
+    assert (kind, delta) == ("set_waiting", 1)
+    count_in.set_result([])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    [(kind, _, take)] = conn.store.calls[3:]
+    assert kind == "reserve" and not reply.done()
+    take.set_result(job(5, b"y"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert conn.written == [b"RESERVED 5 1\r\ny\r\n"]

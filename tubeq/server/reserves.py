@@ -403,8 +403,11 @@ class ReserveQueue:
                         consumed = True
                         return self._from_pool(count)
                     # Granted, but its TTR ran out before the reply was read (this process was
-                    # paused): expire.lua gave it back. Wait on, counted in again.
+                    # paused): expire.lua gave it back. Wait on, counted in again, after one
+                    # more try: the job went back to ready while the token was counted out, so
+                    # no wake-up was published for it.
                     await wait.count_in()
+                    wait.wake()
                 del result  # not kept alive through the next (long) wait
         except _Overdue:
             return replies.TIMED_OUT
