@@ -1,16 +1,18 @@
 """When a tubeq process may take another for dead (tubeq.server.scheduler): only after hearing its
 own heartbeats answered without a gap for REAP_AFTER_MS, so a silence that was Redis's never
-counts; and a heartbeat that finds the process unregistered restores its registrations.
+counts; and a heartbeat that finds the process unregistered restores its registrations. And
+whom a sweep wakes before its reply: the first waiter, when the sweep may make a job ready.
 
 Pure logic against a fake store whose clock the test moves.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import asyncio
+from typing import Any, cast
 
 from tubeq.server.scheduler import BEAT_GAP_MS, HEARTBEAT_MS, REAP_AFTER_MS, Scheduler
-from tubeq.server.waiters import WaiterRegistry
+from tubeq.server.waiters import Waiter, WaiterRegistry
 from tubeq.store.store import Store
 
 
@@ -96,3 +98,70 @@ def test_the_reap_limit_is_past_the_gap_and_the_heartbeat() -> None:
     assert HEARTBEAT_MS < BEAT_GAP_MS < REAP_AFTER_MS
     never_beat = Scheduler(cast(Store, BeatingStore()), WaiterRegistry())
     assert not never_beat.may_reap(10**12)
+
+
+class SweepingStore(BeatingStore):
+    """The sweep's scripts, each answered by hand: what was sent, and when."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.promotes: list[asyncio.Future[tuple[int, list[str]]]] = []
+
+    def exact_ms(self) -> float:
+        return float(self.now)
+
+    def trim_events(self) -> None:
+        return None
+
+    def promote(self) -> asyncio.Future[tuple[int, list[str]]]:
+        call = asyncio.get_running_loop().create_future()
+        self.promotes.append(call)
+        return call
+
+    def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
+        call = asyncio.get_running_loop().create_future()
+        call.set_result((-1, []))
+        return call
+
+    def schedules_due(self) -> asyncio.Future[tuple[int, list[Any]]]:
+        call = asyncio.get_running_loop().create_future()
+        call.set_result((-1, []))
+        return call
+
+
+async def test_a_sweep_that_may_make_a_job_ready_wakes_the_first_waiter_before_its_reply(
+        ) -> None:
+    """A sweep at a delayed job's instant wakes the waiter first in line as it goes out (its
+    try follows the sweep to Redis); one at a heartbeat's instant with nothing else due
+    wakes nobody."""
+    store = SweepingStore()
+    registry = WaiterRegistry()
+    scheduler = Scheduler(cast(Store, store), registry)
+    waiter = Waiter(("a",), "t:1")
+    registry.register(waiter)
+    run = asyncio.ensure_future(scheduler.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(store.promotes) == 1 and waiter.woken  # woken before promote answers
+        waiter.rearm()
+        store.promotes[0].set_result((-1, ["a"]))  # nothing delayed left: next, a heartbeat
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiter.rearm()  # (promote's reply woke its tube's waiter: a hint as before)
+        store.now += HEARTBEAT_MS
+        scheduler._nudge.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(store.promotes) == 2 and not waiter.woken
+        store.promotes[1].set_result((store.now + 500, []))  # a delayed job due in 0.5 s
+        for _ in range(20):
+            await asyncio.sleep(0)
+        store.now += 500
+        scheduler._nudge.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(store.promotes) == 3 and waiter.woken
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)

@@ -148,3 +148,19 @@ def test_a_waiter_that_watches_anew_is_woken_by_its_new_tubes_in_its_old_place()
     registry.wake_one("a")  # it watches a no more: nobody to wake
     assert not first.woken and not second.woken
     assert registry.count() == 2
+
+
+def test_the_first_waiter_of_any_line_is_woken_first() -> None:
+    """wake_first (the scheduler's guess as a sweep goes out): the waiter that registered
+    first among those not awake, whatever its tubes; then the next one."""
+    registry = WaiterRegistry()
+    first, second, third = Waiter(("b",), "t:1"), Waiter(("a",), "t:2"), Waiter(("b",), "t:3")
+    for waiter in (first, second, third):
+        registry.register(waiter)
+    registry.wake_first()
+    assert [w.woken for w in (first, second, third)] == [True, False, False]
+    registry.wake_first()
+    assert [w.woken for w in (first, second, third)] == [True, True, False]
+    for waiter in (first, second, third):
+        registry.unregister(waiter, consumed=True)
+    registry.wake_first()  # nobody waits: nothing to wake

@@ -68,6 +68,10 @@ class Scheduler:
         self._up_since_ms: int | None = None  # heartbeats answered without a gap since then
         self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
         self._noted_ms: int | None = None  # earliest due noted during the current sweep
+        # The coming sweep may make a job ready: the sleep ends at a delayed job's, a TTR's or
+        # a noted instant (not only a heartbeat's or a schedule's tick, whose put hands its
+        # job over itself)
+        self._readies = True
         self._nudge = asyncio.Event()
 
     def note_due(self, due_ms: int) -> None:
@@ -81,6 +85,7 @@ class Scheduler:
             if self._noted_ms is None or due_ms < self._noted_ms:
                 self._noted_ms = due_ms
         elif due_ms < self._target_ms:
+            self._readies = True
             self._nudge.set()
 
     async def _heartbeat(self, sent_ms: int) -> None:
@@ -128,9 +133,14 @@ class Scheduler:
                     next_heartbeat = now + HEARTBEAT_MS
                 self._nudge.clear()
                 self._noted_ms = None
-                (next_timer, promoted), (next_deadline, expired), next_tick = \
-                    await asyncio.gather(self.store.promote(), self.store.expire(),
-                                         tick_schedules(self.store, self.note_due))
+                sweep = asyncio.gather(self.store.promote(), self.store.expire(),
+                                       tick_schedules(self.store, self.note_due))
+                if self._readies:
+                    # The waiter first in line here tries now, its try sent right behind the
+                    # sweep's scripts instead of after their reply: a job they make ready
+                    # comes back with them (a hint; its tube may be another's).
+                    self.registry.wake_first()
+                (next_timer, promoted), (next_deadline, expired), next_tick = await sweep
                 # This process's waiters on those tubes need not wait for the PUBLISH to come
                 # back through the subscriber (the scripts publish for other processes).
                 for tube in (*promoted, *expired):
@@ -144,6 +154,7 @@ class Scheduler:
             dues = (next_timer, next_deadline, next_tick, next_heartbeat, self._noted_ms)
             target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
+            self._readies = target in (next_timer, next_deadline, self._noted_ms)
             # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
             # made deliveries up to 1 ms later), on a timer finer than the loop's (uvloop counts
             # whole ms: tubeq.server.fine_timer). Its end sets the nudge, as note_due does.

@@ -150,6 +150,20 @@ class WaiterRegistry:
         if first is not None:
             first.wake()
 
+    def wake_first(self) -> None:
+        """Wake the waiter that registered first among those not awake yet, whatever it
+        watches: the scheduler's guess, as it sends a sweep that may make a job ready, of who
+        will want it (its try then follows the sweep to Redis instead of its reply)."""
+        first: Waiter | None = None
+        for line in self._lines.values():
+            for waiter in line.waiters:
+                if not waiter.woken:
+                    if first is None or waiter.order < first.order:
+                        first = waiter
+                    break
+        if first is not None:
+            first.wake()
+
     def wake_all(self) -> None:
         for line in self._lines.values():
             for waiter in line.waiters:
