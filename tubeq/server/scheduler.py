@@ -135,21 +135,16 @@ class Scheduler:
                 self._noted_ms = None
                 sweep = asyncio.gather(self.store.promote(), self.store.expire(),
                                        tick_schedules(self.store, self.note_due))
-                guessed = self._readies
-                if guessed:
+                if self._readies:
                     # The waiter first in line here tries now, its try sent right behind the
                     # sweep's scripts instead of after their reply: a job they make ready
                     # comes back with them (a hint; its tube may be another's).
                     self.registry.wake_first()
                 (next_timer, promoted), (next_deadline, expired), next_tick = await sweep
-                if not guessed:
-                    # This process's waiters on those tubes need not wait for the PUBLISH to
-                    # come back through the subscriber (the scripts publish for other
-                    # processes). After a guess they do: it comes back in the same Redis
-                    # write as this reply, and a wake-up here as well would send a second
-                    # waiter to try for the job the first one's try took.
-                    for tube in (*promoted, *expired):
-                        self.registry.wake_one(tube)
+                # This process's waiters on those tubes need not wait for the PUBLISH to come
+                # back through the subscriber (the scripts publish for other processes).
+                for tube in (*promoted, *expired):
+                    self.registry.wake_one(tube)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
