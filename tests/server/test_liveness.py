@@ -148,7 +148,7 @@ async def test_a_sweep_that_may_make_a_job_ready_wakes_the_first_waiter_before_i
         store.promotes[0].set_result((-1, ["a"]))  # nothing delayed left: next, a heartbeat
         for _ in range(20):
             await asyncio.sleep(0)
-        waiter.rearm()  # (promote's reply woke its tube's waiter: a hint as before)
+        waiter.rearm()  # (promote's reply woke the tube's first waiter, as it always did)
         store.now += HEARTBEAT_MS
         scheduler._nudge.set()
         for _ in range(20):
@@ -162,6 +162,32 @@ async def test_a_sweep_that_may_make_a_job_ready_wakes_the_first_waiter_before_i
         for _ in range(20):
             await asyncio.sleep(0)
         assert len(store.promotes) == 3 and waiter.woken
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_a_sweep_a_note_starts_before_its_instant_wakes_nobody() -> None:
+    """A delayed put due sooner than the current sleep nudges the scheduler, which sweeps at
+    once only to learn the new instant: nothing can be due yet, so no waiter is woken for it
+    (it would try for nothing)."""
+    store = SweepingStore()
+    registry = WaiterRegistry()
+    scheduler = Scheduler(cast(Store, store), registry)
+    run = asyncio.ensure_future(scheduler.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        store.promotes[0].set_result((-1, []))  # nothing delayed: it sleeps until the beat
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiter = Waiter(("a",), "t:1")
+        registry.register(waiter)
+        store.now += 10
+        scheduler.note_due(store.now + HEARTBEAT_MS // 2)  # a delayed put, due in 0.5 s
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(store.promotes) == 2 and not waiter.woken  # the note's sweep, now
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)

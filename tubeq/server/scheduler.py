@@ -68,10 +68,11 @@ class Scheduler:
         self._up_since_ms: int | None = None  # heartbeats answered without a gap since then
         self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
         self._noted_ms: int | None = None  # earliest due noted during the current sweep
-        # The coming sweep may make a job ready: the sleep ends at a delayed job's, a TTR's or
-        # a noted instant (not only a heartbeat's or a schedule's tick, whose put hands its
-        # job over itself)
-        self._readies = True
+        # When a sweep may make a job ready: the current sleep's end, when that is a delayed
+        # job's, a TTR's or a noted instant (not a heartbeat's or a schedule's tick alone, whose
+        # put hands its job over itself); None: none. A sweep a note starts sooner (its instant
+        # is still ahead) makes nothing ready.
+        self._readies_at: int | None = 0
         self._nudge = asyncio.Event()
 
     def note_due(self, due_ms: int) -> None:
@@ -85,7 +86,6 @@ class Scheduler:
             if self._noted_ms is None or due_ms < self._noted_ms:
                 self._noted_ms = due_ms
         elif due_ms < self._target_ms:
-            self._readies = True
             self._nudge.set()
 
     async def _heartbeat(self, sent_ms: int) -> None:
@@ -135,7 +135,7 @@ class Scheduler:
                 self._noted_ms = None
                 sweep = asyncio.gather(self.store.promote(), self.store.expire(),
                                        tick_schedules(self.store, self.note_due))
-                if self._readies:
+                if self._readies_at is not None and now >= self._readies_at:
                     # The waiter first in line here tries now, its try sent right behind the
                     # sweep's scripts instead of after their reply: a job they make ready
                     # comes back with them (a hint; its tube may be another's).
@@ -154,7 +154,8 @@ class Scheduler:
             dues = (next_timer, next_deadline, next_tick, next_heartbeat, self._noted_ms)
             target = min(t for t in dues if t is not None and t >= 0)
             self._target_ms = target
-            self._readies = target in (next_timer, next_deadline, self._noted_ms)
+            self._readies_at = target if target in (next_timer, next_deadline,
+                                                    self._noted_ms) else None
             # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
             # made deliveries up to 1 ms later), on a timer finer than the loop's (uvloop counts
             # whole ms: tubeq.server.fine_timer). Its end sets the nudge, as note_due does.
