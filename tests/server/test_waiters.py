@@ -5,8 +5,11 @@ Bounds here are generous: they only tell "fired" from "never fired"; none assert
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
+from tubeq.server.reserve_wait import Wait
 from tubeq.server.waiters import CoarseTimer, Deadlines, Signal, Waiter, WaiterRegistry
+from tubeq.store.base import JobStore
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0
@@ -164,3 +167,37 @@ def test_the_first_waiter_of_any_line_is_woken_first() -> None:
     for waiter in (first, second, third):
         registry.unregister(waiter, consumed=True)
     registry.wake_first()  # nobody waits: nothing to wake
+
+
+def test_a_hint_with_a_count_wakes_that_many_waiters_and_passes_deaf_ones_by() -> None:
+    """wake(tube, n), a hint that the tube has n jobs ready: up to n waiters not awake, in
+    arrival order, a deaf one (a push loop with no credit) passed by; wake_first too."""
+    registry = WaiterRegistry()
+    deaf, first, second, third = (Waiter(("a",), f"t:{i}") for i in range(4))
+    deaf.deaf = True
+    for waiter in (deaf, first, second, third):
+        registry.register(waiter)
+    registry.wake("a", 2)
+    assert [w.woken for w in (deaf, first, second, third)] == [False, True, True, False]
+    registry.wake("a", 5)  # more than wait: each once
+    assert [w.woken for w in (deaf, first, second, third)] == [False, True, True, True]
+    for waiter in (first, second, third):
+        registry.unregister(waiter, consumed=True)
+    registry.wake_first()
+    registry.wake("a", 0)  # a hint from a tubeq that sent no count: one
+    assert not deaf.woken
+
+
+def test_a_wait_that_leaves_with_a_job_passes_on_a_hint_its_try_did_not_see() -> None:
+    """A hint that came while the wait's last try was out (the try re-armed it as it went) was
+    not used by that try, even one that took a job: leaving, the wait passes it on."""
+    registry = WaiterRegistry()
+    store = cast(JobStore, object())  # not counted in: leave sends nothing
+    wait, behind = Wait(registry, store, "t:1", ("a",)), Waiter(("a",), "t:2")
+    registry.register(behind)
+    wait.rearm()  # its try goes out
+    registry.wake_one("a")  # a second job's hint, while the try is out: it lands on the wait
+    assert wait.woken and not behind.woken
+    assert wait.leave(consumed=True) is None  # the try took a job
+    assert behind.woken
+    registry.unregister(behind, consumed=True)

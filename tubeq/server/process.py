@@ -462,11 +462,13 @@ class Server:
             reached = quiet_in.quiet_consumers(scope, target)
             log.info("quiet", scope=scope, target=target, push_connections=reached)
             return
-        # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root.
+        # A wake-up: "{prefix}:wake:<tube>", the namespace by its key root; its data how many
+        # jobs the tube has ready ("" from a tubeq before that: one).
         split = channel.find(b"}:") + 2
         registry = self._wakes.get(channel[:split])
         if registry is not None:
-            registry.wake_one(channel[split + len(b"wake:"):].decode())
+            registry.wake(channel[split + len(b"wake:"):].decode(),
+                          int(data) if data.isdigit() else 1)
 
     def _wake_all(self) -> None:
         for ctx in self.namespaces.values():

@@ -207,11 +207,13 @@ class Push:
         reserved = session.reserved
         deadlines = [reserved[j] for j in pushed if j in reserved]
         self._parked = True
+        wait.deaf = not wait.counted and not self.room()  # it takes nothing: hints pass it by
         try:
             await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None,
                              loop=self._loop)
         finally:
             self._parked = False
+            wait.deaf = False
         if self._early is None or not wait.woken:
             # (After an early take, which re-armed the wait as it was sent, a hint that came
             # since stays: the loop tries once more.)

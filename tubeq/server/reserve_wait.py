@@ -175,7 +175,9 @@ class Wait(Waiter):
         """Unregister (passing on a wake-up not ``consumed``) and, if still counted in Redis,
         send the count-out (``claim``: taking what a put handed over meanwhile): the caller
         decides what becomes of those jobs. None when there was nothing to count out."""
-        self._registry.unregister(self, consumed=consumed)
+        # A wake-up that came after its last try was sent (every try re-arms) was not used by
+        # that try, whatever it got: it is passed on (it may be for another job of the tube).
+        self._registry.unregister(self, consumed=consumed and not self.woken)
         if not self.counted:
             return None
         self.counted = False

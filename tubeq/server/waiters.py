@@ -8,17 +8,18 @@ consumers watching the same 100 tubes spent ~7 % of tubeq's CPU in a per-tube re
 A put hands its job to the first token waiting in Redis and tells that token's process, whose
 registry wakes the token's waits directly (:meth:`WaiterRegistry.handed_over`). Every other path
 to ready (release, kick, promote, expire, pause end) sends a hint, a pub/sub message naming a
-tube, that wakes the oldest waiter of that tube that is not already awake
-(:meth:`WaiterRegistry.wake_one`); the woken waiter then runs the reserve script, which is the
-truth. The process routes both messages here from its one subscriber. Timeline of the race this
-closes::
+tube and how many jobs it has ready, that wakes that many of the oldest waiters of that tube
+not already awake (:meth:`WaiterRegistry.wake`), passing by the deaf (a push loop with no
+credit); a woken waiter then runs the reserve script, which is the truth. The process routes
+both messages here from its one subscriber. Timeline of the race this closes::
 
     waiter: register here + count itself in Redis (count_waiting.lua) ... try reserve.lua ... sleep
     other:                    release.lua (sees a line waiting on it, PUBLISHes) -^ wakes it
 
 A job that became ready before the count is in Redis publishes nothing, but the try after
-registering sees it. A waiter that was woken and leaves without trying (its client went away)
-passes the wake-up on, so a hint is never lost with it. A pub/sub reconnect wakes everyone once.
+registering sees it. A waiter that was woken and leaves without trying (its client went away),
+or whose last try went out before the hint came, passes the wake-up on, so a hint is never lost
+with it. A pub/sub reconnect wakes everyone once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tubeq.server.timers import CoarseTimer, Deadlines, Signal
 class Waiter:
     """One blocked reserve: its token, the tubes it watches and the signal that wakes it."""
 
-    __slots__ = ("event", "order", "token", "tubes", "woken")
+    __slots__ = ("deaf", "event", "order", "token", "tubes", "woken")
 
     def __init__(self, tubes: Iterable[str], token: str) -> None:
         self.tubes = tuple(tubes)  # a connection's watch list is a tuple: the same object
@@ -39,6 +40,9 @@ class Waiter:
         self.event = Signal()
         self.woken = False
         self.order = 0  # when it registered (WaiterRegistry): FIFO across lines
+        # It takes nothing for now (a push loop with no credit): hints pass it by, so one
+        # that would take the job hears it
+        self.deaf = False
 
     def wake(self) -> None:
         self.woken = True
@@ -138,17 +142,27 @@ class WaiterRegistry:
             for waiter in _each(held):
                 waiter.wake()
 
-    def wake_one(self, tube: str) -> None:
-        """Wake the waiter of ``tube`` that registered first among those not awake yet."""
+    def wake_one(self, tube: str) -> bool:
+        """Wake the waiter of ``tube`` that registered first among those not awake yet (nor
+        deaf); whether there was one."""
         first: Waiter | None = None
         for line in self._by_tube.get(tube, ()):
             for waiter in line.waiters:
-                if not waiter.woken:
+                if not waiter.woken and not waiter.deaf:
                     if first is None or waiter.order < first.order:
                         first = waiter
                     break
-        if first is not None:
-            first.wake()
+        if first is None:
+            return False
+        first.wake()
+        return True
+
+    def wake(self, tube: str, ready: int) -> None:
+        """A hint that ``tube`` has ``ready`` jobs ready: wake that many of its waiters, in
+        arrival order, at most (those awake already are on their way to try)."""
+        for _ in range(max(1, ready)):
+            if not self.wake_one(tube):
+                return
 
     def wake_first(self) -> None:
         """Wake the waiter that registered first among those not awake yet, whatever it
@@ -157,7 +171,7 @@ class WaiterRegistry:
         first: Waiter | None = None
         for line in self._lines.values():
             for waiter in line.waiters:
-                if not waiter.woken:
+                if not waiter.woken and not waiter.deaf:
                     if first is None or waiter.order < first.order:
                         first = waiter
                     break

@@ -142,10 +142,12 @@ local function arm_delay_timer(t)
 end
 
 -- Wake-up hint for processes with reserves blocked on this tube; no PUBLISH when nobody waits.
--- (A tube has waiters while a line is entered in k_waiters: includes/waiter_counts.lua.)
+-- (A tube has waiters while a line is entered in k_waiters: includes/waiter_counts.lua.) It
+-- says how many jobs the tube has ready, so a process wakes that many of its waiters at most
+-- (a kick, a pause's end, a sweep may make several ready at once; one wake-up served one).
 local function wake(t)
   if rcall('EXISTS', k_waiters(t)) == 1 then
-    rcall('PUBLISH', k_wake(t), '')
+    rcall('PUBLISH', k_wake(t), text(rcall('ZCARD', k_ready(t))))
   end
 end
 

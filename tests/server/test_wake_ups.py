@@ -1,0 +1,152 @@
+"""Wake-ups reach the reserves that can take the jobs: every blocked reserve of a tube is served
+as soon as there are jobs for it, however many became ready at once and whoever else is
+registered on the tube (tubeq.server.waiters; the hint's count, lua/includes/jobs.lua's wake).
+
+Against a real Redis and one server process's context (tests/server/test_connection.py's fake
+client), one shard and four: a kick, a pause's end, delayed jobs due together, TTRs running
+out together, each with as many reserves as jobs; a push connection with no credit first in
+the tube's line, which takes nothing. A reserve not served within the bound would have waited
+for the 10 s re-check or its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.server.test_connection import Client
+from tubeq.server.context import ServerContext
+from tubeq.server.process import Config, Server
+
+# A reserve answers within this once its job is ready (the re-check a lost wake-up leaves it
+# to is 10 s; the reserves' own timeout is RESERVE_TIMEOUT_S)
+SERVED_WITHIN_S = 3.0
+RESERVE_TIMEOUT_S = 5
+
+
+@pytest.fixture(params=[1, 4], ids=["one-shard", "four-shards"])
+async def ctx(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ServerContext]:
+    server = Server(Config(port=0, redis_url=redis_url, prefix=f"wakes{request.param}",
+                           shards=request.param))
+    await server.start()
+    assert server.ctx is not None
+    yield server.ctx
+    await server.stop()
+
+
+async def _blocked(ctx: ServerContext, tube: str) -> Client:
+    """A connection whose reserve-with-timeout on ``tube`` alone is sent (it blocks)."""
+    client = Client(ctx)
+    client.send(b"watch %s\r\nignore default\r\nreserve-with-timeout %d\r\n"
+                % (tube.encode(), RESERVE_TIMEOUT_S))
+    await client.until(lambda out: out.count(b"\r\n") >= 2)  # WATCHING, WATCHING
+    client.transport.out.clear()
+    return client
+
+
+async def _answers(clients: list[Client]) -> list[bytes]:
+    """Each client's first reply line once all have one, or SERVED_WITHIN_S has passed."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + SERVED_WITHIN_S
+    while loop.time() < end and not all(b"\r\n" in c.transport.out for c in clients):
+        await asyncio.sleep(0.01)
+    return [bytes(c.transport.out).split(b"\r\n")[0] for c in clients]
+
+
+async def _blocked_all(ctx: ServerContext, tube: str, count: int) -> list[Client]:
+    waiters = [await _blocked(ctx, tube) for _ in range(count)]
+    for _ in range(100):  # until each has counted in (its first try came back empty)
+        if ctx.registry.count() >= count:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    return waiters
+
+
+async def test_a_kick_of_three_serves_three_blocked_reserves(ctx: ServerContext) -> None:
+    producer = Client(ctx)
+    producer.send(b"use k\r\nwatch k\r\n" + b"put 0 0 60 1\r\na\r\n" * 3
+                  + b"reserve\r\nreserve\r\nreserve\r\n")
+    out = await producer.until(lambda out: out.count(b"RESERVED") >= 3)
+    held = [int(part.split(b" ")[0]) for part in out.split(b"RESERVED ")[1:]]
+    producer.transport.out.clear()
+    producer.send(b"".join(b"bury %d 0\r\n" % job for job in held))
+    await producer.until(lambda out: out.count(b"BURIED") >= 3)
+    waiters = await _blocked_all(ctx, "k", 3)
+    producer.send(b"kick 3\r\n")
+    got = await _answers(waiters)
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+async def test_a_pause_ending_over_three_ready_jobs_serves_three_blocked_reserves(
+        ctx: ServerContext) -> None:
+    producer = Client(ctx)
+    producer.send(b"use q\r\n" + b"put 0 0 60 1\r\na\r\n" * 3 + b"pause-tube q 1\r\n")
+    await producer.until(lambda out: out.count(b"\r\n") >= 5)
+    waiters = await _blocked_all(ctx, "q", 3)
+    got = await _answers(waiters)  # the pause ends at 1 s
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+async def test_two_delayed_jobs_due_together_serve_two_blocked_reserves(
+        ctx: ServerContext) -> None:
+    waiters = await _blocked_all(ctx, "d", 2)
+    producer = Client(ctx)
+    producer.send(b"use d\r\nput 0 1 60 1\r\na\r\nput 0 1 60 1\r\nb\r\n")  # one read: one sweep
+    await producer.until(lambda out: out.count(b"\r\n") >= 3)
+    got = await _answers(waiters)
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+async def test_two_ttrs_running_out_together_serve_two_blocked_reserves(
+        ctx: ServerContext) -> None:
+    holder = Client(ctx)
+    holder.send(b"use e\r\nwatch e\r\nput 0 0 1 1\r\na\r\nput 0 0 1 1\r\nb\r\n"
+                b"reserve\r\nreserve\r\n")
+    await holder.until(lambda out: out.count(b"RESERVED") >= 2)
+    waiters = await _blocked_all(ctx, "e", 2)
+    got = await _answers(waiters)  # both TTRs (1 s) run out together
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+async def _creditless_pusher(ctx: ServerContext, tube: bytes) -> Client:
+    """A push connection on ``tube`` whose one credit is held: it takes nothing now."""
+    pusher = Client(ctx)
+    pusher.send(b"watch %s\r\nignore default\r\npush 1\r\n" % tube)
+    await pusher.until(lambda out: b"RESERVED" in out)
+    await asyncio.sleep(0.1)
+    return pusher
+
+
+async def test_a_push_loop_with_no_credit_does_not_take_a_releases_wake_up(
+        ctx: ServerContext) -> None:
+    """First in the tube's line, the push loop that can take nothing is passed by: the reserve
+    behind it hears the release."""
+    producer = Client(ctx)
+    producer.send(b"use a\r\nwatch a\r\nput 0 0 60 1\r\nx\r\nput 0 0 60 1\r\ny\r\nreserve\r\n")
+    out = await producer.until(lambda out: b"RESERVED" in out)
+    held = int(out.split(b"RESERVED ")[1].split(b" ")[0])
+    pusher = await _creditless_pusher(ctx, b"a")
+    [reserve] = await _blocked_all(ctx, "a", 1)
+    producer.send(b"release %d 0 0\r\n" % held)
+    got = await _answers([reserve])
+    assert got[0].startswith(b"RESERVED"), got
+    del pusher
+
+
+async def test_a_push_loop_with_no_credit_does_not_take_a_delayed_jobs_wake_up(
+        ctx: ServerContext) -> None:
+    """The same with a delayed job, while an older waiter on another tube is what the
+    scheduler wakes first as the sweep goes out."""
+    other = await _blocked(ctx, "other")
+    producer = Client(ctx)
+    producer.send(b"use a\r\nput 0 0 60 1\r\nx\r\n")
+    await producer.until(lambda out: out.count(b"\r\n") >= 2)
+    pusher = await _creditless_pusher(ctx, b"a")
+    [reserve] = await _blocked_all(ctx, "a", 1)
+    producer.send(b"put 0 1 60 1\r\ny\r\n")
+    got = await _answers([reserve])
+    assert got[0].startswith(b"RESERVED"), got
+    del other, pusher
