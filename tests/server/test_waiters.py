@@ -201,3 +201,19 @@ def test_a_wait_that_leaves_with_a_job_passes_on_a_hint_its_try_did_not_see() ->
     assert wait.leave(consumed=True) is None  # the try took a job
     assert behind.woken
     registry.unregister(behind, consumed=True)
+
+
+def test_a_wait_woken_by_its_own_connection_passes_nothing_on() -> None:
+    """A wake-up by the wait's own connection (a job in its pool, a hand-over) is not a hint:
+    a wait that leaves with a job after one wakes nobody else."""
+    registry = WaiterRegistry()
+    head = Wait(registry, cast(JobStore, object()), "t:1", ("a", "b", "c"))
+    others = [Waiter((tube,), f"t:{i}") for i, tube in enumerate("abc", 2)]
+    for waiter in others:
+        registry.register(waiter)
+    head.rearm()
+    head.wake()  # the reserve queue: a later reserve's try granted a job, the head takes it
+    head.leave(consumed=True)
+    assert not any(w.woken for w in others)
+    for waiter in others:
+        registry.unregister(waiter, consumed=True)

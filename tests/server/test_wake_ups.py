@@ -5,7 +5,8 @@ registered on the tube (tubeq.server.waiters; the hint's count, lua/includes/job
 Against a real Redis and one server process's context (tests/server/test_connection.py's fake
 client), one shard and four: a kick, a pause's end, delayed jobs due together, TTRs running
 out together, each with as many reserves as jobs; a push connection with no credit first in
-the tube's line, which takes nothing. A reserve not served within the bound would have waited
+the tube's line, or one whose client stopped reading, which take nothing; a capped tube, whose
+freed slot wakes one reserve, not all. A reserve not served within the bound would have waited
 for the 10 s re-check or its timeout.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from tests.server.test_connection import Client
 from tubeq.server.context import ServerContext
 from tubeq.server.process import Config, Server
+from tubeq.server.waiters import Waiter
 
 # A reserve answers within this once its job is ready (the re-check a lost wake-up leaves it
 # to is 10 s; the reserves' own timeout is RESERVE_TIMEOUT_S)
@@ -150,3 +152,48 @@ async def test_a_push_loop_with_no_credit_does_not_take_a_delayed_jobs_wake_up(
     got = await _answers([reserve])
     assert got[0].startswith(b"RESERVED"), got
     del other, pusher
+
+
+async def test_a_push_loop_whose_client_stopped_reading_passes_a_hint_on(
+        ctx: ServerContext) -> None:
+    """A push loop counted in (credit left, nothing ready) whose client stops taking replies
+    cannot take a job: a hint that lands on it goes on to the reserve behind it."""
+    producer = Client(ctx)
+    producer.send(b"use a\r\nwatch a\r\nput 0 0 60 1\r\nx\r\nreserve\r\n")
+    out = await producer.until(lambda out: b"RESERVED" in out)
+    held = int(out.split(b"RESERVED ")[1].split(b" ")[0])
+    pusher = Client(ctx)
+    pusher.send(b"watch a\r\nignore default\r\npush 1\r\n")  # nothing ready: counted in
+    await asyncio.sleep(0.2)
+    [reserve] = await _blocked_all(ctx, "a", 1)
+    pusher.conn.pause_writing()  # the client stops reading its replies
+    producer.send(b"release %d 0 0\r\n" % held)
+    got = await _answers([reserve])
+    assert got[0].startswith(b"RESERVED"), got
+
+
+async def test_a_slot_freed_on_a_capped_tube_wakes_one_waiter_not_all(
+        ctx: ServerContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tube with concurrency=1 and 30 jobs ready: a delete frees one slot, and one of the
+    20 blocked reserves is woken for it, not every one (its ready count is not what it
+    serves)."""
+    producer = Client(ctx)
+    producer.send(b"use c\r\nwatch c\r\ntube-set c concurrency=1\r\n"
+                  + b"put 0 0 60 1\r\na\r\n" * 30 + b"reserve\r\n")
+    out = await producer.until(lambda out: b"RESERVED" in out)
+    held = int(out.split(b"RESERVED ")[1].split(b" ")[0])
+    waiters = await _blocked_all(ctx, "c", 20)
+    woken = 0
+    wake = Waiter.wake
+
+    def counting(self: Waiter) -> None:
+        nonlocal woken
+        woken += 1
+        wake(self)
+
+    monkeypatch.setattr(Waiter, "wake", counting)
+    producer.send(b"delete %d\r\n" % held)
+    await _answers(waiters[:1])
+    await asyncio.sleep(0.3)
+    assert sum(b"RESERVED" in c.transport.out for c in waiters) == 1
+    assert woken <= 2, f"{woken} waiters woken for one free slot"

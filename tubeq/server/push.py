@@ -208,6 +208,8 @@ class Push:
         deadlines = [reserved[j] for j in pushed if j in reserved]
         self._parked = True
         wait.deaf = not wait.counted and not self.room()  # it takes nothing: hints pass it by
+        if wait.deaf:
+            wait.pass_on()  # a hint that woke it while it could take nothing: the next one's
         try:
             await wait.sleep((min(deadlines) - now) / 1000 if deadlines else None,
                              loop=self._loop)

@@ -175,13 +175,22 @@ class Wait(Waiter):
         """Unregister (passing on a wake-up not ``consumed``) and, if still counted in Redis,
         send the count-out (``claim``: taking what a put handed over meanwhile): the caller
         decides what becomes of those jobs. None when there was nothing to count out."""
-        # A wake-up that came after its last try was sent (every try re-arms) was not used by
+        # A hint that came after its last try was sent (every try re-arms) was not used by
         # that try, whatever it got: it is passed on (it may be for another job of the tube).
-        self._registry.unregister(self, consumed=consumed and not self.woken)
+        # A wake-up by its own connection (a job in its pool, a hand-over) is not a hint.
+        self._registry.unregister(self, consumed=consumed and not self.hinted)
         if not self.counted:
             return None
         self.counted = False
         return self._store.set_waiting(self.token, -1, claim=claim)
+
+    def pass_on(self) -> None:
+        """A hint this wait cannot use (it takes nothing now) goes to the next waiter of each
+        of its tubes."""
+        if self.hinted:
+            self.woken = self.hinted = False
+            for tube in self.tubes:
+                self._registry.wake_one(tube)
 
     def _tracked(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         return call if self._owner is None else self._owner.track_grants(call)

@@ -24,6 +24,7 @@ with it. A pub/sub reconnect wakes everyone once.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from tubeq.server.timers import CoarseTimer, Deadlines, Signal
@@ -32,7 +33,7 @@ from tubeq.server.timers import CoarseTimer, Deadlines, Signal
 class Waiter:
     """One blocked reserve: its token, the tubes it watches and the signal that wakes it."""
 
-    __slots__ = ("deaf", "event", "order", "token", "tubes", "woken")
+    __slots__ = ("deaf", "event", "hinted", "order", "token", "tubes", "woken")
 
     def __init__(self, tubes: Iterable[str], token: str) -> None:
         self.tubes = tuple(tubes)  # a connection's watch list is a tuple: the same object
@@ -43,14 +44,21 @@ class Waiter:
         # It takes nothing for now (a push loop with no credit): hints pass it by, so one
         # that would take the job hears it
         self.deaf = False
+        self.hinted = False  # woken by a hint (not by its own connection) since its last try
 
     def wake(self) -> None:
         self.woken = True
         self.event.set()
 
+    def hint(self) -> None:
+        """Woken by a hint (the registry's): one its next try may be the only one to use."""
+        self.hinted = True
+        self.wake()
+
     def rearm(self) -> None:
         """Called before each try: a hint arriving after this wakes the next sleep."""
         self.woken = False
+        self.hinted = False
         self.event.clear()
 
 
@@ -154,15 +162,23 @@ class WaiterRegistry:
                     break
         if first is None:
             return False
-        first.wake()
+        first.hint()
         return True
 
     def wake(self, tube: str, ready: int) -> None:
         """A hint that ``tube`` has ``ready`` jobs ready: wake that many of its waiters, in
-        arrival order, at most (those awake already are on their way to try)."""
-        for _ in range(max(1, ready)):
-            if not self.wake_one(tube):
-                return
+        arrival order, at most (those awake already are on their way to try): one pass over
+        its lines, whatever the count."""
+        if ready <= 1:
+            self.wake_one(tube)
+            return
+        lines = self._by_tube.get(tube)
+        if not lines:
+            return
+        for waiter in heapq.nsmallest(ready, (w for line in lines for w in line.waiters
+                                              if not w.woken and not w.deaf),
+                                      key=_arrival):
+            waiter.hint()
 
     def wake_first(self) -> None:
         """Wake the waiter that registered first among those not awake yet, whatever it
@@ -176,12 +192,16 @@ class WaiterRegistry:
                         first = waiter
                     break
         if first is not None:
-            first.wake()
+            first.hint()
 
     def wake_all(self) -> None:
         for line in self._lines.values():
             for waiter in line.waiters:
                 waiter.wake()
+
+
+def _arrival(waiter: Waiter) -> int:
+    return waiter.order
 
 
 def _each(held: Waiter | tuple[Waiter, ...]) -> tuple[Waiter, ...]:

@@ -164,5 +164,5 @@ for i = first, #ARGV, step do
 end
 if run and not run.done then direct_flush(run) end  -- (the batch ended with the run)
 if stored > 0 then count_stored(t, stored) end
-if left_ready and waiters then rcall('PUBLISH', k_wake(t), '') end
+if left_ready and waiters then wake(t) end  -- with how many are ready (jobs.lua)
 return ids

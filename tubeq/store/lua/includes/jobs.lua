@@ -145,9 +145,15 @@ end
 -- (A tube has waiters while a line is entered in k_waiters: includes/waiter_counts.lua.) It
 -- says how many jobs the tube has ready, so a process wakes that many of its waiters at most
 -- (a kick, a pause's end, a sweep may make several ready at once; one wake-up served one).
+-- A tube with reserve limits, or paused, serves fewer than it holds: one (no herd per slot).
 local function wake(t)
   if rcall('EXISTS', k_waiters(t)) == 1 then
-    rcall('PUBLISH', k_wake(t), text(rcall('ZCARD', k_ready(t))))
+    local n = rcall('ZCARD', k_ready(t))
+    if n > 1 and (rcall('HEXISTS', k_tube(t), 'lim') == 1
+                  or rcall('HEXISTS', k_tube(t), 'pause') == 1) then
+      n = 1
+    end
+    rcall('PUBLISH', k_wake(t), text(n))
   end
 end
 
