@@ -11,19 +11,15 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.server.test_connection import Client
+from tests.support.contexts import server_context
 from tubeq.server.context import ServerContext
-from tubeq.server.process import Config, Server
 from tubeq.store.shards import shard_of_id, shard_of_tube
 
 
 @pytest.fixture(params=[1, 4], ids=["one-root", "shards-4"])
 async def ctx(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ServerContext]:
-    server = Server(Config(port=0, redis_url=redis_url, prefix=f"after{request.param}",
-                           shards=request.param))
-    await server.start()
-    assert server.ctx is not None
-    yield server.ctx
-    await server.stop()
+    async with server_context(redis_url, f"after{request.param}", request.param) as ctx:
+        yield ctx
 
 
 async def line(client: Client) -> bytes:

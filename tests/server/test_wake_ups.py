@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.server.test_connection import Client
+from tests.support.contexts import server_context
 from tubeq.server.context import ServerContext
-from tubeq.server.process import Config, Server
 from tubeq.server.waiters import Waiter
 
 # A reserve answers within this once its job is ready (the re-check a lost wake-up leaves it
@@ -30,12 +30,8 @@ RESERVE_TIMEOUT_S = 5
 
 @pytest.fixture(params=[1, 4], ids=["one-shard", "four-shards"])
 async def ctx(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[ServerContext]:
-    server = Server(Config(port=0, redis_url=redis_url, prefix=f"wakes{request.param}",
-                           shards=request.param))
-    await server.start()
-    assert server.ctx is not None
-    yield server.ctx
-    await server.stop()
+    async with server_context(redis_url, f"wakes{request.param}", request.param) as ctx:
+        yield ctx
 
 
 async def _blocked(ctx: ServerContext, tube: str) -> Client:
