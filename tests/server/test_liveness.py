@@ -191,3 +191,28 @@ async def test_a_sweep_a_note_starts_before_its_instant_wakes_nobody() -> None:
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_a_note_of_an_instant_already_come_makes_its_sweep_guess() -> None:
+    """A note whose instant has come by the time its sweep runs (a TTR noted late, a clock
+    read a moment after) makes that sweep one that may make a job ready: it wakes the first
+    waiter as it goes out."""
+    store = SweepingStore()
+    registry = WaiterRegistry()
+    scheduler = Scheduler(cast(Store, store), registry)
+    run = asyncio.ensure_future(scheduler.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        store.promotes[0].set_result((-1, []))  # nothing delayed: it sleeps until the beat
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waiter = Waiter(("a",), "t:1")
+        registry.register(waiter)
+        scheduler.note_due(store.now)  # due now
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(store.promotes) == 2 and waiter.woken
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)

@@ -86,6 +86,8 @@ class Scheduler:
             if self._noted_ms is None or due_ms < self._noted_ms:
                 self._noted_ms = due_ms
         elif due_ms < self._target_ms:
+            if self._readies_at is None or due_ms < self._readies_at:
+                self._readies_at = due_ms  # the sweep guesses if this instant has come
             self._nudge.set()
 
     async def _heartbeat(self, sent_ms: int) -> None:
