@@ -9,6 +9,8 @@ Pure logic against a fake store whose clock the test moves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from tubeq.server.scheduler import BEAT_GAP_MS, HEARTBEAT_MS, REAP_AFTER_MS, Scheduler
@@ -167,52 +169,47 @@ async def test_a_sweep_that_may_make_a_job_ready_wakes_the_first_waiter_before_i
         await asyncio.gather(run, return_exceptions=True)
 
 
-async def test_a_sweep_a_note_starts_before_its_instant_wakes_nobody() -> None:
-    """A delayed put due sooner than the current sleep nudges the scheduler, which sweeps at
-    once only to learn the new instant: nothing can be due yet, so no waiter is woken for it
-    (it would try for nothing)."""
+async def _turns() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+@contextlib.asynccontextmanager
+async def _asleep_until_the_beat() -> AsyncIterator[tuple[Scheduler, SweepingStore, Waiter]]:
+    """A running scheduler whose first sweep found nothing delayed (it sleeps until the next
+    heartbeat), and a waiter registered after that sweep."""
     store = SweepingStore()
     registry = WaiterRegistry()
     scheduler = Scheduler(cast(Store, store), registry)
     run = asyncio.ensure_future(scheduler.run())
     try:
-        for _ in range(20):
-            await asyncio.sleep(0)
-        store.promotes[0].set_result((-1, []))  # nothing delayed: it sleeps until the beat
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await _turns()
+        store.promotes[0].set_result((-1, []))
+        await _turns()
         waiter = Waiter(("a",), "t:1")
         registry.register(waiter)
-        store.now += 10
-        scheduler.note_due(store.now + HEARTBEAT_MS // 2)  # a delayed put, due in 0.5 s
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert len(store.promotes) == 2 and not waiter.woken  # the note's sweep, now
+        yield scheduler, store, waiter
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_a_sweep_a_note_starts_before_its_instant_wakes_nobody() -> None:
+    """A delayed put due sooner than the current sleep nudges the scheduler, which sweeps at
+    once only to learn the new instant: nothing can be due yet, so no waiter is woken for it
+    (it would try for nothing)."""
+    async with _asleep_until_the_beat() as (scheduler, store, waiter):
+        store.now += 10
+        scheduler.note_due(store.now + HEARTBEAT_MS // 2)  # a delayed put, due in 0.5 s
+        await _turns()
+        assert len(store.promotes) == 2 and not waiter.woken  # the note's sweep, now
 
 
 async def test_a_note_of_an_instant_already_come_makes_its_sweep_guess() -> None:
     """A note whose instant has come by the time its sweep runs (a TTR noted late, a clock
     read a moment after) makes that sweep one that may make a job ready: it wakes the first
     waiter as it goes out."""
-    store = SweepingStore()
-    registry = WaiterRegistry()
-    scheduler = Scheduler(cast(Store, store), registry)
-    run = asyncio.ensure_future(scheduler.run())
-    try:
-        for _ in range(20):
-            await asyncio.sleep(0)
-        store.promotes[0].set_result((-1, []))  # nothing delayed: it sleeps until the beat
-        for _ in range(20):
-            await asyncio.sleep(0)
-        waiter = Waiter(("a",), "t:1")
-        registry.register(waiter)
+    async with _asleep_until_the_beat() as (scheduler, store, waiter):
         scheduler.note_due(store.now)  # due now
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await _turns()
         assert len(store.promotes) == 2 and waiter.woken
-    finally:
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)

@@ -153,13 +153,7 @@ class WaiterRegistry:
     def wake_one(self, tube: str) -> bool:
         """Wake the waiter of ``tube`` that registered first among those not awake yet (nor
         deaf); whether there was one."""
-        first: Waiter | None = None
-        for line in self._by_tube.get(tube, ()):
-            for waiter in line.waiters:
-                if not waiter.woken and not waiter.deaf:
-                    if first is None or waiter.order < first.order:
-                        first = waiter
-                    break
+        first = _first_to_hint(self._by_tube.get(tube, ()))
         if first is None:
             return False
         first.hint()
@@ -184,13 +178,7 @@ class WaiterRegistry:
         """Wake the waiter that registered first among those not awake yet, whatever it
         watches: the scheduler's guess, as it sends a sweep that may make a job ready, of who
         will want it (its try then follows the sweep to Redis instead of its reply)."""
-        first: Waiter | None = None
-        for line in self._lines.values():
-            for waiter in line.waiters:
-                if not waiter.woken and not waiter.deaf:
-                    if first is None or waiter.order < first.order:
-                        first = waiter
-                    break
+        first = _first_to_hint(self._lines.values())
         if first is not None:
             first.hint()
 
@@ -202,6 +190,19 @@ class WaiterRegistry:
 
 def _arrival(waiter: Waiter) -> int:
     return waiter.order
+
+
+def _first_to_hint(lines: Iterable[_Line]) -> Waiter | None:
+    """Of ``lines``' waiters not awake nor deaf, the one that registered first (each line is
+    in arrival order: its first such waiter is its candidate)."""
+    first: Waiter | None = None
+    for line in lines:
+        for waiter in line.waiters:
+            if not waiter.woken and not waiter.deaf:
+                if first is None or waiter.order < first.order:
+                    first = waiter
+                break
+    return first
 
 
 def _each(held: Waiter | tuple[Waiter, ...]) -> tuple[Waiter, ...]:

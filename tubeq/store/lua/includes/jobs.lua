@@ -149,9 +149,9 @@ end
 local function wake(t)
   if rcall('EXISTS', k_waiters(t)) == 1 then
     local n = rcall('ZCARD', k_ready(t))
-    if n > 1 and (rcall('HEXISTS', k_tube(t), 'lim') == 1
-                  or rcall('HEXISTS', k_tube(t), 'pause') == 1) then
-      n = 1
+    if n > 1 then
+      local meta = tube_meta(t)
+      if meta[2] or meta[3] then n = 1 end
     end
     rcall('PUBLISH', k_wake(t), text(n))
   end
