@@ -13,7 +13,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from tubeq.server.scheduler import BEAT_GAP_MS, HEARTBEAT_MS, REAP_AFTER_MS, Scheduler
+from tubeq.server.scheduler import (
+    BEAT_GAP_MS,
+    DELAYED,
+    HEARTBEAT_MS,
+    REAP_AFTER_MS,
+    TTR,
+    Scheduler,
+)
 from tubeq.server.waiters import Waiter, WaiterRegistry
 from tubeq.store.store import Store
 
@@ -108,6 +115,9 @@ class SweepingStore(BeatingStore):
     def __init__(self) -> None:
         super().__init__()
         self.promotes: list[asyncio.Future[tuple[int, list[str]]]] = []
+        self.expires: list[int] = []  # when each expire() was sent (answered at once)
+        self.expire_answer: tuple[int, list[str]] = (-1, [])
+        self.schedule_reads = 0
 
     def exact_ms(self) -> float:
         return float(self.now)
@@ -121,11 +131,13 @@ class SweepingStore(BeatingStore):
         return call
 
     def expire(self) -> asyncio.Future[tuple[int, list[str]]]:
+        self.expires.append(self.now)
         call = asyncio.get_running_loop().create_future()
-        call.set_result((-1, []))
+        call.set_result(self.expire_answer)
         return call
 
     def schedules_due(self) -> asyncio.Future[tuple[int, list[Any]]]:
+        self.schedule_reads += 1
         call = asyncio.get_running_loop().create_future()
         call.set_result((-1, []))
         return call
@@ -194,15 +206,45 @@ async def _asleep_until_the_beat() -> AsyncIterator[tuple[Scheduler, SweepingSto
         await asyncio.gather(run, return_exceptions=True)
 
 
-async def test_a_sweep_a_note_starts_before_its_instant_wakes_nobody() -> None:
-    """A delayed put due sooner than the current sleep nudges the scheduler, which sweeps at
-    once only to learn the new instant: nothing can be due yet, so no waiter is woken for it
-    (it would try for nothing)."""
+async def test_a_note_ahead_of_its_instant_runs_no_script_until_then() -> None:
+    """A delayed put due sooner than the current sleep nudges the scheduler, which only
+    aims its sleep at the new instant (nothing can be due yet: no script runs, no waiter is
+    woken); at the instant the sweep runs promote alone and wakes the first waiter."""
     async with _asleep_until_the_beat() as (scheduler, store, waiter):
         store.now += 10
-        scheduler.note_due(store.now + HEARTBEAT_MS // 2)  # a delayed put, due in 0.5 s
+        scheduler.note_due(store.now + HEARTBEAT_MS // 2, DELAYED)  # a delayed put, in 0.5 s
         await _turns()
-        assert len(store.promotes) == 2 and not waiter.woken  # the note's sweep, now
+        assert len(store.promotes) == 1 and not waiter.woken
+        assert scheduler._target_ms == store.now + HEARTBEAT_MS // 2
+        expires, reads = len(store.expires), store.schedule_reads
+        store.now += HEARTBEAT_MS // 2
+        scheduler._nudge.set()
+        await _turns()
+        assert len(store.promotes) == 2 and waiter.woken
+        assert (len(store.expires), store.schedule_reads) == (expires, reads)
+
+
+async def test_a_sweep_runs_what_is_due_and_a_beat_runs_all() -> None:
+    """Each script runs at its own instants: a TTR noted runs expire alone; a heartbeat runs
+    all three (other processes' instants are learned there); an instant expire answers
+    (a retry a backoff delayed) runs promote too."""
+    async with _asleep_until_the_beat() as (scheduler, store, _):
+        assert (len(store.promotes), len(store.expires), store.schedule_reads) == (1, 1, 1)
+        store.expire_answer = (store.now + 100, [])
+        scheduler.note_due(store.now, TTR)
+        await _turns()
+        assert (len(store.promotes), len(store.expires), store.schedule_reads) == (1, 2, 1)
+        store.expire_answer = (-1, [])
+        store.now += 100
+        scheduler._nudge.set()
+        await _turns()
+        assert (len(store.promotes), len(store.expires), store.schedule_reads) == (2, 3, 1)
+        store.promotes[1].set_result((-1, []))
+        await _turns()
+        store.now += HEARTBEAT_MS
+        scheduler._nudge.set()
+        await _turns()
+        assert (len(store.promotes), len(store.expires), store.schedule_reads) == (3, 4, 2)
 
 
 async def test_a_note_of_an_instant_already_come_makes_its_sweep_guess() -> None:
@@ -210,6 +252,6 @@ async def test_a_note_of_an_instant_already_come_makes_its_sweep_guess() -> None
     read a moment after) makes that sweep one that may make a job ready: it wakes the first
     waiter as it goes out."""
     async with _asleep_until_the_beat() as (scheduler, store, waiter):
-        scheduler.note_due(store.now)  # due now
+        scheduler.note_due(store.now)  # due now (a note that does not say: every script)
         await _turns()
         assert len(store.promotes) == 2 and waiter.woken

@@ -30,6 +30,7 @@ from tubeq.server import end_waits
 from tubeq.server.context import ServerContext
 from tubeq.server.end_waits import EndWait
 from tubeq.server.runs import CallRun, DeleteRun, FinishRun, PutRun
+from tubeq.server.scheduler import DELAYED, TTR
 from tubeq.server.tracing import JobTracer
 from tubeq.store.records import FINISHED_HERE, Failed, JobEnd, Progress, PutOutcome, TubeCounts
 
@@ -103,7 +104,7 @@ def put_with(ctx: ServerContext, tube: str, pri: int, delay: int, ttr: int, body
         if outcome.id and outcome.inserted and (delay_ms > 0 or ttl_ms > 0):
             for due in (delay_ms, ttl_ms):
                 if due > 0:
-                    ctx.scheduler.note_due(now + due)
+                    ctx.scheduler.note_due(now + due, DELAYED)  # (TTLs: promote.lua too)
         if traced and ctx.tracer is not None:
             ctx.tracer.put(str(opts["traceparent"]), tube, store.keys.prefix, now,
                            max(outcome.id, 0), _put_outcome(outcome))
@@ -238,7 +239,7 @@ def _noting_deadline(ctx: ServerContext, call: asyncio.Future[int]) -> asyncio.F
 
     def touched(deadline: int) -> int:
         if deadline > 0:
-            ctx.scheduler.note_due(deadline)
+            ctx.scheduler.note_due(deadline, TTR)
         return deadline
 
     return then(call, touched)
@@ -281,7 +282,7 @@ def fail(ctx: ServerContext, token: str, job_id: int, error: bytes, *,
 
     def failed(outcome: Failed | None) -> Failed | None:
         if outcome is not None and outcome.due_ms:
-            ctx.scheduler.note_due(outcome.due_ms)
+            ctx.scheduler.note_due(outcome.due_ms, DELAYED)
         return outcome
 
     return then(ctx.store.fail(token, job_id, error, behind=behind,
@@ -325,7 +326,7 @@ def pause(ctx: ServerContext, tube: str, delay: int) -> asyncio.Future[int]:
 
     def paused(until_ms: int) -> int:
         if until_ms > 0:
-            ctx.scheduler.note_due(until_ms)
+            ctx.scheduler.note_due(until_ms, DELAYED)  # a pause's end: promote.lua
         return until_ms
 
     return then(ctx.store.pause(tube, delay), paused)
@@ -387,5 +388,6 @@ def sync_counts(ctx: ServerContext) -> None:
 
 
 def _note_due_when_done(ctx: ServerContext, call: asyncio.Future[Any], due_ms: int) -> None:
-    """Tell the scheduler of ``due_ms`` once ``call`` is answered (the job is in Redis then)."""
-    call.add_done_callback(lambda _: ctx.scheduler.note_due(due_ms))
+    """Tell the scheduler of a delayed job due at ``due_ms`` once ``call`` is answered (the
+    job is in Redis then)."""
+    call.add_done_callback(lambda _: ctx.scheduler.note_due(due_ms, DELAYED))

@@ -50,6 +50,7 @@ from tubeq.protocol import replies
 from tubeq.redisio.futures import chain
 from tubeq.server.context import Reply, Session, reply_bytes
 from tubeq.server.reserve_wait import Wait
+from tubeq.server.scheduler import TTR
 from tubeq.store.records import Deferred, NoJob, Reservation
 
 log = structlog.get_logger(__name__)
@@ -251,7 +252,7 @@ class ReserveQueue:
         reserved = conn.reserved
         for job in jobs:
             reserved[job.id] = job.deadline_ms
-        conn.ctx.scheduler.note_due(min(job.deadline_ms for job in jobs))
+        conn.ctx.scheduler.note_due(min(job.deadline_ms for job in jobs), TTR)
         if conn.ctx.tracer is not None:
             conn.ctx.tracer.reserved(conn.store, conn, jobs)
 

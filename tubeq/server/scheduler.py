@@ -34,7 +34,7 @@ A namespace split into shards (tubeq.store.shards) has one Scheduler per shard, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -59,6 +59,24 @@ BEAT_GAP_MS = 2 * HEARTBEAT_MS
 ERROR_BACKOFF_S = 0.5
 
 
+# What a due instant is for, so a sweep runs only the scripts whose instants have come: promote.lua
+# (delayed jobs, pause ends, rate windows, TTLs), expire.lua (TTRs), schedule_due.lua
+# (recurring ticks). A note that does not say (ANY) counts for all three.
+DELAYED, TTR, TICK = 0, 1, 2
+ANY = -1
+_KINDS = (DELAYED, TTR, TICK)
+NONE_DUE = -1  # the scripts' "nothing due"
+UNKNOWN = -2  # not known here: the script runs at the next sweep
+
+
+def _earliest(due: int, other: int) -> int:
+    """The sooner of a kind's next instant and ``other`` (UNKNOWN stays: it runs anyway;
+    NONE_DUE is later than any instant)."""
+    if other < 0 or due == UNKNOWN or 0 <= due <= other:
+        return due
+    return other
+
+
 class Scheduler:
     def __init__(self, store: Store, registry: WaiterRegistry) -> None:
         self.store = store
@@ -67,7 +85,11 @@ class Scheduler:
         self._beat_ms: int | None = None  # when the last heartbeat was answered
         self._up_since_ms: int | None = None  # heartbeats answered without a gap since then
         self._target_ms: int | None = None  # when the current sleep ends; None while sweeping
-        self._noted_ms: int | None = None  # earliest due noted during the current sweep
+        # Each kind's next instant as this process knows it (its script's last answer, lowered
+        # by notes; NONE_DUE or UNKNOWN), and the notes that came while a sweep was out (the
+        # sweep's answers would otherwise overwrite them: it may have run before their change).
+        self._dues = [UNKNOWN] * len(_KINDS)
+        self._noted: list[int | None] = [None] * len(_KINDS)
         # When a sweep may make a job ready: the current sleep's end, when that is a delayed
         # job's, a TTR's or a noted instant (not a heartbeat's or a schedule's tick alone, whose
         # put hands its job over itself); None: none. A sweep a note starts sooner (its instant
@@ -75,17 +97,25 @@ class Scheduler:
         self._readies_at: int | None = 0
         self._nudge = asyncio.Event()
 
-    def note_due(self, due_ms: int) -> None:
-        """Something falls due at ``due_ms``: wake up in time for it.
+    def note_due(self, due_ms: int, kind: int = ANY) -> None:
+        """Something of ``kind`` (DELAYED, TTR, TICK; ANY: not said) falls due at ``due_ms``:
+        wake up in time for it, and run that kind's script then.
 
-        While a sweep is in flight the note only lowers the next sleep's target (the sweep may
-        have run before the change that created it); re-sweeping at once for every note would
-        spin under load, where every reserve notes its TTR deadline.
+        While a sweep is in flight the note is kept beside it (the sweep may have run before
+        the change that created it) and only lowers the next sleep's target; re-sweeping at
+        once for every note would spin under load, where every reserve notes its TTR deadline.
         """
+        kinds = _KINDS if kind == ANY else (kind,)
         if self._target_ms is None:
-            if self._noted_ms is None or due_ms < self._noted_ms:
-                self._noted_ms = due_ms
-        elif due_ms < self._target_ms:
+            noted = self._noted
+            for k in kinds:
+                held = noted[k]
+                noted[k] = due_ms if held is None or due_ms < held else held
+            return
+        dues = self._dues
+        for k in kinds:
+            dues[k] = _earliest(dues[k], due_ms)
+        if due_ms < self._target_ms:
             if self._readies_at is None or due_ms < self._readies_at:
                 self._readies_at = due_ms  # the sweep guesses if this instant has come
             self._nudge.set()
@@ -133,31 +163,19 @@ class Scheduler:
                     if trimmed is not None:
                         await trimmed
                     next_heartbeat = now + HEARTBEAT_MS
+                    self._dues = [UNKNOWN] * len(_KINDS)  # others' instants: learn them
                 self._nudge.clear()
-                self._noted_ms = None
-                sweep = asyncio.gather(self.store.promote(), self.store.expire(),
-                                       tick_schedules(self.store, self.note_due))
-                if self._readies_at is not None and now >= self._readies_at:
-                    # The waiter first in line here tries now, its try sent right behind the
-                    # sweep's scripts instead of after their reply: a job they make ready
-                    # comes back with them (a hint; its tube may be another's).
-                    self.registry.wake_first()
-                (next_timer, promoted), (next_deadline, expired), next_tick = await sweep
-                # This process's waiters on those tubes need not wait for the PUBLISH to come
-                # back through the subscriber (the scripts publish for other processes).
-                for tube in (*promoted, *expired):
-                    self.registry.wake_one(tube)
+                await self._sweep(now)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("scheduler sweep failed", error=repr(exc))
                 await asyncio.sleep(ERROR_BACKOFF_S)
                 continue
-            dues = (next_timer, next_deadline, next_tick, next_heartbeat, self._noted_ms)
-            target = min(t for t in dues if t is not None and t >= 0)
+            dues = self._dues
+            target = min(t for t in (*dues, next_heartbeat) if t >= 0)
             self._target_ms = target
-            self._readies_at = target if target in (next_timer, next_deadline,
-                                                    self._noted_ms) else None
+            self._readies_at = target if target in (dues[DELAYED], dues[TTR]) else None
             # Aimed at the due instant itself, not a whole-ms sleep from a floored clock (which
             # made deliveries up to 1 ms later), on a timer finer than the loop's (uvloop counts
             # whole ms: tubeq.server.fine_timer). Its end sets the nudge, as note_due does.
@@ -168,6 +186,53 @@ class Scheduler:
                 timer.cancel()
             self._target_ms = None
 
+    async def _sweep(self, now: int) -> None:
+        """Run the scripts whose instants have come (each kind's, or not known), and keep
+        the next instant each answers; a note that came meanwhile is kept beside them."""
+        dues = self._dues
+        self._take_notes()  # those since the last sweep went out count for this one
+        run = [due == UNKNOWN or 0 <= due <= now for due in dues]
+        store = self.store
+        calls: list[Awaitable[Any]] = []
+        if run[DELAYED]:
+            calls.append(store.promote())
+        if run[TTR]:
+            calls.append(store.expire())
+        if run[TICK]:
+            calls.append(tick_schedules(store, self.note_due))
+        if not calls:
+            return
+        if (run[DELAYED] or run[TTR]) and self._readies_at is not None \
+                and now >= self._readies_at:
+            # The waiter first in line here tries now, its try sent right behind the sweep's
+            # scripts instead of after their reply: a job they make ready comes back with
+            # them (a hint; its tube may be another's).
+            self.registry.wake_first()
+        answers = iter(await asyncio.gather(*calls))
+        woken: list[str] = []
+        if run[DELAYED]:
+            dues[DELAYED], promoted = next(answers)
+            woken += promoted
+        if run[TTR]:
+            dues[TTR], expired = next(answers)
+            woken += expired
+            # Its next instant is also the earliest retry a backoff delayed (expire.lua).
+            dues[DELAYED] = _earliest(dues[DELAYED], dues[TTR])
+        if run[TICK]:
+            dues[TICK] = next(answers)
+        # This process's waiters on those tubes need not wait for the PUBLISH to come back
+        # through the subscriber (the scripts publish for other processes).
+        for tube in woken:
+            self.registry.wake_one(tube)
+        self._take_notes()
+
+    def _take_notes(self) -> None:
+        """Fold the notes kept while sweeping into each kind's next instant."""
+        dues = self._dues
+        for k, due in enumerate(self._noted):
+            if due is not None:
+                dues[k] = _earliest(dues[k], due)
+        self._noted = [None] * len(_KINDS)
 
 async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = None) -> int:
     """Run every recurring schedule whose tick is due; return the next tick's due time (-1:
@@ -225,9 +290,9 @@ class ShardSchedulers(Scheduler):
         """Shard ``shard``'s Store was replaced (:meth:`tubeq.store.shards.ShardedStore.rebind`)."""
         self.each[shard].store = store
 
-    def note_due(self, due_ms: int) -> None:
+    def note_due(self, due_ms: int, kind: int = ANY) -> None:
         for scheduler in self.each:
-            scheduler.note_due(due_ms)
+            scheduler.note_due(due_ms, kind)
 
     async def run(self) -> None:
         await asyncio.gather(*(scheduler.run() for scheduler in self.each))
