@@ -202,8 +202,9 @@ class Scheduler:
             calls.append(tick_schedules(store, self.note_due))
         if not calls:
             return
-        if (run[DELAYED] or run[TTR]) and self._readies_at is not None \
-                and now >= self._readies_at:
+        guessed = ((run[DELAYED] or run[TTR]) and self._readies_at is not None
+                   and now >= self._readies_at)
+        if guessed:
             # The waiter first in line here tries now, its try sent right behind the sweep's
             # scripts instead of after their reply: a job they make ready comes back with
             # them (a hint; its tube may be another's).
@@ -220,10 +221,15 @@ class Scheduler:
             dues[DELAYED] = _earliest(dues[DELAYED], dues[TTR])
         if run[TICK]:
             dues[TICK] = next(answers)
-        # This process's waiters on those tubes need not wait for the PUBLISH to come back
-        # through the subscriber (the scripts publish for other processes).
-        for tube in woken:
-            self.registry.wake_one(tube)
+        if not guessed:
+            # This process's waiters on those tubes need not wait for the PUBLISH to come
+            # back through the subscriber (the scripts publish for other processes). After a
+            # guess they do: the PUBLISH comes in the same Redis write as this reply, with
+            # each tube's ready count, and wakes that many of the waiters not trying yet
+            # (WaiterRegistry.wake); a wake-up here as well sent one more waiter to try for
+            # nothing, the guessed one's try having taken the job.
+            for tube in woken:
+                self.registry.wake_one(tube)
         self._take_notes()
 
     def _take_notes(self) -> None:
