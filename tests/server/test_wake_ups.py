@@ -6,8 +6,9 @@ Against a real Redis and one server process's context (tests/server/test_connect
 client), one shard and four: a kick, a pause's end, delayed jobs due together, TTRs running
 out together, each with as many reserves as jobs; a push connection with no credit first in
 the tube's line, or one whose client stopped reading, which take nothing; a capped tube, whose
-freed slot wakes one reserve, not all. A reserve not served within the bound would have waited
-for the 10 s re-check or its timeout.
+freed slot wakes one reserve, not all; a tube whose limits let several jobs go at once (a kick,
+a pause's end, delayed jobs due together), which wakes as many. A reserve not served within
+the bound would have waited for the 10 s re-check or its timeout.
 """
 
 from __future__ import annotations
@@ -193,3 +194,70 @@ async def test_a_slot_freed_on_a_capped_tube_wakes_one_waiter_not_all(
     await asyncio.sleep(0.3)
     assert sum(b"RESERVED" in c.transport.out for c in waiters) == 1
     assert woken <= 2, f"{woken} waiters woken for one free slot"
+
+
+async def test_delayed_jobs_due_together_on_a_limited_tube_serve_as_many_reserves(
+        ctx: ServerContext) -> None:
+    """Three delayed jobs of a tube with a far limit (concurrency=100) fall due in one sweep:
+    three blocked reserves are served (its hint counts what the limit lets go, not one)."""
+    setup = Client(ctx)
+    setup.send(b"tube-set l concurrency=100\r\n")
+    await setup.until(lambda out: b"\r\n" in out)
+    waiters = await _blocked_all(ctx, "l", 3)
+    producer = Client(ctx)
+    producer.send(b"use l\r\n" + b"put 0 1 60 1\r\na\r\n" * 3)  # one read: one due instant
+    await producer.until(lambda out: out.count(b"\r\n") >= 4)
+    got = await _answers(waiters)
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+async def test_two_delayed_jobs_of_a_limited_tube_with_an_older_waiter_on_another(
+        ctx: ServerContext) -> None:
+    """The scheduler's guess wakes the oldest waiter, which watches another tube: the two
+    jobs of the limited tube still reach two of its three reserves."""
+    [other] = await _blocked_all(ctx, "other", 1)
+    setup = Client(ctx)
+    setup.send(b"tube-set l concurrency=100\r\n")
+    await setup.until(lambda out: b"\r\n" in out)
+    waiters = await _blocked_all(ctx, "l", 3)
+    producer = Client(ctx)
+    producer.send(b"use l\r\n" + b"put 0 1 60 1\r\na\r\n" * 2)
+    await producer.until(lambda out: out.count(b"\r\n") >= 3)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + SERVED_WITHIN_S
+    while loop.time() < end and sum(b"RESERVED" in c.transport.out for c in waiters) < 2:
+        await asyncio.sleep(0.01)
+    assert sum(b"RESERVED" in c.transport.out for c in waiters) == 2
+    assert other.transport.out == b""
+
+
+async def test_a_pause_ending_over_jobs_of_a_limited_tube_serves_as_many_reserves(
+        ctx: ServerContext) -> None:
+    producer = Client(ctx)
+    producer.send(b"tube-set p concurrency=100\r\nuse p\r\n" + b"put 0 0 60 1\r\na\r\n" * 3
+                  + b"pause-tube p 1\r\n")
+    await producer.until(lambda out: out.count(b"\r\n") >= 6)
+    waiters = await _blocked_all(ctx, "p", 3)
+    got = await _answers(waiters)  # the pause ends at 1 s
+    assert all(line.startswith(b"RESERVED") for line in got), got
+
+
+@pytest.mark.parametrize("limit", [b"concurrency=100", b"rate=50", b"group-concurrency=2"])
+async def test_a_kick_of_four_on_a_limited_tube_serves_four_reserves(
+        ctx: ServerContext, limit: bytes) -> None:
+    """Older than the scheduler's guess: a limited tube's hint said one job, so a kick (or
+    anything making several ready at once) served some of its reserves and left the rest to
+    their timeout. Group limits: two groups of two jobs, two each at most."""
+    producer = Client(ctx)
+    producer.send(b"tube-set k " + limit + b"\r\nuse k\r\nwatch k\r\n"
+                  + b"".join(b"put-with 0 0 60 1 group=g%d\r\na\r\n" % (i % 2) for i in range(4))
+                  + b"reserve\r\n" * 4)
+    out = await producer.until(lambda out: out.count(b"RESERVED") >= 4)
+    held = [int(part.split(b" ")[0]) for part in out.split(b"RESERVED ")[1:]]
+    producer.transport.out.clear()
+    producer.send(b"".join(b"bury %d 0\r\n" % job for job in held))
+    await producer.until(lambda out: out.count(b"BURIED") >= 4)
+    waiters = await _blocked_all(ctx, "k", 4)
+    producer.send(b"kick 4\r\n")
+    got = await _answers(waiters)
+    assert all(line.startswith(b"RESERVED") for line in got), got

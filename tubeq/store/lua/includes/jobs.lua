@@ -145,13 +145,18 @@ end
 -- (A tube has waiters while a line is entered in k_waiters: includes/waiter_counts.lua.) It
 -- says how many jobs the tube has ready, so a process wakes that many of its waiters at most
 -- (a kick, a pause's end, a sweep may make several ready at once; one wake-up served one).
--- A tube with reserve limits, or paused, serves fewer than it holds: one (no herd per slot).
+-- A paused tube serves none: one. A tube with reserve limits serves what they let go at most
+-- (limited_room: no herd for one freed slot, and no reserve left asleep when several may go).
 local function wake(t)
   if rcall('EXISTS', k_waiters(t)) == 1 then
     local n = rcall('ZCARD', k_ready(t))
     if n > 1 then
       local meta = tube_meta(t)
-      if meta[2] or meta[3] then n = 1 end
+      if meta[2] then
+        n = 1
+      elseif meta[3] then
+        n = limited_room(t, n, meta[4])
+      end
     end
     rcall('PUBLISH', k_wake(t), text(n))
   end

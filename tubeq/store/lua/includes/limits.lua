@@ -1,6 +1,6 @@
 -- Per-tube reserve limits (tube-set `rate` and `concurrency`), enforced where jobs are
--- reserved, on every process alike. jobs.lua includes this and calls it from index_tube, grant
--- and unlink.
+-- reserved, on every process alike. jobs.lua includes this and calls it from index_tube, grant,
+-- unlink and wake.
 -- A tube with a limit carries the field 'lim' in its meta hash (k_tube), kept in step with its
 -- settings by tube_set.lua and by ensure_tube when the tube is (re)created; a tube without one
 -- pays for the feature with that one field read where its entry is indexed, and one HEXISTS
@@ -56,4 +56,26 @@ local function count_limited_reserve(t, now)
   else
     redis.call('HSET', tk, 'rw', window, 'rn', 1)
   end
+end
+
+-- At most how many of tube t's `n` ready jobs (n > 1; t flagged 'lim', in group mode when
+-- `grouped`) its reserve limits let go now: an upper bound, never less than one, for the
+-- wake-up hint (jobs.lua's wake). Fewer would leave reserves asleep with jobs ready for them;
+-- more only sends a few tries for nothing. concurrency: its free slots; rate: the rate (the
+-- current window may have less left); group limits: the groups that may be served now, each
+-- up to the smaller of its limits.
+local function limited_room(t, n, grouped)
+  local s = redis.call('HMGET', k_settings(t), 'rate', 'concurrency', 'group-concurrency',
+    'group-rate')
+  local rate, cap = tonumber(s[1] or 0), tonumber(s[2] or 0)
+  if cap > 0 then
+    n = math.min(n, cap - tonumber(redis.call('HGET', k_tube(t), 'nres') or 0))
+  end
+  if rate > 0 then n = math.min(n, rate) end
+  local gcap, grate = tonumber(s[3] or 0), tonumber(s[4] or 0)
+  if grouped and (gcap > 0 or grate > 0) then
+    local each = (gcap > 0 and grate > 0) and math.min(gcap, grate) or math.max(gcap, grate)
+    n = math.min(n, redis.call('ZCARD', k_group_turns(t)) * each)
+  end
+  return math.max(n, 1)
 end
