@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from tubeq.redisio.futures import discard
 from tubeq.server import ops
 from tubeq.server.reserve_wait import Wait
+from tubeq.server.scheduler import TTR
 from tubeq.server.tracing import Held
 from tubeq.store.records import Reservation
 
@@ -119,7 +120,7 @@ class HttpReservations:
             ctx.reservation_waits.pop(token, None)
 
     def _granted(self, token: str, job: Reservation) -> tuple[str, Reservation]:
-        self.ctx.scheduler.note_due(job.deadline_ms)  # its TTR expiry is this process's to run
+        self.ctx.scheduler.note_due(job.deadline_ms, TTR)  # its TTR expiry is this process's to run
         if self.ctx.tracer is not None:  # its spans (tubeq.server.tracing), settled by the routes
             self.ctx.tracer.reserved(self.ctx.store, Held(token, {job.id: job.deadline_ms}),
                                      (job,))

@@ -27,6 +27,7 @@ from tubeq.redisio.futures import SentLater, discard, then
 from tubeq.server import ops
 from tubeq.server.context import Reply, ServerContext, Session
 from tubeq.server.runs import joins_calls
+from tubeq.server.scheduler import DELAYED, TICK
 from tubeq.server.stats import job_policy_keys, job_yaml, server_yaml, tube_yaml, yaml_list
 from tubeq.store.records import (
     CANCELLED,
@@ -517,7 +518,7 @@ def _change_delay(conn: Session, cmd: c.ChangeDelay) -> Reply:
         if due == 0:
             return replies.NOT_FOUND
         if due > 0:
-            conn.ctx.scheduler.note_due(due)
+            conn.ctx.scheduler.note_due(due, DELAYED)
         return replies.CHANGED
 
     return then(conn.store.change_delay(cmd.id, cmd.delay_ms), answer)
@@ -544,7 +545,7 @@ def _schedule_add(conn: Session, cmd: c.ScheduleAdd) -> Reply:
         return replies.bad_option("cron")
 
     def answer(result: tuple[int, bool]) -> bytes:
-        conn.ctx.scheduler.note_due(result[0])
+        conn.ctx.scheduler.note_due(result[0], TICK)
         return replies.scheduled(result[0])
 
     return then(store.schedule_add(cmd.tube, cmd.name, cmd.kind, cmd.spec, cmd.pri, cmd.ttr,

@@ -240,7 +240,8 @@ class Scheduler:
                 dues[k] = _earliest(dues[k], due)
         self._noted = [None] * len(_KINDS)
 
-async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = None) -> int:
+async def tick_schedules(store: Store,
+                         note_due: Callable[[int, int], None] | None = None) -> int:
     """Run every recurring schedule whose tick is due; return the next tick's due time (-1:
     none). ``note_due`` learns the due time of a delayed job a tick put.
 
@@ -271,7 +272,7 @@ async def tick_schedules(store: Store, note_due: Callable[[int], None] | None = 
         nexts.append(next_ms)
         calls.append(store.schedule_tick(tick, next_ms))
         if tick.delay_ms > 0 and note_due is not None:
-            note_due(now + tick.delay_ms)
+            note_due(now + tick.delay_ms, DELAYED)
     await asyncio.gather(*calls)
     # A tick another process won stored the same next due (or, late, its own); either way
     # this process wakes in time and schedule_due tells it the rest.
