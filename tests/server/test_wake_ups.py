@@ -64,18 +64,23 @@ async def _blocked_all(ctx: ServerContext, tube: str, count: int) -> list[Client
     return waiters
 
 
-async def test_a_kick_of_three_serves_three_blocked_reserves(ctx: ServerContext) -> None:
+async def _kicked_to_blocked(ctx: ServerContext, setup: bytes, puts: list[bytes]) -> list[bytes]:
+    """``puts`` (after ``setup``) into tube k, reserved and buried; as many reserves blocked on
+    k; then one kick of them all: each reserve's first reply line (see _answers)."""
     producer = Client(ctx)
-    producer.send(b"use k\r\nwatch k\r\n" + b"put 0 0 60 1\r\na\r\n" * 3
-                  + b"reserve\r\nreserve\r\nreserve\r\n")
-    out = await producer.until(lambda out: out.count(b"RESERVED") >= 3)
+    producer.send(setup + b"use k\r\nwatch k\r\n" + b"".join(puts) + b"reserve\r\n" * len(puts))
+    out = await producer.until(lambda out: out.count(b"RESERVED") >= len(puts))
     held = [int(part.split(b" ")[0]) for part in out.split(b"RESERVED ")[1:]]
     producer.transport.out.clear()
     producer.send(b"".join(b"bury %d 0\r\n" % job for job in held))
-    await producer.until(lambda out: out.count(b"BURIED") >= 3)
-    waiters = await _blocked_all(ctx, "k", 3)
-    producer.send(b"kick 3\r\n")
-    got = await _answers(waiters)
+    await producer.until(lambda out: out.count(b"BURIED") >= len(puts))
+    waiters = await _blocked_all(ctx, "k", len(puts))
+    producer.send(b"kick %d\r\n" % len(puts))
+    return await _answers(waiters)
+
+
+async def test_a_kick_of_three_serves_three_blocked_reserves(ctx: ServerContext) -> None:
+    got = await _kicked_to_blocked(ctx, b"", [b"put 0 0 60 1\r\na\r\n"] * 3)
     assert all(line.startswith(b"RESERVED") for line in got), got
 
 
@@ -248,16 +253,6 @@ async def test_a_kick_of_four_on_a_limited_tube_serves_four_reserves(
     """Older than the scheduler's guess: a limited tube's hint said one job, so a kick (or
     anything making several ready at once) served some of its reserves and left the rest to
     their timeout. Group limits: two groups of two jobs, two each at most."""
-    producer = Client(ctx)
-    producer.send(b"tube-set k " + limit + b"\r\nuse k\r\nwatch k\r\n"
-                  + b"".join(b"put-with 0 0 60 1 group=g%d\r\na\r\n" % (i % 2) for i in range(4))
-                  + b"reserve\r\n" * 4)
-    out = await producer.until(lambda out: out.count(b"RESERVED") >= 4)
-    held = [int(part.split(b" ")[0]) for part in out.split(b"RESERVED ")[1:]]
-    producer.transport.out.clear()
-    producer.send(b"".join(b"bury %d 0\r\n" % job for job in held))
-    await producer.until(lambda out: out.count(b"BURIED") >= 4)
-    waiters = await _blocked_all(ctx, "k", 4)
-    producer.send(b"kick 4\r\n")
-    got = await _answers(waiters)
+    puts = [b"put-with 0 0 60 1 group=g%d\r\na\r\n" % (i % 2) for i in range(4)]
+    got = await _kicked_to_blocked(ctx, b"tube-set k " + limit + b"\r\n", puts)
     assert all(line.startswith(b"RESERVED") for line in got), got
