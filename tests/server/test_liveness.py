@@ -13,6 +13,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import pytest
+
+from tubeq.server import scheduler as scheduler_module
 from tubeq.server.scheduler import (
     BEAT_GAP_MS,
     DELAYED,
@@ -222,6 +225,26 @@ async def test_a_note_ahead_of_its_instant_runs_no_script_until_then() -> None:
         await _turns()
         assert len(store.promotes) == 2 and waiter.woken
         assert (len(store.expires), store.schedule_reads) == (expires, reads)
+
+
+async def test_a_failed_sweep_runs_its_scripts_again_and_keeps_the_notes_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A promote that fails (Redis away) leaves its kind due: the sweep after the back-off
+    sends it again; a TTR noted during the back-off runs expire with it."""
+    monkeypatch.setattr(scheduler_module, "ERROR_BACKOFF_S", 0.05)
+    async with _asleep_until_the_beat() as (scheduler, store, _):
+        scheduler.note_due(store.now, DELAYED)
+        await _turns()
+        assert len(store.promotes) == 2
+        expires = len(store.expires)
+        store.promotes[1].set_exception(ConnectionError("redis away"))
+        await _turns()
+        scheduler.note_due(store.now, TTR)  # while it backs off
+        for _ in range(100):
+            if len(store.promotes) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(store.promotes) == 3 and len(store.expires) == expires + 1
 
 
 async def test_a_sweep_runs_what_is_due_and_a_beat_runs_all() -> None:

@@ -72,7 +72,7 @@ UNKNOWN = -2  # not known here: the script runs at the next sweep
 def _earliest(due: int, other: int) -> int:
     """The sooner of a kind's next instant and ``other`` (UNKNOWN stays: it runs anyway;
     NONE_DUE is later than any instant)."""
-    if other < 0 or due == UNKNOWN or 0 <= due <= other:
+    if other == NONE_DUE or due == UNKNOWN or (due != NONE_DUE and due <= other):
         return due
     return other
 
@@ -191,7 +191,7 @@ class Scheduler:
         the next instant each answers; a note that came meanwhile is kept beside them."""
         dues = self._dues
         self._take_notes()  # those since the last sweep went out count for this one
-        run = [due == UNKNOWN or 0 <= due <= now for due in dues]
+        run = [due == UNKNOWN or (due != NONE_DUE and due <= now) for due in dues]
         store = self.store
         calls: list[Awaitable[Any]] = []
         if run[DELAYED]:
@@ -239,6 +239,7 @@ class Scheduler:
             if due is not None:
                 dues[k] = _earliest(dues[k], due)
         self._noted = [None] * len(_KINDS)
+
 
 async def tick_schedules(store: Store,
                          note_due: Callable[[int, int], None] | None = None) -> int:
