@@ -52,6 +52,7 @@ from tubeq.server.context import (
     DEFAULT_MAX_WATCH,
     DEFAULT_RESULT_TTL_MS,
 )
+from tubeq.server.idle_poll import DEFAULT_IDLE_POLL_US, MAX_IDLE_POLL_US
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     ListenError,
@@ -219,6 +220,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="on SIGTERM, how long connections holding jobs get to finish them "
                         f"before they are closed and their jobs return to ready "
                         f"({SHUTDOWN_GRACE_S:g})")
+    p.add_argument("--idle-poll-us", type=int, default=DEFAULT_IDLE_POLL_US, metavar="US",
+                   help="after input, poll the sockets this long before sleeping: lower "
+                        "latency for a request/reply, at most that much CPU per input "
+                        f"(0: sleep at once; {DEFAULT_IDLE_POLL_US})")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -277,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shutdown-grace must not be negative")
     if args.redis_timeout < 0:
         p.error("--redis-timeout must be 0 (no bound) or more")
+    if not 0 <= args.idle_poll_us <= MAX_IDLE_POLL_US:
+        p.error(f"--idle-poll-us must be between 0 (off) and {MAX_IDLE_POLL_US}")
     if args.redis_url is not None:
         try:
             if is_cluster_url(args.redis_url):
@@ -416,7 +423,7 @@ async def serve_on(args: argparse.Namespace, url: str, redis: RedisProcess | Non
                            redis_timeout_s=args.redis_timeout,
                            allow_eviction=args.allow_eviction,
                            shutdown_grace_s=args.shutdown_grace, shards=args.shards,
-                           otel_endpoint=args.otel_endpoint),
+                           otel_endpoint=args.otel_endpoint, idle_poll_us=args.idle_poll_us),
                     http=http_listener if args.metrics else None, prebound=prebound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -72,6 +72,8 @@ def test_unreachable_redis_is_one_clear_line_and_a_nonzero_exit() -> None:
     (["--max-client-buffer", "1000"], b"--max-client-buffer must be at least 65536"),
     (["-z", "100", "--max-result-size", "101"], b"--max-result-size must be between 0 and"),
     (["--result-ttl", "0"], b"--result-ttl must be between 0.001 and"),
+    (["--idle-poll-us", "-1"], b"--idle-poll-us must be between 0 (off) and 100000"),
+    (["--idle-poll-us", "100001"], b"--idle-poll-us must be between 0 (off) and 100000"),
 ])
 def test_bad_flags_are_refused(flags: list[str], message: bytes) -> None:
     proc = subprocess.run([sys.executable, "-m", "tubeq", *flags], capture_output=True,

@@ -271,6 +271,8 @@ class ReconnectingProtocol(asyncio.Protocol):
     # Whether this connection asks the sentinels every SENTINEL_RECHECK_S if the master moved
     # (the hot-path client does; the subscriber follows it, see Server.start).
     WATCHES_MASTER = False
+    # Called when data arrives (the server's idle poll: tubeq.server.idle_poll), if set.
+    on_data: Callable[[], None] | None = None
 
     def __init__(self, url: str) -> None:
         self._endpoint = Endpoint.parse(url)
@@ -306,6 +308,8 @@ class ReconnectingProtocol(asyncio.Protocol):
         self._lost.clear()
 
     def data_received(self, data: bytes) -> None:
+        if (on_data := self.on_data) is not None:
+            on_data()
         self._reader.feed(data)
         try:
             while (reply := self._reader.gets()) is not False:

@@ -48,6 +48,7 @@ from tubeq.server.context import (
 from tubeq.server.end_waits import EndWait
 from tubeq.server.flow import TURN_BUDGET, FlowControl
 from tubeq.server.handlers import GATE_HANDLERS, HANDLERS
+from tubeq.server.idle_poll import IdlePoll
 from tubeq.server.metrics import UNTIMED
 from tubeq.server.push import Push
 from tubeq.server.reserves import ONE_JOB_RESERVES, RESERVES, ReserveQueue
@@ -75,17 +76,20 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_asked", "_asked_since", "_auth_failures", "_calls", "_cleaned_up", "_closed",
         "_closed_by_stop", "_deletes", "_ends", "_eof", "_finishes", "_flow", "_flush_scheduled",
-        "_held_by", "_loop", "_lost", "_own_finishes",
+        "_held_by", "_idle_poll", "_loop", "_lost", "_own_finishes",
         "_pump_scheduled", "_push", "_puts", "_quit", "_replies", "_turn", "_turn_at",
         "batch_parts", "ctx",
         "extended", "handlers", "parser", "passing", "producer", "replaying", "reserved",
         "reserves", "store", "token", "transport", "turn_stats", "used", "watched", "worker",
     )
 
-    def __init__(self, ctx: ServerContext, *, gated: bool = False) -> None:
+    def __init__(self, ctx: ServerContext, *, gated: bool = False,
+                 idle_poll: IdlePoll | None = None) -> None:
         """A connection in namespace ``ctx``; ``gated``: in none until ``auth`` (ctx is then the
-        listener's, for its limits only: nothing is stored or counted before auth)."""
+        listener's, for its limits only: nothing is stored or counted before auth).
+        ``idle_poll``: the process's, told of each input (tubeq.server.idle_poll)."""
         self.ctx = ctx
+        self._idle_poll = idle_poll
         # Its loop, asked once (Python 3.11's get_running_loop() is a getpid system call).
         self._loop = asyncio.get_running_loop()
         # The handler table commands are dispatched through (ReserveQueue replays by it too).
@@ -260,6 +264,8 @@ class Connection(asyncio.Protocol):
             self.quit()
 
     def data_received(self, data: bytes) -> None:
+        if self._idle_poll is not None:
+            self._idle_poll.input()
         self.parser.feed(data)
         self._pump()
 

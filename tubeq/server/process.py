@@ -60,6 +60,7 @@ from tubeq.server.context import (
     ServerContext,
 )
 from tubeq.server.end_waits import EndWaits, parse_ended
+from tubeq.server.idle_poll import IdlePoll
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     LISTEN_BACKLOG,
@@ -194,6 +195,10 @@ class Config:
     # Spans of traced jobs over OTLP/HTTP (tubeq.server.tracing): the collector's base URL; ""
     # where the OTEL_EXPORTER_OTLP_* variables say; None: off (unless those variables are set).
     otel_endpoint: str | None = None
+    # After input, the event loop polls this long before it sleeps (tubeq.server.idle_poll);
+    # 0: it sleeps at once. The command line's default is DEFAULT_IDLE_POLL_US; embedded
+    # servers (the tests, which share the test's loop) do not poll unless told.
+    idle_poll_us: int = 0
 
 
 class HttpFront(Protocol):
@@ -277,6 +282,7 @@ class Server:
         self.metrics: Metrics | None = None
         self.tracer: tracing.JobTracer | None = None
         self._http: HttpFront | None = None
+        self.idle_poll: IdlePoll | None = None  # made at start, on the running loop
 
     @property
     def port(self) -> int:
@@ -320,8 +326,10 @@ class Server:
         loop = asyncio.get_running_loop()
         tls = tls_context(self.config.tls) if self.config.tls is not None else None
 
+        idle_poll = self.idle_poll
+
         def factory() -> Connection:
-            return Connection(ctx, gated=gated)
+            return Connection(ctx, gated=gated, idle_poll=idle_poll)
 
         handshake = self.config.tls_handshake_timeout_s if tls is not None else None
         if sock is not None:
@@ -495,6 +503,8 @@ class Server:
         except BaseException:
             await client.close()
             raise
+        if self.idle_poll is not None:
+            client.on_data = self.idle_poll.input
         if self.metrics is not None and self.metrics.count_outcomes:
             client.on_round_trip = self.metrics.redis_round_trip
             client.on_error = self.metrics.redis_error
@@ -580,6 +590,8 @@ class Server:
                 self.tracer = tracing.start_tracing(config.otel_endpoint)
             except tracing.TracingUnavailable as error:
                 raise StartupError(str(error)) from None
+        if config.idle_poll_us > 0:
+            self.idle_poll = IdlePoll(asyncio.get_running_loop(), config.idle_poll_us / 1e6)
         url = config.redis_url
         if is_cluster_url(url):
             try:
@@ -593,6 +605,8 @@ class Server:
             client.on_moved = self._note_moved
         # On a cluster every node's PUBLISH reaches every node's subscribers: one connection.
         self._subscriber = Subscriber(url, self._on_message, self._wake_all)
+        if self.idle_poll is not None:
+            self._subscriber.on_data = self.idle_poll.input
         access = config.access
         names = {DEFAULT_NAMESPACE, *(access.namespaces if access is not None else ())}
         for name in sorted(names):

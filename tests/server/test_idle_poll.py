@@ -1,0 +1,127 @@
+"""The idle poll (tubeq.server.idle_poll): the window it polls for after input, on a loop of
+fake time; that a real loop keeps turning meanwhile and sleeps after; and that a server
+with a window tells it of its clients' bytes and of Redis's replies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from tubeq.server.idle_poll import IdlePoll
+from tubeq.server.process import Config, Server
+
+
+class _FakeLoop:
+    """The two things IdlePoll asks of a loop, with time moved by hand and the callbacks
+    run by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.soon: list[Callable[[], None]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def turn(self) -> None:
+        """One loop turn: the callbacks scheduled before it."""
+        callbacks, self.soon = self.soon, []
+        for callback in callbacks:
+            callback()
+
+
+@pytest.fixture
+def yields(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """sched_yield, counted (each poll yields the CPU first)."""
+    counted: list[None] = []
+    monkeypatch.setattr("tubeq.server.idle_poll._sched_yield", lambda: counted.append(None))
+    return counted
+
+
+def test_a_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        IdlePoll(asyncio.new_event_loop(), 0)
+
+
+def test_it_polls_for_the_window_after_the_last_input(yields: list[None]) -> None:
+    loop = _FakeLoop()
+    poll = IdlePoll(loop, 0.001)  # type: ignore[arg-type]
+    assert not poll.polling and not loop.soon  # no input yet: the loop may sleep
+    poll.input()
+    assert poll.polling and len(loop.soon) == 1
+    loop.turn()  # the window starts: 0 .. 1 ms
+    assert len(loop.soon) == 1 and len(yields) == 1
+    loop.now = 0.0009
+    loop.turn()
+    assert poll.polling and len(loop.soon) == 1
+    poll.input()  # while polling: no second callback, the window starts again
+    assert len(loop.soon) == 1
+    loop.now = 0.0012
+    loop.turn()  # the new window: 1.2 .. 2.2 ms
+    loop.now = 0.0021
+    loop.turn()
+    assert poll.polling and len(loop.soon) == 1
+    loop.now = 0.0023
+    loop.turn()  # past it: no callback left, the loop may sleep
+    assert not poll.polling and not loop.soon
+    assert len(yields) == 4  # every poll that went on yielded first; the last did not
+    poll.input()  # the next input opens a window again
+    assert poll.polling and len(loop.soon) == 1
+
+
+async def test_a_real_loop_turns_through_the_window_then_sleeps(yields: list[None]) -> None:
+    poll = IdlePoll(asyncio.get_running_loop(), 0.3)
+    poll.input()
+    await asyncio.sleep(0.005)
+    assert poll.polling and len(yields) > 1  # the loop turned through a 5 ms sleep
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while poll.polling:  # (bounded: a loaded machine may run late)
+        assert asyncio.get_running_loop().time() < deadline, "the poll never stopped"
+        await asyncio.sleep(0.01)
+    after = len(yields)
+    await asyncio.sleep(0.05)
+    assert len(yields) == after  # no input since: the loop sleeps, nothing polls
+
+
+async def test_a_server_with_a_window_polls_after_its_clients_and_redis(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs: list[None] = []
+
+    class Counted(IdlePoll):
+        def input(self) -> None:
+            inputs.append(None)
+            super().input()
+
+    monkeypatch.setattr("tubeq.server.process.IdlePoll", Counted)
+    server = Server(Config(port=0, redis_url=redis_url, prefix="idlepoll", idle_poll_us=250))
+    await server.start()
+    try:
+        polled = server.idle_poll
+        assert isinstance(polled, Counted)
+        # Redis's replies and pub/sub messages (tubeq.redisio.client calls on_data: its own
+        # test), then a client's bytes alone:
+        assert server._client is not None and server._client.on_data == polled.input
+        assert server._subscriber is not None and server._subscriber.on_data == polled.input
+        server._client.on_data = server._subscriber.on_data = None
+        inputs.clear()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"put 0 0 60 2\r\nhi\r\n")
+        assert await asyncio.wait_for(reader.readline(), 5) == b"INSERTED 1\r\n"
+        assert inputs  # the put's bytes opened a window
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_an_embedded_server_does_not_poll_unless_told(redis_url: str) -> None:
+    server = Server(Config(port=0, redis_url=redis_url, prefix="idlepoll-off"))
+    await server.start()
+    try:
+        assert server.idle_poll is None
+        assert server._client is not None and server._client.on_data is None
+    finally:
+        await server.stop()

@@ -1,0 +1,71 @@
+"""Polling before sleeping: once a socket of this process has had data, its event loop keeps
+polling for a short window (``--idle-poll-us``) instead of sleeping in epoll at once.
+
+Why: a request/reply crosses this process four times a call (the put, Redis's answer, the
+worker's finish, Redis's answer), each after a gap of 100-200 us. A process asleep when its
+message comes is woken: its CPU leaves its halt, the sender pays for an inter-processor
+interrupt, and the message waits ~35 us (the 2-vCPU VMs measured, bench/PROFILE_NOTES.md).
+A loop still polling pays none of it. The same holds for Redis's answers to any command and
+a consumer's next command after its reply.
+
+Rules:
+* A window opens at each input (:meth:`IdlePoll.input`: a client's bytes, a Redis reply, a
+  pub/sub message) and lasts ``window_s`` from the last one: a process with nothing to do
+  polls at most that long, then sleeps as before. Timers and other callbacks run as ever
+  (the loop turns; it only does not block).
+* Every poll yields the CPU first (sched_yield): a process runnable on the same CPU runs
+  before the next poll, so polling takes no CPU another process wants there.
+* Off with a window of 0 (``--idle-poll-us 0``), and for embedded servers (Config's default:
+  the tests' servers share the test's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+# Where the platform has no sched_yield, a poll just turns the loop.
+_sched_yield = getattr(os, "sched_yield", lambda: None)
+
+# The command line's window: covers the gaps of a request/reply between a worker, Redis and
+# a caller on loopback (100-200 us measured), and costs a quiet process at most 0.25 ms of
+# polling per input.
+DEFAULT_IDLE_POLL_US = 250
+# The longest window the command line takes: beyond a few milliseconds polling buys nothing
+# (a message that late finds any process awake long before its wake-up would matter).
+MAX_IDLE_POLL_US = 100_000
+
+
+class IdlePoll:
+    """Keeps one event loop polling for ``window_s`` seconds after the last :meth:`input`."""
+
+    __slots__ = ("_fresh", "_loop", "_until", "_window", "polling")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_s: float) -> None:
+        if window_s <= 0:
+            raise ValueError("the window must be positive")
+        self._loop = loop
+        self._window = window_s
+        self._until = 0.0
+        self._fresh = False  # an input came since the last poll: the window starts again
+        self.polling = False  # a poll is scheduled: the loop does not block
+
+    def input(self) -> None:
+        """A socket had data: poll for the window from now on (on the hot path: a flag, and
+        a callback when the loop was not polling)."""
+        self._fresh = True
+        if not self.polling:
+            self.polling = True
+            self._loop.call_soon(self._poll)
+
+    def _poll(self) -> None:
+        loop = self._loop
+        now = loop.time()
+        if self._fresh:
+            self._fresh = False
+            self._until = now + self._window
+        if now < self._until:
+            _sched_yield()
+            loop.call_soon(self._poll)  # a ready callback: the next turn polls, not blocks
+        else:
+            self.polling = False
