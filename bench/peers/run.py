@@ -45,7 +45,7 @@ from bench.harness.procstat import (
     process_cpu_ticks,
     wait_until_quiet,
 )
-from bench.harness.servers import EVENTS_ON, Beanstalkd, Tubeq
+from bench.harness.servers import EVENTS_ON, Beanstalkd, Tubeq, snapshot_revision
 from bench.peers import envs, report
 from tubeq.redisio.process import RedisProcess
 
@@ -70,6 +70,10 @@ class System:
     server: str  # "redis", "tubeq" or "beanstalkd"
     batch_api: bool  # False: every job is enqueued one at a time and "batched" is n/a
     concurrency_note: str = ""
+    # A tubeq server of another revision (``--base``): the directory its package runs from,
+    # and the commit; "": the working tree's.
+    code_dir: str = ""
+    commit: str = ""
 
 
 SYSTEMS = (
@@ -243,7 +247,12 @@ class PeersBench(Bench):
     def prepare(self, system: System) -> tuple[Path | None, list[str] | None]:
         """Install the system's client (once); raises envs.EnvError."""
         if system.env == "main":
-            self.setup.setdefault(system.name, {"versions": _main_versions(system)})
+            versions = _main_versions(system)
+            if system.commit:  # (the client is the working tree's: its version is the tubeq one)
+                versions = {"tubeq server": f"commit {system.commit} (git archive)",
+                            "tubeq client": versions["tubeq"],
+                            **{k: versions[k] for k in ("uvloop", "hiredis")}}
+            self.setup.setdefault(system.name, {"versions": versions})
             return Path(sys.executable), None
         if system.env == "node":
             command = envs.node_env()
@@ -268,7 +277,8 @@ class PeersBench(Bench):
             single, batched = single + batched, 0
         entry["sizes"] = {"single": single, "batched": batched}
         entry["quiet_before"] = round(wait_until_quiet(QUIET_CORES, QUIET_WAIT_S), 3)
-        servers = Servers(system.server, self.log_dir)
+        servers = Servers(system.server, self.log_dir,
+                          Path(system.code_dir) if system.code_dir else REPO_ROOT)
         log = self.log_dir / f"{system.name}-{rep}.log"
         out = self.log_dir / f"{system.name}-{rep}.json"
         try:
@@ -327,6 +337,18 @@ def uptime() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def base_system(revision: str) -> System:
+    """``--base``: the tubeq row again with the tubeq server of ``revision`` (from ``git
+    archive``; the client is the working tree's), so one run is an A/B of the server."""
+    commit = subprocess.run(["git", "rev-parse", "--short", revision], cwd=REPO_ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    code_dir = snapshot_revision(commit, OUT_DIR / f"peers-code-{stamp}-base")
+    return System(f"tubeq {commit}", "main", "bundled", "tubeq", True,
+                  f"as the tubeq row, on the tubeq server of {commit}",
+                  code_dir=str(code_dir), commit=commit)
+
+
 def run(scale: PeersScale, output: Path, systems: tuple[System, ...]) -> Path:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -362,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated subset, e.g. tubeq,BullMQ (default: all)")
     p.add_argument("--output", type=Path, default=None,
                    help="report path (default bench/RESULTS-peers.md; quick: bench/out/)")
+    p.add_argument("--base", default=None, metavar="REV",
+                   help="also run tubeq's server as of REV (git archive; the client stays this "
+                        "tree's), as a row of its own, interleaved: an A/B of the server")
     p.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
                    help="only re-render a saved results file")
     args = p.parse_args(argv)
@@ -379,5 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         systems = tuple(s for s in SYSTEMS if s.name.lower() in wanted)
         if not systems:
             p.error(f"no system among {[s.name for s in SYSTEMS]} matches {args.systems!r}")
+    if args.base is not None:  # right after the tubeq row: each repetition runs them in turn
+        at = next((i + 1 for i, s in enumerate(systems) if s.name == "tubeq"), 0)
+        systems = (*systems[:at], base_system(args.base), *systems[at:])
     run(scale, output, systems)
     return 0
