@@ -52,7 +52,11 @@ from tubeq.server.context import (
     DEFAULT_MAX_WATCH,
     DEFAULT_RESULT_TTL_MS,
 )
-from tubeq.server.idle_poll import DEFAULT_IDLE_POLL_US, MAX_IDLE_POLL_US
+from tubeq.server.idle_poll import (
+    DEFAULT_IDLE_POLL_US,
+    MAX_IDLE_POLL_US,
+    default_window_us,
+)
 from tubeq.server.listeners import (
     DEFAULT_TLS_HANDSHAKE_TIMEOUT_S,
     ListenError,
@@ -220,10 +224,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="on SIGTERM, how long connections holding jobs get to finish them "
                         f"before they are closed and their jobs return to ready "
                         f"({SHUTDOWN_GRACE_S:g})")
-    p.add_argument("--idle-poll-us", type=int, default=DEFAULT_IDLE_POLL_US, metavar="US",
+    p.add_argument("--idle-poll-us", type=int, default=None, metavar="US",
                    help="after input, poll the sockets this long before sleeping: lower "
                         "latency for a request/reply, at most that much CPU per input "
-                        f"(0: sleep at once; {DEFAULT_IDLE_POLL_US})")
+                        f"(0: sleep at once; default {DEFAULT_IDLE_POLL_US}, or 0 where the "
+                        "cgroup allows less than one core)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -282,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shutdown-grace must not be negative")
     if args.redis_timeout < 0:
         p.error("--redis-timeout must be 0 (no bound) or more")
+    if args.idle_poll_us is None:
+        args.idle_poll_us = default_window_us()
     if not 0 <= args.idle_poll_us <= MAX_IDLE_POLL_US:
         p.error(f"--idle-poll-us must be between 0 (off) and {MAX_IDLE_POLL_US}")
     if args.redis_url is not None:

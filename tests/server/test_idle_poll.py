@@ -1,15 +1,17 @@
 """The idle poll (tubeq.server.idle_poll): the window it polls for after input, on a loop of
-fake time; that a real loop keeps turning meanwhile and sleeps after; and that a server
-with a window tells it of its clients' bytes and of Redis's replies."""
+fake time; that a real loop keeps turning meanwhile and sleeps after; that a server with a
+window tells it of its clients' bytes and of Redis's replies; and the command line's default,
+off where the cgroup allows less than one core."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tubeq.server.idle_poll import IdlePoll
+from tubeq.server.idle_poll import DEFAULT_IDLE_POLL_US, IdlePoll, cpu_limit, default_window_us
 from tubeq.server.process import Config, Server
 
 
@@ -125,3 +127,50 @@ async def test_an_embedded_server_does_not_poll_unless_told(redis_url: str) -> N
         assert server._client is not None and server._client.on_data is None
     finally:
         await server.stop()
+
+
+# -- the command line's default: off where the cgroup allows less than a core ------------------
+
+def _cgroup(tmp_path: Path, lines: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A fake cgroup mount under ``tmp_path`` with ``files`` (path -> content), and a
+    /proc/self/cgroup of ``lines``."""
+    root = tmp_path / "cgroup"
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(lines)
+    return root, proc
+
+
+@pytest.mark.parametrize(("lines", "files", "limit"), [
+    # cgroup v2, a quota on the process's group
+    ("0::/app\n", {"cgroup.controllers": "cpu\n", "app/cpu.max": "50000 100000\n",
+                   "cpu.max": "max 100000\n"}, 0.5),
+    # v2, the least of the group's and its ancestors' quotas
+    ("0::/a/b\n", {"cgroup.controllers": "cpu\n", "a/b/cpu.max": "max 100000\n",
+                   "a/cpu.max": "150000 100000\n"}, 1.5),
+    # v2 with no quota anywhere
+    ("0::/app\n", {"cgroup.controllers": "cpu\n", "app/cpu.max": "max 100000\n"}, None),
+    # v1's cpu controller (a hybrid mount, v2 beside it at unified/)
+    ("4:memory:/x\n2:cpu,cpuacct:/job\n0::/\n",
+     {"cpu,cpuacct/job/cpu.cfs_quota_us": "25000\n",
+      "cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+      "unified/cgroup.controllers": "\n"}, 0.25),
+    # v1 without a quota (-1), as on this project's machines
+    ("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
+     None),
+    # unreadable or malformed files: no limit known
+    ("0::/app\n", {"cgroup.controllers": "cpu\n", "app/cpu.max": "garbage\n"}, None),
+])
+def test_the_cgroups_cpu_limit_is_read(tmp_path: Path, lines: str, files: dict[str, str],
+                                       limit: float | None) -> None:
+    root, proc = _cgroup(tmp_path, lines, files)
+    assert cpu_limit(root, proc) == limit
+    expected = 0 if limit is not None and limit < 1 else DEFAULT_IDLE_POLL_US
+    assert default_window_us(root, proc) == expected
+
+
+def test_no_cgroup_file_means_no_limit(tmp_path: Path) -> None:
+    assert cpu_limit(tmp_path, tmp_path / "missing") is None
+    assert default_window_us(tmp_path, tmp_path / "missing") == DEFAULT_IDLE_POLL_US

@@ -16,13 +16,16 @@ Rules:
 * Every poll yields the CPU first (sched_yield): a process runnable on the same CPU runs
   before the next poll, so polling takes no CPU another process wants there.
 * Off with a window of 0 (``--idle-poll-us 0``), and for embedded servers (Config's default:
-  the tests' servers share the test's loop).
+  the tests' servers share the test's loop). The command line's default is off too where the
+  process's cgroup allows it less than one core (:func:`default_window_us`): a quota spent on
+  polling is a quota the kernel then throttles the process for, ~100 ms at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 # Where the platform has no sched_yield, a poll just turns the loop.
 _sched_yield = getattr(os, "sched_yield", lambda: None)
@@ -69,3 +72,63 @@ class IdlePoll:
             loop.call_soon(self._poll)  # a ready callback: the next turn polls, not blocks
         else:
             self.polling = False
+
+
+def default_window_us(cgroup_root: Path = Path("/sys/fs/cgroup"),
+                      proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+    """The command line's window: DEFAULT_IDLE_POLL_US, or 0 where the cgroup limits this
+    process to less than one core (:func:`cpu_limit`)."""
+    limit = cpu_limit(cgroup_root, proc_cgroup)
+    return 0 if limit is not None and limit < 1.0 else DEFAULT_IDLE_POLL_US
+
+
+def cpu_limit(cgroup_root: Path = Path("/sys/fs/cgroup"),
+              proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPU this process's cgroup and its ancestors allow it, in cores (the least of their
+    quotas); None where none sets one or none can be read. cgroup v2 (``cpu.max``: "<quota>
+    <period>" or "max <period>") and v1's cpu controller (``cpu.cfs_quota_us``, -1: none, over
+    ``cpu.cfs_period_us``)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            base, read = cgroup_root, _v2_quota
+            if not (base / "cgroup.controllers").exists():
+                base = cgroup_root / "unified"  # (hybrid: v2 mounted beside v1)
+        elif "cpu" in controllers.split(","):
+            base, read = cgroup_root / controllers, _v1_quota
+            if not base.is_dir():
+                base = cgroup_root / "cpu"
+        else:
+            continue
+        directory = base / path.lstrip("/")
+        while True:
+            quota = read(directory)
+            if quota is not None:
+                limits.append(quota)
+            if directory == base or base not in directory.parents:
+                break
+            directory = directory.parent
+    return min(limits) if limits else None
+
+
+def _v2_quota(directory: Path) -> float | None:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(directory: Path) -> float | None:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota < 0 or period <= 0 else quota / period
