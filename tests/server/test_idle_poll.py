@@ -16,8 +16,7 @@ from tubeq.server.process import Config, Server
 
 
 class _FakeLoop:
-    """The two things IdlePoll asks of a loop, with time moved by hand and the callbacks
-    run by the test."""
+    """A loop's call_soon, callbacks run by the test, and a clock it moves by hand."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -49,8 +48,10 @@ def test_a_window_must_be_positive() -> None:
         IdlePoll(asyncio.new_event_loop(), 0)
 
 
-def test_it_polls_for_the_window_after_the_last_input(yields: list[None]) -> None:
+def test_it_polls_for_the_window_after_the_last_input(yields: list[None],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     loop = _FakeLoop()
+    monkeypatch.setattr("tubeq.server.idle_poll._clock", loop.time)  # the window's clock
     poll = IdlePoll(loop, 0.001)  # type: ignore[arg-type]
     assert not poll.polling and not loop.soon  # no input yet: the loop may sleep
     poll.input()

@@ -10,8 +10,9 @@ a consumer's next command after its reply.
 
 Rules:
 * A window opens at each input (:meth:`IdlePoll.input`: a client's bytes, a Redis reply, a
-  pub/sub message) and lasts ``window_s`` from the last one: a process with nothing to do
-  polls at most that long, then sleeps as before. Timers and other callbacks run as ever
+  pub/sub message) and lasts ``window_s`` from the last one, on a clock finer than the loop's
+  (uvloop's moves in milliseconds): a process with nothing to do polls at most that long,
+  then sleeps as before. Timers and other callbacks run as ever
   (the loop turns; it only does not block).
 * Every poll yields the CPU first (sched_yield): a process runnable on the same CPU runs
   before the next poll, so polling takes no CPU another process wants there.
@@ -25,15 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
+# The window's clock: uvloop's loop.time() moves in whole milliseconds (libuv's uv_now), four
+# times the window; time.monotonic() reads the same clock to the nanosecond.
+_clock = time.monotonic
 # Where the platform has no sched_yield, a poll just turns the loop.
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
-# The command line's window: covers the gaps of a request/reply between a worker, Redis and
-# a caller on loopback (100-200 us measured), and costs a quiet process at most 0.25 ms of
-# polling per input.
-DEFAULT_IDLE_POLL_US = 250
+# The command line's window: long enough for Redis's answer and a request/reply's next message
+# on loopback, short enough to sleep through a consumer's gaps between batches (measured: one
+# caller's calls gain as much at 100 us as at 250-1,000, while processing's tubeq CPU per job
+# stays as without polling at 100 and rises at 250 and beyond, bench/PROFILE_NOTES.md).
+DEFAULT_IDLE_POLL_US = 100
 # The longest window the command line takes: beyond a few milliseconds polling buys nothing
 # (a message that late finds any process awake long before its wake-up would matter).
 MAX_IDLE_POLL_US = 100_000
@@ -62,14 +68,13 @@ class IdlePoll:
             self._loop.call_soon(self._poll)
 
     def _poll(self) -> None:
-        loop = self._loop
-        now = loop.time()
+        now = _clock()
         if self._fresh:
             self._fresh = False
             self._until = now + self._window
         if now < self._until:
             _sched_yield()
-            loop.call_soon(self._poll)  # a ready callback: the next turn polls, not blocks
+            self._loop.call_soon(self._poll)  # a ready callback: the next turn polls, not blocks
         else:
             self.polling = False
 
