@@ -36,10 +36,11 @@ _clock = time.monotonic
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 # The command line's window: long enough for Redis's answer and a request/reply's next message
-# on loopback, short enough to sleep through a consumer's gaps between batches (measured: one
-# caller's calls gain as much at 100 us as at 250-1,000, while processing's tubeq CPU per job
-# stays as without polling at 100 and rises at 250 and beyond, bench/PROFILE_NOTES.md).
-DEFAULT_IDLE_POLL_US = 100
+# on loopback (a worker's finish, a caller's next put: 100-150 us after tubeq's write), short
+# enough to sleep through most of a consumer's gaps between batches (measured, 5 reps: one
+# caller 1,667 / 1,967 / 1,982 calls/s at 100 / 150 / 200 us, processing's tubeq CPU per job
+# 16 / 17 / 16 us, as without polling; 24-42 us at 250-1,000: bench/PROFILE_NOTES.md).
+DEFAULT_IDLE_POLL_US = 200
 # The longest window the command line takes: beyond a few milliseconds polling buys nothing
 # (a message that late finds any process awake long before its wake-up would matter).
 MAX_IDLE_POLL_US = 100_000
