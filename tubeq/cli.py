@@ -228,7 +228,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after input, poll the sockets this long before sleeping: lower "
                         "latency for a request/reply, at most that much CPU per input "
                         f"(0: sleep at once; default {DEFAULT_IDLE_POLL_US}, or 0 where the "
-                        "cgroup allows less than one core)")
+                        "cgroup's quota or the CPU affinity gives each process less than a "
+                        "core)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --workers passes on
     if not 0 < args.max_job_size <= 1 << 30:
@@ -288,7 +289,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.redis_timeout < 0:
         p.error("--redis-timeout must be 0 (no bound) or more")
     if args.idle_poll_us is None:
-        args.idle_poll_us = default_window_us()
+        args.idle_poll_us = default_window_us(args.workers)
     if not 0 <= args.idle_poll_us <= MAX_IDLE_POLL_US:
         p.error(f"--idle-poll-us must be between 0 (off) and {MAX_IDLE_POLL_US}")
     if args.redis_url is not None:
@@ -473,10 +474,11 @@ def settle_collector() -> None:
 async def run_workers(args: argparse.Namespace, url: str, redis: RedisProcess | None,
                       held_signals: Sequence[int] = ()) -> None:
     """--workers N: this process supervises N workers (and the private redis-server, if any);
-    each worker gets this command line plus the Redis URL and the events setting it resolved."""
+    each worker gets this command line plus the Redis URL, the events setting and the idle
+    poll's window it resolved (the window for N processes: a worker sees ``--workers 1``)."""
     events = "on" if events_maxlen(args) else "off"
     pool = WorkerPool([*args.argv, "--redis", url, "--events", events, "--workers", "1",
-                       "--reuse-port"], args.workers)
+                       "--idle-poll-us", str(args.idle_poll_us), "--reuse-port"], args.workers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

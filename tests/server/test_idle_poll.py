@@ -44,8 +44,12 @@ def yields(monkeypatch: pytest.MonkeyPatch) -> list[None]:
 
 
 def test_a_window_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="positive"):
-        IdlePoll(asyncio.new_event_loop(), 0)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="positive"):
+            IdlePoll(loop, 0)
+    finally:
+        loop.close()
 
 
 def test_it_polls_for_the_window_after_the_last_input(yields: list[None],
@@ -77,7 +81,7 @@ def test_it_polls_for_the_window_after_the_last_input(yields: list[None],
 
 
 async def test_a_real_loop_turns_through_the_window_then_sleeps(yields: list[None]) -> None:
-    poll = IdlePoll(asyncio.get_running_loop(), 0.3)
+    poll = IdlePoll(asyncio.get_running_loop(), 0.1)
     poll.input()
     await asyncio.sleep(0.005)
     assert poll.polling and len(yields) > 1  # the loop turned through a 5 ms sleep
@@ -161,6 +165,13 @@ def _cgroup(tmp_path: Path, lines: str, files: dict[str, str]) -> tuple[Path, Pa
     # v1 without a quota (-1), as on this project's machines
     ("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
      None),
+    # v1 named "cpuacct,cpu" in /proc but mounted as cpu/ (the fallback), in a container's "/"
+    ("3:cpuacct,cpu:/\n", {"cpu/cpu.cfs_quota_us": "50000\n",
+                            "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
+    # v2, a quota on the root of a container's namespace
+    ("0::/\n", {"cgroup.controllers": "cpu\n", "cpu.max": "200000 100000\n"}, 2.0),
+    # a zero period (no kernel writes one): unreadable, no limit
+    ("0::/\n", {"cgroup.controllers": "cpu\n", "cpu.max": "50000 0\n"}, None),
     # unreadable or malformed files: no limit known
     ("0::/app\n", {"cgroup.controllers": "cpu\n", "app/cpu.max": "garbage\n"}, None),
 ])
@@ -169,9 +180,28 @@ def test_the_cgroups_cpu_limit_is_read(tmp_path: Path, lines: str, files: dict[s
     root, proc = _cgroup(tmp_path, lines, files)
     assert cpu_limit(root, proc) == limit
     expected = 0 if limit is not None and limit < 1 else DEFAULT_IDLE_POLL_US
-    assert default_window_us(root, proc) == expected
+    assert default_window_us(cgroup_root=root, proc_cgroup=proc, cpus=8) == expected
 
 
 def test_no_cgroup_file_means_no_limit(tmp_path: Path) -> None:
     assert cpu_limit(tmp_path, tmp_path / "missing") is None
-    assert default_window_us(tmp_path, tmp_path / "missing") == DEFAULT_IDLE_POLL_US
+    assert default_window_us(cgroup_root=tmp_path, proc_cgroup=tmp_path / "missing",
+                             cpus=2) == DEFAULT_IDLE_POLL_US
+
+
+@pytest.mark.parametrize(("processes", "cpus", "quota", "window"), [
+    (1, 2, None, DEFAULT_IDLE_POLL_US),
+    (2, 2, None, DEFAULT_IDLE_POLL_US),  # a core each
+    (3, 2, None, 0),  # --workers 3 on two CPUs: pollers would share a CPU
+    (1, 1, None, DEFAULT_IDLE_POLL_US),  # one process, one CPU: it yields at every poll
+    (2, 8, "150000 100000", 0),  # two workers under a 1.5-core quota
+    (1, 8, "150000 100000", DEFAULT_IDLE_POLL_US),
+])
+def test_the_default_gives_each_process_a_core_or_does_not_poll(
+        tmp_path: Path, processes: int, cpus: int, quota: str | None, window: int) -> None:
+    files = {"cgroup.controllers": "cpu\n"}
+    if quota is not None:
+        files["cpu.max"] = quota + "\n"
+    root, proc = _cgroup(tmp_path, "0::/\n", files)
+    assert default_window_us(processes, cgroup_root=root, proc_cgroup=proc,
+                             cpus=cpus) == window

@@ -1,5 +1,6 @@
-"""Polling before sleeping: once a socket of this process has had data, its event loop keeps
-polling for a short window (``--idle-poll-us``) instead of sleeping in epoll at once.
+"""Polling before sleeping: once a client connection, Redis or the pub/sub subscriber has sent
+this process data, its event loop keeps polling for a short window (``--idle-poll-us``)
+instead of sleeping in epoll at once.
 
 Why: a request/reply crosses this process four times a call (the put, Redis's answer, the
 worker's finish, Redis's answer), each after a gap of 100-200 us. A process asleep when its
@@ -11,15 +12,17 @@ a consumer's next command after its reply.
 Rules:
 * A window opens at each input (:meth:`IdlePoll.input`: a client's bytes, a Redis reply, a
   pub/sub message) and lasts ``window_s`` from the last one, on a clock finer than the loop's
-  (uvloop's moves in milliseconds): a process with nothing to do polls at most that long,
-  then sleeps as before. Timers and other callbacks run as ever
-  (the loop turns; it only does not block).
-* Every poll yields the CPU first (sched_yield): a process runnable on the same CPU runs
-  before the next poll, so polling takes no CPU another process wants there.
+  (uvloop's moves in milliseconds): a process polls at most that long after each input, then
+  sleeps as before. Messages published for other processes (pub/sub wake-ups, ends) are input
+  too: with several processes, each polls after them. Timers and other callbacks run as ever
+  (the loop turns; it only does not block). The HTTP listener's sockets do not open a window.
+* Every poll calls sched_yield first, so a process queued on the same CPU gets it sooner (the
+  scheduler decides: it is a hint, not a promise), and the polling is CPU time like any other.
 * Off with a window of 0 (``--idle-poll-us 0``), and for embedded servers (Config's default:
   the tests' servers share the test's loop). The command line's default is off too where the
-  process's cgroup allows it less than one core (:func:`default_window_us`): a quota spent on
-  polling is a quota the kernel then throttles the process for, ~100 ms at a time.
+  cgroup's quota or the CPU affinity gives the processes (``--workers``) less than a core each
+  (:func:`default_window_us`): a quota spent on polling is one the kernel then throttles the
+  process for, ~100 ms at a time, and one CPU shared by two pollers is theirs alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 import time
 from pathlib import Path
 
-# The window's clock: uvloop's loop.time() moves in whole milliseconds (libuv's uv_now), four
+# The window's clock: uvloop's loop.time() moves in whole milliseconds (libuv's uv_now), five
 # times the window; time.monotonic() reads the same clock to the nanosecond.
 _clock = time.monotonic
 # Where the platform has no sched_yield, a poll just turns the loop.
@@ -80,12 +83,19 @@ class IdlePoll:
             self.polling = False
 
 
-def default_window_us(cgroup_root: Path = Path("/sys/fs/cgroup"),
-                      proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
-    """The command line's window: DEFAULT_IDLE_POLL_US, or 0 where the cgroup limits this
-    process to less than one core (:func:`cpu_limit`)."""
+def default_window_us(processes: int = 1, *, cgroup_root: Path = Path("/sys/fs/cgroup"),
+                      proc_cgroup: Path = Path("/proc/self/cgroup"),
+                      cpus: int | None = None) -> int:
+    """The command line's window: DEFAULT_IDLE_POLL_US, or 0 where ``processes`` tubeq
+    processes (``--workers``) would get less than a core each: from the cgroup's quota
+    (:func:`cpu_limit`) or the CPUs this process may run on (``cpus``; default: its
+    affinity)."""
+    cores = float(len(os.sched_getaffinity(0)) if cpus is None and hasattr(
+        os, "sched_getaffinity") else (cpus or os.cpu_count() or 1))
     limit = cpu_limit(cgroup_root, proc_cgroup)
-    return 0 if limit is not None and limit < 1.0 else DEFAULT_IDLE_POLL_US
+    if limit is not None:
+        cores = min(cores, limit)
+    return 0 if cores < processes else DEFAULT_IDLE_POLL_US
 
 
 def cpu_limit(cgroup_root: Path = Path("/sys/fs/cgroup"),
@@ -127,7 +137,7 @@ def _v2_quota(directory: Path) -> float | None:
     try:
         quota, period = (directory / "cpu.max").read_text().split()
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return None
 
 
