@@ -319,6 +319,14 @@ def snapshot_tubeq(destination: Path) -> Path:
     return destination
 
 
+def snapshot_commit(revision: str, destination: Path) -> tuple[Path, str]:
+    """:func:`snapshot_revision` of ``revision`` resolved to its short commit: the directory,
+    and the commit (what a report names)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", revision], cwd=REPO_ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    return snapshot_revision(commit, destination), commit
+
+
 def snapshot_revision(revision: str, destination: Path) -> Path:
     """``tubeq/`` as of ``revision``, extracted under ``destination`` (a Tubeq.code_dir)."""
     archive = subprocess.run(["git", "archive", "--format=tar", revision, "tubeq"],

@@ -44,7 +44,7 @@ from bench.harness.bench import QUIET_CORES, Bench, Scale, alternate
 from bench.harness.machine import machine_and_versions
 from bench.harness.paths import OUT_DIR, REPO_ROOT
 from bench.harness.procstat import wait_until_quiet
-from bench.harness.servers import snapshot_revision
+from bench.harness.servers import snapshot_commit
 from bench.peers import call_report, envs
 from bench.peers.call_common import CALL_TIMEOUT_S
 from bench.peers.run import QUIET_WAIT_S, Sampler, Servers, uptime
@@ -275,9 +275,7 @@ def _code(revision: str | None, stamp: str) -> tuple[Path, str | None]:
     """Where tubeq runs from, and its version when not the working tree's."""
     if revision is None:
         return REPO_ROOT, None
-    commit = subprocess.run(["git", "rev-parse", "--short", revision], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=True).stdout.strip()
-    code_dir = snapshot_revision(commit, OUT_DIR / f"peers-call-code-{stamp}")
+    code_dir, commit = snapshot_commit(revision, OUT_DIR / f"peers-call-code-{stamp}")
     return code_dir, f"commit {commit} (git archive: the working tree's edits not included)"
 
 

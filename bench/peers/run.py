@@ -45,7 +45,7 @@ from bench.harness.procstat import (
     process_cpu_ticks,
     wait_until_quiet,
 )
-from bench.harness.servers import EVENTS_ON, Beanstalkd, Tubeq, snapshot_revision
+from bench.harness.servers import EVENTS_ON, Beanstalkd, Tubeq, snapshot_commit
 from bench.peers import envs, report
 from tubeq.redisio.process import RedisProcess
 
@@ -340,10 +340,8 @@ def uptime() -> str:
 def base_system(revision: str) -> System:
     """``--base``: the tubeq row again with the tubeq server of ``revision`` (from ``git
     archive``; the client is the working tree's), so one run is an A/B of the server."""
-    commit = subprocess.run(["git", "rev-parse", "--short", revision], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=True).stdout.strip()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    code_dir = snapshot_revision(commit, OUT_DIR / f"peers-code-{stamp}-base")
+    code_dir, commit = snapshot_commit(revision, OUT_DIR / f"peers-code-{stamp}-base")
     return System(f"tubeq {commit}", "main", "bundled", "tubeq", True,
                   f"as the tubeq row, on the tubeq server of {commit}",
                   code_dir=str(code_dir), commit=commit)

@@ -14,6 +14,7 @@ from pathlib import Path
 from tests.support.servers import unique_prefix
 from tests.support.wire import Wire
 from tubeq.redisio.process import RedisProcess, free_port
+from tubeq.server.idle_poll import default_window_us
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 20.0
@@ -71,6 +72,11 @@ def test_two_workers_share_the_port_and_the_tubes(redis_process: RedisProcess) -
             time.sleep(0.1)
             pids |= _pids(port)
         assert len(pids) == 2 and proc.pid not in pids  # two workers, the supervisor serves none
+        # Each worker polls with the window resolved for two processes (it sees --workers 1).
+        for pid in pids:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            given = [argv[i + 1] for i, arg in enumerate(argv) if arg == b"--idle-poll-us"]
+            assert given[-1] == str(default_window_us(2)).encode()
         # A job put through one worker is reserved through the other.
         with Wire("127.0.0.1", port) as a:
             first = int(a.yaml("stats")["pid"])

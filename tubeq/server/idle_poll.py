@@ -90,8 +90,10 @@ def default_window_us(processes: int = 1, *, cgroup_root: Path = Path("/sys/fs/c
     processes (``--workers``) would get less than a core each: from the cgroup's quota
     (:func:`cpu_limit`) or the CPUs this process may run on (``cpus``; default: its
     affinity)."""
-    cores = float(len(os.sched_getaffinity(0)) if cpus is None and hasattr(
-        os, "sched_getaffinity") else (cpus or os.cpu_count() or 1))
+    if cpus is None:
+        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1)
+    cores = float(cpus)
     limit = cpu_limit(cgroup_root, proc_cgroup)
     if limit is not None:
         cores = min(cores, limit)
