@@ -10,6 +10,7 @@ from typing import cast
 from tubeq.server.reserve_wait import Wait
 from tubeq.server.waiters import CoarseTimer, Deadlines, Signal, Waiter, WaiterRegistry
 from tubeq.store.base import JobStore
+from tubeq.store.records import NoJob, Reservation
 
 # Long enough that a timeout cannot have fired by accident, short enough to keep tests quick.
 NEVER_S = 60.0
@@ -217,3 +218,114 @@ def test_a_wait_woken_by_its_own_connection_passes_nothing_on() -> None:
     assert not any(w.woken for w in others)
     for waiter in others:
         registry.unregister(waiter, consumed=True)
+
+
+# --- a waiter woken on a guess: the hint of its tube is still its own -----------------------------
+
+def _guessed_pair() -> tuple[WaiterRegistry, Wait, Waiter]:
+    """The older waiter watching a and b, woken by the scheduler's guess (its try not sent);
+    a younger one watching b alone, asleep."""
+    registry = WaiterRegistry()
+    older = Wait(registry, cast(JobStore, object()), "t:1", ("a", "b"))
+    younger = Waiter(("b",), "t:2")
+    registry.register(younger)
+    registry.wake_first()
+    assert older.woken and older.guessed and not younger.woken
+    return registry, older, younger
+
+
+def _job(tube: str) -> asyncio.Future[Reservation]:
+    done: asyncio.Future[Reservation] = asyncio.get_running_loop().create_future()
+    done.set_result(Reservation(1, 60, b"x", 0, 0, tube))
+    return done
+
+
+def test_a_hint_goes_to_its_oldest_waiter_even_one_a_guess_woke() -> None:
+    """Its try, not sent yet, sees the hint's job: a younger waiter woken as well would race
+    it for the job (and win over a wait across shards, which looks before it takes)."""
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    assert older.owed == "b" and not younger.woken
+    registry.wake_one("b")  # a second job's hint: the older's one try is taken already
+    assert younger.woken
+    registry.wake_first()  # a guess wakes only waiters asleep (as before)
+    registry.unregister(younger, consumed=True)
+
+
+def test_a_count_hint_counts_a_guessed_waiter_once() -> None:
+    registry, older, younger = _guessed_pair()
+    third = Waiter(("b",), "t:3")
+    registry.register(third)
+    registry.wake("b", 2)
+    assert older.owed == "b" and younger.woken and not third.woken
+
+
+async def test_a_guessed_try_that_took_the_hints_job_passes_nothing_on() -> None:
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()  # its try goes out
+    assert older.trying_for == "b" and older.owed is None
+    await older.took(_job("b"))
+    assert older.trying_for is None
+    older.leave(consumed=True)
+    assert not younger.woken
+
+
+async def test_a_guessed_try_that_found_nothing_passes_nothing_on() -> None:
+    """The try went out after the hint's job was ready: nothing found, another took it."""
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()
+    nothing: asyncio.Future[NoJob] = asyncio.get_running_loop().create_future()
+    nothing.set_result(NoJob())
+    await older.took(nothing)
+    assert not younger.woken and older.trying_for is None
+
+
+async def test_a_guessed_try_that_took_another_tubes_job_passes_the_hint_on() -> None:
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()
+    await older.took(_job("a"))  # a better job of a: b's job is still ready
+    assert older.hinted and not younger.woken  # as a hint that came while the try was out
+    older.leave(consumed=True)
+    assert younger.woken
+
+
+async def test_a_list_grant_without_the_hints_tube_passes_it_on() -> None:
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()
+    jobs: asyncio.Future[list[Reservation]] = asyncio.get_running_loop().create_future()
+    jobs.set_result([(await _job("a"))])
+    await older.took(jobs)
+    older.leave(consumed=True)
+    assert younger.woken
+
+
+def test_a_guessed_wait_that_leaves_untried_passes_the_hint_on() -> None:
+    """With a job of its own (a later reserve's try granted it) or with none."""
+    for consumed in (True, False):
+        registry, older, younger = _guessed_pair()
+        registry.wake_one("b")
+        older.leave(consumed=consumed)
+        assert younger.woken, consumed
+
+
+def test_a_wait_whose_try_is_out_when_it_leaves_passes_the_hint_on() -> None:
+    """Its try went out and its outcome never came (the reserve was overdue): it may not have
+    taken the hint's job."""
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()
+    older.leave(consumed=False)
+    assert younger.woken
+
+
+def test_a_guessed_wait_gone_deaf_passes_the_hint_on() -> None:
+    """A push loop whose credit went before its try: pass_on hands the hint it took on."""
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.deaf = True
+    older.pass_on()
+    assert younger.woken and older.owed is None

@@ -13,7 +13,8 @@ Rules:
   jobs, or its count-out at :meth:`Wait.leave`: whatever ends the caller, ``leave`` must
   run (``finally``), so a token is never left counted.
 * Every try re-arms first, so a hint that arrives while the script runs wakes the next sleep.
-* A wait that was woken and leaves without using the wake-up passes it on (the registry does).
+* A wait that was woken and leaves without using the wake-up passes it on (the registry does);
+  so does a try that took another tube's job than the hint it took on over a guess.
 * Redis that lost the token's registration (:meth:`Wait.registration_lost`) makes the wait count
   itself in again before its next try, as a put may have found no waiter meanwhile.
 * The caller keeps what is its own: what a grant is answered with, when the wait ends, and
@@ -141,6 +142,9 @@ class Wait(Waiter):
             self.counted = not result  # counted in with the try that found nothing, or out
         elif isinstance(result, Reservation) or (isinstance(result, list) and result):
             self.counted = False  # the script counted the token out with the grant
+        if self.trying_for is not None:
+            self.settle([result] if isinstance(result, Reservation) else
+                        result if isinstance(result, list) else ())
         return result
 
     async def claim(self) -> list[Reservation]:
@@ -178,7 +182,13 @@ class Wait(Waiter):
         # A hint that came after its last try was sent (every try re-arms) was not used by
         # that try, whatever it got: it is passed on (it may be for another job of the tube).
         # A wake-up by its own connection (a job in its pool, a hand-over) is not a hint.
-        self._registry.unregister(self, consumed=consumed and not self.hinted)
+        # One it took on over a guess (Waiter.owed) and whose try did not settle it passes on.
+        owed = self.owed or self.trying_for
+        self.owed = self.trying_for = None
+        consumed = consumed and not self.hinted
+        self._registry.unregister(self, consumed=consumed)
+        if owed is not None and (consumed or not self.woken):  # (else unregister passed it)
+            self._registry.wake_one(owed)
         if not self.counted:
             return None
         self.counted = False
@@ -191,6 +201,9 @@ class Wait(Waiter):
             self.woken = self.hinted = False
             for tube in self.tubes:
                 self._registry.wake_one(tube)
+        if self.owed is not None:
+            owed, self.owed = self.owed, None
+            self._registry.wake_one(owed)
 
     def _tracked(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         return call if self._owner is None else self._owner.track_grants(call)

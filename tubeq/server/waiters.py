@@ -20,20 +20,28 @@ A job that became ready before the count is in Redis publishes nothing, but the 
 registering sees it. A waiter that was woken and leaves without trying (its client went away),
 or whose last try went out before the hint came, passes the wake-up on, so a hint is never lost
 with it. A pub/sub reconnect wakes everyone once.
+
+A waiter the scheduler woke on a guess (:meth:`WaiterRegistry.wake_first`) is no job's yet:
+until its try goes out it still takes the hint of a tube whose oldest waiter it is, instead of
+the hint passing to a younger one whose try would race it (a waiter over several shards looks
+before it takes, so the younger's one script would win: first come, first served broken).
+Its try's outcome settles the hint: a job of another tube passes it on (:class:`Waiter`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from tubeq.server.timers import CoarseTimer, Deadlines, Signal
+from tubeq.store.records import Reservation
 
 
 class Waiter:
     """One blocked reserve: its token, the tubes it watches and the signal that wakes it."""
 
-    __slots__ = ("deaf", "event", "hinted", "order", "token", "tubes", "woken")
+    __slots__ = ("deaf", "event", "guessed", "hinted", "order", "owed", "token", "trying_for",
+                 "tubes", "woken")
 
     def __init__(self, tubes: Iterable[str], token: str) -> None:
         self.tubes = tuple(tubes)  # a connection's watch list is a tuple: the same object
@@ -45,6 +53,11 @@ class Waiter:
         # that would take the job hears it
         self.deaf = False
         self.hinted = False  # woken by a hint (not by its own connection) since its last try
+        self.guessed = False  # woken by the scheduler's guess since its last try
+        # The tube of a hint it took on while a guess had woken it (before its next try), and
+        # once that try went out, the tube it is for (its outcome: :meth:`settle`)
+        self.owed: str | None = None
+        self.trying_for: str | None = None
 
     def wake(self) -> None:
         self.woken = True
@@ -55,11 +68,38 @@ class Waiter:
         self.hinted = True
         self.wake()
 
+    def guess(self) -> None:
+        """Woken by the scheduler's guess of who will want a job: a try that is no job's."""
+        self.guessed = True
+        self.wake()
+
+    def takes_hint(self) -> bool:
+        """Whether a hint may land here: not deaf, and asleep, or woken by a guess only (its
+        try, not sent yet, will see the hint's job)."""
+        return not self.deaf and (not self.woken or (self.guessed and self.owed is None))
+
+    def take_hint(self, tube: str) -> None:
+        if self.woken:  # by a guess: its coming try is the hint's
+            self.owed = tube
+        else:
+            self.hint()
+
     def rearm(self) -> None:
         """Called before each try: a hint arriving after this wakes the next sleep."""
         self.woken = False
         self.hinted = False
+        self.guessed = False
+        self.trying_for, self.owed = self.owed, None
         self.event.clear()
+
+    def settle(self, granted: Sequence[Reservation]) -> None:
+        """A try's outcome (``granted``: its jobs). If the try was for a hint taken on over a
+        guess and took a job of another tube, the hint is as one that came while the try was
+        out: not used, so passed on (:meth:`WaiterRegistry.unregister`, or the next try). A try
+        that found nothing found the hint's job taken already."""
+        tube, self.trying_for = self.trying_for, None
+        if tube is not None and granted and all(job.tube != tube for job in granted):
+            self.hint()
 
 
 class _Line:
@@ -151,18 +191,18 @@ class WaiterRegistry:
                 waiter.wake()
 
     def wake_one(self, tube: str) -> bool:
-        """Wake the waiter of ``tube`` that registered first among those not awake yet (nor
-        deaf); whether there was one."""
-        first = _first_to_hint(self._by_tube.get(tube, ()))
+        """Wake the waiter of ``tube`` that registered first among those that take a hint
+        (:meth:`Waiter.takes_hint`); whether there was one."""
+        first = _first(self._by_tube.get(tube, ()), Waiter.takes_hint)
         if first is None:
             return False
-        first.hint()
+        first.take_hint(tube)
         return True
 
     def wake(self, tube: str, ready: int) -> None:
         """A hint that ``tube`` has ``ready`` jobs ready: wake that many of its waiters, in
-        arrival order, at most (those awake already are on their way to try): one pass over
-        its lines, whatever the count."""
+        arrival order, at most (those awake already are on their way to try; see
+        :meth:`Waiter.takes_hint`): one pass over its lines, whatever the count."""
         if ready <= 1:
             self.wake_one(tube)
             return
@@ -170,17 +210,17 @@ class WaiterRegistry:
         if not lines:
             return
         for waiter in heapq.nsmallest(ready, (w for line in lines for w in line.waiters
-                                              if not w.woken and not w.deaf),
+                                              if w.takes_hint()),
                                       key=_arrival):
-            waiter.hint()
+            waiter.take_hint(tube)
 
     def wake_first(self) -> None:
         """Wake the waiter that registered first among those not awake yet, whatever it
         watches: the scheduler's guess, as it sends a sweep that may make a job ready, of who
         will want it (its try then follows the sweep to Redis instead of its reply)."""
-        first = _first_to_hint(self._lines.values())
+        first = _first(self._lines.values(), _asleep)
         if first is not None:
-            first.hint()
+            first.guess()
 
     def wake_all(self) -> None:
         for line in self._lines.values():
@@ -192,13 +232,17 @@ def _arrival(waiter: Waiter) -> int:
     return waiter.order
 
 
-def _first_to_hint(lines: Iterable[_Line]) -> Waiter | None:
-    """Of ``lines``' waiters not awake nor deaf, the one that registered first (each line is
-    in arrival order: its first such waiter is its candidate)."""
+def _asleep(waiter: Waiter) -> bool:
+    return not waiter.woken and not waiter.deaf
+
+
+def _first(lines: Iterable[_Line], eligible: Callable[[Waiter], bool]) -> Waiter | None:
+    """Of ``lines``' ``eligible`` waiters, the one that registered first (each line is in
+    arrival order: its first such waiter is its candidate)."""
     first: Waiter | None = None
     for line in lines:
         for waiter in line.waiters:
-            if not waiter.woken and not waiter.deaf:
+            if eligible(waiter):
                 if first is None or waiter.order < first.order:
                     first = waiter
                 break
