@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+import pytest
+
 from tubeq.server.reserve_wait import Wait
 from tubeq.server.waiters import CoarseTimer, Deadlines, Signal, Waiter, WaiterRegistry
 from tubeq.store.base import JobStore
@@ -248,8 +250,60 @@ def test_a_hint_goes_to_its_oldest_waiter_even_one_a_guess_woke() -> None:
     assert older.owed == "b" and not younger.woken
     registry.wake_one("b")  # a second job's hint: the older's one try is taken already
     assert younger.woken
-    registry.wake_first()  # a guess wakes only waiters asleep (as before)
     registry.unregister(younger, consumed=True)
+
+
+def test_a_guess_is_no_jobs_a_guessed_wait_that_leaves_with_a_job_passes_nothing_on() -> None:
+    """(The sweep's own PUBLISH wakes waiters for the jobs it made ready.)"""
+    _, older, younger = _guessed_pair()
+    older.leave(consumed=True)
+    assert not younger.woken
+
+
+def test_a_try_out_and_a_hint_owed_since_are_both_passed_on_when_the_wait_leaves() -> None:
+    """Its try went out for b's hint; a guess and a hint of a came while it was out; the
+    connection goes away before either is settled: a and b each go to their next waiter."""
+    registry, older, younger = _guessed_pair()
+    other = Waiter(("a",), "t:3")
+    registry.register(other)
+    registry.wake_one("b")
+    older.rearm()  # its try goes out, for b
+    registry.wake_first()  # asleep while its try is out: guessed again
+    registry.wake_one("a")
+    assert (older.trying_for, older.owed) == ("b", "a")
+    older.leave(consumed=True)
+    assert younger.woken and other.woken
+
+
+async def test_a_try_that_raised_leaves_its_hint_to_the_next_try_or_the_next_waiter() -> None:
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    older.rearm()
+    failed: asyncio.Future[NoJob] = asyncio.get_running_loop().create_future()
+    failed.set_exception(ConnectionError("Redis went away"))
+    with pytest.raises(ConnectionError):
+        await older.took(failed)
+    assert older.hinted and older.trying_for is None  # the next try is for it
+    older.leave(consumed=False)  # or none comes: the next waiter has it
+    assert younger.woken
+
+
+def test_a_hand_over_passes_on_a_hint_owed() -> None:
+    """The next try takes the handed job: b's ready job goes to the younger waiter (no wake-up
+    was published for the handed one)."""
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    registry.handed_over(older.token)
+    assert older.woken and older.owed is None and younger.woken
+    registry.wake_one("b")  # nor does the handed-to wait take on another hint
+    assert older.owed is None
+
+
+def test_a_wait_that_stops_watching_the_owed_tube_passes_its_hint_on() -> None:
+    registry, older, younger = _guessed_pair()
+    registry.wake_one("b")
+    registry.rewatch(older, ("a",))
+    assert older.owed is None and younger.woken
 
 
 def test_a_count_hint_counts_a_guessed_waiter_once() -> None:

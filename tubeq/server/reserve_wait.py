@@ -14,7 +14,7 @@ Rules:
   run (``finally``), so a token is never left counted.
 * Every try re-arms first, so a hint that arrives while the script runs wakes the next sleep.
 * A wait that was woken and leaves without using the wake-up passes it on (the registry does);
-  so does a try that took another tube's job than the hint it took on over a guess.
+  so does one whose try, for a hint it took on over a guess, took only other tubes' jobs.
 * Redis that lost the token's registration (:meth:`Wait.registration_lost`) makes the wait count
   itself in again before its next try, as a put may have found no waiter meanwhile.
 * The caller keeps what is its own: what a grant is answered with, when the wait ends, and
@@ -136,7 +136,11 @@ class Wait(Waiter):
         """A try's outcome (a grant counts the token out of the waiters)."""
         self.attempt = call
         staying, self._staying = self._staying, False
-        result = await self._awaited(call)
+        try:
+            result = await self._awaited(call)
+        except BaseException:
+            self.failed_try()
+            raise
         self.attempt = None  # not kept alive through the next (long) wait
         if staying:
             self.counted = not result  # counted in with the try that found nothing, or out
@@ -182,13 +186,10 @@ class Wait(Waiter):
         # A hint that came after its last try was sent (every try re-arms) was not used by
         # that try, whatever it got: it is passed on (it may be for another job of the tube).
         # A wake-up by its own connection (a job in its pool, a hand-over) is not a hint.
-        # One it took on over a guess (Waiter.owed) and whose try did not settle it passes on.
-        owed = self.owed or self.trying_for
-        self.owed = self.trying_for = None
-        consumed = consumed and not self.hinted
-        self._registry.unregister(self, consumed=consumed)
-        if owed is not None and (consumed or not self.woken):  # (else unregister passed it)
-            self._registry.wake_one(owed)
+        # Those it took on over a guess and no try settled pass on too (Waiter.unused_hints).
+        unused = self.unused_hints()
+        self._registry.unregister(self, consumed=consumed and not self.hinted)
+        self._registry.pass_on(unused)
         if not self.counted:
             return None
         self.counted = False
@@ -201,9 +202,7 @@ class Wait(Waiter):
             self.woken = self.hinted = False
             for tube in self.tubes:
                 self._registry.wake_one(tube)
-        if self.owed is not None:
-            owed, self.owed = self.owed, None
-            self._registry.wake_one(owed)
+        self._registry.pass_on(self.unused_hints())
 
     def _tracked(self, call: asyncio.Future[T]) -> asyncio.Future[T]:
         return call if self._owner is None else self._owner.track_grants(call)

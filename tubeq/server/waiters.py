@@ -9,8 +9,9 @@ A put hands its job to the first token waiting in Redis and tells that token's p
 registry wakes the token's waits directly (:meth:`WaiterRegistry.handed_over`). Every other path
 to ready (release, kick, promote, expire, pause end) sends a hint, a pub/sub message naming a
 tube and how many jobs it has ready, that wakes that many of the oldest waiters of that tube
-not already awake (:meth:`WaiterRegistry.wake`), passing by the deaf (a push loop with no
-credit); a woken waiter then runs the reserve script, which is the truth. The process routes
+not already awake, or woken only by a guess (below; :meth:`WaiterRegistry.wake`), passing by the
+deaf (a push loop with no credit); a woken waiter then runs the reserve script, which is the
+truth. The process routes
 both messages here from its one subscriber. Timeline of the race this closes::
 
     waiter: register here + count itself in Redis (count_waiting.lua) ... try reserve.lua ... sleep
@@ -25,7 +26,10 @@ A waiter the scheduler woke on a guess (:meth:`WaiterRegistry.wake_first`) is no
 until its try goes out it still takes the hint of a tube whose oldest waiter it is, instead of
 the hint passing to a younger one whose try would race it (a waiter over several shards looks
 before it takes, so the younger's one script would win: first come, first served broken).
-Its try's outcome settles the hint: a job of another tube passes it on (:class:`Waiter`).
+The hint's tube is kept (:attr:`Waiter.owed`, then :attr:`Waiter.trying_for`) until its try's
+outcome settles it: a job of that tube uses it, nothing found means another took the job; a
+grant of other tubes only, a failed try, a hand-over, a watch list without the tube, a wait
+that leaves or goes deaf pass it on.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class Waiter:
         self.hinted = False  # woken by a hint (not by its own connection) since its last try
         self.guessed = False  # woken by the scheduler's guess since its last try
         # The tube of a hint it took on while a guess had woken it (before its next try), and
-        # once that try went out, the tube it is for (its outcome: :meth:`settle`)
+        # once that try went out, the tube it is for (its outcome: :meth:`settle`). Both may
+        # be set: a try out for one, and a guess then a hint since.
         self.owed: str | None = None
         self.trying_for: str | None = None
 
@@ -64,7 +69,8 @@ class Waiter:
         self.event.set()
 
     def hint(self) -> None:
-        """Woken by a hint (the registry's): one its next try may be the only one to use."""
+        """Woken by a hint (or a hint's leftover, :meth:`settle`): one its next try may be the
+        only one to use."""
         self.hinted = True
         self.wake()
 
@@ -73,19 +79,21 @@ class Waiter:
         self.guessed = True
         self.wake()
 
-    def takes_hint(self) -> bool:
+    def accepts_hint(self) -> bool:
         """Whether a hint may land here: not deaf, and asleep, or woken by a guess only (its
         try, not sent yet, will see the hint's job)."""
         return not self.deaf and (not self.woken or (self.guessed and self.owed is None))
 
     def take_hint(self, tube: str) -> None:
+        """The hint of ``tube`` lands here (:meth:`accepts_hint`)."""
         if self.woken:  # by a guess: its coming try is the hint's
             self.owed = tube
         else:
             self.hint()
 
     def rearm(self) -> None:
-        """Called before each try: a hint arriving after this wakes the next sleep."""
+        """Called before each try: a hint arriving after this wakes the next sleep; a hint
+        owed (taken on over a guess) is what this try is for."""
         self.woken = False
         self.hinted = False
         self.guessed = False
@@ -100,6 +108,24 @@ class Waiter:
         tube, self.trying_for = self.trying_for, None
         if tube is not None and granted and all(job.tube != tube for job in granted):
             self.hint()
+
+    def failed_try(self) -> None:
+        """Its try raised: a hint it was for is as one not used (tried again, or passed on)."""
+        if self.trying_for is not None:
+            self.trying_for = None
+            self.hint()
+
+    def unused_hints(self, keep: Iterable[str] = ()) -> list[str]:
+        """The tubes of the hints taken on over a guess that it holds unsettled (owed, and
+        the one its try out is for), but those in ``keep``: dropped here, to be passed on."""
+        tubes = []
+        if self.owed is not None and self.owed not in keep:
+            tubes.append(self.owed)
+            self.owed = None
+        if self.trying_for is not None and self.trying_for not in keep:
+            tubes.append(self.trying_for)
+            self.trying_for = None
+        return tubes
 
 
 class _Line:
@@ -172,6 +198,7 @@ class WaiterRegistry:
         waiter.tubes = tuple(tubes)
         self.register(waiter)
         waiter.order = order
+        self.pass_on(waiter.unused_hints(keep=waiter.tubes))  # a tube it no longer watches
 
     def alone_on(self, tube: str) -> tuple[Waiter, ...]:
         """The waiters that watch ``tube`` and nothing else, in arrival order."""
@@ -188,12 +215,21 @@ class WaiterRegistry:
         held = self._by_token.get(token)
         if held is not None:
             for waiter in _each(held):
+                # Its next try takes the handed job: a hint it took on over a guess is not
+                # this try's (nor may a guess of it take another: it is someone's now).
+                waiter.guessed = False
                 waiter.wake()
+                self.pass_on(waiter.unused_hints())
+
+    def pass_on(self, tubes: Iterable[str]) -> None:
+        """Hints not used (:meth:`Waiter.unused_hints`): each to the next waiter of its tube."""
+        for tube in tubes:
+            self.wake_one(tube)
 
     def wake_one(self, tube: str) -> bool:
-        """Wake the waiter of ``tube`` that registered first among those that take a hint
-        (:meth:`Waiter.takes_hint`); whether there was one."""
-        first = _first(self._by_tube.get(tube, ()), Waiter.takes_hint)
+        """Wake the waiter of ``tube`` that registered first among those that accept a hint
+        (:meth:`Waiter.accepts_hint`); whether there was one."""
+        first = _first(self._by_tube.get(tube, ()), Waiter.accepts_hint)
         if first is None:
             return False
         first.take_hint(tube)
@@ -202,7 +238,7 @@ class WaiterRegistry:
     def wake(self, tube: str, ready: int) -> None:
         """A hint that ``tube`` has ``ready`` jobs ready: wake that many of its waiters, in
         arrival order, at most (those awake already are on their way to try; see
-        :meth:`Waiter.takes_hint`): one pass over its lines, whatever the count."""
+        :meth:`Waiter.accepts_hint`): one pass over its lines, whatever the count."""
         if ready <= 1:
             self.wake_one(tube)
             return
@@ -210,7 +246,7 @@ class WaiterRegistry:
         if not lines:
             return
         for waiter in heapq.nsmallest(ready, (w for line in lines for w in line.waiters
-                                              if w.takes_hint()),
+                                              if w.accepts_hint()),
                                       key=_arrival):
             waiter.take_hint(tube)
 
