@@ -383,3 +383,19 @@ def test_a_guessed_wait_gone_deaf_passes_the_hint_on() -> None:
     older.deaf = True
     older.pass_on()
     assert younger.woken and older.owed is None
+
+
+async def test_a_hint_whose_try_took_another_tubes_job_is_passed_on() -> None:
+    """A waiter of a and b woken by b's hint (asleep, no guess) whose try took an a job (a's
+    own hint found it awake and nobody else): b's job goes to b's next waiter."""
+    registry = WaiterRegistry()
+    both = Wait(registry, cast(JobStore, object()), "t:1", ("a", "b"))
+    only_b = Waiter(("b",), "t:2")
+    registry.register(only_b)
+    registry.wake_one("b")
+    assert both.woken and both.owed == "b" and not only_b.woken
+    registry.wake_one("a")  # nobody else waits on a
+    both.rearm()
+    await both.took(_job("a"))
+    both.leave(consumed=True)
+    assert only_b.woken

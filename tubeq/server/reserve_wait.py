@@ -14,7 +14,7 @@ Rules:
   run (``finally``), so a token is never left counted.
 * Every try re-arms first, so a hint that arrives while the script runs wakes the next sleep.
 * A wait that was woken and leaves without using the wake-up passes it on (the registry does);
-  so does one whose try, for a hint it took on over a guess, took only other tubes' jobs.
+  so does one whose try, for a hint, took only other tubes' jobs (Waiter.settle).
 * Redis that lost the token's registration (:meth:`Wait.registration_lost`) makes the wait count
   itself in again before its next try, as a put may have found no waiter meanwhile.
 * The caller keeps what is its own: what a grant is answered with, when the wait ends, and
@@ -186,7 +186,7 @@ class Wait(Waiter):
         # A hint that came after its last try was sent (every try re-arms) was not used by
         # that try, whatever it got: it is passed on (it may be for another job of the tube).
         # A wake-up by its own connection (a job in its pool, a hand-over) is not a hint.
-        # Those it took on over a guess and no try settled pass on too (Waiter.unused_hints).
+        # Hints no try settled pass on too (Waiter.unused_hints).
         unused = self.unused_hints()
         self._registry.unregister(self, consumed=consumed and not self.hinted)
         self._registry.pass_on(unused)

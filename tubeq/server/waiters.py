@@ -22,14 +22,15 @@ registering sees it. A waiter that was woken and leaves without trying (its clie
 or whose last try went out before the hint came, passes the wake-up on, so a hint is never lost
 with it. A pub/sub reconnect wakes everyone once.
 
-A waiter the scheduler woke on a guess (:meth:`WaiterRegistry.wake_first`) is no job's yet:
-until its try goes out it still takes the hint of a tube whose oldest waiter it is, instead of
-the hint passing to a younger one whose try would race it (a waiter over several shards looks
-before it takes, so the younger's one script would win: first come, first served broken).
-The hint's tube is kept (:attr:`Waiter.owed`, then :attr:`Waiter.trying_for`) until its try's
-outcome settles it: a job of that tube uses it, nothing found means another took the job; a
-grant of other tubes only, a failed try, a hand-over, a watch list without the tube, a wait
-that leaves or goes deaf pass it on.
+A hint's tube is kept by the waiter it woke (:attr:`Waiter.owed`, then
+:attr:`Waiter.trying_for`) until its try's outcome settles it: a job of that tube uses it,
+nothing found means another took the job; a grant of other tubes only (a waiter of x and y woken
+for y whose try took an x job), a failed try, a hand-over, a watch list without the tube, a wait
+that leaves or goes deaf pass it on. A waiter the scheduler woke on a guess
+(:meth:`WaiterRegistry.wake_first`) is no job's yet: until its try goes out it still takes the
+hint of a tube whose oldest waiter it is, instead of the hint passing to a younger one whose try
+would race it (a waiter over several shards looks before it takes, so the younger's one script
+would win: first come, first served broken).
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class Waiter:
         self.deaf = False
         self.hinted = False  # woken by a hint (not by its own connection) since its last try
         self.guessed = False  # woken by the scheduler's guess since its last try
-        # The tube of a hint it took on while a guess had woken it (before its next try), and
-        # once that try went out, the tube it is for (its outcome: :meth:`settle`). Both may
-        # be set: a try out for one, and a guess then a hint since.
+        # The tube of the hint its next try is for (:meth:`take_hint`), and once that try went
+        # out, the tube it is for (its outcome: :meth:`settle`). Both may be set: a try out
+        # for one, and a hint since.
         self.owed: str | None = None
         self.trying_for: str | None = None
 
@@ -85,15 +86,14 @@ class Waiter:
         return not self.deaf and (not self.woken or (self.guessed and self.owed is None))
 
     def take_hint(self, tube: str) -> None:
-        """The hint of ``tube`` lands here (:meth:`accepts_hint`)."""
-        if self.woken:  # by a guess: its coming try is the hint's
-            self.owed = tube
-        else:
+        """The hint of ``tube`` lands here (:meth:`accepts_hint`): its next try is for it."""
+        woken, self.owed = self.woken, tube
+        if not woken:  # (else by a guess: its coming try is the hint's)
             self.hint()
 
     def rearm(self) -> None:
         """Called before each try: a hint arriving after this wakes the next sleep; a hint
-        owed (taken on over a guess) is what this try is for."""
+        owed is what this try is for."""
         self.woken = False
         self.hinted = False
         self.guessed = False
@@ -101,10 +101,10 @@ class Waiter:
         self.event.clear()
 
     def settle(self, granted: Sequence[Reservation]) -> None:
-        """A try's outcome (``granted``: its jobs). If the try was for a hint taken on over a
-        guess and took a job of another tube, the hint is as one that came while the try was
-        out: not used, so passed on (:meth:`WaiterRegistry.unregister`, or the next try). A try
-        that found nothing found the hint's job taken already."""
+        """A try's outcome (``granted``: its jobs). If the try was for a hint and took jobs
+        of other tubes only, the hint is as one that came while the try was out: not used, so
+        passed on (:meth:`WaiterRegistry.unregister`, or the next try). A try that found
+        nothing found the hint's job taken already."""
         tube, self.trying_for = self.trying_for, None
         if tube is not None and granted and all(job.tube != tube for job in granted):
             self.hint()
@@ -116,8 +116,8 @@ class Waiter:
             self.hint()
 
     def unused_hints(self, keep: Iterable[str] = ()) -> list[str]:
-        """The tubes of the hints taken on over a guess that it holds unsettled (owed, and
-        the one its try out is for), but those in ``keep``: dropped here, to be passed on."""
+        """The tubes of the hints it holds unsettled (owed, and the one its try out is for),
+        but those in ``keep``: dropped here, to be passed on."""
         tubes = []
         if self.owed is not None and self.owed not in keep:
             tubes.append(self.owed)
@@ -215,7 +215,7 @@ class WaiterRegistry:
         held = self._by_token.get(token)
         if held is not None:
             for waiter in _each(held):
-                # Its next try takes the handed job: a hint it took on over a guess is not
+                # Its next try takes the handed job: a hint it holds is not
                 # this try's (nor may a guess of it take another: it is someone's now).
                 waiter.guessed = False
                 waiter.wake()
