@@ -1,8 +1,10 @@
 """The Redis-side cost of the hot path's scripts: a base revision's against the working tree's.
 
     .venv/bin/python -m bench.probes.lua_cost --base REV [--cycles 3000] [--reps 10] [--evalsha]
+        [--events]
 
-One cycle is put + reserve + delete on one tube with no settings (events off), sent pipelined
+One cycle is put + reserve + delete on one tube with no settings (events off; ``--events``:
+on, three XADDs a cycle), sent pipelined
 to a private redis-server, each script called as the revision's server calls it: as a function
 of its library (FCALL) where the revision has one (tubeq.store.scripts.library), else by EVALSHA;
 ``--evalsha`` calls both revisions' scripts by EVALSHA. For each version it reports Redis's own
@@ -61,7 +63,12 @@ def load_version(tree: Path, evalsha: bool) -> Version:
             del sys.modules[name]
 
 
-def run_cycles(r: redis.Redis, version: Version, cycles: int) -> tuple[float, dict[str, float]]:
+# The events cap the scripts are called with when ``--events`` (0: events off).
+EVENTS_CAP = 1_000_000
+
+
+def run_cycles(r: redis.Redis, version: Version, cycles: int,
+               events_cap: int = 0) -> tuple[float, dict[str, float]]:
     """Redis's usec per cycle, and the commands the scripts called per cycle."""
     r.flushall()
     r.function_flush()
@@ -80,9 +87,9 @@ def run_cycles(r: redis.Redis, version: Version, cycles: int) -> tuple[float, di
             pipe.fcall(version.functions[name], 1, root, *args)
 
     for i in range(cycles):
-        call("put", 0, "inst", "default", 100, 0, 60, b"x" * 100, now)
-        call("reserve", 0, "inst", "inst:1", now, 1, "")
-        call("delete", 0, "inst", "inst:1", i + 1, now)
+        call("put", events_cap, "inst", "default", 100, 0, 60, b"x" * 100, now)
+        call("reserve", events_cap, "inst", "inst:1", now, 1, "")
+        call("delete", events_cap, "inst", "inst:1", i + 1, now)
     replies = pipe.execute()
     if replies[-1] == 0:
         raise RuntimeError("the last cycle's delete found no job: the scripts did not run")
@@ -100,7 +107,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--evalsha", action="store_true",
                    help="call both versions' scripts by EVALSHA (no function library)")
+    p.add_argument("--events", action="store_true", help="lifecycle events on")
     args = p.parse_args()
+    events_cap = EVENTS_CAP if args.events else 0
     with tempfile.TemporaryDirectory() as work:
         base_tree = snapshot_revision(args.base, Path(work) / "base")
         versions = {"base": load_version(base_tree, args.evalsha),
@@ -113,7 +122,7 @@ def main() -> None:
             calls: dict[str, dict[str, float]] = {}
             for rep in range(args.reps):
                 for kind in ("base", "new") if rep % 2 == 0 else ("new", "base"):
-                    usec, calls[kind] = run_cycles(r, versions[kind], args.cycles)
+                    usec, calls[kind] = run_cycles(r, versions[kind], args.cycles, events_cap)
                     times[kind].append(usec)
             r.close()
         finally:
