@@ -1,10 +1,11 @@
 """The Redis-side cost of the hot path's scripts: a base revision's against the working tree's.
 
     .venv/bin/python -m bench.probes.lua_cost --base REV [--cycles 3000] [--reps 10] [--evalsha]
-        [--events]
+        [--events] [--batch N]
 
 One cycle is put + reserve + delete on one tube with no settings (events off; ``--events``:
-on, three XADDs a cycle), sent pipelined
+on, three XADDs a cycle; ``--batch N``: N puts, one reserve of N jobs and one delete_many of
+them, as a push consumer's batch, times per job), sent pipelined
 to a private redis-server, each script called as the revision's server calls it: as a function
 of its library (FCALL) where the revision has one (tubeq.store.scripts.library), else by EVALSHA;
 ``--evalsha`` calls both revisions' scripts by EVALSHA. For each version it reports Redis's own
@@ -31,7 +32,7 @@ from bench.harness.paths import REPO_ROOT
 from bench.harness.servers import snapshot_revision
 from tubeq.redisio.process import RedisProcess
 
-SCRIPTS = ("connect", "put", "reserve", "delete")
+SCRIPTS = ("connect", "put", "reserve", "delete", "delete_many")
 SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_fcall_ro")
 
 
@@ -67,9 +68,10 @@ def load_version(tree: Path, evalsha: bool) -> Version:
 EVENTS_CAP = 1_000_000
 
 
-def run_cycles(r: redis.Redis, version: Version, cycles: int,
-               events_cap: int = 0) -> tuple[float, dict[str, float]]:
-    """Redis's usec per cycle, and the commands the scripts called per cycle."""
+def run_cycles(r: redis.Redis, version: Version, cycles: int, events_cap: int = 0,
+               batch: int = 0) -> tuple[float, dict[str, float]]:
+    """Redis's usec per cycle, and the commands the scripts called per cycle (``batch``: per
+    job of the batched cycles)."""
     r.flushall()
     r.function_flush()
     sha = {name: r.script_load(source) for name, source in version.sources.items()}
@@ -86,12 +88,21 @@ def run_cycles(r: redis.Redis, version: Version, cycles: int,
         else:
             pipe.fcall(version.functions[name], 1, root, *args)
 
-    for i in range(cycles):
-        call("put", events_cap, "inst", "default", 100, 0, 60, b"x" * 100, now)
-        call("reserve", events_cap, "inst", "inst:1", now, 1, "")
-        call("delete", events_cap, "inst", "inst:1", i + 1, now)
+    if batch:
+        for i in range(cycles // batch):
+            for _ in range(batch):
+                call("put", events_cap, "inst", "default", 100, 0, 60, b"x" * 100, now)
+            call("reserve", events_cap, "inst", "inst:1", now, batch, "")
+            call("delete_many", events_cap, "inst", "inst:1", now, 0,
+                 *range(i * batch + 1, (i + 1) * batch + 1))
+        cycles = cycles // batch * batch
+    else:
+        for i in range(cycles):
+            call("put", events_cap, "inst", "default", 100, 0, 60, b"x" * 100, now)
+            call("reserve", events_cap, "inst", "inst:1", now, 1, "")
+            call("delete", events_cap, "inst", "inst:1", i + 1, now)
     replies = pipe.execute()
-    if replies[-1] == 0:
+    if not replies[-1] or replies[-1] == [0] * len(replies[-1]):
         raise RuntimeError("the last cycle's delete found no job: the scripts did not run")
     stats = r.info("commandstats")
     inner = {key.removeprefix("cmdstat_"): value["calls"] / cycles for key, value in stats.items()
@@ -108,6 +119,8 @@ def main() -> None:
     p.add_argument("--evalsha", action="store_true",
                    help="call both versions' scripts by EVALSHA (no function library)")
     p.add_argument("--events", action="store_true", help="lifecycle events on")
+    p.add_argument("--batch", type=int, default=0,
+                   help="N puts, a reserve of N and a delete_many of N per cycle")
     args = p.parse_args()
     events_cap = EVENTS_CAP if args.events else 0
     with tempfile.TemporaryDirectory() as work:
@@ -122,7 +135,8 @@ def main() -> None:
             calls: dict[str, dict[str, float]] = {}
             for rep in range(args.reps):
                 for kind in ("base", "new") if rep % 2 == 0 else ("new", "base"):
-                    usec, calls[kind] = run_cycles(r, versions[kind], args.cycles, events_cap)
+                    usec, calls[kind] = run_cycles(r, versions[kind], args.cycles, events_cap,
+                                                   args.batch)
                     times[kind].append(usec)
             r.close()
         finally:
@@ -130,7 +144,8 @@ def main() -> None:
     for kind in ("base", "new"):
         t = times[kind]
         how = "EVALSHA" if versions[kind].library is None else "FCALL"
-        print(f"{kind} ({how}): {statistics.median(t):.1f} us per cycle in Redis (median; "
+        unit = "job" if args.batch else "cycle"
+        print(f"{kind} ({how}): {statistics.median(t):.1f} us per {unit} in Redis (median; "
               f"{min(t):.1f}-{max(t):.1f}), {sum(calls[kind].values()):.0f} redis.call()s: "
               + ", ".join(f"{name} {n:g}" for name, n in sorted(calls[kind].items())))
     ratio = statistics.median(times["new"]) / statistics.median(times["base"])

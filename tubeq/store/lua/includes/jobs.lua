@@ -255,14 +255,21 @@ end
 -- held time. Writes the 'reserved' event. `limited`: whether the tube has reserve limits, when the
 -- caller knows it (index_tube's answer); nil looks it up. `run`: a table a caller granting several
 -- jobs of one tube at once passes (take_run): the job's (deadline, member) pair is added to it
--- instead of to K_RESERVED, and the tube's 'nres' is left to the caller, who writes both once for
--- the run.
+-- instead of to K_RESERVED, its ready count to run.u or run.r (urgent or not) instead of
+-- K_COUNTS, and the tube's 'nres' is left to the caller, who writes them all once for the run.
 local function grant(id, t, token, now, from_ready, limited, run)
   local jk = k_job(id)
   local f = rcall('HMGET', jk, JOB_TTR, JOB_BODY, JOB_PRI, JOB_READY_SINCE, JOB_CREATED,
     JOB_RESERVES, JOB_GROUP)
   local ttr = f[1] + 0  -- (the digits read once: tonumber() reads them twice)
-  if from_ready then count_ready(f[3], -1) end
+  if from_ready then
+    if run then
+      local field = tonumber(f[3]) < URGENT_BELOW and 'u' or 'r'
+      run[field] = run[field] + 1
+    else
+      count_ready(f[3], -1)
+    end
+  end
   local due = text(now + ttr * 1000)
   local tries = text((f[6] or 0) + 1)
   rcall('HSET', jk, JOB_STATE, 'reserved', JOB_OWNER, token, JOB_DUE, due, JOB_RESERVED_AT,

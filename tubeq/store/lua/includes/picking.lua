@@ -90,7 +90,7 @@ local function take_run(entry, token, now, n)
   local popped = rcall('ZRANGE', rk, '0', text(n - 1))
   rcall('ZREMRANGEBYRANK', rk, '0', text(n - 1))
   index_tube(t, now, nil, nil, meta)
-  local out, run = {}, {}
+  local out, run = {}, {u = 0, r = 0}  -- (the pairs in its array part, the counts by name)
   for i = 1, #popped do
     for _, v in ipairs(grant(id_of(popped[i]), t, token, now, true, false, run)) do
       out[#out + 1] = v
@@ -98,5 +98,7 @@ local function take_run(entry, token, now, n)
   end
   rcall('ZADD', K_RESERVED, unpack(run))
   rcall('HINCRBY', k_tube(t), 'nres', text(#run / 2))
+  if run.u > 0 then rcall('HINCRBY', K_COUNTS, 'u', text(-run.u)) end
+  if run.r > 0 then rcall('HINCRBY', K_COUNTS, 'r', text(-run.r)) end
   return out
 end
