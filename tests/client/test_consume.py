@@ -9,6 +9,7 @@ Each checks the server's view from a separate connection.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -513,3 +514,54 @@ def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return check()
 
     return checked
+
+
+MARK: contextvars.ContextVar[int] = contextvars.ContextVar("MARK", default=0)
+
+
+async def test_handlers_that_never_suspend_each_run_in_a_context_of_their_own(
+        target: Target, admin: Client, tube_name: str) -> None:
+    """run() steps a handler at once, not in a new task: a context variable it sets is still
+    its own, as in a task (the next handler, and the loop, do not see it)."""
+    ids = [await admin.put(b"x") for _ in range(6)]
+    seen: list[int] = []
+    client = Client(*target.server.address)
+    consumer = target.consume(client, tube_name, concurrency=3)
+
+    async def handler(job: Job) -> None:
+        seen.append(MARK.get())
+        MARK.set(job.id)  # never suspends
+        if len(seen) == len(ids):
+            consumer.stop()
+
+    async with asyncio.timeout(WAIT_S):
+        await consumer.run(handler)
+    assert seen == [0] * len(ids) and MARK.get() == 0
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert stats["cmd-delete"] == len(ids)
+
+
+async def test_a_handler_raising_cancelled_at_once_gives_its_job_back_and_the_loop_goes_on(
+        target: Target, admin: Client, tube_name: str) -> None:
+    """asyncio.CancelledError raised by a handler before it suspends is that handler's end,
+    as its task's would be, not the consumer's: the job goes back and the others run."""
+    first = await admin.put(b"first")
+    rest = [await admin.put(b"x") for _ in range(3)]
+    done: list[int] = []
+    tries: list[int] = []
+    client = Client(*target.server.address)
+    consumer = target.consume(client, tube_name, concurrency=1)
+
+    async def handler(job: Job) -> None:
+        tries.append(job.id)
+        if job.id == first and tries.count(first) == 1:
+            raise asyncio.CancelledError
+        done.append(job.id)
+        if len(done) == len(rest) + 1:
+            consumer.stop()
+
+    async with asyncio.timeout(WAIT_S):
+        await consumer.run(handler)
+    assert sorted(done) == sorted([first, *rest])  # the first ran again, once given back
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert stats["current-jobs-ready"] == 0 and stats["cmd-delete"] == len(rest) + 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import signal
 import threading
@@ -143,8 +144,9 @@ class _Lane:
     held: set[Job] = field(default_factory=set)
     mode: Literal["push", "reserve"] | None = None
     subscribed: bool = False
-    # batches: the deletes of jobs that succeeded, waiting for the end of the loop tick
-    acks: list[tuple[Job, asyncio.Future[bool]]] = field(default_factory=list)
+    # batches: the deletes of jobs that succeeded, waiting for the end of the loop tick, each
+    # with the future its block awaits (None: run()'s handler, which does not wait for it)
+    acks: list[tuple[Job, asyncio.Future[bool] | None]] = field(default_factory=list)
     # pipelined reserves: reserves sent and not answered yet, and whoever waits for a held job
     # of this lane to be settled (see Consumer._reserve_pipelined)
     asking: int = 0
@@ -397,7 +399,9 @@ class Consumer:
                 self._readers.discard(reader)
 
     async def run(self, handler: Callable[[Job], Awaitable[object]]) -> None:
-        """Call ``handler(job)`` in a task per job, at most ``concurrency`` at once, until
+        """Call ``handler(job)`` for each job, as a task per job would (its first step at
+        once, in a context of its own; a task of its own once it suspends), at most
+        ``concurrency`` at once, until
         :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation.
         A job someone cancels (tubeq's ``cancel``) while its handler runs: with ``auto_touch``
         the handler's task is cancelled (asyncio.CancelledError inside it) at the next touch;
@@ -418,13 +422,14 @@ class Consumer:
         ``stats-job`` per job then, and nothing otherwise (tubeq.client.tracing)."""
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
+        own = asyncio.current_task(loop)  # (a handler's first step runs in it: see start)
 
         async def handle(job: Job) -> None:
-            hold = _hold_of(job)
-            if hold is not None:
-                hold.handler = asyncio.current_task(loop)
+            """``async with job:`` around the handler, but that a block that succeeded sends
+            its delete without waiting for the answer (_delete_soon): a handler that does not
+            suspend ends in the step that started it (below)."""
             try:
-                async with job:
+                try:
                     if tracing.recording():
                         traceparent = await self._traceparent(job)
                         with tracing.handler_span(traceparent, job.id, job.tube):
@@ -435,11 +440,45 @@ class Consumer:
                         result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._server_has(job,
                                                                                   "finish"):
+                        hold = _hold_of(job)
                         if hold is not None:
                             hold.settling = True  # (a stop past the grace lets it finish)
                         await self._finish(job, result)
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError) and (
+                            asyncio.current_task(loop) is own):
+                        # Raised by the handler in its first step, which a task of its own
+                        # would end in: not this loop's cancellation (_settle_block would
+                        # take it for one); the job goes back, as such a task's would.
+                        self._give_back(job)
+                        raise
+                    if not await job.__aexit__(type(exc), exc, exc.__traceback__):
+                        raise
+                else:
+                    if _hold_of(job) is not None:  # (else it settled itself in the handler)
+                        self._delete_soon(job)
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
+
+        def start(job: Job) -> None:
+            """Run ``handle(job)`` up to its first suspension here, in a context of its own, as
+            its task's first step would (no task at all for a handler that never suspends: a
+            task and its scheduling were a fifth of the worker's time a no-op job); a task
+            takes it on from there."""
+            coro = handle(job)
+            context = contextvars.copy_context()
+            try:
+                pending = context.run(coro.send, None)
+            except StopIteration:
+                return
+            except asyncio.CancelledError:  # (a task would have ended cancelled: nobody's)
+                return
+            task = loop.create_task(_resumed(coro, pending), context=context)
+            hold = _hold_of(job)
+            if hold is not None:
+                hold.handler = task
+            tasks.add(task)
+            task.add_done_callback(ended)
 
         # At most ``concurrency`` handlers at once (prefetched jobs wait): the loop waits for
         # one to end (a counter and a future: this loop is the one taker, where an
@@ -460,9 +499,7 @@ class Consumer:
                     job = await self.__anext__()
                 except StopAsyncIteration:
                     break
-                task = loop.create_task(handle(job))
-                tasks.add(task)
-                task.add_done_callback(ended)
+                start(job)
             # stopped: the closer gives the handlers the grace, cancels the late ones (their
             # jobs are given back) and closes
             await self.wait_closed()
@@ -861,12 +898,10 @@ class Consumer:
             hold.settling = True  # (a stop past the grace lets it finish)
         if exc is None:
             try:
-                if not await self._ack(job):
-                    log.warning("job %d done but not deleted: not found", job.id)
+                deleted: bool | ClientError = await self._ack(job)
             except ClientError as error:
-                log.warning("job %d done but not deleted: %s", job.id, error)
-                self._give_back_all(job, error)
-            self._forget(job)  # deleted, or the reservation is gone either way
+                deleted = error
+            self._deleted(job, deleted)
             return False
         if not isinstance(exc, Exception):  # cancelled (or exiting): not the job's failure
             if isinstance(exc, asyncio.CancelledError) and (
@@ -922,31 +957,55 @@ class Consumer:
         lane.acks.append((job, done))
         return await done
 
+    def _delete_soon(self, job: Job) -> None:
+        """:meth:`_ack` for run()'s handler, which does not wait: the answer settles the job
+        (:meth:`_deleted`) when its batch's comes."""
+        hold = _hold_of(job)
+        assert hold is not None
+        hold.settling = True  # (a stop past the grace lets it finish)
+        lane = hold.lane
+        if not lane.acks:
+            (self._loop or asyncio.get_running_loop()).call_soon(self._send_acks, lane)
+        lane.acks.append((job, None))
+
+    def _deleted(self, job: Job, deleted: bool | ClientError) -> None:
+        """The end of a block that succeeded: its delete's answer (False: not found)."""
+        if isinstance(deleted, ClientError):
+            log.warning("job %d done but not deleted: %s", job.id, deleted)
+            self._give_back_all(job, deleted)
+        elif not deleted:
+            log.warning("job %d done but not deleted: not found", job.id)
+        self._forget(job)  # deleted, or the reservation is gone either way
+
     def _send_acks(self, lane: _Lane) -> None:
         acks, lane.acks = lane.acks, []
-        by_link: dict[Any, list[tuple[Job, asyncio.Future[bool]]]] = {}
+        by_link: dict[Any, list[tuple[Job, asyncio.Future[bool] | None]]] = {}
         for job, done in acks:  # one connection normally; a job from a lost one fails alone
             by_link.setdefault(job._link, []).append((job, done))
         for link, group in by_link.items():
             self._spawn(self._delete_acked(lane, link, group))
 
     async def _delete_acked(self, lane: _Lane, link: Any,
-                            group: list[tuple[Job, asyncio.Future[bool]]]) -> None:
+                            group: list[tuple[Job, asyncio.Future[bool] | None]]) -> None:
+        outcomes: list[bool | ClientError] = []
         try:
             if link is None:
                 raise ClientConnectionError("job not bound to a connection")
-            deleted = await lane.client._delete_many_on(link, [job.id for job, _ in group])
-            for (_, done), result in zip(group, deleted, strict=True):
-                if not done.done():
-                    done.set_result(result)
+            outcomes += await lane.client._delete_many_on(link, [job.id for job, _ in group])
         except ClientError as error:
-            for _, done in group:
-                if not done.done():
-                    done.set_exception(error)
+            outcomes = [error] * len(group)
         finally:  # cancelled (the consumer closes): the blocks waiting must not hang
-            for _, done in group:
-                if not done.done():
-                    done.set_exception(ClientConnectionError("the consumer closed"))
+            if len(outcomes) != len(group):
+                outcomes = [ClientConnectionError("the consumer closed")] * len(group)
+            for (job, done), outcome in zip(group, outcomes, strict=True):
+                if done is None:
+                    self._deleted(job, outcome)
+                elif done.done():
+                    pass
+                elif isinstance(outcome, ClientError):
+                    done.set_exception(outcome)
+                else:
+                    done.set_result(outcome)
 
     def _give_back(self, job: Job) -> None:
         """Give back a held job that is not to run here (the consumer stops, or its handler
@@ -972,6 +1031,38 @@ class Consumer:
         except ClientError as error:
             log.debug("job %d not given back: %s", job.id, error)
             self._forget(job)
+
+
+class _Resumed:
+    """The rest of a coroutine already stepped once (run()'s ``start``): awaits ``pending``,
+    what its first step yielded, then drives it on as a task drives a coroutine."""
+
+    __slots__ = ("coro", "pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], pending: Any) -> None:
+        self.coro = coro
+        self.pending = pending
+
+    def __await__(self) -> Any:
+        coro, pending = self.coro, self.pending
+        self.pending = None
+        while True:
+            try:
+                sent = yield pending
+            except BaseException as exc:  # (thrown in: e.g. the task was cancelled)
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+                continue
+            try:
+                pending = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _resumed(coro: Coroutine[Any, Any, None], pending: Any) -> None:
+    await _Resumed(coro, pending)
 
 
 class _SignalStops:
