@@ -521,8 +521,8 @@ MARK: contextvars.ContextVar[int] = contextvars.ContextVar("MARK", default=0)
 
 async def test_handlers_that_never_suspend_each_run_in_a_context_of_their_own(
         target: Target, admin: Client, tube_name: str) -> None:
-    """run() steps a handler at once, not in a new task: a context variable it sets is still
-    its own, as in a task (the next handler, and the loop, do not see it)."""
+    """A context variable a handler sets is its own (the next handler, and the loop, do not
+    see it)."""
     ids = [await admin.put(b"x") for _ in range(6)]
     seen: list[int] = []
     client = Client(*target.server.address)
@@ -544,7 +544,7 @@ async def test_handlers_that_never_suspend_each_run_in_a_context_of_their_own(
 async def test_a_handler_raising_cancelled_at_once_gives_its_job_back_and_the_loop_goes_on(
         target: Target, admin: Client, tube_name: str) -> None:
     """asyncio.CancelledError raised by a handler before it suspends is that handler's end,
-    as its task's would be, not the consumer's: the job goes back and the others run."""
+    not the consumer's: the job goes back and the others run."""
     first = await admin.put(b"first")
     rest = [await admin.put(b"x") for _ in range(3)]
     done: list[int] = []
@@ -565,3 +565,28 @@ async def test_a_handler_raising_cancelled_at_once_gives_its_job_back_and_the_lo
     assert sorted(done) == sorted([first, *rest])  # the first ran again, once given back
     stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
     assert stats["current-jobs-ready"] == 0 and stats["cmd-delete"] == len(rest) + 1
+
+
+async def test_a_handler_timeout_cancels_the_handler_not_the_consumer(
+        target: Target, admin: Client, tube_name: str) -> None:
+    """asyncio.timeout() in a handler cancels the task it entered in: the handler's own (the
+    job fails and is buried, max_tries 1), never run()'s, which goes on with the others."""
+    slow = await admin.put(b"slow")
+    rest = [await admin.put(b"x") for _ in range(3)]
+    done: list[int] = []
+    client = Client(*target.server.address)
+    consumer = target.consume(client, tube_name, concurrency=1, max_tries=1)
+
+    async def handler(job: Job) -> None:
+        if job.id == slow:
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(WAIT_S)
+        done.append(job.id)
+        if len(done) == len(rest):
+            consumer.stop()
+
+    async with asyncio.timeout(WAIT_S):
+        await consumer.run(handler)
+    assert sorted(done) == rest
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert stats["current-jobs-buried"] == 1 and stats["cmd-delete"] == len(rest)

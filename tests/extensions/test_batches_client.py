@@ -145,10 +145,6 @@ async def test_consume_deletes_the_jobs_of_one_tick_in_one_batch(
         consumer = client.consume(tube_name, concurrency=total, connections=1, push=push)
 
         async def handler(job: Job) -> None:
-            # Suspended once, as a handler doing I/O is: the last one would otherwise end in
-            # the step that started it (consume() runs a handler's first step at once), a
-            # turn before the others' tasks resume.
-            await asyncio.sleep(0)
             started.append(job.id)
             if len(started) == total:
                 release.set()  # every handler ends in the same loop turn

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import signal
 import threading
@@ -222,8 +221,10 @@ class Consumer:
     Deleting: the jobs whose blocks ended normally within one event-loop turn are deleted
     together, per connection, with one ``delete-many`` (tubeq) or pipelined ``delete``
     commands (a server without it, e.g. beanstalkd: asked once per connection with
-    ``extensions``). Each block still ends only once its own job's delete was answered, so
-    delivery stays at least once: a job whose delete was not confirmed comes back.
+    ``extensions``). An ``async with job`` block still ends only once its own job's delete
+    was answered; :meth:`run`'s handler task ends without waiting for it, its job held (its
+    slot taken) until the answer. Delivery stays at least once: a job whose delete was not
+    confirmed comes back.
 
     ``auto_touch=True``: every held job is touched every ``ttr - 1.5`` s (a quarter of the TTR
     for TTRs under 2 s) from its reservation until it is settled. It costs one stats-job per job
@@ -399,9 +400,7 @@ class Consumer:
                 self._readers.discard(reader)
 
     async def run(self, handler: Callable[[Job], Awaitable[object]]) -> None:
-        """Call ``handler(job)`` for each job, as a task per job would (its first step at
-        once, in a context of its own; a task of its own once it suspends), at most
-        ``concurrency`` at once, until
+        """Call ``handler(job)`` in a task per job, at most ``concurrency`` at once, until
         :meth:`stop` (then waits up to ``grace`` s for the running ones) or cancellation.
         A job someone cancels (tubeq's ``cancel``) while its handler runs: with ``auto_touch``
         the handler's task is cancelled (asyncio.CancelledError inside it) at the next touch;
@@ -422,12 +421,14 @@ class Consumer:
         ``stats-job`` per job then, and nothing otherwise (tubeq.client.tracing)."""
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
-        own = asyncio.current_task(loop)  # (a handler's first step runs in it: see start)
 
         async def handle(job: Job) -> None:
             """``async with job:`` around the handler, but that a block that succeeded sends
-            its delete without waiting for the answer (_delete_soon): a handler that does not
-            suspend ends in the step that started it (below)."""
+            its delete without waiting for the answer (_delete_soon): the task ends with the
+            handler, with no future and no step more of its own."""
+            hold = _hold_of(job)
+            if hold is not None:
+                hold.handler = asyncio.current_task(loop)
             try:
                 try:
                     if tracing.recording():
@@ -440,18 +441,10 @@ class Consumer:
                         result = self.codec.encode(result)
                     if isinstance(result, bytes | str) and await self._server_has(job,
                                                                                   "finish"):
-                        hold = _hold_of(job)
                         if hold is not None:
                             hold.settling = True  # (a stop past the grace lets it finish)
                         await self._finish(job, result)
                 except BaseException as exc:
-                    if isinstance(exc, asyncio.CancelledError) and (
-                            asyncio.current_task(loop) is own):
-                        # Raised by the handler in its first step, which a task of its own
-                        # would end in: not this loop's cancellation (_settle_block would
-                        # take it for one); the job goes back, as such a task's would.
-                        self._give_back(job)
-                        raise
                     if not await job.__aexit__(type(exc), exc, exc.__traceback__):
                         raise
                 else:
@@ -459,26 +452,6 @@ class Consumer:
                         self._delete_soon(job)
             except JobCancelled:  # cancelled while held: the server dropped it
                 log.info("job %d was cancelled", job.id)
-
-        def start(job: Job) -> None:
-            """Run ``handle(job)`` up to its first suspension here, in a context of its own, as
-            its task's first step would (no task at all for a handler that never suspends: a
-            task and its scheduling were a fifth of the worker's time a no-op job); a task
-            takes it on from there."""
-            coro = handle(job)
-            context = contextvars.copy_context()
-            try:
-                pending = context.run(coro.send, None)
-            except StopIteration:
-                return
-            except asyncio.CancelledError:  # (a task would have ended cancelled: nobody's)
-                return
-            task = loop.create_task(_resumed(coro, pending), context=context)
-            hold = _hold_of(job)
-            if hold is not None:
-                hold.handler = task
-            tasks.add(task)
-            task.add_done_callback(ended)
 
         # At most ``concurrency`` handlers at once (prefetched jobs wait): the loop waits for
         # one to end (a counter and a future: this loop is the one taker, where an
@@ -499,7 +472,9 @@ class Consumer:
                     job = await self.__anext__()
                 except StopAsyncIteration:
                     break
-                start(job)
+                task = loop.create_task(handle(job))
+                tasks.add(task)
+                task.add_done_callback(ended)
             # stopped: the closer gives the handlers the grace, cancels the late ones (their
             # jobs are given back) and closes
             await self.wait_closed()
@@ -969,7 +944,11 @@ class Consumer:
         lane.acks.append((job, None))
 
     def _deleted(self, job: Job, deleted: bool | ClientError) -> None:
-        """The end of a block that succeeded: its delete's answer (False: not found)."""
+        """The end of a block that succeeded: its delete's answer (False: not found). A job
+        the consumer no longer holds (it closed meanwhile: the server gives it back unless
+        the delete was run) has nothing left to settle."""
+        if _hold_of(job) is None:
+            return
         if isinstance(deleted, ClientError):
             log.warning("job %d done but not deleted: %s", job.id, deleted)
             self._give_back_all(job, deleted)
@@ -1031,38 +1010,6 @@ class Consumer:
         except ClientError as error:
             log.debug("job %d not given back: %s", job.id, error)
             self._forget(job)
-
-
-class _Resumed:
-    """The rest of a coroutine already stepped once (run()'s ``start``): awaits ``pending``,
-    what its first step yielded, then drives it on as a task drives a coroutine."""
-
-    __slots__ = ("coro", "pending")
-
-    def __init__(self, coro: Coroutine[Any, Any, None], pending: Any) -> None:
-        self.coro = coro
-        self.pending = pending
-
-    def __await__(self) -> Any:
-        coro, pending = self.coro, self.pending
-        self.pending = None
-        while True:
-            try:
-                sent = yield pending
-            except BaseException as exc:  # (thrown in: e.g. the task was cancelled)
-                try:
-                    pending = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-                continue
-            try:
-                pending = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _resumed(coro: Coroutine[Any, Any, None], pending: Any) -> None:
-    await _Resumed(coro, pending)
 
 
 class _SignalStops:
