@@ -590,3 +590,43 @@ async def test_a_handler_timeout_cancels_the_handler_not_the_consumer(
     assert sorted(done) == rest
     stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
     assert stats["current-jobs-buried"] == 1 and stats["cmd-delete"] == len(rest)
+
+
+async def test_a_block_cancelled_while_its_delete_is_out_still_frees_its_job(
+        target: Target, admin: Client, tube_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``async with job`` waits for its delete's answer; a block cancelled meanwhile leaves
+    nobody to settle the job but the answer: when it comes the job is no longer held (its slot
+    free), where it stayed held for good."""
+    await admin.put(b"x")
+    answer = asyncio.Event()
+    original = Client._delete_many_on
+
+    async def held_back(self: Client, link: object, ids: list[int]) -> list[bool]:
+        await answer.wait()
+        return await original(self, link, ids)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Client, "_delete_many_on", held_back)
+    client = Client(*target.server.address)
+    async with asyncio.timeout(WAIT_S), target.consume(client, tube_name, concurrency=1) as jobs:
+        job = await jobs.__anext__()
+
+        async def block() -> None:
+            async with job:
+                pass
+
+        blocked = asyncio.ensure_future(block())
+        await asyncio.sleep(0.05)  # the delete is out: its answer held back
+        assert not blocked.done()
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert jobs.held == 1
+        answer.set()
+
+        async def freed() -> bool:
+            return jobs.held == 0
+
+        await eventually(freed, "the job freed once its delete was answered")
+        jobs.stop()
+    stats = await tube_settles(admin, tube_name, current_jobs_reserved=0)
+    assert stats["cmd-delete"] == 1

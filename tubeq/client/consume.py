@@ -977,10 +977,8 @@ class Consumer:
             if len(outcomes) != len(group):
                 outcomes = [ClientConnectionError("the consumer closed")] * len(group)
             for (job, done), outcome in zip(group, outcomes, strict=True):
-                if done is None:
+                if done is None or done.cancelled():  # (no block waits: settled here)
                     self._deleted(job, outcome)
-                elif done.done():
-                    pass
                 elif isinstance(outcome, ClientError):
                     done.set_exception(outcome)
                 else:
