@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -281,7 +282,7 @@ def _code(revision: str | None, stamp: str) -> tuple[Path, str | None]:
 
 def base_system(commit: str) -> CallSystem:
     """``--base``: the tubeq row again, server and client of ``commit``, as a row of its own."""
-    return CallSystem(f"tubeq {commit}", "main", "bundled", "tubeq",
+    return CallSystem(f"tubeq@{commit}", "main", "bundled", "tubeq",
                       f"as the tubeq row, tubeq (server and client) of {commit}")
 
 
@@ -312,7 +313,12 @@ def run(scale: CallScale, systems: tuple[CallSystem, ...], revision: str | None,
                           "one_cpu": round(hops.measure("python", True, HOP_MESSAGES)[0], 1)}
     log(f"peers call: {scale.name} run on {meta['cpu_model']}; {meta['uptime_before']}; "
         f"hop round trip {meta['hop_rtt_us']}")
-    bench.run(systems)
+    try:
+        bench.run(systems)
+    finally:  # the snapshots (git archive) of --revision and --base
+        for snapshot in [code_dir, *(where for where, _ in other.values())]:
+            if snapshot != REPO_ROOT:
+                shutil.rmtree(snapshot, ignore_errors=True)
     meta["uptime_after"] = uptime()
     meta["elapsed_s"] = round(time.monotonic() - bench.started, 1)
     results = {"meta": meta, "setup": bench.setup, "runs": bench.runs,

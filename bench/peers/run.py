@@ -342,7 +342,7 @@ def base_system(revision: str) -> System:
     archive``; the client is the working tree's), so one run is an A/B of the server."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     code_dir, commit = snapshot_commit(revision, OUT_DIR / f"peers-code-{stamp}-base")
-    return System(f"tubeq {commit}", "main", "bundled", "tubeq", True,
+    return System(f"tubeq@{commit}", "main", "bundled", "tubeq", True,
                   f"as the tubeq row, on the tubeq server of {commit}",
                   code_dir=str(code_dir), commit=commit)
 
@@ -402,8 +402,14 @@ def main(argv: list[str] | None = None) -> int:
         systems = tuple(s for s in SYSTEMS if s.name.lower() in wanted)
         if not systems:
             p.error(f"no system among {[s.name for s in SYSTEMS]} matches {args.systems!r}")
+    base = None
     if args.base is not None:  # right after the tubeq row: each repetition runs them in turn
+        base = base_system(args.base)
         at = next((i + 1 for i, s in enumerate(systems) if s.name == "tubeq"), 0)
-        systems = (*systems[:at], base_system(args.base), *systems[at:])
-    run(scale, output, systems)
+        systems = (*systems[:at], base, *systems[at:])
+    try:
+        run(scale, output, systems)
+    finally:
+        if base is not None and base.code_dir:  # the snapshot (git archive) of the revision
+            shutil.rmtree(base.code_dir, ignore_errors=True)
     return 0
