@@ -102,7 +102,8 @@ def run_cycles(r: redis.Redis, version: Version, cycles: int, events_cap: int = 
             call("reserve", events_cap, "inst", "inst:1", now, 1, "")
             call("delete", events_cap, "inst", "inst:1", i + 1, now)
     replies = pipe.execute()
-    if not replies[-1] or replies[-1] == [0] * len(replies[-1]):
+    last = replies[-1]  # delete's answer, or delete_many's per id: 0 is "not found"
+    if last == 0 or (batch and 0 in last):
         raise RuntimeError("the last cycle's delete found no job: the scripts did not run")
     stats = r.info("commandstats")
     inner = {key.removeprefix("cmdstat_"): value["calls"] / cycles for key, value in stats.items()
