@@ -219,7 +219,8 @@ class WaiterRegistry:
                 # this try's (nor may a guess of it take another: it is someone's now).
                 waiter.guessed = False
                 waiter.wake()
-                self.pass_on(waiter.unused_hints())
+                if waiter.owed is not None or waiter.trying_for is not None:  # (rare)
+                    self.pass_on(waiter.unused_hints())
 
     def pass_on(self, tubes: Iterable[str]) -> None:
         """Hints not used (:meth:`Waiter.unused_hints`): each to the next waiter of its tube."""
